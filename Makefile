@@ -1,0 +1,46 @@
+# Two entry points: `make run` and `make test`. Both set everything up first
+# (Debian packages, .venv, native parts, guest kernel) and skip what is already there.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMPS := .cache/stamps
+
+NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py)
+
+.PHONY: run test setup deps guest-kernel test-host test-kernel clean
+
+run: setup
+	$(BIN)/xhagent doctor
+
+test: setup
+	@rc=0; \
+	$(BIN)/python -m pytest -m "not kernel" tests || rc=$$?; \
+	tools/vmtest || rc=$$?; \
+	exit $$rc
+
+setup: deps $(STAMPS)/install guest-kernel
+
+deps:
+	@tools/setup-deps
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel cffi
+
+# An editable install builds xhagent._uring, xhagent._bpf and the BPF objects in place.
+$(STAMPS)/install: $(BIN)/python $(NATIVE_SOURCES) | deps
+	$(BIN)/python -m pip install -q --no-build-isolation -e '.[test]'
+	@mkdir -p $(STAMPS) && touch $@
+
+guest-kernel: deps
+	@tools/guest-kernel >/dev/null
+
+test-host: setup
+	$(BIN)/python -m pytest -m "not kernel" tests
+
+test-kernel: setup
+	tools/vmtest
+
+clean:
+	rm -rf build *.egg-info agent/*.so agent/bpf/objects ebpf/vmlinux.h native/_*.c $(STAMPS)
