@@ -41,9 +41,13 @@ def aligned_buffer(size: int, alignment: int = PAGE) -> Iterator[memoryview]:
     ptr = lib.xh_aligned_alloc(alignment, size)
     if ptr == ffi.NULL:
         raise MemoryError(f"aligned_alloc({alignment}, {size})")
+    view = memoryview(ffi.buffer(ptr, size))
     try:
-        yield memoryview(ffi.buffer(ptr, size))
+        yield view
     finally:
+        # Release before freeing: a view that outlives the memory (say, in a traceback
+        # frame) must be a dead view, not a dangling pointer.
+        view.release()
         lib.xh_aligned_free(ptr)
 
 
@@ -62,6 +66,7 @@ class Ring:
 
     def __init__(self, entries: int = 64, flags: tuple[str, ...] = (), sq_thread_cpu: int | None = None,
                  sq_thread_idle_ms: int | None = None):
+        self._open = False
         self.flag_names = tuple(f.lower() for f in flags)
         self._ring = ffi.new("struct io_uring *")
         params = ffi.new("struct io_uring_params *")
@@ -128,7 +133,9 @@ class Ring:
     def register_buffers(self, buffers: list[memoryview]) -> None:
         iov = ffi.new("struct iovec[]", len(buffers))
         for i, buf in enumerate(buffers):
-            iov[i].iov_base = ffi.from_buffer(buf)
+            # The kernel pins the pages; the caller keeps `buf` alive while registered.
+            with ffi.from_buffer(buf) as ptr:
+                iov[i].iov_base = ptr
             iov[i].iov_len = len(buf)
         _check(lib.io_uring_register_buffers(self._ring, iov, len(buffers)), "io_uring_register_buffers")
 
@@ -154,14 +161,14 @@ class Ring:
         """Read into `buf` at `offset`; returns the byte count. `fixed_index` uses a registered
         buffer (read_fixed), `fixed_file` treats `fd` as an index into the registered files."""
         sqe = self.sqe()
-        ptr = ffi.from_buffer(buf)
-        if fixed_index is None:
-            lib.io_uring_prep_read(sqe, fd, ptr, len(buf), offset)
-        else:
-            lib.io_uring_prep_read_fixed(sqe, fd, ptr, len(buf), offset, fixed_index)
-        if fixed_file:
-            lib.io_uring_sqe_set_flags(sqe, lib.IOSQE_FIXED_FILE)
-        res = self.run(1)[0][1]
+        with ffi.from_buffer(buf) as ptr:
+            if fixed_index is None:
+                lib.io_uring_prep_read(sqe, fd, ptr, len(buf), offset)
+            else:
+                lib.io_uring_prep_read_fixed(sqe, fd, ptr, len(buf), offset, fixed_index)
+            if fixed_file:
+                lib.io_uring_sqe_set_flags(sqe, lib.IOSQE_FIXED_FILE)
+            res = self.run(1)[0][1]
         return _check(res, what)
 
     def supported_ops(self) -> list[str]:

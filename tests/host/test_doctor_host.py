@@ -1,0 +1,91 @@
+"""`xhagent doctor --json` on this host agrees with what the kernel says by other means."""
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xhagent.cgroups.mounts import discover
+
+pytestmark = pytest.mark.host
+
+
+@pytest.fixture(scope="module")
+def report():
+    exe = Path(sys.executable).with_name("xhagent")
+    res = subprocess.run([str(exe), "doctor", "--json"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["items"]
+
+
+def test_kernel_and_privileges(report):
+    assert report["kernel"]["release"] == os.uname().release
+    assert report["capabilities"]["euid"] == 0
+
+
+def test_io_uring_items(report):
+    for name in ("io_uring", "io_uring.sqpoll", "io_uring.registered_buffers",
+                 "io_uring.registered_files", "io_uring.o_direct", "io_uring.ops"):
+        assert report[name]["ok"], (name, report[name])
+    assert {"READ", "WRITE", "OPENAT", "CLOSE", "STATX", "READ_FIXED"} <= set(report["io_uring.ops"]["ops"])
+
+
+def test_iopoll_reported_per_device_with_sysfs_value(report):
+    blocks = [p for p in Path("/sys/block").iterdir() if int((p / "size").read_text()) > 0]
+    assert blocks
+    for dev in blocks:
+        item = report[f"iopoll.{dev.name}"]
+        io_poll = int((dev / "queue/io_poll").read_text())
+        assert item["io_poll"] == io_poll
+        assert item["dev"] == (dev / "dev").read_text().strip()
+        if io_poll == 0:
+            assert not item["ok"] and "queue/io_poll=0" in item["reason"]
+    if not any(report[f"iopoll.{d.name}"]["ok"] for d in blocks):
+        assert not report["iopoll"]["ok"]
+        assert all(d.name in report["iopoll"]["reason"] for d in blocks)
+
+
+def test_polled_read_of_a_regular_file_is_refused(report):
+    # IORING_SETUP_IOPOLL needs a block device whose driver polls; filesystems refuse it.
+    assert not report["iopoll.file"]["ok"]
+    assert "-EOPNOTSUPP" in report["iopoll.file"]["reason"]
+
+
+def test_cgroup_items_match_mountinfo(report):
+    hier = discover()
+    assert report["cgroup.mode"]["mode"] == hier.mode
+    assert report["cgroup.mode"]["cgroup2"] == hier.unified.path
+    controllers = Path(hier.unified.path, "cgroup.controllers").read_text().split()
+    assert report["cgroup.controllers"]["ok"] == {"cpu", "cpuset", "io", "memory", "pids"}.issubset(controllers)
+    if not report["cgroup.controllers"]["ok"]:
+        assert report["cgroup.controllers"]["available"] == controllers
+    for name in ("cgroup.create", "cgroup.freeze", "cgroup.kill"):
+        assert report[name]["ok"], (name, report[name])
+    assert report["cgroup.kill"]["exit_signal"] == 9
+    # The probe leaves nothing behind.
+    assert not Path(report["cgroup.create"]["path"]).exists()
+
+
+def test_ebpf_items(report):
+    for name in ("ebpf.btf", "ebpf.tp_btf_sched_switch", "ebpf.ringbuf", "ebpf.send_signal_thread"):
+        assert report[name]["ok"], (name, report[name])
+    assert report["ebpf.tp_btf_sched_switch"]["events"] > 0
+
+
+def test_nvml_reports_its_own_error_without_a_driver(report):
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("an NVIDIA driver (libnvidia-ml) is installed: covered by the gpu tests")
+    assert not report["nvml"]["ok"]
+    assert report["nvml"]["reason"].startswith("NVMLError_LibraryNotFound")
+
+
+def test_require_exit_code_names_the_item(report):
+    exe = Path(sys.executable).with_name("xhagent")
+    want = "io_uring" if report["io_uring"]["ok"] else "kernel"
+    assert subprocess.run([str(exe), "doctor", "--require", want], capture_output=True).returncode == 0
+    lacking = next(n for n, v in report.items() if not v["ok"])
+    res = subprocess.run([str(exe), "doctor", "--require", lacking], capture_output=True, text=True)
+    assert res.returncode == 1 and repr(lacking) in res.stderr
