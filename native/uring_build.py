@@ -131,6 +131,3 @@ ffibuilder.set_source(
     libraries=["uring"],
     extra_compile_args=["-O2", "-Wall"],
 )
-
-if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)

@@ -1,0 +1,99 @@
+"""eBPF probes: vmlinux BTF, a tp_btf/sched_switch program counting switches, its ring
+buffer delivering our own switches, and bpf_send_signal_thread() preempting the main
+thread from a cpu-clock perf event. Each loads and runs the real program (< ~1.5 s)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from .report import Item, errno_reason, fail, ok
+
+BTF = Path("/sys/kernel/btf/vmlinux")
+
+
+def _reason(step: str, exc: OSError) -> str:
+    from ..bpf import BpfError
+
+    # BpfError text already reads "STEP: -EPERM (...): libbpf: ..."
+    text = exc.strerror if isinstance(exc, BpfError) and exc.strerror else errno_reason(exc)
+    return f"{step}: {text}"
+
+
+def _btf() -> Item:
+    from ..bpf.loader import binding
+
+    if not BTF.exists():
+        return fail("ebpf.btf", f"{BTF} is missing: the kernel has no BTF (CONFIG_DEBUG_INFO_BTF)")
+    try:
+        ffi, lib = binding()
+    except OSError as exc:
+        return fail("ebpf.btf", _reason("load binding", exc))
+    btf = lib.btf__load_vmlinux_btf()
+    if btf == ffi.NULL:
+        return fail("ebpf.btf", _reason("parse vmlinux BTF", OSError(ffi.errno, "")))
+    try:
+        return ok("ebpf.btf", size=BTF.stat().st_size, types=lib.btf__type_cnt(btf))
+    finally:
+        lib.btf__free(btf)
+
+
+def _sched_switch() -> list[Item]:
+    from ..bpf.sched_count import SchedCount, ping_pong
+
+    names = ("ebpf.tp_btf_sched_switch", "ebpf.ringbuf")
+    try:
+        sc = SchedCount(target_tgid=os.getpid())
+    except OSError as exc:
+        reason = _reason("load and attach tp_btf/sched_switch (sched_count)", exc)
+        return [fail(n, reason) for n in names]
+    with sc:
+        tids = ping_pong(100)
+        records = sc.drain(timeout_ms=50)
+        events = sc.switches()
+    items = [ok(names[0], events=events) if events > 0 else
+             fail(names[0], "attached, but the per-CPU counter stayed 0 through a pipe ping-pong")]
+    ours = [r for r in records if r.prev_pid in tids or r.next_pid in tids]
+    if ours:
+        items.append(ok(names[1], records=len(ours)))
+    else:
+        items.append(fail(names[1], f"no ring-buffer record named our threads {tids} "
+                                    f"({len(records)} records in all)", records=len(records)))
+    return items
+
+
+def _send_signal() -> Item:
+    from ..bpf.signal_probe import SignalProbe
+
+    name = "ebpf.send_signal_thread"
+    if threading.current_thread() is not threading.main_thread():
+        return fail(name, "must run in the main thread (Python runs signal handlers only there)")
+    hits = [0]
+
+    def handler(signum, frame):
+        hits[0] += 1
+
+    old = signal.signal(signal.SIGURG, handler)
+    try:
+        try:
+            probe = SignalProbe(threading.get_native_id(), period_ns=1_000_000)
+        except OSError as exc:
+            return fail(name, _reason("attach perf_event (signal_probe) to a cpu-clock event", exc))
+        with probe:
+            deadline = time.monotonic() + 1.0
+            while not hits[0] and time.monotonic() < deadline:
+                pass  # burn CPU: the cpu-clock event fires on our CPU time
+            sent, failed, last = probe.results()
+    finally:
+        signal.signal(signal.SIGURG, old)
+    if hits[0]:
+        return ok(name, signals=hits[0])
+    why = errno_reason(last, "last helper error") if failed else "the program never fired"
+    return fail(name, f"no SIGURG reached the main thread within 1 s (sent={sent}, "
+                      f"failed={failed}; {why})", signals=0)
+
+
+def probe() -> list[Item]:
+    return [_btf(), *_sched_switch(), _send_signal()]

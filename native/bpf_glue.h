@@ -1,0 +1,37 @@
+/* C helpers for the xhagent._bpf binding: what cannot be a plain libbpf call from
+ * Python without a per-event Python callback or a va_list. */
+#ifndef XH_BPF_GLUE_H
+#define XH_BPF_GLUE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ring_buffer;
+
+/* libbpf's messages, captured instead of printed to stderr. */
+void xh_log_capture(int enable);
+size_t xh_log_take(char *out, size_t cap);   /* copy the tail out, clear; returns bytes */
+
+/* A libbpf ring buffer whose sample callback appends records to a growable
+ * buffer that Python drains in bulk. Records are concatenated as they arrive. */
+struct xh_rb {
+    struct ring_buffer *rb;
+    char *buf;
+    size_t len, cap;
+    uint64_t count;   /* records in buf */
+    int err;          /* first append failure (-ENOMEM), sticky until reset */
+};
+
+struct xh_rb *xh_rb_new(int map_fd);    /* NULL with errno set */
+int xh_rb_poll(struct xh_rb *r, int timeout_ms);
+int xh_rb_consume(struct xh_rb *r);
+const char *xh_rb_data(struct xh_rb *r, size_t *len, uint64_t *count);
+void xh_rb_reset(struct xh_rb *r);
+void xh_rb_free(struct xh_rb *r);
+
+/* perf_event_open(2): returns an fd or -errno. period_or_freq is a sample period
+ * unless use_freq is set. The fd is always close-on-exec. */
+int xh_perf_event_open(uint32_t type, uint64_t config, int pid, int cpu,
+                       uint64_t period_or_freq, int use_freq, int disabled);
+
+#endif
