@@ -1,6 +1,9 @@
 """The wheel carries every package folder, under the one `xhagent` namespace."""
+import runpy
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,3 +20,11 @@ def test_every_package_folder_is_listed_and_mapped():
     # Data-only folders (BPF objects) are listed explicitly too, so their files ship.
     assert found <= set(tool["packages"]), f"missing from [tool.setuptools] packages: {found - set(tool['packages'])}"
     assert "xhagent.bpf.objects" in tool["packages"]
+
+
+def test_ebpf_build_names_the_debian_package_of_a_missing_tool(monkeypatch):
+    build = runpy.run_path(str(ROOT / "ebpf" / "build.py"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for tool, package in (("clang", "clang"), ("bpftool", "bpftool"), ("llvm-strip", "llvm")):
+        with pytest.raises(SystemExit, match=f"install the Debian package `{package}`"):
+            build["_tool"](tool)

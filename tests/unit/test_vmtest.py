@@ -141,3 +141,16 @@ def test_pattern_expected_reads(tmp_path):
 def test_pattern_rejects_reads_past_the_disk():
     with pytest.raises(ValueError):
         pattern.expected(pattern.DISK_SIZE - 10, 20)
+
+
+def test_kvm_only_with_hardware_virtualisation(tmp_path, monkeypatch):
+    monkeypatch.setattr(vmtest.os, "access", lambda path, mode: True)
+    (tmp_path / "kvm").mkdir()
+    (tmp_path / "kvm_pvm").mkdir()
+    assert not vmtest.hardware_kvm(tmp_path)  # PVM: stock kernels do not boot on it
+    (tmp_path / "kvm_intel").mkdir()
+    assert vmtest.hardware_kvm(tmp_path)
+    args = vmtest.parse_args(["--", "true"])
+    assert "--disable-kvm" not in vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args, kvm=True)
+    monkeypatch.setattr(vmtest.os, "access", lambda path, mode: False)
+    assert not vmtest.hardware_kvm(tmp_path)
