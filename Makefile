@@ -30,8 +30,11 @@ $(BIN)/python:
 
 # An editable install builds xhagent._uring, xhagent._bpf and the BPF objects in place.
 $(STAMPS)/install: $(BIN)/python $(NATIVE_SOURCES) | deps
-	$(BIN)/python -m pip install -q --no-build-isolation -e '.[test]'
-	@mkdir -p $(STAMPS) && touch $@
+	@mkdir -p $(STAMPS)
+	@echo "installing xhagent into $(VENV) (native build: .cache/install.log)"
+	@$(BIN)/python -m pip install --no-build-isolation -e '.[test]' > .cache/install.log 2>&1 \
+	  || { tail -n 40 .cache/install.log; echo "make: install failed, full log in .cache/install.log" >&2; exit 1; }
+	@touch $@
 
 guest-kernel: deps
 	@tools/guest-kernel >/dev/null

@@ -25,7 +25,9 @@ def dumps(items: list[Item]) -> str:
 def _summary(detail: dict[str, Any]) -> str:
     parts = []
     for key, value in detail.items():
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and len(value) > 8:
+            value = f"({len(value)}, listed by --json)"
+        elif isinstance(value, (list, tuple)):
             value = ",".join(str(v) for v in value) if value else "-"
         elif isinstance(value, dict):
             value = " ".join(f"{k}={v}" for k, v in value.items())
