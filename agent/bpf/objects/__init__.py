@@ -1,0 +1,1 @@
+"""BPF objects compiled from ebpf/*.bpf.c at install time (package data)."""
