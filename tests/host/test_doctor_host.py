@@ -1,9 +1,6 @@
 """`xhagent doctor --json` on this host agrees with what the kernel says by other means."""
 import ctypes.util
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +11,8 @@ pytestmark = pytest.mark.host
 
 
 @pytest.fixture(scope="module")
-def report():
-    exe = Path(sys.executable).with_name("xhagent")
-    res = subprocess.run([str(exe), "doctor", "--json"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["items"]
+def report(doctor_report):
+    return doctor_report
 
 
 def test_kernel_and_privileges(report):
@@ -82,10 +76,9 @@ def test_nvml_reports_its_own_error_without_a_driver(report):
     assert report["nvml"]["reason"].startswith("NVMLError_LibraryNotFound")
 
 
-def test_require_exit_code_names_the_item(report):
-    exe = Path(sys.executable).with_name("xhagent")
+def test_require_exit_code_names_the_item(report, run_xhagent):
     want = "io_uring" if report["io_uring"]["ok"] else "kernel"
-    assert subprocess.run([str(exe), "doctor", "--require", want], capture_output=True).returncode == 0
+    assert run_xhagent("doctor", "--require", want).returncode == 0
     lacking = next(n for n, v in report.items() if not v["ok"])
-    res = subprocess.run([str(exe), "doctor", "--require", lacking], capture_output=True, text=True)
+    res = run_xhagent("doctor", "--require", lacking)
     assert res.returncode == 1 and repr(lacking) in res.stderr

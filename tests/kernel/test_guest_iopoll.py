@@ -1,8 +1,5 @@
 """Inside the guest: a polled (IOPOLL) O_DIRECT read of the emulated NVMe disk returns
 the bytes the harness wrote there, and the doctor reports what the guest can do."""
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,20 +27,15 @@ def test_polled_read_of_a_file_still_refused_in_guest(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def report():
-    exe = Path(sys.executable).with_name("xhagent")
-    res = subprocess.run([str(exe), "doctor", "--json"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["items"]
+def report(doctor_report):
+    return doctor_report
 
 
-def test_doctor_reports_iopoll_usable_on_nvme(report):
+def test_doctor_reports_iopoll_usable_on_nvme(report, run_xhagent):
     assert report["iopoll.nvme0n1"]["ok"], report["iopoll.nvme0n1"]
     assert report["iopoll.nvme0n1"]["io_poll"] == 1
     assert report["iopoll"]["ok"] and "nvme0n1" in report["iopoll"]["devices"]
-    res = subprocess.run([str(Path(sys.executable).with_name("xhagent")), "doctor", "--require", "iopoll"],
-                         capture_output=True)
-    assert res.returncode == 0
+    assert run_xhagent("doctor", "--require", "iopoll").returncode == 0
 
 
 def test_doctor_reports_full_cgroup2(report):
