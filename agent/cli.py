@@ -1,17 +1,50 @@
-"""The `xhagent` command line."""
+"""The `xhagent` command line.
+
+Subcommands live beside the code they drive and are imported only when invoked, so
+`xhagent doctor` does not pay for the simulator and `--help` lists everything.
+"""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from . import __version__
 
+# name -> "module:attribute" of a click command or group; one line per subcommand.
+COMMANDS = {
+    "bench": "xhagent.cli:bench",
+}
+# `xhagent bench NAME`, likewise.
+BENCHMARKS: dict[str, str] = {
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | self.lazy.keys())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, _, attr = self.lazy[name].partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="xhagent")
 def main() -> None:
     """Node agent of the XingHua scheduler."""
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Benchmarks: JSON out, the baseline measured in the same run, results as ratios."""
 
 
 @main.command()
@@ -20,8 +53,7 @@ def main() -> None:
               help="Exit 1 if ITEM is missing or not ok (repeatable), e.g. --require iopoll.")
 def doctor(as_json: bool, required: tuple[str, ...]) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
-    from .doctor import missing, run_probes
-    from .doctor import render
+    from .doctor import missing, render, run_probes
 
     items = run_probes()
     click.echo(render.dumps(items) if as_json else render.table(items))
