@@ -1,0 +1,234 @@
+"""YAML documents with positions, and a cursor to validate them field by field.
+
+Policy files, task specs and node models are read through here so that every error a
+user can cause reads `FILE:LINE:COL: message`: values stay plain Python (dicts, lists,
+scalars) and the position of each one is kept beside them, keyed by its path
+(`("spec", "groups", 0, "io", "weight")`).
+
+    for doc in load_file(path):
+        spec = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind"})
+        weight = spec["spec"]["io"]["weight"].int(1, 10000, default=100)
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+Path_ = tuple[Any, ...]
+MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING", "__bool__": lambda self: False})()
+
+
+class SpecError(ValueError):
+    """A user error in an input file, located to the character."""
+
+    def __init__(self, file: str, line: int, col: int, message: str):
+        super().__init__(f"{file}:{line}:{col}: {message}")
+        self.file, self.line, self.col, self.message = file, line, col, message
+
+
+@dataclass
+class Document:
+    file: str
+    value: Any
+    positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    index: int = 0  # which document of a multi-document file
+
+    def position(self, path: Path_) -> tuple[int, int]:
+        """(line, col), 1-based, of the value at `path`, or of its nearest existing parent."""
+        while path not in self.positions and path:
+            path = path[:-1]
+        return self.positions.get(path, (1, 1))
+
+    def error(self, path: Path_, message: str) -> SpecError:
+        return SpecError(self.file, *self.position(path), message)
+
+    @property
+    def root(self) -> "Cursor":
+        return Cursor(self, (), self.value)
+
+
+def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
+    doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise SpecError(doc.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                "a mapping key must be a plain value")
+            key = _scalar(key_node)
+            if key in out:
+                raise SpecError(doc.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                f"duplicate key {key!r}")
+            out[key] = _build(value_node, (*path, key), doc)
+            # A key's own position, for messages about the key (unknown field, ...).
+            doc.positions[(*path, key, "<key>")] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_build(item, (*path, i), doc) for i, item in enumerate(node.value)]
+    return _scalar(node)
+
+
+_constructor = yaml.SafeLoader("")
+
+
+def _scalar(node: yaml.ScalarNode) -> Any:
+    return _constructor.construct_object(node, deep=True)
+
+
+def load_text(text: str, file: str = "<string>") -> list[Document]:
+    """Every document of a YAML stream; a syntax error becomes a SpecError."""
+    docs = []
+    try:
+        for i, node in enumerate(yaml.compose_all(text, Loader=yaml.SafeLoader)):
+            if node is None:
+                continue
+            doc = Document(file, None, index=i)
+            doc.value = _build(node, (), doc)
+            docs.append(doc)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise SpecError(file, line, col, f"invalid YAML: {exc.problem or exc.context}") from None
+    return docs
+
+
+def load_file(path: str | Path) -> list[Document]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpecError(str(path), 1, 1, f"cannot read: {exc.strerror}") from None
+    return load_text(text, str(path))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A value inside a Document together with its path; accessors validate and locate."""
+
+    doc: Document
+    path: Path_
+    value: Any
+
+    @property
+    def present(self) -> bool:
+        return self.value is not MISSING
+
+    @property
+    def where(self) -> str:
+        return ".".join(str(p) for p in self.path) or "document"
+
+    def error(self, message: str) -> SpecError:
+        return self.doc.error(self.path, message)
+
+    def __getitem__(self, key: Any) -> "Cursor":
+        if isinstance(self.value, dict) and key in self.value:
+            return Cursor(self.doc, (*self.path, key), self.value[key])
+        if isinstance(self.value, list) and isinstance(key, int) and 0 <= key < len(self.value):
+            return Cursor(self.doc, (*self.path, key), self.value[key])
+        return Cursor(self.doc, (*self.path, key), MISSING)
+
+    # -- structure ------------------------------------------------------------------
+    def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> "Cursor":
+        """Check this is a mapping with only `allowed` keys and every `required` one."""
+        if not isinstance(self.value, dict):
+            raise self.error(f"{self.where}: expected a mapping, got {_kind(self.value)}")
+        if allowed is not None:
+            allowed = list(allowed)
+            for key in self.value:
+                if key not in allowed:
+                    pos = self.doc.positions.get((*self.path, key, "<key>")) or self.doc.position(self.path)
+                    raise SpecError(self.doc.file, *pos, f"unknown field {_field(self.path, key)!r}"
+                                    + did_you_mean(str(key), allowed))
+        for key in required:
+            if key not in self.value:
+                raise self.error(f"missing required field {_field(self.path, key)!r}")
+        return self
+
+    def items(self) -> Iterator[tuple[Any, "Cursor"]]:
+        self.mapping()
+        for key in self.value:
+            yield key, self[key]
+
+    def seq(self, default: list | None = None) -> list["Cursor"]:
+        if not self.present and default is not None:
+            return []
+        if not isinstance(self.value, list):
+            raise self.error(f"{self.where}: expected a list, got {_kind(self.value)}")
+        return [self[i] for i in range(len(self.value))]
+
+    # -- scalars --------------------------------------------------------------------
+    def _get(self, default: Any) -> Any:
+        if self.present:
+            return self.value
+        if default is MISSING:
+            raise self.error(f"missing required field {self.where!r}")
+        return default
+
+    def str(self, choices: Iterable[str] | None = None, default: Any = MISSING) -> Any:
+        value = self._get(default)
+        if value is default and not self.present:
+            return value
+        if not isinstance(value, str):
+            raise self.error(f"{self.where}: expected a string, got {_kind(value)}")
+        if choices is not None and value not in (choices := list(choices)):
+            raise self.error(f"{self.where}: {value!r} is not one of {', '.join(choices)}" + did_you_mean(value, choices))
+        return value
+
+    def int(self, lo: int | None = None, hi: int | None = None, default: Any = MISSING) -> Any:
+        value = self._get(default)
+        if value is default and not self.present:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"{self.where}: expected an integer, got {_kind(value)}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self.error(f"{self.where}: {value} is out of range {lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}")
+        return value
+
+    def number(self, lo: float | None = None, hi: float | None = None, default: Any = MISSING) -> Any:
+        value = self._get(default)
+        if value is default and not self.present:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(f"{self.where}: expected a number, got {_kind(value)}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise self.error(f"{self.where}: {value} is out of range {lo}..{hi}")
+        return value
+
+    def bool(self, default: Any = MISSING) -> Any:
+        value = self._get(default)
+        if self.present and not isinstance(value, bool):
+            raise self.error(f"{self.where}: expected true or false, got {_kind(value)}")
+        return value
+
+    def parse(self, fn: Callable[[Any], T], what: str, default: Any = MISSING) -> T:
+        """Apply a parser (cpu list, byte size, duration...); its ValueError is located here."""
+        value = self._get(default)
+        if not self.present:
+            return value
+        try:
+            return fn(value)
+        except (ValueError, TypeError) as exc:
+            raise self.error(f"{self.where}: {value!r} is not a valid {what}: {exc}") from None
+
+
+def _field(path: Path_, key: Any) -> str:
+    names = [str(p) for p in path if not isinstance(p, int)]
+    return ".".join([*names, str(key)])
+
+
+def _kind(value: Any) -> str:
+    if value is MISSING:
+        return "nothing"
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
