@@ -15,6 +15,7 @@ from . import __version__
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
     "bench": "xhagent.cli:bench",
+    "inventory": "xhagent.inventory.cli:inventory",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {

@@ -6,45 +6,12 @@ The aggregate item `iopoll` is ok when at least one device completed a polled re
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from ..inventory.block import BlockDevice, block_devices
 from ..io import Ring, UringError, aligned_buffer
 from .report import Item, errno_reason, fail, ok
 from .uring_probe import BLOCK, scratch_file
-
-
-@dataclass(frozen=True)
-class BlockDevice:
-    name: str
-    dev: str  # MAJ:MIN
-    size_sectors: int
-    io_poll: int
-    logical_block: int
-
-
-def _read_int(path: Path, default: int = 0) -> int:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return default
-
-
-def block_devices(sys_root: Path = Path("/sys")) -> list[BlockDevice]:
-    """Block devices with a medium (size > 0), as sysfs describes them."""
-    devices = []
-    for entry in sorted((sys_root / "block").iterdir()):
-        size = _read_int(entry / "size")
-        if size == 0:
-            continue
-        devices.append(BlockDevice(
-            name=entry.name,
-            dev=(entry / "dev").read_text().strip(),
-            size_sectors=size,
-            io_poll=_read_int(entry / "queue/io_poll"),
-            logical_block=_read_int(entry / "queue/logical_block_size", 512),
-        ))
-    return devices
 
 
 def polled_read(path: str, length: int = BLOCK, offset: int = 0) -> bytes:

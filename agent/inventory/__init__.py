@@ -1,0 +1,20 @@
+"""Node inventory: what this machine has (CPUs, caches, NUMA, memory, PCIe, GPUs, block
+devices, labels), and the resource model the scheduling core consumes (`model`).
+
+`from xhagent.inventory import discover, build_model`; readers take a `Roots` so a
+recorded sysfs/procfs tree can stand in for the live one.
+"""
+from __future__ import annotations
+
+from .sysfs import Roots
+
+
+def __getattr__(name: str):
+    # Lazy, so `xhagent.doctor` can import `inventory.block` without the rest.
+    if name in ("discover", "build_model", "Inventory", "SECTIONS"):
+        from . import collect
+        return getattr(collect, name)
+    raise AttributeError(name)
+
+
+__all__ = ["Roots", "discover", "build_model", "Inventory", "SECTIONS"]

@@ -1,0 +1,555 @@
+"""The resource model of a node: what the scheduling core may hand out, and nothing else.
+
+Built from the inventory (`xhagent.inventory.build_model`) or loaded from YAML/JSON so the
+simulator and tests can describe a node this machine is not. All classes are frozen and
+validated on construction; `from_dict` / `load` report errors with the path of the bad
+value (and FILE:LINE:COL for files). Sizes are bytes (ints); in files they may also be
+written as `64GiB`, `512MiB`, `3.84TB`. Versions are `"MAJOR.MINOR"` strings in files and
+`Version(major, minor)` tuples in Python. Keys are camelCase in files, snake_case here.
+
+Schema (one node; a file may also hold `nodes: [<node>, ...]`, optionally `version: 1`)::
+
+    name: gpu-07
+    labels: {rack: r12, zone: z1, pool: training}   # rack, zone, any other str->str
+    reservedCpus: [0]                  # kept for the system; absent from every `cpus` below
+    numa:                              # allocatable CPUs: NUMA node > L3 domain > core
+      - id: 0
+        memoryTotal: 256GiB
+        memoryFree: 240GiB
+        distances: {0: 10, 1: 21}      # SLIT distances to every node, by node id
+        l3:
+          - id: 0                      # L3 cache id (with sub-NUMA clustering one L3 spans 2 nodes)
+            sizeBytes: 32MiB
+            cores:
+              - {id: 0, package: 0, cpus: [64], siblings: [0, 64]}  # SMT sibling 0 reserved
+              - {id: 1, package: 0, cpus: [1, 65]}                   # siblings default to cpus
+    memory:
+      total: 512GiB
+      available: 480GiB
+      hugepages: [{sizeBytes: 2MiB, total: 1024, free: 1024}]
+    gpus:
+      - index: 0
+        uuid: GPU-4d0c9f0e-1b2a-4c3d-8e9f-0a1b2c3d4e5f
+        name: NVIDIA H100 80GB HBM3
+        memoryTotal: 80GiB
+        memoryFree: 79GiB
+        cudaDriverVersion: "12.4"      # nvmlSystemGetCudaDriverVersion, as (major, minor)
+        computeCapability: "9.0"
+        numaNode: 0                    # null when unknown
+        pciBusId: "0000:18:00.0"
+        nvlinkPeers: [1]               # GPU indices reachable over an active NVLink
+        island: 0                      # NVLink component id; computed when omitted
+      - {index: 1, uuid: GPU-9a8b7c6d-0000-4c3d-8e9f-0a1b2c3d4e60, name: NVIDIA H100 80GB HBM3,
+         memoryTotal: 80GiB, memoryFree: 80GiB, cudaDriverVersion: "12.4", computeCapability: "9.0",
+         numaNode: 0, pciBusId: "0000:2a:00.0", nvlinkPeers: [0], island: 0}
+    io:
+      - {name: nvme0n1, dev: "259:0", rotational: false, ioPoll: true, pollQueues: 4,
+         sizeBytes: 3.84TB, numaNode: 0}
+
+Only `name` is required for a node; every list defaults to empty. A core's `siblings` are
+all its logical CPUs (reserved or offline ones included) so a scheduler can keep
+`smtExclusive`: a core is whole (`Core.whole`) when every sibling is allocatable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
+
+import yaml
+
+SCHEMA_VERSION = 1
+
+Bytes = NewType("Bytes", int)
+"""An int of bytes; files may say `64GiB` / `3.84TB`."""
+
+
+class Version(NamedTuple):
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+PathPart = Union[str, int]
+
+
+class ModelError(ValueError):
+    """A bad resource model: `where` (FILE:LINE:COL or FILE), the path of the value, what is wrong."""
+
+    def __init__(self, path: Sequence[PathPart], message: str, where: str = ""):
+        self.path = tuple(path)
+        self.message = message
+        self.where = where
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        loc = format_path(self.path)
+        text = f"{loc}: {self.message}" if loc else self.message
+        return f"{self.where}: {text}" if self.where else text
+
+    def under(self, *prefix: PathPart) -> "ModelError":
+        return ModelError((*prefix, *self.path), self.message, self.where)
+
+
+def format_path(path: Sequence[PathPart]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _check(ok: bool, path: Sequence[PathPart], message: str) -> None:
+    if not ok:
+        raise ModelError(path, message)
+
+
+def _unique(values: Sequence, path: Sequence[PathPart], what: str) -> None:
+    seen = set()
+    for v in values:
+        _check(v not in seen, path, f"duplicate {what} {v}")
+        seen.add(v)
+
+
+# --------------------------------------------------------------------------- classes
+
+
+@dataclass(frozen=True)
+class Core:
+    id: int                                 # core_id from sysfs (unique within a package)
+    package: int
+    cpus: tuple[int, ...]                   # allocatable logical CPUs of this core
+    siblings: tuple[int, ...] = ()          # all SMT siblings; defaults to `cpus`
+
+    def __post_init__(self) -> None:
+        if not self.siblings:
+            object.__setattr__(self, "siblings", self.cpus)
+        _unique(self.cpus, ("cpus",), "cpu")
+        extra = sorted(set(self.cpus) - set(self.siblings))
+        _check(not extra, ("cpus",), f"cpus {extra} are not among siblings {list(self.siblings)}")
+
+    @property
+    def whole(self) -> bool:
+        """Every SMT sibling is allocatable: the core can be given exclusively."""
+        return set(self.cpus) == set(self.siblings)
+
+
+@dataclass(frozen=True)
+class L3Domain:
+    id: int
+    size_bytes: Bytes = Bytes(0)
+    cores: tuple[Core, ...] = ()
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(c for core in self.cores for c in core.cpus))
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    memory_total: Bytes = Bytes(0)
+    memory_free: Bytes = Bytes(0)
+    distances: dict[int, int] = field(default_factory=dict, hash=False)
+    l3: tuple[L3Domain, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(self.memory_free <= self.memory_total or not self.memory_total, ("memoryFree",),
+               f"{self.memory_free} exceeds memoryTotal {self.memory_total}")
+        _unique([d.id for d in self.l3], ("l3",), "L3 id")
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(c for dom in self.l3 for c in dom.cpus))
+
+    @property
+    def cores(self) -> tuple[Core, ...]:
+        return tuple(core for dom in self.l3 for core in dom.cores)
+
+
+@dataclass(frozen=True)
+class HugePages:
+    size_bytes: Bytes
+    total: int = 0
+    free: int = 0
+
+
+@dataclass(frozen=True)
+class Memory:
+    total: Bytes = Bytes(0)
+    available: Bytes = Bytes(0)
+    hugepages: tuple[HugePages, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(self.available <= self.total or not self.total, ("available",),
+               f"{self.available} exceeds total {self.total}")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_total: Bytes
+    memory_free: Bytes
+    cuda_driver_version: Version
+    compute_capability: Version
+    numa_node: int | None = None
+    pci_bus_id: str = ""
+    nvlink_peers: tuple[int, ...] = ()
+    island: int | None = None               # filled by Node from nvlink_peers when None
+
+    def __post_init__(self) -> None:
+        _check(self.memory_free <= self.memory_total, ("memoryFree",),
+               f"{self.memory_free} exceeds memoryTotal {self.memory_total}")
+        _check(self.index not in self.nvlink_peers, ("nvlinkPeers",), "a GPU is not its own peer")
+
+
+@dataclass(frozen=True)
+class BlockIo:
+    name: str
+    dev: str                                # MAJ:MIN
+    rotational: bool = False
+    io_poll: bool = False
+    poll_queues: int = 0
+    size_bytes: Bytes = Bytes(0)
+    numa_node: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(re.fullmatch(r"\d+:\d+", self.dev) is not None, ("dev",), f"{self.dev!r} is not MAJ:MIN")
+
+    @property
+    def io_class(self) -> str:
+        """`polled` (IOPOLL ring), `rotational`, or `flash` (interrupt-driven ring)."""
+        return "polled" if self.io_poll else "rotational" if self.rotational else "flash"
+
+
+@dataclass(frozen=True)
+class Labels:
+    rack: str | None = None
+    zone: str | None = None
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def as_dict(self) -> dict[str, str]:
+        known = {k: v for k, v in (("rack", self.rack), ("zone", self.zone)) if v is not None}
+        return {**known, **self.extra}
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.as_dict().get(key, default)
+
+    @classmethod
+    def _parse(cls, raw: Any, path: tuple) -> "Labels":
+        if raw is None:
+            return cls()
+        _check(isinstance(raw, dict), path, f"expected a mapping of label: value, got {_kind(raw)}")
+        for key, value in raw.items():
+            _check(isinstance(key, str) and key != "", path, f"label key {key!r} is not a string")
+            _check(isinstance(value, (str, int, float)) and not isinstance(value, bool), (*path, key),
+                   f"label value must be a string, got {_kind(value)}")
+        text = {k: str(v) for k, v in raw.items()}
+        return cls(text.pop("rack", None), text.pop("zone", None), text)
+
+    def _dump(self) -> dict[str, str]:
+        return self.as_dict()
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    labels: Labels = field(default_factory=Labels, hash=False)
+    reserved_cpus: tuple[int, ...] = ()
+    numa: tuple[NumaNode, ...] = ()
+    memory: Memory = field(default_factory=Memory)
+    gpus: tuple[Gpu, ...] = ()
+    io: tuple[BlockIo, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(self.name != "", ("name",), "must not be empty")
+        _unique([n.id for n in self.numa], ("numa",), "NUMA node id")
+        allocatable = [c for n in self.numa for c in n.cpus]
+        _unique(allocatable, ("numa",), "allocatable cpu")
+        both = sorted(set(allocatable) & set(self.reserved_cpus))
+        _check(not both, ("reservedCpus",), f"cpus {both} are both reserved and allocatable")
+        numa_ids = {n.id for n in self.numa}
+        for i, gpu in enumerate(self.gpus):
+            _check(gpu.numa_node is None or not numa_ids or gpu.numa_node in numa_ids,
+                   ("gpus", i, "numaNode"), f"no NUMA node {gpu.numa_node}")
+        for i, dev in enumerate(self.io):
+            _check(dev.numa_node is None or not numa_ids or dev.numa_node in numa_ids,
+                   ("io", i, "numaNode"), f"no NUMA node {dev.numa_node}")
+        _unique([g.index for g in self.gpus], ("gpus",), "GPU index")
+        _unique([d.name for d in self.io], ("io",), "device name")
+        object.__setattr__(self, "gpus", _with_islands(self.gpus))
+
+    # -- queries the scheduler uses
+    @property
+    def allocatable_cpus(self) -> tuple[int, ...]:
+        return tuple(sorted(c for n in self.numa for c in n.cpus))
+
+    def cores(self) -> Iterator[tuple[NumaNode, L3Domain, Core]]:
+        for node in self.numa:
+            for dom in node.l3:
+                for core in dom.cores:
+                    yield node, dom, core
+
+    def gpu(self, index: int) -> Gpu:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(f"node {self.name} has no GPU {index}")
+
+    def islands(self) -> dict[int, tuple[int, ...]]:
+        """NVLink island id -> GPU indices in it."""
+        out: dict[int, list[int]] = {}
+        for g in self.gpus:
+            out.setdefault(g.island, []).append(g.index)
+        return {k: tuple(sorted(v)) for k, v in sorted(out.items())}
+
+    # -- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Node":
+        return _parse(cls, raw, ())
+
+
+def nvlink_islands(peers: dict[int, Sequence[int]]) -> dict[int, int]:
+    """GPU index -> island id: connected components of the NVLink graph, numbered by their
+    lowest GPU index in order (a GPU without links is an island of its own)."""
+    island: dict[int, int] = {}
+    next_id = 0
+    for start in sorted(peers):
+        if start in island:
+            continue
+        stack = [start]
+        while stack:
+            g = stack.pop()
+            if g in island:
+                continue
+            island[g] = next_id
+            stack.extend(p for p in peers.get(g, ()) if p not in island)
+        next_id += 1
+    return island
+
+
+def _with_islands(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    indices = {g.index for g in gpus}
+    peers = {g.index: set(g.nvlink_peers) for g in gpus}
+    for i, g in enumerate(gpus):
+        missing = sorted(set(g.nvlink_peers) - indices)
+        _check(not missing, ("gpus", i, "nvlinkPeers"), f"no GPU with index {missing}")
+        lonely = sorted(p for p in g.nvlink_peers if g.index not in peers[p])
+        _check(not lonely, ("gpus", i, "nvlinkPeers"), f"GPUs {lonely} do not list {g.index} as a peer")
+    computed = nvlink_islands(peers)
+    given = {g.index: g.island for g in gpus if g.island is not None}
+    if given:
+        # Given ids are names; they must partition the GPUs exactly as the links do.
+        for i, g in enumerate(gpus):
+            _check(g.island is not None, ("gpus", i, "island"), "set on some GPUs but not this one")
+        for i, g in enumerate(gpus):
+            for other in gpus:
+                same_link = computed[g.index] == computed[other.index]
+                _check(same_link == (g.island == other.island), ("gpus", i, "island"),
+                       f"island {g.island} disagrees with nvlinkPeers (GPU {other.index})")
+        return gpus
+    return tuple(dataclasses.replace(g, island=computed[g.index]) for g in gpus)
+
+
+# --------------------------------------------------------------------- dict <-> object
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+          "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+
+
+def parse_bytes(value: Any) -> int:
+    """`4096`, `64GiB`, `3.84TB`, `512 MiB` -> int bytes; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size, got {_kind(value)}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value)) if isinstance(value, str) else None
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 4096, 512MiB or 64GiB, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_version(value: Any) -> Version:
+    """`"12.4"`, `12.4` or `[12, 4]` -> Version(12, 4)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return Version(*value)
+    m = re.fullmatch(r"(\d+)\.(\d+)", str(value)) if isinstance(value, (str, float)) else None
+    if not m:
+        raise ValueError(f"expected a version MAJOR.MINOR such as \"12.4\", got {value!r}")
+    return Version(int(m.group(1)), int(m.group(2)))
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), type(value).__name__ + f" {value!r}")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _parse(tp: Any, raw: Any, path: tuple) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _parse_dataclass(tp, raw, path)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        return _parse(next(a for a in args if a is not type(None)), raw, path)
+    try:
+        if tp is Bytes:
+            return parse_bytes(raw)
+        if tp is Version:
+            return parse_version(raw)
+    except ValueError as exc:
+        raise ModelError(path, str(exc)) from None
+    if origin is tuple:
+        _check(isinstance(raw, list), path, f"expected a list, got {_kind(raw)}")
+        return tuple(_parse(args[0], v, (*path, i)) for i, v in enumerate(raw))
+    if origin is dict:
+        _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
+        # JSON turns int keys into strings; take them back.
+        fix = (lambda k: int(k) if isinstance(k, str) and k.isdigit() else k) if args[0] is int else (lambda k: k)
+        return {_parse(args[0], fix(k), path): _parse(args[1], v, (*path, k)) for k, v in raw.items()}
+    if tp is bool:
+        _check(isinstance(raw, bool), path, f"expected true or false, got {_kind(raw)}")
+    elif tp is int:
+        _check(isinstance(raw, int) and not isinstance(raw, bool), path, f"expected an integer, got {_kind(raw)}")
+    elif tp is str:
+        _check(isinstance(raw, str), path, f"expected a string, got {_kind(raw)}")
+    return raw
+
+
+def _parse_dataclass(cls: type, raw: Any, path: tuple) -> Any:
+    if hasattr(cls, "_parse"):
+        return cls._parse(raw, path)
+    _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
+    known = {_camel(f.name): f for f in dataclasses.fields(cls)}
+    for key in raw:
+        _check(key in known, (*path, key), f"unknown key; expected one of {', '.join(known)}")
+    kwargs = {}
+    for key, f in known.items():
+        if key in raw:
+            kwargs[f.name] = _parse(_hints(cls)[f.name], raw[key], (*path, key))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ModelError(path, f"missing required key {key!r}")
+    try:
+        return cls(**kwargs)
+    except ModelError as exc:
+        raise exc.under(*path) from None
+
+
+def _dump(value: Any) -> Any:
+    if hasattr(value, "_dump"):
+        return value._dump()
+    if dataclasses.is_dataclass(value):
+        return {_camel(f.name): _dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Version):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+# ----------------------------------------------------------------------- files
+
+
+def nodes_from_data(data: Any) -> list[Node]:
+    """One node mapping, or `{nodes: [...], version: 1}`."""
+    if isinstance(data, dict) and "nodes" in data:
+        extra = sorted(set(data) - {"nodes", "version"})
+        _check(not extra, (extra[0],) if extra else (), "unknown key; expected nodes, version")
+        _check(data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION, ("version",),
+               f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}")
+        _check(isinstance(data["nodes"], list), ("nodes",), f"expected a list, got {_kind(data['nodes'])}")
+        nodes = [_parse(Node, n, ("nodes", i)) for i, n in enumerate(data["nodes"])]
+        _unique([n.name for n in nodes], ("nodes",), "node name")
+        return nodes
+    return [_parse(Node, data, ())]
+
+
+def loads(text: str, source: str = "<string>") -> list[Node]:
+    """YAML (JSON is YAML) text -> nodes. ModelError carries SOURCE:LINE:COL."""
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            tree = loader.get_single_node()
+            data = loader.construct_document(tree) if tree is not None else None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ModelError((), f"YAML syntax: {exc.problem or exc.context}", where) from None
+    if data is None:
+        raise ModelError((), "empty document; expected a node or `nodes: [...]`", f"{source}:1:1")
+    try:
+        return nodes_from_data(data)
+    except ModelError as exc:
+        mark = _mark_of(tree, exc.path)
+        raise ModelError(exc.path, exc.message, f"{source}:{mark.line + 1}:{mark.column + 1}") from None
+
+
+def load(path: str | Path) -> list[Node]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ModelError((), f"cannot read: {exc.strerror or exc}", str(path)) from None
+    return loads(text, str(path))
+
+
+def _mark_of(tree: yaml.Node, path: tuple) -> yaml.Mark:
+    """The start of the deepest YAML node along `path` (keys compared as text)."""
+    node = tree
+    for part in path:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+        if child is None:
+            break
+        node = child
+    return node.start_mark
+
+
+def to_data(nodes: Node | Sequence[Node]) -> dict[str, Any]:
+    if isinstance(nodes, Node):
+        return nodes.to_dict()
+    return {"version": SCHEMA_VERSION, "nodes": [n.to_dict() for n in nodes]}
+
+
+def dumps_yaml(nodes: Node | Sequence[Node]) -> str:
+    return yaml.safe_dump(to_data(nodes), sort_keys=False, default_flow_style=None, width=100)
+
+
+def dumps_json(nodes: Node | Sequence[Node]) -> str:
+    return json.dumps(to_data(nodes), indent=2)

@@ -1,0 +1,51 @@
+"""Small readers of sysfs/procfs files under a root, so a recorded tree can stand in for /sys and /proc."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..doctor.system_probe import parse_cpulist
+
+__all__ = ["Roots", "text", "integer", "cpulist", "size_bytes", "parse_cpulist"]
+
+
+@dataclass(frozen=True)
+class Roots:
+    sys: Path = Path("/sys")
+    proc: Path = Path("/proc")
+    dev: Path = Path("/dev")
+
+
+def text(path: Path, default: str | None = None) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return default
+
+
+def integer(path: Path, default: int | None = None) -> int | None:
+    value = text(path)
+    if not value:
+        return default
+    word = value.split()[0]
+    try:
+        return int(word, 16) if word.lower().startswith("0x") else int(word)
+    except ValueError:
+        return default
+
+
+def cpulist(path: Path) -> list[int]:
+    value = text(path)
+    return parse_cpulist(value) if value else []
+
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def size_bytes(value: str | None) -> int:
+    """sysfs cache sizes: `48K`, `32768K`, `1M`."""
+    if not value:
+        return 0
+    value = value.strip()
+    unit = value[-1].upper() if value[-1].isalpha() else ""
+    return int(value[: len(value) - len(unit)]) * _SUFFIX.get(unit, 1)
