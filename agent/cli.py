@@ -16,9 +16,11 @@ from . import __version__
 COMMANDS = {
     "bench": "xhagent.cli:bench",
     "inventory": "xhagent.inventory.cli:inventory",
+    "trace": "xhagent.trace.cli:trace",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
+    "trace": "xhagent.trace.bench:bench_trace",
 }
 
 

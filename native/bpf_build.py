@@ -68,6 +68,9 @@ int xh_rb_consume(struct xh_rb *r);
 const char *xh_rb_data(struct xh_rb *r, size_t *len, uint64_t *count);
 void xh_rb_reset(struct xh_rb *r);
 void xh_rb_free(struct xh_rb *r);
+struct xh_rb *xh_rb_new_sink(int map_fd, int out_fd, size_t record_size);
+int xh_rb_flush(struct xh_rb *r);
+void xh_rb_sink_stats(struct xh_rb *r, uint64_t *written, uint64_t *buffered, uint64_t *bad);
 int xh_perf_event_open(uint32_t type, uint64_t config, int pid, int cpu,
                        uint64_t period_or_freq, int use_freq, int disabled);
 """

@@ -67,10 +67,49 @@ size_t xh_log_take(char *out, size_t cap)
 }
 
 /* --- ring buffer --------------------------------------------------------------- */
+#define SINK_CHUNK (1u << 20)   /* write(2) in chunks this big: few syscalls per second */
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int xh_rb_flush(struct xh_rb *r)
+{
+    int err;
+
+    if (r->out_fd < 0 || !r->len)
+        return r->err;
+    err = write_all(r->out_fd, r->buf, r->len);
+    if (err) {
+        if (!r->err)
+            r->err = err;
+        return err;
+    }
+    r->written += r->count;
+    r->len = 0;
+    r->count = 0;
+    return r->err;
+}
+
 static int rb_append(void *ctx, void *data, size_t size)
 {
     struct xh_rb *r = ctx;
 
+    if (r->out_fd >= 0 && size != r->record_size) {
+        r->bad++;                         /* a foreign record would corrupt the file */
+        return 0;
+    }
     if (r->len + size > r->cap) {
         size_t cap = r->cap ? r->cap : 64 * 1024;
         char *p;
@@ -87,6 +126,11 @@ static int rb_append(void *ctx, void *data, size_t size)
     memcpy(r->buf + r->len, data, size);
     r->len += size;
     r->count++;
+    if (r->out_fd >= 0 && r->len >= SINK_CHUNK) {
+        int err = xh_rb_flush(r);
+        if (err)
+            return err;                   /* stops this poll; surfaced by xh_rb_poll */
+    }
     return 0;
 }
 
@@ -97,6 +141,7 @@ struct xh_rb *xh_rb_new(int map_fd)
 
     if (!r)
         return NULL;
+    r->out_fd = -1;
     r->rb = ring_buffer__new(map_fd, rb_append, r, NULL);
     if (!r->rb) {
         err = errno;
@@ -105,6 +150,29 @@ struct xh_rb *xh_rb_new(int map_fd)
         return NULL;
     }
     return r;
+}
+
+struct xh_rb *xh_rb_new_sink(int map_fd, int out_fd, size_t record_size)
+{
+    struct xh_rb *r;
+
+    if (out_fd < 0 || !record_size) {
+        errno = EINVAL;
+        return NULL;
+    }
+    r = xh_rb_new(map_fd);
+    if (r) {
+        r->out_fd = out_fd;
+        r->record_size = record_size;
+    }
+    return r;
+}
+
+void xh_rb_sink_stats(struct xh_rb *r, uint64_t *written, uint64_t *buffered, uint64_t *bad)
+{
+    *written = r->written;
+    *buffered = r->count;
+    *bad = r->bad;
 }
 
 int xh_rb_poll(struct xh_rb *r, int timeout_ms)

@@ -19,7 +19,12 @@ struct xh_rb {
     char *buf;
     size_t len, cap;
     uint64_t count;   /* records in buf */
-    int err;          /* first append failure (-ENOMEM), sticky until reset */
+    int err;          /* first append failure (-ENOMEM, or a write errno), sticky until reset */
+    /* sink mode (xh_rb_new_sink): records go to out_fd instead of Python */
+    int out_fd;       /* -1: drain mode */
+    size_t record_size;
+    uint64_t written; /* records written to out_fd so far */
+    uint64_t bad;     /* records of another size, skipped */
 };
 
 struct xh_rb *xh_rb_new(int map_fd);    /* NULL with errno set */
@@ -28,6 +33,13 @@ int xh_rb_consume(struct xh_rb *r);
 const char *xh_rb_data(struct xh_rb *r, size_t *len, uint64_t *count);
 void xh_rb_reset(struct xh_rb *r);
 void xh_rb_free(struct xh_rb *r);
+
+/* Sink mode: fixed-size records are appended to out_fd (buffered, written in
+ * large chunks) without Python seeing them; xh_rb_poll/xh_rb_consume drive it.
+ * xh_rb_flush writes what is buffered: 0 or -errno. */
+struct xh_rb *xh_rb_new_sink(int map_fd, int out_fd, size_t record_size);
+int xh_rb_flush(struct xh_rb *r);
+void xh_rb_sink_stats(struct xh_rb *r, uint64_t *written, uint64_t *buffered, uint64_t *bad);
 
 /* perf_event_open(2): returns an fd or -errno. period_or_freq is a sample period
  * unless use_freq is set. The fd is always close-on-exec. */

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Scheduler tracing: sched_switch, sched_wakeup(_new), sched_process_exit and
+ * sched_process_fork as fixed-size records in a BPF ring buffer, filtered by
+ * nothing, a cgroup subtree, or a set of pids/tgids that follows forks.
+ * tp_btf programs are the default; raw_tp twins are the fallback where tp_btf
+ * cannot attach (the loader picks one set and disables the other). */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Keep in sync with agent/trace/fmt.py (RECORD). 80 bytes. */
+struct xh_sched_event {
+	__u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u32 cpu;
+	__u16 type;        /* enum event_type */
+	__u16 _pad;
+	__u32 prev_pid;    /* switch: prev; wakeup: the waker (current); exit: the task; fork: parent */
+	__u32 prev_tgid;
+	__u32 next_pid;    /* switch: next; wakeup: the woken task; fork: child */
+	__u32 next_tgid;
+	__s32 prev_prio;
+	__s32 next_prio;
+	__u32 prev_state;  /* switch: the kernel's sched_switch prev_state value */
+	__u32 aux;         /* wakeup: target cpu; exit: group_dead */
+	char prev_comm[16];
+	char next_comm[16];
+};
+
+enum event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK };
+enum filter_mode { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
+enum { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_MAX };
+enum { COUNT_EVENTS, COUNT_DROPPED, COUNT_MAX };
+
+/* TASK_REPORT and friends from include/linux/sched.h */
+#define TASK_REPORT 0x7f
+#define TASK_IDLE_STATE 0x402
+#define TASK_RTLOCK_WAIT 0x1000
+#define TASK_REPORT_IDLE 0x80
+#define TASK_REPORT_MAX 0x100
+#define MAX_CGROUP_DEPTH 32
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CFG_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} trace_config SEC(".maps");
+
+/* pids and tgids being traced (FILTER_PIDS); forks of a traced task are added. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} events SEC(".maps");
+
+static __always_inline __u64 cfg(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&trace_config, &idx);
+
+	return v ? *v : 0;
+}
+
+static __always_inline void bump(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counts, &idx);
+
+	if (v)
+		*v += 1;  /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
+{
+	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
+	int level = BPF_CORE_READ(cg, level);
+
+	for (int i = 0; i < MAX_CGROUP_DEPTH; i++) {
+		struct cgroup *anc;
+
+		if (i > level)
+			break;
+		anc = BPF_CORE_READ(cg, ancestors[i]);
+		if (BPF_CORE_READ(anc, kn, id) == want)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool pid_traced(bool btf, struct task_struct *t)
+{
+	__u32 pid = btf ? t->pid : BPF_CORE_READ(t, pid);
+	__u32 tgid = btf ? t->tgid : BPF_CORE_READ(t, tgid);
+
+	return bpf_map_lookup_elem(&pids, &pid) || bpf_map_lookup_elem(&pids, &tgid);
+}
+
+static __always_inline bool traced(bool btf, struct task_struct *t)
+{
+	switch (cfg(CFG_MODE)) {
+	case FILTER_CGROUP:
+		return in_cgroup(t, cfg(CFG_CGROUP_ID));
+	case FILTER_PIDS:
+		return pid_traced(btf, t);
+	default:
+		return true;
+	}
+}
+
+/* tp_btf arguments are trusted BTF pointers: plain loads (CO-RE relocated) are
+ * much cheaper than a bpf_probe_read_kernel() per field, which raw_tp needs.
+ * `btf` is a constant at every call site, so each program keeps one branch. */
+static __always_inline void read_task(bool btf, struct task_struct *t, __u32 *pid, __u32 *tgid,
+				      __s32 *prio, char *comm)
+{
+	if (btf) {
+		*pid = t->pid;
+		*tgid = t->tgid;
+		*prio = t->prio;
+		__builtin_memcpy(comm, t->comm, 16);  /* always NUL-terminated */
+	} else {
+		*pid = BPF_CORE_READ(t, pid);
+		*tgid = BPF_CORE_READ(t, tgid);
+		*prio = BPF_CORE_READ(t, prio);
+		bpf_probe_read_kernel(comm, 16, &t->comm);
+	}
+}
+
+static __always_inline void fill_prev(bool btf, struct xh_sched_event *e, struct task_struct *t)
+{
+	read_task(btf, t, &e->prev_pid, &e->prev_tgid, &e->prev_prio, e->prev_comm);
+}
+
+static __always_inline void fill_next(bool btf, struct xh_sched_event *e, struct task_struct *t)
+{
+	read_task(btf, t, &e->next_pid, &e->next_tgid, &e->next_prio, e->next_comm);
+}
+
+static __always_inline struct xh_sched_event *reserve(__u16 type)
+{
+	struct xh_sched_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		bump(COUNT_DROPPED);
+		return NULL;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cpu = bpf_get_smp_processor_id();
+	e->type = type;
+	return e;
+}
+
+/* Wake the consumer only once a batch is waiting: a wakeup per record would
+ * cost more than the record. The consumer also polls with a timeout. */
+static __always_inline void submit(struct xh_sched_event *e)
+{
+	__u64 batch = cfg(CFG_WAKEUP_BYTES);
+	__u64 flags = BPF_RB_NO_WAKEUP;
+
+	if (!batch || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= batch)
+		flags = BPF_RB_FORCE_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
+	bump(COUNT_EVENTS);
+}
+
+/* __trace_sched_switch_state() of kernel/sched: what the tracepoint prints. */
+static __always_inline __u32 switch_state(bool btf, bool preempt, unsigned int prev_state,
+					  struct task_struct *prev)
+{
+	unsigned int state;
+
+	if (preempt)
+		return TASK_REPORT_MAX;
+	state = (prev_state | (btf ? prev->exit_state : BPF_CORE_READ(prev, exit_state))) & TASK_REPORT;
+	if ((prev_state & TASK_IDLE_STATE) == TASK_IDLE_STATE)
+		state = TASK_REPORT_IDLE;
+	if (prev_state & TASK_RTLOCK_WAIT)
+		state = 2;  /* TASK_UNINTERRUPTIBLE */
+	/* 1 << (fls(state) - 1); state <= TASK_REPORT_IDLE (BPF has no clz) */
+	for (int bit = 7; bit >= 0; bit--)
+		if (state & (1u << bit))
+			return 1u << bit;
+	return 0;
+}
+
+static __always_inline int on_switch(bool btf, bool preempt, struct task_struct *prev,
+				     struct task_struct *next, unsigned int prev_state)
+{
+	struct xh_sched_event *e;
+
+	if (!traced(btf, prev) && !traced(btf, next))
+		return 0;
+	e = reserve(EV_SWITCH);
+	if (!e)
+		return 0;
+	fill_prev(btf, e, prev);
+	fill_next(btf, e, next);
+	e->prev_state = switch_state(btf, preempt, prev_state, prev);
+	submit(e);
+	return 0;
+}
+
+static __always_inline int on_wakeup(bool btf, struct task_struct *p, __u16 type)
+{
+	struct xh_sched_event *e;
+
+	if (!traced(btf, p))
+		return 0;
+	e = reserve(type);
+	if (!e)
+		return 0;
+	if (btf)
+		fill_prev(btf, e, bpf_get_current_task_btf());
+	else
+		fill_prev(btf, e, (struct task_struct *)bpf_get_current_task());
+	fill_next(btf, e, p);
+	/* task_cpu(p), as the tracepoint prints it */
+	e->aux = btf ? p->thread_info.cpu : BPF_CORE_READ(p, thread_info.cpu);
+	submit(e);
+	return 0;
+}
+
+static __always_inline int on_exit(bool btf, struct task_struct *p, bool group_dead)
+{
+	struct xh_sched_event *e;
+
+	if (!traced(btf, p))
+		return 0;
+	e = reserve(EV_EXIT);
+	if (!e)
+		return 0;
+	fill_prev(btf, e, p);
+	e->aux = group_dead;
+	submit(e);
+	return 0;
+}
+
+static __always_inline int on_fork(bool btf, struct task_struct *parent, struct task_struct *child)
+{
+	struct xh_sched_event *e;
+	__u8 one = 1;
+
+	if (!traced(btf, parent))
+		return 0;
+	if (cfg(CFG_MODE) == FILTER_PIDS) {
+		__u32 pid = btf ? child->pid : BPF_CORE_READ(child, pid);
+
+		bpf_map_update_elem(&pids, &pid, &one, BPF_ANY);
+	}
+	e = reserve(EV_FORK);
+	if (!e)
+		return 0;
+	fill_prev(btf, e, parent);
+	fill_next(btf, e, child);
+	submit(e);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	return on_switch(true, preempt, prev, next, prev_state);
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(btf_wakeup, struct task_struct *p)
+{
+	return on_wakeup(true, p, EV_WAKEUP);
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(btf_wakeup_new, struct task_struct *p)
+{
+	return on_wakeup(true, p, EV_WAKEUP_NEW);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(btf_exit, struct task_struct *p, bool group_dead)
+{
+	return on_exit(true, p, group_dead);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(btf_fork, struct task_struct *parent, struct task_struct *child)
+{
+	return on_fork(true, parent, child);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	return on_switch(false, preempt, prev, next, prev_state);
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(raw_wakeup, struct task_struct *p)
+{
+	return on_wakeup(false, p, EV_WAKEUP);
+}
+
+SEC("raw_tp/sched_wakeup_new")
+int BPF_PROG(raw_wakeup_new, struct task_struct *p)
+{
+	return on_wakeup(false, p, EV_WAKEUP_NEW);
+}
+
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(raw_exit, struct task_struct *p, bool group_dead)
+{
+	return on_exit(false, p, group_dead);
+}
+
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(raw_fork, struct task_struct *parent, struct task_struct *child)
+{
+	return on_fork(false, parent, child);
+}

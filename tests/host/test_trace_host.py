@@ -1,0 +1,191 @@
+"""Scheduler tracing on this kernel: the ping-pong workload traced with
+`xhagent trace record -- COMMAND`, its exports, stats and heatmap, the raw_tp
+fallback, the cgroup filter, and agreement with perf where perf works."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from xhagent.trace.fmt import EV_SWITCH, TraceFile, comm
+from xhagent.trace.workload import PING, PONG
+
+pytestmark = pytest.mark.host
+ROUNDS = 3000
+WORKLOAD = [sys.executable, "-m", "xhagent.trace.workload", str(ROUNDS)]
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def pingpong(tmp_path_factory, run_xhagent):
+    path = str(tmp_path_factory.mktemp("trace") / "pp.xht")
+    res = run_xhagent("trace", "record", "-o", path, "--json", "--", *WORKLOAD)
+    assert res.returncode == 0, res.stderr
+    work, summary = json_lines(res.stdout)
+    assert "events" in res.stderr and "lost" in res.stderr  # progress / summary on stderr
+    return path, work, summary
+
+
+def pair_switches(events, pids):
+    return [e for e in events if e.type == EV_SWITCH and (e.prev_pid in pids or e.next_pid in pids)]
+
+
+def test_pingpong_is_traced(pingpong):
+    path, work, summary = pingpong
+    tr = TraceFile(path)
+    assert tr.header.complete and tr.header.lost == 0 and summary["lost"] == 0
+    assert summary["records"] == len(tr) and summary["exit_code"] == 0
+    assert tr.header.meta["filter"]["kind"] == "pids"
+    ping, pong = work["ping"], work["pong"]
+    blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid in (ping, pong)
+               and e.prev_state & 1 and comm(e.prev_comm) == (PING if e.prev_pid == ping else PONG)]
+    # each round blocks ping or pong in read() at least once (S: TASK_INTERRUPTIBLE)
+    assert len(blocked) >= ROUNDS
+    # the fork of pong was followed: its switches are in the trace
+    assert any(e.prev_pid == pong for e in blocked) and any(e.prev_pid == ping for e in blocked)
+    # a pid filter: every record involves the command's tasks
+    ours = {work["ping"], work["pong"], tr.header.meta["filter"]["command_pid"]}
+    for e in tr:
+        if e.type == EV_SWITCH:
+            assert e.prev_tgid in ours or e.next_tgid in ours, e
+
+
+def test_exports(pingpong, tmp_path, run_xhagent):
+    path, work, _ = pingpong
+    for fmt in ("perf", "ftrace", "chrome"):
+        res = run_xhagent("trace", "export", path, "--format", fmt, "-o", str(tmp_path / fmt))
+        assert res.returncode == 0, res.stderr
+    perf = (tmp_path / "perf").read_text().splitlines()
+    assert len(perf) == len(TraceFile(path))
+    line = re.compile(rf"^ +{PING} +{work['ping']} \[\d{{3}}\] +\d+\.\d{{6}}: sched:sched_switch: "
+                      rf"prev_comm={PING} prev_pid={work['ping']} prev_prio=\d+ prev_state=S ==> "
+                      r"next_comm=\S+ next_pid=\d+ next_prio=\d+$")
+    assert any(line.match(x) for x in perf)
+    ftrace = (tmp_path / "ftrace").read_text().splitlines()
+    assert ftrace[0] == "# tracer: nop"
+    assert any(re.match(rf"^ +{PONG}-{work['pong']} +\[\d{{3}}\] d\.\.2\. +\d+\.\d{{6}}: sched_switch: ", x)
+               for x in ftrace)
+    doc = json.loads((tmp_path / "chrome").read_text())
+    assert {e["ph"] for e in doc["traceEvents"]} <= {"X", "M"}
+    assert any(e["ph"] == "X" and e["args"]["tid"] == work["pong"] for e in doc["traceEvents"])
+
+
+def test_stats_and_heatmap(pingpong, tmp_path, run_xhagent):
+    path, work, _ = pingpong
+    res = run_xhagent("trace", "stats", path, "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    tasks = {t["pid"]: t for t in doc["tasks"]}
+    assert tasks[work["ping"]]["comm"] == PING and tasks[work["ping"]]["voluntary"] > 0
+    assert tasks[work["pong"]]["on_cpu_ns"] > 0
+    assert sum(b["count"] for b in doc["runq_latency"]["hist_us"]) > 0
+    for ext in ("svg", "png"):
+        out = tmp_path / f"h.{ext}"
+        res = run_xhagent("trace", "heatmap", path, "-o", str(out), "--bin-ms", "5")
+        assert res.returncode == 0, res.stderr
+        assert out.stat().st_size > 0
+    rows = re.findall(r'<g class="row" data-cpu="(\d+)"', (tmp_path / "h.svg").read_text())
+    assert len(rows) == os.cpu_count()
+
+
+def test_raw_tp_fallback(tmp_path):
+    from xhagent.bpf.sched_count import ping_pong
+    from xhagent.bpf.sched_trace import SchedTrace
+
+    path = tmp_path / "raw.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        with SchedTrace(flavour="raw_tp") as st:
+            assert st.flavour == "raw_tp"
+            st.filter_pids([os.getpid()])
+            sink = st.start(fd)
+            me, peer = ping_pong(200)
+            sink.poll(0)
+            sink.flush()
+            written = sink.stats()[0]
+    finally:
+        os.close(fd)
+    from xhagent.trace.fmt import RECORD, Event
+    events = [Event(*t) for t in RECORD.iter_unpack(path.read_bytes())]
+    assert len(events) == written > 0
+    with open("/proc/self/comm") as f:
+        name = f.read().strip()  # threads inherit the process's comm
+    assert sum(e.type == EV_SWITCH and e.prev_pid == peer and comm(e.prev_comm) == name
+               and e.prev_state & 1 for e in events) >= 100
+
+
+def cgroup2_root() -> str | None:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if fstype == "cgroup2":
+                return mnt
+    return None
+
+
+def test_cgroup_filter(tmp_path):
+    root = cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup2 mount on this host")
+    from xhagent.trace.recorder import record
+
+    cg = os.path.join(root, f"xh-trace-test-{os.getpid()}")
+    os.mkdir(cg)
+    try:
+        inner = os.path.join(cg, "leaf")
+        os.mkdir(inner)  # a descendant: the filter covers the subtree
+        script = f'echo $$ > {inner}/cgroup.procs && exec "$@"'
+        with open(tmp_path / "out", "w+") as out:
+            res = record(str(tmp_path / "cg.xht"), cgroup=cg, system_wide=True,
+                         command=["sh", "-c", script, "sh", *WORKLOAD[:-1], "300"], command_stdout=out)
+            out.seek(0)
+            work = json_lines(out.read())[0]
+        assert res.lost == 0 and res.exit_code == 0
+        tr = TraceFile(res.path)
+        assert tr.header.meta["filter"]["cgroup_id"] == os.stat(cg).st_ino
+        ours = {work["ping"], work["pong"]}  # ping is the command's pid (sh exec'd it)
+        blocked = {e.prev_pid for e in tr if e.type == EV_SWITCH and e.prev_state & 1}
+        assert ours <= blocked
+        # only the command (which moved itself in) and its child: no one else's switches
+        for e in tr:
+            if e.type == EV_SWITCH:
+                assert e.prev_pid in ours or e.next_pid in ours, e
+    finally:
+        for d in (os.path.join(cg, "leaf"), cg):
+            if os.path.isdir(d):
+                os.rmdir(d)
+
+
+def perf_missing() -> str | None:
+    from xhagent.trace.bench import perf_missing as why
+    return why()
+
+
+def test_perf_agrees(tmp_path, run_xhagent):
+    why = perf_missing()
+    if why:
+        pytest.skip(why)
+    from xhagent.trace.bench import perf_command
+
+    data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
+    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "-o", path, "--", *WORKLOAD]
+    res = subprocess.run(perf_command(shutil.which("perf"), data, xh), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    work = json_lines(res.stdout)[0]
+    pids = {work["ping"], work["pong"]}
+    script = subprocess.run(["perf", "script", "-i", data], capture_output=True, text=True, check=True)
+    perf_n = 0
+    for line in script.stdout.splitlines():
+        m = re.search(r"prev_pid=(\d+) .* next_pid=(\d+)", line)
+        if m and (int(m.group(1)) in pids or int(m.group(2)) in pids):
+            perf_n += 1
+    ours = len(pair_switches(TraceFile(path), pids))
+    assert perf_n > ROUNDS
+    assert abs(ours - perf_n) <= 0.01 * perf_n, (ours, perf_n)
