@@ -17,10 +17,13 @@ COMMANDS = {
     "bench": "xhagent.cli:bench",
     "inventory": "xhagent.inventory.cli:inventory",
     "trace": "xhagent.trace.cli:trace",
+    "policy": "xhagent.policy.cli:policy",
+    "simulate": "xhagent.sched.simulate:simulate_command",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
     "trace": "xhagent.trace.bench:bench_trace",
+    "sched": "xhagent.sched.bench:bench_sched",
 }
 
 

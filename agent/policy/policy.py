@@ -1,0 +1,273 @@
+"""`kind: SchedulingPolicy`: which tasks a policy governs and the hard constraints it imposes.
+
+A constraint raises what a task gets and never lowers it: `hardware.cpu.cores: 8` on a task
+that requests 4 CPUs places it with 8; `minMemoryGB: 16` needs 16 GiB free on each GPU
+the task gets. Within one policy the first matching rule applies; among policies the
+highest `priority` wins, and two equal-priority policies that can match the same task
+are a validation warning (the tie is broken by name so the outcome is still defined).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping
+
+from ..inventory.model import Version, parse_version
+from ..spec import Cursor, Document
+from .selector import Selector, parse_selector
+from .units import GiB, format_size, parse_size
+
+API_VERSION = "xh.scheduling/v1"
+DEFAULT_PRIORITY = 50
+PREEMPTION = ("never", "lower-priority", "deadline-driven")
+RACK_AFFINITY = ("same", "spread")
+NUMA_AFFINITY = ("none", "preferred", "required")
+# Block device classes of the inventory (`BlockIo.io_class`), weakest first: a class is
+# satisfied by a device of that class or a stronger one.
+IO_CLASSES = ("rotational", "flash", "polled")
+
+
+@dataclass(frozen=True)
+class GpuConstraint:
+    min_cuda_version: Version | None = None
+    min_memory_gb: int | None = None        # GiB free on each GPU the task gets
+    count: int | None = None
+    model: str | None = None                # case-insensitive substring of the GPU name
+
+
+@dataclass(frozen=True)
+class CpuConstraint:
+    cores: int | None = None
+    smt_exclusive: bool = False
+    numa: str | None = None                 # "single": every CPU on one NUMA node
+
+
+@dataclass(frozen=True)
+class Topology:
+    rack_affinity: str | None = None
+    rack_peers: Selector | None = None      # whose rack; default: the rule's own selector
+    zone: str | None = None
+    numa_affinity: str | None = None        # CPUs and GPUs on one NUMA node
+    same_node_as: Selector | None = None
+    away_from: Selector | None = None
+
+
+@dataclass(frozen=True)
+class Constraints:
+    gpu: GpuConstraint = GpuConstraint()
+    cpu: CpuConstraint = CpuConstraint()
+    memory: int | None = None               # bytes
+    io_class: str | None = None
+    topology: Topology = Topology()
+
+
+@dataclass(frozen=True)
+class Rule:
+    selector: Selector
+    constraints: Constraints = Constraints()
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    rules: tuple[Rule, ...]
+    priority: int = DEFAULT_PRIORITY
+    preemption: str = "lower-priority"
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def rule_for(self, labels: Mapping[str, str]) -> Rule | None:
+        return next((r for r in self.rules if r.selector.matches(labels)), None)
+
+
+# ------------------------------------------------------------------------- parsing
+
+def parse_policy(doc: Document) -> Policy:
+    root = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"})
+    root["apiVersion"].str([API_VERSION])
+    meta = root["metadata"].mapping({"name", "labels"}, required={"name"})
+    spec = root["spec"].mapping({"matchRules", "priority", "preemption"}, required={"matchRules"})
+    rules = []
+    for rule in spec["matchRules"].seq():
+        rule.mapping({"selector", "constraints"}, required={"selector"})
+        rules.append(Rule(parse_selector(rule["selector"]), parse_constraints(rule["constraints"])))
+    if not rules:
+        raise spec["matchRules"].error("spec.matchRules: a policy needs at least one rule")
+    return Policy(
+        name=meta["name"].str(),
+        rules=tuple(rules),
+        priority=spec["priority"].int(0, 100, default=DEFAULT_PRIORITY),
+        preemption=spec["preemption"].str(PREEMPTION, default="lower-priority"),
+        labels=parse_labels(meta["labels"]),
+    )
+
+
+def parse_labels(cur: Cursor) -> tuple[tuple[str, str], ...]:
+    if not cur.present:
+        return ()
+    out = []
+    for key, value in cur.items():
+        if isinstance(value.value, bool) or not isinstance(value.value, (str, int, float)):
+            raise value.error(f"{value.where}: a label value must be a string")
+        out.append((str(key), str(value.value)))
+    return tuple(sorted(out))
+
+
+def parse_constraints(cur: Cursor) -> Constraints:
+    """A list of single-purpose items (`- hardware: ...`, `- topology: ...`) merged into one;
+    the same field given twice is an error rather than a silent override."""
+    seen: dict[str, Cursor] = {}
+    for item in cur.seq(default=[]):
+        item.mapping({"hardware", "memory", "io", "topology"})
+        for key, value in _leaves(item):
+            if key in seen:
+                raise value.error(f"{value.where}: {key} is already set at line {seen[key].doc.position(seen[key].path)[0]}")
+            seen[key] = value
+    get = lambda key: seen.get(key)  # noqa: E731
+    gpu = GpuConstraint(
+        min_cuda_version=_opt(get("hardware.gpu.minCudaVersion"), lambda c: c.parse(parse_version, "CUDA version")),
+        min_memory_gb=_opt(get("hardware.gpu.minMemoryGB"), lambda c: c.int(1, 1 << 20)),
+        count=_opt(get("hardware.gpu.count"), lambda c: c.int(1, 1024)),
+        model=_opt(get("hardware.gpu.model"), lambda c: c.str()),
+    )
+    cpu = CpuConstraint(
+        cores=_opt(get("hardware.cpu.cores"), lambda c: c.int(1, 1 << 16)),
+        smt_exclusive=_opt(get("hardware.cpu.smtExclusive"), lambda c: c.bool()) or False,
+        numa=_opt(get("hardware.cpu.numa"), lambda c: c.str(["single"])),
+    )
+    topo = Topology(
+        rack_affinity=_opt(get("topology.rackAffinity"), lambda c: c.str(RACK_AFFINITY)),
+        rack_peers=_opt(get("topology.rackPeers"), parse_selector),
+        zone=_opt(get("topology.zone"), lambda c: c.str()),
+        numa_affinity=_opt(get("topology.numaAffinity"), lambda c: c.str(NUMA_AFFINITY)),
+        same_node_as=_opt(get("topology.sameNodeAs"), parse_selector),
+        away_from=_opt(get("topology.awayFrom"), parse_selector),
+    )
+    if topo.rack_peers is not None and topo.rack_affinity is None:
+        raise seen["topology.rackPeers"].error("topology.rackPeers: needs rackAffinity (same or spread)")
+    return Constraints(
+        gpu=gpu, cpu=cpu, topology=topo,
+        memory=_opt(get("memory"), lambda c: c.parse(parse_size, "size")),
+        io_class=_opt(get("io.class"), lambda c: c.str(IO_CLASSES)),
+    )
+
+
+_SHAPE = {
+    "hardware": {"gpu": {"minCudaVersion", "minMemoryGB", "count", "model"},
+                 "cpu": {"cores", "smtExclusive", "numa"}},
+    "io": {"class"},
+    "topology": {"rackAffinity", "rackPeers", "zone", "numaAffinity", "sameNodeAs", "awayFrom"},
+}
+
+
+def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:
+    """("hardware.gpu.minCudaVersion", cursor), ... with unknown fields rejected on the way."""
+    for key, value in item.items():
+        shape = _SHAPE.get(key)
+        if shape is None:                   # memory: a scalar
+            yield key, value
+        elif isinstance(shape, set):
+            value.mapping(shape)
+            for leaf, cur in value.items():
+                yield f"{key}.{leaf}", cur
+        else:
+            value.mapping(shape)
+            for sub, inner in value.items():
+                inner.mapping(shape[sub])
+                for leaf, cur in inner.items():
+                    yield f"{key}.{sub}.{leaf}", cur
+
+
+def _opt(cur: Cursor | None, fn):
+    return None if cur is None else fn(cur)
+
+
+# ------------------------------------------------------------------------- dumping
+
+def dump_policy(p: Policy) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": p.name}
+    if p.labels:
+        meta["labels"] = dict(p.labels)
+    rules = []
+    for r in p.rules:
+        rule: dict[str, Any] = {"selector": r.selector.dump()}
+        if r.constraints != Constraints():
+            rule["constraints"] = dump_constraints(r.constraints)
+        rules.append(rule)
+    return {"apiVersion": API_VERSION, "kind": "SchedulingPolicy", "metadata": meta,
+            "spec": {"matchRules": rules, "priority": p.priority, "preemption": p.preemption}}
+
+
+def dump_constraints(c: Constraints) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    hardware = {name: body for name, body in (("gpu", _fields(c.gpu)), ("cpu", _fields(c.cpu))) if body}
+    if hardware:
+        out.append({"hardware": hardware})
+    if c.memory is not None:
+        out.append({"memory": format_size(c.memory)})
+    if c.io_class is not None:
+        out.append({"io": {"class": c.io_class}})
+    if topo := _fields(c.topology):
+        out.append({"topology": topo})
+    return out
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """Non-default fields in file form (camelCase keys, versions and selectors as text/maps)."""
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value is None or value is False:
+            continue
+        key = "".join(w.capitalize() if i else w for i, w in enumerate(f.name.split("_")))
+        key = {"minMemoryGb": "minMemoryGB"}.get(key, key)
+        out[key] = str(value) if isinstance(value, Version) else value.dump() if isinstance(value, Selector) else value
+    return out
+
+
+# ------------------------------------------------------------------------- choosing
+
+@dataclass(frozen=True)
+class Match:
+    policy: Policy | None
+    rule: Rule | None
+    tied_with: tuple[str, ...] = ()          # equal-priority policies that also matched
+
+    @property
+    def constraints(self) -> Constraints:
+        return self.rule.constraints if self.rule else Constraints()
+
+
+def choose(policies: Iterable[Policy], labels: Mapping[str, str]) -> Match:
+    """The highest-priority policy with a rule matching `labels` (ties: first by name)."""
+    best: list[tuple[Policy, Rule]] = []
+    for p in policies:
+        rule = p.rule_for(labels)
+        if rule is None:
+            continue
+        if not best or p.priority > best[0][0].priority:
+            best = [(p, rule)]
+        elif p.priority == best[0][0].priority:
+            best.append((p, rule))
+    if not best:
+        return Match(None, None)
+    best.sort(key=lambda pr: pr[0].name)
+    return Match(best[0][0], best[0][1], tuple(p.name for p, _ in best[1:]))
+
+
+def tie_warnings(policies: Iterable[Policy]) -> list[str]:
+    """Pairs of equal-priority policies whose rules can match the same task."""
+    ps = sorted(policies, key=lambda p: p.name)
+    out = []
+    for i, a in enumerate(ps):
+        for b in ps[i + 1:]:
+            if a.priority != b.priority:
+                continue
+            pairs = [(ra, rb) for ra in a.rules for rb in b.rules if not ra.selector.disjoint_from(rb.selector)]
+            if pairs:
+                ra, rb = pairs[0]
+                out.append(f"policies {a.name!r} and {b.name!r} both have priority {a.priority} and can match the "
+                           f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order")
+    return out
+
+
+def min_gpu_memory(c: Constraints) -> int | None:
+    return c.gpu.min_memory_gb * GiB if c.gpu.min_memory_gb is not None else None

@@ -1,0 +1,176 @@
+"""`kind: Task`: the unified TaskSpec of seed 003 (2.2) for CPU, GPU and TPU work.
+
+    apiVersion: xh.scheduling/v1
+    kind: Task
+    metadata: {name: infer-1, labels: {app: video-ai-infer}}
+    spec:
+      deviceType: gpu                      # cpu | gpu | tpu
+      requests: {cpus: 4, memory: 8GiB, gpus: 1, gpuMemory: 16GiB}
+      deadline: 250ms                      # relative to submission, or 2026-11-29T17:00:00.000000001Z
+      priority: 80                         # 0..100; default: the winning policy's priority
+      estimatedRuntime: 40ms
+      migratable: true
+      computeGraphHash: <64 hex digits, SHA-256>
+      memoryLayout: NCHW@64B
+      streamId: 3                          # gpu and tpu only; numThreads: cpu only; coreAssignment: tpu only
+
+`requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
+`minMemoryGB`) each GPU is taken whole.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..spec import Cursor, Document, SpecError
+from .policy import API_VERSION, parse_labels
+from .units import format_duration, format_instant, format_size, parse_duration_ns, parse_instant_ns, parse_size
+
+DEVICE_TYPES = ("cpu", "gpu", "tpu")
+# field -> device types it belongs to (seed 003, 2.2 table; requests.gpus follows streamId's logic)
+DEVICE_FIELDS = {"numThreads": ("cpu",), "streamId": ("gpu", "tpu"), "coreAssignment": ("tpu",)}
+GPU_REQUESTS = ("gpus", "gpuMemory")
+_HASH = re.compile(r"[0-9a-f]{64}")
+_LAYOUT = re.compile(r"[A-Za-z0-9_]{1,16}(@\d+B)?")
+_LOOKS_ABSOLUTE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
+@dataclass(frozen=True)
+class Deadline:
+    ns: int
+    relative: bool          # True: ns after submission; False: ns since the epoch
+
+    def at(self, submitted_ns: int) -> int:
+        return submitted_ns + self.ns if self.relative else self.ns
+
+    def dump(self) -> str:
+        return format_duration(self.ns) if self.relative else format_instant(self.ns)
+
+
+@dataclass(frozen=True)
+class Requests:
+    cpus: int | None = None
+    memory: int | None = None
+    gpus: int | None = None
+    gpu_memory: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    device_type: str
+    labels: tuple[tuple[str, str], ...] = ()
+    requests: Requests = Requests()
+    deadline: Deadline | None = None
+    priority: int | None = None
+    estimated_runtime_ns: int | None = None
+    migratable: bool | None = None
+    compute_graph_hash: str | None = None
+    memory_layout: str | None = None
+    num_threads: int | None = None
+    stream_id: int | None = None
+    core_assignment: tuple[int, ...] | None = None
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+def parse_deadline(value: Any) -> Deadline:
+    if isinstance(value, dt.datetime):
+        # YAML's own timestamps keep microseconds at most: digits beyond would vanish silently.
+        raise ValueError("quote the time ('2026-11-29T17:00:00.000000001Z') so its nanoseconds are kept")
+    if isinstance(value, str) and _LOOKS_ABSOLUTE.match(value):
+        return Deadline(parse_instant_ns(value), relative=False)
+    ns = parse_duration_ns(value)
+    if ns <= 0:
+        raise ValueError("a relative deadline must be positive")
+    return Deadline(ns, relative=True)
+
+
+def parse_task(doc: Document) -> Task:
+    root = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"})
+    root["apiVersion"].str([API_VERSION])
+    meta = root["metadata"].mapping({"name", "labels"}, required={"name"})
+    spec = root["spec"].mapping(
+        {"deviceType", "requests", "deadline", "priority", "estimatedRuntime", "migratable", "computeGraphHash",
+         "memoryLayout", *DEVICE_FIELDS}, required={"deviceType"})
+    device = spec["deviceType"].str(DEVICE_TYPES)
+    for name, devices in DEVICE_FIELDS.items():
+        if spec[name].present and device not in devices:
+            raise _key_error(spec, name, f"spec.{name} is only for deviceType {' or '.join(devices)} (this task is {device})")
+    req = spec["requests"]
+    requests = Requests()
+    if req.present:
+        req.mapping({"cpus", "memory", "gpus", "gpuMemory"})
+        for name in GPU_REQUESTS:
+            if req[name].present and device != "gpu":
+                raise _key_error(req, name, f"spec.requests.{name} is only for deviceType gpu (this task is {device})")
+        requests = Requests(
+            cpus=req["cpus"].int(0, 1 << 16, default=None),
+            memory=req["memory"].parse(parse_size, "size", default=None),
+            gpus=req["gpus"].int(0, 1024, default=None),
+            gpu_memory=req["gpuMemory"].parse(parse_size, "size", default=None),
+        )
+    hash_ = spec["computeGraphHash"].str(default=None)
+    if hash_ is not None and not _HASH.fullmatch(hash_):
+        raise spec["computeGraphHash"].error("spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits")
+    layout = spec["memoryLayout"].str(default=None)
+    if layout is not None and not _LAYOUT.fullmatch(layout):
+        raise spec["memoryLayout"].error("spec.memoryLayout: expected a layout such as NCHW or NCHW@64B (at most 16 characters before @)")
+    cores = None
+    if spec["coreAssignment"].present:
+        cores = tuple(c.int(0, 1 << 16) for c in spec["coreAssignment"].seq())
+        if len(set(cores)) != len(cores):
+            raise spec["coreAssignment"].error("spec.coreAssignment: a core is listed twice")
+    return Task(
+        name=meta["name"].str(),
+        device_type=device,
+        labels=parse_labels(meta["labels"]),
+        requests=requests,
+        deadline=spec["deadline"].parse(parse_deadline, "deadline (a duration such as 250ms or an RFC 3339 time)", default=None),
+        priority=spec["priority"].int(0, 100, default=None),
+        estimated_runtime_ns=spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None),
+        migratable=spec["migratable"].bool(default=None),
+        compute_graph_hash=hash_,
+        memory_layout=layout,
+        num_threads=spec["numThreads"].int(1, 1 << 16, default=None),
+        stream_id=spec["streamId"].int(0, 1 << 31, default=None),
+        core_assignment=cores,
+    )
+
+
+def _key_error(cur: Cursor, key: str, message: str):
+    pos = cur.doc.positions.get((*cur.path, key, "<key>")) or cur.doc.position((*cur.path, key))
+    return SpecError(cur.doc.file, *pos, message)
+
+
+def dump_task(t: Task) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": t.name}
+    if t.labels:
+        meta["labels"] = dict(t.labels)
+    spec: dict[str, Any] = {"deviceType": t.device_type}
+    r = t.requests
+    req = {k: v for k, v in (("cpus", r.cpus), ("memory", _size(r.memory)), ("gpus", r.gpus),
+                             ("gpuMemory", _size(r.gpu_memory))) if v is not None}
+    if req:
+        spec["requests"] = req
+    optional = (
+        ("deadline", t.deadline.dump() if t.deadline else None),
+        ("priority", t.priority),
+        ("estimatedRuntime", format_duration(t.estimated_runtime_ns) if t.estimated_runtime_ns is not None else None),
+        ("migratable", t.migratable),
+        ("computeGraphHash", t.compute_graph_hash),
+        ("memoryLayout", t.memory_layout),
+        ("numThreads", t.num_threads),
+        ("streamId", t.stream_id),
+        ("coreAssignment", list(t.core_assignment) if t.core_assignment is not None else None),
+    )
+    spec.update({k: v for k, v in optional if v is not None})
+    return {"apiVersion": API_VERSION, "kind": "Task", "metadata": meta, "spec": spec}
+
+
+def _size(n: int | None):
+    return None if n is None else format_size(n)

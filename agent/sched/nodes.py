@@ -1,0 +1,69 @@
+"""Node models for simulation, in either of two formats.
+
+The inventory's node model (`xhagent.inventory.model`, e.g. configs/examples/nodes.yaml):
+every allocatable CPU and every GPU becomes a slot on its NUMA node.
+
+Or, for quick what-ifs, a plain count per node:
+
+    nodes:
+      - {name: node-01, cpus: 8, gpus: 2, numaNodes: 2}
+      - {name: node-02, cpus: 4}
+
+A file whose node entries have a `cpus` count is read as the second kind.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inventory import model as inventory
+from ..spec import Cursor, SpecError, load_file, load_text
+from .simulator import NodeSpec
+
+NODE_FIELDS = {"name", "cpus", "gpus", "tpus", "numaNodes"}
+
+
+def parse(root: Cursor) -> list[NodeSpec]:
+    root.mapping({"apiVersion", "kind", "metadata", "nodes"}, required={"nodes"})
+    nodes, seen = [], set()
+    for c in root["nodes"].seq():
+        c.mapping(NODE_FIELDS, required={"name"})
+        node = NodeSpec(c["name"].str(), cpus=c["cpus"].int(0, 4096, default=1), gpus=c["gpus"].int(0, 64, default=0),
+                        tpus=c["tpus"].int(0, 64, default=0), numa_nodes=c["numaNodes"].int(1, 64, default=1))
+        if node.name in seen:
+            raise c["name"].error(f"duplicate node {node.name!r}")
+        if node.cpus + node.gpus + node.tpus == 0:
+            raise c.error(f"node {node.name} has no cpus, gpus or tpus")
+        seen.add(node.name)
+        nodes.append(node)
+    if not nodes:
+        raise root["nodes"].error("nodes: give at least one node")
+    return nodes
+
+
+def from_inventory(node: inventory.Node) -> NodeSpec:
+    numa_of_cpu = {cpu: numa.id for numa in node.numa for cpu in numa.cpus}
+    cpu_numa = tuple(numa_of_cpu[c] for c in node.allocatable_cpus)
+    gpu_numa = tuple(g.numa_node or 0 for g in node.gpus)
+    return NodeSpec(node.name, cpus=len(cpu_numa), gpus=len(gpu_numa), numa_nodes=max(1, len(node.numa)),
+                    cpu_numa=cpu_numa, gpu_numa=gpu_numa)
+
+
+def _is_plain(docs) -> bool:
+    value = docs[0].value if docs else None
+    entries = value.get("nodes") if isinstance(value, dict) else None
+    return isinstance(entries, list) and any(isinstance(n, dict) and "cpus" in n for n in entries)
+
+
+def load(path: str | Path) -> list[NodeSpec]:
+    """Nodes from either format. Errors read FILE:LINE:COL: message, as SpecError (plain
+    format) or the inventory's ModelError."""
+    docs = load_file(path)
+    if not docs:
+        raise SpecError(str(path), 1, 1, "empty file: expected `nodes: [...]`")
+    if _is_plain(docs):
+        return parse(docs[0].root)
+    return [from_inventory(n) for n in inventory.load(path)]
+
+
+def loads(text: str, file: str = "<string>") -> list[NodeSpec]:
+    return parse(load_text(text, file)[0].root)

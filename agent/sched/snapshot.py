@@ -1,0 +1,88 @@
+"""Preemption decisions committed against a versioned snapshot (seed 000 4.1, seed 003 4.3).
+
+Deciding takes time and reads a lot of state; committing must not. A decision is computed
+on a snapshot taken at version V and committed with `commit(decision, V)`: it applies
+only if the node is still at V (compare-and-set), and then the version moves to V+1. A
+decision computed on a stale version is rejected and, in `decide_and_commit`, computed
+again on fresh state, so two deciders can never both evict the same victim or hand out
+the same slot.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Slot changes: `evict` names jobs to take off their slots, `place` maps slot -> job."""
+    evict: tuple[str, ...] = ()
+    place: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    slots: Mapping[str, str | None]  # slot -> job running there (None: free)
+
+
+class StaleSnapshot(Exception):
+    def __init__(self, expected: int, current: int):
+        super().__init__(f"decision made on version {expected}, node is at {current}")
+        self.expected, self.current = expected, current
+
+
+class InvalidDecision(ValueError):
+    pass
+
+
+class NodeState:
+    def __init__(self, slots: Mapping[str, str | None]):
+        self._slots = dict(slots)
+        self._version = 0
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(self._version, MappingProxyType(dict(self._slots)))
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def commit(self, decision: Decision, expected_version: int) -> int:
+        """Apply `decision` if the node is still at `expected_version`; the new version.
+        Raises StaleSnapshot (nothing applied) otherwise, InvalidDecision if it does not fit."""
+        with self._lock:
+            if expected_version != self._version:
+                raise StaleSnapshot(expected_version, self._version)
+            slots = dict(self._slots)
+            running = {job: slot for slot, job in slots.items() if job is not None}
+            for job in decision.evict:
+                if job not in running:
+                    raise InvalidDecision(f"cannot evict {job}: not running")
+                slots[running[job]] = None
+            for slot, job in decision.place.items():
+                if slot not in slots:
+                    raise InvalidDecision(f"no slot {slot}")
+                if slots[slot] is not None:
+                    raise InvalidDecision(f"slot {slot} is taken by {slots[slot]}")
+                slots[slot] = job
+            self._slots = slots
+            self._version += 1
+            return self._version
+
+
+def decide_and_commit(state: NodeState, decide: Callable[[Snapshot], Decision],
+                      attempts: int = 8) -> tuple[Decision, int]:
+    """Compute on a snapshot and commit; recompute on a fresh one when it went stale."""
+    for _ in range(attempts):
+        snap = state.snapshot()
+        decision = decide(snap)
+        try:
+            return decision, state.commit(decision, snap.version)
+        except StaleSnapshot:
+            continue
+    raise StaleSnapshot(snap.version, state.version)

@@ -1,0 +1,237 @@
+"""SchedulingPolicy and Task files: the seed's example, located errors, parse -> dump -> parse."""
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xhagent.inventory.model import Version
+from xhagent.policy.cli import policy as policy_cli
+from xhagent.policy.policy import (Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology, choose,
+                                   dump_policy, parse_policy, tie_warnings)
+from xhagent.policy.selector import Expression, Selector
+from xhagent.policy.task import Deadline, Requests, Task, dump_task, parse_task
+from xhagent.policy.units import format_instant, parse_instant_ns
+from xhagent.spec import SpecError, load_text
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
+GiB = 2**30
+
+SEED_POLICY = Policy(
+    name="video-inference-strict",
+    rules=(Rule(Selector((("app", "video-ai-infer"),)), Constraints(
+        gpu=GpuConstraint(min_cuda_version=Version(12, 2), min_memory_gb=16),
+        topology=Topology(rack_affinity="same"))),),
+    priority=95,
+)
+
+
+def policy(text: str) -> Policy:
+    return parse_policy(load_text(text, "p.yaml")[0])
+
+
+def task(text: str) -> Task:
+    return parse_task(load_text(text, "t.yaml")[0])
+
+
+def test_seed_policy_example_means_what_it_says():
+    assert policy((EXAMPLES / "video-inference-strict.yaml").read_text()) == SEED_POLICY
+    assert SEED_POLICY.preemption == "lower-priority"
+
+
+def test_issue_minimal_task_and_the_example_task():
+    t = task("{apiVersion: xh.scheduling/v1, kind: Task, metadata: {name: infer-1, labels: {app: video-ai-infer}},"
+             " spec: {deviceType: gpu, requests: {gpus: 1}}}")
+    assert t == Task("infer-1", "gpu", (("app", "video-ai-infer"),), Requests(gpus=1))
+    ex = task((EXAMPLES / "task-infer.yaml").read_text())
+    assert ex.requests == Requests(cpus=4, memory=8 * GiB, gpus=1)
+    assert ex.deadline == Deadline(33_000_000, relative=True)
+    assert ex.estimated_runtime_ns == 12_500_000 and ex.stream_id == 3 and ex.memory_layout == "NCHW@64B"
+
+
+HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:\n"
+
+
+@pytest.mark.parametrize("kind,body,message", [
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
+     "p.yaml:7:7: unknown field 'spec.matchRules.constraint' (did you mean 'constraints'?)"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
+     "p.yaml:7:13: spec.priority: 101 is out of range 0..100"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+                         "        - topology: {rackAffinity: sme}\n",
+     "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: 'sme' is not one of same, spread "
+     "(did you mean 'same'?)"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+                         "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
+                         "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
+     "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: hardware.gpu.minCudaVersion "
+     "is already set at line 8"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+                         "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
+     "p.yaml:8:28: unknown field 'spec.matchRules.constraints.hardware.gpu.minCudaVerison' "
+     "(did you mean 'minCudaVersion'?)"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
+     "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values"),
+    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
+     "p.yaml:7:15: spec.preemption: 'always' is not one of never, lower-priority, deadline-driven"),
+    ("Task", "  deviceType: gpu\n  numThreads: 4\n",
+     "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)"),
+    ("Task", "  deviceType: cpu\n  streamId: 1\n",
+     "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)"),
+    ("Task", "  deviceType: gpu\n  coreAssignment: [0, 1]\n",
+     "t.yaml:6:3: spec.coreAssignment is only for deviceType tpu (this task is gpu)"),
+    ("Task", "  deviceType: cpu\n  requests: {cpus: 2, gpus: 1}\n",
+     "t.yaml:6:23: spec.requests.gpus is only for deviceType gpu (this task is cpu)"),
+    ("Task", "  deviceType: cpu\n  deadline: 5 parsecs\n",
+     "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline (a duration such as 250ms or an RFC 3339 "
+     "time): expected a duration such as 250ms, 1.5s or 1h30m"),
+    ("Task", "  deviceType: fpga\n",
+     "t.yaml:5:15: spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"),
+    ("Task", "  deviceType: cpu\n  computeGraphHash: abc\n",
+     "t.yaml:6:21: spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits"),
+])
+def test_errors_are_located(kind, body, message):
+    with pytest.raises(SpecError) as info:
+        (policy if kind == "SchedulingPolicy" else task)(HEAD.format(kind=kind) + body)
+    assert str(info.value) == message
+
+
+def test_deadline_keeps_nanoseconds():
+    t = task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: '2026-11-29T17:00:00.123456789+08:00'\n")
+    assert t.deadline.relative is False
+    assert t.deadline.ns % 10**9 == 123456789
+    assert format_instant(t.deadline.ns) == "2026-11-29T09:00:00.123456789Z"
+    rel = task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 1.000000001s\n")
+    assert rel.deadline == Deadline(1_000_000_001, relative=True) and rel.deadline.dump() == "1000000001ns"
+    assert parse_instant_ns("1970-01-01T00:00:01.5Z") == 1_500_000_000
+
+
+# ----------------------------------------------------------------- strategies
+
+names = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
+values = st.from_regex(r"[a-z0-9][a-z0-9.-]{0,6}", fullmatch=True)
+label_sets = st.dictionaries(names, values, max_size=3).map(lambda d: tuple(sorted(d.items())))
+expressions = st.one_of(
+    st.builds(Expression, names, st.just("Exists")),
+    st.builds(Expression, names, st.sampled_from(["In", "NotIn"]), st.lists(values, min_size=1, max_size=3).map(tuple)))
+selectors = st.builds(Selector, label_sets, st.lists(expressions, max_size=2).map(tuple))
+optional_selectors = st.none() | selectors
+sizes = st.integers(1, 2**44)
+
+
+@st.composite
+def constraints(draw):
+    rack = draw(st.sampled_from([None, "same", "spread"]))
+    return Constraints(
+        gpu=GpuConstraint(draw(st.none() | st.builds(Version, st.integers(0, 99), st.integers(0, 99))),
+                          draw(st.none() | st.integers(1, 1024)), draw(st.none() | st.integers(1, 16)),
+                          draw(st.none() | names)),
+        cpu=CpuConstraint(draw(st.none() | st.integers(1, 512)), draw(st.booleans()), draw(st.sampled_from([None, "single"]))),
+        memory=draw(st.none() | sizes),
+        io_class=draw(st.sampled_from([None, "rotational", "flash", "polled"])),
+        topology=Topology(rack, draw(optional_selectors) if rack else None, draw(st.none() | names),
+                          draw(st.sampled_from([None, "none", "preferred", "required"])),
+                          draw(optional_selectors), draw(optional_selectors)),
+    )
+
+
+policies = st.builds(
+    Policy, names, st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
+    st.integers(0, 100), st.sampled_from(["never", "lower-priority", "deadline-driven"]), label_sets)
+
+
+@st.composite
+def tasks(draw):
+    device = draw(st.sampled_from(["cpu", "gpu", "tpu"]))
+    gpu = device == "gpu"
+    deadline = draw(st.none() | st.builds(Deadline, st.integers(1, 2**62), st.booleans()))
+    return Task(
+        name=draw(names), device_type=device, labels=draw(label_sets),
+        requests=Requests(draw(st.none() | st.integers(0, 512)), draw(st.none() | sizes),
+                          draw(st.none() | st.integers(0, 16)) if gpu else None, draw(st.none() | sizes) if gpu else None),
+        deadline=deadline, priority=draw(st.none() | st.integers(0, 100)),
+        estimated_runtime_ns=draw(st.none() | st.integers(0, 2**60)), migratable=draw(st.none() | st.booleans()),
+        compute_graph_hash=draw(st.none() | st.from_regex(r"[0-9a-f]{64}", fullmatch=True)),
+        memory_layout=draw(st.none() | st.sampled_from(["NCHW", "NHWC@64B", "row_major@4096B"])),
+        num_threads=draw(st.none() | st.integers(1, 256)) if device == "cpu" else None,
+        stream_id=draw(st.none() | st.integers(0, 1000)) if device != "cpu" else None,
+        core_assignment=draw(st.none() | st.lists(st.integers(0, 64), unique=True, max_size=4).map(tuple))
+        if device == "tpu" else None,
+    )
+
+
+def roundtrip(data: dict, parse):
+    return parse(load_text(yaml.safe_dump(data, sort_keys=False), "r.yaml")[0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(policies)
+def test_policy_parse_dump_parse_is_identity(p):
+    once = roundtrip(dump_policy(p), parse_policy)
+    assert once == p
+    assert roundtrip(dump_policy(once), parse_policy) == once
+
+
+@settings(max_examples=150, deadline=None)
+@given(tasks())
+def test_task_parse_dump_parse_is_identity(t):
+    once = roundtrip(dump_task(t), parse_task)
+    assert once == t
+    assert roundtrip(dump_task(once), parse_task) == once
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(policies, max_size=6, unique_by=lambda p: p.name), label_sets)
+def test_highest_priority_matching_policy_wins(ps, labels):
+    m = choose(ps, dict(labels))
+    matching = [p for p in ps if any(r.selector.matches(dict(labels)) for r in p.rules)]
+    if not matching:
+        assert m.policy is None and m.rule is None
+        return
+    top = max(p.priority for p in matching)
+    assert m.policy.priority == top
+    tied = sorted(p.name for p in matching if p.priority == top)
+    assert m.policy.name == tied[0] and list(m.tied_with) == tied[1:]
+    assert m.rule == next(r for r in m.policy.rules if r.selector.matches(dict(labels)))
+    if len(tied) > 1:   # a real tie is always among the validation warnings
+        assert any(repr(tied[0]) in w and repr(tied[1]) in w for w in tie_warnings(ps))
+
+
+def test_tie_warning_only_for_overlapping_equal_priorities():
+    a = Policy("a", (Rule(Selector((("app", "x"),))),), priority=60)
+    b = Policy("b", (Rule(Selector((("tier", "gold"),))),), priority=60)
+    c = Policy("c", (Rule(Selector((("app", "y"),))),), priority=60)
+    d = Policy("d", (Rule(Selector((("app", "x"),))),), priority=70)
+    assert tie_warnings([a, c, d]) == []
+    assert tie_warnings([a, b]) == [
+        "policies 'a' and 'b' both have priority 60 and can match the same task (app=x / tier=gold); "
+        "'a' wins by name order"]
+
+
+def test_validate_command(tmp_path):
+    good = EXAMPLES / "video-inference-strict.yaml"
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(good.read_text().replace("video-inference-strict", "video-twin"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HEAD.format(kind="Task") + "  deviceTyp: cpu\n")
+    runner = CliRunner()
+    res = runner.invoke(policy_cli, ["validate", str(good), str(twin), str(EXAMPLES / "task-infer.yaml"),
+                                     str(EXAMPLES / "nodes.yaml")])
+    assert res.exit_code == 0, res.output
+    assert f"{good}: ok (SchedulingPolicy video-inference-strict)" in res.output
+    assert "node node-01, node node-02, node node-03, node node-04" in res.output
+    assert "warning: policies 'video-inference-strict' and 'video-twin' both have priority 95" in res.output
+    res = runner.invoke(policy_cli, ["validate", str(good), str(bad)])
+    assert res.exit_code == 2
+    assert f"{bad}:5:3: unknown field 'spec.deviceTyp' (did you mean 'deviceType'?)" in res.output
+    bad_nodes = tmp_path / "nodes.yaml"
+    bad_nodes.write_text("nodes:\n  - name: n1\n    gpus: 3\n")
+    res = runner.invoke(policy_cli, ["validate", str(bad_nodes)])
+    assert res.exit_code == 2 and f"{bad_nodes}:3:11:" in res.output
+
+
+def test_unquoted_yaml_timestamp_is_refused_rather_than_truncated():
+    with pytest.raises(SpecError, match=r"^t.yaml:6:13: spec.deadline: .* quote the time"):
+        task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29T17:00:00.123456789Z\n")
