@@ -23,6 +23,7 @@ COMMANDS = {
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
     "trace": "xhagent.trace.bench:bench_trace",
+    "io": "xhagent.io.bench:bench_io",
     "sched": "xhagent.sched.bench:bench_sched",
 }
 

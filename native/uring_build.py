@@ -36,7 +36,8 @@ CONSTANTS = "\n".join(
     + [f"#define IORING_FEAT_{n} ..." for n in FEATURES]
     + [f"#define {n} ..." for n in ("O_DIRECT", "O_RDONLY", "O_WRONLY", "O_RDWR", "O_CLOEXEC",
                                     "O_CREAT", "AT_FDCWD", "AT_STATX_SYNC_AS_STAT", "STATX_BASIC_STATS",
-                                    "IORING_FILE_INDEX_ALLOC", "IORING_ASYNC_CANCEL_ALL")]
+                                    "IORING_FILE_INDEX_ALLOC", "IORING_ASYNC_CANCEL_ALL",
+                                    "IORING_ASYNC_CANCEL_ANY", "ECANCELED", "EOPNOTSUPP")]
 )
 
 CDEF = CONSTANTS + """
@@ -104,6 +105,23 @@ int io_uring_opcode_supported(const struct io_uring_probe *p, int op);
 void *xh_aligned_alloc(size_t alignment, size_t size);
 void xh_aligned_free(void *ptr);
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max);
+#define XH_OP_READ ...
+#define XH_OP_WRITE ...
+struct xh_batch {
+    uint32_t n; uint32_t depth; uint8_t opcode; uint8_t retry_short; uint8_t fixed_file; int32_t buf_index;
+    int32_t fd; const int32_t *fds; const uint64_t *offsets; uint32_t len; const uint32_t *lens;
+    char *base; uint64_t stride; char *const *bufs; int64_t *res; uint32_t *lat_ns;
+};
+int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
+struct xh_files {
+    uint32_t n; uint32_t slots; uint32_t slot_base; const char *const *paths; char *const *bufs;
+    const uint32_t *lens; int32_t *res_open, *res_read, *res_close;
+};
+int xh_read_files(struct io_uring *ring, struct xh_files *f);
+int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,
+               uint64_t user_data, unsigned sqe_flags);
+int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
+                       uint64_t user_data_base);
 """
 
 ffibuilder = FFI()
@@ -123,7 +141,7 @@ if shutil.which("cc") is None and shutil.which("gcc") is None:
 
 ffibuilder.set_source(
     "xhagent._uring",
-    '#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#include <fcntl.h>\n#include <sys/stat.h>\n#include <liburing.h>\n'
+    '#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n'
     '#include "uring_glue.h"\n',
     # setuptools insists on paths relative to the project root (the cwd of a build).
     sources=[os.path.relpath(HERE / "uring_glue.c")],

@@ -33,3 +33,216 @@ unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsig
 	io_uring_cq_advance(ring, n);
 	return n;
 }
+
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <time.h>
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
+}
+
+/* An SQE, pushing queued ones to the kernel while the SQ is full (an SQPOLL thread may lag). */
+static struct io_uring_sqe *get_sqe(struct io_uring *ring)
+{
+	struct io_uring_sqe *sqe;
+
+	while ((sqe = io_uring_get_sqe(ring)) == NULL) {
+		if (io_uring_submit(ring) < 0)
+			sched_yield();
+	}
+	return sqe;
+}
+
+static void prep_rw(struct io_uring_sqe *sqe, int opcode, int fd, char *buf, unsigned len,
+		    uint64_t off, int buf_index)
+{
+	if (opcode == XH_OP_WRITE) {
+		if (buf_index >= 0)
+			io_uring_prep_write_fixed(sqe, fd, buf, len, off, buf_index);
+		else
+			io_uring_prep_write(sqe, fd, buf, len, off);
+	} else {
+		if (buf_index >= 0)
+			io_uring_prep_read_fixed(sqe, fd, buf, len, off, buf_index);
+		else
+			io_uring_prep_read(sqe, fd, buf, len, off);
+	}
+}
+
+static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i)
+{
+	struct io_uring_sqe *sqe = get_sqe(ring);
+	uint64_t done = (uint64_t)b->res[i];
+	unsigned len = b->lens ? b->lens[i] : b->len;
+	char *buf = b->bufs ? b->bufs[i] : b->base + (uint64_t)i * b->stride;
+
+	prep_rw(sqe, b->opcode, b->fds ? b->fds[i] : b->fd, buf + done, len - done,
+		b->offsets[i] + done, b->buf_index);
+	if (b->fixed_file)
+		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+	io_uring_sqe_set_data64(sqe, i);
+}
+
+/* Keep up to `depth` ops in flight, reap in bulk, resubmit short transfers when asked.
+ * Returns 0, or a negative errno from io_uring_enter once everything in flight is back. */
+int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
+{
+	uint64_t *start = NULL;
+	uint32_t next = 0, inflight = 0, i;
+	int err = 0;
+
+	if (b->lat_ns) {
+		start = malloc(sizeof(*start) * (b->n ? b->n : 1));
+		if (!start)
+			return -ENOMEM;
+	}
+	for (i = 0; i < b->n; i++)
+		b->res[i] = 0;
+	while ((next < b->n && !err) || inflight) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		int ret;
+
+		while (!err && next < b->n && inflight < b->depth) {
+			if (start)
+				start[next] = now_ns();
+			batch_prep(ring, b, next++);
+			inflight++;
+		}
+		ret = io_uring_submit_and_wait(ring, 1);
+		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+			/* Stop feeding; what is in flight still comes back before we return. */
+			err = ret;
+			if (io_uring_wait_cqe(ring, &cqe) < 0)
+				break;
+		}
+		io_uring_for_each_cqe(ring, head, cqe) {
+			uint32_t k = (uint32_t)cqe->user_data;
+			unsigned len = b->lens ? b->lens[k] : b->len;
+
+			seen++;
+			if (cqe->res < 0) {
+				b->res[k] = cqe->res;
+			} else {
+				b->res[k] += cqe->res;
+				if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !err) {
+					batch_prep(ring, b, k);
+					continue;
+				}
+			}
+			inflight--;
+			if (start) {
+				uint64_t d = now_ns() - start[k];
+				b->lat_ns[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+			}
+		}
+		io_uring_cq_advance(ring, seen);
+	}
+	free(start);
+	return err;
+}
+
+int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,
+	       uint64_t user_data, unsigned sqe_flags)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	prep_rw(sqe, opcode, fd, buf, len, offset, -1);
+	io_uring_sqe_set_flags(sqe, sqe_flags);
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+/* openat(slot) -LINK-> read(slot) -HARDLINK-> close(slot); user_data base|1, |2, |3.
+ * A short read fails a plain link, so the close hangs on a hard link: the slot is
+ * always released, and a failed open cancels the read and the close. */
+int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
+		       uint64_t user_data_base)
+{
+	struct io_uring_sqe *sqe;
+
+	if (io_uring_sq_space_left(ring) < 3)
+		return -EBUSY;
+	sqe = io_uring_get_sqe(ring);
+	/* O_CLOEXEC is refused (EINVAL) for a fixed slot: such a file has no fd to inherit. */
+	io_uring_prep_openat_direct(sqe, AT_FDCWD, path, O_RDONLY, 0, slot);
+	io_uring_sqe_set_flags(sqe, IOSQE_IO_LINK);
+	io_uring_sqe_set_data64(sqe, user_data_base | 1);
+	sqe = io_uring_get_sqe(ring);
+	io_uring_prep_read(sqe, slot, buf, len, 0);
+	io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK);
+	io_uring_sqe_set_data64(sqe, user_data_base | 2);
+	sqe = io_uring_get_sqe(ring);
+	io_uring_prep_close_direct(sqe, slot);
+	io_uring_sqe_set_data64(sqe, user_data_base | 3);
+	return 0;
+}
+
+int xh_read_files(struct io_uring *ring, struct xh_files *f)
+{
+	uint32_t *free_slots, *slot_of;
+	uint8_t *left;
+	uint32_t nfree = f->slots, next = 0, inflight = 0, i;
+	int err = 0;
+
+	if (f->slots == 0)
+		return -EINVAL;
+	free_slots = malloc(sizeof(*free_slots) * f->slots);
+	slot_of = malloc(sizeof(*slot_of) * (f->n ? f->n : 1));
+	left = malloc(f->n ? f->n : 1);
+	if (!free_slots || !slot_of || !left) {
+		free(free_slots), free(slot_of), free(left);
+		return -ENOMEM;
+	}
+	for (i = 0; i < f->slots; i++)
+		free_slots[i] = f->slot_base + f->slots - 1 - i;
+	while ((next < f->n && !err) || inflight) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		int ret;
+
+		while (!err && next < f->n && nfree &&
+		       io_uring_sq_space_left(ring) >= 3) {
+			uint32_t slot = free_slots[--nfree];
+
+			slot_of[next] = slot;
+			left[next] = 3;
+			f->res_open[next] = f->res_read[next] = f->res_close[next] = -ECANCELED;
+			xh_prep_file_chain(ring, f->paths[next], slot, f->bufs[next], f->lens[next],
+					   (uint64_t)next << 2);
+			next++;
+			inflight++;
+		}
+		ret = io_uring_submit_and_wait(ring, 1);
+		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+			err = ret;
+			if (io_uring_wait_cqe(ring, &cqe) < 0)
+				break;
+		}
+		io_uring_for_each_cqe(ring, head, cqe) {
+			uint32_t k = (uint32_t)(cqe->user_data >> 2);
+
+			seen++;
+			switch (cqe->user_data & 3) {
+			case 1: f->res_open[k] = cqe->res; break;
+			case 2: f->res_read[k] = cqe->res; break;
+			default: f->res_close[k] = cqe->res; break;
+			}
+			if (--left[k] == 0) {
+				free_slots[nfree++] = slot_of[k];
+				inflight--;
+			}
+		}
+		io_uring_cq_advance(ring, seen);
+	}
+	free(free_slots), free(slot_of), free(left);
+	return err;
+}

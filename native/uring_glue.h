@@ -8,4 +8,47 @@ void *xh_aligned_alloc(size_t alignment, size_t size);
 void xh_aligned_free(void *ptr);
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max);
 
+#define XH_OP_READ 0
+#define XH_OP_WRITE 1
+
+/* One batch of reads or writes; op i uses fds[i] (or fd), offsets[i], lens[i] (or len),
+ * and the buffer bufs[i] (or base + i * stride). */
+struct xh_batch {
+	uint32_t n;
+	uint32_t depth;        /* most ops in flight; <= the ring's SQ entries */
+	uint8_t opcode;        /* XH_OP_READ, XH_OP_WRITE */
+	uint8_t retry_short;   /* resubmit the rest of a short transfer (0: report it) */
+	uint8_t fixed_file;    /* fds are registered-file indexes */
+	int32_t buf_index;     /* registered buffer holding every buffer, or -1 */
+	int32_t fd;
+	const int32_t *fds;
+	const uint64_t *offsets;
+	uint32_t len;
+	const uint32_t *lens;
+	char *base;
+	uint64_t stride;
+	char *const *bufs;
+	int64_t *res;          /* out: bytes transferred, or -errno */
+	uint32_t *lat_ns;      /* out, optional: first submission to completion */
+};
+int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
+
+/* openat -> read -> close chains through registered-file slots, `slots` in flight. */
+struct xh_files {
+	uint32_t n;
+	uint32_t slots;
+	uint32_t slot_base;
+	const char *const *paths;
+	char *const *bufs;
+	const uint32_t *lens;
+	int32_t *res_open, *res_read, *res_close;
+};
+int xh_read_files(struct io_uring *ring, struct xh_files *f);
+
+/* Single preparations for callers that submit on their own schedule (asyncio). */
+int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,
+	       uint64_t user_data, unsigned sqe_flags);
+int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
+		       uint64_t user_data_base);
+
 #endif

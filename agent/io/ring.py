@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from contextlib import contextmanager
-from typing import Iterator
 
 from .. import _uring
+from .buffers import PAGE, aligned_buffer  # noqa: F401  (re-exported: ring.aligned_buffer)
 
 ffi, lib = _uring.ffi, _uring.lib
-PAGE = os.sysconf("SC_PAGE_SIZE")
+CANCEL_USER_DATA = (1 << 64) - 1  # the close-time cancel request's own completion
 
 OPCODES = [n[len("IORING_OP_"):] for n in dir(lib) if n.startswith("IORING_OP_") and n != "IORING_OP_LAST"]
 SETUP_FLAGS = {n[len("IORING_SETUP_"):].lower(): getattr(lib, n) for n in dir(lib) if n.startswith("IORING_SETUP_")}
@@ -35,22 +34,6 @@ def _check(res: int, what: str) -> int:
     return res
 
 
-@contextmanager
-def aligned_buffer(size: int, alignment: int = PAGE) -> Iterator[memoryview]:
-    """A zeroed buffer aligned for O_DIRECT, freed on exit; yields a writable memoryview."""
-    ptr = lib.xh_aligned_alloc(alignment, size)
-    if ptr == ffi.NULL:
-        raise MemoryError(f"aligned_alloc({alignment}, {size})")
-    view = memoryview(ffi.buffer(ptr, size))
-    try:
-        yield view
-    finally:
-        # Release before freeing: a view that outlives the memory (say, in a traceback
-        # frame) must be a dead view, not a dangling pointer.
-        view.release()
-        lib.xh_aligned_free(ptr)
-
-
 def _flags(names: tuple[str, ...] | list[str]) -> int:
     value = 0
     for name in names:
@@ -67,6 +50,7 @@ class Ring:
     def __init__(self, entries: int = 64, flags: tuple[str, ...] = (), sq_thread_cpu: int | None = None,
                  sq_thread_idle_ms: int | None = None):
         self._open = False
+        self.pending = 0  # SQEs handed out whose completions are not reaped yet
         self.flag_names = tuple(f.lower() for f in flags)
         self._ring = ffi.new("struct io_uring *")
         params = ffi.new("struct io_uring_params *")
@@ -78,6 +62,7 @@ class Ring:
             params.sq_thread_idle = sq_thread_idle_ms
         _check(lib.io_uring_queue_init_params(entries, self._ring, params), f"io_uring_setup({entries}, {self.flag_names})")
         self.entries = params.sq_entries
+        self.cq_entries = params.cq_entries
         self.features = params.features
         self._open = True
         self._reap_data = ffi.new("uint64_t[]", params.cq_entries)
@@ -85,9 +70,37 @@ class Ring:
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
+        """Cancel what is in flight and wait for it, so no buffer is freed under the kernel."""
         if self._open:
+            if self.pending:
+                self.cancel_all()
             self._open = False
             lib.io_uring_queue_exit(self._ring)
+
+    @property
+    def closed(self) -> bool:
+        return not self._open
+
+    def cancel_all(self, quiet_s: float = 1.0) -> list[tuple[int, int]]:
+        """Cancel every request in flight and reap until none is left; returns their completions.
+
+        A read already running in the kernel (io-wq) cannot be cancelled: it is waited for.
+        `pending` counts SQEs from sqe()/prep_*() minus completions seen by reap(); a caller that
+        consumed CQEs itself leaves it too high, so a quiet `quiet_s` ends the wait.
+        """
+        done: list[tuple[int, int]] = []
+        sqe = self.sqe()
+        lib.io_uring_prep_cancel64(sqe, 0, lib.IORING_ASYNC_CANCEL_ANY)
+        lib.io_uring_sqe_set_data64(sqe, CANCEL_USER_DATA)
+        self.submit()
+        cqe = ffi.new("struct io_uring_cqe **")
+        ts = ffi.new("struct __kernel_timespec *", {"tv_sec": int(quiet_s), "tv_nsec": int(quiet_s % 1 * 1e9)})
+        while self.pending > 0:
+            if lib.io_uring_wait_cqe_timeout(self._ring, cqe, ts) < 0:
+                break
+            done.extend(c for c in self.reap() if c[0] != CANCEL_USER_DATA)
+        self.pending = 0
+        return done
 
     def __enter__(self) -> "Ring":
         return self
@@ -111,7 +124,28 @@ class Ring:
             sqe = lib.io_uring_get_sqe(self._ring)
             if sqe == ffi.NULL:
                 raise UringError(_errno.EBUSY, "submission queue full", "io_uring_get_sqe")
+        self.pending += 1
         return sqe
+
+    def prep_rw(self, write: bool, fd: int, ptr, length: int, offset: int, user_data: int,
+                sqe_flags: int = 0) -> bool:
+        """Queue one read/write without submitting; False when the SQ is full."""
+        if lib.xh_prep_rw(self._ring, lib.XH_OP_WRITE if write else lib.XH_OP_READ, fd, ptr, length,
+                          offset, user_data, sqe_flags) < 0:
+            return False
+        self.pending += 1
+        return True
+
+    def prep_file_chain(self, path_c, slot: int, ptr, length: int, user_data_base: int) -> bool:
+        """Queue openat -> read -> close of `path_c` through fixed slot `slot`; False when the SQ
+        lacks three free entries. Completions carry user_data_base | 1, | 2, | 3."""
+        if lib.xh_prep_file_chain(self._ring, path_c, slot, ptr, length, user_data_base) < 0:
+            return False
+        self.pending += 3
+        return True
+
+    def submit(self) -> int:
+        return _check(lib.io_uring_submit(self._ring), "io_uring_submit")
 
     def submit_and_wait(self, wait_nr: int) -> int:
         return _check(lib.io_uring_submit_and_wait(self._ring, wait_nr), "io_uring_submit_and_wait")
@@ -119,6 +153,7 @@ class Ring:
     def reap(self) -> list[tuple[int, int]]:
         """Every completion that is ready, as (user_data, res), with their CQ slots released."""
         n = lib.xh_reap(self._ring, self._reap_data, self._reap_res, len(self._reap_res))
+        self.pending -= n
         return [(self._reap_data[i], self._reap_res[i]) for i in range(n)]
 
     def run(self, count: int) -> list[tuple[int, int]]:

@@ -1,0 +1,331 @@
+"""`xhagent bench io`: the engine against what a Python user would write instead, on the same
+file and the same random 4 KiB offsets, in one run; JSON with ops/s, p50/p99 and ratios."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+import click
+
+from .aio import AsyncRing
+from .batch import read_batch
+from .buffers import AlignedBuffer
+from .direct import DirectFile
+from .files import FileReader, read_file_loop
+from .ring import Ring
+
+BLOCK = 4096
+CHUNK = 4096  # ops per C call: the ring drains once per chunk
+QD = 32
+CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu.weight", "cpu.max",
+                "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
+                "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
+                "cgroup.freeze", "cgroup.type", "cgroup.controllers")
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'1G', '256M', '4096' -> bytes; ValueError with the accepted forms otherwise."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in SIZE_UNITS and t[-1:] else ""
+    try:
+        value = int(t[:-1] if unit else t) * SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"size {text!r}: expected a number with an optional K, M or G suffix") from None
+    if value < 1 << 20:
+        raise ValueError(f"size {text!r}: at least 1M")
+    return value
+
+
+def summarize(ops: int, seconds: float, lat_ns) -> dict:
+    """ops/s and the p50/p99 latency of one case (lat_ns: per-op nanoseconds)."""
+    lat = sorted(lat_ns)
+    pick = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] / 1000, 2)) if lat else (lambda q: None)
+    return {"ops_per_s": round(ops / seconds, 1) if seconds > 0 else 0.0, "ops": ops,
+            "p50_us": pick(0.50), "p99_us": pick(0.99)}
+
+
+def ratios(cases: dict) -> dict:
+    """Named ratios of the cases present; higher is better except *_p50_ratio (lower is better)."""
+    def ops(a, b):
+        if a in cases and b in cases and cases[b]["ops_per_s"]:
+            return round(cases[a]["ops_per_s"] / cases[b]["ops_per_s"], 3)
+        return None
+
+    def p50(a, b):
+        if a in cases and b in cases and cases[b]["p50_us"]:
+            return round(cases[a]["p50_us"] / cases[b]["p50_us"], 3)
+        return None
+
+    named = {
+        "pagecache_engine_qd32_vs_pread": ops("pagecache_engine_qd32", "pagecache_pread"),
+        "pagecache_engine_qd32_vs_threadpool": ops("pagecache_engine_qd32", "pagecache_threadpool_qd32"),
+        "pagecache_asyncring_vs_threadpool": ops("pagecache_asyncring_qd32", "pagecache_threadpool_qd32"),
+        "direct_engine_qd1_vs_pread": ops("direct_engine_qd1", "direct_pread"),
+        "direct_engine_qd32_vs_pread": ops("direct_engine_qd32", "direct_pread"),
+        "direct_iopoll_qd32_vs_interrupt_qd32": ops("direct_iopoll_qd32", "direct_engine_qd32"),
+        "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": p50("direct_iopoll_qd1", "direct_engine_qd1"),
+        "files_tree_read_files_vs_loop": ops("files_tree_read_files", "files_tree_loop"),
+        "files_proc_read_files_vs_loop": ops("files_proc_read_files", "files_proc_loop"),
+    }
+    return {k: v for k, v in named.items() if v is not None}
+
+
+TARGETS = {  # ratio -> (bound, "min" or "max")
+    "pagecache_engine_qd32_vs_pread": (1.0, "min"),
+    "pagecache_engine_qd32_vs_threadpool": (20.0, "min"),
+    "pagecache_asyncring_vs_threadpool": (5.0, "min"),
+    "direct_engine_qd32_vs_pread": (2.0, "min"),
+    "files_tree_read_files_vs_loop": (2.0, "min"),
+    "files_proc_read_files_vs_loop": (2.0, "min"),
+    "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": (1.0, "max"),
+}
+
+
+def targets_met(named: dict) -> dict:
+    return {k: (named[k] >= bound if kind == "min" else named[k] <= bound)
+            for k, (bound, kind) in TARGETS.items() if k in named}
+
+
+# -- the cases ----------------------------------------------------------------------------
+def _chunks(offsets: array):
+    while True:
+        for start in range(0, len(offsets), CHUNK):
+            yield offsets[start:start + CHUNK]
+
+
+def pread_loop(fd: int, offsets: array, seconds: float, buf=None) -> dict:
+    """os.pread (or os.preadv into an aligned buffer for O_DIRECT); half the time untimed for
+    ops/s, half with a clock read per op for the latencies."""
+    read = (lambda o: os.preadv(fd, [buf], o)) if buf is not None else (lambda o: os.pread(fd, BLOCK, o))
+    ops, start = 0, time.perf_counter()
+    end = start + seconds / 2
+    for chunk in _chunks(offsets):
+        for o in chunk:
+            read(o)
+        ops += len(chunk)
+        if time.perf_counter() >= end:
+            break
+    elapsed = time.perf_counter() - start
+    lat, now, end = array("Q"), time.perf_counter_ns, time.perf_counter() + seconds / 2
+    for chunk in _chunks(offsets):
+        for o in chunk:
+            t = now()
+            read(o)
+            lat.append(now() - t)
+        if time.perf_counter() >= end:
+            break
+    return summarize(ops, elapsed, lat)
+
+
+def engine_loop(run_chunk, offsets: array, seconds: float) -> dict:
+    """run_chunk(offsets) -> BatchResult with latencies; repeated for `seconds`."""
+    ops, lat, start = 0, array("I"), time.perf_counter()
+    for chunk in _chunks(offsets):
+        result = run_chunk(chunk)
+        result.check()
+        ops += len(chunk)
+        lat.extend(result.lat_ns)
+        if time.perf_counter() - start >= seconds:
+            break
+    return summarize(ops, time.perf_counter() - start, lat)
+
+
+async def _coroutines(read_one, offsets: array, seconds: float) -> dict:
+    lat, now = array("Q"), time.perf_counter_ns
+    deadline = time.perf_counter() + seconds
+    ops = 0
+
+    async def worker(k: int) -> None:
+        nonlocal ops
+        while time.perf_counter() < deadline:
+            for o in offsets[k::QD][:256]:
+                t = now()
+                await read_one(o)
+                lat.append(now() - t)
+                ops += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(QD)))
+    return summarize(ops, time.perf_counter() - start, lat)
+
+
+def threadpool_case(fd: int, offsets: array, seconds: float) -> dict:
+    async def main():
+        loop = asyncio.get_running_loop()  # its default executor, as aiofiles uses
+        return await _coroutines(lambda o: loop.run_in_executor(None, os.pread, fd, BLOCK, o), offsets, seconds)
+    return asyncio.run(main())
+
+
+def asyncring_case(fd: int, offsets: array, seconds: float) -> dict:
+    async def main():
+        async with AsyncRing(256) as ring:
+            return await _coroutines(lambda o: ring.read(fd, BLOCK, o), offsets, seconds)
+    return asyncio.run(main())
+
+
+def files_case(read, paths: list[str], seconds: float) -> dict:
+    ops, start, lat = 0, time.perf_counter(), array("Q")
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter_ns()
+        out = read(paths)
+        lat.append((time.perf_counter_ns() - t) // max(1, len(paths)))  # per file
+        ops += len(out)
+    return summarize(ops, time.perf_counter() - start, lat)
+
+
+# -- setup ----------------------------------------------------------------------------------
+def _make_data_file(directory: str, size: int) -> str:
+    fd, path = tempfile.mkstemp(prefix="xhagent-bench-io-", dir=directory)
+    chunk = os.urandom(1 << 20)
+    with os.fdopen(fd, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(chunk)
+        # Pages still under writeback make nonblocking (io_uring inline) reads punt to io-wq.
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def _make_tree(directory: str, files: int = 1000) -> list[str]:
+    root = Path(tempfile.mkdtemp(prefix="xhagent-bench-tree-", dir=directory))
+    paths = []
+    for i in range(files):
+        group = root / f"job-{i // len(CGROUP_FILES)}.scope"
+        group.mkdir(exist_ok=True)
+        p = group / CGROUP_FILES[i % len(CGROUP_FILES)]
+        p.write_text(f"usage_usec {i * 7919}\nuser_usec {i * 31}\nsystem_usec {i * 17}\n")
+        paths.append(str(p))
+    return paths
+
+
+def _device_size(fd: int) -> int:
+    return os.lseek(fd, 0, os.SEEK_END)
+
+
+def run(file: str | None, size: int, seconds: float, progress=lambda m: None) -> dict:
+    workdir = tempfile.mkdtemp(prefix="xhagent-bench-io-")
+    cases: dict[str, dict] = {}
+    notes: dict[str, str] = {}
+    rng = random.Random(42)
+    try:
+        block_device = bool(file) and stat.S_ISBLK(os.stat(file).st_mode)
+        data = file if file and not block_device else None
+        if data is None:
+            progress(f"writing a {size >> 20} MiB data file in {workdir}")
+            data = _make_data_file(workdir, size)
+        direct_target = file if block_device else data
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        span = _device_size(fd)
+        offsets = array("Q", (rng.randrange(span // BLOCK) * BLOCK for _ in range(1 << 16)))
+        progress("warming the page cache")
+        with open(data, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+        buf = AlignedBuffer(CHUNK * BLOCK)
+        with Ring(64) as ring:
+            progress("page cache: os.pread loop")
+            cases["pagecache_pread"] = pread_loop(fd, offsets, seconds)
+            progress("page cache: engine QD32 (registered file and buffer)")
+            ring.register_files([fd])
+            ring.register_buffers([buf.view])
+            cases["pagecache_engine_qd32"] = engine_loop(
+                lambda c: read_batch(ring, 0, c, BLOCK, buf.view, depth=QD, latencies=True, what=data,
+                                     fixed_file=True, fixed_buffer=0), offsets, seconds)
+        progress("page cache: asyncio + ThreadPoolExecutor QD32")
+        cases["pagecache_threadpool_qd32"] = threadpool_case(fd, offsets, seconds)
+        progress("page cache: AsyncRing QD32")
+        cases["pagecache_asyncring_qd32"] = asyncring_case(fd, offsets, seconds)
+        os.close(fd)
+
+        _direct_cases(direct_target, span, rng, buf, seconds, cases, notes, progress)
+        buf.close()
+
+        progress("small files: 1,000 files in a cgroupfs-like tree")
+        tree = _make_tree(workdir)
+        proc = sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat"))
+        with FileReader() as reader:
+            for name, paths in (("tree", tree), ("proc", proc)):
+                cases[f"files_{name}_loop"] = files_case(read_file_loop, paths, seconds)
+                cases[f"files_{name}_read_files"] = files_case(reader.read_files, paths, seconds)
+        notes["files_proc"] = f"{len(proc)} /proc/<pid>/stat files"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    named = ratios(cases)
+    return {"schema": 1, "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
+                                     "python": platform.python_version()},
+            "file": data if not file else file, "direct_file": direct_target, "size": span,
+            "seconds_per_case": seconds, "block": BLOCK, "queue_depth": QD,
+            "cases": cases, "ratios": named, "targets_met": targets_met(named), "notes": notes}
+
+
+def _direct_cases(path, span, rng, buf, seconds, cases, notes, progress) -> None:
+    offsets = array("Q", (rng.randrange(span // BLOCK) * BLOCK for _ in range(1 << 14)))
+    try:
+        interrupt = DirectFile(path, poll=False)
+    except OSError as exc:
+        notes["direct"] = f"O_DIRECT open of {path} failed: {exc}; direct cases skipped"
+        return
+    with interrupt:
+        progress("O_DIRECT: os.preadv loop")
+        cases["direct_pread"] = pread_loop(interrupt.fd, offsets, seconds, buf.view[:BLOCK])
+        for qd in (1, QD):
+            progress(f"O_DIRECT: engine QD{qd} (interrupt ring)")
+            cases[f"direct_engine_qd{qd}"] = engine_loop(
+                lambda c: interrupt.read(c, BLOCK, buf.view, depth=qd, latencies=True), offsets, seconds)
+        if not interrupt.device_polls:
+            notes["iopoll"] = f"{path}: its device has queue/io_poll != 1; IOPOLL cases skipped"
+            return
+    with DirectFile(path, poll=True) as polled:
+        for qd in (1, QD):
+            progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring)")
+            cases[f"direct_iopoll_qd{qd}"] = engine_loop(
+                lambda c: polled.read(c, BLOCK, buf.view, depth=qd, latencies=True), offsets, seconds)
+        notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+
+
+def _table(report: dict) -> str:
+    lines = [f"{'case':32} {'ops/s':>12} {'p50 us':>9} {'p99 us':>9}"]
+    for name, c in report["cases"].items():
+        lines.append(f"{name:32} {c['ops_per_s']:>12,.0f} {c['p50_us'] or 0:>9.2f} {c['p99_us'] or 0:>9.2f}")
+    lines.append("")
+    met = report["targets_met"]
+    for name, value in report["ratios"].items():
+        mark = "" if name not in met else ("  target met" if met[name] else "  target MISSED")
+        lines.append(f"{name:48} {value:>8.3f}{mark}")
+    lines += [f"note: {k}: {v}" for k, v in report["notes"].items()]
+    return "\n".join(lines)
+
+
+@click.command("io")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--file", "file", metavar="PATH", help="Read this file or block device (read-only) instead of a temp file.")
+@click.option("--size", default="256M", show_default=True, help="Size of the temp data file (K, M, G suffixes).")
+@click.option("--seconds", default=2.0, show_default=True, type=float, help="Seconds per case.")
+def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None:
+    """io_uring engine vs os.pread, asyncio+threads and open/read/close loops."""
+    try:
+        nbytes = parse_size(size)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--size")
+    if file and not os.path.exists(file):
+        raise click.BadParameter(f"{file}: no such file or device", param_hint="--file")
+    if seconds <= 0:
+        raise click.BadParameter("must be positive", param_hint="--seconds")
+    try:
+        report = run(file, nbytes, seconds, progress=lambda m: click.echo(f"bench io: {m}", err=True))
+    except OSError as exc:
+        click.echo(f"xhagent bench io: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(report, indent=2) if as_json else _table(report))

@@ -1,0 +1,162 @@
+"""Batches on this kernel: every byte checked, more ops than entries, writes, registered
+files and buffers, SQPOLL, EOF and short reads, errors with errno and path, close in flight."""
+import errno
+import os
+import random
+from array import array
+
+import pytest
+
+from xhagent.io import BufferPool, Ring, UringError, read_batch, read_many, write_batch
+from xhagent.io.ring import ffi, lib
+
+pytestmark = pytest.mark.host
+BLOCK = 4096
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("io") / "data"
+    data = random.Random(7).randbytes(4 << 20)
+    path.write_bytes(data)
+    return str(path), data
+
+
+@pytest.fixture
+def fd(data_file):
+    fd = os.open(data_file[0], os.O_RDONLY)
+    yield fd
+    os.close(fd)
+
+
+def test_stress_more_ops_than_entries_thousands_in_flight(data_file, fd):
+    path, data = data_file
+    rng = random.Random(1)
+    offsets = [rng.randrange(len(data) - BLOCK) for _ in range(20000)]  # unaligned too
+    buf = bytearray(len(offsets) * BLOCK)
+    with Ring(2048) as ring:
+        result = read_batch(ring, fd, offsets, BLOCK, buf, depth=2048, latencies=True, what=path).check()
+        assert ring.pending == 0
+    assert list(result.res) == [BLOCK] * len(offsets)
+    view = memoryview(buf)
+    for i, o in enumerate(offsets):
+        assert view[i * BLOCK:(i + 1) * BLOCK] == data[o:o + BLOCK], f"op {i} at {o}"
+    assert all(0 < ns < 10**10 for ns in result.lat_ns)
+
+
+@pytest.mark.parametrize("flags", [(), ("sqpoll",), ("single_issuer",)])
+def test_setup_flags_read_correctly(data_file, fd, flags):
+    path, data = data_file
+    offsets = [i * BLOCK for i in range(64)]
+    buf = bytearray(64 * BLOCK)
+    kw = {"sq_thread_idle_ms": 50} if "sqpoll" in flags else {}
+    with Ring(16, flags, **kw) as ring:
+        read_batch(ring, fd, offsets, BLOCK, buf).check()
+    assert bytes(buf) == data[:64 * BLOCK]
+
+
+def test_sqpoll_pinned_to_a_cpu(data_file, fd):
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    with Ring(8, ("sqpoll",), sq_thread_cpu=cpu, sq_thread_idle_ms=50) as ring:
+        buf = bytearray(BLOCK)
+        read_batch(ring, fd, [BLOCK], BLOCK, buf).check()
+    assert bytes(buf) == data_file[1][BLOCK:2 * BLOCK]
+
+
+def test_eof_and_short_reads(tmp_path):
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 5000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with Ring(8) as ring:
+            result = read_batch(ring, fd, [0, 4096, 8192], BLOCK, bytearray(3 * BLOCK))
+        assert list(result.res) == [4096, 904, 0] and result.short() == [1, 2]
+    finally:
+        os.close(fd)
+    assert read_many(str(path), [4000, 6000], 2000) == [b"x" * 1000, b""]
+
+
+def test_short_reads_from_a_pipe_are_resubmitted_until_full():
+    r, w = os.pipe()
+    try:
+        os.write(w, b"a" * 3000)  # a pipe read returns what is there: 3000 of 4096
+        with Ring(4) as ring:
+            import threading
+            threading.Timer(0.2, os.write, (w, b"b" * 1096)).start()
+            buf = bytearray(BLOCK)
+            result = read_batch(ring, r, [0], BLOCK, buf)  # pipes ignore the offset (-1 too)
+        assert list(result.res) == [BLOCK] and bytes(buf) == b"a" * 3000 + b"b" * 1096
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_write_batch_then_read_back(tmp_path):
+    fd = os.open(tmp_path / "w", os.O_RDWR | os.O_CREAT, 0o600)
+    data = os.urandom(256 * BLOCK)
+    try:
+        with Ring(32) as ring:
+            offsets = list(range(255 * BLOCK, -1, -BLOCK))
+            src = b"".join(data[o:o + BLOCK] for o in offsets)
+            assert list(write_batch(ring, fd, offsets, BLOCK, src).check().res) == [BLOCK] * 256
+            back = bytearray(len(data))
+            read_batch(ring, fd, range(0, len(data), BLOCK), BLOCK, back).check()
+        assert bytes(back) == data
+    finally:
+        os.close(fd)
+
+
+def test_registered_files_and_pool_as_fixed_buffers(data_file, fd):
+    data = data_file[1]
+    with Ring(16) as ring, BufferPool(4, BLOCK) as pool:
+        pool.register(ring)
+        ring.register_files([fd])
+        index, view = pool.acquire()
+        index2, view2 = pool.acquire()
+        read_batch(ring, 0, [8 * BLOCK], BLOCK, view2, fixed_file=True, fixed_buffer=index2).check()
+        assert bytes(view2) == data[8 * BLOCK:9 * BLOCK] and bytes(view) == bytes(BLOCK)
+        pool.release(index)
+        with pytest.raises(ValueError):
+            pool.release(index)
+
+
+def test_errors_carry_errno_path_and_offset(tmp_path):
+    bad_fd = 1 << 30  # beyond any fd table: EBADF (a closed fd's number may be reused)
+    with Ring(4) as ring:
+        result = read_batch(ring, bad_fd, [0, 4096], BLOCK, bytearray(2 * BLOCK), what="/some/file")
+        assert list(result.res) == [-errno.EBADF] * 2
+        with pytest.raises(UringError) as info:
+            result.check()
+    assert info.value.errno == errno.EBADF and info.value.filename == "/some/file @ offset 0"
+    with pytest.raises(ValueError, match="buffer holds"):
+        read_batch(Ring(4), 0, [0, 1], BLOCK, bytearray(BLOCK))
+
+
+def test_close_with_io_in_flight_cancels_and_waits():
+    r, w = os.pipe()
+    try:
+        ring = Ring(8)
+        buf = bytearray(64)
+        ptr = ffi.from_buffer(buf)
+        for i in range(3):  # reads of an empty pipe: in flight until cancelled
+            assert ring.prep_rw(False, r, ptr, 64, 0, i)
+        ring.submit()
+        assert ring.pending == 3
+        done = ring.cancel_all()
+        assert sorted(u for u, _ in done) == [0, 1, 2]
+        assert all(res == -errno.ECANCELED for _, res in done)
+        assert ring.prep_rw(False, r, ptr, 64, 0, 9)
+        ring.submit()
+        ring.close()  # the same, from close()
+        assert ring.closed and ring.pending == 0
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_offsets_array_used_as_is(data_file, fd):
+    offsets = array("Q", [0, BLOCK])
+    buf = bytearray(2 * BLOCK)
+    with Ring(4) as ring:
+        result = read_batch(ring, fd, offsets, BLOCK, buf)
+    assert result.offsets is offsets and bytes(buf) == data_file[1][:2 * BLOCK]

@@ -1,0 +1,87 @@
+"""The I/O engine's pure parts: read_files rounds, device polling from sysfs, O_DIRECT
+alignment, the benchmark's size parsing, summaries and ratios."""
+import errno
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from xhagent.io.bench import parse_size, ratios, summarize, targets_met
+from xhagent.io.direct import alignment_problem, device_polls, logical_block
+from xhagent.io.files import GROWTH, FileRounds
+
+
+def test_rounds_grow_a_full_buffer_and_finish_short_reads():
+    rounds = FileRounds(["a", "b", "c"], first=8)
+    assert rounds.todo() == [(0, 8), (1, 8), (2, 8)]
+    rounds.complete(0, 0, 3, b"abc\0\0\0\0\0")
+    rounds.complete(1, 0, 8, b"12345678")  # full: maybe longer
+    rounds.complete(2, -errno.ENOENT, -errno.ECANCELED, b"")
+    assert rounds.todo() == [(1, 8 * GROWTH)]
+    rounds.complete(1, 0, 10, b"1234567890" + bytes(118))
+    assert rounds.done
+    assert rounds.results[0] == b"abc" and rounds.results[1] == b"1234567890"
+    err = rounds.results[2]
+    assert isinstance(err, OSError) and err.errno == errno.ENOENT and err.filename == "c"
+
+
+def test_rounds_report_read_error_when_open_succeeded():
+    rounds = FileRounds(["/d"])
+    rounds.complete(0, 0, -errno.EISDIR, b"")
+    assert rounds.results[0].errno == errno.EISDIR and rounds.done
+
+
+def _sysfs(tmp_path, majmin, io_poll, partition=False, lbs=512):
+    disk = tmp_path / "devices/disk"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue/io_poll").write_text(f"{io_poll}\n")
+    (disk / "queue/logical_block_size").write_text(f"{lbs}\n")
+    target = disk / "part1" if partition else disk
+    target.mkdir(exist_ok=True)
+    (tmp_path / "dev/block").mkdir(parents=True)
+    (tmp_path / "dev/block" / majmin).symlink_to(target)
+    return tmp_path
+
+
+@pytest.mark.parametrize("io_poll,partition,expected", [(1, False, True), (0, False, False), (1, True, True)])
+def test_device_polls_reads_the_disk_queue(tmp_path, io_poll, partition, expected):
+    root = _sysfs(tmp_path, "259:1", io_poll, partition, lbs=4096)
+    dev = os.makedev(259, 1)
+    assert device_polls(dev, root) is expected
+    assert logical_block(dev, root) == 4096
+    assert device_polls(os.makedev(8, 0), root) is False  # unknown device: no polling
+
+
+def test_alignment_problem_names_each_misaligned_part():
+    assert alignment_problem(4096, 4096, 8192, 512) is None
+    msg = alignment_problem(100, 4096, 8193, 512)
+    assert "offset 100" in msg and "buffer address 8193" in msg and "length" not in msg
+
+
+@pytest.mark.parametrize("text,value", [("1G", 1 << 30), ("256M", 256 << 20), ("64MiB", 64 << 20), ("2048K", 2 << 20)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["12X", "", "1K", "lots"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_summary_percentiles_and_ratios():
+    s = summarize(1000, 0.5, list(range(1000, 101000, 100)))
+    assert s["ops_per_s"] == 2000 and s["p50_us"] == 51.0 and s["p99_us"] == 100.0
+    cases = {"pagecache_pread": {"ops_per_s": 100, "p50_us": 1}, "pagecache_engine_qd32": {"ops_per_s": 150, "p50_us": 2},
+             "direct_engine_qd1": {"ops_per_s": 10, "p50_us": 40}, "direct_iopoll_qd1": {"ops_per_s": 12, "p50_us": 30}}
+    named = ratios(cases)
+    assert named == {"pagecache_engine_qd32_vs_pread": 1.5, "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": 0.75}
+    assert targets_met(named) == {"pagecache_engine_qd32_vs_pread": True,
+                                  "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": True}
+
+
+def test_bench_io_bad_size_is_a_clear_error():
+    from xhagent.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "io", "--size", "12X"])
+    assert res.exit_code == 2 and "--size" in res.output and "Traceback" not in res.output
