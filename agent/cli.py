@@ -15,16 +15,18 @@ from . import __version__
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
     "bench": "xhagent.cli:bench",
-    "inventory": "xhagent.inventory.cli:inventory",
-    "trace": "xhagent.trace.cli:trace",
     "policy": "xhagent.policy.cli:policy",
     "simulate": "xhagent.sched.simulate:simulate_command",
+    "cgroup": "xhagent.cgroup_cli:cgroup",
+    "trace": "xhagent.trace.cli:trace",
+    "inventory": "xhagent.inventory.cli:inventory",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
-    "trace": "xhagent.trace.bench:bench_trace",
     "io": "xhagent.io.bench:bench_io",
     "sched": "xhagent.sched.bench:bench_sched",
+    "cgroup-io": "xhagent.cgroup_bench:bench_cgroup_io",
+    "trace": "xhagent.trace.bench:bench_trace",
 }
 
 

@@ -1,8 +1,16 @@
-"""The cgroup v2 library: discovery of the hierarchy and operations on groups.
+"""The cgroup v2 library: discovery of the hierarchy and operations on groups, the
+registry of cgroup files, CgroupPolicy files and the reconciler that applies them.
 
 Usable on its own as `xhagent.cgroups`.
 """
 from .group import Cgroup, CgroupError
 from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover, fs_magic, parse_mountinfo
+from .policy import Policy, load_policy, load_policy_text
+from .reconcile import Actual, Options, Plan, plan
+from .state import ApplyReport, apply, read_actual
+from .stats import read_stats
+from .subtree import DEFAULT_SUBTREE, Subtree, locate
 
-__all__ = ["CGROUP2_SUPER_MAGIC", "Cgroup", "CgroupError", "Mount", "discover", "fs_magic", "parse_mountinfo"]
+__all__ = ["CGROUP2_SUPER_MAGIC", "DEFAULT_SUBTREE", "Actual", "ApplyReport", "Cgroup", "CgroupError", "Mount",
+           "Options", "Plan", "Policy", "Subtree", "apply", "discover", "fs_magic", "load_policy",
+           "load_policy_text", "locate", "parse_mountinfo", "plan", "read_actual", "read_stats"]

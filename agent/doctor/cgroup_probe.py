@@ -8,13 +8,14 @@ from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
 from ..cgroups.mounts import discover
+from ..cgroups.subtree import DEFAULT_SUBTREE
 from .report import Item, fail, ok
 
 # The controllers the agent's cgroup policies write to.
 WANTED = ("cpu", "cpuset", "io", "memory", "pids")
 # cgroup v1 names of the same controllers, where they differ.
 V1_NAMES = {"io": "blkio"}
-PROBE_PARENT = "xhagent.slice"
+PROBE_PARENT = DEFAULT_SUBTREE
 
 
 def _controllers_item(root: Cgroup, v1: tuple[str, ...]) -> Item:

@@ -1,0 +1,244 @@
+"""Desired tree (a Policy) against actual tree (read from the kernel) -> ordered actions.
+
+The planner is pure: it sees the kernel only through an `Actual` snapshot, so plans and
+their ordering are tested on plain data. Order of a plan:
+
+1. create missing groups, parents first;
+2. enable controllers in `cgroup.subtree_control` top-down; a group holding processes
+   first has them moved into a leaf child when a domain controller is enabled below it
+   (no internal processes);
+3. switch io.cost on for devices that get per-device weights (only when allowed);
+4. writes that loosen a limit (or are neutral, like weights) top-down, then writes that
+   tighten one bottom-up; within a group, registry `order` breaks ties (cpu.max before
+   cpu.max.burst when loosening, after it when tightening);
+5. with prune, remove undeclared groups bottom-up, only when empty.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import io_weight
+from . import registry as R
+from .policy import Policy
+
+ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable and io-cost go there
+SUBTREE = ""  # the subtree's own directory
+
+
+@dataclass
+class ActualGroup:
+    controllers: list[str] = field(default_factory=list)  # cgroup.controllers
+    subtree_control: list[str] = field(default_factory=list)
+    procs: list[int] = field(default_factory=list)
+    populated: bool = False
+    values: dict[str, Any] = field(default_factory=dict)  # registry file name -> parsed value
+
+
+@dataclass
+class Actual:
+    """What the kernel has now, as far as a plan needs it."""
+    root_controllers: list[str]  # offered by the cgroup2 root
+    parent_subtree_control: list[str]  # of the subtree's parent: what is delegated to it
+    groups: dict[str, ActualGroup]  # relative to the subtree; SUBTREE when it exists
+    subtree_is_top_level: bool = True  # its parent is the cgroup2 root
+    systemd_root: bool = False  # systemd manages the root: never write it
+    io_cost_enabled: set[str] = field(default_factory=set)
+    schedulers: dict[str, str | None] = field(default_factory=dict)  # MAJ:MIN -> scheduler
+    unsupported: set[str] = field(default_factory=set)  # registry files absent here
+    mode: str = "unified"
+    v1_controllers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Options:
+    own_root: bool = False  # may enable controllers in the cgroup2 root's subtree_control
+    enable_io_cost: bool = False  # may write `MAJ:MIN enable=1` to the root's io.cost.qos
+    prune: bool = False
+    leaf: str = "leaf"  # where processes of an inner group are moved
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # create | move-procs | enable | io-cost | write | delete
+    group: str  # relative to the subtree; ROOT for the cgroup2 root
+    file: str | None = None
+    value: Any = None  # what is written (parsed form; registry formats it)
+    old: Any = None
+    phase: str = ""  # loosen | tighten, for writes
+
+    def describe(self) -> str:
+        where = "<cgroup2 root>" if self.group == ROOT else (self.group or "<subtree>")
+        if self.kind == "write":
+            return f"write {where} {self.file} = {_show(self.value)} (was {_show(self.old)}; {self.phase})"
+        if self.kind == "enable":
+            return f"enable {where} +{' +'.join(self.value)}"
+        if self.kind == "io-cost":
+            return f"io-cost {self.value} enable=1"
+        if self.kind == "move-procs":
+            return f"move-procs {where} -> {self.value}"
+        return f"{self.kind} {where}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
+                if k in ("kind", "group") or v not in (None, "")}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, tuple):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the plan must not be applied
+    warnings: list[str] = field(default_factory=list)
+    enforcers: dict[str, io_weight.Enforcer] = field(default_factory=dict)  # MAJ:MIN -> enforcer
+    undeclared: list[str] = field(default_factory=list)  # groups present but not in the policy
+
+    @property
+    def writes(self) -> list[Action]:
+        return [a for a in self.actions if a.kind == "write"]
+
+    @property
+    def drift(self) -> list[Action]:
+        """Values of existing groups that differ from the policy."""
+        return [a for a in self.writes if a.old is not None]
+
+
+def plan(policy: Policy, actual: Actual, options: Options = Options()) -> Plan:
+    out = Plan()
+    _check_support(policy, actual, out)
+    if out.errors:
+        return out
+    if SUBTREE not in actual.groups:
+        out.actions.append(Action("create", SUBTREE))
+    out.actions += [Action("create", g.path) for g in policy.groups if g.path not in actual.groups]
+    _controllers(policy, actual, options, out)
+    desired = _io_enforcement(policy, actual, options, out)
+    _writes(policy, desired, actual, out)
+    _prune(policy, actual, options, out)
+    if out.errors:
+        out.actions = []  # a plan with errors is never applied, not even in part
+    return out
+
+
+def _check_support(policy: Policy, actual: Actual, out: Plan) -> None:
+    for controller, groups in policy.controllers().items():
+        if controller not in actual.root_controllers:
+            held = " (held by a cgroup v1 hierarchy)" if controller in actual.v1_controllers or \
+                (controller == "io" and "blkio" in actual.v1_controllers) else ""
+            files = [f"{f} ({g.where[f]})" for g in policy.groups if g.path in groups for f in g.settings
+                     if R.BY_NAME[f].controller == controller]
+            out.errors.append(f"controller {controller} is not available in cgroup2 on this node{held}; "
+                              f"cgroup2 offers [{' '.join(actual.root_controllers)}] (mode {actual.mode}); "
+                              f"the policy sets {', '.join(files)}")
+    for g in policy.groups:
+        for name in g.settings:
+            if name in actual.unsupported and R.BY_NAME[name].controller in actual.root_controllers:
+                out.errors.append(f"{g.where.get(name, g.path)}: {name} is not supported by this kernel")
+
+
+def _ancestors(path: str) -> list[str]:
+    """The subtree and every group above `path`, top-down (not `path` itself)."""
+    parts = path.split("/")
+    return [SUBTREE] + ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _controllers(policy: Policy, actual: Actual, options: Options, out: Plan) -> None:
+    need: dict[str, set[str]] = {}  # group -> controllers its subtree_control must hold
+    for controller, groups in policy.controllers().items():
+        for g in groups:
+            for a in _ancestors(g):
+                need.setdefault(a, set()).add(controller)
+    delegated = need.get(SUBTREE, set()) - set(actual.parent_subtree_control)
+    if delegated:
+        if actual.subtree_is_top_level and options.own_root and not actual.systemd_root:
+            out.actions.append(Action("enable", ROOT, R.SUBTREE_CONTROL.name, tuple(sorted(delegated))))
+        else:
+            why = ("systemd manages the cgroup2 root" if actual.systemd_root
+                   else "pass --own-root to enable them at the cgroup2 root" if actual.subtree_is_top_level
+                   else "the subtree's parent must delegate them")
+            out.errors.append(f"controllers {' '.join(sorted(delegated))} are not enabled for the subtree "
+                              f"(its parent's cgroup.subtree_control lacks them): {why}")
+            return
+    for path in [SUBTREE, *(g.path for g in policy.groups)]:
+        have = actual.groups.get(path, ActualGroup())
+        missing = tuple(sorted(need.get(path, set()) - set(have.subtree_control)))
+        if not missing:
+            continue
+        if have.procs and any(c not in R.THREADED_CONTROLLERS for c in missing):
+            leaf = f"{path}/{options.leaf}" if path else options.leaf
+            out.actions.append(Action("move-procs", path, R.PROCS.name, leaf))
+        out.actions.append(Action("enable", path, R.SUBTREE_CONTROL.name, missing))
+
+
+def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan) -> dict[str, dict[str, Any]]:
+    """Desired settings per group, with per-device io weights kept only where something
+    enforces them (io.cost, or BFQ through io.bfq.weight); the rest become warnings."""
+    desired = {g.path: dict(g.settings) for g in policy.groups}
+    may_enable = options.enable_io_cost and not actual.systemd_root
+    for g in policy.groups:
+        weights = g.settings.get(R.IO_WEIGHT.name)
+        if not weights:
+            continue
+        bfq: dict[str, int] = {}
+        for dev in (d for d in weights if d != "default"):
+            if dev not in out.enforcers:
+                out.enforcers[dev] = io_weight.enforcer(dev, actual.io_cost_enabled, actual.schedulers.get(dev), may_enable)
+                if may_enable and dev not in actual.io_cost_enabled:
+                    out.actions.append(Action("io-cost", ROOT, R.IO_COST_QOS.name, dev))
+            enf = out.enforcers[dev]
+            if enf.name == io_weight.BFQ:
+                bfq[dev] = io_weight.bfq_weight(weights[dev])
+            if enf.name != io_weight.IO_COST:
+                # The kernel refuses (EOPNOTSUPP) or ignores a per-device io.weight line here.
+                desired[g.path][R.IO_WEIGHT.name] = {k: w for k, w in desired[g.path][R.IO_WEIGHT.name].items() if k != dev}
+            if enf.name == io_weight.NONE:
+                out.warnings.append(f"{g.where.get(R.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
+                                    f"{g.devices.get(dev, dev)} ({dev}) is not applied: {enf.note}")
+        if bfq and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
+            desired[g.path][R.IO_BFQ_WEIGHT.name] = {"default": io_weight.bfq_weight(weights.get("default", 100)), **bfq}
+    return desired
+
+
+def _writes(policy: Policy, desired: dict[str, dict[str, Any]], actual: Actual, out: Plan) -> None:
+    loosen, tighten = [], []
+    for g in policy.groups:
+        have = actual.groups.get(g.path)
+        for name, want in desired[g.path].items():
+            f = R.BY_NAME[name]
+            old = have.values.get(name) if have else None
+            if old is not None and f.matches(old, want):
+                continue
+            if isinstance(want, dict) and isinstance(old, dict):  # keyed files: only the entries that differ
+                want = {k: w for k, w in want.items() if not f.matches(old, {k: w})}
+            if want == {}:
+                continue
+            phase = "loosen" if old is None else f.direction(old, want)
+            action = Action("write", g.path, name, want, old, phase)
+            (loosen if phase == "loosen" else tighten).append((g.depth, f.order, action))
+    out.actions += [a for *_, a in sorted(loosen, key=lambda t: (t[0], t[1]))]
+    out.actions += [a for *_, a in sorted(tighten, key=lambda t: (-t[0], -t[1]))]
+
+
+def _prune(policy: Policy, actual: Actual, options: Options, out: Plan) -> None:
+    declared = {g.path for g in policy.groups}
+    leaves = {f"{p}/{options.leaf}" if p else options.leaf for p in [SUBTREE, *declared]}
+    extra = [p for p in actual.groups if p not in declared and p != SUBTREE and p not in leaves]
+    out.undeclared = extra
+    if not options.prune:
+        return
+    blocked: set[str] = set()
+    for path in sorted(extra, key=lambda p: -p.count("/")):
+        busy = actual.groups[path].populated or any(c.startswith(path + "/") for c in blocked) \
+            or any(c.startswith(path + "/") for c in actual.groups if c not in extra)
+        if busy:
+            blocked.add(path)
+            out.warnings.append(f"{path}: not removed, it still holds processes or kept groups")
+        else:
+            out.actions.append(Action("delete", path))

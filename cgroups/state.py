@@ -1,0 +1,116 @@
+"""Reading the actual tree for the planner, and applying a plan to the kernel."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import io_weight
+from . import registry as R
+from .group import Cgroup, CgroupError
+from .mounts import Hierarchy
+from .policy import Policy
+from .reconcile import ROOT, Action, Actual, ActualGroup, Plan
+from .subtree import Subtree, systemd_manages_root
+
+
+def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
+    values = {}
+    for f in files:
+        if cg.has(f):
+            values[f.name] = cg.get(f)
+    return ActualGroup(cg.controllers(), cg.subtree_control(), cg.procs(),
+                       bool(cg.events().get("populated")), values)
+
+
+def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None,
+                sys_root: Path = Path("/sys")) -> Actual:
+    top = sub.top
+    support = R.Support(top.path)
+    files = [f for f in R.SETTINGS + (R.IO_BFQ_WEIGHT,) if support.supported(f)]
+    groups = {}
+    if sub.path.is_dir():
+        groups[""] = read_group(sub.root, [])
+        for rel in sub.walk():
+            groups[rel] = read_group(sub.group(rel), files)
+    parent = Cgroup(sub.path.parent)
+    devices = {d for g in policy.groups for d in g.devices}
+    qos = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
+    return Actual(
+        root_controllers=top.controllers(),
+        parent_subtree_control=parent.subtree_control(),
+        groups=groups,
+        subtree_is_top_level=sub.path.parent == top.path,
+        systemd_root=systemd_manages_root(top.path),
+        io_cost_enabled=io_weight.io_cost_enabled(qos),
+        schedulers={d: io_weight.scheduler(d, sys_root) for d in devices},
+        unsupported={f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)},
+        mode=hierarchy.mode if hierarchy else "unified",
+        v1_controllers=hierarchy.v1_controllers if hierarchy else (),
+    )
+
+
+@dataclass
+class ApplyReport:
+    applied: list[Action] = field(default_factory=list)
+    failed: tuple[Action, str] | None = None
+    not_applied: list[Action] = field(default_factory=list)
+    moved: dict[str, list[int]] = field(default_factory=dict)  # group -> pids moved into its leaf
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "applied": [a.as_dict() for a in self.applied],
+                "failed": {"action": self.failed[0].as_dict(), "error": self.failed[1]} if self.failed else None,
+                "not_applied": [a.as_dict() for a in self.not_applied]}
+
+
+def apply(plan: Plan, sub: Subtree) -> ApplyReport:
+    """Run the plan's actions in order; stop at the first refusal. Every write is read
+    back: a value the kernel accepted but did not keep counts as a refusal."""
+    report = ApplyReport()
+    if plan.errors:
+        report.not_applied = list(plan.actions)
+        return report
+    for i, action in enumerate(plan.actions):
+        try:
+            _run(action, sub, report)
+        except (CgroupError, ValueError) as exc:
+            report.failed = (action, str(exc))
+            report.not_applied = plan.actions[i + 1:]
+            return report
+        report.applied.append(action)
+    return report
+
+
+def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
+    if action.group == ROOT:
+        if action.kind == "enable":
+            sub.top.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
+        elif action.kind == "io-cost":
+            sub.top.write(R.IO_COST_QOS.name, f"{action.value} enable=1")
+            if action.value not in io_weight.io_cost_enabled(sub.top.read(R.IO_COST_QOS.name)):
+                raise CgroupError(0, f"{sub.top.path / R.IO_COST_QOS.name}: {action.value} enable=1 did not read back")
+        else:
+            raise ValueError(f"{action.kind} is not allowed at the cgroup2 root")
+        return
+    cg = sub.group(action.group)
+    if action.kind == "create":
+        cg.create()
+    elif action.kind == "delete":
+        cg.remove()
+    elif action.kind == "move-procs":
+        report.moved[action.group] = cg.move_procs_to(sub.group(action.value))
+    elif action.kind == "enable":
+        cg.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
+    elif action.kind == "write":
+        f = R.BY_NAME[action.file]
+        cg.set(f, action.value)
+        back = cg.get(f)
+        if not f.matches(back, action.value):
+            raise CgroupError(0, f"{cg.path / f.name}: the kernel accepted {action.value} "
+                                 f"but reads back {back}")
+    else:
+        raise ValueError(f"unknown action {action.kind}")

@@ -1,0 +1,48 @@
+"""Statistics of groups (cpu.stat, io.stat, memory.*, pressure), read in one batch.
+
+The io engine's `read_files` (io_uring, many small reads in one submission) is used when
+the installed agent has it; otherwise each file is read with a plain read.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import registry as R
+from .group import Cgroup
+
+try:
+    from ..io import read_files as _batched  # type: ignore[attr-defined]
+except ImportError:  # the io engine is optional for the cgroup library
+    _batched = None
+
+
+def _plain(paths: list[Path]) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for p in paths:
+        try:
+            out.append(p.read_bytes())
+        except OSError:
+            out.append(None)
+    return out
+
+
+def read_many(paths: list[Path]) -> list[bytes | None]:
+    """The contents of each path (None where it cannot be read)."""
+    if _batched is not None:
+        try:
+            return [None if isinstance(r, Exception) or r is None else bytes(r) for r in _batched(paths)]
+        except (OSError, RuntimeError):
+            pass  # no ring here (old kernel, seccomp): plain reads below
+    return _plain(paths)
+
+
+def read_stats(groups: list[Cgroup], files: tuple[R.CgroupFile, ...] = R.STATS) -> list[dict[str, Any]]:
+    """For each group, {file name: parsed value} of the statistics files it has."""
+    wanted = [(i, f, g.path / f.name) for i, g in enumerate(groups) for f in files]
+    raw = read_many([p for *_, p in wanted])
+    out: list[dict[str, Any]] = [{} for _ in groups]
+    for (i, f, _), data in zip(wanted, raw):
+        if data is not None:
+            out[i][f.name] = f.parse(data.decode())
+    return out

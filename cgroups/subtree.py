@@ -1,0 +1,105 @@
+"""The delegated subtree: the part of the cgroup2 tree the agent may write to.
+
+Default `xhagent.slice` under the cgroup2 root. Group names are validated and every
+path is resolved (symlinks included) and must stay inside the subtree; the only writes
+outside it are the cgroup2 root's controller and io.cost switches, and only when the
+caller says the agent owns the root.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .group import Cgroup, CgroupError
+from .mounts import Hierarchy, discover
+
+DEFAULT_SUBTREE = "xhagent.slice"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}$")
+_CONTROLLER_PREFIXES = ("cgroup", "cpu", "cpuset", "io", "memory", "pids", "hugetlb", "rdma", "misc")
+
+def check_name(name: str) -> str:
+    """One path component of a group name; a reason in ValueError otherwise."""
+    if name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is not a group name")
+    if not _NAME_RE.match(name):
+        raise ValueError(f"{name!r}: a group name is letters, digits and _ . @ - (not starting with . @ or -)")
+    if name.split(".")[0] in _CONTROLLER_PREFIXES and "." in name:
+        raise ValueError(f"{name!r} would clash with the kernel's {name.split('.')[0]}.* interface files")
+    return name
+
+def check_group_path(path: str) -> str:
+    """A relative group path (`a/b`): every component checked, no absolute path."""
+    if path.startswith("/"):
+        raise ValueError(f"{path!r}: group paths are relative to the agent's subtree")
+    for part in path.split("/"):
+        check_name(part)
+    return path
+
+@dataclass(frozen=True)
+class Subtree:
+    mount: Path  # the cgroup2 root
+    rel: str  # the subtree, relative to the mount ("" for the root itself)
+
+    @property
+    def path(self) -> Path:
+        return self.mount / self.rel if self.rel else self.mount
+
+    @property
+    def root(self) -> Cgroup:
+        return Cgroup(self.path)
+
+    @property
+    def top(self) -> Cgroup:
+        return Cgroup(self.mount)
+
+    def resolve(self, group: str) -> Path:
+        """The directory of `group` (relative to the subtree; "" is the subtree itself),
+        refused with ValueError when it would land outside the subtree."""
+        if group:
+            check_group_path(group)
+        target = self.path / group if group else self.path
+        real_base = Path(os.path.realpath(self.path))
+        real = Path(os.path.realpath(target))
+        if real != real_base and real_base not in real.parents:
+            raise ValueError(f"{group!r} resolves to {real}, outside the subtree {real_base}")
+        return target
+
+    def group(self, group: str) -> Cgroup:
+        return Cgroup(self.resolve(group))
+
+    def ensure(self) -> Cgroup:
+        """The subtree's own directory, created when missing."""
+        if not self.path.exists():
+            self.root.create()
+        return self.root
+
+    def walk(self) -> list[str]:
+        """Every existing group below the subtree, parents before children, as relative paths."""
+        out: list[str] = []
+        if not self.path.is_dir():
+            return out
+
+        def visit(path: Path, rel: str) -> None:
+            for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()):
+                name = f"{rel}/{child.name}" if rel else child.name
+                out.append(name)
+                visit(child, name)
+        visit(self.path, "")
+        return out
+
+def locate(subtree: str = DEFAULT_SUBTREE, hierarchy: Hierarchy | None = None) -> Subtree:
+    """The subtree in this mount namespace's cgroup2 hierarchy (CgroupError if none)."""
+    hier = hierarchy or discover()
+    if hier.unified is None:
+        raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
+    rel = subtree.strip("/")
+    if rel:
+        check_group_path(rel)
+    return Subtree(Path(hier.unified.path), rel)
+
+
+def systemd_manages_root(mount: Path) -> bool:
+    """systemd puts PID 1 in init.scope; the agent must then never write the root."""
+    return (mount / "init.scope").is_dir()

@@ -1,0 +1,187 @@
+"""Parsers, validators and formatters for the values cgroup files hold.
+
+A validator takes what a user wrote (YAML scalar) and returns the canonical value, the
+same value `parse` returns for the kernel's text of a file that holds it, so comparing
+desired and actual is plain equality. Anything invalid raises ValueError with a reason.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..doctor.system_probe import parse_cpulist
+
+MAX = "max"
+PAGE = 4096
+WEIGHT_RANGE = (1, 10000)
+_SUFFIX = {"": 1, "k": 1 << 10, "ki": 1 << 10, "m": 1 << 20, "mi": 1 << 20,
+           "g": 1 << 30, "gi": 1 << 30, "t": 1 << 40, "ti": 1 << 40}
+_BYTES_RE = re.compile(r"^\s*(\d+)\s*([kmgtKMGT]i?)?\s*$")
+_CPULIST_RE = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
+_MAJMIN_RE = re.compile(r"^\d+:\d+$")
+
+
+def int_range(lo: int, hi: int):
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            value = _int(value)
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is out of range {lo}..{hi}")
+        return value
+    return check
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise ValueError("expected an integer")
+
+
+weight = int_range(*WEIGHT_RANGE)
+
+
+def boolean01(value: Any) -> int:
+    """cpu.idle and the like: true/false or 0/1, held as 0 or 1."""
+    if value in (0, 1, "0", "1", True, False):
+        return int(value)
+    raise ValueError("expected true, false, 0 or 1")
+
+
+def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
+    """`max`, an integer, or a size with a K/Ki/M/Mi/G/Gi/T/Ti suffix (all powers of 1024,
+    as the kernel's memparse reads them). Memory limits are held in pages by the kernel,
+    so they read back rounded down to a page: the canonical value is rounded the same way."""
+    if value == MAX:
+        return MAX
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512Mi, 4Gi or max")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _BYTES_RE.match(str(value))
+        if not match:
+            raise ValueError("expected a size such as 512Mi, 4Gi or max")
+        size = int(match[1]) * _SUFFIX[(match[2] or "").lower()]
+    if size < 0:
+        raise ValueError("a size cannot be negative")
+    return size - size % PAGE if page_round else size
+
+
+def count_or_max(value: Any) -> int | str:
+    """pids.max and io.max's iops: `max` or a non-negative integer."""
+    if value == MAX:
+        return MAX
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return _int(value)
+
+
+def cpu_max(value: Any) -> tuple[int | str, int]:
+    """`max`, `QUOTA` or `QUOTA PERIOD` (microseconds), held as (quota or max, period)."""
+    parts = str(value).split()
+    if not 1 <= len(parts) <= 2:
+        raise ValueError("expected 'max', 'QUOTA' or 'QUOTA PERIOD' in microseconds")
+    quota: int | str = MAX if parts[0] == MAX else _int(parts[0])
+    period = _int(parts[1]) if len(parts) == 2 else 100_000
+    if not 1000 <= period <= 1_000_000:
+        raise ValueError(f"period {period} is out of range 1000..1000000 microseconds")
+    if quota != MAX and quota < 1000:
+        raise ValueError(f"quota {quota} is below the kernel's minimum of 1000 microseconds")
+    return quota, period
+
+
+def format_cpu_max(value: tuple[int | str, int]) -> str:
+    return f"{value[0]} {value[1]}"
+
+
+def cpulist(value: Any) -> str:
+    """A cpu or node list (`0-3,8`), held in the kernel's compressed form (`0-3,8`)."""
+    text = str(value).strip().replace(" ", "")
+    if text == "":
+        return ""
+    if not _CPULIST_RE.match(text):
+        raise ValueError("expected a list such as 0-3,8")
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise ValueError(f"range {part} goes backwards")
+    return compress(parse_cpulist(text))
+
+
+def compress(ids: list[int]) -> str:
+    ids = sorted(set(ids))
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+PARTITIONS = ("member", "root", "isolated")
+
+
+def partition(value: Any) -> str:
+    if value not in PARTITIONS:
+        raise ValueError(f"expected one of {', '.join(PARTITIONS)}")
+    return value
+
+
+def majmin(value: str) -> str:
+    if not _MAJMIN_RE.match(value):
+        raise ValueError("expected MAJ:MIN")
+    return value
+
+
+# -- kernel text ------------------------------------------------------------------------
+def parse_scalar(text: str) -> int | float | str:
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)  # pressure averages
+    except ValueError:
+        return text
+
+
+def parse_flat_keyed(text: str) -> dict[str, int | str]:
+    """`key value` lines (cgroup.events, cpu.stat, memory.stat, memory.events)."""
+    out: dict[str, int | str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key:
+            out[key] = parse_scalar(value)
+    return out
+
+
+def parse_nested_keyed(text: str) -> dict[str, dict[str, int | str]]:
+    """`name key=value ...` lines (io.stat, io.max, pressure files)."""
+    out: dict[str, dict[str, int | str]] = {}
+    for line in text.splitlines():
+        name, *pairs = line.split()
+        out[name] = {k: parse_scalar(v) for k, _, v in (p.partition("=") for p in pairs)}
+    return out
+
+
+def parse_weight_file(text: str) -> dict[str, int]:
+    """io.weight / io.bfq.weight: `default N` then `MAJ:MIN W` lines."""
+    return {key: int(value) for key, value in (line.split() for line in text.splitlines() if line.strip())}
+
+
+def format_weight_lines(value: dict[str, int]) -> list[str]:
+    return [f"{key} {w}" for key, w in value.items()]
+
+
+def format_io_max_lines(value: dict[str, dict[str, int | str]]) -> list[str]:
+    return [dev + " " + " ".join(f"{k}={v}" for k, v in limits.items()) for dev, limits in value.items()]
+
+
+def word(text: str) -> str:
+    """The first word: cpuset.cpus.partition reads `root invalid (reason)` when refused."""
+    return text.split()[0] if text.split() else ""
+
+
+def as_number(value: int | str) -> float:
+    """For ordering limits: `max` is larger than any number."""
+    return float("inf") if value == MAX else float(value)

@@ -1,0 +1,68 @@
+"""CgroupPolicy files: what they mean, and FILE:LINE:COL errors for what they must not say."""
+from pathlib import Path
+
+import pytest
+
+from xhagent.cgroups.policy import load_policy, load_policy_text
+from xhagent.spec import SpecError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "configs/examples/cgroup-policy.yaml"
+HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: t}\nspec:\n  groups:\n"
+
+
+@pytest.fixture
+def sys_root(tmp_path):
+    for name, dev in (("nvme0n1", "259:0"), ("vda", "254:0")):
+        (tmp_path / "block" / name).mkdir(parents=True)
+        (tmp_path / "block" / name / "dev").write_text(dev + "\n")
+    return tmp_path
+
+
+def load(groups, sys_root):
+    return load_policy_text(HEAD + groups, "p.yaml", sys_root)
+
+
+def test_the_example_resolves_devices_and_flattens_groups(sys_root):
+    policy = load_policy(EXAMPLE, sys_root)
+    assert policy.name == "io-classes"
+    assert [g.path for g in policy.groups] == ["latency-critical", "latency-critical/web", "batch"]
+    lc = policy.groups[0]
+    assert lc.settings == {"io.weight": {"default": 500, "259:0": 800}, "cpu.weight": 400,
+                           "cpu.max": (50000, 100000), "cpuset.cpus": "0-1", "cpuset.mems": "0",
+                           "memory.high": 3 << 30, "memory.max": 4 << 30}
+    assert lc.devices == {"259:0": "nvme0n1"}
+    assert policy.groups[2].settings == {"io.weight": {"default": 100}, "pids.max": 4096}
+    assert set(policy.controllers()) == {"io", "cpu", "cpuset", "memory", "pids"}
+
+
+@pytest.mark.parametrize("groups, message", [
+    ("    - name: a\n      cpu: {wieght: 400}\n",
+     "p.yaml:7:13: unknown field 'spec.groups.cpu.wieght' (did you mean 'weight'?)"),
+    ("    - name: a\n      io: {weight: 0}\n",
+     "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): 0 is out of range 1..10000"),
+    ("    - name: a\n      cpuset: {cpus: 3-1}\n",
+     "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: range 3-1 goes backwards"),
+    ("    - name: a\n      io: {devices: {nvme0n2: 800}}\n",
+     "p.yaml:7:22: spec.groups.0.io.devices: no block device 'nvme0n2' on this node (did you mean 'nvme0n1'?); devices: nvme0n1, vda"),
+    ("    - name: a\n      memory: {max: 4GB}\n",
+     "p.yaml:7:21: spec.groups.0.memory.max: '4GB' is not a valid limit: expected a size such as 512Mi, 4Gi or max"),
+    ("    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
+     "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 (the kernel refuses it)"),
+    ("    - name: ../etc\n",
+     "p.yaml:6:13: spec.groups.0.name: '../etc' is not a valid group name: '../etc': a group name is letters, digits and _ . @ - (not starting with . @ or -)"),
+    ("    - name: a\n    - name: a\n",
+     "p.yaml:7:13: group 'a' is declared twice"),
+    ("    - name: a\n      memroy: {max: 1Gi}\n",
+     "p.yaml:7:7: unknown field 'spec.groups.memroy' (did you mean 'memory'?)"),
+])
+def test_errors_are_located(groups, message, sys_root):
+    with pytest.raises(SpecError) as info:
+        load(groups, sys_root)
+    assert str(info.value) == message
+
+
+def test_wrong_api_version_and_kind(sys_root):
+    with pytest.raises(SpecError, match=r"^p.yaml:1:13: apiVersion: 'v2' is not one of xh.scheduling/v1"):
+        load_policy_text("apiVersion: v2\nkind: CgroupPolicy\nspec: {groups: []}\n", "p.yaml", sys_root)
+    with pytest.raises(SpecError, match="expected exactly one CgroupPolicy document, found 0"):
+        load_policy_text("kind: Task\n", "p.yaml", sys_root)
