@@ -47,7 +47,9 @@ def run_xhagent(rounds: int, path: str, pin: str, events: tuple[str, ...] | None
 def perf_command(perf: str, data: str, command: list[str]) -> list[str]:
     """perf needs tracefs for sched:sched_switch; mount it in a private mount
     namespace when the host has not (nothing changes outside that namespace)."""
-    cmd = [perf, "record", "-q", "-e", "sched:sched_switch", "-a", "-o", data, "--", *command]
+    # 8 MiB per CPU: perf's default buffer loses events on a loaded 2-CPU machine, and a
+    # baseline that drops events would flatter neither side. Not -q: its "lost" lines count.
+    cmd = [perf, "record", "-m", "2048", "-e", "sched:sched_switch", "-a", "-o", data, "--", *command]
     if os.path.isdir(os.path.join(TRACEFS, "events")):
         return cmd
     return ["unshare", "-m", "--", "sh", "-c", f'mount -t tracefs nodev {TRACEFS} && exec "$@"', "sh", *cmd]

@@ -181,11 +181,14 @@ def test_perf_agrees(tmp_path, run_xhagent):
     work = json_lines(res.stdout)[0]
     pids = {work["ping"], work["pong"]}
     script = subprocess.run(["perf", "script", "-i", data], capture_output=True, text=True, check=True)
+    # Compare the switches *out of* ping and pong: on this kernel perf records no switch
+    # out of the idle task of CPU 1 (swapper/1 -> task), which xhagent does see, so
+    # counts that include idle->task switches differ by design, not by loss.
     perf_n = 0
     for line in script.stdout.splitlines():
-        m = re.search(r"prev_pid=(\d+) .* next_pid=(\d+)", line)
-        if m and (int(m.group(1)) in pids or int(m.group(2)) in pids):
+        m = re.search(r"prev_pid=(\d+) ", line)
+        if m and int(m.group(1)) in pids:
             perf_n += 1
-    ours = len(pair_switches(TraceFile(path), pids))
+    ours = len([e for e in pair_switches(TraceFile(path), pids) if e.prev_pid in pids])
     assert perf_n > ROUNDS
     assert abs(ours - perf_n) <= 0.01 * perf_n, (ours, perf_n)
