@@ -15,17 +15,17 @@ from . import __version__
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
     "bench": "xhagent.cli:bench",
+    "cgroup": "xhagent.cgroup_cli:cgroup",
+    "inventory": "xhagent.inventory.cli:inventory",
     "policy": "xhagent.policy.cli:policy",
     "simulate": "xhagent.sched.simulate:simulate_command",
-    "cgroup": "xhagent.cgroup_cli:cgroup",
     "trace": "xhagent.trace.cli:trace",
-    "inventory": "xhagent.inventory.cli:inventory",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
+    "cgroup-io": "xhagent.cgroup_bench:bench_cgroup_io",
     "io": "xhagent.io.bench:bench_io",
     "sched": "xhagent.sched.bench:bench_sched",
-    "cgroup-io": "xhagent.cgroup_bench:bench_cgroup_io",
     "trace": "xhagent.trace.bench:bench_trace",
 }
 
