@@ -128,9 +128,12 @@ def bench_cgroup_io(device: str, seconds: float, block: int, threads: int, as_js
         fail(str(exc))
     finally:
         _restore(sub, top, majmin, had_io, qos_before)
-    out["note"] = ("On an emulated NVMe disk (QEMU, software CPU emulation) the emulator's CPU is the bottleneck, "
-                   "not a device queue; io.cost (auto cost model) still throttles by weight, but a group's share "
-                   "is floored by what its own reader can issue, so small weights get more than their share.")
+    model_file = Path("/sys/block") / device / "device" / "model"
+    out["device_model"] = model_file.read_text().strip() if model_file.exists() else None
+    if out["device_model"] and "QEMU" in out["device_model"]:
+        out["note"] = ("emulated disk: the emulator's CPU, not a device queue, is the bottleneck; io.cost still "
+                       "throttles by weight, but a group's share is floored by what its own reader can issue, "
+                       "so small weights get more than their share")
     click.echo(json.dumps(out, indent=2))
 
 

@@ -130,7 +130,6 @@ def placement_speed(pending: int = 1000, large: int = 100_000, reevaluate: int =
         "reevaluate_ms": round(reeval_s * 1000, 2),
         "reevaluate_vs_target": round(reeval_s / TARGET_REEVALUATE_S, 3),
         "ok": rate >= TARGET_DECISIONS_PER_S and growth <= TARGET_GROWTH and reeval_s < TARGET_REEVALUATE_S,
-        "note": "measured on a shared machine; the lead re-measures on a quiet one",
     }
 
 

@@ -81,7 +81,7 @@ def pic_vs_edf() -> dict:
 
 
 def simulator_speed() -> dict:
-    """Jobs simulated per second (informational; noisy on a shared machine)."""
+    """Jobs simulated per second (informational: wall-clock, so it varies with the machine's load)."""
     w = workload.loads(MIXED, "<bench:mixed>")
     jobs = w.generate(1, {"cpu": 2})
     start = time.perf_counter()
