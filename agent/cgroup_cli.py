@@ -14,6 +14,7 @@ import click
 
 from .cgroups import CgroupError
 from .cgroups import registry as R
+from .cgroups.delegation import pending, settle
 from .cgroups.io_weight import device_names
 from .cgroups.mounts import discover
 from .cgroups.policy import Policy, load_policy
@@ -21,7 +22,7 @@ from .cgroups.reconcile import Options, Plan, plan as make_plan
 from .cgroups.state import apply as apply_plan
 from .cgroups.state import read_actual, read_group
 from .cgroups.stats import read_stats
-from .cgroups.subtree import DEFAULT_SUBTREE, Subtree, locate
+from .cgroups.subtree import Subtree, locate
 from .spec import SpecError
 
 
@@ -30,11 +31,23 @@ def _fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def _subtree(ctx: click.Context) -> Subtree:
+def _subtree(ctx: click.Context, settled: bool = False) -> Subtree:
+    """The discovered subtree; with `settled`, the agent first moves itself into its leaf of a
+    delegated unit cgroup (before anything enables controllers or starts processes there)."""
     try:
-        return locate(ctx.obj["subtree"], ctx.obj["hierarchy"])
+        sub = locate(ctx.obj["subtree"], ctx.obj["hierarchy"], ctx.obj["delegated"])
+        if settled and sub.agent_leaf:
+            moved = settle(sub.mount, sub.placement)
+            if moved:
+                click.echo(f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
+                           f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)", err=True)
+        return sub
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
+
+
+def _where(sub: Subtree) -> dict[str, Any]:
+    return {"subtree": str(sub.path), **(sub.placement.as_dict() if sub.placement else {})}
 
 
 def _jsonable(value: Any) -> Any:
@@ -46,12 +59,15 @@ def _jsonable(value: Any) -> Any:
 
 
 @click.group()
-@click.option("--subtree", default=DEFAULT_SUBTREE, show_default=True,
-              help="The agent's delegated subtree, relative to the cgroup2 root.")
+@click.option("--subtree", default=None,
+              help="The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
+                   "cgroup delegated to the agent, else xhagent.slice].")
+@click.option("--delegated/--not-delegated", default=None,
+              help="Whether this process's own cgroup is delegated to it [default: systemd's delegate xattr says].")
 @click.pass_context
-def cgroup(ctx: click.Context, subtree: str) -> None:
+def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
     """cgroup v2 groups under the agent's subtree, driven by CgroupPolicy files."""
-    ctx.obj = {"subtree": subtree, "hierarchy": discover()}
+    ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover()}
 
 
 def _policy_options(fn):
@@ -65,14 +81,18 @@ def _policy_options(fn):
                         help="A CgroupPolicy YAML file.")(fn)
 
 
-def _plan(ctx: click.Context, path: str, **opts: bool) -> tuple[Policy, Subtree, Plan]:
+def _plan(ctx: click.Context, path: str, settled: bool = False, **opts: bool) -> tuple[Policy, Subtree, Plan]:
     try:
         policy = load_policy(path)
     except SpecError as exc:
         _fail(str(exc), 2)
-    sub = _subtree(ctx)
+    sub = _subtree(ctx, settled)
     try:
         actual = read_actual(sub, policy, ctx.obj["hierarchy"])
+        root = actual.groups.get("")
+        if root and sub.agent_leaf:  # plan as apply will see it: the agent moved into its leaf
+            moving = set(pending(sub.mount, sub.placement))
+            root.procs = [p for p in root.procs if p not in moving]
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
     return policy, sub, make_plan(policy, actual, Options(**opts))
@@ -80,7 +100,7 @@ def _plan(ctx: click.Context, path: str, **opts: bool) -> tuple[Policy, Subtree,
 
 def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
     names = device_names()
-    return {"policy": policy.name, "subtree": str(sub.path), "errors": p.errors, "warnings": p.warnings,
+    return {"policy": policy.name, "subtree": str(sub.path), "where": _where(sub), "errors": p.errors, "warnings": p.warnings,
             "actions": [_jsonable(a.as_dict()) for a in p.actions],
             "drift": [_jsonable(a.as_dict()) for a in p.drift], "undeclared": p.undeclared,
             "enforcers": {dev: {"device": names.get(dev, dev), "enforcer": e.name, "note": e.note}
@@ -90,6 +110,7 @@ def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
 def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
     names = device_names()
     click.echo(f"policy {policy.name or policy.file} -> {sub.path}")
+    _print_where(sub)
     for err in p.errors:
         click.echo(f"  error: {err}")
     for a in p.actions:
@@ -102,6 +123,15 @@ def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
         click.echo(f"  warning: {w}")
     for u in p.undeclared:
         click.echo(f"  undeclared: {u} (--prune removes it when empty)")
+
+
+def _print_where(sub: Subtree) -> None:
+    if sub.placement:
+        click.echo(f"  where: {sub.placement.how}: {sub.placement.why}")
+        if sub.agent_leaf:
+            pids = pending(sub.mount, sub.placement)
+            click.echo(f"  agent leaf: {sub.path / sub.agent_leaf}"
+                       + (f" (apply or run moves pids {' '.join(map(str, pids))} there first)" if pids else ""))
 
 
 @cgroup.command()
@@ -123,7 +153,7 @@ def plan(ctx: click.Context, path: str, as_json: bool, **opts: bool) -> None:
 @click.pass_context
 def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, **opts: bool) -> None:
     """Make the kernel match the policy; stops at the first refusal and reports."""
-    policy, sub, p = _plan(ctx, path, **opts)
+    policy, sub, p = _plan(ctx, path, settled=not dry_run, **opts)
     if dry_run or p.errors:
         if as_json:
             click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
@@ -173,8 +203,10 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
-        click.echo(json.dumps({"subtree": str(sub.path), "groups": out}, indent=2))
+        click.echo(json.dumps({"subtree": str(sub.path), "where": _where(sub), "groups": out}, indent=2))
         return
+    click.echo(f"subtree {sub.path}")
+    _print_where(sub)
     for rel, g in out.items():
         ev = " ".join(f"{k}={v}" for k, v in g["events"].items())
         click.echo(f"{rel}  ({ev}; procs {len(g['procs'])}; +{' +'.join(g['subtree_control']) or ' none'})")
@@ -216,7 +248,7 @@ kill = _group_cmd("kill", "SIGKILL every process in GROUP (cgroup.kill) and wait
 @click.pass_context
 def run(ctx: click.Context, group: str, command: tuple[str, ...]) -> None:
     """Start COMMAND inside GROUP and wait for it: `xhagent cgroup run GROUP -- CMD ARGS`."""
-    sub = _subtree(ctx)
+    sub = _subtree(ctx, settled=True)
     try:
         cg = sub.group(group)
     except ValueError as exc:

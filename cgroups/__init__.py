@@ -10,7 +10,8 @@ from .reconcile import Actual, Options, Plan, plan
 from .state import ApplyReport, apply, read_actual
 from .stats import read_stats
 from .subtree import DEFAULT_SUBTREE, Subtree, locate
+from .delegation import AGENT_LEAF, DelegationError, Placement  # noqa: E402 - builds on .subtree
 
-__all__ = ["CGROUP2_SUPER_MAGIC", "DEFAULT_SUBTREE", "Actual", "ApplyReport", "Cgroup", "CgroupError", "Mount",
+__all__ = ["AGENT_LEAF", "CGROUP2_SUPER_MAGIC", "DEFAULT_SUBTREE", "Actual", "DelegationError", "Placement", "ApplyReport", "Cgroup", "CgroupError", "Mount",
            "Options", "Plan", "Policy", "Subtree", "apply", "discover", "fs_magic", "load_policy",
            "load_policy_text", "locate", "parse_mountinfo", "plan", "read_actual", "read_stats"]

@@ -1,6 +1,7 @@
 """The delegated subtree: the part of the cgroup2 tree the agent may write to.
 
-Default `xhagent.slice` under the cgroup2 root. Group names are validated and every
+Where it is comes from `delegation` (an explicit path, the systemd unit cgroup delegated
+to the agent, or `xhagent.slice` under the cgroup2 root). Group names are validated and every
 path is resolved (symlinks included) and must stay inside the subtree; the only writes
 outside it are the cgroup2 root's controller and io.cost switches, and only when the
 caller says the agent owns the root.
@@ -11,11 +12,16 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy, discover
 
+if TYPE_CHECKING:
+    from .delegation import Placement
+
 DEFAULT_SUBTREE = "xhagent.slice"
+SYSTEMD_CONTROL = ".control"  # systemd's sub-cgroup of a delegated unit for its own helper commands
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}$")
 _CONTROLLER_PREFIXES = ("cgroup", "cpu", "cpuset", "io", "memory", "pids", "hugetlb", "rdma", "misc")
 
@@ -41,6 +47,11 @@ def check_group_path(path: str) -> str:
 class Subtree:
     mount: Path  # the cgroup2 root
     rel: str  # the subtree, relative to the mount ("" for the root itself)
+    placement: Placement | None = None  # how it was chosen; its leaf holds the agent itself
+
+    @property
+    def agent_leaf(self) -> str:
+        return self.placement.leaf if self.placement else ""
 
     @property
     def path(self) -> Path:
@@ -59,6 +70,8 @@ class Subtree:
         refused with ValueError when it would land outside the subtree."""
         if group:
             check_group_path(group)
+            if self.agent_leaf and group.split("/")[0] == self.agent_leaf:
+                raise ValueError(f"{group!r}: {self.agent_leaf} holds the agent's own processes, not a managed group")
         target = self.path / group if group else self.path
         real_base = Path(os.path.realpath(self.path))
         real = Path(os.path.realpath(target))
@@ -83,21 +96,32 @@ class Subtree:
 
         def visit(path: Path, rel: str) -> None:
             for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()):
+                # The agent's own leaf, and systemd's `.control` (where it runs ExecStartPost=,
+                # ExecReload= and ExecStop= of a delegated unit), are not groups we manage.
+                if not rel and child.name in (self.agent_leaf, SYSTEMD_CONTROL):
+                    continue
                 name = f"{rel}/{child.name}" if rel else child.name
                 out.append(name)
                 visit(child, name)
         visit(self.path, "")
         return out
 
-def locate(subtree: str = DEFAULT_SUBTREE, hierarchy: Hierarchy | None = None) -> Subtree:
-    """The subtree in this mount namespace's cgroup2 hierarchy (CgroupError if none)."""
+
+def locate(subtree: str | None = None, hierarchy: Hierarchy | None = None, delegated: bool | None = None,
+           **discovery) -> Subtree:
+    """The subtree in this mount namespace's cgroup2 hierarchy (CgroupError if none): `subtree`
+    when given, else discovered (delegation.discover_placement; DelegationError where systemd
+    owns the tree and delegated nothing to the agent)."""
+    from .delegation import discover_placement  # it builds on this module
+
     hier = hierarchy or discover()
     if hier.unified is None:
         raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
-    rel = subtree.strip("/")
-    if rel:
-        check_group_path(rel)
-    return Subtree(Path(hier.unified.path), rel)
+    mount = Path(hier.unified.path)
+    placement = discover_placement(mount, subtree, delegated, **discovery)
+    if placement.rel and placement.how != "delegated":  # a unit's cgroup path is the kernel's, not input
+        check_group_path(placement.rel)
+    return Subtree(mount, placement.rel, placement)
 
 
 def systemd_manages_root(mount: Path) -> bool:

@@ -1,0 +1,143 @@
+"""Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on fake trees."""
+import errno
+import os
+
+import pytest
+
+from xhagent.cgroups import delegation as D
+from xhagent.cgroups.mounts import Hierarchy, Mount
+from xhagent.cgroups.subtree import Subtree, locate
+
+UNIT = "system.slice/xhagent.service"
+
+
+def marks(*delegated, unreadable=False):
+    """A delegate-mark reader over relative paths: the given ones are marked."""
+    return lambda rel: None if unreadable else rel in delegated
+
+
+def test_without_systemd_the_default_slice_under_the_root():
+    p = D.decide("/", systemd=False, mark=marks())
+    assert (p.rel, p.how, p.leaf) == ("xhagent.slice", "default", "")
+    assert "no systemd" in p.why
+
+
+def test_a_delegated_unit_cgroup_is_the_subtree_and_the_agent_gets_a_leaf():
+    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT))
+    assert (p.rel, p.how, p.leaf) == (UNIT, "delegated", "agent.leaf")
+    assert "trusted.delegate" in p.why
+
+
+def test_after_the_move_the_leaf_is_recognised_as_the_agents_own():
+    p = D.decide(f"/{UNIT}/agent.leaf", systemd=True, mark=marks(UNIT))
+    assert (p.rel, p.leaf) == (UNIT, "agent.leaf")
+    # A leaf name under an undelegated parent is nothing special.
+    with pytest.raises(D.DelegationError):
+        D.decide(f"/{UNIT}/agent.leaf", systemd=True, mark=marks())
+
+
+def test_under_systemd_an_undelegated_cgroup_is_refused_with_what_to_do():
+    with pytest.raises(D.DelegationError) as info:
+        D.decide("/user.slice/user-0.slice/session-3.scope", systemd=True, mark=marks())
+    msg = str(info.value)
+    assert "/user.slice/user-0.slice/session-3.scope is not delegated" in msg
+    assert "Delegate=yes" in msg and "--subtree" in msg and "cannot be read" not in msg
+    with pytest.raises(D.DelegationError, match="cannot be read"):
+        D.decide(f"/{UNIT}", systemd=True, mark=marks(unreadable=True))
+
+
+def test_a_marked_cgroup_is_delegated_without_systemd_too():
+    assert D.decide(f"/{UNIT}", systemd=False, mark=marks(UNIT)).how == "delegated"
+
+
+def test_explicit_choices_win():
+    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(), subtree="/ops/agent.slice")
+    assert (p.rel, p.how, p.leaf) == ("ops/agent.slice", "option", "")
+    # --delegated where systemd sets no mark (a user manager, an old systemd, no xattrs).
+    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(unreadable=True), delegated=True)
+    assert (p.rel, p.how, p.why.count("--delegated")) == (UNIT, "delegated", 1)
+    with pytest.raises(D.DelegationError):
+        D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT), delegated=False)
+    with pytest.raises(D.DelegationError, match="cgroup2 root"):
+        D.decide("/", systemd=False, mark=marks(), delegated=True)
+    with pytest.raises(ValueError, match="not a group name|letters"):
+        D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT), leaf="../x")
+
+
+@pytest.mark.parametrize("attrs, expected", [
+    ({"trusted.delegate": b"1"}, True),
+    ({"user.delegate": b"1"}, True),
+    ({"trusted.delegate": b"0", "user.delegate": b"1"}, False),  # trusted.* decides when present
+    ({}, False),
+    (None, None),  # the filesystem keeps no xattrs
+])
+def test_delegate_mark_follows_systemds_reading(monkeypatch, attrs, expected):
+    def getxattr(path, name):
+        if attrs is None:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        if name not in attrs:
+            raise OSError(errno.ENODATA, os.strerror(errno.ENODATA))
+        return attrs[name]
+    monkeypatch.setattr(D.os, "getxattr", getxattr)
+    assert D.read_delegate_mark("/x") is expected
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A fake cgroup2 root with a systemd-style unit cgroup, a /proc/self/cgroup file and no /run/systemd/system."""
+    root = tmp_path / "cgroup"
+    (root / UNIT).mkdir(parents=True)
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text(f"0::/{UNIT}\n")
+    return root, proc, tmp_path / "run-systemd-system"
+
+
+def test_systemd_is_seen_by_init_scope_or_run_dir(tree):
+    root, _, run = tree
+    assert not D.under_systemd(root, run)
+    run.mkdir()
+    assert D.under_systemd(root, run)
+    run.rmdir()
+    (root / "init.scope").mkdir()
+    assert D.under_systemd(root, run)
+
+
+def test_discovery_reads_own_cgroup_and_its_mark(tree):
+    root, proc, run = tree
+    seen = []
+
+    def reader(path):
+        seen.append(path)
+        return path == root / UNIT
+    p = D.discover_placement(root, proc_cgroup=proc, run_dir=run, reader=reader)
+    assert (p.rel, p.how) == (UNIT, "delegated") and seen == [root / UNIT]
+    run.mkdir()
+    with pytest.raises(D.DelegationError):
+        D.discover_placement(root, proc_cgroup=proc, run_dir=run, reader=lambda path: False)
+    proc.write_text("0::/elsewhere.scope\n")  # not in this mount: nobody's delegation here
+    with pytest.raises(D.DelegationError):
+        D.discover_placement(root, proc_cgroup=proc, run_dir=run, reader=lambda path: True)
+
+
+def test_locate_binds_the_placement_and_hides_the_agents_leaf(tree):
+    root, proc, run = tree
+    (root / UNIT / "agent.leaf").mkdir()
+    (root / UNIT / "web").mkdir()
+    hier = Hierarchy((), Mount(str(root), "cgroup2"), "unified")
+    sub = locate(None, hier, proc_cgroup=proc, run_dir=run, reader=lambda path: True)
+    assert isinstance(sub, Subtree) and sub.path == root / UNIT and sub.agent_leaf == "agent.leaf"
+    assert sub.walk() == ["web"]
+    with pytest.raises(ValueError, match="agent's own processes"):
+        sub.resolve("agent.leaf/x")
+    assert sub.resolve("web") == root / UNIT / "web"
+    explicit = locate("ops.slice", hier, proc_cgroup=proc, run_dir=run, reader=lambda path: True)
+    assert (explicit.rel, explicit.placement.how, explicit.agent_leaf) == ("ops.slice", "option", "")
+    with pytest.raises(ValueError):
+        locate("../etc", hier)
+
+
+def test_walk_skips_the_agent_leaf_and_systemds_control_group(tmp_path):
+    for name in ("agent.leaf", ".control", "web", "web/api"):
+        (tmp_path / "unit" / name).mkdir(parents=True)
+    placement = D.decide("/unit", systemd=True, mark=marks("unit"))
+    assert Subtree(tmp_path, "unit", placement).walk() == ["web", "web/api"]
