@@ -182,6 +182,14 @@ def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan)
     enforces them (io.cost, or BFQ through io.bfq.weight); the rest become warnings."""
     desired = {g.path: dict(g.settings) for g in policy.groups}
     may_enable = options.enable_io_cost and not actual.systemd_root
+    # Disks BFQ schedules get every group's default weight through io.bfq.weight.
+    bfq_disks = sorted(d for d, sched in actual.schedulers.items()
+                       if sched == io_weight.BFQ and d not in actual.io_cost_enabled)
+    named = {d for g in policy.groups for d in (g.settings.get(R.IO_WEIGHT.name) or {}) if d != "default"}
+    if any(g.settings.get(R.IO_WEIGHT.name) for g in policy.groups):
+        for dev in bfq_disks:
+            if dev not in named:  # named ones get their enforcer below, io.cost possibly planned
+                out.enforcers[dev] = io_weight.enforcer(dev, actual.io_cost_enabled, io_weight.BFQ)
     for g in policy.groups:
         weights = g.settings.get(R.IO_WEIGHT.name)
         if not weights:
@@ -201,7 +209,8 @@ def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan)
             if enf.name == io_weight.NONE:
                 out.warnings.append(f"{g.where.get(R.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
                                     f"{g.devices.get(dev, dev)} ({dev}) is not applied: {enf.note}")
-        if bfq and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
+        if (bfq or any(out.enforcers[d].name == io_weight.BFQ for d in bfq_disks)) \
+                and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
             desired[g.path][R.IO_BFQ_WEIGHT.name] = {"default": io_weight.bfq_weight(weights.get("default", 100)), **bfq}
     return desired
 

@@ -34,7 +34,10 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
         for rel in sub.walk():
             groups[rel] = read_group(sub.group(rel), files)
     parent = Cgroup(sub.path.parent)
-    devices = {d for g in policy.groups for d in g.devices}
+    # Every disk's scheduler, not only those the policy names: a BFQ disk needs the groups'
+    # default weight in io.bfq.weight even when no per-device weight mentions it.
+    disks = {(p / "dev").read_text().strip() for p in (sys_root / "block").glob("*") if (p / "queue/scheduler").exists()}
+    devices = {d for g in policy.groups for d in g.devices} | disks
     qos = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
     return Actual(
         root_controllers=top.controllers(),

@@ -165,3 +165,33 @@ def test_freeze_timeout_thaws_back(node, nvme_device):
         (group.path / "io.max").write_text(f"{node.majmin} rbps=max")  # let the read finish
         reader.kill()
         reader.wait(timeout=30)
+
+
+@pytest.fixture
+def bfq(nvme_device):
+    """nvme0n1 scheduled by BFQ (Debian builds it as a module: loaded from the unpacked
+    guest kernel), put back to its scheduler afterwards."""
+    sched = Path("/sys/block") / nvme_device.name / "queue" / "scheduler"
+    before = sched.read_text().split("[")[1].split("]")[0]
+    if "bfq" not in sched.read_text():
+        kernels = sorted((Path(__file__).resolve().parents[2] / ".cache" / "guest-kernel").glob("*/lib/modules"))
+        assert kernels, "tools/guest-kernel unpacks the kernel's modules under .cache/guest-kernel"
+        subprocess.run(["modprobe", "-d", str(kernels[-1].parent.parent), "bfq"], check=True)
+    sched.write_text("bfq")
+    yield
+    sched.write_text(before)
+
+
+def test_bfq_weight_written_scaled_where_bfq_schedules_the_device(node, bfq):
+    policy = HEAD + """\
+    - name: prio
+      io: {weight: 500, devices: {nvme0n1: 800}}
+    - name: low
+      io: {weight: 50}
+"""
+    out = applied(node("apply", "--own-root", "--json", policy=policy))
+    assert out["enforcers"][node.majmin]["enforcer"] == "bfq"
+    # systemd's mapping onto BFQ's 1..1000: 500 -> 100 + 400*900/9900 = 136, 800 -> 163
+    assert lines(node.root / "prio" / "io.bfq.weight") == ["default 136", f"{node.majmin} 163"]
+    assert lines(node.root / "low" / "io.bfq.weight") == ["default 50"]
+    assert lines(node.root / "prio" / "io.weight")[0] == "default 500"

@@ -166,3 +166,20 @@ def test_prune_removes_only_empty_undeclared_groups_bottom_up(sys_root):
     p = plan(pol, actual, Options(prune=True))
     assert kinds(p) == [("delete", "old/child", None), ("delete", "old", None)]
     assert any(w.startswith("busy: not removed") for w in p.warnings)
+
+
+def test_bfq_disk_gets_the_default_weight_of_groups_without_device_weights(sys_root):
+    text = HEAD + "    - name: low\n      io: {weight: 50}\n"
+    p = plan(policy(text, sys_root), empty(schedulers={"259:0": "bfq", "8:0": "mq-deadline"}))
+    assert [a.value for a in p.writes if a.file == "io.bfq.weight"] == [{"default": 50}]
+    assert p.enforcers["259:0"].name == "bfq" and "8:0" not in p.enforcers
+    # io.cost, where enabled, enforces instead: no io.bfq.weight then
+    p = plan(policy(text, sys_root), empty(schedulers={"259:0": "bfq"}, io_cost_enabled={"259:0"}))
+    assert not [a for a in p.writes if a.file == "io.bfq.weight"]
+
+
+def test_named_bfq_disk_still_gets_io_cost_planned(sys_root):
+    p = plan(policy(EXAMPLE, sys_root), empty(schedulers={"259:0": "bfq"}),
+             Options(own_root=True, enable_io_cost=True))
+    assert p.enforcers["259:0"].name == "io.cost"
+    assert ("io-cost", ROOT, "io.cost.qos") in kinds(p)
