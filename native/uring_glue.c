@@ -91,6 +91,22 @@ static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i)
 
 /* Keep up to `depth` ops in flight, reap in bulk, resubmit short transfers when asked.
  * Returns 0, or a negative errno from io_uring_enter once everything in flight is back. */
+/* Submit what is queued and wait for a completion. A refusal stops the feeding (*err) but
+ * not the reaping: what is in flight still comes back before the caller returns. -1 when
+ * even waiting fails. */
+static int submit_and_wait_one(struct io_uring *ring, int *err)
+{
+	struct io_uring_cqe *cqe;
+	int ret = io_uring_submit_and_wait(ring, 1);
+
+	if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+		*err = ret;
+		if (io_uring_wait_cqe(ring, &cqe) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
 {
 	uint64_t *start = NULL;
@@ -107,7 +123,6 @@ int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
 	while ((next < b->n && !err) || inflight) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
-		int ret;
 
 		while (!err && next < b->n && inflight < b->depth) {
 			if (start)
@@ -115,13 +130,8 @@ int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
 			batch_prep(ring, b, next++);
 			inflight++;
 		}
-		ret = io_uring_submit_and_wait(ring, 1);
-		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-			/* Stop feeding; what is in flight still comes back before we return. */
-			err = ret;
-			if (io_uring_wait_cqe(ring, &cqe) < 0)
-				break;
-		}
+		if (submit_and_wait_one(ring, &err) < 0)
+			break;
 		io_uring_for_each_cqe(ring, head, cqe) {
 			uint32_t k = (uint32_t)cqe->user_data;
 			unsigned len = b->lens ? b->lens[k] : b->len;
@@ -207,7 +217,6 @@ int xh_read_files(struct io_uring *ring, struct xh_files *f)
 	while ((next < f->n && !err) || inflight) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
-		int ret;
 
 		while (!err && next < f->n && nfree &&
 		       io_uring_sq_space_left(ring) >= 3) {
@@ -221,12 +230,8 @@ int xh_read_files(struct io_uring *ring, struct xh_files *f)
 			next++;
 			inflight++;
 		}
-		ret = io_uring_submit_and_wait(ring, 1);
-		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
-			err = ret;
-			if (io_uring_wait_cqe(ring, &cqe) < 0)
-				break;
-		}
+		if (submit_and_wait_one(ring, &err) < 0)
+			break;
 		io_uring_for_each_cqe(ring, head, cqe) {
 			uint32_t k = (uint32_t)(cqe->user_data >> 2);
 
