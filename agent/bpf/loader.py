@@ -315,3 +315,19 @@ class BpfObject:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ProgramLoader:
+    """Base of the one-program loaders (sched_count, signal_probe, sched_trace, preempt):
+    each owns `self.obj`, a BpfObject, and closing the loader closes it (links included)."""
+
+    obj: BpfObject
+
+    def close(self) -> None:
+        self.obj.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

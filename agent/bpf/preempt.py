@@ -13,7 +13,7 @@ import signal
 import struct
 from dataclasses import dataclass
 
-from .loader import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, Link, perf_event_open
+from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, Link, perf_event_open
 
 SIGNAL = signal.SIGURG
 # struct slice_state in ebpf/preempt.bpf.c
@@ -49,7 +49,7 @@ class ThreadState:
     last_error: int
 
 
-class Preempter:
+class Preempter(ProgramLoader):
     """with Preempter() as p: p.arm(tid, 5_000_000) ... p.disarm(tid)"""
 
     def __init__(self):
@@ -107,9 +107,3 @@ class Preempter:
     def close(self) -> None:
         self._links.clear()
         self.obj.close()  # destroys the links, closing their perf events
-
-    def __enter__(self) -> "Preempter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

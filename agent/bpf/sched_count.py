@@ -8,7 +8,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from .loader import BpfObject, decode
+from .loader import ProgramLoader, BpfObject, decode
 
 # struct switch_event in ebpf/sched_count.bpf.c
 RECORD = struct.Struct("<QIIII")
@@ -27,7 +27,7 @@ def decode_switches(data: bytes, count: int) -> list[Switch]:
     return [Switch(ts, cpu, prev, nxt) for ts, cpu, prev, nxt, _ in decode(data, count, RECORD)]
 
 
-class SchedCount:
+class SchedCount(ProgramLoader):
     """Loaded and attached on construction; use as a context manager to detach."""
 
     def __init__(self, target_tgid: int = 0):
@@ -55,14 +55,6 @@ class SchedCount:
     def drain(self, timeout_ms: int = 0) -> list[Switch]:
         return decode_switches(*self._ring.drain(timeout_ms))
 
-    def close(self) -> None:
-        self.obj.close()
-
-    def __enter__(self) -> "SchedCount":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def ping_pong(rounds: int = 200) -> tuple[int, int]:

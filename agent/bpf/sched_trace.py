@@ -11,7 +11,7 @@ import errno
 import os
 import struct
 
-from .loader import BpfError, BpfObject, binding, format_error
+from .loader import ProgramLoader, BpfError, BpfObject, binding, format_error
 
 RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes it
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
@@ -65,7 +65,7 @@ class RingSink:
             binding()[1].xh_rb_free(ptr)
 
 
-class SchedTrace:
+class SchedTrace(ProgramLoader):
     """Loaded on construction; configure the filter, then start(fd) attaches the
     programs and streams records into fd. Use as a context manager to detach."""
 
@@ -153,12 +153,3 @@ class SchedTrace:
         """Records lost because the ring buffer was full, per CPU."""
         key = struct.pack("<I", COUNT_DROPPED)
         return [int.from_bytes(v, "little") for v in self._counts.lookup_percpu(key)]
-
-    def close(self) -> None:
-        self.obj.close()
-
-    def __enter__(self) -> "SchedTrace":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

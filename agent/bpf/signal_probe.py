@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import signal
 
-from .loader import PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, perf_event_open
+from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, perf_event_open
 
 SIGNAL = signal.SIGURG
 SENT, FAILED, LAST_ERROR = 0, 1, 2
 
 
-class SignalProbe:
+class SignalProbe(ProgramLoader):
     """Attached on construction to a cpu-clock event on thread `tid`."""
 
     def __init__(self, tid: int, period_ns: int = 1_000_000):
@@ -35,12 +35,3 @@ class SignalProbe:
     def results(self) -> tuple[int, int, int]:
         """(signals sent, helper failures, last helper errno)."""
         return tuple(self._results.get_int(i) for i in (SENT, FAILED, LAST_ERROR))
-
-    def close(self) -> None:
-        self.obj.close()
-
-    def __enter__(self) -> "SignalProbe":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
