@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import mountinfo
+
 CGROUP2_SUPER_MAGIC = 0x63677270
 CGROUP_SUPER_MAGIC = 0x27E0EB
 
@@ -37,25 +39,8 @@ class Hierarchy:
     v1_controllers: tuple[str, ...] = field(default=())
 
 
-def _unescape(path: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        path = path.replace(code, char)
-    return path
-
-
 def parse_mountinfo(text: str) -> list[Mount]:
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
-            continue
-        opts = tuple(dict.fromkeys(fields[5].split(",") + rfields[2].split(",")))
-        mounts.append(Mount(_unescape(fields[4]), rfields[0], opts))
-    return mounts
+    return [Mount(m.path, m.fstype, m.options) for m in mountinfo.parse(text) if m.fstype in ("cgroup", "cgroup2")]
 
 
 def classify(mounts: list[Mount]) -> Hierarchy:
