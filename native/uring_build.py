@@ -114,8 +114,8 @@ struct xh_batch {
 };
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
 struct xh_files {
-    uint32_t n; uint32_t slots; uint32_t slot_base; const char *const *paths; char *const *bufs;
-    const uint32_t *lens; int32_t *res_open, *res_read, *res_close;
+    uint32_t n; uint32_t slots; uint32_t slot_base; const char *paths; uint32_t npaths;
+    const uint32_t *index; const uint8_t *sync; char *base; uint32_t len; int32_t *res;
 };
 int xh_read_files(struct io_uring *ring, struct xh_files *f);
 int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,

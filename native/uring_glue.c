@@ -38,6 +38,7 @@ unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsig
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
 #include <time.h>
 
 static uint64_t now_ns(void)
@@ -196,51 +197,84 @@ int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, v
 	return 0;
 }
 
+/* Where each of the `count` NUL-separated paths in `blob` starts. */
+static const char **split_paths(const char *blob, uint32_t count)
+{
+	const char **at = malloc(sizeof(*at) * (count ? count : 1));
+	uint32_t i;
+
+	if (!at)
+		return NULL;
+	for (i = 0; i < count; i++) {
+		at[i] = blob;
+		blob += strlen(blob) + 1;
+	}
+	return at;
+}
+
+static void file_result(struct xh_files *f, uint32_t k, int open_res, int read_res)
+{
+	f->res[k] = open_res < 0 ? open_res : read_res;
+}
+
+static void read_with_syscalls(struct xh_files *f, uint32_t k, const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd < 0 ? -1 : read(fd, f->base + (uint64_t)k * f->len, f->len);
+
+	file_result(f, k, fd < 0 ? -errno : 0, n < 0 ? -errno : (int32_t)n);
+	if (fd >= 0)
+		close(fd);
+}
+
 int xh_read_files(struct io_uring *ring, struct xh_files *f)
 {
-	uint32_t *free_slots, *slot_of;
-	uint8_t *left;
+	const char **path = split_paths(f->paths, f->npaths);
+	uint32_t *free_slots = malloc(sizeof(*free_slots) * (f->slots ? f->slots : 1));
+	uint32_t *slot_of = malloc(sizeof(*slot_of) * (f->n ? f->n : 1));
+	int32_t *open_res = malloc(sizeof(*open_res) * (f->n ? f->n : 1));
+	uint8_t *left = malloc(f->n ? f->n : 1);
 	uint32_t nfree = f->slots, next = 0, inflight = 0, i;
-	int err = 0;
+	int err = f->slots ? 0 : -EINVAL;
 
-	if (f->slots == 0)
-		return -EINVAL;
-	free_slots = malloc(sizeof(*free_slots) * f->slots);
-	slot_of = malloc(sizeof(*slot_of) * (f->n ? f->n : 1));
-	left = malloc(f->n ? f->n : 1);
-	if (!free_slots || !slot_of || !left) {
-		free(free_slots), free(slot_of), free(left);
-		return -ENOMEM;
-	}
-	for (i = 0; i < f->slots; i++)
+	if (!path || !free_slots || !slot_of || !open_res || !left)
+		err = -ENOMEM;
+	for (i = 0; !err && i < f->slots; i++)
 		free_slots[i] = f->slot_base + f->slots - 1 - i;
 	while ((next < f->n && !err) || inflight) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 
-		while (!err && next < f->n && nfree &&
-		       io_uring_sq_space_left(ring) >= 3) {
-			uint32_t slot = free_slots[--nfree];
+		while (!err && next < f->n && nfree && io_uring_sq_space_left(ring) >= 3) {
+			uint32_t which = f->index ? f->index[next] : next;
+			uint32_t slot;
 
+			if (f->sync && f->sync[which]) {
+				read_with_syscalls(f, next++, path[which]);
+				continue;
+			}
+			slot = free_slots[--nfree];
 			slot_of[next] = slot;
 			left[next] = 3;
-			f->res_open[next] = f->res_read[next] = f->res_close[next] = -ECANCELED;
-			xh_prep_file_chain(ring, f->paths[next], slot, f->bufs[next], f->lens[next],
+			open_res[next] = f->res[next] = -ECANCELED;
+			xh_prep_file_chain(ring, path[which], slot, f->base + (uint64_t)next * f->len, f->len,
 					   (uint64_t)next << 2);
 			next++;
 			inflight++;
 		}
+		if (!inflight)
+			continue;  /* every file so far was read with system calls */
 		if (submit_and_wait_one(ring, &err) < 0)
 			break;
 		io_uring_for_each_cqe(ring, head, cqe) {
 			uint32_t k = (uint32_t)(cqe->user_data >> 2);
 
 			seen++;
-			switch (cqe->user_data & 3) {
-			case 1: f->res_open[k] = cqe->res; break;
-			case 2: f->res_read[k] = cqe->res; break;
-			default: f->res_close[k] = cqe->res; break;
-			}
+			if ((cqe->user_data & 3) == 1)
+				open_res[k] = cqe->res;
+			else if ((cqe->user_data & 3) == 2)
+				file_result(f, k, open_res[k], cqe->res);
+			/* the close's result is not the caller's business: the file was only read */
 			if (--left[k] == 0) {
 				free_slots[nfree++] = slot_of[k];
 				inflight--;
@@ -248,6 +282,6 @@ int xh_read_files(struct io_uring *ring, struct xh_files *f)
 		}
 		io_uring_cq_advance(ring, seen);
 	}
-	free(free_slots), free(slot_of), free(left);
+	free(path), free(free_slots), free(slot_of), free(open_res), free(left);
 	return err;
 }

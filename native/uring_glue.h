@@ -33,15 +33,20 @@ struct xh_batch {
 };
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
 
-/* openat -> read -> close chains through registered-file slots, `slots` in flight. */
+/* openat -> read -> close chains through registered-file slots, `slots` in flight.
+ * `paths` holds npaths NUL-terminated paths back to back; file k of this call is
+ * paths[index[k]] (index NULL: paths[k]) and reads up to `len` bytes into base + k * len. */
 struct xh_files {
 	uint32_t n;
 	uint32_t slots;
 	uint32_t slot_base;
-	const char *const *paths;
-	char *const *bufs;
-	const uint32_t *lens;
-	int32_t *res_open, *res_read, *res_close;
+	const char *paths;
+	uint32_t npaths;
+	const uint32_t *index;
+	const uint8_t *sync;   /* per path, or NULL: 1 = read with open/read/close system calls */
+	char *base;
+	uint32_t len;
+	int32_t *res;          /* out: bytes read, or -errno of the open or of the read */
 };
 int xh_read_files(struct io_uring *ring, struct xh_files *f);
 

@@ -11,7 +11,7 @@ import os
 from collections import deque
 from typing import Sequence
 
-from .files import FIRST_READ, FileRounds
+from .files import FIRST_READ, FileRounds, chain_result
 from .ring import Ring, UringError, ffi
 
 
@@ -51,7 +51,8 @@ class AsyncRing:
         """As xhagent.io.read_files, on this ring: each file's bytes or its own OSError."""
         rounds = FileRounds(paths, first)
         while not rounds.done:
-            await asyncio.gather(*(self._chain(rounds, i, size) for i, size in rounds.todo()))
+            await asyncio.gather(*(self._chain(rounds, i, rounds.size) for i in rounds.pending))
+            rounds.next_round()
         return rounds.results  # type: ignore[return-value]
 
     # -- plumbing -----------------------------------------------------------------------
@@ -86,7 +87,7 @@ class AsyncRing:
             fut.chain = [None, None, None]  # open, read, close results
             self._queue(3, self.ring.prep_file_chain, (path, slot, ptr, size, op_id << 2))
             open_res, read_res, _ = await fut
-            rounds.complete(index, open_res, read_res, buf)
+            rounds.complete(index, chain_result(open_res, read_res), buf)
         finally:
             self._release_slot(slot)
 

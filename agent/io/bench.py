@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from ..cgroups.mounts import discover
 from .aio import AsyncRing
 from .batch import read_batch
 from .buffers import AlignedBuffer
@@ -31,6 +32,7 @@ CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu
                 "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
                 "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
                 "cgroup.freeze", "cgroup.type", "cgroup.controllers")
+FILE_SETS = ("tree", "proc", "cgroupfs")
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -75,9 +77,10 @@ def ratios(cases: dict) -> dict:
         "direct_engine_qd32_vs_pread": ops("direct_engine_qd32", "direct_pread"),
         "direct_iopoll_qd32_vs_interrupt_qd32": ops("direct_iopoll_qd32", "direct_engine_qd32"),
         "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": p50("direct_iopoll_qd1", "direct_engine_qd1"),
-        "files_tree_read_files_vs_loop": ops("files_tree_read_files", "files_tree_loop"),
-        "files_proc_read_files_vs_loop": ops("files_proc_read_files", "files_proc_loop"),
     }
+    for name in FILE_SETS:  # read_files as shipped, each of its two ways forced, vs the loop
+        for way in ("read_files", "uring", "syscalls"):
+            named[f"files_{name}_{way}_vs_loop"] = ops(f"files_{name}_{way}", f"files_{name}_loop")
     return {k: v for k, v in named.items() if v is not None}
 
 
@@ -260,14 +263,10 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
         _direct_cases(direct_target, span, rng, buf, seconds, cases, notes, progress)
         buf.close()
 
-        progress("small files: 1,000 files in a cgroupfs-like tree")
-        tree = _make_tree(workdir)
-        proc = sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat"))
-        with FileReader() as reader:
-            for name, paths in (("tree", tree), ("proc", proc)):
-                cases[f"files_{name}_loop"] = files_case(read_file_loop, paths, seconds)
-                cases[f"files_{name}_read_files"] = files_case(reader.read_files, paths, seconds)
-        notes["files_proc"] = f"{len(proc)} /proc/<pid>/stat files"
+        _files_cases({"tree": ("files in a cgroupfs-like tree in tmp", _make_tree(workdir)),
+                      "proc": ("/proc/<pid>/stat files", sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat"))),
+                      "cgroupfs": ("files of the cgroup2 tree", _cgroupfs_files())},
+                     seconds, cases, notes, progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     named = ratios(cases)
@@ -301,6 +300,45 @@ def _direct_cases(path, span, rng, buf, seconds, cases, notes, progress) -> None
             cases[f"direct_iopoll_qd{qd}"] = engine_loop(
                 lambda c, lat: polled.read(c, BLOCK, buf.view, depth=qd, latencies=lat), offsets, seconds)
         notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+
+
+def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, progress) -> None:
+    """Each set: the Python loop, read_files as shipped ("auto"), and its two ways forced:
+    chains through io_uring, and open/read/close from C (the kernel's own work plus the
+    result objects: no way that opens, reads and closes every file is much faster)."""
+    for name, (what, paths) in sets.items():
+        if not paths:
+            notes[f"files_{name}"] = f"no {what} here; cases skipped"
+            continue
+        progress(f"small files: {len(paths)} {what}")
+        cases[f"files_{name}_loop"] = files_case(read_file_loop, paths, seconds)
+        for via, way in (("auto", "read_files"), ("uring", "uring"), ("syscalls", "syscalls")):
+            with FileReader(via=via) as reader:
+                cases[f"files_{name}_{way}"] = files_case(reader.read_files, paths, seconds)
+        with FileReader() as reader:
+            reader.read_files(paths)
+            notes[f"files_{name}"] = (f"{len(paths)} {what}; read_files reads {reader.stats['syscalls']} with "
+                                      f"system calls, {reader.stats['uring']} through io_uring")
+
+
+def _cgroupfs_files(limit: int = 1000) -> list[str]:
+    """Readable files of the live cgroup2 tree: what the agent reads every period."""
+    unified = discover().unified
+    if unified is None:
+        return []
+    out: list[str] = []
+    for root, dirs, files in os.walk(unified.path):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                if os.stat(path).st_mode & stat.S_IRUSR:
+                    out.append(path)
+            except OSError:  # a cgroup removed meanwhile
+                continue
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def _table(report: dict) -> str:

@@ -6,9 +6,9 @@ import pytest
 
 pytestmark = pytest.mark.host
 
+FILE_CASES = {f"files_{s}_{w}" for s in ("tree", "proc", "cgroupfs") for w in ("loop", "read_files", "uring", "syscalls")}
 CASES = {"pagecache_pread", "pagecache_engine_qd32", "pagecache_threadpool_qd32", "pagecache_asyncring_qd32",
-         "direct_pread", "direct_engine_qd1", "direct_engine_qd32", "files_tree_loop", "files_tree_read_files",
-         "files_proc_loop", "files_proc_read_files"}
+         "direct_pread", "direct_engine_qd1", "direct_engine_qd32"} | FILE_CASES
 
 
 def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
@@ -20,7 +20,11 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
         assert case["ops_per_s"] > 0 and 0 < case["p50_us"] <= case["p99_us"]
     assert {"pagecache_engine_qd32_vs_pread", "pagecache_engine_qd32_vs_threadpool",
             "pagecache_asyncring_vs_threadpool", "direct_engine_qd32_vs_pread",
-            "files_tree_read_files_vs_loop", "files_proc_read_files_vs_loop"} <= set(report["ratios"])
+            "files_tree_read_files_vs_loop", "files_proc_read_files_vs_loop", "files_cgroupfs_uring_vs_loop",
+            "files_tree_syscalls_vs_loop"} <= set(report["ratios"])
+    # the tree in tmp (ext4) goes through io_uring; /proc and cgroupfs files by system calls
+    assert report["notes"]["files_tree"].endswith("read_files reads 0 with system calls, 1000 through io_uring")
+    assert ", 0 through io_uring" in report["notes"]["files_proc"] and ", 0 through" in report["notes"]["files_cgroupfs"]
     assert "io_poll" in report["notes"]["iopoll"]  # no polling device on this host: said so
     assert "page cache" in res.stderr  # progress
 

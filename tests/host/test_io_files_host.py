@@ -1,12 +1,16 @@
 """read_files on real cgroup-like trees, /proc and sysfs: every file's content, long files
-completed, and an unreadable path that reports its own error while the rest succeed."""
+completed, an unreadable path that reports its own error while the rest succeed, and the
+same bytes whichever way (io_uring chains or system calls) a file is routed."""
 import errno
 import os
 from pathlib import Path
 
 import pytest
 
+from xhagent import mountinfo
+from xhagent.cgroups import discover
 from xhagent.io import FileReader, read_file_loop, read_files
+from xhagent.io.nowait import Router, refuses_nowait
 
 pytestmark = pytest.mark.host
 
@@ -62,8 +66,8 @@ def test_many_proc_stat_files_and_reuse_of_one_reader():
             ref = read_file_loop(paths)
             for p, g, r in zip(paths, got, ref):
                 if isinstance(r, bytes) and isinstance(g, bytes):
-                    # pid, comm and state are stable between the two reads
-                    assert g.split(b")")[0] == r.split(b")")[0], p
+                    # the pid is stable between the two reads (a kworker's comm is not)
+                    assert g.split(b" (")[0] == r.split(b" (")[0] == p.split("/")[2].encode(), p
                 else:  # a process exited in between: both must say so by then, or one did
                     assert isinstance(g, (bytes, OSError))
         assert reader.ring.pending == 0
@@ -72,3 +76,36 @@ def test_many_proc_stat_files_and_reuse_of_one_reader():
 def test_more_files_than_slots_and_entries(tree):
     with FileReader(entries=8, slots=2) as reader:
         assert reader.read_files(tree * 3) == [p.read_bytes() for p in tree * 3]
+
+
+def test_the_kernel_names_the_files_io_uring_would_punt(tmp_path):
+    own = tmp_path / "f"
+    own.write_bytes(b"x")
+    fstype = {m.path: m.fstype for m in mountinfo.read()}[Router().mount_point(str(own))]
+    assert refuses_nowait(str(own)) is {"ext4": False, "xfs": False, "btrfs": False}[fstype]
+    assert refuses_nowait("/proc/self/stat") is True
+    assert refuses_nowait("/sys/kernel/mm/transparent_hugepage/enabled") is True
+    unified = discover().unified
+    assert unified is not None and refuses_nowait(f"{unified.path}/cgroup.controllers") is True
+    assert refuses_nowait(str(tmp_path)) is None and refuses_nowait(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("via", ["auto", "uring", "syscalls"])
+def test_every_way_reads_the_same_bytes_and_errors(tree, via):
+    pid = os.getpid()
+    stable = [f"/proc/{pid}/cmdline", "/sys/kernel/mm/transparent_hugepage/enabled"]
+    paths = [str(p) for p in tree] + stable + ["/proc/999999999/stat", "/sys/kernel", str(tree[0]) + "/x"]
+    with FileReader(entries=16, slots=3, via=via) as reader:
+        got = reader.read_files(paths)
+        n = len(tree)
+        assert got[:n + 2] == [Path(p).read_bytes() for p in paths[:n + 2]]
+        assert [e.errno for e in got[n + 2:]] == [errno.ENOENT, errno.EISDIR, errno.ENOTDIR]
+        assert [e.filename for e in got[n + 2:]] == paths[n + 2:]
+        by_syscalls = {"auto": 4, "uring": 0, "syscalls": len(paths)}[via]  # /proc and /sys ones
+        assert reader.stats == {"syscalls": by_syscalls, "uring": len(paths) - by_syscalls}
+        assert reader.ring.pending == 0
+
+
+def test_bad_via_is_refused():
+    with pytest.raises(ValueError, match="via must be one of auto, uring, syscalls"):
+        FileReader(via="threads")

@@ -8,27 +8,46 @@ from click.testing import CliRunner
 
 from xhagent.io.bench import parse_size, ratios, summarize, targets_met
 from xhagent.io.direct import alignment_problem, device_polls, logical_block
-from xhagent.io.files import GROWTH, FileRounds
+from xhagent.io.files import GROWTH, FileRounds, chain_result
 
 
 def test_rounds_grow_a_full_buffer_and_finish_short_reads():
     rounds = FileRounds(["a", "b", "c"], first=8)
-    assert rounds.todo() == [(0, 8), (1, 8), (2, 8)]
-    rounds.complete(0, 0, 3, b"abc\0\0\0\0\0")
-    rounds.complete(1, 0, 8, b"12345678")  # full: maybe longer
-    rounds.complete(2, -errno.ENOENT, -errno.ECANCELED, b"")
-    assert rounds.todo() == [(1, 8 * GROWTH)]
-    rounds.complete(1, 0, 10, b"1234567890" + bytes(118))
+    assert (rounds.pending, rounds.size) == ([0, 1, 2], 8)
+    rounds.complete(0, 3, b"abc\0\0\0\0\0")
+    rounds.complete(1, 8, b"12345678")  # full: maybe longer
+    rounds.complete(2, chain_result(-errno.ENOENT, -errno.ECANCELED), b"")
+    rounds.next_round()
+    assert (rounds.pending, rounds.size) == ([1], 8 * GROWTH)
+    rounds.complete(1, 10, b"1234567890" + bytes(118))
+    rounds.next_round()
     assert rounds.done
     assert rounds.results[0] == b"abc" and rounds.results[1] == b"1234567890"
     err = rounds.results[2]
     assert isinstance(err, OSError) and err.errno == errno.ENOENT and err.filename == "c"
 
 
+def test_a_whole_round_completes_from_one_buffer():
+    rounds = FileRounds(["a", "b", "c", "d"], first=4)
+    rounds.complete_round([2, 4, -errno.EACCES, 0], b"hi..full" + bytes(8))
+    assert rounds.results[0] == b"hi" and rounds.results[3] == b""
+    assert rounds.results[2].errno == errno.EACCES and rounds.results[2].filename == "c"
+    assert (rounds.pending, rounds.size) == ([1], 4 * GROWTH)
+    rounds.complete_round([5], b"full!" + bytes(59))
+    assert rounds.done and rounds.results[1] == b"full!"
+
+
 def test_rounds_report_read_error_when_open_succeeded():
     rounds = FileRounds(["/d"])
-    rounds.complete(0, 0, -errno.EISDIR, b"")
-    assert rounds.results[0].errno == errno.EISDIR and rounds.done
+    rounds.complete(0, chain_result(0, -errno.EISDIR), b"")
+    assert rounds.results[0].errno == errno.EISDIR
+
+
+def test_paths_are_encoded_back_to_back_and_a_nul_inside_one_is_refused():
+    assert FileRounds(["/a", b"/b\xff"]).encoded() == b"/a\0/b\xff\0"
+    assert FileRounds(["/a", "/\udcff"]).encoded() == b"/a\0/\xff\0"
+    with pytest.raises(ValueError, match="null byte"):
+        FileRounds(["/a", "/b\0c"]).encoded()
 
 
 def _sysfs(tmp_path, majmin, io_poll, partition=False, lbs=512):
