@@ -11,7 +11,7 @@ import os
 from collections import deque
 from typing import Sequence
 
-from .files import FIRST_READ, FileRounds, chain_result
+from .files import FIRST_READ, FileRounds
 from .ring import Ring, UringError, ffi
 
 
@@ -51,8 +51,12 @@ class AsyncRing:
         """As xhagent.io.read_files, on this ring: each file's bytes or its own OSError."""
         rounds = FileRounds(paths, first)
         while not rounds.done:
-            await asyncio.gather(*(self._chain(rounds, i, rounds.size) for i in rounds.pending))
-            rounds.next_round()
+            size = rounds.size
+            buf = bytearray(len(rounds.pending) * size)
+            view = memoryview(buf)
+            res = await asyncio.gather(*(self._chain(rounds.paths[i], view[k * size:(k + 1) * size])
+                                         for k, i in enumerate(rounds.pending)))
+            rounds.complete_round(res, buf)
         return rounds.results  # type: ignore[return-value]
 
     # -- plumbing -----------------------------------------------------------------------
@@ -77,17 +81,17 @@ class AsyncRing:
             raise UringError.from_res(res, f"{'write' if write else 'read'} fd {fd} @ {offset}")
         return res
 
-    async def _chain(self, rounds: FileRounds, index: int, size: int) -> None:
+    async def _chain(self, path: str, buf: memoryview) -> int:
+        """One openat -> read -> close chain into `buf`: bytes read, or the first -errno."""
         slot = await self._slot()
         try:
-            buf = bytearray(size)
-            path = ffi.new("char[]", os.fsencode(rounds.paths[index]))
+            path_c = ffi.new("char[]", os.fsencode(path))
             ptr = ffi.from_buffer(buf)
-            op_id, fut = self._new_op((path, ptr))
+            op_id, fut = self._new_op((path_c, ptr))
             fut.chain = [None, None, None]  # open, read, close results
-            self._queue(3, self.ring.prep_file_chain, (path, slot, ptr, size, op_id << 2))
+            self._queue(3, self.ring.prep_file_chain, (path_c, slot, ptr, len(buf), op_id << 2))
             open_res, read_res, _ = await fut
-            rounds.complete(index, chain_result(open_res, read_res), buf)
+            return open_res if open_res < 0 else read_res
         finally:
             self._release_slot(slot)
 

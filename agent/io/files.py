@@ -36,15 +36,6 @@ class FileRounds:
         self.pending = list(range(len(self.paths)))
         self._again: list[int] = []
 
-    def complete(self, index: int, res: int, data) -> None:
-        """One file's read: `res` bytes in `data` (the round's buffer), or -errno."""
-        if res < 0:
-            self.results[index] = UringError.from_res(res, self.paths[index])
-        elif res == self.size:  # the buffer is full: the file may be longer
-            self._again.append(index)
-        else:
-            self.results[index] = bytes(data[:res])
-
     def complete_round(self, res: Sequence[int], buf) -> None:
         """Every pending file at once: file pending[k] read res[k] bytes into buf[k * size:]."""
         view, size, results, again = memoryview(buf), self.size, self.results, self._again
@@ -57,9 +48,6 @@ class FileRounds:
                 again.append(index)
             else:
                 results[index] = UringError.from_res(n, self.paths[index])
-        self.next_round()
-
-    def next_round(self) -> None:
         self.pending, self._again = self._again, []
         self.size *= GROWTH
 
@@ -76,11 +64,6 @@ class FileRounds:
         if blob.count(0) != len(self.paths):
             raise ValueError("read_files: embedded null byte in a path")
         return blob
-
-
-def chain_result(open_res: int, read_res: int) -> int:
-    """What a file's openat -> read chain amounts to: bytes read, or the first -errno."""
-    return open_res if open_res < 0 else read_res
 
 
 # Linked chains run their next link as task work; deferring it to our own wait (6.1+)
@@ -192,4 +175,4 @@ def read_file_loop(paths: Sequence[str | os.PathLike]) -> list[bytes | OSError]:
     return out
 
 
-__all__ = ["FileRounds", "FileReader", "chain_result", "read_files", "read_file_loop"]
+__all__ = ["FileRounds", "FileReader", "read_files", "read_file_loop"]

@@ -68,7 +68,7 @@ def test_read_files_on_the_async_ring(tmp_path):
         p = tmp_path / f"f{i}"
         p.write_bytes(os.urandom(i * 97))
         paths.append(p)
-    paths.append(tmp_path / "missing")
+    paths += [tmp_path, tmp_path / "missing"]  # the open succeeds and the read fails; the open fails
 
     async def main():
         async with AsyncRing(32, file_slots=8) as ring:
@@ -76,7 +76,8 @@ def test_read_files_on_the_async_ring(tmp_path):
             return both[0] + both[1]
 
     got = asyncio.run(main())
-    assert got[:-1] == [p.read_bytes() for p in paths[:-1]]
+    assert got[:-2] == [p.read_bytes() for p in paths[:-2]]
+    assert isinstance(got[-2], OSError) and got[-2].errno == errno.EISDIR and got[-2].filename == str(tmp_path)
     assert isinstance(got[-1], OSError) and got[-1].errno == errno.ENOENT
 
 
