@@ -12,6 +12,7 @@ scalars) and the position of each one is kept beside them, keyed by its path
 from __future__ import annotations
 
 import difflib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -31,12 +32,71 @@ class SpecError(ValueError):
         self.file, self.line, self.col, self.message = file, line, col, message
 
 
+class SpecErrors(SpecError):
+    """Every located error found in one input, in file order; reads as one line per error,
+    the first `SHOWN` of them, then a summary line when there are more."""
+
+    SHOWN = 20
+
+    def __init__(self, errors: list[SpecError], total: int | None = None):
+        errors = sorted(errors, key=lambda e: (e.file, e.line, e.col))
+        first = errors[0]
+        super().__init__(first.file, first.line, first.col, first.message)
+        self.errors, self.total = errors, max(total or 0, len(errors))
+        lines = [str(e) for e in errors[:self.SHOWN]]
+        if self.total > len(lines):
+            lines.append(f"{first.file}: {self.total} errors in all, {self.total - len(lines)} more not shown")
+        self.args = ("\n".join(lines),)
+
+
+class ErrorList:
+    """Errors gathered while validating, so one run reports all of them.
+
+    `with errors.collecting(): ...` keeps a SpecError raised inside the block and goes on
+    after it; `raise_if_any()` raises them together as SpecErrors. Memory stays bounded:
+    only the first `KEPT` are stored, the rest are counted.
+    """
+
+    KEPT = 200
+
+    def __init__(self) -> None:
+        self.errors: list[SpecError] = []
+        self.total = 0
+
+    def add(self, exc: SpecError) -> None:
+        for e in exc.errors if isinstance(exc, SpecErrors) else [exc]:
+            self.total += 1
+            if len(self.errors) < self.KEPT:
+                self.errors.append(e)
+        if isinstance(exc, SpecErrors):
+            self.total += exc.total - len(exc.errors)
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        try:
+            yield
+        except SpecError as exc:
+            self.add(exc)
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def raise_if_any(self) -> None:
+        if self.total:
+            raise SpecErrors(self.errors, self.total)
+
+
 @dataclass
 class Document:
     file: str
     value: Any
     positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     index: int = 0  # which document of a multi-document file
+    errors: ErrorList = field(default_factory=ErrorList)
+
+    def collecting(self):
+        """A unit of validation whose SpecError is kept in `errors` (see ErrorList)."""
+        return self.errors.collecting()
 
     def position(self, path: Path_) -> tuple[int, int]:
         """(line, col), 1-based, of the value at `path`, or of its nearest existing parent."""

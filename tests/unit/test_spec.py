@@ -69,3 +69,30 @@ def test_syntax_error_and_duplicate_key():
 def test_did_you_mean():
     assert did_you_mean("minCudaVersoin", ["minCudaVersion", "minMemoryGB"]) == " (did you mean 'minCudaVersion'?)"
     assert did_you_mean("zzz", ["minCudaVersion"]) == ""
+
+
+def test_errors_are_collected_in_file_order_and_capped():
+    from xhagent.spec import SpecErrors
+
+    doc = load_text("".join(f"k{i}: x\n" for i in range(30)), "m.yaml")[0]
+    for key in reversed(list(doc.value)):
+        with doc.collecting():
+            doc.root[key].int()
+    with doc.collecting():
+        doc.root["k0"].str()  # valid: collects nothing
+    with pytest.raises(SpecErrors) as info:
+        doc.errors.raise_if_any()
+    lines = str(info.value).splitlines()
+    assert len(info.value.errors) == 30 and info.value.total == 30
+    assert lines[0] == "m.yaml:1:5: k0: expected an integer, got a string"
+    assert lines[19].startswith("m.yaml:20:6: k19:")
+    assert lines[20] == "m.yaml: 30 errors in all, 10 more not shown"
+    assert isinstance(info.value, SpecError) and (info.value.line, info.value.col) == (1, 5)
+
+
+def test_no_errors_raises_nothing():
+    doc = load_text("a: 1\n", "m.yaml")[0]
+    with doc.collecting():
+        assert doc.root["a"].int() == 1
+    doc.errors.raise_if_any()
+    assert not doc.errors
