@@ -53,6 +53,25 @@ def discipline(name: str, *, resources: ResourceTable | None = None, fair: FairS
     raise ValueError(f"unknown algorithm {name!r}: one of {', '.join(ALGORITHMS)}")
 
 
+class _Descending:
+    """A key that sorts in reverse, so a ReadyQueue can hand out the worst-keyed job."""
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __lt__(self, other: "_Descending") -> bool:
+        return other.key < self.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.key == other.key
+
+
+def worst_first(d: Discipline) -> Discipline:
+    """`d` in reverse: the job that keys worst comes first (preemption victims)."""
+    return Discipline(f"{d.name}-reversed", lambda j: _Descending(d.key(j)), d.preemptive, d.time_sliced)
+
+
 class ReadyQueue:
     """Jobs waiting to run, most urgent first under `discipline.key`."""
 
@@ -74,6 +93,10 @@ class ReadyQueue:
         """Re-file `job` under its current key (no-op for jobs not queued)."""
         if job.name in self._live:
             self.push(job)
+
+    def remove(self, job: Job) -> None:
+        """Take `job` out wherever it is in the queue (its heap entry goes stale)."""
+        self._live.pop(job.name, None)
 
     def peek(self) -> Job | None:
         while self._heap:

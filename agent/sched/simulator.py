@@ -19,7 +19,7 @@ from .fair import FairShare, twfs_slice_ns
 from .job import Job
 from .mlq import MultiLevel
 from .pic import ResourceTable
-from .queues import ReadyQueue, discipline
+from .queues import ReadyQueue, discipline, worst_first
 from .snapshot import Decision, NodeState
 
 
@@ -61,6 +61,45 @@ def slots_of(nodes: list[NodeSpec]) -> list[Slot]:
             slots += [Slot(f"{node.name}/{device}{i}", node.name, device, known[i] if known else i // per_numa)
                       for i in range(count)]
     return slots
+
+
+class FreeSlots:
+    """The free slots, so that finding one costs a heap operation instead of a scan of every
+    slot: for each device, (device, node) and (device, node, NUMA node), a heap of the free
+    slots' indices in `slots` order; an entry whose slot was taken since is dropped when it
+    surfaces, and a slot is never in one heap twice, so the heaps stay as small as `slots`."""
+
+    def __init__(self, slots: list[Slot]):
+        self.slots = slots
+        self.index = {s.id: i for i, s in enumerate(slots)}
+        self.free = set(range(len(slots)))
+        self.heaps: dict[tuple, list[int]] = {}
+        for i, slot in enumerate(slots):
+            for key in self._keys(slot):
+                self.heaps.setdefault(key, []).append(i)   # ascending: already a heap
+        self.queued = {key: set(heap) for key, heap in self.heaps.items()}
+
+    @staticmethod
+    def _keys(slot: Slot) -> tuple[tuple, ...]:
+        return (slot.device,), (slot.device, slot.node), (slot.device, *slot.place)
+
+    def take(self, slot: Slot) -> None:
+        self.free.discard(self.index[slot.id])
+
+    def release(self, slot: Slot) -> None:
+        i = self.index[slot.id]
+        self.free.add(i)
+        for key in self._keys(slot):
+            if i not in self.queued[key]:
+                self.queued[key].add(i)
+                heapq.heappush(self.heaps[key], i)
+
+    def first(self, *key) -> Slot | None:
+        """The first free slot in `slots` order among those of `key`."""
+        heap, queued = self.heaps.get(key, []), self.queued.get(key, set())
+        while heap and heap[0] not in self.free:
+            queued.discard(heapq.heappop(heap))
+        return self.slots[heap[0]] if heap else None
 
 
 @dataclass
@@ -118,11 +157,18 @@ class Simulation:
         self.fair = FairShare(migration_cost_ns=migration_cost_ns)
         self.discipline = discipline(algorithm, resources=self.resources, fair=self.fair, levels=levels)
         self.queues = {d: ReadyQueue(self.discipline) for d in devices}
+        # The running jobs in key order, so that neither a preemption victim (worst first,
+        # per device) nor fair share's least vruntime (best first) needs a scan of them all.
+        self.victims = {d: ReadyQueue(worst_first(self.discipline)) for d in devices}
+        self.least_running = ReadyQueue(self.discipline)
         self.state = NodeState({s.id: None for s in self.slots})
         self.by_id = {s.id: s for s in self.slots}
         self.records = {j.name: JobRecord(j) for j in jobs}
         self.remaining = {j.name: j.runtime_ns for j in jobs}
         self.running: dict[str, tuple[Job, int]] = {}   # slot id -> (job, running since)
+        self.slot_of: dict[str, str] = {}                # job name -> slot id, while it runs
+        self.busy: dict[str, int] = {d: 0 for d in devices}  # running jobs per device
+        self.free = FreeSlots(self.slots)
         self.last_place: dict[str, tuple[str, int]] = {}
         self.token: dict[str, int] = {}
         self.events: list = []
@@ -180,8 +226,12 @@ class Simulation:
 
     # -- slots ----------------------------------------------------------------------------
     def _stop(self, job: Job) -> Slot:
-        slot_id = next(s for s, (j, _) in self.running.items() if j.name == job.name)
+        slot_id = self.slot_of.pop(job.name)
         _, since = self.running.pop(slot_id)
+        self.busy[job.device] -= 1
+        self.victims[job.device].remove(job)
+        self.least_running.remove(job)
+        self.free.release(self.by_id[slot_id])
         ran = self.now - since
         if ran:
             self.out.intervals.append((slot_id, job.name, since, self.now))
@@ -206,34 +256,42 @@ class Simulation:
         self.last_place[job.name] = slot.place
         self.state.commit(Decision(place={slot.id: job.name}), self.state.version)
         self.running[slot.id] = (job, self.now)
+        self.slot_of[job.name] = slot.id
+        self.busy[job.device] += 1
+        self.victims[job.device].push(job)
+        self.least_running.push(job)
+        self.free.take(slot)
         token = self.token.get(job.name, 0) + 1
         self.token[job.name] = token
         self._at(self.now + self.remaining[job.name], _DONE, job.name, token)
         if self.discipline.time_sliced:
-            busy = sum(1 for s in self.running if self.by_id[s].device == job.device)
-            quantum = twfs_slice_ns(job, busy / self.out.slots[job.device])
+            quantum = twfs_slice_ns(job, self.busy[job.device] / self.out.slots[job.device])
             if quantum < self.remaining[job.name]:
                 self._at(self.now + quantum, _SLICE, job.name, token)
 
     def _free_slot(self, job: Job) -> Slot | None:
-        """A free slot of the job's device, where it last ran if possible, else on its node."""
-        free = [s for s in self.slots if s.device == job.device and s.id not in self.running]
-        if not free:
-            return None
+        """A free slot of the job's device, where it last ran if possible, else on its node
+        (the first such in slot order)."""
         last = self.last_place.get(job.name)
-        return min(free, key=lambda s: (s.place != last, last is None or s.node != last[0]))
+        if last is not None:
+            slot = self.free.first(job.device, *last) or self.free.first(job.device, last[0])
+            if slot is not None:
+                return slot
+        return self.free.first(job.device)
 
     def _victim(self, job: Job) -> Slot | None:
         """The running job of the same device that keys worst, if `job` keys strictly better."""
-        mine = [(self.discipline.key(j), s) for s, (j, _) in self.running.items() if self.by_id[s].device == job.device]
-        if not mine:
+        worst = self.victims[job.device].peek()
+        if worst is None or not self.discipline.key(job) < self.discipline.key(worst):
             return None
-        worst_key, slot_id = max(mine)
-        return self.by_id[slot_id] if self.discipline.key(job) < worst_key else None
+        return self.by_id[self.slot_of[worst.name]]
 
     def _rekey_holders(self) -> None:
+        # Holders' keys move with the deadlines lent to them (edf-pic), queued or running.
         for holder in {h.name: h for h in self.resources.holder.values()}.values():
             self.queues[holder.device].update(holder)
+            self.victims[holder.device].update(holder)
+            self.least_running.update(holder)
 
     def _dispatch(self) -> None:
         for queue in self.queues.values():
@@ -260,7 +318,4 @@ class Simulation:
                     self.resources.acquire(job)
                 self._start(job, slot)
             if self.discipline.time_sliced:
-                keys = [self.fair.key(j) for j, _ in self.running.values()]
-                if (head := queue.peek()) is not None:
-                    keys.append(self.fair.key(head))
-                self.fair.advance(keys)
+                self.fair.advance(self.fair.key(j) for j in (self.least_running.peek(), queue.peek()) if j is not None)

@@ -41,6 +41,7 @@ class InvalidDecision(ValueError):
 class NodeState:
     def __init__(self, slots: Mapping[str, str | None]):
         self._slots = dict(slots)
+        self._slot_of = {job: slot for slot, job in self._slots.items() if job is not None}
         self._version = 0
         self._lock = threading.Lock()
 
@@ -54,23 +55,30 @@ class NodeState:
 
     def commit(self, decision: Decision, expected_version: int) -> int:
         """Apply `decision` if the node is still at `expected_version`; the new version.
-        Raises StaleSnapshot (nothing applied) otherwise, InvalidDecision if it does not fit."""
+        Raises StaleSnapshot (nothing applied) otherwise, InvalidDecision if it does not fit.
+        Costs the size of the decision, not of the node: the simulator commits every start
+        and stop, on thousands of slots."""
         with self._lock:
             if expected_version != self._version:
                 raise StaleSnapshot(expected_version, self._version)
-            slots = dict(self._slots)
-            running = {job: slot for slot, job in slots.items() if job is not None}
+            changed: dict[str, str | None] = {}   # slot -> job after the decision; applied only if all fits
             for job in decision.evict:
-                if job not in running:
+                if job not in self._slot_of:
                     raise InvalidDecision(f"cannot evict {job}: not running")
-                slots[running[job]] = None
+                changed[self._slot_of[job]] = None
             for slot, job in decision.place.items():
-                if slot not in slots:
+                if slot not in self._slots:
                     raise InvalidDecision(f"no slot {slot}")
-                if slots[slot] is not None:
-                    raise InvalidDecision(f"slot {slot} is taken by {slots[slot]}")
-                slots[slot] = job
-            self._slots = slots
+                taken = changed[slot] if slot in changed else self._slots[slot]
+                if taken is not None:
+                    raise InvalidDecision(f"slot {slot} is taken by {taken}")
+                changed[slot] = job
+            for slot, job in changed.items():
+                old = self._slots[slot]
+                if old is not None and self._slot_of.get(old) == slot:
+                    del self._slot_of[old]
+                self._slots[slot] = job
+            self._slot_of.update((job, slot) for slot, job in changed.items() if job is not None)
             self._version += 1
             return self._version
 
