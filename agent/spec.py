@@ -12,6 +12,7 @@ scalars) and the position of each one is kept beside them, keyed by its path
 from __future__ import annotations
 
 import difflib
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +260,8 @@ class Cursor:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(f"{self.where}: expected a number, got {_kind(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(f"{self.where}: expected a finite number, got {value}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise self.error(f"{self.where}: {value} is out of range {lo}..{hi}")
         return value

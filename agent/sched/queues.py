@@ -22,7 +22,16 @@ from .job import Job
 from .mlq import MultiLevel
 from .pic import ResourceTable
 
-ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "fair", "mlq")
+# What each algorithm does, in a phrase: `simulate --algorithm` help.
+DESCRIPTIONS = {
+    "fifo": "arrival order, never preempts",
+    "priority": "higher priority first, preemptive",
+    "edf": "earliest deadline first, preemptive",
+    "edf-pic": "EDF where a job holding a resource runs with the deadline of a job waiting for it",
+    "fair": "least priority-weighted run time first, in time slices",
+    "mlq": "the workload's queue levels (queues:) in order, then EDF; earlier levels preempt",
+}
+ALGORITHMS = tuple(DESCRIPTIONS)
 
 
 @dataclass(frozen=True)

@@ -3,25 +3,65 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
+from functools import partial
+from typing import Callable
 
 import click
 
 from ..inventory.model import ModelError
 from ..spec import SpecError
 from . import metrics, nodes as node_model, workload as workload_model
-from .queues import ALGORITHMS
+from .workload import TooManyJobs
+from .queues import ALGORITHMS, DESCRIPTIONS
 from .simulator import Simulation, SimulationError, slots_of
 
 
-def simulate(workload_path: str, nodes_path: str, algorithm: str, seed: int) -> dict:
-    """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad input."""
+# Caps that bound a run's memory and time (about 1 KiB and 30 us per job); the flags raise them.
+MAX_JOBS = 500_000
+MAX_NODES = 1000
+
+
+class Refused(Exception):
+    """The inputs are valid but this run would exceed a cap: exit 1."""
+
+
+class Progress:
+    """A line on stderr now and then, once a run has taken more than a second."""
+
+    def __init__(self, echo: Callable[[str], None], after_s: float = 1.0, every_s: float = 2.0):
+        self.echo, self.after_s, self.every_s = echo, after_s, every_s
+        self.start = time.monotonic()
+        self.next = self.start + after_s
+
+    def __call__(self, finished: int, total: int) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + self.every_s
+            self.echo(f"xhagent simulate: {finished} of {total} jobs done ({finished / max(total, 1):.0%}), "
+                      f"{now - self.start:.0f} s")
+
+
+def simulate(workload_path: str, nodes_path: str, algorithm: str, seed: int, *, max_jobs: int = MAX_JOBS,
+             max_nodes: int = MAX_NODES, progress: Callable[[int, int], None] | None = None,
+             warn: Callable[[str], None] = lambda line: None) -> dict:
+    """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
+    input, Refused past a cap."""
     w = workload_model.load(workload_path)
+    if algorithm == "mlq" and w.levels is None:
+        warn(f"xhagent simulate: warning: {workload_path} has no queues:, so mlq uses the default levels "
+             "hot (affinity tier: hot), normal (every other job), cold (tier: cold)")
     nodes = node_model.load(nodes_path)
+    if len(nodes) > max_nodes:
+        raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
     capacity = Counter(slot.device for slot in slots_of(nodes))
     try:
-        jobs = w.generate(seed, capacity)
-        outcome = Simulation(jobs, nodes, algorithm, levels=w.levels).run()
+        jobs = w.generate(seed, capacity, max_jobs)
+    except TooManyJobs as exc:
+        raise Refused(f"{workload_path}: {exc}") from None
+    try:
+        outcome = Simulation(jobs, nodes, algorithm, levels=w.levels).run(progress)
     except SimulationError as exc:
         raise SimulationError(f"{workload_path}: {exc}") from None
     report = metrics.summarize(outcome, w.slas, w.window_ns)
@@ -46,18 +86,33 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.items()) + "."
+
+
 @click.command("simulate")
 @click.option("--workload", "workload_path", required=True, metavar="W.yaml", help="Workload file (kind: Workload).")
 @click.option("--nodes", "nodes_path", required=True, metavar="N.yaml",
               help="Nodes: the inventory node model, or nodes: [{name, cpus, gpus}].")
-@click.option("--algorithm", type=click.Choice(ALGORITHMS), default="edf", show_default=True)
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default="edf", show_default=True, help=ALGORITHM_HELP)
 @click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same arrivals, same report.")
+@click.option("--max-jobs", type=click.IntRange(1, 100_000_000), default=MAX_JOBS, show_default=True,
+              help="Refuse (exit 1) a workload that generates more jobs than this.")
+@click.option("--max-nodes", type=click.IntRange(1, 1_000_000), default=MAX_NODES, show_default=True,
+              help="Refuse (exit 1) a nodes file with more nodes than this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def simulate_command(workload_path: str, nodes_path: str, algorithm: str, seed: int, as_json: bool) -> None:
-    """Discrete-event simulation of a workload under one queueing algorithm."""
+def simulate_command(workload_path: str, nodes_path: str, algorithm: str, seed: int, max_jobs: int,
+                     max_nodes: int, as_json: bool) -> None:
+    """Discrete-event simulation of a workload under one queueing algorithm.
+
+    Exit status: 0 ok, 1 refused (past --max-jobs or --max-nodes), 2 bad input."""
+    echo = partial(click.echo, err=True)
     try:
-        report = simulate(workload_path, nodes_path, algorithm, seed)
+        report = simulate(workload_path, nodes_path, algorithm, seed, max_jobs=max_jobs, max_nodes=max_nodes,
+                          progress=Progress(echo), warn=echo)
     except (SpecError, ModelError, SimulationError) as exc:
-        click.echo(f"xhagent simulate: {exc}", err=True)
+        echo(f"xhagent simulate: {exc}")
         sys.exit(2)
+    except Refused as exc:
+        echo(f"xhagent simulate: {exc}")
+        sys.exit(1)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .fair import FairShare, twfs_slice_ns
 from .job import Job
@@ -169,6 +170,7 @@ class Simulation:
         self.slot_of: dict[str, str] = {}                # job name -> slot id, while it runs
         self.busy: dict[str, int] = {d: 0 for d in devices}  # running jobs per device
         self.free = FreeSlots(self.slots)
+        self.finished = 0
         self.last_place: dict[str, tuple[str, int]] = {}
         self.token: dict[str, int] = {}
         self.events: list = []
@@ -181,11 +183,16 @@ class Simulation:
     def _at(self, t: int, kind: int, name: str, token: int = 0) -> None:
         heapq.heappush(self.events, (t, kind, next(self.seq), name, token))
 
-    def run(self) -> Outcome:
+    def run(self, progress: Callable[[int, int], None] | None = None) -> Outcome:
+        """Simulate every job; `progress(finished, total)` is called now and then."""
         for job in self.jobs:
             self._at(job.arrival_ns, _ARRIVE, job.name)
         by_name = {j.name: j for j in self.jobs}
+        batches = 0
         while self.events:
+            batches += 1
+            if progress is not None and batches % 4096 == 0:
+                progress(self.finished, len(self.jobs))
             self.now = self.events[0][0]
             while self.events and self.events[0][0] == self.now:
                 _, kind, _, name, token = heapq.heappop(self.events)
@@ -208,6 +215,7 @@ class Simulation:
     def _complete(self, job: Job) -> None:
         self._stop(job)
         self.records[job.name].finish_ns = self.now
+        self.finished += 1
         for woken in self.resources.release(job):
             self._ready(woken)
         self._rekey_holders()

@@ -33,12 +33,15 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ..policy.units import parse_duration_ns
 from ..spec import Cursor, SpecError, load_file, load_text
 from .job import DEVICE_TYPES, Job
 from .metrics import Sla
 from .mlq import Level, MultiLevel
+
+T = TypeVar("T")
 
 DISTRIBUTIONS = {"constant": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
                  "lognormal": ("mean", "sigma")}
@@ -95,6 +98,13 @@ class JobClass:
         return Job(name, arrival, runtime, **fields)
 
 
+class TooManyJobs(ValueError):
+    def __init__(self, limit: int, cls: str):
+        super().__init__(f"the workload generates more than {limit} jobs ({cls} among them); "
+                         "lower its rates or duration, or raise --max-jobs")
+        self.limit = limit
+
+
 @dataclass
 class Workload:
     name: str = "workload"
@@ -109,11 +119,15 @@ class Workload:
     def slas(self) -> dict[str, Sla]:
         return {name: c.sla for name, c in self.classes.items()}
 
-    def generate(self, seed: int, capacity: dict[str, int]) -> list[Job]:
+    def generate(self, seed: int, capacity: dict[str, int], max_jobs: int | None = None) -> list[Job]:
         """Explicit jobs plus Poisson arrivals per class; rates scaled to `utilisation` of
-        `capacity` (slots per device type) when that is set."""
+        `capacity` (slots per device type) when that is set. TooManyJobs, as soon as there
+        would be more than `max_jobs`, keeps memory and time bounded whatever the rates."""
         scale = self._rate_scale(capacity)
         jobs = list(self.explicit)
+        limit = float("inf") if max_jobs is None else max_jobs
+        if len(jobs) > limit:
+            raise TooManyJobs(max_jobs, "explicit jobs")
         for cls in self.classes.values():
             rate = cls.rate * scale.get(cls.device, 1.0)
             if rate <= 0:
@@ -124,6 +138,8 @@ class Workload:
                 t += rng.expovariate(rate) * 1e9
                 if t >= self.duration_ns:
                     break
+                if len(jobs) >= limit:
+                    raise TooManyJobs(max_jobs, f"class {cls.name}")
                 jobs.append(cls.job(f"{cls.name}-{i}", int(t), cls.runtime.draw(rng), rng))
                 i += 1
         return jobs
@@ -138,8 +154,25 @@ class Workload:
 
 
 # -- parsing ------------------------------------------------------------------------------
+# Bounds that keep every generated time a finite integer: a year of simulated time, and
+# deadlines at most a thousand runtimes away.
+MAX_DURATION_NS = 365 * 24 * 3600 * 10**9
+MAX_SLACK = 1000.0
+
+
+def _kept(c: Cursor, fn: Callable[[], T], default: T | None = None) -> T | None:
+    """`fn()`, or `default` when it raises a SpecError, which the document keeps so that
+    validation goes on and one run reports every error of the file."""
+    with c.doc.collecting():
+        return fn()
+    return default
+
+
 def _duration(c: Cursor, default=...) -> int:
-    return c.parse(parse_duration_ns, "duration", **({} if default is ... else {"default": default}))
+    value = c.parse(parse_duration_ns, "duration", **({} if default is ... else {"default": default}))
+    if value is not None and not 0 <= value <= MAX_DURATION_NS:
+        raise c.error(f"{c.where}: {c.value!r} is out of range 0..365d")
+    return value
 
 
 def _labels(c: Cursor) -> dict[str, str]:
@@ -174,6 +207,8 @@ def _priorities(c: Cursor) -> tuple[tuple[int, ...], tuple[float, ...]]:
     weights = tuple(w.number(0) for w in c["weights"].seq(default=[])) or (1.0,) * len(values)
     if not values or len(weights) != len(values):
         raise c.error("priority: values and weights must be non-empty lists of the same length")
+    if not any(weights):
+        raise c["weights"].error(f"{c['weights'].where}: at least one weight must be positive")
     return values, weights
 
 
@@ -182,26 +217,37 @@ CLASS_FIELDS = {"name", "deviceType", "rate", "runtime", "deadlineSlack", "deadl
 JOB_FIELDS = {"name", "class", "deviceType", "arrival", "runtime", "deadline", "priority", "resources", "affinity"}
 
 
-def _job_class(c: Cursor) -> JobClass:
-    c.mapping(CLASS_FIELDS, required={"name"})
-    cls = JobClass(c["name"].str(), device=c["deviceType"].str(DEVICE_TYPES, default="cpu"),
-                   rate=c["rate"].number(0, default=0.0), runtime=_runtime(c["runtime"]),
-                   priorities=_priorities(c["priority"]),
-                   resources=frozenset(r.str() for r in c["resources"].seq(default=[])),
-                   affinity=_labels(c["affinity"]))
+def _job_class(c: Cursor) -> JobClass | None:
+    """The class at `c`, or None when one of its fields is wrong (each error is kept)."""
+    errors = c.doc.errors.total
+    _kept(c, lambda: c.mapping(CLASS_FIELDS, required={"name"}))
+    cls = JobClass(_kept(c, lambda: c["name"].str(), "?"),
+                   device=_kept(c, lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
+                   rate=_kept(c, lambda: c["rate"].number(0, default=0.0), 0.0),
+                   runtime=_kept(c, lambda: _runtime(c["runtime"]), Runtime("constant", (1,))),
+                   priorities=_kept(c, lambda: _priorities(c["priority"]), ((50,), (1.0,))),
+                   resources=_kept(c, lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()),
+                   affinity=_kept(c, lambda: _labels(c["affinity"]), {}))
     if c["deadlineSlack"].present:
-        s = c["deadlineSlack"].mapping({"min", "max"}, required={"min", "max"})
-        cls.slack = (s["min"].number(1), s["max"].number(1))
-        if cls.slack[0] > cls.slack[1]:
-            raise s["min"].error("deadlineSlack.min is larger than deadlineSlack.max")
+        cls.slack = _kept(c, lambda: _slack(c["deadlineSlack"]))
     if c["deadline"].present:
-        if cls.slack is not None:
-            raise c["deadline"].error("give either deadline or deadlineSlack, not both")
-        cls.deadline_ns = _duration(c["deadline"])
+        with c.doc.collecting():
+            if cls.slack is not None:
+                raise c["deadline"].error("give either deadline or deadlineSlack, not both")
+            cls.deadline_ns = _duration(c["deadline"])
     if c["sla"].present:
-        s = c["sla"].mapping({"p95Latency", "errorRate"})
-        cls.sla = Sla(_duration(s["p95Latency"], None), s["errorRate"].number(0, 1, default=None))
-    return cls
+        with c.doc.collecting():
+            s = c["sla"].mapping({"p95Latency", "errorRate"})
+            cls.sla = Sla(_duration(s["p95Latency"], None), s["errorRate"].number(0, 1, default=None))
+    return cls if c.doc.errors.total == errors else None
+
+
+def _slack(c: Cursor) -> tuple[float, float]:
+    c.mapping({"min", "max"}, required={"min", "max"})
+    slack = (c["min"].number(1, MAX_SLACK), c["max"].number(1, MAX_SLACK))
+    if slack[0] > slack[1]:
+        raise c["min"].error("deadlineSlack.min is larger than deadlineSlack.max")
+    return slack
 
 
 def _explicit_job(c: Cursor, classes: dict[str, JobClass], index: int) -> Job:
@@ -227,39 +273,54 @@ def _explicit_job(c: Cursor, classes: dict[str, JobClass], index: int) -> Job:
     return cls.job(c["name"].str(default=f"job-{index}"), arrival, runtime, rng, **explicit)
 
 
+def _levels(c: Cursor) -> MultiLevel:
+    levels = []
+    for item in c.seq():
+        item.mapping({"name", "matchLabels"}, required={"name"})
+        levels.append(Level(item["name"].str(), _labels(item["matchLabels"])))
+    if not levels:
+        raise c.error("queues: give at least one level")
+    return MultiLevel(tuple(levels))
+
+
 def parse(doc_root: Cursor) -> Workload:
+    """The Workload at `doc_root`; SpecErrors with every error of the document, in file order."""
+    doc = doc_root.doc
     root = doc_root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind", "spec"})
-    if root["kind"].str() != "Workload":
-        raise root["kind"].error(f"kind: expected Workload, got {root['kind'].value!r}")
-    if root["apiVersion"].present and root["apiVersion"].str() != "xh.scheduling/v1":
-        raise root["apiVersion"].error("apiVersion: expected xh.scheduling/v1")
-    name = root["metadata"]["name"].str(default="workload") if root["metadata"].present else "workload"
-    spec = root["spec"].mapping({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"})
-    w = Workload(name, duration_ns=_duration(spec["duration"], 10_000_000_000),
-                 utilisation=spec["utilisation"].number(0.0, 10.0, default=None),
-                 window_ns=_duration(spec["slaWindow"], 1_000_000_000))
-    if w.window_ns <= 0:
-        raise spec["slaWindow"].error("slaWindow must be positive")
-    for c in spec["classes"].seq(default=[]):
+    with doc.collecting():
+        if root["kind"].str() != "Workload":
+            raise root["kind"].error(f"kind: expected Workload, got {root['kind'].value!r}")
+    with doc.collecting():
+        if root["apiVersion"].present and root["apiVersion"].str() != "xh.scheduling/v1":
+            raise root["apiVersion"].error("apiVersion: expected xh.scheduling/v1")
+    name = _kept(root, lambda: root["metadata"]["name"].str(default="workload") if root["metadata"].present
+                 else "workload", "workload")
+    spec = root["spec"].mapping()
+    _kept(spec, lambda: spec.mapping({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"}))
+    w = Workload(name, duration_ns=_kept(spec, lambda: _duration(spec["duration"], 10_000_000_000), 0),
+                 utilisation=_kept(spec, lambda: spec["utilisation"].number(0.0, 10.0, default=None)))
+    with doc.collecting():
+        w.window_ns = _duration(spec["slaWindow"], 1_000_000_000)
+        if w.window_ns <= 0:
+            raise spec["slaWindow"].error("slaWindow must be positive")
+    for c in _kept(spec, lambda: spec["classes"].seq(default=[]), []):
         cls = _job_class(c)
-        if cls.name in w.classes:
-            raise c["name"].error(f"duplicate class {cls.name!r}")
-        w.classes[cls.name] = cls
+        with doc.collecting():
+            if cls is not None and cls.name in w.classes:
+                raise c["name"].error(f"duplicate class {cls.name!r}")
+            if cls is not None:
+                w.classes[cls.name] = cls
     seen = set()
-    for i, c in enumerate(spec["jobs"].seq(default=[])):
-        job = _explicit_job(c, w.classes, i)
-        if job.name in seen:
-            raise c["name"].error(f"duplicate job name {job.name!r}")
-        seen.add(job.name)
-        w.explicit.append(job)
+    for i, c in enumerate(_kept(spec, lambda: spec["jobs"].seq(default=[]), [])):
+        with doc.collecting():
+            job = _explicit_job(c, w.classes, i)
+            if job.name in seen:
+                raise c["name"].error(f"duplicate job name {job.name!r}")
+            seen.add(job.name)
+            w.explicit.append(job)
     if spec["queues"].present:
-        levels = []
-        for c in spec["queues"].seq():
-            c.mapping({"name", "matchLabels"}, required={"name"})
-            levels.append(Level(c["name"].str(), _labels(c["matchLabels"])))
-        if not levels:
-            raise spec["queues"].error("queues: give at least one level")
-        w.levels = MultiLevel(tuple(levels))
+        w.levels = _kept(spec, lambda: _levels(spec["queues"]))
+    doc.errors.raise_if_any()
     if not w.classes and not w.explicit:
         raise spec.error("a workload needs classes or jobs")
     return w
@@ -273,4 +334,7 @@ def load(path: str | Path) -> Workload:
 
 
 def loads(text: str, file: str = "<string>") -> Workload:
-    return parse(load_text(text, file)[0].root)
+    docs = load_text(text, file)
+    if not docs:
+        raise SpecError(file, 1, 1, "empty file: expected a Workload document")
+    return parse(docs[0].root)

@@ -91,3 +91,80 @@ def test_policy_task_maps_to_a_job():
     assert (job.name, job.device, job.cls) == ("infer-1", "gpu", "video-ai-infer")
     assert job.deadline_ns == 1_000 + 33_000_000 and job.runtime_ns == 12_500_000
     assert job.priority == 50 and job.affinity["stream"] == "cam-7"
+
+
+BAD_WORKLOAD = """kind: Workload
+spec:
+  duration: .nan
+  classes:
+    - {name: a, rate: .inf, runtime: 5ms}
+    - {name: b, rnutime: 5ms, priority: {values: [1, 2], weights: [0, 0]}}
+    - {name: c, runtime: 5ms, deadlineSlack: {min: 2, max: .inf}}
+  jobs:
+    - {runtime: 9000h}
+"""
+
+
+def test_every_workload_error_at_once_in_file_order():
+    with pytest.raises(SpecError) as err:
+        workload.loads(BAD_WORKLOAD, "w.yaml")
+    assert str(err.value).splitlines() == [
+        "w.yaml:3:13: spec.duration: nan is not a valid duration: expected a duration such as 250ms, 1.5s or 1h30m",
+        "w.yaml:5:23: spec.classes.0.rate: expected a finite number, got inf",
+        "w.yaml:6:17: unknown field 'spec.classes.rnutime' (did you mean 'runtime'?)",
+        "w.yaml:6:67: spec.classes.1.priority.weights: at least one weight must be positive",
+        "w.yaml:7:60: spec.classes.2.deadlineSlack.max: expected a finite number, got inf",
+        "w.yaml:9:17: spec.jobs.0.runtime: '9000h' is out of range 0..365d",
+    ]
+
+
+def _cli(*args):
+    return CliRunner().invoke(simulate_command, list(args))
+
+
+def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path):
+    inf_rate = tmp_path / "w.yaml"
+    inf_rate.write_text("kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000000, runtime: 1ms}]\n")
+    res = _cli("--workload", str(inf_rate), "--nodes", PLAIN_NODES, "--max-jobs", "1000")
+    assert res.exit_code == 1, res.output
+    assert res.stderr == (f"xhagent simulate: {inf_rate}: the workload generates more than 1000 jobs (class a among"
+                          " them); lower its rates or duration, or raise --max-jobs\n")
+    res = _cli("--workload", MIXED, "--nodes", PLAIN_NODES, "--max-jobs", "10")
+    assert res.exit_code == 1 and "more than 10 jobs" in res.stderr
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text("nodes:\n" + "".join(f"  - {{name: n{i}, cpus: 1}}\n" for i in range(3)))
+    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes), "--max-nodes", "2")
+    assert res.exit_code == 1 and res.stderr == f"xhagent simulate: {nodes}: 3 nodes, more than --max-nodes 2\n"
+    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes), "--max-nodes", "3")
+    assert res.exit_code == 0, res.output
+
+
+def test_mlq_without_queues_warns_what_it_does_instead():
+    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", PLAIN_NODES, "--algorithm", "mlq",
+               "--json")
+    assert res.exit_code == 0
+    assert "has no queues:, so mlq uses the default levels hot (affinity tier: hot)" in res.stderr
+    assert json.loads(res.stdout)["algorithm"] == "mlq"
+    res = _cli("--workload", str(EXAMPLES / "workload-hotcold.yaml"), "--nodes", PLAIN_NODES, "--algorithm", "mlq")
+    assert res.exit_code == 0 and "warning" not in res.stderr
+
+
+def test_algorithm_help_says_what_each_does():
+    out = " ".join(_cli("--help").output.split())
+    for phrase in ("fifo: arrival order", "priority: higher priority first", "edf: earliest deadline first",
+                   "edf-pic: EDF where a job holding a resource", "fair: least priority-weighted run time",
+                   "mlq: the workload's queue levels"):
+        assert phrase in out
+
+
+def test_progress_only_after_a_second_and_on_stderr(monkeypatch):
+    from xhagent.sched import simulate as sim
+    clock = iter([100.0, 100.5, 101.2, 101.5, 103.3])
+    monkeypatch.setattr(sim.time, "monotonic", lambda: next(clock))
+    lines = []
+    p = sim.Progress(lines.append)
+    p(10, 100)
+    p(20, 100)
+    p(30, 100)
+    p(40, 100)
+    assert lines == ["xhagent simulate: 20 of 100 jobs done (20%), 1 s", "xhagent simulate: 40 of 100 jobs done (40%), 3 s"]
