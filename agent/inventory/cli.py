@@ -27,7 +27,7 @@ def inventory(as_json: bool, section: str | None, as_model: bool, config_path: P
     """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), block devices and labels."""
     from . import model
     from .collect import build_model, discover
-    from .labels import ConfigError, load_config
+    from .labels import ConfigError, check_reserved, load_config
     from .render import as_dict, section_text, tree
 
     try:
@@ -35,7 +35,17 @@ def inventory(as_json: bool, section: str | None, as_model: bool, config_path: P
     except ConfigError as exc:
         click.echo(f"xhagent inventory: {exc}", err=True)
         sys.exit(2)
+    cpus = sysfs_root / "devices/system/cpu"
+    if not (cpus / "online").is_file():
+        # Nothing to discover: the argument points at no sysfs tree (or this is no Linux).
+        click.echo(f"xhagent inventory: {sysfs_root} is not a sysfs tree: {cpus}/online is missing", err=True)
+        sys.exit(2 if sysfs_root != Path("/sys") else 1)
     inv = discover(Roots(sysfs_root, procfs_root, dev_root), config, gpus=section in (None, "gpu"))
+    try:
+        check_reserved(config, [c.id for c in inv.cpu.cpus])
+    except ConfigError as exc:
+        click.echo(f"xhagent inventory: {exc}", err=True)
+        sys.exit(2)
     if as_model:
         try:
             node = build_model(inv)

@@ -5,24 +5,31 @@
     labels: {rack: r12, zone: z1, pool: training}
     reservedCpus: "0,64"        # kernel cpu-list syntax, or a list of ints
 
-Other top-level keys belong to other parts of the agent and are left alone here.
+Validated as policies are: an unknown field is an error (with a did-you-mean), every error
+of the file is reported at once, each `FILE:LINE:COL: message`; reserved CPUs must be
+CPUs of this node (`check_reserved`, once the node's CPUs are known).
 """
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
-import yaml
-
-from .model import Labels, ModelError, _mark_of, format_path
-from .sysfs import parse_cpulist
+from ..spec import Cursor, SpecError, load_file, load_text
+from .model import Labels, ModelError, format_path
+from .sysfs import MAX_CPUS, format_cpulist, parse_cpulist
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")
+FIELDS = ("nodeName", "labels", "reservedCpus")
 
 
 class ConfigError(ModelError):
-    pass
+    """A bad agent config; reads as one `FILE:LINE:COL: message` line per error."""
+
+    @classmethod
+    def of(cls, exc: SpecError) -> "ConfigError":
+        return cls((), str(exc))
 
 
 @dataclass(frozen=True)
@@ -31,41 +38,73 @@ class AgentConfig:
     labels: Labels = field(default_factory=Labels, hash=False)
     reserved_cpus: tuple[int, ...] = ()
     source: str | None = None
+    reserved_at: str = field(default="", compare=False)   # FILE:LINE:COL of reservedCpus
 
 
-def _reserved(raw, path: tuple) -> tuple[int, ...]:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return (raw,)
-    if isinstance(raw, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in raw):
-        return tuple(sorted(set(raw)))
-    if isinstance(raw, str):
+def _reserved(c: Cursor) -> tuple[int, ...]:
+    if isinstance(c.value, list):
+        return tuple(sorted({item.int(0, MAX_CPUS - 1) for item in c.seq()}))
+    if isinstance(c.value, int) and not isinstance(c.value, bool):
+        return (c.int(0, MAX_CPUS - 1),)
+    if isinstance(c.value, str):
         try:
-            return tuple(sorted(set(parse_cpulist(raw))))
-        except ValueError:
-            pass
-    raise ModelError(path, f"expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], got {raw!r}")
+            return tuple(sorted(set(parse_cpulist(c.value))))
+        except ValueError as exc:
+            raise c.error(f"reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], "
+                          f"got {c.value!r}: {exc}") from None
+    raise c.error(f"reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], got {c.value!r}")
+
+
+def _labels(c: Cursor) -> Labels:
+    try:
+        return Labels._parse(c.value, c.path)
+    except ModelError as exc:
+        raise c.doc.error(exc.path, f"{format_path(exc.path)}: {exc.message}") from None
 
 
 def parse_config(text: str, source: str) -> AgentConfig:
     try:
-        tree = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) if tree is not None else {}
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise ConfigError((), f"YAML syntax: {exc.problem or exc.context}",
-                          f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source) from None
+        docs = load_text(text, source)
+    except SpecError as exc:
+        raise ConfigError.of(exc) from None
+    return _config(docs, source)
+
+
+def _config(docs, source: str) -> AgentConfig:
+    if not docs:
+        return AgentConfig(source=source)
+    doc = docs[0]
+    root = doc.root
+    if not isinstance(root.value, dict):
+        raise ConfigError.of(root.error("expected a mapping with nodeName, labels, reservedCpus"))
+    values: dict = {}
+    with doc.collecting():
+        root.mapping(FIELDS)
+    with doc.collecting():
+        values["node_name"] = root["nodeName"].str(default=None) or socket.gethostname()
+        if root["nodeName"].present and not root["nodeName"].value:
+            raise root["nodeName"].error("nodeName: must not be empty")
+    with doc.collecting():
+        values["labels"] = _labels(root["labels"]) if root["labels"].present else Labels()
+    with doc.collecting():
+        if root["reservedCpus"].present:
+            values["reserved_cpus"] = _reserved(root["reservedCpus"])
+            values["reserved_at"] = "{}:{}:{}".format(source, *doc.position(("reservedCpus",)))
     try:
-        if not isinstance(data, dict):
-            raise ModelError((), "expected a mapping with labels, reservedCpus, nodeName")
-        name = data.get("nodeName", socket.gethostname())
-        if not isinstance(name, str) or not name:
-            raise ModelError(("nodeName",), f"expected a non-empty string, got {name!r}")
-        return AgentConfig(name, Labels._parse(data.get("labels"), ("labels",)),
-                           _reserved(data.get("reservedCpus", []), ("reservedCpus",)), source)
-    except ModelError as exc:
-        mark = _mark_of(tree, exc.path) if tree is not None else None
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise ConfigError(exc.path, exc.message, where) from None
+        doc.errors.raise_if_any()
+    except SpecError as exc:
+        raise ConfigError.of(exc) from None
+    return AgentConfig(**values, source=source)
+
+
+def check_reserved(config: AgentConfig, cpus: Iterable[int]) -> None:
+    """ConfigError, located at reservedCpus, when it names CPUs this node does not have."""
+    present = sorted(set(cpus))
+    missing = sorted(set(config.reserved_cpus) - set(present))
+    if missing:
+        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing)} are"
+        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {format_cpulist(present)}",
+                          config.reserved_at or config.source or "")
 
 
 def load_config(path: Path | None) -> AgentConfig:
@@ -75,10 +114,10 @@ def load_config(path: Path | None) -> AgentConfig:
             return AgentConfig()
         path = DEFAULT_CONFIG
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError((), f"cannot read: {exc.strerror or exc}", str(path)) from None
-    return parse_config(text, str(path))
+        return _config(load_file(path), str(path))
+    except SpecError as exc:
+        raise ConfigError.of(exc) from None
 
 
-__all__ = ["AgentConfig", "ConfigError", "DEFAULT_CONFIG", "load_config", "parse_config", "format_path"]
+__all__ = ["AgentConfig", "ConfigError", "DEFAULT_CONFIG", "check_reserved", "load_config", "parse_config",
+           "format_path"]

@@ -132,7 +132,7 @@ def test_pcie_cards_report_nvlink_not_supported(tmp_path, monkeypatch):
 def test_config_errors_point_at_file_line_col():
     with pytest.raises(ConfigError, match=r"^a.yaml:2:15: reservedCpus: expected a cpu list"):
         parse_config("labels: {}\nreservedCpus: zero\n", "a.yaml")
-    with pytest.raises(ConfigError, match=r"^a.yaml:2:1: YAML syntax"):
+    with pytest.raises(ConfigError, match=r"^a.yaml:2:1: invalid YAML"):
         parse_config("labels: {rack: [\n", "a.yaml")
 
 
