@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from decimal import Decimal
 import re
 import types
 import typing
@@ -63,10 +64,19 @@ from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
 
 import yaml
 
+from ..doctor.system_probe import MAX_CPUS
+from ..spec import Document, SpecError, SpecErrors, load_file, load_text
+
 SCHEMA_VERSION = 1
 
 Bytes = NewType("Bytes", int)
 """An int of bytes; files may say `64GiB` / `3.84TB`."""
+
+CpuId = NewType("CpuId", int)
+"""A logical CPU id: 0 .. MAX_CPUS - 1 (the kernel's NR_CPUS on common configs)."""
+
+# Every other int of the model (ids, counts, sizes) is a non-negative 64-bit value.
+MAX_INT = 2**63 - 1
 
 
 class Version(NamedTuple):
@@ -124,8 +134,8 @@ def _unique(values: Sequence, path: Sequence[PathPart], what: str) -> None:
 class Core:
     id: int                                 # core_id from sysfs (unique within a package)
     package: int
-    cpus: tuple[int, ...]                   # allocatable logical CPUs of this core
-    siblings: tuple[int, ...] = ()          # all SMT siblings; defaults to `cpus`
+    cpus: tuple[CpuId, ...]                 # allocatable logical CPUs of this core
+    siblings: tuple[CpuId, ...] = ()        # all SMT siblings; defaults to `cpus`
 
     def __post_init__(self) -> None:
         if not self.siblings:
@@ -263,7 +273,7 @@ class Labels:
 class Node:
     name: str
     labels: Labels = field(default_factory=Labels, hash=False)
-    reserved_cpus: tuple[int, ...] = ()
+    reserved_cpus: tuple[CpuId, ...] = ()
     numa: tuple[NumaNode, ...] = ()
     memory: Memory = field(default_factory=Memory)
     gpus: tuple[Gpu, ...] = ()
@@ -376,11 +386,22 @@ def parse_bytes(value: Any) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"size {value} is negative")
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value)) if isinstance(value, str) else None
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size such as 4096, 512MiB or 64GiB, got {value!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        size = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value)) if isinstance(value, str) else None
+        if not m or m.group(2).lower() not in _UNITS:
+            got = repr(value) if isinstance(value, str) else _kind(value)
+            raise ValueError(f"expected a size such as 4096, 512MiB or 64GiB, got {got}")
+        # Decimal, not float: exact, and a 400-digit number is an error below, not an OverflowError.
+        size = int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
+    if size > MAX_INT:
+        raise ValueError(f"size {_short(value)} is larger than 2^63-1 bytes")
+    return size
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def parse_version(value: Any) -> Version:
@@ -400,8 +421,9 @@ def _camel(name: str) -> str:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), type(value).__name__ + f" {value!r}")
+    # What a user wrote, in words: never a Python repr such as datetime.date(2024, 1, 1).
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), f"a {type(value).__name__}")
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -413,14 +435,37 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _parse(tp: Any, raw: Any, path: tuple) -> Any:
+class _Kept(Exception):
+    """Errors beneath were kept in the caller's list: the value cannot be built."""
+
+
+def _all(errors: list[ModelError] | None, calls: list[tuple]) -> list:
+    """Each `fn(*args)` of `calls`. With an `errors` list, a ModelError is kept there and the
+    others still run (one load reports every error), then _Kept; without one, it raises."""
+    out, kept = [], False
+    for fn, *args in calls:
+        try:
+            out.append(fn(*args))
+        except _Kept:
+            kept = True
+        except ModelError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            kept = True
+    if kept:
+        raise _Kept()
+    return out
+
+
+def _parse(tp: Any, raw: Any, path: tuple, errors: list[ModelError] | None = None) -> Any:
     if dataclasses.is_dataclass(tp):
-        return _parse_dataclass(tp, raw, path)
+        return _parse_dataclass(tp, raw, path, errors)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
         if raw is None and type(None) in args:
             return None
-        return _parse(next(a for a in args if a is not type(None)), raw, path)
+        return _parse(next(a for a in args if a is not type(None)), raw, path, errors)
     try:
         if tp is Bytes:
             return parse_bytes(raw)
@@ -430,7 +475,7 @@ def _parse(tp: Any, raw: Any, path: tuple) -> Any:
         raise ModelError(path, str(exc)) from None
     if origin is tuple:
         _check(isinstance(raw, list), path, f"expected a list, got {_kind(raw)}")
-        return tuple(_parse(args[0], v, (*path, i)) for i, v in enumerate(raw))
+        return tuple(_all(errors, [(_parse, args[0], v, (*path, i), errors) for i, v in enumerate(raw)]))
     if origin is dict:
         _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
         # JSON turns int keys into strings; take them back.
@@ -438,26 +483,33 @@ def _parse(tp: Any, raw: Any, path: tuple) -> Any:
         return {_parse(args[0], fix(k), path): _parse(args[1], v, (*path, k)) for k, v in raw.items()}
     if tp is bool:
         _check(isinstance(raw, bool), path, f"expected true or false, got {_kind(raw)}")
-    elif tp is int:
+    elif tp in (int, CpuId):
         _check(isinstance(raw, int) and not isinstance(raw, bool), path, f"expected an integer, got {_kind(raw)}")
+        hi = MAX_CPUS - 1 if tp is CpuId else MAX_INT
+        _check(0 <= raw <= hi, path, f"{_short(raw)} is out of range 0..{hi}")
     elif tp is str:
         _check(isinstance(raw, str), path, f"expected a string, got {_kind(raw)}")
     return raw
 
 
-def _parse_dataclass(cls: type, raw: Any, path: tuple) -> Any:
+def _parse_dataclass(cls: type, raw: Any, path: tuple, errors: list[ModelError] | None = None) -> Any:
     if hasattr(cls, "_parse"):
         return cls._parse(raw, path)
     _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
     known = {_camel(f.name): f for f in dataclasses.fields(cls)}
-    for key in raw:
-        _check(key in known, (*path, key), f"unknown key; expected one of {', '.join(known)}")
-    kwargs = {}
-    for key, f in known.items():
-        if key in raw:
-            kwargs[f.name] = _parse(_hints(cls)[f.name], raw[key], (*path, key))
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ModelError(path, f"missing required key {key!r}")
+
+    def unknown(key: Any) -> None:
+        raise ModelError((*path, key), f"unknown key; expected one of {', '.join(known)}")
+
+    def missing(key: str) -> None:
+        raise ModelError(path, f"missing required key {key!r}")
+
+    calls = [(_parse, _hints(cls)[known[key].name], value, (*path, key), errors) if key in known else (unknown, key)
+             for key, value in raw.items()]
+    calls += [(missing, key) for key, f in known.items() if key not in raw
+              and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    values = _all(errors, calls)
+    kwargs = {known[key].name: value for key, value in zip(raw, values)}
     try:
         return cls(**kwargs)
     except ModelError as exc:
@@ -481,64 +533,56 @@ def _dump(value: Any) -> Any:
 # ----------------------------------------------------------------------- files
 
 
-def nodes_from_data(data: Any) -> list[Node]:
-    """One node mapping, or `{nodes: [...], version: 1}`."""
+def nodes_from_data(data: Any, errors: list[ModelError] | None = None) -> list[Node]:
+    """One node mapping, or `{nodes: [...], version: 1}`. With an `errors` list, every
+    error is kept there (and _Kept raised) instead of the first being raised."""
     if isinstance(data, dict) and "nodes" in data:
         extra = sorted(set(data) - {"nodes", "version"})
         _check(not extra, (extra[0],) if extra else (), "unknown key; expected nodes, version")
         _check(data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION, ("version",),
                f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}")
         _check(isinstance(data["nodes"], list), ("nodes",), f"expected a list, got {_kind(data['nodes'])}")
-        nodes = [_parse(Node, n, ("nodes", i)) for i, n in enumerate(data["nodes"])]
+        nodes = _all(errors, [(_parse, Node, n, ("nodes", i), errors) for i, n in enumerate(data["nodes"])])
         _unique([n.name for n in nodes], ("nodes",), "node name")
         return nodes
-    return [_parse(Node, data, ())]
+    return [_parse(Node, data, (), errors)]
 
 
 def loads(text: str, source: str = "<string>") -> list[Node]:
-    """YAML (JSON is YAML) text -> nodes. ModelError carries SOURCE:LINE:COL."""
+    """YAML (JSON is YAML) text -> nodes. ModelError reads one SOURCE:LINE:COL line per error."""
     try:
-        loader = yaml.SafeLoader(text)
-        try:
-            tree = loader.get_single_node()
-            data = loader.construct_document(tree) if tree is not None else None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise ModelError((), f"YAML syntax: {exc.problem or exc.context}", where) from None
-    if data is None:
+        docs = load_text(text, source)
+    except SpecError as exc:
+        raise ModelError((), str(exc)) from None
+    return from_documents(docs, source)
+
+
+def from_documents(docs: list[Document], source: str) -> list[Node]:
+    """The nodes of a file read by `xhagent.spec`; every error of it at once, in file order."""
+    if not docs:
         raise ModelError((), "empty document; expected a node or `nodes: [...]`", f"{source}:1:1")
+    if len(docs) > 1:
+        raise ModelError((), "expected one document (a node or `nodes: [...]`)",
+                         "{}:{}:{}".format(source, *docs[1].position(())))
+    doc, errors = docs[0], []
     try:
-        return nodes_from_data(data)
+        nodes = nodes_from_data(doc.value, errors)
+    except _Kept:
+        pass
     except ModelError as exc:
-        mark = _mark_of(tree, exc.path)
-        raise ModelError(exc.path, exc.message, f"{source}:{mark.line + 1}:{mark.column + 1}") from None
+        errors.append(exc)
+    if errors:
+        located = [doc.error(e.path, f"{format_path(e.path)}: {e.message}" if e.path else e.message) for e in errors]
+        raise ModelError((), str(SpecErrors(located)))
+    return nodes
 
 
 def load(path: str | Path) -> list[Node]:
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ModelError((), f"cannot read: {exc.strerror or exc}", str(path)) from None
-    return loads(text, str(path))
-
-
-def _mark_of(tree: yaml.Node, path: tuple) -> yaml.Mark:
-    """The start of the deepest YAML node along `path` (keys compared as text)."""
-    node = tree
-    for part in path:
-        child = None
-        if isinstance(node, yaml.MappingNode):
-            child = next((v for k, v in node.value if k.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            child = node.value[part]
-        if child is None:
-            break
-        node = child
-    return node.start_mark
+        docs = load_file(path)
+    except SpecError as exc:
+        raise ModelError((), str(exc)) from None
+    return from_documents(docs, str(path))
 
 
 def to_data(nodes: Node | Sequence[Node]) -> dict[str, Any]:

@@ -23,18 +23,34 @@ NODE_FIELDS = {"name", "cpus", "gpus", "tpus", "numaNodes"}
 
 
 def parse(root: Cursor) -> list[NodeSpec]:
-    root.mapping({"apiVersion", "kind", "metadata", "nodes"}, required={"nodes"})
+    """The plain format; SpecErrors with every error of the document, in file order."""
+    doc = root.doc
+    root.mapping()
+    with doc.collecting():
+        root.mapping({"apiVersion", "kind", "metadata", "nodes"}, required={"nodes"})
     nodes, seen = [], set()
-    for c in root["nodes"].seq():
-        c.mapping(NODE_FIELDS, required={"name"})
-        node = NodeSpec(c["name"].str(), cpus=c["cpus"].int(0, 4096, default=1), gpus=c["gpus"].int(0, 64, default=0),
-                        tpus=c["tpus"].int(0, 64, default=0), numa_nodes=c["numaNodes"].int(1, 64, default=1))
-        if node.name in seen:
-            raise c["name"].error(f"duplicate node {node.name!r}")
-        if node.cpus + node.gpus + node.tpus == 0:
-            raise c.error(f"node {node.name} has no cpus, gpus or tpus")
-        seen.add(node.name)
-        nodes.append(node)
+    for c in root["nodes"].seq(default=[]):
+        before = doc.errors.total
+        with doc.collecting():
+            c.mapping(NODE_FIELDS, required={"name"})
+        fields = {}
+        for key, read in (("name", lambda: c["name"].str()), ("cpus", lambda: c["cpus"].int(0, 4096, default=1)),
+                          ("gpus", lambda: c["gpus"].int(0, 64, default=0)),
+                          ("tpus", lambda: c["tpus"].int(0, 64, default=0)),
+                          ("numa_nodes", lambda: c["numaNodes"].int(1, 64, default=1))):
+            with doc.collecting():
+                fields[key] = read()
+        if doc.errors.total != before:
+            continue
+        node = NodeSpec(**fields)
+        with doc.collecting():
+            if node.name in seen:
+                raise c["name"].error(f"duplicate node {node.name!r}")
+            if node.cpus + node.gpus + node.tpus == 0:
+                raise c.error(f"node {node.name} has no cpus, gpus or tpus")
+            seen.add(node.name)
+            nodes.append(node)
+    doc.errors.raise_if_any()
     if not nodes:
         raise root["nodes"].error("nodes: give at least one node")
     return nodes
@@ -55,15 +71,18 @@ def _is_plain(docs) -> bool:
 
 
 def load(path: str | Path) -> list[NodeSpec]:
-    """Nodes from either format. Errors read FILE:LINE:COL: message, as SpecError (plain
-    format) or the inventory's ModelError."""
+    """Nodes from either format. Errors read FILE:LINE:COL: message, every error of the file
+    at once, as SpecError (plain format) or the inventory's ModelError."""
     docs = load_file(path)
     if not docs:
         raise SpecError(str(path), 1, 1, "empty file: expected `nodes: [...]`")
     if _is_plain(docs):
         return parse(docs[0].root)
-    return [from_inventory(n) for n in inventory.load(path)]
+    return [from_inventory(n) for n in inventory.from_documents(docs, str(path))]
 
 
 def loads(text: str, file: str = "<string>") -> list[NodeSpec]:
-    return parse(load_text(text, file)[0].root)
+    docs = load_text(text, file)
+    if not docs:
+        raise SpecError(file, 1, 1, "empty file: expected `nodes: [...]`")
+    return parse(docs[0].root)

@@ -36,7 +36,7 @@ def test_islands_are_computed_from_peers():
     ("name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1, 'a']}]}]}]\n",
      "f.yaml:2:67: numa[0].l3[0].cores[0].cpus[1]: expected an integer, got a string"),
     ("name: x\nfoo: 1\n", "f.yaml:2:6: foo: unknown key; expected one of name, labels, reservedCpus"),
-    ("name: [x\n", "f.yaml:2:1: YAML syntax: expected ',' or ']'"),
+    ("name: [x\n", "f.yaml:2:1: invalid YAML: expected ',' or ']'"),
     ("nodes: [{name: a}, {name: a}]", "f.yaml:1:8: nodes: duplicate node name a"),
     ("name: x\nreservedCpus: [0]\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]",
      "f.yaml:2:15: reservedCpus: cpus [0] are both reserved and allocatable"),
@@ -60,7 +60,7 @@ def test_bad_models_name_file_line_col_and_path(text, message):
 
 
 def test_load_missing_file(tmp_path):
-    with pytest.raises(m.ModelError, match="nope.yaml: cannot read"):
+    with pytest.raises(m.ModelError, match="nope.yaml:1:1: cannot read: No such file or directory"):
         m.load(tmp_path / "nope.yaml")
 
 
@@ -69,3 +69,28 @@ def test_sizes_and_versions():
     assert m.parse_version([12, 2]) == m.Version(12, 2) and str(m.parse_version("11.8")) == "11.8"
     with pytest.raises(ValueError):
         m.parse_bytes(True)
+
+
+def test_cpu_ids_out_of_the_kernels_range_are_refused_located():
+    text = ("name: x\nreservedCpus: [-2]\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n")
+    with pytest.raises(m.ModelError) as info:
+        m.loads(text, "f.yaml")
+    assert str(info.value).splitlines() == [
+        "f.yaml:2:16: reservedCpus[0]: -2 is out of range 0..8191",
+        "f.yaml:3:64: numa[0].l3[0].cores[0].cpus[0]: 10000000000000000000... (31 characters) is out of range 0..8191",
+    ]
+
+
+def test_every_model_error_at_once_in_file_order_without_python_reprs():
+    text = ("nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "}\n  foo: 1\n"
+            "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
+            "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n")
+    with pytest.raises(m.ModelError) as info:
+        m.loads(text, "f.yaml")
+    assert str(info.value).splitlines() == [
+        "f.yaml:3:19: nodes[0].memory.total: size 99999999999999999999... (400 characters) is larger than 2^63-1 bytes",
+        "f.yaml:4:8: nodes[0].foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
+        "f.yaml:6:18: nodes[1].gpus[0].index: -1 is out of range 0..9223372036854775807",
+        "f.yaml:6:53: nodes[1].gpus[0].memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",
+    ]

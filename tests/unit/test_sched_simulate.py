@@ -168,3 +168,15 @@ def test_progress_only_after_a_second_and_on_stderr(monkeypatch):
     p(30, 100)
     p(40, 100)
     assert lines == ["xhagent simulate: 20 of 100 jobs done (20%), 1 s", "xhagent simulate: 40 of 100 jobs done (40%), 3 s"]
+
+
+def test_every_plain_nodes_error_at_once(tmp_path):
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text("nodes:\n  - {name: a, cpus: many, gpus: -1}\n  - {name: b, cpsu: 2}\n  - {name: c, cpus: 2}\n")
+    res = _cli("--workload", MIXED, "--nodes", str(nodes))
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [
+        f"xhagent simulate: {nodes}:2:21: nodes.0.cpus: expected an integer, got a string",
+        f"{nodes}:2:33: nodes.0.gpus: -1 is out of range 0..64",
+        f"{nodes}:3:15: unknown field 'nodes.cpsu' (did you mean 'cpus'?)",
+    ]
