@@ -6,6 +6,7 @@ from typing import Any
 
 from .collect import SECTIONS, Inventory
 from .model import Version, nvlink_islands
+from .pci import PciDevice
 
 
 def _plain(value: Any) -> Any:
@@ -18,6 +19,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
+
+
+def _pci(d: PciDevice) -> dict[str, Any]:
+    """The ids stay ints for programs; `pci_id` and `class_code` are the hex lspci -n prints."""
+    return {**_plain(d), "pci_id": f"{d.vendor_id:04x}:{d.device_id:04x}", "class_code": f"{d.class_id:06x}"}
 
 
 def nvlink_matrix(inv: Inventory) -> list[list[int]]:
@@ -33,7 +39,7 @@ def as_dict(inv: Inventory, section: str | None = None) -> dict[str, Any]:
                 "online": list(inv.cpu.online), "allowed": list(inv.cpu.allowed), "reserved": list(inv.cpu.reserved)},
         "numa": _plain(inv.numa),
         "memory": _plain(inv.memory),
-        "pci": _plain(inv.pci),
+        "pci": [_pci(d) for d in inv.pci],
         "gpu": {"nvml": {"available": gpu.available, "reason": gpu.reason, "driver_version": gpu.driver_version,
                          "cuda_driver_version": _plain(gpu.cuda_driver_version)},
                 "gpus": [{**_plain(g), "island": gpu.islands()[g.index]} for g in gpu.gpus],
@@ -119,7 +125,11 @@ def tree(inv: Inventory) -> str:
 def section_text(inv: Inventory, section: str) -> str:
     """One section as indented `key: value` text (the tree covers cpu/numa/gpu/block together)."""
     import yaml
-    return yaml.safe_dump(as_dict(inv, section), sort_keys=False, default_flow_style=None, width=110).rstrip()
+    data = as_dict(inv, section)
+    if section == "pci":   # ids in hex, as lspci and pci.ids write them
+        data["pci"] = [{**d, "vendor_id": f"0x{d['vendor_id']:04x}", "device_id": f"0x{d['device_id']:04x}",
+                        "class_id": f"0x{d['class_id']:06x}"} for d in data["pci"]]
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110).rstrip()
 
 
 __all__ = ["as_dict", "tree", "section_text", "nvlink_matrix", "nvlink_islands"]

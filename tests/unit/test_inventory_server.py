@@ -156,3 +156,14 @@ def test_cli_on_recorded_tree(server, no_nvml, tmp_path):
     cfg.write_text("labels: [r9]\n")
     bad = runner.invoke(inventory, args)
     assert bad.exit_code == 2 and f"{cfg}:1:9: labels: expected a mapping" in bad.output
+
+
+def test_pci_ids_read_in_hex_in_text_and_json(server, no_nvml):
+    from xhagent.inventory.cli import inventory
+    args = ["--sysfs-root", str(server.sys), "--procfs-root", str(server.proc), "--section", "pci"]
+    runner = CliRunner()
+    nvme = json.loads(runner.invoke(inventory, [*args, "--json"]).output)["pci"][1]
+    assert (nvme["vendor_id"], nvme["device_id"], nvme["class_id"]) == (0x144D, 0xA824, 0x010802)
+    assert (nvme["pci_id"], nvme["class_code"]) == ("144d:a824", "010802")
+    text = runner.invoke(inventory, args).output
+    assert "class_id: '0x010802', vendor_id: '0x144d', device_id: '0xa824'" in text and "5283" not in text
