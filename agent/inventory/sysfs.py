@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cgroups.values import compress
 from ..doctor.system_probe import MAX_CPUS, parse_cpulist
 
 __all__ = ["MAX_CPUS", "Roots", "text", "integer", "cpulist", "size_bytes", "parse_cpulist", "format_cpulist"]
@@ -40,14 +41,8 @@ def cpulist(path: Path) -> list[int]:
 
 
 def format_cpulist(cpus: list[int]) -> str:
-    """Sorted CPU ids in cpu-list syntax: [0, 1, 2, 5] -> `0-2,5` (`none` for no CPU)."""
-    runs: list[list[int]] = []
-    for c in cpus:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs) or "none"
+    """CPU ids in cpu-list syntax: [0, 1, 2, 5] -> `0-2,5` (`none` for no CPU)."""
+    return compress(cpus) or "none"
 
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

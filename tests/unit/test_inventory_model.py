@@ -71,26 +71,24 @@ def test_sizes_and_versions():
         m.parse_bytes(True)
 
 
-def test_cpu_ids_out_of_the_kernels_range_are_refused_located():
-    text = ("name: x\nreservedCpus: [-2]\n"
-            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n")
+@pytest.mark.parametrize("text, lines", [
+    # CPU ids out of the kernel's range (0..8191) were placed
+    ("name: x\nreservedCpus: [-2]\n"
+     "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n", [
+         "f.yaml:2:16: reservedCpus[0]: -2 is out of range 0..8191",
+         "f.yaml:3:64: numa[0].l3[0].cores[0].cpus[0]: 10000000000000000000... (31 characters) is out of range 0..8191",
+     ]),
+    # every error at once, in file order; a 400-digit size; no Python repr of a date
+    ("nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "}\n  foo: 1\n"
+     "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
+     "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n", [
+         "f.yaml:3:19: nodes[0].memory.total: size 99999999999999999999... (400 characters) is larger than 2^63-1 bytes",
+         "f.yaml:4:8: nodes[0].foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
+         "f.yaml:6:18: nodes[1].gpus[0].index: -1 is out of range 0..9223372036854775807",
+         "f.yaml:6:53: nodes[1].gpus[0].memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",
+     ]),
+])
+def test_every_model_error_at_once_located(text, lines):
     with pytest.raises(m.ModelError) as info:
         m.loads(text, "f.yaml")
-    assert str(info.value).splitlines() == [
-        "f.yaml:2:16: reservedCpus[0]: -2 is out of range 0..8191",
-        "f.yaml:3:64: numa[0].l3[0].cores[0].cpus[0]: 10000000000000000000... (31 characters) is out of range 0..8191",
-    ]
-
-
-def test_every_model_error_at_once_in_file_order_without_python_reprs():
-    text = ("nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "}\n  foo: 1\n"
-            "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
-            "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n")
-    with pytest.raises(m.ModelError) as info:
-        m.loads(text, "f.yaml")
-    assert str(info.value).splitlines() == [
-        "f.yaml:3:19: nodes[0].memory.total: size 99999999999999999999... (400 characters) is larger than 2^63-1 bytes",
-        "f.yaml:4:8: nodes[0].foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
-        "f.yaml:6:18: nodes[1].gpus[0].index: -1 is out of range 0..9223372036854775807",
-        "f.yaml:6:53: nodes[1].gpus[0].memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",
-    ]
+    assert str(info.value).splitlines() == lines
