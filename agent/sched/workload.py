@@ -220,7 +220,8 @@ JOB_FIELDS = {"name", "class", "deviceType", "arrival", "runtime", "deadline", "
 def _job_class(c: Cursor) -> JobClass | None:
     """The class at `c`, or None when one of its fields is wrong (each error is kept)."""
     errors = c.doc.errors.total
-    _kept(c, lambda: c.mapping(CLASS_FIELDS, required={"name"}))
+    if not _kept(c, lambda: c.mapping(CLASS_FIELDS, required={"name"})) and not isinstance(c.value, dict):
+        return None
     cls = JobClass(_kept(c, lambda: c["name"].str(), "?"),
                    device=_kept(c, lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
                    rate=_kept(c, lambda: c["rate"].number(0, default=0.0), 0.0),
@@ -286,7 +287,9 @@ def _levels(c: Cursor) -> MultiLevel:
 def parse(doc_root: Cursor) -> Workload:
     """The Workload at `doc_root`; SpecErrors with every error of the document, in file order."""
     doc = doc_root.doc
-    root = doc_root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind", "spec"})
+    root = doc_root.mapping()
+    with doc.collecting():
+        root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind", "spec"})
     with doc.collecting():
         if root["kind"].str() != "Workload":
             raise root["kind"].error(f"kind: expected Workload, got {root['kind'].value!r}")
@@ -295,7 +298,12 @@ def parse(doc_root: Cursor) -> Workload:
             raise root["apiVersion"].error("apiVersion: expected xh.scheduling/v1")
     name = _kept(root, lambda: root["metadata"]["name"].str(default="workload") if root["metadata"].present
                  else "workload", "workload")
-    spec = root["spec"].mapping()
+    spec = root["spec"]
+    if not isinstance(spec.value, dict):   # nothing inside can be checked
+        if spec.present:
+            with doc.collecting():
+                spec.mapping()
+        doc.errors.raise_if_any()
     _kept(spec, lambda: spec.mapping({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"}))
     w = Workload(name, duration_ns=_kept(spec, lambda: _duration(spec["duration"], 10_000_000_000), 0),
                  utilisation=_kept(spec, lambda: spec["utilisation"].number(0.0, 10.0, default=None)))

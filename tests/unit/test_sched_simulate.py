@@ -180,3 +180,18 @@ def test_every_plain_nodes_error_at_once(tmp_path):
         f"{nodes}:2:33: nodes.0.gpus: -1 is out of range 0..64",
         f"{nodes}:3:15: unknown field 'nodes.cpsu' (did you mean 'cpus'?)",
     ]
+
+
+@pytest.mark.parametrize("text, lines", [
+    ("kind: Workloda\nspce: 1\n", ["w.yaml:1:7: kind: expected Workload, got 'Workloda'",
+                                   "w.yaml:2:1: unknown field 'spce' (did you mean 'spec'?)"]),
+    ("kind: Workloda\nspec: 3\n", ["w.yaml:1:7: kind: expected Workload, got 'Workloda'",
+                                   "w.yaml:2:7: spec: expected a mapping, got an integer"]),
+    ("kind: Workload\nspec:\n  classes: [5, {name: a, rate: .nan}]\n", [
+        "w.yaml:3:13: spec.classes.0: expected a mapping, got an integer",
+        "w.yaml:3:32: spec.classes.1.rate: expected a finite number, got nan"]),
+])
+def test_workload_structure_errors_are_collected_too(text, lines):
+    with pytest.raises(SpecError) as err:
+        workload.loads(text, "w.yaml")
+    assert str(err.value).splitlines() == lines
