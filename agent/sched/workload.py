@@ -251,27 +251,34 @@ def _slack(c: Cursor) -> tuple[float, float]:
     return slack
 
 
-def _explicit_job(c: Cursor, classes: dict[str, JobClass], index: int) -> Job:
-    c.mapping(JOB_FIELDS, required={"runtime"})
-    cls_name = c["class"].str(classes, default=None) if classes else c["class"].str(default=None)
+def _explicit_job(c: Cursor, classes: dict[str, JobClass], declared: set[str], index: int) -> Job | None:
+    """The job at `c`, or None when one of its fields is wrong (each error is kept). A job of
+    a declared class that had errors of its own is checked against a stand-in class."""
+    errors = c.doc.errors.total
+    if not _kept(c, lambda: c.mapping(JOB_FIELDS, required={"runtime"})) and not isinstance(c.value, dict):
+        return None
+    cls_name = _kept(c, lambda: c["class"].str(declared, default=None) if declared else c["class"].str(default=None))
     cls = classes.get(cls_name) or JobClass(cls_name or "default")
     explicit = {}
-    arrival = _duration(c["arrival"], 0)
+    arrival = _kept(c, lambda: _duration(c["arrival"], 0), 0)
     if c["deadline"].present:
-        explicit["deadline_ns"] = arrival + _duration(c["deadline"])
+        explicit["deadline_ns"] = _kept(c, lambda: arrival + _duration(c["deadline"]))
     if c["priority"].present:
-        explicit["priority"] = c["priority"].int(0, 100)
+        explicit["priority"] = _kept(c, lambda: c["priority"].int(0, 100))
     if c["deviceType"].present:
-        explicit["device"] = c["deviceType"].str(DEVICE_TYPES)
+        explicit["device"] = _kept(c, lambda: c["deviceType"].str(DEVICE_TYPES))
     if c["resources"].present:
-        explicit["holds"] = frozenset(r.str() for r in c["resources"].seq())
+        explicit["holds"] = _kept(c, lambda: frozenset(r.str() for r in c["resources"].seq()))
     if c["affinity"].present:
-        explicit["affinity"] = _labels(c["affinity"])
-    runtime = _duration(c["runtime"])
-    if runtime <= 0:
-        raise c["runtime"].error("a runtime must be positive")
-    rng = random.Random(f"explicit:{index}")
-    return cls.job(c["name"].str(default=f"job-{index}"), arrival, runtime, rng, **explicit)
+        explicit["affinity"] = _kept(c, lambda: _labels(c["affinity"]))
+    runtime = _kept(c, lambda: _duration(c["runtime"]))
+    name = _kept(c, lambda: c["name"].str(default=f"job-{index}"))
+    with c.doc.collecting():
+        if runtime is not None and runtime <= 0:
+            raise c["runtime"].error(f"{c['runtime'].where}: a runtime must be positive")
+    if c.doc.errors.total != errors:
+        return None
+    return cls.job(name, arrival, runtime, random.Random(f"explicit:{index}"), **explicit)
 
 
 def _levels(c: Cursor) -> MultiLevel:
@@ -311,7 +318,10 @@ def parse(doc_root: Cursor) -> Workload:
         w.window_ns = _duration(spec["slaWindow"], 1_000_000_000)
         if w.window_ns <= 0:
             raise spec["slaWindow"].error("slaWindow must be positive")
+    declared = set()
     for c in _kept(spec, lambda: spec["classes"].seq(default=[]), []):
+        if isinstance(c["name"].value, str):
+            declared.add(c["name"].value)
         cls = _job_class(c)
         with doc.collecting():
             if cls is not None and cls.name in w.classes:
@@ -320,8 +330,10 @@ def parse(doc_root: Cursor) -> Workload:
                 w.classes[cls.name] = cls
     seen = set()
     for i, c in enumerate(_kept(spec, lambda: spec["jobs"].seq(default=[]), [])):
+        job = _explicit_job(c, w.classes, declared, i)
+        if job is None:
+            continue
         with doc.collecting():
-            job = _explicit_job(c, w.classes, i)
             if job.name in seen:
                 raise c["name"].error(f"duplicate job name {job.name!r}")
             seen.add(job.name)

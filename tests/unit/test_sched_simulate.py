@@ -190,6 +190,13 @@ def test_every_plain_nodes_error_at_once(tmp_path):
     ("kind: Workload\nspec:\n  classes: [5, {name: a, rate: .nan}]\n", [
         "w.yaml:3:13: spec.classes.0: expected a mapping, got an integer",
         "w.yaml:3:32: spec.classes.1.rate: expected a finite number, got nan"]),
+    ("kind: Workload\nspec:\n  classes: [{name: web, rate: .nan}]\n  jobs:\n"
+     "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n    - {class: wbe, runtime: 1ms}\n", [
+         "w.yaml:3:31: spec.classes.0.rate: expected a finite number, got nan",
+         "w.yaml:5:29: spec.jobs.0.runtime: a runtime must be positive",
+         "w.yaml:5:44: spec.jobs.0.priority: 200 is out of range 0..100",
+         "w.yaml:5:61: spec.jobs.0.deviceType: 'fpga' is not one of cpu, gpu, tpu",
+         "w.yaml:6:15: spec.jobs.1.class: 'wbe' is not one of web (did you mean 'web'?)"]),
 ])
 def test_workload_structure_errors_are_collected_too(text, lines):
     with pytest.raises(SpecError) as err:
