@@ -21,6 +21,7 @@ from .simulator import Simulation, SimulationError, slots_of
 # Caps that bound a run's memory and time (about 1 KiB and 30 us per job); the flags raise them.
 MAX_JOBS = 500_000
 MAX_NODES = 1000
+MAX_SLOTS = 250_000   # CPUs, GPUs and TPUs of all nodes: each is a slot the simulator tracks
 
 
 class Refused(Exception):
@@ -44,7 +45,7 @@ class Progress:
 
 
 def simulate(workload_path: str, nodes_path: str, algorithm: str, seed: int, *, max_jobs: int = MAX_JOBS,
-             max_nodes: int = MAX_NODES, progress: Callable[[int, int], None] | None = None,
+             max_nodes: int = MAX_NODES, max_slots: int = MAX_SLOTS, progress: Callable[[int, int], None] | None = None,
              warn: Callable[[str], None] = lambda line: None) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
     input, Refused past a cap."""
@@ -55,6 +56,9 @@ def simulate(workload_path: str, nodes_path: str, algorithm: str, seed: int, *, 
     nodes = node_model.load(nodes_path)
     if len(nodes) > max_nodes:
         raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
+    slots = sum(n.cpus + n.gpus + n.tpus for n in nodes)
+    if slots > max_slots:
+        raise Refused(f"{nodes_path}: {slots} CPUs, GPUs and TPUs in all, more than --max-slots {max_slots}")
     capacity = Counter(slot.device for slot in slots_of(nodes))
     try:
         jobs = w.generate(seed, capacity, max_jobs)
@@ -99,16 +103,18 @@ ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.item
               help="Refuse (exit 1) a workload that generates more jobs than this.")
 @click.option("--max-nodes", type=click.IntRange(1, 1_000_000), default=MAX_NODES, show_default=True,
               help="Refuse (exit 1) a nodes file with more nodes than this.")
+@click.option("--max-slots", type=click.IntRange(1, 100_000_000), default=MAX_SLOTS, show_default=True,
+              help="Refuse (exit 1) nodes with more CPUs, GPUs and TPUs in all than this.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def simulate_command(workload_path: str, nodes_path: str, algorithm: str, seed: int, max_jobs: int,
-                     max_nodes: int, as_json: bool) -> None:
+                     max_nodes: int, max_slots: int, as_json: bool) -> None:
     """Discrete-event simulation of a workload under one queueing algorithm.
 
-    Exit status: 0 ok, 1 refused (past --max-jobs or --max-nodes), 2 bad input."""
+    Exit status: 0 ok, 1 refused (past --max-jobs, --max-nodes or --max-slots), 2 bad input."""
     echo = partial(click.echo, err=True)
     try:
         report = simulate(workload_path, nodes_path, algorithm, seed, max_jobs=max_jobs, max_nodes=max_nodes,
-                          progress=Progress(echo), warn=echo)
+                          max_slots=max_slots, progress=Progress(echo), warn=echo)
     except (SpecError, ModelError, SimulationError) as exc:
         echo(f"xhagent simulate: {exc}")
         sys.exit(2)

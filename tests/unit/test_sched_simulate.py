@@ -137,6 +137,10 @@ def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path)
     assert res.exit_code == 1 and res.stderr == f"xhagent simulate: {nodes}: 3 nodes, more than --max-nodes 2\n"
     res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes), "--max-nodes", "3")
     assert res.exit_code == 0, res.output
+    nodes.write_text("nodes:\n" + "".join(f"  - {{name: n{i}, cpus: 4096, gpus: 64}}\n" for i in range(100)))
+    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes))
+    assert res.exit_code == 1
+    assert res.stderr == f"xhagent simulate: {nodes}: 416000 CPUs, GPUs and TPUs in all, more than --max-slots 250000\n"
 
 
 def test_mlq_without_queues_warns_what_it_does_instead():
