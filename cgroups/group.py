@@ -1,24 +1,82 @@
 """Operations on one cgroup v2 group: create, move processes, freeze, kill, remove.
 
 Freezing and killing are asynchronous in the kernel; both wait on `cgroup.events`
-with a deadline, and a freeze that does not complete is thawed back before the error
-is raised, so no group is ever left frozen by a failure.
+with a deadline. A freeze that does not complete is thawed back before the error is
+raised, and so is one cut by SIGINT, SIGTERM or SIGHUP between the write and the
+confirmation (`frozen 1`): no group is ever left frozen by a failure or a stop.
 """
 from __future__ import annotations
 
 import errno
+import math
 import os
 import select
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from ..doctor.report import errno_reason
+from ..signals import TERMINATING, signals_held
 from . import registry as R
 from .registry import CgroupFile
+
+MAX_TIMEOUT = 3600.0  # seconds; a wait on the kernel longer than an hour is a mistake
 
 
 class CgroupError(OSError):
     """A cgroup write or wait failed; the message names the file, the value and the errno."""
+
+    def __str__(self) -> str:  # the message alone: no "[Errno N]" prefix in front of it
+        return self.strerror or super().__str__()
+
+
+def check_timeout(value: Any, what: str = "timeout") -> float:
+    """Seconds to wait on the kernel: finite, > 0 and at most MAX_TIMEOUT (ValueError otherwise).
+    NaN would make every deadline comparison false and poll() fail after the write."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{what} {value:g} is not in (0, {MAX_TIMEOUT:g}] seconds")
+    return float(value)
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stops_raise() -> Iterator[None]:
+    """Inside the block SIGINT, SIGTERM and SIGHUP raise _Stopped, so the block can undo what it
+    did; after it the signal is raised again under the process's own disposition (the CLI's
+    Terminated, a daemon's handler, or the default action), which then acts as it would have.
+    Only the main thread can install handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame) -> None:
+        raise _Stopped(signum)
+    old = {s: signal.getsignal(s) for s in TERMINATING}
+    caught = [s for s, h in old.items() if h not in (signal.SIG_IGN, None)]
+    for s in caught:
+        signal.signal(s, handler)
+    try:
+        yield
+    except _Stopped as stop:
+        for s in caught:
+            signal.signal(s, old[s])
+        caught = []
+        signal.raise_signal(stop.signum)
+        # The process's handler returned (it only noted the signal): the operation still failed.
+        raise CgroupError(errno.EINTR, f"interrupted by {signal.Signals(stop.signum).name}") from None
+    finally:
+        for s in caught:
+            signal.signal(s, old[s])
 
 
 class Cgroup:
@@ -33,7 +91,7 @@ class Cgroup:
         try:
             return (self.path / name).read_text()
         except OSError as exc:
-            raise CgroupError(exc.errno, f"read {self.path / name}: {os.strerror(exc.errno)}") from None
+            raise CgroupError(exc.errno, f"read {self.path / name}: {exc.strerror}") from None
 
     def write(self, name: str, value: str) -> None:
         target = self.path / name
@@ -44,8 +102,7 @@ class Cgroup:
             finally:
                 os.close(fd)
         except OSError as exc:
-            code = "EOPNOTSUPP" if exc.errno == errno.EOPNOTSUPP else errno.errorcode.get(exc.errno, str(exc.errno))
-            raise CgroupError(exc.errno, f"write {value!r} to {target}: {code} ({os.strerror(exc.errno)})") from None
+            raise CgroupError(exc.errno, f"write {value!r} to {target}: {errno_reason(exc)}") from None
 
     def get(self, f: CgroupFile) -> Any:
         """A declared file, parsed."""
@@ -79,7 +136,7 @@ class Cgroup:
         try:
             self.path.mkdir(exist_ok=exist_ok)
         except OSError as exc:
-            raise CgroupError(exc.errno, f"mkdir {self.path}: {os.strerror(exc.errno)}") from None
+            raise CgroupError(exc.errno, f"mkdir {self.path}: {exc.strerror}") from None
         return self
 
     def remove(self, kill_first: bool = False, timeout: float = 2.0) -> None:
@@ -95,7 +152,7 @@ class Cgroup:
             except OSError as exc:
                 # The last task may still be exiting just after `populated 0`: EBUSY briefly.
                 if not (kill_first and exc.errno == errno.EBUSY and time.monotonic() < deadline):
-                    raise CgroupError(exc.errno, f"rmdir {self.path}: {os.strerror(exc.errno)}") from None
+                    raise CgroupError(exc.errno, f"rmdir {self.path}: {exc.strerror}") from None
                 time.sleep(0.01)
 
     def add_proc(self, pid: int) -> None:
@@ -152,18 +209,46 @@ class Cgroup:
             os.close(fd)
 
     def freeze(self, timeout: float = 2.0) -> None:
-        self.write(R.FREEZE.name, "1")
-        if not self.wait_event("frozen", 1, timeout):
+        """Write `cgroup.freeze` 1 and wait for `frozen 1`. On a timeout, any error or a stop
+        (SIGINT, SIGTERM, SIGHUP) before that confirmation the group is thawed back first, in a
+        section signals cannot cut; a group someone else had already asked frozen is waited
+        for but never thawed (this call did not freeze it)."""
+        timeout = check_timeout(timeout)
+        if self.read(R.FREEZE.name).strip() == "1":
+            if not self.wait_event("frozen", 1, timeout):
+                raise CgroupError(errno.ETIMEDOUT, f"{self.path} was already being frozen and did not "
+                                                   f"reach frozen 1 within {timeout:g}s")
+            return
+        with _stops_raise():
+            try:
+                self.write(R.FREEZE.name, "1")
+                confirmed = self.wait_event("frozen", 1, timeout)
+            except BaseException as exc:
+                with signals_held():
+                    self._thaw_back(timeout, exc)
+                raise
+            if not confirmed:
+                with signals_held():
+                    self._thaw_back(timeout)
+                raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
+
+    def _thaw_back(self, timeout: float, cause: BaseException | None = None) -> None:
+        try:
             self.thaw(timeout)
-            raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
+        except CgroupError as exc:
+            why = f" after {cause}" if isinstance(cause, Exception) else ""
+            raise CgroupError(exc.errno, f"{self.path}: thawing back{why} failed: {exc}; "
+                                         f"it may be left frozen") from None
 
     def thaw(self, timeout: float = 2.0) -> None:
+        timeout = check_timeout(timeout)
         self.write(R.FREEZE.name, "0")
         if not self.wait_event("frozen", 0, timeout):
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not thaw within {timeout:g}s")
 
     def kill(self, timeout: float = 2.0) -> None:
         """SIGKILL every process in the subtree (cgroup.kill) and wait for `populated 0`."""
+        timeout = check_timeout(timeout)
         self.write(R.KILL.name, "1")
         if not self.wait_event("populated", 0, timeout):
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} still populated {timeout:g}s after cgroup.kill")
