@@ -68,13 +68,18 @@ def _stops_raise() -> Iterator[None]:
     try:
         yield
     except _Stopped as stop:
-        for s in caught:
-            signal.signal(s, old[s])
+        _restore(old, caught)
         caught = []
         signal.raise_signal(stop.signum)
         # The process's handler returned (it only noted the signal): the operation still failed.
         raise CgroupError(errno.EINTR, f"interrupted by {signal.Signals(stop.signum).name}") from None
     finally:
+        _restore(old, caught)
+
+
+def _restore(old: dict, caught: list) -> None:
+    # Held: a signal arriving half-way through would otherwise raise _Stopped out of here.
+    with signals_held():
         for s in caught:
             signal.signal(s, old[s])
 

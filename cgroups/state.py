@@ -1,5 +1,11 @@
-"""Reading the actual tree for the planner, and applying a plan to the kernel."""
+"""Reading the actual tree for the planner, and applying a plan to the kernel.
+
+Readers do not lock: a group created or removed by someone else while the tree is read is
+left out or taken as it is found, not an error (`vanished`).
+"""
 from __future__ import annotations
+
+import errno
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +18,12 @@ from .mounts import Hierarchy
 from .policy import Policy
 from .reconcile import ROOT, Action, Actual, ActualGroup, Plan
 from .subtree import Subtree, systemd_manages_root
+
+
+def vanished(exc: OSError) -> bool:
+    """A group removed under the reader: its directory is gone (ENOENT), or a file opened
+    just before the rmdir reads ENODEV."""
+    return exc.errno in (errno.ENOENT, errno.ENODEV)
 
 
 def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
@@ -32,7 +44,11 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
     if sub.path.is_dir():
         groups[""] = read_group(sub.root, [])
         for rel in sub.walk():
-            groups[rel] = read_group(sub.group(rel), files)
+            try:
+                groups[rel] = read_group(sub.group(rel), files)
+            except CgroupError as exc:
+                if not vanished(exc):
+                    raise
     parent = Cgroup(sub.path.parent)
     # Every disk's scheduler, not only those the policy names: a BFQ disk needs the groups'
     # default weight in io.bfq.weight even when no per-device weight mentions it.

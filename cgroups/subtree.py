@@ -95,7 +95,11 @@ class Subtree:
             return out
 
         def visit(path: Path, rel: str) -> None:
-            for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()):
+            try:  # a group removed meanwhile has no children to list
+                children = sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink())
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            for child in children:
                 # The agent's own leaf, and systemd's `.control` (where it runs ExecStartPost=,
                 # ExecReload= and ExecStop= of a delegated unit), are not groups we manage.
                 if not rel and child.name in (self.agent_leaf, SYSTEMD_CONTROL):
