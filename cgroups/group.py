@@ -14,9 +14,8 @@ import select
 import signal
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable
 
 from ..doctor.report import errno_reason
 from ..signals import TERMINATING, signals_held
@@ -43,45 +42,30 @@ def check_timeout(value: Any, what: str = "timeout") -> float:
     return float(value)
 
 
-class _Stopped(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+class _SignalsNoted:
+    """Inside the block SIGINT, SIGTERM and SIGHUP are only noted (`got`), never raised, so no
+    step of a freeze or its undoing can be cut half-way; the caller's wait looks at `got` and
+    gives up. On leaving, the process's own handlers are put back and each noted signal is
+    raised again under them (the CLI's Terminated, a daemon's handler, the default action).
+    Only the main thread can install handlers; elsewhere nothing is noted."""
 
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self._old: dict[int, Any] = {}
 
-@contextmanager
-def _stops_raise() -> Iterator[None]:
-    """Inside the block SIGINT, SIGTERM and SIGHUP raise _Stopped, so the block can undo what it
-    did; after it the signal is raised again under the process's own disposition (the CLI's
-    Terminated, a daemon's handler, or the default action), which then acts as it would have.
-    Only the main thread can install handlers; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    def __enter__(self) -> "_SignalsNoted":
+        if threading.current_thread() is threading.main_thread():
+            for s in TERMINATING:
+                old = signal.getsignal(s)
+                if old not in (signal.SIG_IGN, None):
+                    self._old[s] = signal.signal(s, lambda signum, _frame: self.got.append(signum))
+        return self
 
-    def handler(signum: int, _frame) -> None:
-        raise _Stopped(signum)
-    old = {s: signal.getsignal(s) for s in TERMINATING}
-    caught = [s for s, h in old.items() if h not in (signal.SIG_IGN, None)]
-    for s in caught:
-        signal.signal(s, handler)
-    try:
-        yield
-    except _Stopped as stop:
-        _restore(old, caught)
-        caught = []
-        signal.raise_signal(stop.signum)
-        # The process's handler returned (it only noted the signal): the operation still failed.
-        raise CgroupError(errno.EINTR, f"interrupted by {signal.Signals(stop.signum).name}") from None
-    finally:
-        _restore(old, caught)
-
-
-def _restore(old: dict, caught: list) -> None:
-    # Held: a signal arriving half-way through would otherwise raise _Stopped out of here.
-    with signals_held():
-        for s in caught:
-            signal.signal(s, old[s])
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        for s in self.got:
+            signal.raise_signal(s)
 
 
 class Cgroup:
@@ -191,8 +175,9 @@ class Cgroup:
         return moved
 
     # -- freeze and kill --------------------------------------------------------------
-    def wait_event(self, key: str, value: int, timeout: float) -> bool:
-        """Wait until `cgroup.events` shows `key value`; False on timeout.
+    def wait_event(self, key: str, value: int, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
+        """Wait until `cgroup.events` shows `key value`; False on timeout, or as soon as `stop()`
+        says so (checked at least every 50 ms).
 
         The kernel signals changes to cgroup.events as POLLPRI, so the wait sleeps in poll()
         instead of spinning on the file."""
@@ -207,35 +192,40 @@ class Cgroup:
                 if f"{key} {value}" in text.splitlines():
                     return True
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (stop is not None and stop()):
                     return False
                 poller.poll(min(left, 0.05) * 1000)
         finally:
             os.close(fd)
 
     def freeze(self, timeout: float = 2.0) -> None:
-        """Write `cgroup.freeze` 1 and wait for `frozen 1`. On a timeout, any error or a stop
-        (SIGINT, SIGTERM, SIGHUP) before that confirmation the group is thawed back first, in a
-        section signals cannot cut; a group someone else had already asked frozen is waited
-        for but never thawed (this call did not freeze it)."""
+        """Write `cgroup.freeze` 1 and wait for `frozen 1`. On a timeout, an error or a stop
+        (SIGINT, SIGTERM, SIGHUP) before that confirmation the group is thawed back first, then
+        the error is raised or the signal delivered. A group someone else had already asked
+        frozen is waited for but never thawed (this call did not freeze it)."""
         timeout = check_timeout(timeout)
         if self.read(R.FREEZE.name).strip() == "1":
             if not self.wait_event("frozen", 1, timeout):
                 raise CgroupError(errno.ETIMEDOUT, f"{self.path} was already being frozen and did not "
                                                    f"reach frozen 1 within {timeout:g}s")
             return
-        with _stops_raise():
+        with _SignalsNoted() as noted:
+            self.write(R.FREEZE.name, "1")
             try:
-                self.write(R.FREEZE.name, "1")
-                confirmed = self.wait_event("frozen", 1, timeout)
+                confirmed = self.wait_event("frozen", 1, timeout, stop=lambda: bool(noted.got))
             except BaseException as exc:
                 with signals_held():
                     self._thaw_back(timeout, exc)
                 raise
-            if not confirmed:
+            if noted.got or not confirmed:
                 with signals_held():
                     self._thaw_back(timeout)
-                raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
+        # Here a noted signal has been delivered; its handler returned (it only noted it).
+        if noted.got:
+            raise CgroupError(errno.EINTR, f"{self.path}: freeze interrupted by "
+                                           f"{signal.Signals(noted.got[0]).name}; thawed back")
+        if not confirmed:
+            raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
 
     def _thaw_back(self, timeout: float, cause: BaseException | None = None) -> None:
         try:

@@ -84,7 +84,7 @@ def test_sigterm_at_any_moment_of_a_freeze_never_leaves_the_group_frozen_unless_
             time.sleep(0.0003 * (i % 8))
             proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=30)
-            assert "Traceback" not in err
+            assert "Traceback" not in err, err
             if "freeze g: populated=1 frozen=1" in out:  # it reported the group frozen: it is
                 assert frozen(sub.g) and proc.returncode in (0, 143, -signal.SIGTERM), (proc.returncode, err)
             else:  # stopped before it reported: thawed back, and it says so
