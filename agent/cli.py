@@ -59,19 +59,30 @@ def bench() -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys, see README).")
 @click.option("--require", "required", multiple=True, metavar="ITEM",
-              help="Exit 1 if ITEM is missing or not ok (repeatable), e.g. --require iopoll.")
+              help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.")
 def doctor(as_json: bool, required: tuple[str, ...]) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
     from .doctor import missing, render, run_probes
+    from .signals import Terminated, terminate_on_signals
 
-    items = run_probes()
+    try:
+        with terminate_on_signals():  # a stop runs the probes' cleanup (the cgroup probe's group)
+            items = run_probes()
+    except Terminated as exc:
+        click.echo(f"xhagent doctor: {exc}", err=True)
+        sys.exit(exc.exit_code)
     click.echo(render.dumps(items) if as_json else render.table(items))
+    known = [i.name for i in items]
+    unknown = [name for name in required if name not in known]
+    for name in unknown:
+        click.echo(f"xhagent doctor: --require {name!r}: no such item; the items are: {', '.join(known)}", err=True)
+    if unknown:
+        sys.exit(2)
     lacking = missing(items, required)
+    for name in lacking:
+        item = next(i for i in items if i.name == name)
+        click.echo(f"xhagent doctor: required item {name!r} is not ok: {item.reason}", err=True)
     if lacking:
-        known = {i.name for i in items}
-        for name in lacking:
-            why = "not ok" if name in known else "unknown item (see `xhagent doctor --json` for names)"
-            click.echo(f"xhagent doctor: required item {name!r} is {why}", err=True)
         sys.exit(1)
 
 

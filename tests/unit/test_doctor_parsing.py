@@ -98,6 +98,7 @@ def test_report_json_shape_and_missing():
     assert doc["missing"] == ["iopoll"] and doc["ok"] == ["io_uring"]
     assert missing(items, ["io_uring", "iopoll", "absent"]) == ["iopoll", "absent"]
     table = render.table(items).splitlines()
+    assert table[0].split() == ["ITEM", "OK", "DETAIL", "/", "REASON"]
     assert table[1].split()[:2] == ["io_uring", "ok"] and table[2].split()[:2] == ["iopoll", "NO"]
 
 
@@ -126,5 +127,30 @@ def test_cli_require_exit_codes(fake_probes):
     res = runner.invoke(cli.main, ["doctor", "--require", "iopoll"])
     assert res.exit_code == 1
     assert "required item 'iopoll' is not ok" in res.stderr
-    res = runner.invoke(cli.main, ["doctor", "--require", "iopol"])
-    assert res.exit_code == 1 and "unknown item" in res.stderr
+    assert "io_poll=0" in res.stderr  # and why
+
+
+def test_cli_require_of_an_unknown_item_is_bad_input_and_names_the_items(fake_probes):
+    res = CliRunner().invoke(cli.main, ["doctor", "--require", "bogus", "--require", "iopoll"])
+    assert res.exit_code == 2
+    assert "--require 'bogus': no such item; the items are: io_uring, iopoll" in res.stderr
+
+
+def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypatch):
+    import os
+    import signal
+
+    import xhagent.doctor as doctor
+
+    cleaned = []
+
+    def stopped():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return [ok("io_uring")]
+        finally:
+            cleaned.append(True)
+    monkeypatch.setattr(doctor, "_probes", lambda: [("x", stopped)])
+    res = CliRunner().invoke(cli.main, ["doctor"])
+    assert res.exit_code == 128 + signal.SIGTERM and "stopped by SIGTERM" in res.stderr
+    assert cleaned == [True] and "Traceback" not in res.output
