@@ -91,6 +91,8 @@ FREEZE = CgroupFile("cgroup.freeze", validate=v.boolean01)
 KILL = CgroupFile("cgroup.kill")
 TYPE = CgroupFile("cgroup.type", parse=str.strip)
 CGROUP_STAT = CgroupFile("cgroup.stat", parse=v.parse_flat_keyed)
+MAX_DEPTH = CgroupFile("cgroup.max.depth")  # `max` or a count of levels below the group
+MAX_DESCENDANTS = CgroupFile("cgroup.max.descendants")
 
 # -- settings a CgroupPolicy can hold ---------------------------------------------------------
 IO_WEIGHT = CgroupFile("io.weight", "io", v.parse_weight_file, v.format_weight_lines,

@@ -16,7 +16,7 @@ from . import registry as R
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy
 from .policy import Policy
-from .reconcile import ROOT, Action, Actual, ActualGroup, Plan
+from .reconcile import ROOT, Action, Actual, ActualGroup, Limit, Plan
 from .subtree import Subtree, systemd_manages_root
 
 
@@ -33,6 +33,28 @@ def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
             values[f.name] = cg.get(f)
     return ActualGroup(cg.controllers(), cg.subtree_control(), cg.procs(),
                        bool(cg.events().get("populated")), values)
+
+
+def _limit(cg: Cgroup, f: R.CgroupFile) -> int | None:
+    try:
+        value = cg.read(f.name).strip()
+    except CgroupError:
+        return None  # an older kernel without the file: no limit to check
+    return None if value == "max" else int(value)
+
+
+def read_limits(sub: Subtree) -> list[Limit]:
+    """The depth and descendant limits of the subtree and every group above it."""
+    out, path, k = [], sub.path, 0
+    while True:
+        if path.is_dir():
+            cg = Cgroup(path)
+            stat = cg.get(R.CGROUP_STAT) if cg.has(R.CGROUP_STAT) else {}
+            out.append(Limit(k, str(path), _limit(cg, R.MAX_DEPTH), _limit(cg, R.MAX_DESCENDANTS),
+                             int(stat.get("nr_descendants", 0))))
+        if path == sub.top.path or path == path.parent:
+            return out
+        path, k = path.parent, k + 1
 
 
 def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None,
@@ -66,6 +88,9 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
         unsupported={f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)},
         mode=hierarchy.mode if hierarchy else "unified",
         v1_controllers=hierarchy.v1_controllers if hierarchy else (),
+        subtree_path=str(sub.path),
+        agent_leaf=sub.agent_leaf,
+        limits=read_limits(sub),
     )
 
 

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
+from ..cgroups import registry as R
 from ..signals import signals_held
 from ..cgroups.mounts import discover
 from ..cgroups.subtree import DEFAULT_SUBTREE
@@ -57,7 +58,7 @@ def _dispose(group: Cgroup) -> None:
     try:
         if group.events().get("populated"):
             group.kill()
-        group.write("cgroup.freeze", "0")
+        group.write(R.FREEZE.name, "0")
         group.remove(kill_first=True)
     except CgroupError as exc:
         if exc.errno != errno.ENOENT:
