@@ -27,6 +27,7 @@ from .cgroups.lock import SubtreeLock
 from .cgroups.mounts import discover
 from .cgroups.policy import Policy, load_policy
 from .cgroups.reconcile import Options, Plan, plan as make_plan
+from .cgroups.state import ApplyReport
 from .cgroups.state import apply as apply_plan
 from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
@@ -231,7 +232,15 @@ def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: 
         if p.errors:
             click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(policy, sub, p)
             _fail("nothing applied: the policy cannot be applied on this node")
-        report = apply_plan(p, sub)
+        report = ApplyReport()
+        try:
+            apply_plan(p, sub, report)
+        except Terminated as exc:  # between two actions: say how far it got
+            for a in report.applied:
+                click.echo(f"  applied: {a.describe()}")
+            for a in report.not_applied:
+                click.echo(f"  not applied: {a.describe()}")
+            _fail(f"{exc} after {len(report.applied)} of {len(p.actions)} actions", exc.exit_code)
     if as_json:
         click.echo(json.dumps({**_plan_dict(policy, sub, p), "apply": _jsonable(report.as_dict())}, indent=2))
     else:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..signals import signals_held
 from . import io_weight
 from . import registry as R
 from .group import Cgroup, CgroupError
@@ -111,21 +112,26 @@ class ApplyReport:
                 "not_applied": [a.as_dict() for a in self.not_applied]}
 
 
-def apply(plan: Plan, sub: Subtree) -> ApplyReport:
+def apply(plan: Plan, sub: Subtree, report: ApplyReport | None = None) -> ApplyReport:
     """Run the plan's actions in order; stop at the first refusal. Every write is read
-    back: a value the kernel accepted but did not keep counts as a refusal."""
-    report = ApplyReport()
+    back: a value the kernel accepted but did not keep counts as a refusal. Each action runs
+    with the stop signals held, so a stop lands between two actions; a caller that passes
+    `report` still has what was applied when a stop ends the run."""
+    report = report if report is not None else ApplyReport()
     if plan.errors:
         report.not_applied = list(plan.actions)
         return report
+    report.not_applied = list(plan.actions)
     for i, action in enumerate(plan.actions):
         try:
-            _run(action, sub, report)
+            with signals_held():  # a stop is delivered once the action and its record are done
+                _run(action, sub, report)
+                report.applied.append(action)
+                report.not_applied = plan.actions[i + 1:]
         except (CgroupError, ValueError) as exc:
             report.failed = (action, str(exc))
             report.not_applied = plan.actions[i + 1:]
             return report
-        report.applied.append(action)
     return report
 
 

@@ -64,3 +64,29 @@ def test_no_wait_fails_at_once_when_another_holds_the_lock(tmp_path, monkeypatch
     assert res.exit_code == 1
     assert f"is being changed by pid {os.getpid()}" in res.output and "--no-wait" in res.output
     assert (g / "cgroup.freeze").read_text()[0] == "0"
+
+
+def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_path, monkeypatch):
+    import signal
+
+    from xhagent import cgroup_cli
+    from xhagent.cgroups import state
+    from xhagent.cgroups.reconcile import Action, Plan
+
+    g = _fake_subtree(tmp_path, monkeypatch)
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n")
+    monkeypatch.setattr(cgroup_cli, "_plan", lambda *a, **k: Plan(actions=[Action("create", n) for n in "abc"]))
+    done = []
+
+    def run(action, sub, report):
+        (g.parent / action.group).mkdir()
+        if action.group == "b":
+            os.kill(os.getpid(), signal.SIGTERM)  # held until this action is complete
+        done.append(action.group)
+    monkeypatch.setattr(state, "_run", run)
+    res = CliRunner().invoke(main, ["cgroup", "apply", "-f", str(policy)])
+    assert res.exit_code == 143, res.output
+    assert done == ["a", "b"]
+    assert "applied: create a\n  applied: create b\n  not applied: create c" in res.output
+    assert "stopped by SIGTERM after 2 of 3 actions" in res.output
