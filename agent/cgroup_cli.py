@@ -44,8 +44,10 @@ def _fail(message: str, code: int = 1) -> None:
 def _subtree(ctx: click.Context) -> Subtree:
     try:
         return locate(ctx.obj["subtree"], ctx.obj["hierarchy"], ctx.obj["delegated"])
-    except (CgroupError, ValueError) as exc:
+    except (CgroupError, ValueError, LookupError) as exc:
         _fail(str(exc))
+    except OSError as exc:  # reading /proc/self/cgroup or a delegate mark
+        _fail(f"{exc.filename or 'locating the subtree'}: {exc.strerror}")
 
 
 def _settle(sub: Subtree) -> None:

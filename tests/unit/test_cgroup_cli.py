@@ -90,3 +90,16 @@ def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_p
     assert done == ["a", "b"]
     assert "applied: create a\n  applied: create b\n  not applied: create c" in res.output
     assert "stopped by SIGTERM after 2 of 3 actions" in res.output
+
+
+def test_locating_the_subtree_fails_with_a_message_not_a_traceback(monkeypatch):
+    import errno
+
+    from xhagent import cgroup_cli
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", "/sys/fs/cgroup/unit.service")
+    monkeypatch.setattr(cgroup_cli, "locate", denied)
+    res = CliRunner().invoke(main, ["cgroup", "show"])
+    assert res.exit_code == 1 and res.exception.__class__ is SystemExit
+    assert "/sys/fs/cgroup/unit.service: Permission denied" in res.output and "Errno" not in res.output
