@@ -350,11 +350,12 @@ def _group_cmd(name: str, doc: str):
                 froze = name == "freeze" and cg.read(R.FREEZE.name).strip() == "0"
                 getattr(cg, name)(timeout)
                 events = cg.events()
-                if as_json:
-                    click.echo(json.dumps({"action": name, "group": group, "path": str(cg.path), "events": events}))
-                else:
-                    click.echo(f"{name} {group}: {' '.join(f'{k}={v}' for k, v in events.items())}")
-                froze = False  # reported: from here a stop leaves it as reported, and says so
+                with signals_held():  # reported and no longer to be undone, as one step
+                    if as_json:
+                        click.echo(json.dumps({"action": name, "group": group, "path": str(cg.path), "events": events}))
+                    else:
+                        click.echo(f"{name} {group}: {' '.join(f'{k}={v}' for k, v in events.items())}")
+                    froze = False  # from here a stop leaves it as reported, and says so
         except (CgroupError, ValueError) as exc:
             _fail(str(exc))
         except Terminated as exc:
