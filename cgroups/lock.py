@@ -39,7 +39,8 @@ def lock_path(subtree: Path, lock_dir: Path) -> Path:
 
 def _lock_dir(lock_dir: Path) -> None:
     try:
-        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (lock_dir.parent, lock_dir):  # /run/xhagent too: 0700 when this creates it
+            d.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(lock_dir)
     except OSError as exc:
         raise CgroupError(exc.errno, f"lock directory {lock_dir}: {exc.strerror}") from None
