@@ -32,7 +32,7 @@ from .cgroups.state import apply as apply_plan
 from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
 from .cgroups.subtree import Subtree, locate
-from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals, wait_exit_code
+from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
 from .spec import SpecError
 
 
@@ -442,12 +442,15 @@ def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bo
         with os.fdopen(read_end, "rb") as pipe:
             error = pipe.read().decode()  # empty once exec succeeded: the child is in GROUP
         lock.release()
-        code = wait_exit_code(pid)
+        _, status = os.waitpid(pid, 0)
     if error:
         _fail(error)
+    # Killed by signal N: 128+N, as a shell reports it (an exit(137) is not a SIGKILL, though).
+    killed = signal.Signals(os.WTERMSIG(status)) if os.WIFSIGNALED(status) else None
+    code = 128 + killed if killed else os.waitstatus_to_exitcode(status)
     if as_json:
         click.echo(json.dumps({"group": group, "path": str(cg.path), "command": list(command), "pid": pid,
-                               "exit_code": code, "signal": signal.Signals(code - 128).name if code > 128 else None,
+                               "exit_code": code, "signal": killed.name if killed else None,
                                "forwarded": [signal.Signals(s).name for s in received]}))
     sys.exit(code)
 

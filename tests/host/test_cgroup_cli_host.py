@@ -128,6 +128,8 @@ def test_run_json_and_status_of_a_child_that_kills_itself(sub):
     assert out["exit_code"] == 137 and out["signal"] == "SIGKILL" and out["command"][0] == sys.executable
     res = sub("run", "g", "--json", "--", "sh", "-c", "exit 3")
     assert res.returncode == 3 and json.loads(res.stdout)["exit_code"] == 3
+    res = sub("run", "g", "--json", "--", "sh", "-c", "exit 200")  # not a signal, though above 128
+    assert res.returncode == 200 and json.loads(res.stdout)["signal"] is None
 
 
 def test_run_into_a_frozen_group_is_refused_unless_thaw(sub):
