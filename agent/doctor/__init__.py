@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from typing import Callable, Iterable
 
-from .report import Item, fail
+from .report import Item, errno_reason, fail
 
 Probe = Callable[[], Iterable[Item]]
 
@@ -34,7 +34,9 @@ def run_probes(probes: list[tuple[str, Probe]] | None = None) -> list[Item]:
             items.extend(probe())
         except Exception as exc:  # a report, not a crash: name what broke
             last = traceback.extract_tb(exc.__traceback__)[-1]
-            items.append(fail(section, f"probe crashed: {type(exc).__name__}: {exc} "
+            what = (f"{exc.filename + ': ' if exc.filename else ''}{errno_reason(exc)}"
+                    if isinstance(exc, OSError) and exc.errno else str(exc))  # no "[Errno N]" prefix
+            items.append(fail(section, f"probe crashed: {type(exc).__name__}: {what} "
                                        f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"))
     return items
 

@@ -112,6 +112,16 @@ def test_crashing_probe_becomes_failed_item():
     assert "ValueError: bad sysfs value" in items[1].reason
 
 
+def test_a_probe_crashing_on_a_missing_file_says_which_without_an_errno_prefix():
+    def broken():
+        open("/sys/nonexistent/online")
+
+    (item,) = run_probes([("system", broken)])
+    assert item.reason.startswith("probe crashed: FileNotFoundError: /sys/nonexistent/online: "
+                                  "-ENOENT (No such file or directory) (test_doctor_parsing.py:")
+    assert "[Errno" not in item.reason
+
+
 @pytest.fixture
 def fake_probes(monkeypatch):
     import xhagent.doctor as doctor
