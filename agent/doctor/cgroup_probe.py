@@ -108,7 +108,8 @@ def _lifecycle_items(root: Path) -> list[Item]:
     sleeper = None
     try:
         items = [ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))]
-        sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, close_fds=True)
+        with signals_held():  # a stop inside Popen would leave a sleep that nothing kills
+            sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, close_fds=True)
         return items + _freeze_and_kill(group, sleeper)
     finally:
         try:
