@@ -75,5 +75,27 @@ def doctor(as_json: bool, required: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def version(as_json: bool) -> None:
+    """The agent's version, and what this installation was built with."""
+    import importlib.util
+    import json
+    import platform
+    from importlib import resources
+
+    native = {name: importlib.util.find_spec(f"xhagent.{name}") is not None for name in ("_uring", "_bpf")}
+    objects = sorted(p.name for p in resources.files("xhagent.bpf.objects").iterdir() if p.name.endswith(".bpf.o"))
+    info = {"version": __version__, "python": platform.python_version(), "kernel": platform.release(),
+            "native": {k.lstrip("_"): v for k, v in native.items()}, "bpf_objects": objects}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"xhagent {__version__}")
+    click.echo(f"  python {info['python']}, kernel {info['kernel']}")
+    click.echo("  native: " + ", ".join(f"{k} {'built' if v else 'MISSING'}" for k, v in info["native"].items()))
+    click.echo(f"  bpf objects: {', '.join(objects) or 'none (the package was built without clang)'}")
+
+
 if __name__ == "__main__":
     main()

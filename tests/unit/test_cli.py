@@ -18,3 +18,25 @@ def test_help_lists_every_command():
     assert res.exit_code == 0, res.output
     for name in [*cli.COMMANDS, "doctor"]:
         assert f"  {name} " in res.output
+
+
+def test_version_names_the_build():
+    import json
+
+    from xhagent import __version__
+
+    res = CliRunner().invoke(cli.main, ["version", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["version"] == __version__
+    assert set(info["native"]) == {"uring", "bpf"}
+    assert "sched_trace.bpf.o" in info["bpf_objects"]
+    assert CliRunner().invoke(cli.main, ["version"]).output.startswith(f"xhagent {__version__}\n")
+
+
+def test_shell_completion_reaches_lazy_subcommands():
+    # The README's completion line: bash asks the program itself for candidates.
+    res = CliRunner().invoke(cli.main, [], prog_name="xhagent",
+                             env={"_XHAGENT_COMPLETE": "bash_complete", "COMP_WORDS": "xhagent cgroup fr",
+                                  "COMP_CWORD": "2"})
+    assert res.output.split() == ["plain,freeze"]
