@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from .fmt import Event
-from .intervals import on_cpu_intervals
+from .intervals import Selection, runs
 
 MAX_BINS = 4000
 MIN_WIDTH = 400
@@ -32,7 +32,10 @@ def auto_bin_ms(span_ns: int, target_bins: int = 200) -> float:
     return max(1.0, math.ceil(span_ns / 1e6 / target_bins))
 
 
-def busy_grid(events: Iterable[Event], bin_ms: float | None = None, ncpus: int | None = None) -> Grid:
+def busy_grid(events: Iterable[Event], bin_ms: float | None = None, ncpus: int | None = None,
+              filt: dict | None = None) -> Grid:
+    """`filt`: the trace's filter; with one, the cells show the selected tasks' runs
+    (intervals.Selection), as `trace stats` counts them."""
     events = list(events)
     if not events:
         raise ValueError("the trace holds no events")
@@ -47,7 +50,7 @@ def busy_grid(events: Iterable[Event], bin_ms: float | None = None, ncpus: int |
     cpus = list(range(ncpus)) if ncpus else sorted({e.cpu for e in events})
     row = {cpu: i for i, cpu in enumerate(cpus)}
     busy = [[0.0] * nbins for _ in cpus]
-    for iv in on_cpu_intervals(events):
+    for iv in runs(events, Selection(events, filt)):
         if iv.pid == 0 or iv.cpu not in row:
             continue
         r = busy[row[iv.cpu]]

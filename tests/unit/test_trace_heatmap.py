@@ -3,7 +3,7 @@ import struct
 import zlib
 
 import pytest
-from trace_samples import sample_events
+from trace_samples import PID_FILTER, filtered_events, sample_events
 
 from xhagent.trace.heatmap import busy_grid, layout_for, png, svg
 
@@ -67,3 +67,10 @@ def test_png_shape_and_rows():
     assert pixel(lay.left + 2 * lay.cell_w + lay.cell_w // 2, mid0) == (255, 255, 255)
     mid1 = lay.top + lay.cell_h + lay.cell_h // 2
     assert pixel(lay.left + 3 * lay.cell_w + lay.cell_w // 2, mid1) == (128, 0, 38)
+
+
+def test_a_filtered_grid_shows_the_selected_tasks_runs():
+    g = busy_grid(filtered_events(), bin_ms=50, ncpus=2, filt=PID_FILTER)
+    # bins from 1 ms; CPU 0: ping 1-3 ms and 200-250 ms; migration/0's unrecorded
+    # 3-200 ms is not drawn
+    assert g.busy[0] == pytest.approx([0.04, 0.0, 0.0, 0.02, 0.98, 0.0])
