@@ -122,13 +122,17 @@ def test_raw_tp_fallback(tmp_path):
                and e.prev_state & 1 for e in events) >= 100
 
 
-def cgroup2_root() -> str | None:
+def first_mount(fstype: str) -> str | None:
     with open("/proc/self/mounts") as f:
         for line in f:
-            dev, mnt, fstype = line.split()[:3]
-            if fstype == "cgroup2":
+            _, mnt, kind = line.split()[:3]
+            if kind == fstype:
                 return mnt
     return None
+
+
+def cgroup2_root() -> str | None:
+    return first_mount("cgroup2")
 
 
 def test_cgroup_filter(tmp_path):
@@ -278,17 +282,8 @@ def test_bad_record_options_leave_an_existing_output_untouched(tmp_path, run_xha
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
 
 
-def cgroup_v1_dir() -> str | None:
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            _, mnt, fstype = line.split()[:3]
-            if fstype == "cgroup":
-                return mnt
-    return None
-
-
 def test_a_cgroup_v1_directory_is_refused(run_xhagent, tmp_path):
-    v1 = cgroup_v1_dir()
+    v1 = first_mount("cgroup")
     if v1 is None:
         pytest.skip("no cgroup v1 hierarchy on this host")
     res = run_xhagent("trace", "record", "-o", str(tmp_path / "x"), "--cgroup", v1, "--duration", "1")
