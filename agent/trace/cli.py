@@ -109,7 +109,7 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     except BpfError as exc:
         _fail(str(exc))
     except OSError as exc:
-        _fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        _fail(f"{exc.filename or output}: cannot write: {exc.strerror}")
     except Terminated as exc:
         _fail(f"{exc}; {output} left as it was", exc.exit_code)
     if tty:
@@ -134,15 +134,18 @@ ALLOW_TRUNCATED = click.option(
 
 def _write(output: str, write) -> None:
     """Run write(fd) into OUTPUT, replacing it only when all is written (output.py)."""
+    from ..signals import Terminated, terminate_on_signals
     from .output import OutputError, atomic_output
 
     try:
-        with atomic_output(output) as out:
+        with terminate_on_signals(), atomic_output(output) as out:  # a stop removes the temporary
             write(out.fd)
     except OutputError as exc:
         _fail(str(exc), BAD_INPUT)
     except OSError as exc:
         _fail(f"{output}: cannot write: {exc.strerror}")
+    except Terminated as exc:
+        _fail(f"{exc}; {output} left as it was", exc.exit_code)
 
 
 def _check_output(output: str) -> None:
@@ -177,7 +180,13 @@ def export(file, fmt, output, allow_truncated) -> None:
             count.append(WRITERS[fmt](ordered, f))
 
     if output == "-":
-        count.append(WRITERS[fmt](ordered, sys.stdout))
+        try:
+            count.append(WRITERS[fmt](ordered, sys.stdout))
+            sys.stdout.flush()
+        except OSError as exc:  # a full disk, a reader that went away (| head)
+            # nothing more can reach stdout, not even the flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _fail(f"standard output: {exc.strerror}")
     else:
         _write(output, write)
     click.echo(f"trace: {count[0]} {fmt} entries written to {output}", err=True)

@@ -63,13 +63,14 @@ class OutputFile:
             except FileExistsError:
                 continue
             except OSError as exc:  # named by the user's path, not the temporary one
-                raise OSError(exc.errno, f"cannot write: {exc.strerror}", path) from None
+                raise OSError(exc.errno, exc.strerror, path) from None
         else:
             raise OSError(errno.EEXIST, f"no free temporary name in {parent}", path)
         self.tmp: str | None = tmp
 
     def commit(self) -> None:
         """Give the file its final mode and put it in place of `path`."""
+        self.check(self.path)  # again: what it is may have changed while this ran
         with signals_held():  # renamed and forgotten together, or neither
             os.fchmod(self.fd, self.mode)
             if self.owner is not None and self.owner != (os.geteuid(), os.getegid()):

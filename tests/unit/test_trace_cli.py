@@ -192,3 +192,46 @@ def all_keys(doc):
     elif isinstance(doc, list):
         for v in doc:
             yield from all_keys(v)
+
+
+def test_export_failing_half_way_leaves_the_existing_output_untouched(tmp_path, monkeypatch):
+    from xhagent.trace import export
+
+    def broken(trace, out):
+        out.write("half\n")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(export.WRITERS, "perf", broken)
+    out = tmp_path / "keep.txt"
+    out.write_text("precious")
+    path = sample(tmp_path)
+    res = run("export", path, "--format", "perf", "-o", str(out))
+    assert res.exit_code == 1 and f"{out}: cannot write: No space left on device" in res.stderr
+    assert out.read_text() == "precious" and sorted(os.listdir(tmp_path)) == ["keep.txt", "t.xht"]
+
+
+def test_export_to_a_full_stdout_is_a_message_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("xhagent")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([str(exe), "trace", "export", sample(tmp_path), "--format", "perf", "-o", "-"],
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert res.returncode == 1 and res.stderr == "xhagent trace: standard output: No space left on device\n"
+
+
+def test_a_signal_while_exporting_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import signal
+
+    from xhagent.trace import export
+
+    def interrupted(trace, out):
+        out.write("half\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setitem(export.WRITERS, "perf", interrupted)
+    res = run("export", sample(tmp_path), "--format", "perf", "-o", str(tmp_path / "new.txt"))
+    assert res.exit_code == 143 and "stopped by SIGTERM" in res.stderr
+    assert os.listdir(tmp_path) == ["t.xht"]
