@@ -108,8 +108,8 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         _fail(str(exc), BAD_INPUT)
     except BpfError as exc:
         _fail(str(exc))
-    except OSError as exc:
-        _fail(f"{exc.filename or output}: cannot write: {exc.strerror}")
+    except OSError as exc:  # creating or writing the trace file
+        _fail(f"{exc.filename or output}: cannot write: {exc.strerror or exc}")
     except Terminated as exc:
         _fail(f"{exc}; {output} left as it was", exc.exit_code)
     if tty:

@@ -162,6 +162,7 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
                         os.close(gate)
                         gate = None
                     next_report = t0 + 1.0
+                    # with a command, a signal goes to it and its exit ends the loop
                     while proc is not None or not stop.requested:
                         sink.poll(POLL_MS)
                         now = time.monotonic()
