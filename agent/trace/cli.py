@@ -117,8 +117,8 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     click.echo(f"trace: {res.records} events in {res.elapsed_s:.2f} s written to {res.path}, "
                f"{res.lost} lost", err=True)
     if res.lost:
-        click.echo(f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU "
-                   f"{res.lost_per_cpu})", err=True)
+        click.echo(f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU: "
+                   f"{', '.join(map(str, res.lost_per_cpu))})", err=True)
     if as_json:
         click.echo(json.dumps({"path": res.path, "records": res.records, "lost": res.lost,
                                "lost_per_cpu": res.lost_per_cpu, "elapsed_s": round(res.elapsed_s, 6),
