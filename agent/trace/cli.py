@@ -2,35 +2,23 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 import click
 
+from ..cliparams import FiniteFloat
 from .fmt import TraceFile, TraceFormatError
 
 # Exit statuses (README): 1 refused or failed on this node, 2 bad input (options, files).
 REFUSED, BAD_INPUT = 1, 2
+MAX_DURATION_S = 366 * 86400   # a year: past it, a typo
+MAX_BIN_MS = 86400 * 1000      # a day
 
 
 def _fail(msg: str, code: int = REFUSED):
     click.echo(f"xhagent trace: {msg}", err=True)
     sys.exit(code)
-
-
-class Positive(click.ParamType):
-    """A finite number > 0: NaN would compare false with every bound and inf never ends."""
-    name = "number"
-
-    def convert(self, value, param, ctx):
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!s} is not a number", param, ctx)
-        if not math.isfinite(v) or v <= 0:
-            self.fail(f"{value!s} is not a finite number > 0", param, ctx)
-        return v
 
 
 def _open(path: str, allow_truncated: bool = False) -> TraceFile:
@@ -58,7 +46,7 @@ def trace() -> None:
 @trace.command()
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Trace file to write (replaced only by a finished trace).")
-@click.option("--duration", type=Positive(), help="Stop after S seconds.")
+@click.option("--duration", type=FiniteFloat(0, MAX_DURATION_S, unit=" s"), help="Stop after S seconds.")
 @click.option("--cgroup", type=click.Path(file_okay=False), help="Trace a cgroup v2 subtree (directory).")
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
               help="Trace this pid/tgid and what it forks (repeatable).")
@@ -223,7 +211,8 @@ def stats(file, as_json, top, allow_truncated) -> None:
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="OUT.svg or OUT.png")
-@click.option("--bin-ms", type=Positive(), help="Time bin (default: about 200 bins).")
+@click.option("--bin-ms", type=FiniteFloat(0, MAX_BIN_MS, unit=" ms"),
+              help="Time bin (default: about 200 bins).")
 @ALLOW_TRUNCATED
 def heatmap(file, output, bin_ms, allow_truncated) -> None:
     """CPUs x time bins coloured by busy fraction, as SVG or PNG."""

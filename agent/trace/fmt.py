@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from ..inputs import InputError, open_input
+from ..inputs import InputError, open_input, read_input
 
 MAGIC = b"XHTRACE\x00"
 VERSION = 1
@@ -117,6 +117,7 @@ def write_trace(path: str | Path, header: Header, events: list[Event]) -> None:
 
 MAX_CPUS = 8192            # the kernel's NR_CPUS on common configurations
 MAX_META = 1 << 20         # metadata is a few hundred bytes; room is reserved in KiB
+MAX_STREAMED = 256 << 20   # a trace read from a pipe is held in memory: 3.3 million records
 # Types of the metadata the readers use; other keys are kept as they are (JSON values).
 META_TYPES = {"ncpus": int, "filter": dict, "events": list, "hostname": str, "kernel": str,
               "attach": str, "record": str, "started_realtime_ns": int, "elapsed_ns": int,
@@ -127,8 +128,8 @@ FILTER_KINDS = ("all", "cgroup", "pids")
 class TraceFile:
     """A trace opened for reading: `header`, `len()`, iteration over Event tuples.
 
-    The file is mapped, not read, so that memory does not grow with its size before the
-    records are used. Everything a reader relies on is checked here, so that a bad file is
+    A regular file is mapped, not read, so that memory does not grow with its size before
+    the records are used; a FIFO or `-` is read, up to MAX_STREAMED bytes. Everything a reader relies on is checked here, so that a bad file is
     one TraceFormatError naming the file (and the offset or record), never a traceback:
     the header, the metadata's types, every record's type and CPU, and the record count.
     A complete file with fewer records than it declares was cut: refused unless
@@ -147,28 +148,21 @@ class TraceFile:
         raise TraceFormatError(f"{self.path}: {what}")
 
     def _map(self):
+        """The file's bytes: a regular file mapped, a FIFO or `-` read to MAX_STREAMED."""
         try:
-            # a FIFO is refused before open_input opens it (that waits for a writer): a
-            # trace is read with random access, and its header is checked against its size
-            if stat.S_ISFIFO(os.stat(self.path).st_mode):
-                self._fail("is a FIFO; a trace is read from a regular file")
+            streamed = self.path == "-" or stat.S_ISFIFO(os.stat(self.path).st_mode)
         except OSError:
-            pass  # open_input says why
+            streamed = False  # open_input says why
         try:
-            fd = open_input(self.path)
+            if streamed:  # a pipe cannot be mapped
+                data = read_input(self.path, MAX_STREAMED, "a trace read from a pipe")
+            else:
+                data = _map_regular(self.path)
         except InputError as exc:
             raise TraceFormatError(str(exc)) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._fail("is a FIFO; a trace is read from a regular file")
-            if st.st_size < PREFIX.size:
-                self._fail(f"not an xhagent trace (only {st.st_size} bytes)")
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        except OSError as exc:
-            self._fail(f"cannot read: {exc.strerror}")
-        finally:
-            os.close(fd)
+        if len(data) < PREFIX.size:
+            self._fail(f"not an xhagent trace (only {len(data)} bytes)")
+        return data
 
     def _parse_header(self) -> tuple[Header, int]:
         d = self._data
@@ -264,6 +258,17 @@ class TraceFile:
 
     def realtime_ns(self, ts_ns: int) -> int:
         return ts_ns + self.header.clock_offset_ns
+
+
+def _map_regular(path: str):
+    fd = open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def _is_int(v) -> bool:

@@ -132,10 +132,35 @@ def test_only_regular_files_are_read(path, message):
     assert str(exc.value) == f"{path}: {message}"
 
 
-def test_a_fifo_is_refused(tmp_path):
-    os.mkfifo(tmp_path / "p")
-    with pytest.raises(TraceFormatError, match="p: is a FIFO; a trace is read from a regular file"):
-        TraceFile(tmp_path / "p")
+def test_a_fifo_is_read_to_a_bound(tmp_path, monkeypatch):
+    import threading
+
+    from xhagent.trace import fmt
+
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    data = trace_bytes()
+
+    def feed(payload):
+        def write():
+            try:
+                with open(fifo, "wb") as f:
+                    f.write(payload)
+            except BrokenPipeError:
+                pass  # the reader stopped at its bound
+        t = threading.Thread(target=write)
+        t.start()
+        return t
+
+    t = feed(data)
+    assert TraceFile(fifo).events() == sample_events()
+    t.join()
+    monkeypatch.setattr(fmt, "MAX_STREAMED", len(data) - 1)
+    t = feed(data)
+    with pytest.raises(TraceFormatError, match=f"p: is larger than {len(data) - 1:,} bytes, "
+                                               "the limit for a trace read from a pipe"):
+        TraceFile(fifo)
+    t.join()
 
 
 def test_missing_file(tmp_path):
