@@ -105,13 +105,16 @@ def _umask() -> int:
 @contextmanager
 def atomic_output(path: str, mode: int = 0o644) -> Iterator[OutputFile]:
     """Write through `.fd`; committed when the block ends normally, removed otherwise."""
-    out = OutputFile(path, mode)
+    out = None
     try:
+        with signals_held():  # a signal cannot come between creating the file and knowing it
+            out = OutputFile(path, mode)
         yield out
         if out.tmp is not None:
             out.commit()
     finally:
-        out.close()
+        if out is not None:
+            out.close()
 
 
 def write_all(fd: int, data: bytes) -> None:
