@@ -6,11 +6,13 @@ Subcommands live beside the code they drive and are imported only when invoked, 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import click
 
 from . import __version__
+from .signals import Terminated
 
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
@@ -45,7 +47,26 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+class RootGroup(LazyGroup):
+    """A stop by signal ends every command the same way: its cleanup has run (commands
+    that change state use xhagent.signals), one line says which signal, and the exit
+    status is the shell's 128+N, not a traceback or click's "Aborted!" with status 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Terminated(signal.SIGINT) from None
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except Terminated as exc:
+            click.echo(f"xhagent: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=RootGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="xhagent")
 def main() -> None:
     """Node agent of the XingHua scheduler."""

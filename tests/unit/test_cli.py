@@ -40,3 +40,17 @@ def test_shell_completion_reaches_lazy_subcommands():
                              env={"_XHAGENT_COMPLETE": "bash_complete", "COMP_WORDS": "xhagent cgroup fr",
                                   "COMP_CWORD": "2"})
     assert res.output.split() == ["plain,freeze"]
+
+
+@pytest.mark.parametrize("raised,code", [(KeyboardInterrupt, 130), ("SIGTERM", 143)])
+def test_a_stop_by_signal_is_one_line_and_128_plus_n(monkeypatch, raised, code):
+    import signal
+
+    from xhagent.signals import Terminated
+
+    def stopped(*_args, **_kwargs):
+        raise raised() if raised is KeyboardInterrupt else Terminated(signal.SIGTERM)
+    monkeypatch.setattr("xhagent.doctor.run_probes", stopped)
+    res = CliRunner().invoke(cli.main, ["doctor"])
+    assert res.exit_code == code, res.output
+    assert res.output == f"xhagent: stopped by {signal.Signals(code - 128).name}\n"
