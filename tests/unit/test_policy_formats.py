@@ -56,7 +56,7 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
 
 @pytest.mark.parametrize("kind,body,message", [
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
-     "p.yaml:7:7: unknown field 'spec.matchRules.constraint' (did you mean 'constraints'?)"),
+     "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
      "p.yaml:7:13: spec.priority: 101 is out of range 0..100"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
@@ -70,7 +70,7 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
      "is already set at line 8"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
                          "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
-     "p.yaml:8:28: unknown field 'spec.matchRules.constraints.hardware.gpu.minCudaVerison' "
+     "p.yaml:8:28: unknown field 'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
      "(did you mean 'minCudaVersion'?)"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
      "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values"),
