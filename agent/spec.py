@@ -241,14 +241,19 @@ def decode(data: bytes, file: str) -> str:
         raise SpecError(file, line, col, f"not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
 
 
-def load_file(path: str | Path) -> list[Document]:
-    """Every document of a file (`-`: standard input), read within MAX_BYTES."""
+def read_text(path: str | Path) -> str:
+    """The text of a file (`-`: standard input): regular or a FIFO, UTF-8, within MAX_BYTES."""
     name = str(path)
     try:
         data = read_input(name, MAX_BYTES, "a spec file")
     except InputError as exc:
         raise SpecError(name, 1, 1, exc.message) from None
-    return load_text(decode(data, name), name)
+    return decode(data, name)
+
+
+def load_file(path: str | Path) -> list[Document]:
+    """Every document of a file, read with read_text."""
+    return load_text(read_text(path), str(path))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
