@@ -332,3 +332,70 @@ def test_sizes_are_bounded():
     for size in ["9" * 400 + "GiB", "9" * 30 + "TiB", "9" * 30]:
         with pytest.raises(SpecError, match=r"^t.yaml:6:\d+: .*(larger than 8 EiB|at most 64 bits)"):
             task(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{memory: {size}}}\n")
+
+
+@pytest.fixture
+def sys_root(tmp_path):
+    (tmp_path / "sys" / "block" / "nvme0n1").mkdir(parents=True)
+    (tmp_path / "sys" / "block" / "nvme0n1" / "dev").write_text("259:0\n")
+    return tmp_path / "sys"
+
+
+def test_every_example_validates_by_its_kind(sys_root):
+    from xhagent.policy.documents import describe_item, load_any
+
+    kinds = {}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        kinds[path.name] = {describe_item(i).split(" ")[0] for i in load_any(path, sys_root)}
+    assert kinds == {"cgroup-policy.yaml": {"CgroupPolicy"}, "nodes.yaml": {"node"}, "task-infer.yaml": {"Task"},
+                     "video-inference-strict.yaml": {"SchedulingPolicy"}, "workload-hotcold.yaml": {"Workload"},
+                     "workload-inversion.yaml": {"Workload"}, "workload-mixed.yaml": {"Workload"},
+                     "workload-nodes-plain.yaml": {"node"}}
+    others = [str(p) for p in sorted(EXAMPLES.glob("*.yaml")) if p.name != "cgroup-policy.yaml"]
+    res = CliRunner().invoke(policy_cli, ["validate", *others])
+    assert res.exit_code == 0, res.output
+    assert f"{EXAMPLES / 'workload-mixed.yaml'}: ok (Workload mixed-sla)" in res.output
+
+
+def test_validate_reads_the_agent_config_and_reports_its_errors(tmp_path):
+    from xhagent.policy.documents import load_any
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("nodeName: gpu-07\nlabels: {rack: r12}\nreservedCpus: \"0,64\"\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(config)])
+    assert res.exit_code == 0 and f"{config}: ok (agent config for node gpu-07)" in res.output, res.output
+    assert load_any(config)[0].reserved_cpus == (0, 64)
+    config.write_text("nodeName: gpu-07\nreservedCpus: [x]\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(config)])
+    assert res.exit_code == 2 and f"{config}:2:15:" in res.output, res.output
+
+
+def test_validate_an_empty_or_kindless_file_is_an_error(tmp_path):
+    for text, message in [("", "1:1: empty file: expected a SchedulingPolicy, Task, CgroupPolicy or Workload"),
+                          ("# only a comment\n", "1:1: empty file: expected"),
+                          ("---\n---\n", "1:1: empty file: expected"),
+                          ("foo: 1\n", "1:1: no kind: expected a SchedulingPolicy"),
+                          ("[1, 2]\n", "1:1: expected a mapping: a SchedulingPolicy"),
+                          ("kind: Deployment\n", "1:7: kind: 'Deployment' is not one of SchedulingPolicy, Task, "
+                                                 "CgroupPolicy, Workload"),
+                          (HEAD.format(kind="Workload") + "  duration: 1s\n---\n" + HEAD.format(kind="Task"),
+                           "8:7: kind: a Workload file holds only Workload documents")]:
+        f = tmp_path / "f.yaml"
+        f.write_text(text)
+        res = CliRunner().invoke(policy_cli, ["validate", str(f)])
+        assert res.exit_code == 2 and res.output.startswith(f"{f}:{message}"), (text, res.output)
+        assert "Traceback" not in res.output
+
+
+def test_validate_lists_the_errors_of_every_document_of_a_file_in_json(tmp_path):
+    f = tmp_path / "two.yaml"
+    f.write_text(FOUR_MISTAKES + "---\n" + HEAD.format(kind="Task") + "  deviceType: fpga\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(f)])
+    assert res.exit_code == 2
+    assert [line.split(": ")[0] for line in res.output.splitlines()] == [
+        f"{f}:3:24", f"{f}:8:44", f"{f}:8:61", f"{f}:9:13", f"{f}:15:15"]
+    res = CliRunner().invoke(policy_cli, ["validate", "--json", str(f)])
+    report = json.loads(res.output)["files"][str(f)]
+    assert report["ok"] is False and len(report["errors"]) == 5
+    assert report["errors"][4] == {"file": str(f), "line": 15, "col": 15,
+                                   "message": "spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"}
