@@ -501,6 +501,7 @@ def loads(text: str, source: str = "<string>") -> list[Node]:
         loader = yaml.SafeLoader(text)
         try:
             tree = loader.get_single_node()
+            _versions_as_written(tree)
             data = loader.construct_document(tree) if tree is not None else None
         finally:
             loader.dispose()
@@ -515,6 +516,27 @@ def loads(text: str, source: str = "<string>") -> list[Node]:
     except ModelError as exc:
         mark = _mark_of(tree, exc.path)
         raise ModelError(exc.path, exc.message, f"{source}:{mark.line + 1}:{mark.column + 1}") from None
+
+
+VERSION_KEYS = ("cudaDriverVersion", "computeCapability")
+
+
+def _versions_as_written(tree: yaml.Node | None) -> None:
+    """Versions are read as written: unquoted `12.10` is 12.10, not the YAML float 12.1."""
+    stack, seen = [tree] if tree is not None else [], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if (key.value in VERSION_KEYS and isinstance(value, yaml.ScalarNode)
+                        and value.tag == "tag:yaml.org,2002:float"):
+                    value.tag = "tag:yaml.org,2002:str"
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def load(path: str | Path) -> list[Node]:

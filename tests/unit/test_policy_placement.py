@@ -391,3 +391,22 @@ def test_explain_reads_a_policy_directory_with_other_kinds_in_it(tmp_path):
                                           "--policies", str(tmp_path), "--nodes", str(EXAMPLES / "nodes.yaml")])
     assert res.exit_code == 0, res.output
     assert "policy video-inference-strict (priority 95" in res.output
+
+
+@pytest.mark.parametrize("node_cuda, policy_cuda", [("12.10", '"12.10"'), ('"12.10"', "12.10"), ("12.10", "12.10")])
+def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(tmp_path, node_cuda, policy_cuda):
+    """12.10 > 12.4: unquoted, YAML made 12.1 of it, and a task the quoted form leaves
+    Pending was placed (or the other way round for a node)."""
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text((EXAMPLES / "nodes.yaml").read_text().replace('cudaDriverVersion: "12.4"', f"cudaDriverVersion: {node_cuda}")
+                     .replace('computeCapability: "9.0"', "computeCapability: 9.10"))
+    assert {g.cuda_driver_version for n in load_nodes(nodes) for g in n.gpus} >= {Version(12, 10)}
+    assert {g.compute_capability for n in load(nodes) for g in n.gpus} >= {Version(9, 10)}
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', policy_cuda))
+    policy, = load(strict)
+    assert policy.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
+    res = CliRunner().invoke(policy_cli, ["explain", "--task", str(EXAMPLES / "task-infer.yaml"),
+                                          "--policies", str(strict), "--nodes", str(nodes), "--json"])
+    placed = json.loads(res.output)["tasks"][0]["placed"]
+    assert res.exit_code == 0 and placed["node"] == "node-02", res.output
