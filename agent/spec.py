@@ -44,6 +44,10 @@ class SpecError(ValueError):
         self.file, self.line, self.col, self.message = file, line, col, message
 
 
+class YamlSyntaxError(SpecError):
+    """Text that is not YAML at all (an unclosed bracket, bad indentation)."""
+
+
 class SpecErrors(SpecError):
     """Every located error found in one input, in file order; reads as one line per error,
     the first `SHOWN` of them, then a summary line when there are more."""
@@ -215,7 +219,8 @@ def load_text(text: str, file: str = "<string>") -> list[Document]:
             i += 1
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise _at(file, mark, f"invalid YAML: {exc.problem or exc.context}") from None
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise YamlSyntaxError(file, line, col, f"invalid YAML: {exc.problem or exc.context}") from None
     except yaml.reader.ReaderError as exc:  # a control character: a binary file
         raise _at(file, _mark_at(text, exc.position),
                   f"not a text file (character U+{exc.character:04X} is not allowed)") from None
