@@ -152,7 +152,7 @@ def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
                 raise _at(doc.file, key_node.start_mark, "a mapping key must be a plain value")
             key = _scalar(key_node, doc)
             if key in out:
-                raise _at(doc.file, key_node.start_mark, f"duplicate key {key!r}")
+                raise _at(doc.file, key_node.start_mark, f"duplicate key {key_node.value!r}")
             out[key] = _build(value_node, (*path, key), doc)
             # A key's own position, for messages about the key (unknown field, ...).
             doc.positions[(*path, key, "<key>")] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)

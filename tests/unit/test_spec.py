@@ -64,6 +64,8 @@ def test_syntax_error_and_duplicate_key():
         load_text("a: [1, 2\nb: 3\n", "bad.yaml")
     with pytest.raises(SpecError, match=r"^dup.yaml:2:1: duplicate key 'kind'$"):
         load_text("kind: Task\nkind: CgroupPolicy\n", "dup.yaml")
+    with pytest.raises(SpecError, match=r"^dup.yaml:2:1: duplicate key '2026-01-01'$"):  # not datetime.date(...)
+        load_text("2026-01-01: a\n2026-01-01: b\n", "dup.yaml")
 
 
 def test_did_you_mean():
