@@ -159,7 +159,11 @@ def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(item, (*path, i), doc) for i, item in enumerate(node.value)]
-    value = _scalar(node, doc)
+    try:
+        value = _scalar(node, doc)
+    except SpecError as exc:  # a value no loader may see; the other values are still checked
+        doc.errors.add(exc)
+        return None
     if node.style is None and not isinstance(value, str):
         doc.texts[path] = node.value
     return value
@@ -206,7 +210,7 @@ class _Composer(yaml.SafeLoader):
 
 def load_text(text: str, file: str = "<string>") -> list[Document]:
     """Every document of a YAML stream; a syntax error becomes a SpecError."""
-    docs, loader = [], None
+    docs, loader, bad = [], None, ErrorList()
     try:
         loader = _Composer(text, file)  # checks the characters first
         i = 0
@@ -215,6 +219,8 @@ def load_text(text: str, file: str = "<string>") -> list[Document]:
             if node is not None:
                 doc = Document(file, None, index=i)
                 doc.value = _build(node, (), doc)
+                for exc in doc.errors.errors:
+                    bad.add(exc)
                 docs.append(doc)
             i += 1
     except yaml.MarkedYAMLError as exc:
@@ -227,6 +233,7 @@ def load_text(text: str, file: str = "<string>") -> list[Document]:
     finally:
         if loader is not None:
             loader.dispose()
+    bad.raise_if_any()
     return docs
 
 

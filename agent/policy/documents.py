@@ -159,11 +159,17 @@ def _located(exc: SpecError) -> list[SpecError]:
 
 def describe_item(item: Any) -> str:
     """`SchedulingPolicy video-inference-strict`, `node node-01`, ... for reports."""
-    kind = {"Policy": "CgroupPolicy" if type(item).__module__.endswith("cgroups.policy") else "SchedulingPolicy",
-            "Node": "node", "NodeSpec": "node", "AgentConfig": "agent config for node"}.get(type(item).__name__,
-                                                                                     type(item).__name__)
-    name = getattr(item, "name", None) or getattr(item, "node_name", None) or "(unnamed)"
-    return f"{kind} {name}"
+    from ..cgroups.policy import Policy as CgroupPolicy  # here: sched imports this package
+    from ..inventory.labels import AgentConfig
+    from ..sched.simulator import NodeSpec
+    from ..sched.workload import Workload
+
+    if isinstance(item, AgentConfig):
+        return f"agent config for node {item.node_name}"
+    kinds = ((Policy, "SchedulingPolicy"), (Task, "Task"), (CgroupPolicy, "CgroupPolicy"), (Workload, "Workload"),
+             ((inventory.Node, NodeSpec), "node"))
+    kind = next(k for cls, k in kinds if isinstance(item, cls))
+    return f"{kind} {item.name or '(unnamed)'}"
 
 
 def load_all(paths) -> Inputs:

@@ -194,3 +194,9 @@ def test_numbers_keep_their_source_text_and_messages_show_it_not_a_repr():
     assert str(info.value).startswith("v.yaml:3:4: d: 2026-11-29 is not a valid count")
     with pytest.raises(SpecError, match="not a finite number"):
         load_text("n: 1\n")[0].root["n"].__class__(doc, ("n",), float("nan")).number()
+
+
+def test_every_value_no_loader_may_see_is_reported_at_once():
+    with pytest.raises(SpecErrors) as info:
+        load_text("a: .nan\nb: [1, .inf]\n---\nc: 2026-13-45\nd: ok\n", "v.yaml")
+    assert [line.split(": ")[0] for line in str(info.value).splitlines()] == ["v.yaml:1:4", "v.yaml:2:8", "v.yaml:4:4"]
