@@ -193,7 +193,8 @@ def parse_constraints(cur: Cursor) -> Constraints:
         away_from=get("topology.awayFrom", parse_selector),
     )
     if "topology.rackPeers" in seen and "topology.rackAffinity" not in seen:
-        doc.errors.add(seen["topology.rackPeers"].error("topology.rackPeers: needs rackAffinity (same or spread)"))
+        peers = seen["topology.rackPeers"]
+        doc.errors.add(peers.error(f"{peers.where}: needs rackAffinity (same or spread)"))
     return Constraints(
         gpu=gpu, cpu=cpu, topology=topo,
         memory=get("memory", lambda c: c.parse(parse_size, "size")),

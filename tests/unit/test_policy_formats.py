@@ -321,6 +321,14 @@ def test_versions_are_read_as_written_not_as_yaml_floats():
             policy(HEAD.format(kind="SchedulingPolicy") + rule % bad)
 
 
+def test_rack_peers_without_affinity_is_named_by_its_full_path():
+    with pytest.raises(SpecError) as info:
+        policy(HEAD.format(kind="SchedulingPolicy") + "  matchRules:\n    - selector: {}\n      constraints:\n"
+               "        - topology: {rackPeers: {matchLabels: {app: a}}}\n")
+    assert str(info.value) == ("p.yaml:8:33: spec.matchRules.0.constraints.0.topology.rackPeers: "
+                               "needs rackAffinity (same or spread)")
+
+
 def test_messages_show_the_file_text_not_a_python_repr():
     with pytest.raises(SpecError) as info:
         task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29\n")
