@@ -30,8 +30,9 @@ from .inputs import InputError, read_input
 
 T = TypeVar("T")
 MAX_BYTES = 4 << 20       # the largest spec file: far above any real policy or node model
-MAX_DEPTH = 64            # nesting levels; real files use about ten
+MAX_DEPTH = 128           # nesting levels: a node model uses ten, 32 levels of cgroups about 70
 MAX_INT = 1 << 64         # integers beyond this are refused where they are read
+SHOWN_CHARS = 512         # at most this much of a value is quoted back in a message
 Path_ = tuple[Any, ...]
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING", "__bool__": lambda self: False})()
 
@@ -402,14 +403,15 @@ class Cursor:
         try:
             return fn(value)
         except (ValueError, TypeError, OverflowError) as exc:
-            raise self.error(f"{self.where}: {self._shown()} is not a valid {what}: {exc}") from None
+            detail = str(exc) if len(str(exc)) <= SHOWN_CHARS else str(exc)[:SHOWN_CHARS - 3] + "..."
+            raise self.error(f"{self.where}: {self._shown()} is not a valid {what}: {detail}") from None
 
     def _shown(self) -> str:
         """The value for a message: as written in the file, never a Python repr."""
         text = self.text
         if text is None:
             return _kind(self.value)
-        text = text if len(text) <= 60 else text[:57] + "..."
+        text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."  # a 4 MiB value stays out
         return repr(text) if isinstance(self.value, str) else text
 
 

@@ -200,3 +200,10 @@ def test_every_value_no_loader_may_see_is_reported_at_once():
     with pytest.raises(SpecErrors) as info:
         load_text("a: .nan\nb: [1, .inf]\n---\nc: 2026-13-45\nd: ok\n", "v.yaml")
     assert [line.split(": ")[0] for line in str(info.value).splitlines()] == ["v.yaml:1:4", "v.yaml:2:8", "v.yaml:4:4"]
+
+
+def test_a_huge_value_is_quoted_back_only_in_part():
+    doc = load_text("v: " + "x" * 100_000 + "\n", "v.yaml")[0]
+    with pytest.raises(SpecError) as info:
+        doc.root["v"].parse(int, "count")
+    assert len(str(info.value)) < 1200 and "x" * 500 + "...'" in str(info.value)
