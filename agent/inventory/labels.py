@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from .model import Labels, ModelError, _mark_of, format_path
+from ..spec import SpecError, read_text
+from .model import Labels, ModelError, _mark_of, _spec_checks, format_path
 from .sysfs import parse_cpulist
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")
@@ -48,6 +49,10 @@ def _reserved(raw, path: tuple) -> tuple[int, ...]:
 
 def parse_config(text: str, source: str) -> AgentConfig:
     try:
+        _spec_checks(text, source)
+    except ModelError as exc:
+        raise ConfigError(exc.path, exc.message, exc.where) from None
+    try:
         tree = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text) if tree is not None else {}
     except yaml.MarkedYAMLError as exc:
@@ -75,9 +80,9 @@ def load_config(path: Path | None) -> AgentConfig:
             return AgentConfig()
         path = DEFAULT_CONFIG
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError((), f"cannot read: {exc.strerror or exc}", str(path)) from None
+        text = read_text(path)  # bounded, UTF-8, regular files and FIFOs only
+    except SpecError as exc:
+        raise ConfigError((), exc.message, exc.file) from None
     return parse_config(text, str(path))
 
 

@@ -63,6 +63,8 @@ from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
 
 import yaml
 
+from .. import spec
+
 SCHEMA_VERSION = 1
 
 Bytes = NewType("Bytes", int)
@@ -497,10 +499,12 @@ def nodes_from_data(data: Any) -> list[Node]:
 
 def loads(text: str, source: str = "<string>") -> list[Node]:
     """YAML (JSON is YAML) text -> nodes. ModelError carries SOURCE:LINE:COL."""
+    _spec_checks(text, source)
     try:
         loader = yaml.SafeLoader(text)
         try:
             tree = loader.get_single_node()
+            _versions_as_written(tree)
             data = loader.construct_document(tree) if tree is not None else None
         finally:
             loader.dispose()
@@ -517,13 +521,44 @@ def loads(text: str, source: str = "<string>") -> list[Node]:
         raise ModelError(exc.path, exc.message, f"{source}:{mark.line + 1}:{mark.column + 1}") from None
 
 
+VERSION_KEYS = ("cudaDriverVersion", "computeCapability")
+
+
+def _versions_as_written(tree: yaml.Node | None) -> None:
+    """Versions are read as written: unquoted `12.10` is 12.10, not the YAML float 12.1."""
+    stack, seen = [tree] if tree is not None else [], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if (key.value in VERSION_KEYS and isinstance(value, yaml.ScalarNode)
+                        and value.tag == "tag:yaml.org,2002:float"):
+                    value.tag = "tag:yaml.org,2002:str"
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
 def load(path: str | Path) -> list[Node]:
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ModelError((), f"cannot read: {exc.strerror or exc}", str(path)) from None
+        text = spec.read_text(path)  # bounded, UTF-8, regular files and FIFOs only
+    except spec.SpecError as exc:
+        raise ModelError((), exc.message, exc.file) from None
     return loads(text, str(path))
+
+
+def _spec_checks(text: str, source: str) -> None:
+    """The protections every spec file gets (no YAML aliases, bounded depth, finite 64-bit
+    numbers, no control characters), before PyYAML builds anything from the text."""
+    try:
+        spec.load_text(text, source)
+    except spec.YamlSyntaxError:
+        return  # reported below by the loader's own parser, in its words
+    except spec.SpecError as exc:
+        raise ModelError((), exc.message, f"{exc.file}:{exc.line}:{exc.col}") from None
 
 
 def _mark_of(tree: yaml.Node, path: tuple) -> yaml.Mark:

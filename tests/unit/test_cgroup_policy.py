@@ -37,7 +37,7 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
 
 @pytest.mark.parametrize("groups, message", [
     ("    - name: a\n      cpu: {wieght: 400}\n",
-     "p.yaml:7:13: unknown field 'spec.groups.cpu.wieght' (did you mean 'weight'?)"),
+     "p.yaml:7:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)"),
     ("    - name: a\n      io: {weight: 0}\n",
      "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): 0 is out of range 1..10000"),
     ("    - name: a\n      cpuset: {cpus: 3-1}\n",
@@ -55,7 +55,7 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
     ("    - name: a\n    - name: a\n",
      "p.yaml:7:13: group 'a' is declared twice"),
     ("    - name: a\n      memroy: {max: 1Gi}\n",
-     "p.yaml:7:7: unknown field 'spec.groups.memroy' (did you mean 'memory'?)"),
+     "p.yaml:7:7: unknown field 'spec.groups.0.memroy' (did you mean 'memory'?)"),
 ])
 def test_errors_are_located(groups, message, sys_root):
     with pytest.raises(SpecError) as info:
