@@ -10,7 +10,6 @@ only: nothing is ever written to the disk.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from .cgroups.policy import load_policy_text
 from .cgroups.reconcile import Options, plan
 from .cgroups.state import apply, read_actual
 from .cgroups.subtree import locate
+from .cliparams import FiniteFloat
 from .signals import Terminated, signals_held, terminate_on_signals
 
 # Each reader is a process (its own cgroup member) with THREADS threads of blocking
@@ -87,13 +87,6 @@ def _split(mibps: list[float], weights: list[int]) -> dict:
             "weight_ratio_first_to_last": round(weights[0] / weights[-1], 3)}
 
 
-def _seconds(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    # FloatRange lets NaN through (every comparison with it is false) and inf has no end.
-    if not math.isfinite(value) or not 0.5 <= value <= 600:
-        raise click.BadParameter(f"{value:g} is not in 0.5..600 seconds")
-    return value
-
-
 def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
     if value % 512:
         raise click.BadParameter(f"{value} is not a multiple of 512 (O_DIRECT)")
@@ -102,7 +95,8 @@ def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
 
 @click.command()
 @click.option("--device", default="nvme0n1", show_default=True, help="Block device to read (read-only).")
-@click.option("--seconds", default=4.0, show_default=True, callback=_seconds, help="Per run, 0.5..600.")
+@click.option("--seconds", default=4.0, show_default=True, type=FiniteFloat(0.5, 600, lo_open=False, unit=" s"),
+              help="Per run, 0.5..600.")
 @click.option("--block", default=131072, show_default=True, type=click.IntRange(512, 64 << 20), callback=_block,
               help="Bytes per O_DIRECT read, a multiple of 512.")
 @click.option("--threads", default=4, show_default=True, type=click.IntRange(1, 64), help="Reads in flight per group.")

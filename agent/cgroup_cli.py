@@ -21,7 +21,7 @@ import click
 from .cgroups import CgroupError
 from .cgroups import registry as R
 from .cgroups.delegation import pending, settle
-from .cgroups.group import MAX_TIMEOUT, check_timeout
+from .cgroups.group import MAX_TIMEOUT
 from .cgroups.io_weight import device_names
 from .cgroups.lock import SubtreeLock
 from .cgroups.mounts import discover
@@ -31,6 +31,7 @@ from .cgroups.state import ApplyReport
 from .cgroups.state import apply as apply_plan
 from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
+from .cliparams import FiniteFloat
 from .cgroups.subtree import Subtree, locate
 from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
 from .spec import SpecError
@@ -84,15 +85,12 @@ def _jsonable(value: Any) -> Any:
 
 class _Group(click.Group):
     """Every subcommand runs with SIGINT, SIGTERM and SIGHUP raising Terminated, so its cleanup
-    (thawing back, releasing the lock, the child's status) runs; the exit status is 128+N."""
+    (thawing back, releasing the lock, the child's status) runs; `xhagent`'s root command then
+    says which signal and exits 128+N."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            with terminate_on_signals():
-                return super().invoke(ctx)
-        except Terminated as exc:
-            click.echo(f"xhagent cgroup: {exc}", err=True)
-            sys.exit(exc.exit_code)
+        with terminate_on_signals():
+            return super().invoke(ctx)
 
 
 _SUBTREE_HELP = ("The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
@@ -326,17 +324,10 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
             click.echo(f"    {name}: {_stat_text(name, value)}")
 
 
-def _timeout(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    try:
-        return check_timeout(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 def _group_cmd(name: str, doc: str):
     @cgroup.command(name=name, help=doc)
     @click.argument("group")
-    @click.option("--timeout", default=2.0, show_default=True, callback=_timeout,
+    @click.option("--timeout", default=2.0, show_default=True, type=FiniteFloat(0, MAX_TIMEOUT, unit=" s"),
                   help=f"Seconds to wait for the kernel (0 < S <= {MAX_TIMEOUT:g}).")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     @_mutation_options

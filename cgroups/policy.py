@@ -79,34 +79,21 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> Policy:
         msg = f"expected exactly one {KIND} document, found {len(policies)}"
         raise where.error(msg) if where else SpecError(file, 1, 1, msg)
     doc = policies[0]
-    root = _fields(doc.root, {"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"})
-    with doc.collecting():
-        root["apiVersion"].str([API_VERSION])
+    root = doc.root
+    if not root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"}):
+        doc.errors.raise_if_any()
+    doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
+    meta = root["metadata"]
     name = ""
-    with doc.collecting():
-        if root["metadata"].present:
-            name = _fields(root["metadata"], {"name", "labels", "annotations"})["name"].str(default="")
+    if meta.present and meta.fields({"name", "labels", "annotations"}):
+        name = doc.attempt(lambda: meta["name"].str(default=""), "")
     policy = Policy(name, file, [])
-    items: list[Cursor] = []
-    with doc.collecting():
-        items = _fields(root["spec"], {"groups"}, required={"groups"})["groups"].seq()
+    spec = root["spec"]
+    items = doc.attempt(lambda: spec.mapping({"groups"}, required={"groups"})["groups"].seq(), [])
     for item in items:
         _group(item, "", policy, sys_root, 1)
     doc.errors.raise_if_any()
     return policy
-
-
-def _fields(c: Cursor, allowed: set[str] | tuple[str, ...], required: set[str] = frozenset()) -> Cursor:
-    """`c.mapping(allowed, required)` that reports every unknown and missing field, not only
-    the first; a value that is not a mapping at all still stops here."""
-    c.mapping()
-    for key in c.value:
-        with c.doc.collecting():
-            Cursor(c.doc, c.path, {key: None}).mapping(allowed)
-    for key in sorted(required):
-        with c.doc.collecting():
-            c.mapping(required=[key])
-    return c
 
 
 def _loc(c: Cursor) -> str:
@@ -117,11 +104,8 @@ def _loc(c: Cursor) -> str:
 def _group(c: Cursor, parent: str, policy: Policy, sys_root: Path, depth: int) -> None:
     """One group and its children; each field's error is collected and the rest still read."""
     out = policy.groups
-    try:
-        _fields(c, GROUP_FIELDS, required={"name"})
-    except SpecError as exc:  # not a mapping: nothing more to read in it
-        c.doc.errors.add(exc)
-        return
+    if not c.fields(GROUP_FIELDS, required={"name"}):
+        return  # not a mapping: nothing more to read in it
     name = None
     with c.doc.collecting():
         name = c["name"].parse(check_name, "group name")
@@ -149,7 +133,9 @@ def _group(c: Cursor, parent: str, policy: Policy, sys_root: Path, depth: int) -
 
 
 def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root: Path) -> None:
-    sec = _fields(c[section], (*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ())))
+    sec = c[section]
+    if not sec.fields((*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
+        return
     for fld, value in sec.items():
         if fld in EXTRA_FIELDS.get(section, ()) or fld not in R.POLICY_SECTIONS[section]:
             continue
@@ -196,8 +182,9 @@ def _device(c: Cursor, dev: str, policy: Policy, sys_root: Path) -> str | None:
 
 
 def _io_limits(c: Cursor) -> dict[str, Any]:
-    _fields(c, IO_MAX_KEYS)
-    out = {}
+    out: dict[str, Any] = {}
+    if not c.fields(IO_MAX_KEYS):
+        return out
     for k in IO_MAX_KEYS:
         if c[k].present:
             with c.doc.collecting():
