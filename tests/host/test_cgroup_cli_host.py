@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup
+from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups.mounts import discover
 
 pytestmark = pytest.mark.host
@@ -38,6 +38,7 @@ def sub():
             cg = Cgroup(path)
             cg.write("cgroup.freeze", "0")
             cg.remove(kill_first=True)
+    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
 
 
 def wait_for(predicate, what, timeout=10.0):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup
+from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups.lock import SubtreeLock
 from xhagent.cgroups.mounts import discover
 
@@ -34,6 +34,7 @@ def subtree():
     root = Path(discover().unified.path) / name
     yield name, root
     remove_tree(root)
+    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
 
 
 def tree(root):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup
+from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups import registry as R
 from xhagent.cgroups.mounts import discover
 
@@ -41,6 +41,7 @@ def subtree(tmp_path):
     for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
+    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
 
 
 def usage(group):
