@@ -388,11 +388,6 @@ thaw = _group_cmd("thaw", "Thaw GROUP.")
 kill = _group_cmd("kill", "SIGKILL every process in GROUP (cgroup.kill) and wait for `populated 0`.")
 
 
-def _frozen(cg) -> bool:
-    """Frozen, being frozen, or frozen through an ancestor: a process joining it would stop."""
-    return bool(cg.events().get("frozen")) or cg.read(R.FREEZE.name).strip() == "1"
-
-
 @cgroup.command(context_settings={"ignore_unknown_options": True})
 @click.argument("group")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -413,12 +408,13 @@ def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bo
     lock = _lock(sub, no_wait)
     try:
         _settle(sub)
-        if _frozen(cg):
+        asked = cg.read(R.FREEZE.name).strip() == "1"  # frozen or being frozen itself
+        if asked or cg.events().get("frozen"):  # ... or through a group above it
             if not thaw_first:
                 _fail(f"{group} is frozen: a command started there would not run (pass --thaw to thaw it first)")
+            if not asked:
+                _fail(f"{group} is frozen through a group above it: --thaw thaws only {group}")
             cg.thaw()
-            if _frozen(cg):
-                _fail(f"{group} is still frozen after a thaw: a group above it is frozen")
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
         try:
             pid, read_end = _start_in(cg, command, mask)

@@ -143,6 +143,17 @@ def test_run_into_a_frozen_group_is_refused_unless_thaw(sub):
     assert not frozen(sub.g)
 
 
+def test_run_under_a_frozen_parent_is_refused_even_with_thaw(sub):
+    parent = Cgroup(sub.root)
+    parent.freeze()
+    try:
+        res = sub("run", "g", "--thaw", "--", "true")
+        assert res.returncode == 1 and "g is frozen through a group above it" in res.stderr, res.stderr
+        assert not sub.g.procs()
+    finally:
+        parent.thaw()
+
+
 def test_run_with_an_empty_command_exits_2(sub):
     res = sub("run", "g", "--", "")
     assert res.returncode == 2 and "empty command" in res.stderr
