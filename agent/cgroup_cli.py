@@ -31,8 +31,8 @@ from .cgroups.state import ApplyReport
 from .cgroups.state import apply as apply_plan
 from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
-from .cliparams import FiniteFloat
 from .cgroups.subtree import Subtree, locate
+from .cliparams import FiniteFloat
 from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
 from .spec import SpecError
 
