@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
 from ..cgroups import registry as R
-from ..signals import signals_held
 from ..cgroups.mounts import discover
 from ..cgroups.subtree import DEFAULT_SUBTREE
+from ..signals import signals_held
 from .report import Item, fail, ok
 
 # The controllers the agent's cgroup policies write to.
@@ -40,7 +40,8 @@ def _controllers_item(root: Cgroup, v1: tuple[str, ...]) -> Item:
     return fail("cgroup.controllers", why, available=available)
 
 
-_PROBE_GROUP = re.compile(r"doctor-([1-9][0-9]{0,9})")
+_PROBE_GROUP = re.compile(r"doctor-([1-9][0-9]{0,6})")
+PID_MAX_LIMIT = 1 << 22  # the kernel's largest pid_max: a larger number is nobody's pid
 
 
 def _alive(pid: int) -> bool:
@@ -75,7 +76,8 @@ def remove_stale(parent: Path) -> list[str]:
     removed = []
     for path in entries:
         match = _PROBE_GROUP.fullmatch(path.name)
-        if not match or path.is_symlink() or not path.is_dir() or _alive(int(match[1])):
+        if not match or int(match[1]) > PID_MAX_LIMIT or path.is_symlink() or not path.is_dir() \
+                or _alive(int(match[1])):
             continue
         try:
             _dispose(Cgroup(path))

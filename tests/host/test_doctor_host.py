@@ -106,7 +106,8 @@ def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_
     parent.mkdir(exist_ok=True)
     stale = Cgroup(parent / f"doctor-{_dead_pid()}").create()
     sleeper = subprocess.Popen(["sleep", "60"])
-    kept = [Cgroup(parent / name).create() for name in (f"doctor-{os.getpid()}", "doctor-x", "doctor-0")]
+    kept = [Cgroup(parent / name).create() for name in (f"doctor-{os.getpid()}", "doctor-x", "doctor-0",
+                                                          "doctor-9999999999", "doctor-01")]
     try:
         stale.add_proc(sleeper.pid)
         stale.freeze()  # as a SIGKILL during the freeze probe leaves it
