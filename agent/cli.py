@@ -83,24 +83,17 @@ def bench() -> None:
               help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.")
 def doctor(as_json: bool, required: tuple[str, ...]) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
-    from .doctor import missing, render, run_probes
+    from .doctor import render, required_problems, run_probes
     from .signals import terminate_on_signals
 
     with terminate_on_signals():  # a stop runs the probes' cleanup (the cgroup probe's group)
         items = run_probes()
     click.echo(render.dumps(items) if as_json else render.table(items))
-    known = [i.name for i in items]
-    unknown = [name for name in required if name not in known]
-    for name in unknown:
-        click.echo(f"xhagent doctor: --require {name!r}: no such item; the items are: {', '.join(known)}", err=True)
-    if unknown:
-        sys.exit(2)
-    lacking = missing(items, required)
-    for name in lacking:
-        item = next(i for i in items if i.name == name)
-        click.echo(f"xhagent doctor: required item {name!r} is not ok: {item.reason}", err=True)
-    if lacking:
-        sys.exit(1)
+    code, problems = required_problems(items, required)
+    for problem in problems:
+        click.echo(f"xhagent doctor: {problem}", err=True)
+    if code:
+        sys.exit(code)
 
 
 @main.command()

@@ -146,6 +146,17 @@ def test_cli_require_of_an_unknown_item_is_bad_input_and_names_the_items(fake_pr
     assert "--require 'bogus': no such item; the items are: io_uring, iopoll" in res.stderr
 
 
+def test_required_items_of_a_crashed_probe_are_not_ok_rather_than_unknown():
+    from xhagent.doctor import required_problems
+
+    items = [ok("io_uring"), fail("ebpf", "probe crashed: OSError: boom (x.py:1)")]
+    assert required_problems(items, ["io_uring"]) == (0, [])
+    code, problems = required_problems(items, ["ebpf.btf"])
+    assert code == 1 and problems == ["required item 'ebpf.btf' is not in the report: "
+                                      "ebpf: probe crashed: OSError: boom (x.py:1)"]
+    assert required_problems([ok("io_uring")], ["ebpf.btf"])[0] == 2
+
+
 def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypatch):
     import os
     import signal
