@@ -24,6 +24,8 @@ from .cgroups.policy import load_policy_text
 from .cgroups.reconcile import Options, plan
 from .cgroups.state import apply, read_actual
 from .cgroups.subtree import locate
+from .cliparams import FiniteFloat
+from .signals import Terminated, signals_held, terminate_on_signals
 
 # Each reader is a process (its own cgroup member) with THREADS threads of blocking
 # O_DIRECT reads, so every group keeps several requests in flight.
@@ -85,14 +87,33 @@ def _split(mibps: list[float], weights: list[int]) -> dict:
             "weight_ratio_first_to_last": round(weights[0] / weights[-1], 3)}
 
 
+def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
+    if value % 512:
+        raise click.BadParameter(f"{value} is not a multiple of 512 (O_DIRECT)")
+    return value
+
+
 @click.command()
 @click.option("--device", default="nvme0n1", show_default=True, help="Block device to read (read-only).")
-@click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.5))
-@click.option("--block", default=131072, show_default=True, help="Bytes per O_DIRECT read.")
-@click.option("--threads", default=4, show_default=True, help="Reads in flight per group.")
+@click.option("--seconds", default=4.0, show_default=True, type=FiniteFloat(0.5, 600, lo_open=False, unit=" s"),
+              help="Per run, 0.5..600.")
+@click.option("--block", default=131072, show_default=True, type=click.IntRange(512, 64 << 20), callback=_block,
+              help="Bytes per O_DIRECT read, a multiple of 512.")
+@click.option("--threads", default=4, show_default=True, type=click.IntRange(1, 64), help="Reads in flight per group.")
 @click.option("--json", "as_json", is_flag=True, help="JSON only (it is the default output anyway).")
 def bench_cgroup_io(device: str, seconds: float, block: int, threads: int, as_json: bool) -> None:
-    """Bandwidth split between io.weight groups against the weight ratio, with the enforcer."""
+    """Bandwidth split between io.weight groups against the weight ratio, with the enforcer.
+    SIGINT, SIGTERM or SIGHUP end it after the readers are killed, the groups removed and
+    io.cost and the root's controllers put back (exit 128+N)."""
+    try:
+        with terminate_on_signals():
+            _bench(device, seconds, block, threads)
+    except Terminated as exc:
+        click.echo(f"xhagent bench cgroup-io: {exc}; groups removed, io.cost and controllers put back", err=True)
+        sys.exit(exc.exit_code)
+
+
+def _bench(device: str, seconds: float, block: int, threads: int) -> None:
     def fail(msg: str) -> None:
         click.echo(f"xhagent bench cgroup-io: {msg}", err=True)
         sys.exit(1)
@@ -127,7 +148,8 @@ def bench_cgroup_io(device: str, seconds: float, block: int, threads: int, as_js
     except (CgroupError, RuntimeError) as exc:
         fail(str(exc))
     finally:
-        _restore(sub, top, majmin, had_io, qos_before)
+        with signals_held():
+            _restore(sub, top, majmin, had_io, qos_before)
     model_file = Path("/sys/block") / device / "device" / "model"
     out["device_model"] = model_file.read_text().strip() if model_file.exists() else None
     if out["device_model"] and "QEMU" in out["device_model"]:

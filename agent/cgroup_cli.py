@@ -1,12 +1,18 @@
 """`xhagent cgroup`: plan and apply CgroupPolicy files, show, freeze, thaw, kill, run.
 
-Exit status: 0 done; 1 the kernel or the node refused (nothing half-applied is hidden:
-the report lists what was applied and what was not); 2 bad input (FILE:LINE:COL).
+Exit status: 0 done; 1 the kernel or the node refused, or something this node lacks (nothing
+half-applied is hidden: the report lists what was applied and what was not); 2 bad input
+(FILE:LINE:COL, bad option values); `run` passes on its command's status (128+N when signal
+N killed it); a command stopped by SIGINT, SIGTERM or SIGHUP exits 128+N.
+
+Commands that change the subtree (apply, freeze, thaw, kill, run) hold its lock
+(cgroups.lock) while they do; `--no-wait` fails at once when another one holds it.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -15,14 +21,19 @@ import click
 from .cgroups import CgroupError
 from .cgroups import registry as R
 from .cgroups.delegation import pending, settle
+from .cgroups.group import MAX_TIMEOUT
 from .cgroups.io_weight import device_names
+from .cgroups.lock import SubtreeLock
 from .cgroups.mounts import discover
 from .cgroups.policy import Policy, load_policy
 from .cgroups.reconcile import Options, Plan, plan as make_plan
+from .cgroups.state import ApplyReport
 from .cgroups.state import apply as apply_plan
-from .cgroups.state import read_actual, read_group
+from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
 from .cgroups.subtree import Subtree, locate
+from .cliparams import FiniteFloat
+from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
 from .spec import SpecError
 
 
@@ -31,18 +42,32 @@ def _fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
-def _subtree(ctx: click.Context, settled: bool = False) -> Subtree:
-    """The discovered subtree; with `settled`, the agent first moves itself into its leaf of a
-    delegated unit cgroup (before anything enables controllers or starts processes there)."""
+def _subtree(ctx: click.Context) -> Subtree:
     try:
-        sub = locate(ctx.obj["subtree"], ctx.obj["hierarchy"], ctx.obj["delegated"])
-        if settled and sub.agent_leaf:
-            moved = settle(sub.mount, sub.placement)
-            if moved:
-                click.echo(f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
-                           f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)", err=True)
-        return sub
-    except (CgroupError, ValueError) as exc:
+        return locate(ctx.obj["subtree"], ctx.obj["hierarchy"], ctx.obj["delegated"])
+    except (CgroupError, ValueError, LookupError) as exc:
+        _fail(str(exc))
+    except OSError as exc:  # reading /proc/self/cgroup or a delegate mark
+        _fail(f"{exc.filename or 'locating the subtree'}: {exc.strerror}")
+
+
+def _settle(sub: Subtree) -> None:
+    """In a delegated unit cgroup the agent first moves itself into its leaf (before anything
+    enables controllers or starts processes there); done under the subtree's lock."""
+    if sub.agent_leaf:
+        moved = settle(sub.mount, sub.placement)
+        if moved:
+            click.echo(f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
+                       f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)", err=True)
+
+
+def _lock(sub: Subtree, no_wait: bool) -> SubtreeLock:
+    def waiting(pid: int | None) -> None:
+        click.echo(f"xhagent cgroup: waiting for the lock held by {f'pid {pid}' if pid else 'another process'} "
+                   f"on {sub.path} ({SubtreeLock(sub.path).path})", err=True)
+    try:
+        return SubtreeLock(sub.path).acquire(wait=not no_wait, on_wait=waiting)
+    except CgroupError as exc:
         _fail(str(exc))
 
 
@@ -58,16 +83,49 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-@click.group()
-@click.option("--subtree", default=None,
-              help="The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
-                   "cgroup delegated to the agent, else xhagent.slice].")
+class _Group(click.Group):
+    """Every subcommand runs with SIGINT, SIGTERM and SIGHUP raising Terminated, so its cleanup
+    (thawing back, releasing the lock, the child's status) runs; `xhagent`'s root command then
+    says which signal and exits 128+N."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with terminate_on_signals():
+            return super().invoke(ctx)
+
+
+_SUBTREE_HELP = ("The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
+                 "cgroup delegated to the agent, else xhagent.slice].")
+
+
+@click.group(cls=_Group)
+@click.option("--subtree", default=None, help=_SUBTREE_HELP)
 @click.option("--delegated/--not-delegated", default=None,
               help="Whether this process's own cgroup is delegated to it [default: systemd's delegate xattr says].")
 @click.pass_context
 def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
     """cgroup v2 groups under the agent's subtree, driven by CgroupPolicy files."""
     ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover()}
+
+
+def _late_subtree(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    given = ctx.obj.get("subtree")
+    if given is not None and given != value:
+        raise click.BadParameter(f"{value!r} differs from --subtree {given!r} given before the subcommand")
+    ctx.obj["subtree"] = value
+
+
+def _subtree_option(fn):
+    """`--subtree` is also accepted after the subcommand (`xhagent cgroup show --subtree X`)."""
+    return click.option("--subtree", default=None, expose_value=False, callback=_late_subtree,
+                        help=_SUBTREE_HELP)(fn)
+
+
+def _mutation_options(fn):
+    fn = click.option("--no-wait", is_flag=True,
+                      help="Fail at once (exit 1) when another xhagent is changing the subtree.")(fn)
+    return _subtree_option(fn)
 
 
 def _policy_options(fn):
@@ -81,12 +139,14 @@ def _policy_options(fn):
                         help="A CgroupPolicy YAML file.")(fn)
 
 
-def _plan(ctx: click.Context, path: str, settled: bool = False, **opts: bool) -> tuple[Policy, Subtree, Plan]:
+def _load(path: str) -> Policy:
     try:
-        policy = load_policy(path)
+        return load_policy(path)
     except SpecError as exc:
         _fail(str(exc), 2)
-    sub = _subtree(ctx, settled)
+
+
+def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Plan:
     try:
         actual = read_actual(sub, policy, ctx.obj["hierarchy"])
         root = actual.groups.get("")
@@ -95,7 +155,7 @@ def _plan(ctx: click.Context, path: str, settled: bool = False, **opts: bool) ->
             root.procs = [p for p in root.procs if p not in moving]
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
-    return policy, sub, make_plan(policy, actual, Options(**opts))
+    return make_plan(policy, actual, Options(**opts))
 
 
 def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
@@ -136,10 +196,13 @@ def _print_where(sub: Subtree) -> None:
 
 @cgroup.command()
 @_policy_options
+@_subtree_option
 @click.pass_context
 def plan(ctx: click.Context, path: str, as_json: bool, **opts: bool) -> None:
     """Show what `apply` would do, drift included; writes nothing."""
-    policy, sub, p = _plan(ctx, path, **opts)
+    policy = _load(path)
+    sub = _subtree(ctx)
+    p = _plan(ctx, sub, policy, **opts)
     if as_json:
         click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
     else:
@@ -150,19 +213,34 @@ def plan(ctx: click.Context, path: str, as_json: bool, **opts: bool) -> None:
 @cgroup.command()
 @_policy_options
 @click.option("--dry-run", is_flag=True, help="Plan only, as `plan` does.")
+@_mutation_options
 @click.pass_context
-def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, **opts: bool) -> None:
+def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: bool, **opts: bool) -> None:
     """Make the kernel match the policy; stops at the first refusal and reports."""
-    policy, sub, p = _plan(ctx, path, settled=not dry_run, **opts)
-    if dry_run or p.errors:
-        if as_json:
-            click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
-        else:
-            _print_plan(policy, sub, p)
+    policy = _load(path)
+    sub = _subtree(ctx)
+    if dry_run:
+        p = _plan(ctx, sub, policy, **opts)
+        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(policy, sub, p)
+        sys.exit(1 if p.errors else 0)
+    with _lock(sub, no_wait):  # planned and applied against a tree nobody else changes meanwhile
+        try:
+            _settle(sub)
+        except CgroupError as exc:
+            _fail(str(exc))
+        p = _plan(ctx, sub, policy, **opts)
         if p.errors:
+            click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(policy, sub, p)
             _fail("nothing applied: the policy cannot be applied on this node")
-        return
-    report = apply_plan(p, sub)
+        report = ApplyReport()
+        try:
+            apply_plan(p, sub, report)
+        except Terminated as exc:  # between two actions: say how far it got
+            for a in report.applied:
+                click.echo(f"  applied: {a.describe()}")
+            for a in report.not_applied:
+                click.echo(f"  not applied: {a.describe()}")
+            _fail(f"{exc} after {len(report.applied)} of {len(p.actions)} actions", exc.exit_code)
     if as_json:
         click.echo(json.dumps({**_plan_dict(policy, sub, p), "apply": _jsonable(report.as_dict())}, indent=2))
     else:
@@ -180,12 +258,40 @@ def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, **opts: b
         _fail(f"stopped at {report.failed[0].describe()}: {report.failed[1]}")
 
 
+def _show_group(cg, stats: dict[str, Any]) -> dict[str, Any] | None:
+    """One group's part of `show`, or None when it vanished while being read."""
+    try:
+        state = read_group(cg, list(R.SETTINGS))
+        events = cg.events()
+    except CgroupError as exc:
+        if vanished(exc):
+            return None
+        raise
+    return {"path": str(cg.path), "events": events, "procs": state.procs, "subtree_control": state.subtree_control,
+            "values": _jsonable(state.values), "stats": _jsonable(stats)}
+
+
+# Pressure files: averages are percentages of wall time, `total` is microseconds stalled.
+_UNITS = {"avg10": "%", "avg60": "%", "avg300": "%", "total": "µs"}
+
+
+def _stat_text(name: str, value: Any) -> str:
+    if not isinstance(value, dict):
+        return str(value)
+    pressure = R.BY_NAME.get(name) in (R.CPU_PRESSURE, R.IO_PRESSURE, R.MEMORY_PRESSURE)
+    flat = " ".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict))
+    return flat or "; ".join(f"{k}: " + " ".join(f"{a}={b}{_UNITS.get(a, '') if pressure else ''}"
+                                                  for a, b in v.items()) for k, v in value.items())
+
+
 @cgroup.command()
 @click.argument("group", required=False, default="")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_subtree_option
 @click.pass_context
 def show(ctx: click.Context, group: str, as_json: bool) -> None:
-    """Values and statistics of GROUP and the groups below it (default: the whole subtree)."""
+    """Values and statistics of GROUP and the groups below it (default: the whole subtree).
+    Groups created or removed while it reads are shown or left out; that is not an error."""
     sub = _subtree(ctx)
     try:
         base = sub.resolve(group)
@@ -193,13 +299,13 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
             _fail(f"no group {group or '<subtree>'} at {base}")
         rels = [group] + [r for r in sub.walk() if not group or r.startswith(group + "/")]
         cgs = [sub.group(r) for r in rels]
-        stats = read_stats(cgs)
         out = {}
-        for rel, cg, st in zip(rels, cgs, stats):
-            state = read_group(cg, list(R.SETTINGS))
-            out[rel or "."] = {"path": str(cg.path), "events": cg.events(), "procs": state.procs,
-                               "subtree_control": state.subtree_control,
-                               "values": _jsonable(state.values), "stats": _jsonable(st)}
+        for rel, cg, st in zip(rels, cgs, read_stats(cgs)):
+            shown = _show_group(cg, st)
+            if shown is not None:
+                out[rel or "."] = shown
+        if not out:
+            _fail(f"no group {group or '<subtree>'} at {base}")
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
@@ -209,35 +315,75 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
     _print_where(sub)
     for rel, g in out.items():
         ev = " ".join(f"{k}={v}" for k, v in g["events"].items())
-        click.echo(f"{rel}  ({ev}; procs {len(g['procs'])}; +{' +'.join(g['subtree_control']) or ' none'})")
+        enabled = ("controllers for children: " + " ".join(g["subtree_control"]) if g["subtree_control"]
+                   else "no controllers enabled for children")
+        click.echo(f"{rel}  ({ev}; procs {len(g['procs'])}; {enabled})")
         for name, value in g["values"].items():
             click.echo(f"    {name} = {value}")
         for name, value in g["stats"].items():
-            if isinstance(value, dict):
-                value = " ".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict)) or \
-                    "; ".join(f"{k}: " + " ".join(f"{a}={b}" for a, b in v.items()) for k, v in value.items())
-            click.echo(f"    {name}: {value}")
+            click.echo(f"    {name}: {_stat_text(name, value)}")
 
 
 def _group_cmd(name: str, doc: str):
     @cgroup.command(name=name, help=doc)
     @click.argument("group")
-    @click.option("--timeout", default=2.0, show_default=True, help="Seconds to wait for the kernel.")
+    @click.option("--timeout", default=2.0, show_default=True, type=FiniteFloat(0, MAX_TIMEOUT, unit=" s"),
+                  help=f"Seconds to wait for the kernel (0 < S <= {MAX_TIMEOUT:g}).")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @_mutation_options
     @click.pass_context
-    def command(ctx: click.Context, group: str, timeout: float) -> None:
+    def command(ctx: click.Context, group: str, timeout: float, as_json: bool, no_wait: bool) -> None:
         sub = _subtree(ctx)
+        cg = _existing_group(sub, group)
+        froze = False  # this command froze the group: a stop before it reports thaws it back
         try:
-            cg = sub.group(group)
-            if not cg.path.is_dir():
-                _fail(f"no group {group} at {cg.path}")
-            getattr(cg, name)(timeout)
+            with _lock(sub, no_wait):
+                froze = name == "freeze" and cg.read(R.FREEZE.name).strip() == "0"
+                getattr(cg, name)(timeout)
+                events = cg.events()
+                with signals_held():  # reported and no longer to be undone, as one step
+                    if as_json:
+                        click.echo(json.dumps({"action": name, "group": group, "path": str(cg.path), "events": events}))
+                    else:
+                        click.echo(f"{name} {group}: {' '.join(f'{k}={v}' for k, v in events.items())}")
+                    froze = False  # from here a stop leaves it as reported, and says so
         except (CgroupError, ValueError) as exc:
             _fail(str(exc))
-        click.echo(f"{name} {group}: {' '.join(f'{k}={v}' for k, v in cg.events().items())}")
+        except Terminated as exc:
+            if froze:
+                with signals_held():
+                    _thaw_quietly(cg, timeout)
+            state = _events_text(cg)
+            _fail(f"{name} {group}: {exc}" + (f"; now {state}" if state else ""), exc.exit_code)
     return command
 
 
-freeze = _group_cmd("freeze", "Freeze GROUP (waits for `frozen 1`; thaws back on timeout).")
+def _existing_group(sub: Subtree, group: str):
+    try:
+        cg = sub.group(group)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not cg.path.is_dir():
+        _fail(f"no group {group} at {cg.path}")
+    return cg
+
+
+def _thaw_quietly(cg, timeout: float) -> None:
+    try:
+        cg.thaw(timeout)
+    except CgroupError as exc:
+        click.echo(f"xhagent cgroup: thawing {cg.path} back failed: {exc}", err=True)
+
+
+def _events_text(cg) -> str:
+    try:
+        return " ".join(f"{k}={v}" for k, v in cg.events().items())
+    except CgroupError:
+        return ""
+
+
+freeze = _group_cmd("freeze", "Freeze GROUP: wait for `frozen 1`; on a timeout, an error or a stop "
+                              "(SIGINT, SIGTERM, SIGHUP) before that, thaw it back.")
 thaw = _group_cmd("thaw", "Thaw GROUP.")
 kill = _group_cmd("kill", "SIGKILL every process in GROUP (cgroup.kill) and wait for `populated 0`.")
 
@@ -245,30 +391,78 @@ kill = _group_cmd("kill", "SIGKILL every process in GROUP (cgroup.kill) and wait
 @cgroup.command(context_settings={"ignore_unknown_options": True})
 @click.argument("group")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--thaw", "thaw_first", is_flag=True, help="Thaw GROUP first when it is frozen (else refused).")
+@click.option("--json", "as_json", is_flag=True, help="After the command, print its status as JSON.")
+@_mutation_options
 @click.pass_context
-def run(ctx: click.Context, group: str, command: tuple[str, ...]) -> None:
-    """Start COMMAND inside GROUP and wait for it: `xhagent cgroup run GROUP -- CMD ARGS`."""
-    sub = _subtree(ctx, settled=True)
+def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bool, as_json: bool,
+        no_wait: bool) -> None:
+    """Start COMMAND inside GROUP and wait for it: `xhagent cgroup run GROUP -- CMD ARGS`.
+
+    SIGINT, SIGTERM and SIGHUP are passed on to COMMAND; the exit status is COMMAND's
+    (128+N when a signal N killed it)."""
+    if not command or not command[0]:
+        _fail("empty command: give one after `--`", 2)
+    sub = _subtree(ctx)
+    cg = _existing_group(sub, group)
+    lock = _lock(sub, no_wait)
     try:
-        cg = sub.group(group)
-    except ValueError as exc:
+        _settle(sub)
+        asked = cg.read(R.FREEZE.name).strip() == "1"  # frozen or being frozen itself
+        if asked or cg.events().get("frozen"):  # ... or through a group above it
+            if not thaw_first:
+                _fail(f"{group} is frozen: a command started there would not run (pass --thaw to thaw it first)")
+            if not asked:
+                _fail(f"{group} is frozen through a group above it: --thaw thaws only {group}")
+            cg.thaw()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
+        try:
+            pid, read_end = _start_in(cg, command, mask)
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
+    except CgroupError as exc:
+        lock.release()
         _fail(str(exc))
-    if not cg.path.is_dir():
-        _fail(f"no group {group} at {cg.path}")
+    with forward_signals(pid) as received:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came since the fork is passed on now
+        with os.fdopen(read_end, "rb") as pipe:
+            error = pipe.read().decode()  # empty once exec succeeded: the child is in GROUP
+        lock.release()
+        _, status = os.waitpid(pid, 0)
+    if error:
+        _fail(error)
+    # Killed by signal N: 128+N, as a shell reports it (an exit(137) is not a SIGKILL, though).
+    killed = signal.Signals(os.WTERMSIG(status)) if os.WIFSIGNALED(status) else None
+    code = 128 + killed if killed else os.waitstatus_to_exitcode(status)
+    if as_json:
+        click.echo(json.dumps({"group": group, "path": str(cg.path), "command": list(command), "pid": pid,
+                               "exit_code": code, "signal": killed.name if killed else None,
+                               "forwarded": [signal.Signals(s).name for s in received]}))
+    sys.exit(code)
+
+
+def _start_in(cg, command: tuple[str, ...], mask: set) -> tuple[int, int]:
+    """Fork a child that joins `cg` itself and execs `command` (no window outside the group).
+    Returns its pid and the read end of a pipe that carries the error when exec fails. The
+    caller blocks the terminating signals before and restores `mask` once its forwarding is in
+    place: a signal arriving in between is passed on, not lost."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
-    if pid == 0:  # the child joins the group itself, then execs: no window outside it
+    if pid == 0:
         os.close(read_end)
         try:
+            # The parent's Python handlers must not run here: the defaults, then the old mask.
+            for s in TERMINATING:
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    signal.signal(s, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             cg.add_proc(os.getpid())
             os.execvp(command[0], list(command))
         except OSError as exc:
             os.write(write_end, (str(exc) if isinstance(exc, CgroupError) else f"{command[0]}: {exc.strerror}").encode())
+        except BaseException:  # never run the parent's code in the child
+            pass
         os._exit(127)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        error = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    if error:
-        _fail(error)
-    sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    return pid, read_end

@@ -6,11 +6,13 @@ Subcommands live beside the code they drive and are imported only when invoked, 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import click
 
 from . import __version__
+from .signals import Terminated
 
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
@@ -45,7 +47,26 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+class RootGroup(LazyGroup):
+    """A stop by signal ends every command the same way: its cleanup has run (commands
+    that change state use xhagent.signals), one line says which signal, and the exit
+    status is the shell's 128+N, not a traceback or click's "Aborted!" with status 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Terminated(signal.SIGINT) from None
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except Terminated as exc:
+            click.echo(f"xhagent: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=RootGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="xhagent")
 def main() -> None:
     """Node agent of the XingHua scheduler."""
@@ -59,20 +80,42 @@ def bench() -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys, see README).")
 @click.option("--require", "required", multiple=True, metavar="ITEM",
-              help="Exit 1 if ITEM is missing or not ok (repeatable), e.g. --require iopoll.")
+              help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.")
 def doctor(as_json: bool, required: tuple[str, ...]) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
-    from .doctor import missing, render, run_probes
+    from .doctor import render, required_problems, run_probes
+    from .signals import terminate_on_signals
 
-    items = run_probes()
+    with terminate_on_signals():  # a stop runs the probes' cleanup (the cgroup probe's group)
+        items = run_probes()
     click.echo(render.dumps(items) if as_json else render.table(items))
-    lacking = missing(items, required)
-    if lacking:
-        known = {i.name for i in items}
-        for name in lacking:
-            why = "not ok" if name in known else "unknown item (see `xhagent doctor --json` for names)"
-            click.echo(f"xhagent doctor: required item {name!r} is {why}", err=True)
-        sys.exit(1)
+    code, problems = required_problems(items, required)
+    for problem in problems:
+        click.echo(f"xhagent doctor: {problem}", err=True)
+    if code:
+        sys.exit(code)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def version(as_json: bool) -> None:
+    """The agent's version, and what this installation was built with."""
+    import importlib.util
+    import json
+    import platform
+    from importlib import resources
+
+    native = {name: importlib.util.find_spec(f"xhagent.{name}") is not None for name in ("_uring", "_bpf")}
+    objects = sorted(p.name for p in resources.files("xhagent.bpf.objects").iterdir() if p.name.endswith(".bpf.o"))
+    info = {"version": __version__, "python": platform.python_version(), "kernel": platform.release(),
+            "native": {k.lstrip("_"): v for k, v in native.items()}, "bpf_objects": objects}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"xhagent {__version__}")
+    click.echo(f"  python {info['python']}, kernel {info['kernel']}")
+    click.echo("  native: " + ", ".join(f"{k} {'built' if v else 'MISSING'}" for k, v in info["native"].items()))
+    click.echo(f"  bpf objects: {', '.join(objects) or 'none (the package was built without clang)'}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ scalars) and the position of each one is kept beside them, keyed by its path
     for doc in load_file(path):
         spec = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind"})
         weight = spec["spec"]["io"]["weight"].int(1, 10000, default=100)
+
+Every loader gets the same protections here, so no input can cost more than its size: files
+are read through `xhagent.inputs` (regular files, FIFOs and `-` only, at most `MAX_BYTES`),
+must be UTF-8, may not use YAML aliases (a few hundred bytes of them expand to gigabytes),
+may not nest deeper than `MAX_DEPTH`, and numbers must be finite and fit in 64 bits. Each
+refusal is a located SpecError like any other mistake.
 """
 from __future__ import annotations
 
@@ -20,7 +26,13 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import yaml
 
+from .inputs import InputError, read_input
+
 T = TypeVar("T")
+MAX_BYTES = 4 << 20       # the largest spec file: far above any real policy or node model
+MAX_DEPTH = 128           # nesting levels: a node model uses ten, 32 levels of cgroups about 70
+MAX_INT = 1 << 64         # integers beyond this are refused where they are read
+SHOWN_CHARS = 512         # at most this much of a value is quoted back in a message
 Path_ = tuple[Any, ...]
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING", "__bool__": lambda self: False})()
 
@@ -31,6 +43,10 @@ class SpecError(ValueError):
     def __init__(self, file: str, line: int, col: int, message: str):
         super().__init__(f"{file}:{line}:{col}: {message}")
         self.file, self.line, self.col, self.message = file, line, col, message
+
+
+class YamlSyntaxError(SpecError):
+    """Text that is not YAML at all (an unclosed bracket, bad indentation)."""
 
 
 class SpecErrors(SpecError):
@@ -66,6 +82,8 @@ class ErrorList:
 
     def add(self, exc: SpecError) -> None:
         for e in exc.errors if isinstance(exc, SpecErrors) else [exc]:
+            if any(str(k) == str(e) for k in self.errors[-8:]):
+                continue  # one mistake seen twice (a missing field, then its missing value)
             self.total += 1
             if len(self.errors) < self.KEPT:
                 self.errors.append(e)
@@ -94,10 +112,19 @@ class Document:
     positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     index: int = 0  # which document of a multi-document file
     errors: ErrorList = field(default_factory=ErrorList)
+    # The source text of plain scalars that YAML turned into something else (12.10 -> 12.1):
+    # a version must be read as written.
+    texts: dict[Path_, str] = field(default_factory=dict)
 
     def collecting(self):
         """A unit of validation whose SpecError is kept in `errors` (see ErrorList)."""
         return self.errors.collecting()
+
+    def attempt(self, fn: Callable[[], T], default: Any = None) -> T:
+        """`fn()`, or `default` when it raises a SpecError, which is kept in `errors`."""
+        with self.collecting():
+            return fn()
+        return default
 
     def position(self, path: Path_) -> tuple[int, int]:
         """(line, col), 1-based, of the value at `path`, or of its nearest existing parent."""
@@ -113,57 +140,133 @@ class Document:
         return Cursor(self, (), self.value)
 
 
+def _at(file: str, mark: yaml.Mark | None, message: str) -> SpecError:
+    return SpecError(file, mark.line + 1, mark.column + 1, message) if mark else SpecError(file, 1, 1, message)
+
+
 def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
     doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                raise SpecError(doc.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
-                                "a mapping key must be a plain value")
-            key = _scalar(key_node)
+                raise _at(doc.file, key_node.start_mark, "a mapping key must be a plain value")
+            key = _scalar(key_node, doc)
             if key in out:
-                raise SpecError(doc.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
-                                f"duplicate key {key!r}")
+                raise _at(doc.file, key_node.start_mark, f"duplicate key {key_node.value!r}")
             out[key] = _build(value_node, (*path, key), doc)
             # A key's own position, for messages about the key (unknown field, ...).
             doc.positions[(*path, key, "<key>")] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(item, (*path, i), doc) for i, item in enumerate(node.value)]
-    return _scalar(node)
+    try:
+        value = _scalar(node, doc)
+    except SpecError as exc:  # a value no loader may see; the other values are still checked
+        doc.errors.add(exc)
+        return None
+    if node.style is None and not isinstance(value, str):
+        doc.texts[path] = node.value
+    return value
 
 
 _constructor = yaml.SafeLoader("")
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
-    return _constructor.construct_object(node, deep=True)
+def _scalar(node: yaml.ScalarNode, doc: Document) -> Any:
+    try:
+        value = _constructor.construct_object(node, deep=True)
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:
+        # `2026-13-45` (a date), `!!python/name:...`, an int past Python's digit limit
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise _at(doc.file, node.start_mark, f"invalid value {node.value[:40]!r}: {problem}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _at(doc.file, node.start_mark, f"{node.value[:40]!r} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT < value < MAX_INT:
+        raise _at(doc.file, node.start_mark, f"{node.value[:40]}... is too large (at most 64 bits)"
+                  if len(node.value) > 40 else f"{node.value} is too large (at most 64 bits)")
+    return value
+
+
+class _Composer(yaml.SafeLoader):
+    """PyYAML's composer, refusing aliases and deep nesting before they cost memory or stack."""
+
+    def __init__(self, text: str, file: str):
+        super().__init__(text)
+        self.file, self.depth = file, 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _at(self.file, event.start_mark,
+                      f"YAML aliases (*{event.anchor}) are not supported: write the value out")
+        if self.depth >= MAX_DEPTH:
+            raise _at(self.file, event.start_mark, f"nested more than {MAX_DEPTH} levels deep")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def load_text(text: str, file: str = "<string>") -> list[Document]:
     """Every document of a YAML stream; a syntax error becomes a SpecError."""
-    docs = []
+    docs, loader, bad = [], None, ErrorList()
     try:
-        for i, node in enumerate(yaml.compose_all(text, Loader=yaml.SafeLoader)):
-            if node is None:
-                continue
-            doc = Document(file, None, index=i)
-            doc.value = _build(node, (), doc)
-            docs.append(doc)
+        loader = _Composer(text, file)  # checks the characters first
+        i = 0
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                doc = Document(file, None, index=i)
+                doc.value = _build(node, (), doc)
+                for exc in doc.errors.errors:
+                    bad.add(exc)
+                docs.append(doc)
+            i += 1
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise SpecError(file, line, col, f"invalid YAML: {exc.problem or exc.context}") from None
+        raise YamlSyntaxError(file, line, col, f"invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: a binary file
+        raise _at(file, _mark_at(text, exc.position),
+                  f"not a text file (character U+{exc.character:04X} is not allowed)") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    bad.raise_if_any()
     return docs
 
 
-def load_file(path: str | Path) -> list[Document]:
+def _mark_at(text: str, index: int) -> yaml.Mark:
+    line = text.count("\n", 0, index)
+    return yaml.Mark("", index, line, index - (text.rfind("\n", 0, index) + 1), None, None)
+
+
+def decode(data: bytes, file: str) -> str:
+    """UTF-8 text, or a SpecError at the first byte that is not."""
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise SpecError(str(path), 1, 1, f"cannot read: {exc.strerror}") from None
-    return load_text(text, str(path))
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        head = data[:exc.start]
+        line, start = head.count(b"\n") + 1, head.rfind(b"\n") + 1
+        col = len(head[start:].decode("utf-8", "replace")) + 1
+        raise SpecError(file, line, col, f"not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a file (`-`: standard input): regular or a FIFO, UTF-8, within MAX_BYTES."""
+    name = str(path)
+    try:
+        data = read_input(name, MAX_BYTES, "a spec file")
+    except InputError as exc:
+        raise SpecError(name, 1, 1, exc.message) from None
+    return decode(data, name)
+
+
+def load_file(path: str | Path) -> list[Document]:
+    """Every document of a file, read with read_text."""
+    return load_text(read_text(path), str(path))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -187,6 +290,13 @@ class Cursor:
     def where(self) -> str:
         return ".".join(str(p) for p in self.path) or "document"
 
+    @property
+    def text(self) -> str | None:
+        """The value as written in the file, for a scalar (`12.10`, not the float 12.1)."""
+        if isinstance(self.value, str):
+            return self.value
+        return self.doc.texts.get(self.path)
+
     def error(self, message: str) -> SpecError:
         return self.doc.error(self.path, message)
 
@@ -199,20 +309,30 @@ class Cursor:
 
     # -- structure ------------------------------------------------------------------
     def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> "Cursor":
-        """Check this is a mapping with only `allowed` keys and every `required` one."""
+        """Check this is a mapping with only `allowed` keys and every `required` one; every
+        unknown or missing field is reported at once (SpecErrors)."""
         if not isinstance(self.value, dict):
             raise self.error(f"{self.where}: expected a mapping, got {_kind(self.value)}")
+        errors = ErrorList()
         if allowed is not None:
             allowed = list(allowed)
             for key in self.value:
                 if key not in allowed:
                     pos = self.doc.positions.get((*self.path, key, "<key>")) or self.doc.position(self.path)
-                    raise SpecError(self.doc.file, *pos, f"unknown field {_field(self.path, key)!r}"
-                                    + did_you_mean(str(key), allowed))
-        for key in required:
+                    errors.add(SpecError(self.doc.file, *pos, f"unknown field {_field(self.path, key)!r}"
+                                         + did_you_mean(str(key), allowed)))
+        for key in sorted(required):
             if key not in self.value:
-                raise self.error(f"missing required field {_field(self.path, key)!r}")
+                errors.add(self.error(f"missing required field {_field(self.path, key)!r}"))
+        errors.raise_if_any()
         return self
+
+    def fields(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> bool:
+        """mapping() with its errors kept in the document's ErrorList, so validation goes on:
+        True when this is a mapping whose fields can be read (even with unknown ones)."""
+        with self.doc.collecting():
+            self.mapping(allowed, required)
+        return isinstance(self.value, dict)
 
     def items(self) -> Iterator[tuple[Any, "Cursor"]]:
         self.mapping()
@@ -260,8 +380,8 @@ class Cursor:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(f"{self.where}: expected a number, got {_kind(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise self.error(f"{self.where}: expected a finite number, got {value}")
+        if isinstance(value, float) and not math.isfinite(value):  # from a caller's data, not YAML
+            raise self.error(f"{self.where}: {value} is not a finite number")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise self.error(f"{self.where}: {value} is out of range {lo}..{hi}")
         return value
@@ -272,20 +392,32 @@ class Cursor:
             raise self.error(f"{self.where}: expected true or false, got {_kind(value)}")
         return value
 
-    def parse(self, fn: Callable[[Any], T], what: str, default: Any = MISSING) -> T:
-        """Apply a parser (cpu list, byte size, duration...); its ValueError is located here."""
+    def parse(self, fn: Callable[[Any], T], what: str, default: Any = MISSING, as_written: bool = False) -> T:
+        """Apply a parser (cpu list, byte size, duration...); its ValueError is located here.
+        `as_written`: the parser gets the scalar's source text (versions: `12.10` is not 12.1)."""
         value = self._get(default)
         if not self.present:
             return value
+        if as_written and self.text is not None:
+            value = self.text
         try:
             return fn(value)
-        except (ValueError, TypeError) as exc:
-            raise self.error(f"{self.where}: {value!r} is not a valid {what}: {exc}") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            detail = str(exc) if len(str(exc)) <= SHOWN_CHARS else str(exc)[:SHOWN_CHARS - 3] + "..."
+            raise self.error(f"{self.where}: {self._shown()} is not a valid {what}: {detail}") from None
+
+    def _shown(self) -> str:
+        """The value for a message: as written in the file, never a Python repr."""
+        text = self.text
+        if text is None:
+            return _kind(self.value)
+        text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."  # a 4 MiB value stays out
+        return repr(text) if isinstance(self.value, str) else text
 
 
 def _field(path: Path_, key: Any) -> str:
-    names = [str(p) for p in path if not isinstance(p, int)]
-    return ".".join([*names, str(key)])
+    """`spec.matchRules.0.selector`: list indices kept, the same style as `Cursor.where`."""
+    return ".".join(str(p) for p in (*path, key))
 
 
 def _kind(value: Any) -> str:

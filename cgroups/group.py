@@ -1,24 +1,71 @@
 """Operations on one cgroup v2 group: create, move processes, freeze, kill, remove.
 
 Freezing and killing are asynchronous in the kernel; both wait on `cgroup.events`
-with a deadline, and a freeze that does not complete is thawed back before the error
-is raised, so no group is ever left frozen by a failure.
+with a deadline. A freeze that does not complete is thawed back before the error is
+raised, and so is one cut by SIGINT, SIGTERM or SIGHUP between the write and the
+confirmation (`frozen 1`): no group is ever left frozen by a failure or a stop.
 """
 from __future__ import annotations
 
 import errno
+import math
 import os
 import select
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from ..doctor.report import errno_reason
+from ..signals import TERMINATING, signals_held
 from . import registry as R
 from .registry import CgroupFile
+
+MAX_TIMEOUT = 3600.0  # seconds; a wait on the kernel longer than an hour is a mistake
 
 
 class CgroupError(OSError):
     """A cgroup write or wait failed; the message names the file, the value and the errno."""
+
+    def __str__(self) -> str:  # the message alone: no "[Errno N]" prefix in front of it
+        return self.strerror or super().__str__()
+
+
+def check_timeout(value: Any, what: str = "timeout") -> float:
+    """Seconds to wait on the kernel: finite, > 0 and at most MAX_TIMEOUT (ValueError otherwise).
+    NaN would make every deadline comparison false and poll() fail after the write."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
+        raise ValueError(f"{what} {value:g} is not in (0, {MAX_TIMEOUT:g}] seconds")
+    return float(value)
+
+
+class _SignalsNoted:
+    """Inside the block SIGINT, SIGTERM and SIGHUP are only noted (`got`), never raised, so no
+    step of a freeze or its undoing can be cut half-way; the caller's wait looks at `got` and
+    gives up. On leaving, the process's own handlers are put back and each noted signal is
+    raised again under them (the CLI's Terminated, a daemon's handler, the default action).
+    Only the main thread can install handlers; elsewhere nothing is noted."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_SignalsNoted":
+        if threading.current_thread() is threading.main_thread():
+            for s in TERMINATING:
+                old = signal.getsignal(s)
+                if old not in (signal.SIG_IGN, None):
+                    self._old[s] = signal.signal(s, lambda signum, _frame: self.got.append(signum))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        for s in self.got:
+            signal.raise_signal(s)
 
 
 class Cgroup:
@@ -33,7 +80,7 @@ class Cgroup:
         try:
             return (self.path / name).read_text()
         except OSError as exc:
-            raise CgroupError(exc.errno, f"read {self.path / name}: {os.strerror(exc.errno)}") from None
+            raise CgroupError(exc.errno, f"read {self.path / name}: {exc.strerror}") from None
 
     def write(self, name: str, value: str) -> None:
         target = self.path / name
@@ -44,8 +91,7 @@ class Cgroup:
             finally:
                 os.close(fd)
         except OSError as exc:
-            code = "EOPNOTSUPP" if exc.errno == errno.EOPNOTSUPP else errno.errorcode.get(exc.errno, str(exc.errno))
-            raise CgroupError(exc.errno, f"write {value!r} to {target}: {code} ({os.strerror(exc.errno)})") from None
+            raise CgroupError(exc.errno, f"write {value!r} to {target}: {errno_reason(exc)}") from None
 
     def get(self, f: CgroupFile) -> Any:
         """A declared file, parsed."""
@@ -79,7 +125,7 @@ class Cgroup:
         try:
             self.path.mkdir(exist_ok=exist_ok)
         except OSError as exc:
-            raise CgroupError(exc.errno, f"mkdir {self.path}: {os.strerror(exc.errno)}") from None
+            raise CgroupError(exc.errno, f"mkdir {self.path}: {exc.strerror}") from None
         return self
 
     def remove(self, kill_first: bool = False, timeout: float = 2.0) -> None:
@@ -95,7 +141,7 @@ class Cgroup:
             except OSError as exc:
                 # The last task may still be exiting just after `populated 0`: EBUSY briefly.
                 if not (kill_first and exc.errno == errno.EBUSY and time.monotonic() < deadline):
-                    raise CgroupError(exc.errno, f"rmdir {self.path}: {os.strerror(exc.errno)}") from None
+                    raise CgroupError(exc.errno, f"rmdir {self.path}: {exc.strerror}") from None
                 time.sleep(0.01)
 
     def add_proc(self, pid: int) -> None:
@@ -129,8 +175,9 @@ class Cgroup:
         return moved
 
     # -- freeze and kill --------------------------------------------------------------
-    def wait_event(self, key: str, value: int, timeout: float) -> bool:
-        """Wait until `cgroup.events` shows `key value`; False on timeout.
+    def wait_event(self, key: str, value: int, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
+        """Wait until `cgroup.events` shows `key value`; False on timeout, or as soon as `stop()`
+        says so (checked at least every 50 ms).
 
         The kernel signals changes to cgroup.events as POLLPRI, so the wait sleeps in poll()
         instead of spinning on the file."""
@@ -145,25 +192,58 @@ class Cgroup:
                 if f"{key} {value}" in text.splitlines():
                     return True
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (stop is not None and stop()):
                     return False
                 poller.poll(min(left, 0.05) * 1000)
         finally:
             os.close(fd)
 
     def freeze(self, timeout: float = 2.0) -> None:
-        self.write(R.FREEZE.name, "1")
-        if not self.wait_event("frozen", 1, timeout):
-            self.thaw(timeout)
+        """Write `cgroup.freeze` 1 and wait for `frozen 1`. On a timeout, an error or a stop
+        (SIGINT, SIGTERM, SIGHUP) before that confirmation the group is thawed back first, then
+        the error is raised or the signal delivered. A group someone else had already asked
+        frozen is waited for but never thawed (this call did not freeze it)."""
+        timeout = check_timeout(timeout)
+        if self.read(R.FREEZE.name).strip() == "1":
+            if not self.wait_event("frozen", 1, timeout):
+                raise CgroupError(errno.ETIMEDOUT, f"{self.path} was already being frozen and did not "
+                                                   f"reach frozen 1 within {timeout:g}s")
+            return
+        with _SignalsNoted() as noted:
+            self.write(R.FREEZE.name, "1")
+            try:
+                confirmed = self.wait_event("frozen", 1, timeout, stop=lambda: bool(noted.got))
+            except BaseException as exc:
+                with signals_held():
+                    self._thaw_back(timeout, exc)
+                raise
+            if noted.got or not confirmed:
+                with signals_held():
+                    self._thaw_back(timeout)
+        # Here a noted signal has been delivered; its handler returned (it only noted it).
+        if noted.got:
+            raise CgroupError(errno.EINTR, f"{self.path}: freeze interrupted by "
+                                           f"{signal.Signals(noted.got[0]).name}; thawed back")
+        if not confirmed:
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
 
+    def _thaw_back(self, timeout: float, cause: BaseException | None = None) -> None:
+        try:
+            self.thaw(timeout)
+        except CgroupError as exc:
+            why = f" after {cause}" if isinstance(cause, Exception) else ""
+            raise CgroupError(exc.errno, f"{self.path}: thawing back{why} failed: {exc}; "
+                                         f"it may be left frozen") from None
+
     def thaw(self, timeout: float = 2.0) -> None:
+        timeout = check_timeout(timeout)
         self.write(R.FREEZE.name, "0")
         if not self.wait_event("frozen", 0, timeout):
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not thaw within {timeout:g}s")
 
     def kill(self, timeout: float = 2.0) -> None:
         """SIGKILL every process in the subtree (cgroup.kill) and wait for `populated 0`."""
+        timeout = check_timeout(timeout)
         self.write(R.KILL.name, "1")
         if not self.wait_event("populated", 0, timeout):
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} still populated {timeout:g}s after cgroup.kill")

@@ -30,8 +30,13 @@ def bfq_weight(weight: int) -> int:
     return WEIGHT_DEFAULT + (weight - WEIGHT_DEFAULT) * (BFQ_WEIGHT_MAX - WEIGHT_DEFAULT) // (hi - WEIGHT_DEFAULT)
 
 
+class NoSuchDevice(ValueError):
+    """A well-formed device name this node does not have (unsupported here, not bad input)."""
+
+
 def resolve_device(name: str, sys_root: Path = Path("/sys")) -> str:
-    """`nvme0n1` -> `259:0` via /sys/block/<dev>/dev; MAJ:MIN passes through."""
+    """`nvme0n1` -> `259:0` via /sys/block/<dev>/dev; MAJ:MIN passes through. NoSuchDevice
+    when this node has no such device, ValueError when the name cannot be one."""
     if re.fullmatch(r"\d+:\d+", name):
         return name
     if "/" in name or name in (".", ".."):
@@ -41,7 +46,7 @@ def resolve_device(name: str, sys_root: Path = Path("/sys")) -> str:
         return dev.read_text().strip()
     except OSError:
         known = sorted(p.name for p in (sys_root / "block").iterdir()) if (sys_root / "block").is_dir() else []
-        raise ValueError(f"no block device {name!r} on this node" + did_you_mean(name, known)
+        raise NoSuchDevice(f"no block device {name!r} on this node" + did_you_mean(name, known)
                          + (f"; devices: {', '.join(known)}" if known else "")) from None
 
 

@@ -10,7 +10,9 @@
           children: [{name: web}]
 
 Every field maps onto one registry file (registry.BY_POLICY); `io.devices` adds
-per-device lines to io.weight and `io.max` is per device. Errors are FILE:LINE:COL.
+per-device lines to io.weight and `io.max` is per device. Errors are FILE:LINE:COL, all of
+a file's at once. A device this node does not have is not an error in the file: the policy
+keeps it in `absent` and `plan` refuses it as unsupported here.
 """
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..spec import Cursor, SpecError, load_file, load_text
+from ..spec import Cursor, Document, SpecError, load_file, load_text
 from . import registry as R
 from . import values as v
-from .io_weight import resolve_device
+from .io_weight import NoSuchDevice, resolve_device
 from .subtree import check_name
 
 API_VERSION = "xh.scheduling/v1"
@@ -30,6 +32,7 @@ EXTRA_FIELDS = {"io": ("devices",)}  # per-device io.weight lines
 IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
 GROUP_FIELDS = ("name", *R.POLICY_SECTIONS, "children")
 WHAT = {"weight": "weight (1..10000)", "max": "limit", "cpus": "cpu list", "mems": "node list"}
+MAX_NESTING = 32  # levels of groups in one policy; deeper is a mistake (and recursion)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class GroupSpec:
     settings: dict[str, Any] = field(default_factory=dict)  # registry file name -> canonical value
     where: dict[str, str] = field(default_factory=dict)  # file name -> "FILE:LINE:COL"
     devices: dict[str, str] = field(default_factory=dict)  # MAJ:MIN -> name the policy used
+    at: str = ""  # FILE:LINE:COL of its name
 
     @property
     def depth(self) -> int:
@@ -49,6 +53,7 @@ class Policy:
     name: str
     file: str
     groups: list[GroupSpec]  # parents before children
+    absent: list[str] = field(default_factory=list)  # "FILE:LINE:COL: devices this node lacks"
 
     def controllers(self) -> dict[str, list[str]]:
         """controller -> groups whose settings need it."""
@@ -67,21 +72,28 @@ def load_policy_text(text: str, file: str = "<string>", sys_root: Path = Path("/
     return _one(load_text(text, file), file, sys_root)
 
 
-def _one(docs, file: str, sys_root: Path) -> Policy:
+def _one(docs: list[Document], file: str, sys_root: Path) -> Policy:
     policies = [d for d in docs if isinstance(d.value, dict) and d.value.get("kind") == KIND]
     if len(policies) != 1:
         where = docs[0].root if docs else None
         msg = f"expected exactly one {KIND} document, found {len(policies)}"
         raise where.error(msg) if where else SpecError(file, 1, 1, msg)
-    root = policies[0].root.mapping({"apiVersion", "kind", "metadata", "spec"},
-                                    required={"apiVersion", "kind", "spec"})
-    root["apiVersion"].str([API_VERSION])
-    name = root["metadata"].mapping({"name", "labels", "annotations"})["name"].str(default="") \
-        if root["metadata"].present else ""
-    groups: list[GroupSpec] = []
-    for item in root["spec"].mapping({"groups"}, required={"groups"})["groups"].seq():
-        _group(item, "", groups, sys_root)
-    return Policy(name, file, groups)
+    doc = policies[0]
+    root = doc.root
+    if not root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"}):
+        doc.errors.raise_if_any()
+    doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
+    meta = root["metadata"]
+    name = ""
+    if meta.present and meta.fields({"name", "labels", "annotations"}):
+        name = doc.attempt(lambda: meta["name"].str(default=""), "")
+    policy = Policy(name, file, [])
+    spec = root["spec"]
+    items = doc.attempt(lambda: spec.mapping({"groups"}, required={"groups"})["groups"].seq(), [])
+    for item in items:
+        _group(item, "", policy, sys_root, 1)
+    doc.errors.raise_if_any()
+    return policy
 
 
 def _loc(c: Cursor) -> str:
@@ -89,59 +101,95 @@ def _loc(c: Cursor) -> str:
     return f"{c.doc.file}:{line}:{col}"
 
 
-def _group(c: Cursor, parent: str, out: list[GroupSpec], sys_root: Path) -> None:
-    c.mapping(GROUP_FIELDS, required={"name"})
-    name = c["name"].parse(check_name, "group name")
-    path = f"{parent}/{name}" if parent else name
-    if any(g.path == path for g in out):
-        raise c["name"].error(f"group {path!r} is declared twice")
-    spec = GroupSpec(path)
-    out.append(spec)
+def _group(c: Cursor, parent: str, policy: Policy, sys_root: Path, depth: int) -> None:
+    """One group and its children; each field's error is collected and the rest still read."""
+    out = policy.groups
+    if not c.fields(GROUP_FIELDS, required={"name"}):
+        return  # not a mapping: nothing more to read in it
+    name = None
+    with c.doc.collecting():
+        name = c["name"].parse(check_name, "group name")
+    path = f"{parent}/{name}" if parent else (name or "")
+    spec = GroupSpec(path, at=_loc(c["name"]))
+    if name is not None:
+        with c.doc.collecting():
+            if any(g.path == path for g in out):
+                raise c["name"].error(f"group {path!r} is declared twice")
+            out.append(spec)
     for section in R.POLICY_SECTIONS:
-        if not c[section].present:
+        if c[section].present:
+            with c.doc.collecting():
+                _section(c, section, spec, policy, sys_root)
+    with c.doc.collecting():
+        _check_burst(c, spec)
+    children: list[Cursor] = []
+    with c.doc.collecting():
+        children = c["children"].seq(default=[])
+        if children and depth >= MAX_NESTING:
+            children = []
+            raise c["children"].error(f"groups nest deeper than {MAX_NESTING} levels")
+    for child in children:
+        _group(child, path if name is not None else f"{parent}/?", policy, sys_root, depth + 1)
+
+
+def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root: Path) -> None:
+    sec = c[section]
+    if not sec.fields((*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
+        return
+    for fld, value in sec.items():
+        if fld in EXTRA_FIELDS.get(section, ()) or fld not in R.POLICY_SECTIONS[section]:
             continue
-        sec = c[section].mapping([*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ())])
-        for fld, value in sec.items():
-            if fld in EXTRA_FIELDS.get(section, ()):
-                continue
-            f = R.BY_POLICY[(section, fld)]
+        f = R.BY_POLICY[(section, fld)]
+        with c.doc.collecting():
             if f is R.IO_WEIGHT:
                 spec.settings.setdefault(f.name, {})["default"] = value.parse(v.weight, WHAT["weight"])
             elif f is R.IO_MAX:
-                spec.settings[f.name] = _per_device(value, spec, _io_limits, sys_root)
+                spec.settings[f.name] = _per_device(value, spec, policy, _io_limits, sys_root)
             else:
                 spec.settings[f.name] = value.parse(f.validate, WHAT.get(fld, fld))
             spec.where[f.name] = _loc(value)
-        if section == "io" and sec["devices"].present:
+    if section == "io" and sec["devices"].present:
+        with c.doc.collecting():
             spec.settings.setdefault(R.IO_WEIGHT.name, {}).update(
-                _per_device(sec["devices"], spec, lambda w: w.parse(v.weight, WHAT["weight"]), sys_root))
+                _per_device(sec["devices"], spec, policy, lambda w: w.parse(v.weight, WHAT["weight"]), sys_root))
             spec.where.setdefault(R.IO_WEIGHT.name, _loc(sec["devices"]))
-    _check_burst(c, spec)
-    for child in c["children"].seq(default=[]):
-        _group(child, path, out, sys_root)
 
 
-def _per_device(c: Cursor, spec: GroupSpec, value_of: Callable[[Cursor], Any], sys_root: Path) -> dict[str, Any]:
+def _per_device(c: Cursor, spec: GroupSpec, policy: Policy, value_of: Callable[[Cursor], Any],
+                sys_root: Path) -> dict[str, Any]:
     out = {}
     for dev, value in c.items():
-        majmin = _device(c, str(dev), sys_root)
-        spec.devices[majmin] = str(dev)
-        out[majmin] = value_of(value)
+        with c.doc.collecting():
+            parsed = value_of(value)  # checked even for a device this node lacks
+            majmin = _device(c, str(dev), policy, sys_root)
+            if majmin is not None:
+                spec.devices[majmin] = str(dev)
+                out[majmin] = parsed
     return out
 
 
-def _device(c: Cursor, dev: str, sys_root: Path) -> str:
+def _device(c: Cursor, dev: str, policy: Policy, sys_root: Path) -> str | None:
+    """MAJ:MIN of `dev`; None, noted in `policy.absent`, for a device this node lacks (the file
+    is fine: the node is not); a name that cannot be a device is a file error."""
+    pos = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)
     try:
         return resolve_device(dev, sys_root)
+    except NoSuchDevice as exc:
+        policy.absent.append(f"{c.doc.file}:{pos[0]}:{pos[1]}: {c.where}: {exc}")
+        return None
     except ValueError as exc:
-        pos = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)
         raise SpecError(c.doc.file, *pos, f"{c.where}: {exc}") from None
 
 
 def _io_limits(c: Cursor) -> dict[str, Any]:
-    c.mapping(IO_MAX_KEYS)
-    return {k: c[k].parse(_IO_MAX_PARSERS[k], "size" if k.endswith("bps") else "count")
-            for k in IO_MAX_KEYS if c[k].present}
+    out: dict[str, Any] = {}
+    if not c.fields(IO_MAX_KEYS):
+        return out
+    for k in IO_MAX_KEYS:
+        if c[k].present:
+            with c.doc.collecting():
+                out[k] = c[k].parse(_IO_MAX_PARSERS[k], "size" if k.endswith("bps") else "count")
+    return out
 
 
 def _bps(value: Any) -> int | str:

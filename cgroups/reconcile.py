@@ -24,6 +24,19 @@ from .policy import Policy
 
 ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable and io-cost go there
 SUBTREE = ""  # the subtree's own directory
+PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
+LONGEST_FILE = 32  # room for the longest interface file name below a group ("/cgroup.max.descendants")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """cgroup.max.depth and cgroup.max.descendants of the subtree or a group above it: mkdir
+    below it fails with EAGAIN past them (None: max)."""
+    levels_above: int  # 0: the subtree itself, 1: its parent, ...
+    path: str
+    max_depth: int | None = None
+    max_descendants: int | None = None
+    descendants: int = 0  # nr_descendants in its cgroup.stat
 
 
 @dataclass
@@ -48,6 +61,9 @@ class Actual:
     unsupported: set[str] = field(default_factory=set)  # registry files absent here
     mode: str = "unified"
     v1_controllers: tuple[str, ...] = ()
+    subtree_path: str = ""  # absolute, for path lengths
+    agent_leaf: str = ""  # a name no managed group may take at the top
+    limits: list[Limit] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class Plan:
 def plan(policy: Policy, actual: Actual, options: Options = Options()) -> Plan:
     out = Plan()
     _check_support(policy, actual, out)
+    _check_limits(policy, actual, out)
     if out.errors:
         return out
     if SUBTREE not in actual.groups:
@@ -141,6 +158,35 @@ def _check_support(policy: Policy, actual: Actual, out: Plan) -> None:
         for name in g.settings:
             if name in actual.unsupported and R.BY_NAME[name].controller in actual.root_controllers:
                 out.errors.append(f"{g.where.get(name, g.path)}: {name} is not supported by this kernel")
+
+
+def _check_limits(policy: Policy, actual: Actual, out: Plan) -> None:
+    """What would make `apply` fail half-way and can be known now: devices this node lacks,
+    the kernel's depth and descendant limits, path lengths, names taken by the agent."""
+    out.errors += [f"{a} (not on this node: unsupported here)" for a in policy.absent]
+    new = [g for g in policy.groups if g.path not in actual.groups]
+    new_subtree = SUBTREE not in actual.groups
+    for lim in actual.limits:
+        if lim.max_depth is not None:
+            deep = next((g for g in new if lim.levels_above + g.depth > lim.max_depth), None)
+            if deep is not None:
+                out.errors.append(f"{deep.at}: group {deep.path} would be {lim.levels_above + deep.depth} levels "
+                                  f"below {lim.path}, whose cgroup.max.depth is {lim.max_depth}")
+            elif new_subtree and lim.levels_above > lim.max_depth:
+                out.errors.append(f"the subtree {actual.subtree_path} would be {lim.levels_above} levels below "
+                                  f"{lim.path}, whose cgroup.max.depth is {lim.max_depth}")
+        if lim.max_descendants is not None:
+            adding = len(new) + (1 if new_subtree and lim.levels_above > 0 else 0)
+            if adding and lim.descendants + adding > lim.max_descendants:
+                out.errors.append(f"{adding} new groups below {lim.path} would make {lim.descendants + adding}; "
+                                  f"its cgroup.max.descendants is {lim.max_descendants}")
+    for g in new:
+        length = len(f"{actual.subtree_path}/{g.path}".encode()) + LONGEST_FILE
+        if actual.subtree_path and length >= PATH_MAX:
+            out.errors.append(f"{g.at}: group {g.path}: its files' paths would be longer than the kernel's "
+                              f"PATH_MAX ({PATH_MAX} bytes)")
+        if actual.agent_leaf and g.path.split("/")[0] == actual.agent_leaf:
+            out.errors.append(f"{g.at}: {actual.agent_leaf} holds the agent's own processes, not a managed group")
 
 
 def _ancestors(path: str) -> list[str]:

@@ -91,6 +91,8 @@ FREEZE = CgroupFile("cgroup.freeze", validate=v.boolean01)
 KILL = CgroupFile("cgroup.kill")
 TYPE = CgroupFile("cgroup.type", parse=str.strip)
 CGROUP_STAT = CgroupFile("cgroup.stat", parse=v.parse_flat_keyed)
+MAX_DEPTH = CgroupFile("cgroup.max.depth")  # `max` or a count of levels below the group
+MAX_DESCENDANTS = CgroupFile("cgroup.max.descendants")
 
 # -- settings a CgroupPolicy can hold ---------------------------------------------------------
 IO_WEIGHT = CgroupFile("io.weight", "io", v.parse_weight_file, v.format_weight_lines,
@@ -180,9 +182,11 @@ class Support:
 
     def _probe_group(self, controller: str | None) -> Path | None:
         for parent in [self.root, *(p for p in self.root.iterdir() if p.is_dir())]:
-            enabled = (parent / SUBTREE_CONTROL.name)
-            if enabled.exists() and (controller is None or controller in enabled.read_text().split()):
-                for child in parent.iterdir():
-                    if child.is_dir():
-                        return child
+            try:  # groups come and go while this looks (another agent, systemd)
+                if controller is None or controller in (parent / SUBTREE_CONTROL.name).read_text().split():
+                    for child in parent.iterdir():
+                        if child.is_dir():
+                            return child
+            except OSError:  # removed meanwhile (ENOENT, or ENODEV on a file opened just before)
+                continue
         return None

@@ -1,17 +1,30 @@
-"""Reading the actual tree for the planner, and applying a plan to the kernel."""
+"""Reading the actual tree for the planner, and applying a plan to the kernel.
+
+Readers do not lock: a group created or removed by someone else while the tree is read is
+left out or taken as it is found, not an error (`vanished`).
+"""
 from __future__ import annotations
+
+import errno
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..signals import signals_held
 from . import io_weight
 from . import registry as R
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy
 from .policy import Policy
-from .reconcile import ROOT, Action, Actual, ActualGroup, Plan
+from .reconcile import ROOT, Action, Actual, ActualGroup, Limit, Plan
 from .subtree import Subtree, systemd_manages_root
+
+
+def vanished(exc: OSError) -> bool:
+    """A group removed under the reader: its directory is gone (ENOENT), or a file opened
+    just before the rmdir reads ENODEV."""
+    return exc.errno in (errno.ENOENT, errno.ENODEV)
 
 
 def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
@@ -23,6 +36,28 @@ def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
                        bool(cg.events().get("populated")), values)
 
 
+def _limit(cg: Cgroup, f: R.CgroupFile) -> int | None:
+    try:
+        value = cg.read(f.name).strip()
+    except CgroupError:
+        return None  # an older kernel without the file: no limit to check
+    return None if value == "max" else int(value)
+
+
+def read_limits(sub: Subtree) -> list[Limit]:
+    """The depth and descendant limits of the subtree and every group above it."""
+    out, path, k = [], sub.path, 0
+    while True:
+        if path.is_dir():
+            cg = Cgroup(path)
+            stat = cg.get(R.CGROUP_STAT) if cg.has(R.CGROUP_STAT) else {}
+            out.append(Limit(k, str(path), _limit(cg, R.MAX_DEPTH), _limit(cg, R.MAX_DESCENDANTS),
+                             int(stat.get("nr_descendants", 0))))
+        if path == sub.top.path or path == path.parent:
+            return out
+        path, k = path.parent, k + 1
+
+
 def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None,
                 sys_root: Path = Path("/sys")) -> Actual:
     top = sub.top
@@ -32,7 +67,11 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
     if sub.path.is_dir():
         groups[""] = read_group(sub.root, [])
         for rel in sub.walk():
-            groups[rel] = read_group(sub.group(rel), files)
+            try:
+                groups[rel] = read_group(sub.group(rel), files)
+            except CgroupError as exc:
+                if not vanished(exc):
+                    raise
     parent = Cgroup(sub.path.parent)
     # Every disk's scheduler, not only those the policy names: a BFQ disk needs the groups'
     # default weight in io.bfq.weight even when no per-device weight mentions it.
@@ -50,6 +89,9 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
         unsupported={f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)},
         mode=hierarchy.mode if hierarchy else "unified",
         v1_controllers=hierarchy.v1_controllers if hierarchy else (),
+        subtree_path=str(sub.path),
+        agent_leaf=sub.agent_leaf,
+        limits=read_limits(sub),
     )
 
 
@@ -70,21 +112,26 @@ class ApplyReport:
                 "not_applied": [a.as_dict() for a in self.not_applied]}
 
 
-def apply(plan: Plan, sub: Subtree) -> ApplyReport:
+def apply(plan: Plan, sub: Subtree, report: ApplyReport | None = None) -> ApplyReport:
     """Run the plan's actions in order; stop at the first refusal. Every write is read
-    back: a value the kernel accepted but did not keep counts as a refusal."""
-    report = ApplyReport()
+    back: a value the kernel accepted but did not keep counts as a refusal. Each action runs
+    with the stop signals held, so a stop lands between two actions; a caller that passes
+    `report` still has what was applied when a stop ends the run."""
+    report = report if report is not None else ApplyReport()
     if plan.errors:
         report.not_applied = list(plan.actions)
         return report
+    report.not_applied = list(plan.actions)
     for i, action in enumerate(plan.actions):
         try:
-            _run(action, sub, report)
+            with signals_held():  # a stop is delivered once the action and its record are done
+                _run(action, sub, report)
+                report.applied.append(action)
+                report.not_applied = plan.actions[i + 1:]
         except (CgroupError, ValueError) as exc:
             report.failed = (action, str(exc))
             report.not_applied = plan.actions[i + 1:]
             return report
-        report.applied.append(action)
     return report
 
 

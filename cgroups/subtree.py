@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SUBTREE = "xhagent.slice"
 SYSTEMD_CONTROL = ".control"  # systemd's sub-cgroup of a delegated unit for its own helper commands
+NAME_MAX = 255  # bytes in one path component (the kernel's NAME_MAX)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}$")
 _CONTROLLER_PREFIXES = ("cgroup", "cpu", "cpuset", "io", "memory", "pids", "hugetlb", "rdma", "misc")
 
@@ -29,6 +30,8 @@ def check_name(name: str) -> str:
     """One path component of a group name; a reason in ValueError otherwise."""
     if name in ("", ".", ".."):
         raise ValueError(f"{name!r} is not a group name")
+    if len(name.encode()) > NAME_MAX:
+        raise ValueError(f"a group name is at most {NAME_MAX} bytes")
     if not _NAME_RE.match(name):
         raise ValueError(f"{name!r}: a group name is letters, digits and _ . @ - (not starting with . @ or -)")
     if name.split(".")[0] in _CONTROLLER_PREFIXES and "." in name:
@@ -95,7 +98,11 @@ class Subtree:
             return out
 
         def visit(path: Path, rel: str) -> None:
-            for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink()):
+            try:  # a group removed meanwhile has no children to list
+                children = sorted(p for p in path.iterdir() if p.is_dir() and not p.is_symlink())
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            for child in children:
                 # The agent's own leaf, and systemd's `.control` (where it runs ExecStartPost=,
                 # ExecReload= and ExecStop= of a delegated unit), are not groups we manage.
                 if not rel and child.name in (self.agent_leaf, SYSTEMD_CONTROL):

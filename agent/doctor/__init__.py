@@ -9,9 +9,10 @@ from __future__ import annotations
 import traceback
 from typing import Callable, Iterable
 
-from .report import Item, fail
+from .report import Item, errno_reason, fail
 
 Probe = Callable[[], Iterable[Item]]
+CRASHED = "probe crashed"  # how the reason of a section whose probe raised begins
 
 
 def _probes() -> list[tuple[str, Probe]]:
@@ -34,7 +35,9 @@ def run_probes(probes: list[tuple[str, Probe]] | None = None) -> list[Item]:
             items.extend(probe())
         except Exception as exc:  # a report, not a crash: name what broke
             last = traceback.extract_tb(exc.__traceback__)[-1]
-            items.append(fail(section, f"probe crashed: {type(exc).__name__}: {exc} "
+            what = (f"{exc.filename + ': ' if exc.filename else ''}{errno_reason(exc)}"
+                    if isinstance(exc, OSError) and exc.errno else str(exc))  # no "[Errno N]" prefix
+            items.append(fail(section, f"{CRASHED}: {type(exc).__name__}: {what} "
                                        f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"))
     return items
 
@@ -43,3 +46,22 @@ def missing(items: list[Item], required: Iterable[str]) -> list[str]:
     """Names in `required` that are absent from the report or not ok."""
     by_name = {i.name: i for i in items}
     return [name for name in required if name not in by_name or not by_name[name].ok]
+
+
+def required_problems(items: list[Item], required: Iterable[str]) -> tuple[int, list[str]]:
+    """For `--require`: the exit status and a message per problem. 2 when a name is no item
+    of a complete report (bad input: the valid names are listed); 1 when an item is not ok,
+    or is missing because its probe crashed (then no name can be called unknown); else 0."""
+    by_name = {i.name: i for i in items}
+    crashed = [i for i in items if not i.ok and (i.reason or "").startswith(CRASHED)]
+    unknown = [name for name in required if name not in by_name]
+    if unknown and not crashed:
+        return 2, [f"--require {name!r}: no such item; the items are: {', '.join(by_name)}" for name in unknown]
+    problems = []
+    for name in required:
+        if name not in by_name:
+            problems.append(f"required item {name!r} is not in the report: "
+                            + "; ".join(f"{i.name}: {i.reason}" for i in crashed))
+        elif not by_name[name].ok:
+            problems.append(f"required item {name!r} is not ok: {by_name[name].reason}")
+    return (1 if problems else 0), problems

@@ -1,14 +1,24 @@
 """cgroups: the mounts and mode, the cgroup2 controllers, and whether the agent can
-create a group, freeze it and kill it (done for real with a throwaway `sleep`)."""
+create a group, freeze it and kill it (done for real with a throwaway `sleep`).
+
+The probe group is `xhagent.slice/doctor-<pid>`. However the doctor ends (an error, SIGINT,
+SIGTERM, SIGHUP: the command turns them into exceptions) the sleep is killed and the group
+thawed and removed, in a section signals cannot cut. Only SIGKILL can leave one behind: each
+run first removes the `doctor-<pid>` groups whose pid no longer exists (nothing else).
+"""
 from __future__ import annotations
 
+import errno
 import os
+import re
 import subprocess
 from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
+from ..cgroups import registry as R
 from ..cgroups.mounts import discover
 from ..cgroups.subtree import DEFAULT_SUBTREE
+from ..signals import signals_held
 from .report import Item, fail, ok
 
 # The controllers the agent's cgroup policies write to.
@@ -30,46 +40,125 @@ def _controllers_item(root: Cgroup, v1: tuple[str, ...]) -> Item:
     return fail("cgroup.controllers", why, available=available)
 
 
+_PROBE_GROUP = re.compile(r"doctor-([1-9][0-9]{0,6})")
+PID_MAX_LIMIT = 1 << 22  # the kernel's largest pid_max: a larger number is nobody's pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, someone else's
+    return True
+
+
+def _dispose(group: Cgroup) -> None:
+    """Kill what is in the group, thaw it, remove it; a group already gone is fine."""
+    try:
+        if group.events().get("populated"):
+            group.kill()
+        group.write(R.FREEZE.name, "0")
+        group.remove(kill_first=True)
+    except CgroupError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+
+
+def remove_stale(parent: Path) -> list[str]:
+    """Remove the probe groups of doctors that are gone (killed with SIGKILL): only groups
+    named doctor-<pid> whose pid does not exist. Returns their names."""
+    try:
+        entries = sorted(parent.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for path in entries:
+        match = _PROBE_GROUP.fullmatch(path.name)
+        if not match or int(match[1]) > PID_MAX_LIMIT or path.is_symlink() or not path.is_dir() \
+                or _alive(int(match[1])):
+            continue
+        try:
+            _dispose(Cgroup(path))
+        except CgroupError:
+            continue  # still busy (a child group someone made): left as it is
+        removed.append(path.name)
+    return removed
+
+
 def _lifecycle_items(root: Path) -> list[Item]:
     """Create <root>/xhagent.slice/doctor-<pid>, run a sleep in it, freeze, thaw, kill,
-    remove; the parent is removed again if the probe created it."""
+    remove; the parent is removed again if the probe created it and nothing else uses it."""
     parent = Cgroup(root / PROBE_PARENT)
-    made_parent = not parent.path.exists()
+    stale = remove_stale(parent.path)
     group = Cgroup(parent.path / f"doctor-{os.getpid()}")
+    made_parent = False
     try:
-        if made_parent:
+        try:
             parent.create()
+            made_parent = True
+        except CgroupError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
         group.create()
     except CgroupError as exc:
+        _remove_parent(parent, made_parent)
         return [fail("cgroup.create", str(exc)),
                 fail("cgroup.freeze", "no probe group: " + str(exc)),
                 fail("cgroup.kill", "no probe group: " + str(exc))]
-    items = [ok("cgroup.create", path=str(group.path))]
-    sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, close_fds=True)
+    sleeper = None
+    try:
+        items = [ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))]
+        with signals_held():  # a stop inside Popen would leave a sleep that nothing kills
+            sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, close_fds=True)
+        return items + _freeze_and_kill(group, sleeper)
+    finally:
+        try:
+            _clean_up(group, parent, made_parent, sleeper)
+        except BaseException:  # a signal that got in before the section held them: once more
+            _clean_up(group, parent, made_parent, sleeper)
+            raise
+
+
+def _freeze_and_kill(group: Cgroup, sleeper: subprocess.Popen) -> list[Item]:
+    items = []
     try:
         group.add_proc(sleeper.pid)
-        try:
-            group.freeze(timeout=2.0)
-            frozen = group.events().get("frozen")
-            group.thaw()
-            items.append(ok("cgroup.freeze", frozen=frozen))
-        except CgroupError as exc:
-            items.append(fail("cgroup.freeze", str(exc)))
-        try:
-            group.kill(timeout=2.0)
-            items.append(ok("cgroup.kill", exit_signal=-sleeper.wait(timeout=2.0)))
-        except (CgroupError, subprocess.TimeoutExpired) as exc:
-            items.append(fail("cgroup.kill", str(exc)))
     except CgroupError as exc:
-        items += [fail("cgroup.freeze", str(exc)), fail("cgroup.kill", str(exc))]
-    finally:
-        if sleeper.poll() is None:
+        return [fail("cgroup.freeze", str(exc)), fail("cgroup.kill", str(exc))]
+    try:
+        group.freeze(timeout=2.0)  # thaws back itself on a timeout, an error or a stop
+        frozen = group.events().get("frozen")
+        group.thaw()
+        items.append(ok("cgroup.freeze", frozen=frozen))
+    except CgroupError as exc:
+        items.append(fail("cgroup.freeze", str(exc)))
+    try:
+        group.kill(timeout=2.0)
+        items.append(ok("cgroup.kill", exit_signal=-sleeper.wait(timeout=2.0)))
+    except (CgroupError, subprocess.TimeoutExpired) as exc:
+        items.append(fail("cgroup.kill", str(exc)))
+    return items
+
+
+def _clean_up(group: Cgroup, parent: Cgroup, made_parent: bool, sleeper: subprocess.Popen | None) -> None:
+    with signals_held():
+        if sleeper is not None and sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
-        group.remove()
-        if made_parent:
-            parent.remove()
-    return items
+        _dispose(group)
+        _remove_parent(parent, made_parent)
+
+
+def _remove_parent(parent: Cgroup, made_parent: bool) -> None:
+    if not made_parent:
+        return
+    try:
+        parent.remove()
+    except CgroupError as exc:
+        if exc.errno not in (errno.EBUSY, errno.ENOENT):  # another doctor or the agent uses it
+            raise
 
 
 def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:

@@ -37,7 +37,7 @@ def _summary(detail: dict[str, Any]) -> str:
 
 def table(items: list[Item]) -> str:
     width = max((len(i.name) for i in items), default=4)
-    lines = [f"{'ITEM':<{width}}  {'':4}  DETAIL"]
+    lines = [f"{'ITEM':<{width}}  {'OK':4}  DETAIL / REASON"]
     for i in items:
         text = _summary(i.detail) if i.ok else i.reason or ""
         if not i.ok and i.detail:

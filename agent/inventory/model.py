@@ -395,7 +395,7 @@ def parse_bytes(value: Any) -> int:
         # Decimal, not float: exact, and a 400-digit number is an error below, not an OverflowError.
         size = int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
     if size > MAX_INT:
-        raise ValueError(f"size {_short(value)} is larger than 2^63-1 bytes")
+        raise ValueError(f"size {_short(value)} is larger than 8 EiB")
     return size
 
 
@@ -565,6 +565,7 @@ def from_documents(docs: list[Document], source: str) -> list[Node]:
         raise ModelError((), "expected one document (a node or `nodes: [...]`)",
                          "{}:{}:{}".format(source, *docs[1].position(())))
     doc, errors = docs[0], []
+    _versions_as_written(doc)
     try:
         nodes = nodes_from_data(doc.value, errors)
     except _Kept:
@@ -575,6 +576,21 @@ def from_documents(docs: list[Document], source: str) -> list[Node]:
         located = [doc.error(e.path, f"{format_path(e.path)}: {e.message}" if e.path else e.message) for e in errors]
         raise ModelError((), str(SpecErrors(located)))
     return nodes
+
+
+VERSION_KEYS = ("cudaDriverVersion", "computeCapability")
+
+
+def _versions_as_written(doc: Document) -> None:
+    """Versions are read as written: unquoted `12.10` is 12.10, not the YAML float 12.1."""
+    for path, text in doc.texts.items():
+        if not path or path[-1] not in VERSION_KEYS:
+            continue
+        parent = doc.value
+        for part in path[:-1]:
+            parent = parent[part]
+        if isinstance(parent[path[-1]], float):
+            parent[path[-1]] = text
 
 
 def load(path: str | Path) -> list[Node]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from ..cgroups.mounts import discover
+from ..cliparams import FiniteFloat
 from .aio import AsyncRing
 from .batch import read_batch
 from .buffers import AlignedBuffer
@@ -354,24 +355,54 @@ def _table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_source(file: str) -> None:
+    """A regular file or a block device of at least 1 MiB: the cases read random 4 KiB blocks
+    of it until time is up, which a FIFO or /dev/zero cannot serve."""
+    try:
+        st = os.stat(file)
+        kind = "block device" if stat.S_ISBLK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+        if kind is None:
+            raise click.BadParameter(f"{file}: not a regular file or a block device", param_hint="--file")
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            span = _device_size(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
+    if span < 1 << 20:
+        raise click.BadParameter(f"{file}: {span} bytes; the {kind} must hold at least 1 MiB", param_hint="--file")
+
+
+def _check_room(nbytes: int) -> None:
+    """The data file goes to the temp dir: refuse a size that would fill its file system."""
+    tmp = tempfile.gettempdir()
+    fs = os.statvfs(tmp)
+    free = fs.f_bavail * fs.f_frsize
+    if nbytes > free // 2:
+        raise click.BadParameter(f"{nbytes >> 20} MiB is more than half of the {free >> 20} MiB free in {tmp}",
+                                 param_hint="--size")
+
+
 @click.command("io")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--file", "file", metavar="PATH", help="Read this file or block device (read-only) instead of a temp file.")
 @click.option("--size", default="256M", show_default=True, help="Size of the temp data file (K, M, G suffixes).")
-@click.option("--seconds", default=2.0, show_default=True, type=float, help="Seconds per case.")
+@click.option("--seconds", default=2.0, show_default=True, type=FiniteFloat(0, 600),
+              help="Seconds per case (at most 600).")
 def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None:
     """io_uring engine vs os.pread, asyncio+threads and open/read/close loops."""
     try:
         nbytes = parse_size(size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--size")
-    if file and not os.path.exists(file):
-        raise click.BadParameter(f"{file}: no such file or device", param_hint="--file")
-    if seconds <= 0:
-        raise click.BadParameter("must be positive", param_hint="--seconds")
+    if file:
+        _check_source(file)
+    else:
+        _check_room(nbytes)
     try:
         report = run(file, nbytes, seconds, progress=lambda m: click.echo(f"bench io: {m}", err=True))
     except OSError as exc:
-        click.echo(f"xhagent bench io: {exc}", err=True)
+        click.echo(f"xhagent bench io: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}", err=True)
         sys.exit(1)
     click.echo(json.dumps(report, indent=2) if as_json else _table(report))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .documents import InputError, Inputs, load, load_all, policy_files
+from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
 from .placement import Candidate, Demand, Peers, Reason, decide, evaluate
 from .policy import Policy, choose, tie_warnings
 from .state import Cluster
@@ -15,6 +15,7 @@ from .task import Task
 from .units import gib
 
 EXIT_INPUT = 2
+EXIT_PENDING = 3
 
 
 @click.group()
@@ -24,24 +25,28 @@ def policy() -> None:
 
 @policy.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print {files: {FILE: {ok, error|items}}, warnings} as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {files: {FILE: {ok, items | error, errors}}, warnings} as JSON.")
 def validate(files: tuple[Path, ...], as_json: bool) -> None:
-    """Check SchedulingPolicy, Task and node-model FILES (each one, its first error); exit 2 if any is bad."""
+    """Check input FILES of any kind: SchedulingPolicy, Task, CgroupPolicy and Workload files
+    (by `kind`), node models and the agent config. Every error of a file is listed, each
+    FILE:LINE:COL. Exit 0 when all are valid, 2 if any is not. A CgroupPolicy's devices
+    are looked up on this node."""
     report, policies, failed = {}, [], False
     for path in files:
         try:
-            items = load(path)
+            items = load_any(path)
         except InputError as exc:
             failed = True
-            report[str(path)] = {"ok": False, "error": str(exc)}
+            report[str(path)] = {"ok": False, "error": str(exc), "errors": exc.located()}
             if not as_json:
                 click.echo(str(exc), err=True)
             continue
         policies += [i for i in items if isinstance(i, Policy)]
-        names = [f"{_kind(i)} {i.name}" for i in items]
+        names = [describe_item(i) for i in items]
         report[str(path)] = {"ok": True, "items": names}
         if not as_json:
-            click.echo(f"{path}: ok ({', '.join(names) or 'empty'})")
+            click.echo(f"{path}: ok ({', '.join(names)})")
     warnings = tie_warnings(policies)
     if as_json:
         click.echo(json.dumps({"files": report, "warnings": warnings}, indent=2))
@@ -52,7 +57,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
         sys.exit(EXIT_INPUT)
 
 
-@policy.command()
+@policy.command(epilog="Exit status: 0 every task is placed, 3 at least one is Pending, 2 bad input.")
 @click.option("--task", "task_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="A Task file (every Task in it is explained).")
 @click.option("--policies", "policy_paths", multiple=True, type=click.Path(path_type=Path),
@@ -71,12 +76,14 @@ def explain(task_file: Path, policy_paths: tuple[Path, ...], nodes_file: Path | 
     reports = [_explain(t, inputs.policies, cluster) for t in inputs.tasks]
     warnings = tie_warnings(inputs.policies)
     if as_json:
-        click.echo(json.dumps({"schema": 1, "tasks": reports, "warnings": warnings}, indent=2))
-        return
-    for w in warnings:
-        click.echo(f"warning: {w}", err=True)
-    for r in reports:
-        click.echo(_render(r))
+        click.echo(json.dumps({"schema": 2, "tasks": reports, "warnings": warnings}, indent=2))
+    else:
+        for w in warnings:
+            click.echo(f"warning: {w}", err=True)
+        for r in reports:
+            click.echo(_render(r))
+    if any(r["pending"] for r in reports):
+        sys.exit(EXIT_PENDING)
 
 
 def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
@@ -108,11 +115,8 @@ def _this_node():
     try:
         return build_model(discover())
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read this node's inventory ({exc}); give a node model with --nodes FILE") from None
-
-
-def _kind(item) -> str:
-    return {"Policy": "SchedulingPolicy", "Task": "Task", "Node": "node"}[type(item).__name__]
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InputError(f"cannot read this node's inventory ({reason}); give a node model with --nodes FILE") from None
 
 
 def _explain(task: Task, policies: list[Policy], cluster: Cluster) -> dict:
@@ -130,11 +134,11 @@ def _explain(task: Task, policies: list[Policy], cluster: Cluster) -> dict:
     pol = match.policy
     return {
         "task": task.name,
-        "deviceType": task.device_type,
+        "device_type": task.device_type,
         "policy": pol.name if pol else None,
-        "policyPriority": pol.priority if pol else None,
+        "policy_priority": pol.priority if pol else None,
         "preemption": pol.preemption if pol else None,
-        "tiedWith": list(match.tied_with),
+        "tied_with": list(match.tied_with),
         "demand": describe(demand),
         "pending": decision.placed is None,
         "placed": _candidate(decision.placed) if decision.placed else None,
@@ -177,11 +181,11 @@ def describe(d: Demand) -> str:
 
 
 def _render(r: dict) -> str:
-    pol = (f"policy {r['policy']} (priority {r['policyPriority']}, preemption {r['preemption']})"
+    pol = (f"policy {r['policy']} (priority {r['policy_priority']}, preemption {r['preemption']})"
            if r["policy"] else "no policy matches (defaults)")
-    lines = [f"task {r['task']} ({r['deviceType']}): {pol}", f"  needs: {r['demand']}"]
-    if r["tiedWith"]:
-        lines.append(f"  warning: tied with {', '.join(r['tiedWith'])} at the same priority")
+    lines = [f"task {r['task']} ({r['device_type']}): {pol}", f"  needs: {r['demand']}"]
+    if r["tied_with"]:
+        lines.append(f"  warning: tied with {', '.join(r['tied_with'])} at the same priority")
     if r["placed"]:
         p = r["placed"]
         gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else gib(g['memory'])})" for g in p["gpus"])

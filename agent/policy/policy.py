@@ -8,6 +8,7 @@ are a validation warning (the tie is broken by name so the outcome is still defi
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping
 
@@ -80,24 +81,66 @@ class Policy:
 
 # ------------------------------------------------------------------------- parsing
 
+# DNS-1123 subdomain names, as Kubernetes uses for metadata.name: lowercase letters, digits,
+# `-` and `.`, starting and ending alphanumeric, at most 253 characters. A name reaches
+# messages, JSON and (later) file and cgroup names: no `/`, `..`, spaces or control characters.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NAME_RULE = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"
+
+
+def parse_name(cur: Cursor) -> str:
+    """metadata.name of a SchedulingPolicy or a Task (see NAME_RULE)."""
+    name = cur.str()
+    if len(name) > 253 or not _NAME.fullmatch(name):
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise cur.error(f"{cur.where}: {shown!r} is not a valid name ({NAME_RULE})")
+    return name
+
+
+def parse_metadata(root: Cursor) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """(name, labels) of a document's metadata; errors are kept in the document."""
+    meta, doc = root["metadata"], root.doc
+    if not (meta.present and meta.fields({"name", "labels"}, required={"name"})):
+        return None, ()
+    name = doc.attempt(lambda: parse_name(meta["name"])) if meta["name"].present else None
+    return name, doc.attempt(lambda: parse_labels(meta["labels"]), ())
+
+
+def parse_header(doc: Document) -> bool:
+    """The four top-level fields and apiVersion; False when the document is not a mapping."""
+    root = doc.root
+    if not root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"}):
+        return False
+    if root["apiVersion"].present:
+        doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
+    return True
+
+
 def parse_policy(doc: Document) -> Policy:
-    root = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"})
-    root["apiVersion"].str([API_VERSION])
-    meta = root["metadata"].mapping({"name", "labels"}, required={"name"})
-    spec = root["spec"].mapping({"matchRules", "priority", "preemption"}, required={"matchRules"})
-    rules = []
-    for rule in spec["matchRules"].seq():
-        rule.mapping({"selector", "constraints"}, required={"selector"})
-        rules.append(Rule(parse_selector(rule["selector"]), parse_constraints(rule["constraints"])))
-    if not rules:
-        raise spec["matchRules"].error("spec.matchRules: a policy needs at least one rule")
-    return Policy(
-        name=meta["name"].str(),
-        rules=tuple(rules),
-        priority=spec["priority"].int(0, 100, default=DEFAULT_PRIORITY),
-        preemption=spec["preemption"].str(PREEMPTION, default="lower-priority"),
-        labels=parse_labels(meta["labels"]),
-    )
+    """A SchedulingPolicy; every error of the document at once (SpecErrors)."""
+    if not parse_header(doc):
+        doc.errors.raise_if_any()
+    root = doc.root
+    name, labels = parse_metadata(root)
+    spec, rules = root["spec"], []
+    priority, preemption = DEFAULT_PRIORITY, "lower-priority"
+    if spec.present and spec.fields({"matchRules", "priority", "preemption"}, required={"matchRules"}):
+        if spec["matchRules"].present:
+            items = doc.attempt(lambda: spec["matchRules"].seq(), None)
+            rules = [parse_rule(rule) for rule in items or ()]
+            if items == []:
+                doc.errors.add(spec["matchRules"].error("spec.matchRules: a policy needs at least one rule"))
+        priority = doc.attempt(lambda: spec["priority"].int(0, 100, default=DEFAULT_PRIORITY))
+        preemption = doc.attempt(lambda: spec["preemption"].str(PREEMPTION, default="lower-priority"))
+    doc.errors.raise_if_any()
+    return Policy(name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels)
+
+
+def parse_rule(rule: Cursor) -> Rule | None:
+    if not rule.fields({"selector", "constraints"}, required={"selector"}):
+        return None
+    selector = rule.doc.attempt(lambda: parse_selector(rule["selector"])) if rule["selector"].present else None
+    return Rule(selector, parse_constraints(rule["constraints"]))
 
 
 def parse_labels(cur: Cursor) -> tuple[tuple[str, str], ...]:
@@ -113,40 +156,49 @@ def parse_labels(cur: Cursor) -> tuple[tuple[str, str], ...]:
 
 def parse_constraints(cur: Cursor) -> Constraints:
     """A list of single-purpose items (`- hardware: ...`, `- topology: ...`) merged into one;
-    the same field given twice is an error rather than a silent override."""
+    the same field given twice is an error rather than a silent override. Errors are kept in
+    the document (a field in error is left at its default here)."""
+    doc = cur.doc
     seen: dict[str, Cursor] = {}
-    for item in cur.seq(default=[]):
-        item.mapping({"hardware", "memory", "io", "topology"})
+    for item in doc.attempt(lambda: cur.seq(default=[]), ()):
+        if not item.fields({"hardware", "memory", "io", "topology"}):
+            continue
         for key, value in _leaves(item):
             if key in seen:
-                raise value.error(f"{value.where}: {key} is already set at line {seen[key].doc.position(seen[key].path)[0]}")
+                first = seen[key].doc.position(seen[key].path)[0]
+                doc.errors.add(value.error(f"{value.where}: {key} is already set at line {first}"))
+                continue
             seen[key] = value
-    get = lambda key: seen.get(key)  # noqa: E731
+
+    def get(key, fn):
+        return None if key not in seen else doc.attempt(lambda: fn(seen[key]))
+
     gpu = GpuConstraint(
-        min_cuda_version=_opt(get("hardware.gpu.minCudaVersion"), lambda c: c.parse(parse_version, "CUDA version")),
-        min_memory_gb=_opt(get("hardware.gpu.minMemoryGB"), lambda c: c.int(1, 1 << 20)),
-        count=_opt(get("hardware.gpu.count"), lambda c: c.int(1, 1024)),
-        model=_opt(get("hardware.gpu.model"), lambda c: c.str()),
+        min_cuda_version=get("hardware.gpu.minCudaVersion", lambda c: c.parse(parse_version, "CUDA version", as_written=True)),
+        min_memory_gb=get("hardware.gpu.minMemoryGB", lambda c: c.int(1, 1 << 20)),
+        count=get("hardware.gpu.count", lambda c: c.int(1, 1024)),
+        model=get("hardware.gpu.model", lambda c: c.str()),
     )
     cpu = CpuConstraint(
-        cores=_opt(get("hardware.cpu.cores"), lambda c: c.int(1, 1 << 16)),
-        smt_exclusive=_opt(get("hardware.cpu.smtExclusive"), lambda c: c.bool()) or False,
-        numa=_opt(get("hardware.cpu.numa"), lambda c: c.str(["single"])),
+        cores=get("hardware.cpu.cores", lambda c: c.int(1, 1 << 16)),
+        smt_exclusive=get("hardware.cpu.smtExclusive", lambda c: c.bool()) or False,
+        numa=get("hardware.cpu.numa", lambda c: c.str(["single"])),
     )
     topo = Topology(
-        rack_affinity=_opt(get("topology.rackAffinity"), lambda c: c.str(RACK_AFFINITY)),
-        rack_peers=_opt(get("topology.rackPeers"), parse_selector),
-        zone=_opt(get("topology.zone"), lambda c: c.str()),
-        numa_affinity=_opt(get("topology.numaAffinity"), lambda c: c.str(NUMA_AFFINITY)),
-        same_node_as=_opt(get("topology.sameNodeAs"), parse_selector),
-        away_from=_opt(get("topology.awayFrom"), parse_selector),
+        rack_affinity=get("topology.rackAffinity", lambda c: c.str(RACK_AFFINITY)),
+        rack_peers=get("topology.rackPeers", parse_selector),
+        zone=get("topology.zone", lambda c: c.str()),
+        numa_affinity=get("topology.numaAffinity", lambda c: c.str(NUMA_AFFINITY)),
+        same_node_as=get("topology.sameNodeAs", parse_selector),
+        away_from=get("topology.awayFrom", parse_selector),
     )
-    if topo.rack_peers is not None and topo.rack_affinity is None:
-        raise seen["topology.rackPeers"].error("topology.rackPeers: needs rackAffinity (same or spread)")
+    if "topology.rackPeers" in seen and "topology.rackAffinity" not in seen:
+        peers = seen["topology.rackPeers"]
+        doc.errors.add(peers.error(f"{peers.where}: needs rackAffinity (same or spread)"))
     return Constraints(
         gpu=gpu, cpu=cpu, topology=topo,
-        memory=_opt(get("memory"), lambda c: c.parse(parse_size, "size")),
-        io_class=_opt(get("io.class"), lambda c: c.str(IO_CLASSES)),
+        memory=get("memory", lambda c: c.parse(parse_size, "size")),
+        io_class=get("io.class", lambda c: c.str(IO_CLASSES)),
     )
 
 
@@ -159,25 +211,22 @@ _SHAPE = {
 
 
 def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:
-    """("hardware.gpu.minCudaVersion", cursor), ... with unknown fields rejected on the way."""
+    """("hardware.gpu.minCudaVersion", cursor), ... with unknown fields kept as errors."""
     for key, value in item.items():
         shape = _SHAPE.get(key)
         if shape is None:                   # memory: a scalar
             yield key, value
         elif isinstance(shape, set):
-            value.mapping(shape)
-            for leaf, cur in value.items():
-                yield f"{key}.{leaf}", cur
-        else:
-            value.mapping(shape)
+            if value.fields(shape):
+                for leaf, cur in value.items():
+                    if leaf in shape:
+                        yield f"{key}.{leaf}", cur
+        elif value.fields(shape):
             for sub, inner in value.items():
-                inner.mapping(shape[sub])
-                for leaf, cur in inner.items():
-                    yield f"{key}.{sub}.{leaf}", cur
-
-
-def _opt(cur: Cursor | None, fn):
-    return None if cur is None else fn(cur)
+                if sub in shape and inner.fields(shape[sub]):
+                    for leaf, cur in inner.items():
+                        if leaf in shape[sub]:
+                            yield f"{key}.{sub}.{leaf}", cur
 
 
 # ------------------------------------------------------------------------- dumping

@@ -68,22 +68,32 @@ class Selector:
 
 
 def parse_selector(cur: Cursor) -> Selector:
-    cur.mapping({"matchLabels", "matchExpressions"})
-    labels = []
-    if cur["matchLabels"].present:
+    """A selector; errors of its fields are kept in the document, the first of a kind
+    that leaves nothing to read (not a mapping) is raised."""
+    if not isinstance(cur.value, dict):
+        cur.mapping()  # raises: nothing inside to read
+    cur.fields({"matchLabels", "matchExpressions"})
+    doc, labels = cur.doc, []
+    if cur["matchLabels"].present and cur["matchLabels"].fields():
         for key, value in cur["matchLabels"].items():
-            labels.append((str(key), _label_value(value)))
+            if (v := doc.attempt(lambda: _label_value(value))) is not None:
+                labels.append((str(key), v))
     exprs = []
-    for item in cur["matchExpressions"].seq(default=[]):
-        item.mapping({"key", "operator", "values"}, required={"key", "operator"})
-        op = item["operator"].str(OPERATORS)
-        values = tuple(_label_value(v) for v in item["values"].seq(default=[]))
-        if op == "Exists" and values:
-            raise item["values"].error(f"{item['values'].where}: operator Exists takes no values")
-        if op != "Exists" and not values:
-            raise item.error(f"{item.where}: operator {op} needs a non-empty 'values' list")
-        exprs.append(Expression(item["key"].str(), op, values))
+    for item in doc.attempt(lambda: cur["matchExpressions"].seq(default=[]), ()):
+        if (e := doc.attempt(lambda: _expression(item))) is not None:
+            exprs.append(e)
     return Selector(tuple(sorted(labels)), tuple(exprs))
+
+
+def _expression(item: Cursor) -> Expression:
+    item.mapping({"key", "operator", "values"}, required={"key", "operator"})
+    op = item["operator"].str(OPERATORS)
+    values = tuple(_label_value(v) for v in item["values"].seq(default=[]))
+    if op == "Exists" and values:
+        raise item["values"].error(f"{item['values'].where}: operator Exists takes no values")
+    if op != "Exists" and not values:
+        raise item.error(f"{item.where}: operator {op} needs a non-empty 'values' list")
+    return Expression(item["key"].str(), op, values)
 
 
 def _label_value(cur: Cursor) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..spec import Cursor, Document, SpecError
-from .policy import API_VERSION, parse_labels
+from .policy import API_VERSION, parse_header, parse_metadata
 from .units import format_duration, format_instant, format_size, parse_duration_ns, parse_instant_ns, parse_size
 
 DEVICE_TYPES = ("cpu", "gpu", "tpu")
@@ -90,56 +90,77 @@ def parse_deadline(value: Any) -> Deadline:
     return Deadline(ns, relative=True)
 
 
+SPEC_FIELDS = {"deviceType", "requests", "deadline", "priority", "estimatedRuntime", "migratable", "computeGraphHash",
+               "memoryLayout", *DEVICE_FIELDS}
+
+
 def parse_task(doc: Document) -> Task:
-    root = doc.root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"})
-    root["apiVersion"].str([API_VERSION])
-    meta = root["metadata"].mapping({"name", "labels"}, required={"name"})
-    spec = root["spec"].mapping(
-        {"deviceType", "requests", "deadline", "priority", "estimatedRuntime", "migratable", "computeGraphHash",
-         "memoryLayout", *DEVICE_FIELDS}, required={"deviceType"})
-    device = spec["deviceType"].str(DEVICE_TYPES)
-    for name, devices in DEVICE_FIELDS.items():
-        if spec[name].present and device not in devices:
-            raise _key_error(spec, name, f"spec.{name} is only for deviceType {' or '.join(devices)} (this task is {device})")
-    req = spec["requests"]
-    requests = Requests()
-    if req.present:
-        req.mapping({"cpus", "memory", "gpus", "gpuMemory"})
-        for name in GPU_REQUESTS:
-            if req[name].present and device != "gpu":
-                raise _key_error(req, name, f"spec.requests.{name} is only for deviceType gpu (this task is {device})")
-        requests = Requests(
-            cpus=req["cpus"].int(0, 1 << 16, default=None),
-            memory=req["memory"].parse(parse_size, "size", default=None),
-            gpus=req["gpus"].int(0, 1024, default=None),
-            gpu_memory=req["gpuMemory"].parse(parse_size, "size", default=None),
-        )
-    hash_ = spec["computeGraphHash"].str(default=None)
-    if hash_ is not None and not _HASH.fullmatch(hash_):
-        raise spec["computeGraphHash"].error("spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits")
-    layout = spec["memoryLayout"].str(default=None)
-    if layout is not None and not _LAYOUT.fullmatch(layout):
-        raise spec["memoryLayout"].error("spec.memoryLayout: expected a layout such as NCHW or NCHW@64B (at most 16 characters before @)")
-    cores = None
-    if spec["coreAssignment"].present:
-        cores = tuple(c.int(0, 1 << 16) for c in spec["coreAssignment"].seq())
-        if len(set(cores)) != len(cores):
-            raise spec["coreAssignment"].error("spec.coreAssignment: a core is listed twice")
-    return Task(
-        name=meta["name"].str(),
+    """A Task; every error of the document at once (SpecErrors)."""
+    if not parse_header(doc):
+        doc.errors.raise_if_any()
+    name, labels = parse_metadata(doc.root)
+    spec, fields = doc.root["spec"], {}
+    if spec.present and spec.fields(SPEC_FIELDS, required={"deviceType"}):
+        fields = _spec(spec)
+    doc.errors.raise_if_any()
+    return Task(name=name, labels=labels, **fields)
+
+
+def _spec(spec: Cursor) -> dict[str, Any]:
+    doc = spec.doc
+    device = doc.attempt(lambda: spec["deviceType"].str(DEVICE_TYPES)) if spec["deviceType"].present else None
+    if device is not None:
+        for name, devices in DEVICE_FIELDS.items():
+            if spec[name].present and device not in devices:
+                doc.errors.add(_key_error(spec, name, f"spec.{name} is only for deviceType {' or '.join(devices)} "
+                                                      f"(this task is {device})"))
+    return dict(
         device_type=device,
-        labels=parse_labels(meta["labels"]),
-        requests=requests,
-        deadline=spec["deadline"].parse(parse_deadline, "deadline (a duration such as 250ms or an RFC 3339 time)", default=None),
-        priority=spec["priority"].int(0, 100, default=None),
-        estimated_runtime_ns=spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None),
-        migratable=spec["migratable"].bool(default=None),
-        compute_graph_hash=hash_,
-        memory_layout=layout,
-        num_threads=spec["numThreads"].int(1, 1 << 16, default=None),
-        stream_id=spec["streamId"].int(0, 1 << 31, default=None),
-        core_assignment=cores,
+        requests=_requests(spec["requests"], device),
+        deadline=doc.attempt(lambda: spec["deadline"].parse(
+            parse_deadline, "deadline (a duration such as 250ms or an RFC 3339 time)", default=None)),
+        priority=doc.attempt(lambda: spec["priority"].int(0, 100, default=None)),
+        estimated_runtime_ns=doc.attempt(lambda: spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None)),
+        migratable=doc.attempt(lambda: spec["migratable"].bool(default=None)),
+        compute_graph_hash=doc.attempt(lambda: _matching(spec["computeGraphHash"], _HASH,
+                                                         "expected a SHA-256 digest, 64 lowercase hex digits")),
+        memory_layout=doc.attempt(lambda: _matching(spec["memoryLayout"], _LAYOUT, "expected a layout such as NCHW or "
+                                                    "NCHW@64B (at most 16 characters before @)")),
+        num_threads=doc.attempt(lambda: spec["numThreads"].int(1, 1 << 16, default=None)),
+        stream_id=doc.attempt(lambda: spec["streamId"].int(0, 1 << 31, default=None)),
+        core_assignment=doc.attempt(lambda: _cores(spec["coreAssignment"])),
     )
+
+
+def _requests(req: Cursor, device: str | None) -> Requests:
+    if not (req.present and req.fields({"cpus", "memory", "gpus", "gpuMemory"})):
+        return Requests()
+    doc = req.doc
+    for name in GPU_REQUESTS:
+        if req[name].present and device is not None and device != "gpu":
+            doc.errors.add(_key_error(req, name, f"spec.requests.{name} is only for deviceType gpu (this task is {device})"))
+    return Requests(
+        cpus=doc.attempt(lambda: req["cpus"].int(0, 1 << 16, default=None)),
+        memory=doc.attempt(lambda: req["memory"].parse(parse_size, "size", default=None)),
+        gpus=doc.attempt(lambda: req["gpus"].int(0, 1024, default=None)),
+        gpu_memory=doc.attempt(lambda: req["gpuMemory"].parse(parse_size, "size", default=None)),
+    )
+
+
+def _matching(cur: Cursor, pattern: re.Pattern, message: str) -> str | None:
+    value = cur.str(default=None)
+    if value is not None and not pattern.fullmatch(value):
+        raise cur.error(f"{cur.where}: {message}")
+    return value
+
+
+def _cores(cur: Cursor) -> tuple[int, ...] | None:
+    if not cur.present:
+        return None
+    cores = tuple(c.int(0, 1 << 16) for c in cur.seq())
+    if len(set(cores)) != len(cores):
+        raise cur.error(f"{cur.where}: a core is listed twice")
+    return cores
 
 
 def _key_error(cur: Cursor, key: str, message: str):

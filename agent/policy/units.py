@@ -21,8 +21,17 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 _INSTANT = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|z|[+-]\d\d:\d\d)")
 
 
+MAX_SIZE = (1 << 63) - 1   # what a kernel byte count (s64) holds
+
+
 def parse_size(value: object) -> int:
-    return parse_bytes(value)
+    try:
+        n = parse_bytes(value)
+    except OverflowError:       # 400 digits: the float behind `3.84TB` parsing is infinite
+        n = MAX_SIZE + 1
+    if n > MAX_SIZE:
+        raise ValueError("larger than 8 EiB")
+    return n
 
 
 def format_size(n: int) -> str | int:
@@ -82,6 +91,8 @@ def parse_instant_ns(value: object) -> int:
     y, mo, d, h, mi, s = (int(g) for g in m.groups()[:6])
     frac, zone = m.group(7) or "", m.group(8)
     dt.datetime(y, mo, d, h, mi, s)  # range check: ValueError names the bad field
+    if zone not in "Zz" and (int(zone[1:3]) > 23 or int(zone[4:6]) > 59):
+        raise ValueError(f"offset {zone} is not a UTC offset (-23:59 to +23:59)")
     offset = 0 if zone in "Zz" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
     seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) - offset
     return seconds * 10**9 + int(frac.ljust(9, "0") or 0)

@@ -33,15 +33,12 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TypeVar
 
 from ..policy.units import parse_duration_ns
 from ..spec import Cursor, SpecError, load_file, load_text
 from .job import DEVICE_TYPES, Job
 from .metrics import Sla
 from .mlq import Level, MultiLevel
-
-T = TypeVar("T")
 
 DISTRIBUTIONS = {"constant": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
                  "lognormal": ("mean", "sigma")}
@@ -158,14 +155,7 @@ class Workload:
 # deadlines at most a thousand runtimes away.
 MAX_DURATION_NS = 365 * 24 * 3600 * 10**9
 MAX_SLACK = 1000.0
-
-
-def _kept(c: Cursor, fn: Callable[[], T], default: T | None = None) -> T | None:
-    """`fn()`, or `default` when it raises a SpecError, which the document keeps so that
-    validation goes on and one run reports every error of the file."""
-    with c.doc.collecting():
-        return fn()
-    return default
+MAX_RATE = 10**9   # arrivals per second; --max-jobs bounds how many are generated in all
 
 
 def _duration(c: Cursor, default=...) -> int:
@@ -220,17 +210,17 @@ JOB_FIELDS = {"name", "class", "deviceType", "arrival", "runtime", "deadline", "
 def _job_class(c: Cursor) -> JobClass | None:
     """The class at `c`, or None when one of its fields is wrong (each error is kept)."""
     errors = c.doc.errors.total
-    if not _kept(c, lambda: c.mapping(CLASS_FIELDS, required={"name"})) and not isinstance(c.value, dict):
+    if not c.fields(CLASS_FIELDS, required={"name"}):
         return None
-    cls = JobClass(_kept(c, lambda: c["name"].str(), "?"),
-                   device=_kept(c, lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
-                   rate=_kept(c, lambda: c["rate"].number(0, default=0.0), 0.0),
-                   runtime=_kept(c, lambda: _runtime(c["runtime"]), Runtime("constant", (1,))),
-                   priorities=_kept(c, lambda: _priorities(c["priority"]), ((50,), (1.0,))),
-                   resources=_kept(c, lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()),
-                   affinity=_kept(c, lambda: _labels(c["affinity"]), {}))
+    cls = JobClass(c.doc.attempt(lambda: c["name"].str(), "?"),
+                   device=c.doc.attempt(lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
+                   rate=c.doc.attempt(lambda: c["rate"].number(0, MAX_RATE, default=0.0), 0.0),
+                   runtime=c.doc.attempt(lambda: _runtime(c["runtime"]), Runtime("constant", (1,))),
+                   priorities=c.doc.attempt(lambda: _priorities(c["priority"]), ((50,), (1.0,))),
+                   resources=c.doc.attempt(lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()),
+                   affinity=c.doc.attempt(lambda: _labels(c["affinity"]), {}))
     if c["deadlineSlack"].present:
-        cls.slack = _kept(c, lambda: _slack(c["deadlineSlack"]))
+        cls.slack = c.doc.attempt(lambda: _slack(c["deadlineSlack"]))
     if c["deadline"].present:
         with c.doc.collecting():
             if cls.slack is not None:
@@ -255,24 +245,24 @@ def _explicit_job(c: Cursor, classes: dict[str, JobClass], declared: set[str], i
     """The job at `c`, or None when one of its fields is wrong (each error is kept). A job of
     a declared class that had errors of its own is checked against a stand-in class."""
     errors = c.doc.errors.total
-    if not _kept(c, lambda: c.mapping(JOB_FIELDS, required={"runtime"})) and not isinstance(c.value, dict):
+    if not c.fields(JOB_FIELDS, required={"runtime"}):
         return None
-    cls_name = _kept(c, lambda: c["class"].str(declared, default=None) if declared else c["class"].str(default=None))
+    cls_name = c.doc.attempt(lambda: c["class"].str(declared, default=None) if declared else c["class"].str(default=None))
     cls = classes.get(cls_name) or JobClass(cls_name or "default")
     explicit = {}
-    arrival = _kept(c, lambda: _duration(c["arrival"], 0), 0)
+    arrival = c.doc.attempt(lambda: _duration(c["arrival"], 0), 0)
     if c["deadline"].present:
-        explicit["deadline_ns"] = _kept(c, lambda: arrival + _duration(c["deadline"]))
+        explicit["deadline_ns"] = c.doc.attempt(lambda: arrival + _duration(c["deadline"]))
     if c["priority"].present:
-        explicit["priority"] = _kept(c, lambda: c["priority"].int(0, 100))
+        explicit["priority"] = c.doc.attempt(lambda: c["priority"].int(0, 100))
     if c["deviceType"].present:
-        explicit["device"] = _kept(c, lambda: c["deviceType"].str(DEVICE_TYPES))
+        explicit["device"] = c.doc.attempt(lambda: c["deviceType"].str(DEVICE_TYPES))
     if c["resources"].present:
-        explicit["holds"] = _kept(c, lambda: frozenset(r.str() for r in c["resources"].seq()))
+        explicit["holds"] = c.doc.attempt(lambda: frozenset(r.str() for r in c["resources"].seq()))
     if c["affinity"].present:
-        explicit["affinity"] = _kept(c, lambda: _labels(c["affinity"]))
-    runtime = _kept(c, lambda: _duration(c["runtime"]))
-    name = _kept(c, lambda: c["name"].str(default=f"job-{index}"))
+        explicit["affinity"] = c.doc.attempt(lambda: _labels(c["affinity"]))
+    runtime = c.doc.attempt(lambda: _duration(c["runtime"]))
+    name = c.doc.attempt(lambda: c["name"].str(default=f"job-{index}"))
     with c.doc.collecting():
         if runtime is not None and runtime <= 0:
             raise c["runtime"].error(f"{c['runtime'].where}: a runtime must be positive")
@@ -295,31 +285,29 @@ def parse(doc_root: Cursor) -> Workload:
     """The Workload at `doc_root`; SpecErrors with every error of the document, in file order."""
     doc = doc_root.doc
     root = doc_root.mapping()
-    with doc.collecting():
-        root.mapping({"apiVersion", "kind", "metadata", "spec"}, required={"kind", "spec"})
+    root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"kind", "spec"})
     with doc.collecting():
         if root["kind"].str() != "Workload":
             raise root["kind"].error(f"kind: expected Workload, got {root['kind'].value!r}")
     with doc.collecting():
         if root["apiVersion"].present and root["apiVersion"].str() != "xh.scheduling/v1":
             raise root["apiVersion"].error("apiVersion: expected xh.scheduling/v1")
-    name = _kept(root, lambda: root["metadata"]["name"].str(default="workload") if root["metadata"].present
-                 else "workload", "workload")
+    name = doc.attempt(lambda: root["metadata"]["name"].str(default="workload") if root["metadata"].present
+                       else "workload", "workload")
     spec = root["spec"]
     if not isinstance(spec.value, dict):   # nothing inside can be checked
         if spec.present:
-            with doc.collecting():
-                spec.mapping()
+            spec.fields()
         doc.errors.raise_if_any()
-    _kept(spec, lambda: spec.mapping({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"}))
-    w = Workload(name, duration_ns=_kept(spec, lambda: _duration(spec["duration"], 10_000_000_000), 0),
-                 utilisation=_kept(spec, lambda: spec["utilisation"].number(0.0, 10.0, default=None)))
+    spec.fields({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"})
+    w = Workload(name, duration_ns=doc.attempt(lambda: _duration(spec["duration"], 10_000_000_000), 0),
+                 utilisation=doc.attempt(lambda: spec["utilisation"].number(0.0, 10.0, default=None)))
     with doc.collecting():
         w.window_ns = _duration(spec["slaWindow"], 1_000_000_000)
         if w.window_ns <= 0:
             raise spec["slaWindow"].error("slaWindow must be positive")
     declared = set()
-    for c in _kept(spec, lambda: spec["classes"].seq(default=[]), []):
+    for c in doc.attempt(lambda: spec["classes"].seq(default=[]), []):
         if isinstance(c["name"].value, str):
             declared.add(c["name"].value)
         cls = _job_class(c)
@@ -329,7 +317,7 @@ def parse(doc_root: Cursor) -> Workload:
             if cls is not None:
                 w.classes[cls.name] = cls
     seen = set()
-    for i, c in enumerate(_kept(spec, lambda: spec["jobs"].seq(default=[]), [])):
+    for i, c in enumerate(doc.attempt(lambda: spec["jobs"].seq(default=[]), [])):
         job = _explicit_job(c, w.classes, declared, i)
         if job is None:
             continue
@@ -339,7 +327,7 @@ def parse(doc_root: Cursor) -> Workload:
             seen.add(job.name)
             w.explicit.append(job)
     if spec["queues"].present:
-        w.levels = _kept(spec, lambda: _levels(spec["queues"]))
+        w.levels = doc.attempt(lambda: _levels(spec["queues"]))
     doc.errors.raise_if_any()
     if not w.classes and not w.explicit:
         raise spec.error("a workload needs classes or jobs")

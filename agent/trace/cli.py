@@ -7,29 +7,35 @@ import sys
 
 import click
 
+from ..cliparams import FiniteFloat
 from .fmt import TraceFile, TraceFormatError
 
+# Exit statuses (README): 1 refused or failed on this node, 2 bad input (options, files).
+REFUSED, BAD_INPUT = 1, 2
+MAX_DURATION_S = 366 * 86400   # a year: past it, a typo
+MAX_BIN_MS = 86400 * 1000      # a day
 
-def _fail(msg: str, code: int = 1):
+
+def _fail(msg: str, code: int = REFUSED):
     click.echo(f"xhagent trace: {msg}", err=True)
     sys.exit(code)
 
 
-def _open(path: str) -> TraceFile:
+def _open(path: str, allow_truncated: bool = False) -> TraceFile:
     try:
-        return TraceFile(path)
+        return TraceFile(path, allow_truncated=allow_truncated)
     except TraceFormatError as exc:
-        _fail(str(exc))
+        _fail(str(exc), BAD_INPUT)
 
 
 def _warn_lost(trace: TraceFile) -> None:
-    h = trace.header
-    if h.lost:
-        click.echo(f"xhagent trace: {trace.path}: {h.lost} events were LOST while recording "
+    """What every reader says about a file before using it: lost events, an unfinished
+    recording, a truncation read on purpose (--allow-truncated)."""
+    if trace.header.lost:
+        click.echo(f"xhagent trace: {trace.path}: {trace.header.lost} events were LOST while recording "
                    "(ring buffer full); statistics undercount", err=True)
-    if not h.complete:
-        click.echo(f"xhagent trace: {trace.path}: recording did not finish; "
-                   f"{len(trace)} whole records read", err=True)
+    for warning in trace.warnings:
+        click.echo(f"xhagent trace: {trace.path}: {warning}", err=True)
 
 
 @click.group()
@@ -38,8 +44,9 @@ def trace() -> None:
 
 
 @trace.command()
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Trace file to write.")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after S seconds.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Trace file to write (replaced only by a finished trace).")
+@click.option("--duration", type=FiniteFloat(0, MAX_DURATION_S, unit=" s"), help="Stop after S seconds.")
 @click.option("--cgroup", type=click.Path(file_okay=False), help="Trace a cgroup v2 subtree (directory).")
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
               help="Trace this pid/tgid and what it forks (repeatable).")
@@ -50,17 +57,29 @@ def trace() -> None:
 def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     """Record sched_switch/wakeup/exit/fork into OUTPUT.
 
-    With `-- COMMAND ...`, trace the command and its descendants and stop when it exits;
-    otherwise stop after --duration or on Ctrl-C."""
+    With `-- COMMAND ...`, trace the command and its descendants and stop when it exits,
+    exiting with its status; SIGINT/SIGTERM/SIGHUP are passed on to it. Otherwise stop
+    after --duration or on Ctrl-C/SIGTERM; the file is finished either way."""
     from ..bpf.loader import BpfError
     from ..bpf.sched_trace import TRACEPOINTS
+    from ..signals import Terminated
+    from .output import OutputError, OutputFile
+    from .recorder import check_cgroup, check_pid
     from .recorder import record as do_record
 
     chosen = tuple(e.strip() for e in events.split(",") if e.strip())
     unknown = sorted(set(chosen) - set(TRACEPOINTS))
     if unknown or not chosen:
         _fail(f"--events: unknown event(s) {', '.join(unknown) or '(none given)'}; "
-              f"choose from {', '.join(TRACEPOINTS)}", 2)
+              f"choose from {', '.join(TRACEPOINTS)}", BAD_INPUT)
+    if command and not command[0]:
+        _fail("the command after -- is empty", BAD_INPUT)
+    try:
+        cgroup = check_cgroup(cgroup) if cgroup is not None else None
+        pids = [check_pid(p) for p in pids]
+        OutputFile.check(output)
+    except (ValueError, OutputError) as exc:
+        _fail(str(exc), BAD_INPUT)
 
     if os.geteuid() != 0:
         _fail("recording needs root (loading BPF programs)")
@@ -71,47 +90,94 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         click.echo(f"\r{line}" if tty else line, err=True, nl=not tty)
 
     try:
-        res = do_record(output, duration=duration, cgroup=cgroup, pids=list(pids),
+        res = do_record(output, duration=duration, cgroup=cgroup, pids=pids,
                         command=list(command) or None, progress=progress, events=chosen)
-    except (BpfError, OSError) as exc:
+    except OutputError as exc:
+        _fail(str(exc), BAD_INPUT)
+    except BpfError as exc:
         _fail(str(exc))
+    except OSError as exc:  # creating or writing the trace file
+        _fail(f"{exc.filename or output}: cannot write: {exc.strerror or exc}")
+    except Terminated as exc:
+        _fail(f"{exc}; {output} left as it was", exc.exit_code)
     if tty:
         click.echo("", err=True)
     click.echo(f"trace: {res.records} events in {res.elapsed_s:.2f} s written to {res.path}, "
                f"{res.lost} lost", err=True)
     if res.lost:
-        click.echo(f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU "
-                   f"{res.lost_per_cpu})", err=True)
+        click.echo(f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU: "
+                   f"{', '.join(map(str, res.lost_per_cpu))})", err=True)
     if as_json:
         click.echo(json.dumps({"path": res.path, "records": res.records, "lost": res.lost,
                                "lost_per_cpu": res.lost_per_cpu, "elapsed_s": round(res.elapsed_s, 6),
                                "exit_code": res.exit_code, "filter": res.meta.get("filter")}))
     if res.exit_code:
-        sys.exit(res.exit_code if 0 < res.exit_code < 256 else 1)
+        sys.exit(res.exit_code if 0 < res.exit_code < 256 else REFUSED)
+
+
+ALLOW_TRUNCATED = click.option(
+    "--allow-truncated", is_flag=True,
+    help="Read what a truncated trace holds (with a warning) instead of refusing it.")
+
+
+def _write(output: str, write) -> None:
+    """Run write(fd) into OUTPUT, replacing it only when all is written (output.py)."""
+    from ..signals import Terminated, terminate_on_signals
+    from .output import OutputError, atomic_output
+
+    try:
+        with terminate_on_signals(), atomic_output(output) as out:  # a stop removes the temporary
+            write(out.fd)
+    except OutputError as exc:
+        _fail(str(exc), BAD_INPUT)
+    except OSError as exc:
+        _fail(f"{output}: cannot write: {exc.strerror}")
+    except Terminated as exc:
+        _fail(f"{exc}; {output} left as it was", exc.exit_code)
+
+
+def _check_output(output: str) -> None:
+    """Refuse an unusable -o before the trace is read."""
+    from .output import OutputError, OutputFile
+
+    try:
+        OutputFile.check(output)
+    except OutputError as exc:
+        _fail(str(exc), BAD_INPUT)
 
 
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", required=True, type=click.Choice(["perf", "ftrace", "chrome"]))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="'-' for stdout.")
-def export(file, fmt, output) -> None:
+@ALLOW_TRUNCATED
+def export(file, fmt, output, allow_truncated) -> None:
     """Export FILE as `perf script` text, ftrace text (Perfetto) or Chrome trace JSON."""
     from .export import WRITERS
     from .intervals import by_time
 
-    tr = _open(file)
+    if output != "-":
+        _check_output(output)
+    tr = _open(file, allow_truncated)
     _warn_lost(tr)
     ordered = _Sorted(tr, by_time(tr)) if fmt != "chrome" else tr
-    try:
-        out = sys.stdout if output == "-" else open(output, "w")
-    except OSError as exc:
-        _fail(f"{output}: cannot write: {exc.strerror}")
-    try:
-        n = WRITERS[fmt](ordered, out)
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    click.echo(f"trace: {n} {fmt} entries written to {output}", err=True)
+    count = []
+
+    def write(fd: int) -> None:
+        with open(fd, "w", encoding="utf-8", closefd=False) as f:
+            count.append(WRITERS[fmt](ordered, f))
+
+    if output == "-":
+        try:
+            count.append(WRITERS[fmt](ordered, sys.stdout))
+            sys.stdout.flush()
+        except OSError as exc:  # a full disk, a reader that went away (| head)
+            # nothing more can reach stdout, not even the flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _fail(f"standard output: {exc.strerror}")
+    else:
+        _write(output, write)
+    click.echo(f"trace: {count[0]} {fmt} entries written to {output}", err=True)
 
 
 class _Sorted:
@@ -131,38 +197,39 @@ class _Sorted:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Tasks listed.")
-def stats(file, as_json, top) -> None:
+@ALLOW_TRUNCATED
+def stats(file, as_json, top, allow_truncated) -> None:
     """Per task on-CPU time and switches, run-queue latency histogram, per CPU busy %."""
     from .stats import compute, render
 
-    tr = _open(file)
+    tr = _open(file, allow_truncated)
     _warn_lost(tr)
-    st = compute(tr, lost=tr.header.lost)
+    st = compute(tr, lost=tr.header.lost, filt=tr.header.meta.get("filter"))
     click.echo(json.dumps(st.to_json(), indent=1) if as_json else render(st, top))
 
 
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="OUT.svg or OUT.png")
-@click.option("--bin-ms", type=click.FloatRange(min=0, min_open=True), help="Time bin (default: about 200 bins).")
-def heatmap(file, output, bin_ms) -> None:
+@click.option("--bin-ms", type=FiniteFloat(0, MAX_BIN_MS, unit=" ms"),
+              help="Time bin (default: about 200 bins).")
+@ALLOW_TRUNCATED
+def heatmap(file, output, bin_ms, allow_truncated) -> None:
     """CPUs x time bins coloured by busy fraction, as SVG or PNG."""
     from . import heatmap as hm
+    from .output import write_all
 
     kind = os.path.splitext(output)[1].lower()
     if kind not in (".svg", ".png"):
-        _fail(f"{output}: the output must end in .svg or .png")
-    tr = _open(file)
+        _fail(f"{output}: the output must end in .svg or .png", BAD_INPUT)
+    _check_output(output)
+    tr = _open(file, allow_truncated)
     _warn_lost(tr)
     try:
-        grid = hm.busy_grid(tr, bin_ms, tr.header.meta.get("ncpus"))
+        grid = hm.busy_grid(tr, bin_ms, tr.header.meta.get("ncpus"), tr.header.meta.get("filter"))
     except ValueError as exc:
-        _fail(f"{file}: {exc}")
+        _fail(f"{file}: {exc}", BAD_INPUT)
     data = hm.svg(grid).encode() if kind == ".svg" else hm.png(grid)
-    try:
-        with open(output, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        _fail(f"{output}: cannot write: {exc.strerror}")
+    _write(output, lambda fd: write_all(fd, data))
     click.echo(f"trace: heatmap {len(grid.cpus)} CPUs x {grid.bins} bins of {grid.bin_ns / 1e6:g} ms "
                f"written to {output}", err=True)

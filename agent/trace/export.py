@@ -8,7 +8,7 @@ from typing import IO, Iterable
 
 from .fmt import (EV_EXIT, EV_FORK, EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EVENT_NAMES, Event,
                   TraceFile, comm)
-from .intervals import on_cpu_intervals
+from .intervals import Selection, runs
 
 FORMATS = ("perf", "ftrace", "chrome")
 # sched_switch's __print_flags table; 0x100 (TASK_REPORT_MAX) is preemption: "+"
@@ -94,9 +94,10 @@ def write_ftrace(trace: TraceFile, out: IO[str]) -> int:
 CPU_TRACKS_PID = 0  # the pseudo-process that holds one thread (track) per CPU
 
 
-def chrome_events(events: Iterable[Event]) -> list[dict]:
+def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dict]:
     """Trace Event JSON: an `X` slice per on-CPU interval on track tid=cpu of the
-    pseudo-process "CPUs"; `M` events name it, each CPU track, and every task."""
+    pseudo-process "CPUs"; `M` events name it, each CPU track, and every task. With a
+    filter (`filt`, the trace's), slices are the runs `trace stats` counts (Selection)."""
     events = list(events)
     out: list[dict] = [{"ph": "M", "name": "process_name", "pid": CPU_TRACKS_PID, "tid": 0,
                         "args": {"name": "CPUs"}}]
@@ -106,7 +107,7 @@ def chrome_events(events: Iterable[Event]) -> list[dict]:
                     "args": {"name": f"CPU {cpu}"}})
         out.append({"ph": "M", "name": "thread_sort_index", "pid": CPU_TRACKS_PID, "tid": cpu,
                     "args": {"sort_index": cpu}})
-    for iv in on_cpu_intervals(events):
+    for iv in runs(events, Selection(events, filt)):
         if iv.pid == 0:
             continue  # idle is the absence of a slice
         out.append({"ph": "X", "name": iv.comm, "cat": "sched", "pid": CPU_TRACKS_PID,
@@ -117,9 +118,9 @@ def chrome_events(events: Iterable[Event]) -> list[dict]:
 
 
 def write_chrome(trace: TraceFile, out: IO[str]) -> int:
-    evs = chrome_events(trace)
-    json.dump({"traceEvents": evs, "displayTimeUnit": "ms",
-               "otherData": {k: str(v) for k, v in trace.header.meta.items()}}, out)
+    evs = chrome_events(trace, trace.header.meta.get("filter"))
+    # the metadata came from JSON (fmt.TraceFile checks it): its values stay JSON values
+    json.dump({"traceEvents": evs, "displayTimeUnit": "ms", "otherData": trace.header.meta}, out)
     return len(evs)
 
 

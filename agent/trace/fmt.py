@@ -10,12 +10,16 @@ the end; a file whose recorder died reads with records derived from its size and
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
+
+from ..inputs import InputError, open_input, read_input
 
 MAGIC = b"XHTRACE\x00"
 VERSION = 1
@@ -27,6 +31,7 @@ META_ROOM = 4096
 
 # struct xh_sched_event
 RECORD = struct.Struct("<QIHHIIIIiiII16s16s")
+OFF_CPU, OFF_TYPE = 8, 12  # of a record's cpu (u32) and type (u16)
 EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK = 1, 2, 3, 4, 5
 EVENT_NAMES = {EV_SWITCH: "sched_switch", EV_WAKEUP: "sched_wakeup",
                EV_WAKEUP_NEW: "sched_wakeup_new", EV_EXIT: "sched_process_exit",
@@ -110,31 +115,57 @@ def write_trace(path: str | Path, header: Header, events: list[Event]) -> None:
         f.write(b"".join(RECORD.pack(*e) for e in events))
 
 
-class TraceFile:
-    """A trace opened for reading: `header`, `len()`, iteration over Event tuples."""
+MAX_CPUS = 8192            # the kernel's NR_CPUS on common configurations
+MAX_META = 1 << 20         # metadata is a few hundred bytes; room is reserved in KiB
+MAX_STREAMED = 256 << 20   # a trace read from a pipe is held in memory: 3.3 million records
+# Types of the metadata the readers use; other keys are kept as they are (JSON values).
+META_TYPES = {"ncpus": int, "filter": dict, "events": list, "hostname": str, "kernel": str,
+              "attach": str, "record": str, "started_realtime_ns": int, "elapsed_ns": int,
+              "lost_per_cpu": list, "foreign_records": int}
+FILTER_KINDS = ("all", "cgroup", "pids")
 
-    def __init__(self, path: str | Path):
+
+class TraceFile:
+    """A trace opened for reading: `header`, `len()`, iteration over Event tuples.
+
+    A regular file is mapped, not read, so that memory does not grow with its size before
+    the records are used; a FIFO or `-` is read, up to MAX_STREAMED bytes. Everything a reader relies on is checked here, so that a bad file is
+    one TraceFormatError naming the file (and the offset or record), never a traceback:
+    the header, the metadata's types, every record's type and CPU, and the record count.
+    A complete file with fewer records than it declares was cut: refused unless
+    `allow_truncated`. A file whose recorder died (complete flag 0) has no count to check
+    against; it is read with a warning in `warnings`."""
+
+    def __init__(self, path: str | Path, allow_truncated: bool = False):
         self.path = str(path)
-        try:
-            with open(self.path, "rb") as f:
-                self._data = f.read()
-        except OSError as exc:
-            raise TraceFormatError(f"{self.path}: cannot read: {exc.strerror}") from None
+        self.warnings: list[str] = []
+        self._data = self._map()
         self.header, self.data_offset = self._parse_header()
-        body = len(self._data) - self.data_offset
-        whole = body // RECORD.size
-        self.truncated_bytes = body % RECORD.size  # a recorder killed mid-write
-        self.count = whole if not self.header.complete else min(whole, self.header.records or whole)
-        if not self.header.complete:
-            self.header.records = whole
+        self.count, self.truncated_bytes = self._count_records(allow_truncated)
+        self._check_records()
 
     def _fail(self, what: str):
         raise TraceFormatError(f"{self.path}: {what}")
 
+    def _map(self):
+        """The file's bytes: a regular file mapped, a FIFO or `-` read to MAX_STREAMED."""
+        try:
+            streamed = self.path == "-" or stat.S_ISFIFO(os.stat(self.path).st_mode)
+        except OSError:
+            streamed = False  # open_input says why
+        try:
+            if streamed:  # a pipe cannot be mapped
+                data = read_input(self.path, MAX_STREAMED, "a trace read from a pipe")
+            else:
+                data = _map_regular(self.path)
+        except InputError as exc:
+            raise TraceFormatError(str(exc)) from None
+        if len(data) < PREFIX.size:
+            self._fail(f"not an xhagent trace (only {len(data)} bytes)")
+        return data
+
     def _parse_header(self) -> tuple[Header, int]:
         d = self._data
-        if len(d) < PREFIX.size:
-            self._fail(f"not an xhagent trace (only {len(d)} bytes)")
         magic, version, _, rsize, offset, records, lost, flags, meta_len = PREFIX.unpack_from(d)
         if magic != MAGIC:
             self._fail("not an xhagent trace (bad magic at offset 0)")
@@ -142,14 +173,77 @@ class TraceFile:
             self._fail(f"trace version {version} is not supported (this xhagent reads {VERSION})")
         if rsize != RECORD.size:
             self._fail(f"record size {rsize} at offset 12 does not match this xhagent's {RECORD.size}")
+        if meta_len > MAX_META:
+            self._fail(f"metadata length {meta_len:,} at offset 44 is over the limit ({MAX_META:,} bytes)")
         end = PREFIX.size + meta_len
         if len(d) < end:
-            self._fail(f"header truncated: metadata needs {meta_len} bytes at offset {PREFIX.size}")
+            self._fail(f"header truncated: metadata needs {meta_len} bytes at offset {PREFIX.size}, "
+                       f"the file has {len(d) - PREFIX.size}")
         try:
             meta = json.loads(d[PREFIX.size:end].decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._fail(f"metadata at offset {PREFIX.size} is not JSON: {exc}")
+        except UnicodeDecodeError as exc:
+            self._fail(f"metadata at offset {PREFIX.size + exc.start} is not UTF-8")
+        except json.JSONDecodeError as exc:
+            self._fail(f"metadata at offset {PREFIX.size + exc.pos} is not JSON: {exc.msg}")
+        except RecursionError:
+            self._fail(f"metadata at offset {PREFIX.size} is nested too deeply")
+        self._check_meta(meta)
         return Header(offset, meta, records, lost, bool(flags & FLAG_COMPLETE), rsize, version), end
+
+    def _check_meta(self, meta) -> None:
+        where = f"metadata at offset {PREFIX.size}"
+        if not isinstance(meta, dict):
+            self._fail(f"{where} is {_json_type(meta)}, not an object")
+        for key, want in META_TYPES.items():
+            v = meta.get(key)
+            if v is not None and (not isinstance(v, want) or isinstance(v, bool)):
+                self._fail(f"{where}: {key} is {_json_type(v)}, not {_json_type(want())}")
+        ncpus = meta.get("ncpus")
+        if ncpus is not None and not 1 <= ncpus <= MAX_CPUS:
+            self._fail(f"{where}: ncpus {ncpus} is out of range (1..{MAX_CPUS})")
+        filt = meta.get("filter")
+        if filt is not None:
+            if filt.get("kind") not in FILTER_KINDS:
+                self._fail(f"{where}: filter.kind must be one of {', '.join(FILTER_KINDS)}")
+            pids = filt.get("pids", [])
+            if not isinstance(pids, list) or not all(_is_int(p) for p in pids) \
+                    or not _is_int(filt.get("command_pid", 0)):
+                self._fail(f"{where}: filter.pids and filter.command_pid must be integers")
+
+    def _count_records(self, allow_truncated: bool) -> tuple[int, int]:
+        h, body = self.header, len(self._data) - self.data_offset
+        whole, partial = divmod(body, RECORD.size)
+        if not h.complete:
+            h.records = whole
+            self.warnings.append(
+                f"recording did not finish (the recorder stopped before writing its final counts); "
+                f"{whole} whole records read" + (f", {partial} bytes of a partial record ignored"
+                                                  if partial else ""))
+            return whole, partial
+        declared = h.records * RECORD.size
+        if body > declared:
+            self._fail(f"{body - declared:,} bytes after the {h.records} records the header declares "
+                       f"(from offset {self.data_offset + declared:,})")
+        if body < declared:
+            what = (f"truncated: {whole} of {h.records} declared records "
+                    f"({body:,} of {declared:,} bytes after the header)")
+            if not allow_truncated:
+                self._fail(f"{what}; --allow-truncated reads what is there")
+            self.warnings.append(f"{what}; reading the {whole} whole records")
+        return whole, partial
+
+    def _check_records(self) -> None:
+        """Every record's type is known and its CPU id in range (whole columns at C speed)."""
+        start = self.data_offset
+        view = memoryview(self._data)[start:start + self.count * RECORD.size]
+        columns = (("type", view.cast("H")[OFF_TYPE // 2::RECORD.size // 2], EVENT_NAMES.__contains__),
+                   ("cpu", view.cast("I")[OFF_CPU // 4::RECORD.size // 4], range(MAX_CPUS).__contains__))
+        for name, column, valid in columns:
+            if not all(map(valid, set(column))):
+                i = next(i for i, v in enumerate(column) if not valid(v))
+                problem = (f"unknown type {column[i]}" if name == "type"
+                           else f"CPU id {column[i]} is out of range (0..{MAX_CPUS - 1})")
+                self._fail(f"record {i} at offset {start + i * RECORD.size:,}: {problem}")
 
     def __len__(self) -> int:
         return self.count
@@ -164,6 +258,32 @@ class TraceFile:
 
     def realtime_ns(self, ts_ns: int) -> int:
         return ts_ns + self.header.clock_offset_ns
+
+
+def _map_regular(path: str):
+    fd = open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _json_type(v) -> str:
+    """How a JSON value's type reads in a message (not Python's type names)."""
+    if isinstance(v, bool):
+        return "a boolean"
+    for t, name in ((int, "an integer"), (float, "a number"), (str, "a string"),
+                    (list, "an array"), (dict, "an object")):
+        if isinstance(v, t):
+            return name
+    return "null"
 
 
 def clock_offset_ns(samples: int = 5) -> int:

@@ -1,5 +1,5 @@
 """Record a trace: load sched_trace, set its filter, stream records into the file
-in C, and stop at a deadline, when the traced command exits, or on SIGINT/SIGTERM.
+in C, and stop at a deadline, when the traced command exits, or on SIGINT/SIGTERM/SIGHUP.
 
 With a command, it is started behind a gate (a pipe it waits on before exec), its
 pid goes into the filter, and only then is it let go, so that no early event of the
@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..signals import TERMINATING, forward_signals, terminate_on_signals
 from .fmt import Header, clock_offset_ns, finish_header, write_header
+from .output import atomic_output
 
 # Waits for one byte on fd argv[1], then becomes the command (same pid).
 GATE = ("import os, sys\nfd = int(sys.argv[1])\nif os.read(fd, 1) != b'g':\n    sys.exit(125)\n"
@@ -24,6 +26,7 @@ GATE = ("import os, sys\nfd = int(sys.argv[1])\nif os.read(fd, 1) != b'g':\n    
         "except OSError as e:\n    print(f'xhagent trace: cannot run {sys.argv[2]}: {e.strerror}', "
         "file=sys.stderr)\n    sys.exit(127)\n")
 POLL_MS = 100
+MAX_PID = 2**32 - 1  # the BPF filter keys pids as u32
 
 
 @dataclass
@@ -39,14 +42,15 @@ class RecordResult:
 
 
 class _Stop:
-    """SIGINT/SIGTERM end the recording cleanly instead of killing it mid-write."""
+    """Inside the recording loop SIGINT/SIGTERM/SIGHUP end the recording, which is then
+    finished and kept (Ctrl-C is how a recording without a command is meant to stop)."""
 
     def __init__(self):
         self.requested = False
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in TERMINATING:
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -56,6 +60,11 @@ class _Stop:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def shell_status(returncode: int) -> int:
+    """Popen's returncode as a shell reports it: 128 + N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _spawn_gated(command: list[str], stdout) -> tuple[subprocess.Popen, int]:
@@ -71,82 +80,116 @@ def _spawn_gated(command: list[str], stdout) -> tuple[subprocess.Popen, int]:
     return proc, w
 
 
+def check_cgroup(path: str) -> str:
+    """`path` as an absolute cgroup v2 directory, or ValueError saying why not. The BPF
+    filter matches a cgroup id (the directory's inode) in the v2 hierarchy: a v1 directory
+    or a plain one would match the v2 root (everything) or nothing."""
+    from ..cgroups.mounts import CGROUP2_SUPER_MAGIC, fs_magic
+
+    if not os.path.isdir(path):
+        raise ValueError(f"--cgroup {path}: not a directory")
+    try:
+        magic = fs_magic(path)
+    except OSError as exc:
+        raise ValueError(f"--cgroup {path}: {exc.strerror}") from None
+    if magic != CGROUP2_SUPER_MAGIC:
+        raise ValueError(f"--cgroup {path}: not a cgroup v2 directory (file system magic "
+                         f"{magic:#x}, cgroup2 is {CGROUP2_SUPER_MAGIC:#x})")
+    return os.path.abspath(path)
+
+
+def check_pid(pid: int) -> int:
+    """A pid the filter can hold (u32, not 0) of a process that exists, or ValueError."""
+    if not 1 <= pid <= MAX_PID:
+        raise ValueError(f"--pid {pid}: out of range (1..{MAX_PID})")
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # pid_t is 32-bit signed: above it, none
+        raise ValueError(f"--pid {pid}: no such process") from None
+    except PermissionError:
+        pass  # it exists
+    return pid
+
+
 def record(path: str, *, duration: float | None = None, cgroup: str | None = None,
            pids: list[int] | tuple[int, ...] = (), command: list[str] | None = None,
            progress: Callable[[int, int, float], None] | None = None,
            system_wide: bool = False, command_stdout=None,
            events: tuple[str, ...] | None = None) -> RecordResult:
     """Trace into `path`. With `command`, its tasks are traced (all tasks if
-    `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None)."""
+    `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None).
+
+    `path` is replaced only by a finished trace (see output.py). A SIGINT/SIGTERM/SIGHUP
+    before recording starts raises Terminated and leaves nothing; during the recording it
+    is forwarded to the command, which is waited for, or, without a command, ends the
+    recording, which is finished and kept."""
     from ..bpf.sched_trace import TRACEPOINTS, SchedTrace
 
     events = tuple(events or TRACEPOINTS)
+    if command is not None and not (command and command[0]):
+        raise ValueError("the command is empty")
+    cgroup = check_cgroup(cgroup) if cgroup is not None else None
+    pids = [check_pid(p) for p in pids]
 
-    if cgroup is not None and not os.path.isdir(cgroup):
-        raise FileNotFoundError(f"cgroup directory {cgroup} does not exist")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     proc = gate = None
-    finished = False
-    try:
-        with SchedTrace() as st, _Stop() as stop:
-            if cgroup is not None:
-                filt = {"kind": "cgroup", "cgroup": os.path.abspath(cgroup),
-                        "cgroup_id": st.filter_cgroup(cgroup)}
-            elif pids or (command and not system_wide):
-                filt = {"kind": "pids", "pids": list(pids)}
-            else:
-                filt = {"kind": "all"}
-            if command:
-                proc, gate = _spawn_gated(command, command_stdout)
-                filt["command"] = list(command)
-                filt["command_pid"] = proc.pid
-            if filt["kind"] == "pids":
-                st.filter_pids(list(pids) + ([proc.pid] if proc else []))
-            header = Header(clock_offset_ns(), {
-                "filter": filt, "hostname": socket.gethostname(), "kernel": platform.release(),
-                "ncpus": os.cpu_count(), "started_realtime_ns": time.time_ns(),
-                "attach": st.flavour, "record": "xh_sched_event", "events": list(events)})
-            write_header(fd, header)
-            sink = st.start(fd, events)
-            t0 = time.monotonic()
-            if gate is not None:
-                os.write(gate, b"g")
+    with terminate_on_signals(), atomic_output(path, 0o644) as out:
+        try:
+            with SchedTrace() as st:
+                if cgroup is not None:
+                    filt = {"kind": "cgroup", "cgroup": cgroup, "cgroup_id": st.filter_cgroup(cgroup)}
+                elif pids or (command and not system_wide):
+                    filt = {"kind": "pids", "pids": list(pids)}
+                else:
+                    filt = {"kind": "all"}
+                if command:
+                    proc, gate = _spawn_gated(command, command_stdout)
+                    filt["command"] = list(command)
+                    filt["command_pid"] = proc.pid
+                if filt["kind"] == "pids":
+                    st.filter_pids(list(pids) + ([proc.pid] if proc else []))
+                header = Header(clock_offset_ns(), {
+                    "filter": filt, "hostname": socket.gethostname(), "kernel": platform.release(),
+                    "ncpus": os.cpu_count(), "started_realtime_ns": time.time_ns(),
+                    "attach": st.flavour, "record": "xh_sched_event", "events": list(events)})
+                write_header(out.fd, header)
+                sink = st.start(out.fd, events)
+                # from here on a signal ends the recording (or goes to the command), and
+                # the file is finished: the handlers stay until it is in place
+                with (forward_signals(proc.pid) if proc else _Stop()) as stop:
+                    t0 = time.monotonic()
+                    if gate is not None:
+                        os.write(gate, b"g")
+                        os.close(gate)
+                        gate = None
+                    next_report = t0 + 1.0
+                    # with a command, a signal goes to it and its exit ends the loop
+                    while proc is not None or not stop.requested:
+                        sink.poll(POLL_MS)
+                        now = time.monotonic()
+                        if progress is not None and now >= next_report:
+                            progress(sink.stats()[0] + sink.stats()[1], sum(st.dropped_per_cpu()), now - t0)
+                            next_report = now + 1.0
+                        if duration is not None and now - t0 >= duration:
+                            break
+                        if proc is not None and proc.poll() is not None:
+                            break
+                    # records committed on other CPUs just before the stop
+                    time.sleep(0.02)
+                    sink.poll(0)
+                    sink.flush()
+                    elapsed = time.monotonic() - t0
+                    written, _, foreign = sink.stats()
+                    lost_per_cpu = st.dropped_per_cpu()
+                    header.records = written
+                    header.lost = sum(lost_per_cpu) + foreign
+                    header.meta.update(elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu,
+                                       foreign_records=foreign)
+                    finish_header(out.fd, header)
+                    out.commit()
+        finally:
+            if gate is not None:  # failed before the command was let go: it exits (125)
                 os.close(gate)
-                gate = None
-            next_report = t0 + 1.0
-            while not stop.requested:
-                sink.poll(POLL_MS)
-                now = time.monotonic()
-                if progress is not None and now >= next_report:
-                    progress(sink.stats()[0] + sink.stats()[1], sum(st.dropped_per_cpu()), now - t0)
-                    next_report = now + 1.0
-                if duration is not None and now - t0 >= duration:
-                    break
-                if proc is not None and proc.poll() is not None:
-                    break
-            # records committed on other CPUs just before the stop
-            time.sleep(0.02)
-            sink.poll(0)
-            sink.flush()
-            elapsed = time.monotonic() - t0
-            written, _, foreign = sink.stats()
-            lost_per_cpu = st.dropped_per_cpu()
-            header.records = written
-            header.lost = sum(lost_per_cpu) + foreign
-            header.meta.update(elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu,
-                               foreign_records=foreign)
-            finish_header(fd, header)
-            finished = True
-        # None if stopped by --duration or a signal: the command keeps running
-        exit_code = proc.poll() if proc is not None else None
-        return RecordResult(path, written, header.lost, lost_per_cpu, foreign, elapsed,
-                            exit_code, header.meta)
-    finally:
-        if gate is not None:  # failed before the command was let go: it exits (125)
-            os.close(gate)
-            if proc is not None:
                 proc.wait()
-        os.close(fd)
-        if not finished:  # no half-written trace behind a failure
-            os.unlink(path)
-
+    # None if stopped by --duration: the command keeps running
+    exit_code = shell_status(proc.returncode) if proc is not None and proc.returncode is not None else None
+    return RecordResult(path, written, header.lost, lost_per_cpu, foreign, elapsed, exit_code, header.meta)

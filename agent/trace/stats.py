@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from .fmt import EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, Event, comm
-from .intervals import by_time, on_cpu_intervals
+from .intervals import Selection, by_time, runs
 
 
 def log2_slot(value: int) -> int:
@@ -44,10 +44,13 @@ class TraceStats:
     cpu_busy_pct: dict[int, float]
     runq_hist_us: dict[int, int]
     runq_max_ns: int
+    filter_kind: str = "all"
+    counted: str = ""  # which runs and tasks count (intervals.RULE_*)
 
     def to_json(self) -> dict:
         return {
             "span_ns": self.span_ns, "events": self.events, "lost": self.lost,
+            "filter": self.filter_kind, "counted": self.counted,
             "cpus": {str(c): {"busy_pct": round(p, 3)} for c, p in sorted(self.cpu_busy_pct.items())},
             "runq_latency": {"max_ns": self.runq_max_ns, "hist_us": hist_json(self.runq_hist_us)},
             "tasks": [dict({k: v for k, v in asdict(t).items() if k != "raw_comm"},
@@ -60,14 +63,19 @@ def hist_json(hist: dict[int, int]) -> list[dict]:
     return [{"low": slot_range(s)[0], "high": slot_range(s)[1], "count": hist[s]} for s in sorted(hist)]
 
 
-def compute(events: Iterable[Event], lost: int = 0) -> TraceStats:
+def compute(events: Iterable[Event], lost: int = 0, filt: dict | None = None) -> TraceStats:
+    """`filt`: the trace's filter (header metadata). With one, only the tasks it selected
+    are counted, and only what the records show whole (intervals.Selection)."""
     events = by_time(events)
+    sel = Selection(events, filt)
     tasks: dict[int, TaskStats] = {}
     runq_hist: dict[int, int] = {}
     runq_max = 0
     runnable_since: dict[int, int] = {}
 
-    def task(pid: int, tgid: int, raw_comm: bytes) -> TaskStats:
+    def task(pid: int, tgid: int, raw_comm: bytes) -> TaskStats | None:
+        if not sel.selected(pid, tgid):
+            return None  # its switches and waits are only partly recorded
         t = tasks.get(pid)
         if t is None:
             t = tasks[pid] = TaskStats(pid, tgid, comm(raw_comm))
@@ -78,19 +86,19 @@ def compute(events: Iterable[Event], lost: int = 0) -> TraceStats:
 
     for ev in events:
         if ev.type in (EV_WAKEUP, EV_WAKEUP_NEW):
-            task(ev.next_pid, ev.next_tgid, ev.next_comm)
-            runnable_since.setdefault(ev.next_pid, ev.ts_ns)
+            if task(ev.next_pid, ev.next_tgid, ev.next_comm):
+                runnable_since.setdefault(ev.next_pid, ev.ts_ns)
         elif ev.type == EV_SWITCH:
-            if ev.prev_pid:
-                t = task(ev.prev_pid, ev.prev_tgid, ev.prev_comm)
+            t = task(ev.prev_pid, ev.prev_tgid, ev.prev_comm) if ev.prev_pid else None
+            if t:
                 t.switches += 1
                 if ev.prev_state & 0xFF:
                     t.voluntary += 1
                 else:  # still runnable (R or R+): preempted, back on the run queue
                     t.involuntary += 1
                     runnable_since[ev.prev_pid] = ev.ts_ns
-            if ev.next_pid:
-                t = task(ev.next_pid, ev.next_tgid, ev.next_comm)
+            t = task(ev.next_pid, ev.next_tgid, ev.next_comm) if ev.next_pid else None
+            if t:
                 since = runnable_since.pop(ev.next_pid, None)
                 if since is not None and ev.ts_ns >= since:
                     lat = ev.ts_ns - since
@@ -100,14 +108,16 @@ def compute(events: Iterable[Event], lost: int = 0) -> TraceStats:
                     t.runq_max_ns = max(t.runq_max_ns, lat)
                     runq_max = max(runq_max, lat)
     busy: dict[int, int] = {}
-    for iv in on_cpu_intervals(events):
-        busy.setdefault(iv.cpu, 0)
+    for cpu in {ev.cpu for ev in events if ev.type == EV_SWITCH}:
+        busy[cpu] = 0
+    for iv in runs(events, sel):
         if iv.pid:
             busy[iv.cpu] += iv.end_ns - iv.start_ns
             tasks[iv.pid].on_cpu_ns += iv.end_ns - iv.start_ns
     span = events[-1].ts_ns - events[0].ts_ns if events else 0
     pct = {cpu: (100.0 * ns / span if span else 0.0) for cpu, ns in busy.items()}
-    return TraceStats(span, len(events), lost, tasks, pct, runq_hist, runq_max)
+    return TraceStats(span, len(events), lost, tasks, pct, runq_hist, runq_max,
+                      (filt or {}).get("kind", "all"), sel.rule)
 
 
 def render_hist(hist: dict[int, int], unit: str = "usecs") -> list[str]:
@@ -125,8 +135,8 @@ def render_hist(hist: dict[int, int], unit: str = "usecs") -> list[str]:
 
 
 def render(st: TraceStats, top: int = 20) -> str:
-    out = [f"span {st.span_ns / 1e9:.3f} s, {st.events} events, {st.lost} lost", "",
-           "CPU   busy%"]
+    out = [f"span {st.span_ns / 1e9:.3f} s, {st.events} events, {st.lost} lost",
+           f"filter {st.filter_kind}; on-CPU time and busy% count {st.counted}", "", "CPU   busy%"]
     out += [f"{cpu:<5} {p:6.2f}" for cpu, p in sorted(st.cpu_busy_pct.items())]
     out += ["", f"{'PID':>7} {'TGID':>7} {'COMM':<16} {'ON-CPU ms':>10} {'SWITCHES':>9} "
             f"{'VOL':>8} {'INVOL':>8} {'RUNQ MAX us':>12}"]

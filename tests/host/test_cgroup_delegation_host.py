@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup
+from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups import delegation as D
 from xhagent.cgroups.mounts import discover, own_cgroup
 from xhagent.cgroups.subtree import locate
@@ -46,6 +46,7 @@ def unit():
     for path in sorted((p for p in cg.path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [cg.path]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
+    lock.lock_path(cg.path, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this unit is gone
 
 
 def test_a_delegated_unit_cgroup_is_found_and_its_process_moved_into_the_leaf(unit, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup
+from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups import registry as R
 from xhagent.cgroups.mounts import discover
 
@@ -41,6 +41,7 @@ def subtree(tmp_path):
     for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
+    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
 
 
 def usage(group):
@@ -114,3 +115,25 @@ def test_run_into_a_missing_group_and_escapes_fail_cleanly(subtree):
     assert res.returncode == 1 and "no group nope" in res.stderr
     res = subtree("freeze", "../init.scope")
     assert res.returncode == 1 and "not a group name" in res.stderr
+
+
+def test_the_kernels_depth_limit_is_a_plan_error_and_nothing_is_half_applied(subtree, tmp_path):
+    subtree.root.mkdir()
+    (subtree.root / R.MAX_DEPTH.name).write_text("1\n")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY)
+    for cmd in ("plan", "apply"):
+        res = subtree(cmd, "-f", str(policy))
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, whose cgroup.max.depth is 1" \
+            in res.stdout
+    assert not (subtree.root / "work").exists()
+
+
+def test_the_shipped_example_on_a_node_without_its_device_is_unsupported_here_not_bad_input(subtree):
+    example = Path(__file__).resolve().parents[2] / "configs/examples/cgroup-policy.yaml"
+    if Path("/sys/block/nvme0n1").exists():
+        pytest.skip("this node has nvme0n1")
+    res = subtree("plan", "-f", str(example))
+    assert res.returncode == 1, res.stderr
+    assert "no block device 'nvme0n1' on this node" in res.stdout and "unsupported here" in res.stdout

@@ -1,13 +1,22 @@
 """`xhagent doctor --json` on this host agrees with what the kernel says by other means."""
 import ctypes.util
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover
 
+
 pytestmark = pytest.mark.host
+
+XHAGENT = Path(sys.executable).with_name("xhagent")
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +91,69 @@ def test_require_exit_code_names_the_item(report, run_xhagent):
     lacking = next(n for n, v in report.items() if not v["ok"])
     res = run_xhagent("doctor", "--require", lacking)
     assert res.returncode == 1 and repr(lacking) in res.stderr
+
+
+def _dead_pid():
+    """A pid that no process has now (a child that has been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_xhagent):
+    parent = Path(discover().unified.path) / "xhagent.slice"
+    made = not parent.exists()
+    parent.mkdir(exist_ok=True)
+    stale = Cgroup(parent / f"doctor-{_dead_pid()}").create()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    kept = [Cgroup(parent / name).create() for name in (f"doctor-{os.getpid()}", "doctor-x", "doctor-0",
+                                                          "doctor-9999999999", "doctor-01")]
+    try:
+        stale.add_proc(sleeper.pid)
+        stale.freeze()  # as a SIGKILL during the freeze probe leaves it
+        res = run_xhagent("doctor", "--json")
+        assert res.returncode == 0, res.stderr
+        create = json.loads(res.stdout)["items"]["cgroup.create"]
+        assert create["stale_removed"] == [stale.path.name]
+        assert not stale.path.exists()
+        assert sleeper.wait(timeout=5) == -9
+        assert all(k.path.is_dir() for k in kept)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        for cg in [stale, *kept]:
+            if cg.path.exists():
+                cg.write("cgroup.freeze", "0")
+                cg.remove(kill_first=True)
+        if made:
+            try:
+                parent.rmdir()
+            except OSError:
+                pass  # a doctor running meanwhile uses it; the last one removes it
+
+
+# `xhagent doctor` with only the cgroup probe: the seconds the others take are not needed here.
+CGROUP_DOCTOR = ("import sys\nimport xhagent.doctor as d\nfrom xhagent.doctor import cgroup_probe\n"
+                 "d._probes = lambda: [('cgroup', cgroup_probe.probe)]\nfrom xhagent.cli import main\n"
+                 "sys.argv = ['xhagent', 'doctor']\nmain()\n")
+
+
+def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
+    parent = Path(discover().unified.path) / "xhagent.slice"
+    for delay in (0.0, 0.002, 0.005, 0.01):
+        proc = subprocess.Popen([sys.executable, "-c", CGROUP_DOCTOR], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        group = parent / f"doctor-{proc.pid}"
+        deadline = time.monotonic() + 60
+        while not group.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        time.sleep(delay)
+        members = Cgroup(group).procs() if group.exists() else []
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=15)[1]  # a sleep left running would hold stderr open for 30 s
+        assert "Traceback" not in err, err
+        assert proc.returncode in (0, 128 + signal.SIGTERM), err
+        assert not group.exists()
+        for pid in members:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)

@@ -31,4 +31,4 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
 
 def test_bench_io_missing_file_is_a_clear_error(run_xhagent):
     res = run_xhagent("bench", "io", "--file", "/nonexistent/disk")
-    assert res.returncode == 2 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "/nonexistent/disk: No such file or directory" in res.stderr and "Traceback" not in res.stderr

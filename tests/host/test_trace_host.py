@@ -5,8 +5,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -120,13 +122,17 @@ def test_raw_tp_fallback(tmp_path):
                and e.prev_state & 1 for e in events) >= 100
 
 
-def cgroup2_root() -> str | None:
+def first_mount(fstype: str) -> str | None:
     with open("/proc/self/mounts") as f:
         for line in f:
-            dev, mnt, fstype = line.split()[:3]
-            if fstype == "cgroup2":
+            _, mnt, kind = line.split()[:3]
+            if kind == fstype:
                 return mnt
     return None
+
+
+def cgroup2_root() -> str | None:
+    return first_mount("cgroup2")
 
 
 def test_cgroup_filter(tmp_path):
@@ -192,3 +198,94 @@ def test_perf_agrees(tmp_path, run_xhagent):
     ours = len([e for e in pair_switches(TraceFile(path), pids) if e.prev_pid in pids])
     assert perf_n > ROUNDS
     assert abs(ours - perf_n) <= 0.01 * perf_n, (ours, perf_n)
+
+
+SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
+
+
+def test_record_json_keys_are_snake_case(pingpong):
+    _, _, summary = pingpong
+    keys = list(summary) + list(summary["filter"])
+    assert all(SNAKE.match(k) for k in keys), keys
+
+
+def start_record(*args) -> subprocess.Popen:
+    exe = os.path.join(os.path.dirname(sys.executable), "xhagent")
+    return subprocess.Popen([exe, "trace", "record", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def released_child(rec: subprocess.Popen, name: str, timeout: float = 30) -> int:
+    """The pid of the traced command once it runs `name`: it is let go only when recording
+    has started, so a signal from then on is one the recording must survive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{rec.pid}/task/{rec.pid}/children") as f:
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/comm") as c:
+                        if c.read().strip() == name:
+                            return int(pid)
+                except FileNotFoundError:
+                    pass
+        time.sleep(0.05)
+    raise AssertionError(f"{name} was not started")
+
+
+def test_sigterm_is_passed_to_the_command_and_the_trace_is_finished(tmp_path):
+    out = tmp_path / "t.xht"
+    rec = start_record("-o", str(out), "--", "sleep", "30")
+    try:
+        child = released_child(rec, "sleep")
+        t0 = time.monotonic()
+        rec.send_signal(signal.SIGTERM)
+        _, err = rec.communicate(timeout=20)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - t0 < 10  # the sleep was killed, not waited out
+    assert not os.path.exists(f"/proc/{child}")  # and reaped
+    tr = TraceFile(out)
+    assert tr.header.complete and tr.header.meta["filter"]["command"] == ["sleep", "30"]
+    assert os.listdir(tmp_path) == ["t.xht"]
+
+
+def test_sigint_ends_a_recording_without_a_command_and_keeps_the_file(tmp_path):
+    out = tmp_path / "t.xht"
+    rec = start_record("-o", str(out))
+    try:
+        assert "events" in rec.stderr.readline()  # the first progress line: recording
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=20)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode == 0, err
+    tr = TraceFile(out)
+    assert tr.header.complete and len(tr) > 0 and f"written to {out}" in err
+
+
+def test_bad_record_options_leave_an_existing_output_untouched(tmp_path, run_xhagent):
+    out = tmp_path / "keep.xht"
+    out.write_text("precious")
+    for args, message in [(("--pid", "4294967296"), "--pid 4294967296: out of range"),
+                          (("--cgroup", "/tmp"), "--cgroup /tmp: not a cgroup v2 directory"),
+                          (("--duration", "nan"), "--duration"),
+                          (("--", ""), "the command after -- is empty")]:
+        res = run_xhagent("trace", "record", "-o", str(out), *args)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    assert out.read_text() == "precious" and os.listdir(tmp_path) == ["keep.xht"]
+    res = run_xhagent("trace", "record", "-o", "/dev/null", "--duration", "0.1")
+    assert res.returncode == 2 and "/dev/null: is a character device" in res.stderr
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_a_cgroup_v1_directory_is_refused(run_xhagent, tmp_path):
+    v1 = first_mount("cgroup")
+    if v1 is None:
+        pytest.skip("no cgroup v1 hierarchy on this host")
+    res = run_xhagent("trace", "record", "-o", str(tmp_path / "x"), "--cgroup", v1, "--duration", "1")
+    assert res.returncode == 2 and f"--cgroup {v1}: not a cgroup v2 directory" in res.stderr
+    assert os.listdir(tmp_path) == []

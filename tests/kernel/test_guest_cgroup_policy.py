@@ -2,6 +2,7 @@
 read back with plain file reads, and the processes inside observed from /proc."""
 import errno
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from xhagent.cgroups import Cgroup, CgroupError
 
 pytestmark = pytest.mark.kernel
+XHAGENT = Path(sys.executable).with_name("xhagent")
 
 HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: guest}\nspec:\n  groups:\n"
 FULL = HEAD + """\
@@ -161,6 +163,20 @@ def test_freeze_timeout_thaws_back(node, nvme_device):
         res = node("freeze", "stuck", "--timeout", "0.5")
         assert res.returncode == 1 and "did not reach frozen 1" in res.stderr
         assert lines(group.path / "cgroup.freeze") == ["0"]
+        # SIGTERM while the command waits for a confirmation that cannot come: thawed back.
+        proc = subprocess.Popen([str(XHAGENT), "cgroup", "--subtree", node.root.name, "freeze", "stuck",
+                                 "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while lines(group.path / "cgroup.freeze") != ["1"]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.01)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "freeze stuck: stopped by SIGTERM" in err and "frozen=0" in err and "Traceback" not in err
+        assert lines(group.path / "cgroup.freeze") == ["0"] and group.events()["frozen"] == 0
+        assert reader.poll() is None
     finally:
         (group.path / "io.max").write_text(f"{node.majmin} rbps=max")  # let the read finish
         reader.kill()

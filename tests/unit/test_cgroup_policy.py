@@ -37,13 +37,15 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
 
 @pytest.mark.parametrize("groups, message", [
     ("    - name: a\n      cpu: {wieght: 400}\n",
-     "p.yaml:7:13: unknown field 'spec.groups.cpu.wieght' (did you mean 'weight'?)"),
+     "p.yaml:7:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)"),
     ("    - name: a\n      io: {weight: 0}\n",
      "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): 0 is out of range 1..10000"),
     ("    - name: a\n      cpuset: {cpus: 3-1}\n",
      "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: range 3-1 goes backwards"),
-    ("    - name: a\n      io: {devices: {nvme0n2: 800}}\n",
-     "p.yaml:7:22: spec.groups.0.io.devices: no block device 'nvme0n2' on this node (did you mean 'nvme0n1'?); devices: nvme0n1, vda"),
+    ("    - name: a\n      io: {devices: {a/b: 800}}\n",
+     "p.yaml:7:22: spec.groups.0.io.devices: 'a/b' is not a block device name"),
+    ("    - name: " + "x" * 256 + "\n",
+     "p.yaml:6:13: spec.groups.0.name: '" + "x" * 256 + "' is not a valid group name: a group name is at most 255 bytes"),
     ("    - name: a\n      memory: {max: 4GB}\n",
      "p.yaml:7:21: spec.groups.0.memory.max: '4GB' is not a valid limit: expected a size such as 512Mi, 4Gi or max"),
     ("    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
@@ -53,7 +55,7 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
     ("    - name: a\n    - name: a\n",
      "p.yaml:7:13: group 'a' is declared twice"),
     ("    - name: a\n      memroy: {max: 1Gi}\n",
-     "p.yaml:7:7: unknown field 'spec.groups.memroy' (did you mean 'memory'?)"),
+     "p.yaml:7:7: unknown field 'spec.groups.0.memroy' (did you mean 'memory'?)"),
 ])
 def test_errors_are_located(groups, message, sys_root):
     with pytest.raises(SpecError) as info:
@@ -66,3 +68,36 @@ def test_wrong_api_version_and_kind(sys_root):
         load_policy_text("apiVersion: v2\nkind: CgroupPolicy\nspec: {groups: []}\n", "p.yaml", sys_root)
     with pytest.raises(SpecError, match="expected exactly one CgroupPolicy document, found 0"):
         load_policy_text("kind: Task\n", "p.yaml", sys_root)
+
+
+def test_a_device_this_node_lacks_is_not_a_file_error_but_noted(sys_root):
+    policy = load("    - name: a\n      io: {weight: 200, devices: {nvme0n2: 800, vda: 300}}\n", sys_root)
+    assert policy.absent == ["p.yaml:7:35: spec.groups.0.io.devices: no block device 'nvme0n2' on this node "
+                             "(did you mean 'nvme0n1'?); devices: nvme0n1, vda"]
+    assert policy.groups[0].settings["io.weight"] == {"default": 200, "254:0": 300}
+
+
+def test_every_error_of_a_file_at_once_in_file_order(sys_root):
+    text = ("    - name: a\n      cpu: {weight: 0, wieght: 3}\n      memory: {max: 4GB}\n"
+            "      children:\n        - name: ../x\n        - name: b\n          pids: {max: -1}\n"
+            "    - name: a\n")
+    with pytest.raises(SpecError) as info:
+        load(text, sys_root)
+    lines = str(info.value).splitlines()
+    assert [line.split(": ")[0] for line in lines] == ["p.yaml:7:21", "p.yaml:7:24", "p.yaml:8:21",
+                                                       "p.yaml:10:17", "p.yaml:12:23", "p.yaml:13:13"]
+    assert "declared twice" in lines[-1]
+
+
+def test_nesting_is_capped_with_a_located_error(sys_root):
+    from xhagent.cgroups.policy import MAX_NESTING
+
+    deep, indent = "", "    "
+    for i in range(MAX_NESTING + 5):
+        deep += f"{indent}- name: g{i}\n{indent}  children:\n"
+        indent += "    "
+    deep += f"{indent}- name: leaf\n"
+    with pytest.raises(SpecError) as info:
+        load(deep, sys_root)
+    assert f"groups nest deeper than {MAX_NESTING} levels" in str(info.value)
+    assert len(str(info.value).splitlines()) == 1

@@ -183,3 +183,30 @@ def test_named_bfq_disk_still_gets_io_cost_planned(sys_root):
              Options(own_root=True, enable_io_cost=True))
     assert p.enforcers["259:0"].name == "io.cost"
     assert ("io-cost", ROOT, "io.cost.qos") in kinds(p)
+
+
+def test_what_apply_would_hit_half_way_is_a_plan_error(sys_root):
+    from xhagent.cgroups.reconcile import Limit
+
+    p = policy(HEAD + "    - name: a\n      children: [{name: b, children: [{name: c}]}]\n", sys_root)
+    got = plan(p, empty(subtree_path="/sys/fs/cgroup/x.slice",
+                        limits=[Limit(0, "/sys/fs/cgroup/x.slice", max_depth=2, max_descendants=10, descendants=8),
+                                Limit(1, "/sys/fs/cgroup", max_depth=None, max_descendants=None)]))
+    assert got.actions == []
+    assert got.errors == [
+        "p.yaml:7:46: group a/b/c would be 3 levels below /sys/fs/cgroup/x.slice, whose cgroup.max.depth is 2",
+        "3 new groups below /sys/fs/cgroup/x.slice would make 11; its cgroup.max.descendants is 10"]
+    long = policy(HEAD + "".join(f"{'  ' * i}    - name: {'n' * 250}\n{'  ' * i}      children:\n"
+                                 for i in range(17)) + f"{'  ' * 17}    - name: end\n", sys_root)
+    assert any("PATH_MAX" in e for e in plan(long, empty(subtree_path="/sys/fs/cgroup/x.slice")).errors)
+    leaf = policy(HEAD + "    - name: agent.leaf\n", sys_root)
+    assert plan(leaf, empty(agent_leaf="agent.leaf")).errors == [
+        "p.yaml:6:13: agent.leaf holds the agent's own processes, not a managed group"]
+
+
+def test_a_device_this_node_lacks_is_refused_as_unsupported_here(sys_root):
+    p = policy(HEAD + "    - name: a\n      io: {devices: {nvme9n9: 800}}\n", sys_root)
+    got = plan(p, empty())
+    assert got.actions == [] and len(got.errors) == 1
+    assert got.errors[0].startswith("p.yaml:7:22: spec.groups.0.io.devices: no block device 'nvme9n9' on this node")
+    assert got.errors[0].endswith("(not on this node: unsupported here)")

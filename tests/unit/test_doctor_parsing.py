@@ -98,6 +98,7 @@ def test_report_json_shape_and_missing():
     assert doc["missing"] == ["iopoll"] and doc["ok"] == ["io_uring"]
     assert missing(items, ["io_uring", "iopoll", "absent"]) == ["iopoll", "absent"]
     table = render.table(items).splitlines()
+    assert table[0].split() == ["ITEM", "OK", "DETAIL", "/", "REASON"]
     assert table[1].split()[:2] == ["io_uring", "ok"] and table[2].split()[:2] == ["iopoll", "NO"]
 
 
@@ -109,6 +110,16 @@ def test_crashing_probe_becomes_failed_item():
     assert items[0].ok
     assert items[1].name == "ebpf" and not items[1].ok
     assert "ValueError: bad sysfs value" in items[1].reason
+
+
+def test_a_probe_crashing_on_a_missing_file_says_which_without_an_errno_prefix():
+    def broken():
+        open("/sys/nonexistent/online")
+
+    (item,) = run_probes([("system", broken)])
+    assert item.reason.startswith("probe crashed: FileNotFoundError: /sys/nonexistent/online: "
+                                  "-ENOENT (No such file or directory) (test_doctor_parsing.py:")
+    assert "[Errno" not in item.reason
 
 
 @pytest.fixture
@@ -126,5 +137,41 @@ def test_cli_require_exit_codes(fake_probes):
     res = runner.invoke(cli.main, ["doctor", "--require", "iopoll"])
     assert res.exit_code == 1
     assert "required item 'iopoll' is not ok" in res.stderr
-    res = runner.invoke(cli.main, ["doctor", "--require", "iopol"])
-    assert res.exit_code == 1 and "unknown item" in res.stderr
+    assert "io_poll=0" in res.stderr  # and why
+
+
+def test_cli_require_of_an_unknown_item_is_bad_input_and_names_the_items(fake_probes):
+    res = CliRunner().invoke(cli.main, ["doctor", "--require", "bogus", "--require", "iopoll"])
+    assert res.exit_code == 2
+    assert "--require 'bogus': no such item; the items are: io_uring, iopoll" in res.stderr
+
+
+def test_required_items_of_a_crashed_probe_are_not_ok_rather_than_unknown():
+    from xhagent.doctor import required_problems
+
+    items = [ok("io_uring"), fail("ebpf", "probe crashed: OSError: boom (x.py:1)")]
+    assert required_problems(items, ["io_uring"]) == (0, [])
+    code, problems = required_problems(items, ["ebpf.btf"])
+    assert code == 1 and problems == ["required item 'ebpf.btf' is not in the report: "
+                                      "ebpf: probe crashed: OSError: boom (x.py:1)"]
+    assert required_problems([ok("io_uring")], ["ebpf.btf"])[0] == 2
+
+
+def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypatch):
+    import os
+    import signal
+
+    import xhagent.doctor as doctor
+
+    cleaned = []
+
+    def stopped():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return [ok("io_uring")]
+        finally:
+            cleaned.append(True)
+    monkeypatch.setattr(doctor, "_probes", lambda: [("x", stopped)])
+    res = CliRunner().invoke(cli.main, ["doctor"])
+    assert res.exit_code == 128 + signal.SIGTERM and "stopped by SIGTERM" in res.stderr
+    assert cleaned == [True] and "Traceback" not in res.output

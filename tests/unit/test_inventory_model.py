@@ -74,15 +74,17 @@ def test_sizes_and_versions():
 @pytest.mark.parametrize("text, lines", [
     # CPU ids out of the kernel's range (0..8191) were placed
     ("name: x\nreservedCpus: [-2]\n"
-     "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n", [
+     "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [100000]}]}]}]\n", [
          "f.yaml:2:16: reservedCpus[0]: -2 is out of range 0..8191",
-         "f.yaml:3:64: numa[0].l3[0].cores[0].cpus[0]: 10000000000000000000... (31 characters) is out of range 0..8191",
+         "f.yaml:3:64: numa[0].l3[0].cores[0].cpus[0]: 100000 is out of range 0..8191",
      ]),
+    ("name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n",
+     ["f.yaml:2:64: 1000000000000000000000000000000 is too large (at most 64 bits)"]),
     # every error at once, in file order; a 400-digit size; no Python repr of a date
-    ("nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "}\n  foo: 1\n"
+    ("nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "GiB}\n  foo: 1\n"
      "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
      "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n", [
-         "f.yaml:3:19: nodes[0].memory.total: size 99999999999999999999... (400 characters) is larger than 2^63-1 bytes",
+         "f.yaml:3:19: nodes[0].memory.total: size 99999999999999999999... (403 characters) is larger than 8 EiB",
          "f.yaml:4:8: nodes[0].foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
          "f.yaml:6:18: nodes[1].gpus[0].index: -1 is out of range 0..9223372036854775807",
          "f.yaml:6:53: nodes[1].gpus[0].memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",

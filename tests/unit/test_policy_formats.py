@@ -1,4 +1,5 @@
 """SchedulingPolicy and Task files: the seed's example, located errors, parse -> dump -> parse."""
+import json
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
 
 @pytest.mark.parametrize("kind,body,message", [
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
-     "p.yaml:7:7: unknown field 'spec.matchRules.constraint' (did you mean 'constraints'?)"),
+     "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
      "p.yaml:7:13: spec.priority: 101 is out of range 0..100"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
@@ -70,7 +71,7 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
      "is already set at line 8"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
                          "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
-     "p.yaml:8:28: unknown field 'spec.matchRules.constraints.hardware.gpu.minCudaVerison' "
+     "p.yaml:8:28: unknown field 'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
      "(did you mean 'minCudaVersion'?)"),
     ("SchedulingPolicy", "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
      "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values"),
@@ -111,6 +112,8 @@ def test_deadline_keeps_nanoseconds():
 # ----------------------------------------------------------------- strategies
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
+object_names = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?", fullmatch=True).filter(lambda n: ".." not in n
+                                                                                             and ".-" not in n and "-." not in n)
 values = st.from_regex(r"[a-z0-9][a-z0-9.-]{0,6}", fullmatch=True)
 label_sets = st.dictionaries(names, values, max_size=3).map(lambda d: tuple(sorted(d.items())))
 expressions = st.one_of(
@@ -138,7 +141,7 @@ def constraints(draw):
 
 
 policies = st.builds(
-    Policy, names, st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
+    Policy, object_names, st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
     st.integers(0, 100), st.sampled_from(["never", "lower-priority", "deadline-driven"]), label_sets)
 
 
@@ -148,7 +151,7 @@ def tasks(draw):
     gpu = device == "gpu"
     deadline = draw(st.none() | st.builds(Deadline, st.integers(1, 2**62), st.booleans()))
     return Task(
-        name=draw(names), device_type=device, labels=draw(label_sets),
+        name=draw(object_names), device_type=device, labels=draw(label_sets),
         requests=Requests(draw(st.none() | st.integers(0, 512)), draw(st.none() | sizes),
                           draw(st.none() | st.integers(0, 16)) if gpu else None, draw(st.none() | sizes) if gpu else None),
         deadline=deadline, priority=draw(st.none() | st.integers(0, 100)),
@@ -235,3 +238,172 @@ def test_validate_command(tmp_path):
 def test_unquoted_yaml_timestamp_is_refused_rather_than_truncated():
     with pytest.raises(SpecError, match=r"^t.yaml:6:13: spec.deadline: .* quote the time"):
         task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29T17:00:00.123456789Z\n")
+
+
+# ------------------------------------------------------------- issue 11: bad input
+
+FOUR_MISTAKES = """\
+apiVersion: xh.scheduling/v1
+kind: SchedulingPolicy
+metadata: {name: four, labell: {}}
+spec:
+  matchRules:
+    - selector: {matchLabels: {app: a}}
+      constraints:
+        - hardware: {gpu: {minCudaVersion: "twelve", count: 0}}
+  priority: 101
+"""
+
+
+def test_a_policy_with_four_mistakes_reports_all_four_in_file_order():
+    with pytest.raises(SpecError) as info:
+        policy(FOUR_MISTAKES)
+    assert str(info.value).splitlines() == [
+        "p.yaml:3:24: unknown field 'metadata.labell' (did you mean 'labels'?)",
+        "p.yaml:8:44: spec.matchRules.0.constraints.0.hardware.gpu.minCudaVersion: 'twelve' is not a valid "
+        "CUDA version: expected a version MAJOR.MINOR such as \"12.4\", got 'twelve'",
+        "p.yaml:8:61: spec.matchRules.0.constraints.0.hardware.gpu.count: 0 is out of range 1..1024",
+        "p.yaml:9:13: spec.priority: 101 is out of range 0..100",
+    ]
+
+
+def test_a_task_reports_every_mistake_and_missing_parts_once():
+    text = HEAD.format(kind="Task").replace("apiVersion: xh.scheduling/v1", "apiVersion: v2") + (
+        "  deviceType: cpu\n  streamId: 1\n  requests: {cpus: -1, gpus: 1}\n  priority: x\n")
+    with pytest.raises(SpecError) as info:
+        task(text)
+    assert str(info.value).splitlines() == [
+        "t.yaml:1:13: apiVersion: 'v2' is not one of xh.scheduling/v1",
+        "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)",
+        "t.yaml:7:20: spec.requests.cpus: -1 is out of range 0..65536",
+        "t.yaml:7:24: spec.requests.gpus is only for deviceType gpu (this task is cpu)",
+        "t.yaml:8:13: spec.priority: expected an integer, got a string",
+    ]
+    with pytest.raises(SpecError) as info:
+        task("kind: Task\nspec: {}\n")
+    assert str(info.value).splitlines() == [
+        "t.yaml:1:1: missing required field 'apiVersion'",
+        "t.yaml:1:1: missing required field 'metadata'",
+        "t.yaml:2:7: missing required field 'spec.deviceType'",
+    ]
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "a\nb", "../etc", "a/b", "a..b", "Upper", "-x", "x-", "a b", "x" * 254,
+                                  "caf\u00e9", "a\tb", ""])
+def test_names_outside_the_dns_1123_rule_are_refused(name):
+    for kind, parse in (("SchedulingPolicy", policy), ("Task", task)):
+        body = "  matchRules: [{selector: {}}]\n" if kind == "SchedulingPolicy" else "  deviceType: cpu\n"
+        text = HEAD.format(kind=kind).replace("{name: x}", "{name: %s}" % json.dumps(name)) + body
+        with pytest.raises(SpecError, match=r"^.\.yaml:3:\d+: metadata.name: .* is not a valid name \(lowercase"):
+            parse(text)
+
+
+def test_names_of_the_dns_1123_rule_are_kept():
+    for name in ["a", "video-inference-strict", "infer-1", "0a", "a.b-c.d", "x" * 253]:
+        assert task(HEAD.format(kind="Task").replace("{name: x}", f"{{name: {name}}}") + "  deviceType: cpu\n").name == name
+
+
+@pytest.mark.parametrize("offset", ["+99:99", "+24:00", "-23:60"])
+def test_a_deadline_offset_outside_a_day_is_refused(offset):
+    with pytest.raises(SpecError, match=rf"^t.yaml:6:13: spec.deadline: .* offset \{offset} is not a UTC offset"):
+        task(HEAD.format(kind="Task") + f"  deviceType: cpu\n  deadline: '2026-11-29T17:00:00{offset}'\n")
+    assert parse_instant_ns("2026-11-29T17:00:00-23:59") - parse_instant_ns("2026-11-29T17:00:00Z") == (23 * 60 + 59) * 60 * 10**9
+
+
+def test_versions_are_read_as_written_not_as_yaml_floats():
+    rule = ("  matchRules:\n    - selector: {}\n      constraints:\n"
+            "        - hardware: {gpu: {minCudaVersion: %s}}\n")
+    for text in ("12.10", "'12.10'"):
+        p = policy(HEAD.format(kind="SchedulingPolicy") + rule % text)
+        assert p.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
+    for bad in ("12", "1.2e1", "12.1.0", "true"):
+        with pytest.raises(SpecError, match=r"^p.yaml:8:\d+: .*minCudaVersion: .* is not a valid CUDA version"):
+            policy(HEAD.format(kind="SchedulingPolicy") + rule % bad)
+
+
+def test_rack_peers_without_affinity_is_named_by_its_full_path():
+    with pytest.raises(SpecError) as info:
+        policy(HEAD.format(kind="SchedulingPolicy") + "  matchRules:\n    - selector: {}\n      constraints:\n"
+               "        - topology: {rackPeers: {matchLabels: {app: a}}}\n")
+    assert str(info.value) == ("p.yaml:8:33: spec.matchRules.0.constraints.0.topology.rackPeers: "
+                               "needs rackAffinity (same or spread)")
+
+
+def test_messages_show_the_file_text_not_a_python_repr():
+    with pytest.raises(SpecError) as info:
+        task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29\n")
+    assert str(info.value).startswith("t.yaml:6:13: spec.deadline: 2026-11-29 is not a valid deadline")
+    assert "datetime" not in str(info.value)
+
+
+def test_sizes_are_bounded():
+    for size in ["9" * 400 + "GiB", "9" * 30 + "TiB", "9" * 30]:
+        with pytest.raises(SpecError, match=r"^t.yaml:6:\d+: .*(larger than 8 EiB|at most 64 bits)"):
+            task(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{memory: {size}}}\n")
+
+
+@pytest.fixture
+def sys_root(tmp_path):
+    (tmp_path / "sys" / "block" / "nvme0n1").mkdir(parents=True)
+    (tmp_path / "sys" / "block" / "nvme0n1" / "dev").write_text("259:0\n")
+    return tmp_path / "sys"
+
+
+def test_every_example_validates_by_its_kind(sys_root):
+    from xhagent.policy.documents import describe_item, load_any
+
+    kinds = {}
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        kinds[path.name] = {describe_item(i).split(" ")[0] for i in load_any(path, sys_root)}
+    assert kinds == {"cgroup-policy.yaml": {"CgroupPolicy"}, "nodes.yaml": {"node"}, "task-infer.yaml": {"Task"},
+                     "video-inference-strict.yaml": {"SchedulingPolicy"}, "workload-hotcold.yaml": {"Workload"},
+                     "workload-inversion.yaml": {"Workload"}, "workload-mixed.yaml": {"Workload"},
+                     "workload-nodes-plain.yaml": {"node"}}
+    others = [str(p) for p in sorted(EXAMPLES.glob("*.yaml")) if p.name != "cgroup-policy.yaml"]
+    res = CliRunner().invoke(policy_cli, ["validate", *others])
+    assert res.exit_code == 0, res.output
+    assert f"{EXAMPLES / 'workload-mixed.yaml'}: ok (Workload mixed-sla)" in res.output
+
+
+def test_validate_reads_the_agent_config_and_reports_its_errors(tmp_path):
+    from xhagent.policy.documents import load_any
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("nodeName: gpu-07\nlabels: {rack: r12}\nreservedCpus: \"0,64\"\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(config)])
+    assert res.exit_code == 0 and f"{config}: ok (agent config for node gpu-07)" in res.output, res.output
+    assert load_any(config)[0].reserved_cpus == (0, 64)
+    config.write_text("nodeName: gpu-07\nreservedCpus: [x]\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(config)])
+    assert res.exit_code == 2 and f"{config}:2:16: reservedCpus.0: expected an integer" in res.output, res.output
+
+
+def test_validate_an_empty_or_kindless_file_is_an_error(tmp_path):
+    for text, message in [("", "1:1: empty file: expected a SchedulingPolicy, Task, CgroupPolicy or Workload"),
+                          ("# only a comment\n", "1:1: empty file: expected"),
+                          ("---\n---\n", "1:1: empty file: expected"),
+                          ("foo: 1\n", "1:1: no kind: expected a SchedulingPolicy"),
+                          ("[1, 2]\n", "1:1: expected a mapping: a SchedulingPolicy"),
+                          ("kind: Deployment\n", "1:7: kind: 'Deployment' is not one of SchedulingPolicy, Task, "
+                                                 "CgroupPolicy, Workload"),
+                          (HEAD.format(kind="Workload") + "  duration: 1s\n---\n" + HEAD.format(kind="Task"),
+                           "8:7: kind: a Workload file holds only Workload documents")]:
+        f = tmp_path / "f.yaml"
+        f.write_text(text)
+        res = CliRunner().invoke(policy_cli, ["validate", str(f)])
+        assert res.exit_code == 2 and res.output.startswith(f"{f}:{message}"), (text, res.output)
+        assert "Traceback" not in res.output
+
+
+def test_validate_lists_the_errors_of_every_document_of_a_file_in_json(tmp_path):
+    f = tmp_path / "two.yaml"
+    f.write_text(FOUR_MISTAKES + "---\n" + HEAD.format(kind="Task") + "  deviceType: fpga\n")
+    res = CliRunner().invoke(policy_cli, ["validate", str(f)])
+    assert res.exit_code == 2
+    assert [line.split(": ")[0] for line in res.output.splitlines()] == [
+        f"{f}:3:24", f"{f}:8:44", f"{f}:8:61", f"{f}:9:13", f"{f}:15:15"]
+    res = CliRunner().invoke(policy_cli, ["validate", "--json", str(f)])
+    report = json.loads(res.output)["files"][str(f)]
+    assert report["ok"] is False and len(report["errors"]) == 5
+    assert report["errors"][4] == {"file": str(f), "line": 15, "col": 15,
+                                   "message": "spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"}

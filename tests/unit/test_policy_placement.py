@@ -351,3 +351,62 @@ def test_schedule_places_in_priority_order_and_never_double_books(cluster, specs
     assert len(cpus) == len(set(cpus))
     for p in q.pending.values():                             # the rest have a reason per node
         assert sorted(r.node for r in p.decision.reasons) == sorted(cluster.nodes)
+
+
+def test_explain_exits_3_when_a_task_is_pending_and_its_json_keys_are_snake_case(tmp_path):
+    """0: every task placed; 3: at least one Pending (the README's rule), in text and JSON."""
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', '"13.0"'))
+    args = ["explain", "--task", str(EXAMPLES / "task-infer.yaml"), "--policies", str(strict),
+            "--nodes", str(EXAMPLES / "nodes.yaml")]
+    res = CliRunner().invoke(policy_cli, args)
+    assert res.exit_code == 3, res.output
+    assert "Pending: no node satisfies the hard constraints" in res.output
+    res = CliRunner().invoke(policy_cli, [*args, "--json"])
+    assert res.exit_code == 3
+    out = json.loads(res.output)
+
+    def keys(value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield k
+                if k != "nodes":  # node names are data, not field names
+                    yield from keys(v)
+                else:
+                    for verdict in v.values():
+                        yield from keys(verdict)
+        elif isinstance(value, list):
+            for v in value:
+                yield from keys(v)
+
+    assert all(k == k.lower() for k in keys(out)), sorted(set(keys(out)))
+    assert out["tasks"][0]["pending"] is True and out["tasks"][0]["device_type"] == "gpu"
+    assert out["tasks"][0]["policy_priority"] == 95
+
+
+def test_explain_reads_a_policy_directory_with_other_kinds_in_it(tmp_path):
+    for name in ("video-inference-strict.yaml", "cgroup-policy.yaml", "workload-mixed.yaml"):
+        (tmp_path / name).write_text((EXAMPLES / name).read_text())
+    res = CliRunner().invoke(policy_cli, ["explain", "--task", str(EXAMPLES / "task-infer.yaml"),
+                                          "--policies", str(tmp_path), "--nodes", str(EXAMPLES / "nodes.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "policy video-inference-strict (priority 95" in res.output
+
+
+@pytest.mark.parametrize("node_cuda, policy_cuda", [("12.10", '"12.10"'), ('"12.10"', "12.10"), ("12.10", "12.10")])
+def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(tmp_path, node_cuda, policy_cuda):
+    """12.10 > 12.4: unquoted, YAML made 12.1 of it, and a task the quoted form leaves
+    Pending was placed (or the other way round for a node)."""
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text((EXAMPLES / "nodes.yaml").read_text().replace('cudaDriverVersion: "12.4"', f"cudaDriverVersion: {node_cuda}")
+                     .replace('computeCapability: "9.0"', "computeCapability: 9.10"))
+    assert {g.cuda_driver_version for n in load_nodes(nodes) for g in n.gpus} >= {Version(12, 10)}
+    assert {g.compute_capability for n in load(nodes) for g in n.gpus} >= {Version(9, 10)}
+    strict = tmp_path / "strict.yaml"
+    strict.write_text((EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', policy_cuda))
+    policy, = load(strict)
+    assert policy.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
+    res = CliRunner().invoke(policy_cli, ["explain", "--task", str(EXAMPLES / "task-infer.yaml"),
+                                          "--policies", str(strict), "--nodes", str(nodes), "--json"])
+    placed = json.loads(res.output)["tasks"][0]["placed"]
+    assert res.exit_code == 0 and placed["node"] == "node-02", res.output

@@ -95,11 +95,11 @@ def test_policy_task_maps_to_a_job():
 
 BAD_WORKLOAD = """kind: Workload
 spec:
-  duration: .nan
+  duration: forever
   classes:
-    - {name: a, rate: .inf, runtime: 5ms}
+    - {name: a, rate: -1, runtime: 5ms}
     - {name: b, rnutime: 5ms, priority: {values: [1, 2], weights: [0, 0]}}
-    - {name: c, runtime: 5ms, deadlineSlack: {min: 2, max: .inf}}
+    - {name: c, runtime: 5ms, deadlineSlack: {min: 2, max: 1000000}}
   jobs:
     - {runtime: 9000h}
 """
@@ -109,11 +109,11 @@ def test_every_workload_error_at_once_in_file_order():
     with pytest.raises(SpecError) as err:
         workload.loads(BAD_WORKLOAD, "w.yaml")
     assert str(err.value).splitlines() == [
-        "w.yaml:3:13: spec.duration: nan is not a valid duration: expected a duration such as 250ms, 1.5s or 1h30m",
-        "w.yaml:5:23: spec.classes.0.rate: expected a finite number, got inf",
-        "w.yaml:6:17: unknown field 'spec.classes.rnutime' (did you mean 'runtime'?)",
+        "w.yaml:3:13: spec.duration: 'forever' is not a valid duration: expected a duration such as 250ms, 1.5s or 1h30m",
+        "w.yaml:5:23: spec.classes.0.rate: -1 is out of range 0..1000000000",
+        "w.yaml:6:17: unknown field 'spec.classes.1.rnutime' (did you mean 'runtime'?)",
         "w.yaml:6:67: spec.classes.1.priority.weights: at least one weight must be positive",
-        "w.yaml:7:60: spec.classes.2.deadlineSlack.max: expected a finite number, got inf",
+        "w.yaml:7:60: spec.classes.2.deadlineSlack.max: 1000000 is out of range 1..1000.0",
         "w.yaml:9:17: spec.jobs.0.runtime: '9000h' is out of range 0..365d",
     ]
 
@@ -124,7 +124,7 @@ def _cli(*args):
 
 def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path):
     inf_rate = tmp_path / "w.yaml"
-    inf_rate.write_text("kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000000, runtime: 1ms}]\n")
+    inf_rate.write_text("kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000, runtime: 1ms}]\n")
     res = _cli("--workload", str(inf_rate), "--nodes", PLAIN_NODES, "--max-jobs", "1000")
     assert res.exit_code == 1, res.output
     assert res.stderr == (f"xhagent simulate: {inf_rate}: the workload generates more than 1000 jobs (class a among"
@@ -182,21 +182,22 @@ def test_every_plain_nodes_error_at_once(tmp_path):
     assert res.stderr.splitlines() == [
         f"xhagent simulate: {nodes}:2:21: nodes.0.cpus: expected an integer, got a string",
         f"{nodes}:2:33: nodes.0.gpus: -1 is out of range 0..64",
-        f"{nodes}:3:15: unknown field 'nodes.cpsu' (did you mean 'cpus'?)",
+        f"{nodes}:3:15: unknown field 'nodes.1.cpsu' (did you mean 'cpus'?)",
     ]
 
 
 @pytest.mark.parametrize("text, lines", [
-    ("kind: Workloda\nspce: 1\n", ["w.yaml:1:7: kind: expected Workload, got 'Workloda'",
+    ("kind: Workloda\nspce: 1\n", ["w.yaml:1:1: missing required field 'spec'",
+                                   "w.yaml:1:7: kind: expected Workload, got 'Workloda'",
                                    "w.yaml:2:1: unknown field 'spce' (did you mean 'spec'?)"]),
     ("kind: Workloda\nspec: 3\n", ["w.yaml:1:7: kind: expected Workload, got 'Workloda'",
                                    "w.yaml:2:7: spec: expected a mapping, got an integer"]),
-    ("kind: Workload\nspec:\n  classes: [5, {name: a, rate: .nan}]\n", [
+    ("kind: Workload\nspec:\n  classes: [5, {name: a, rate: -1}]\n", [
         "w.yaml:3:13: spec.classes.0: expected a mapping, got an integer",
-        "w.yaml:3:32: spec.classes.1.rate: expected a finite number, got nan"]),
-    ("kind: Workload\nspec:\n  classes: [{name: web, rate: .nan}]\n  jobs:\n"
+        "w.yaml:3:32: spec.classes.1.rate: -1 is out of range 0..1000000000"]),
+    ("kind: Workload\nspec:\n  classes: [{name: web, rate: -1}]\n  jobs:\n"
      "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n    - {class: wbe, runtime: 1ms}\n", [
-         "w.yaml:3:31: spec.classes.0.rate: expected a finite number, got nan",
+         "w.yaml:3:31: spec.classes.0.rate: -1 is out of range 0..1000000000",
          "w.yaml:5:29: spec.jobs.0.runtime: a runtime must be positive",
          "w.yaml:5:44: spec.jobs.0.priority: 200 is out of range 0..100",
          "w.yaml:5:61: spec.jobs.0.deviceType: 'fpga' is not one of cpu, gpu, tpu",
@@ -206,3 +207,11 @@ def test_workload_structure_errors_are_collected_too(text, lines):
     with pytest.raises(SpecError) as err:
         workload.loads(text, "w.yaml")
     assert str(err.value).splitlines() == lines
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-.inf"])
+def test_infinite_or_nan_rate_is_a_located_error_not_an_endless_run(tmp_path, value):
+    w = tmp_path / "w.yaml"
+    w.write_text(f"kind: Workload\nspec:\n  classes: [{{name: a, rate: {value}, runtime: 1ms}}]\n")
+    res = _cli("--workload", str(w), "--nodes", PLAIN_NODES)
+    assert res.exit_code == 2 and res.stderr == f"xhagent simulate: {w}:3:29: '{value}' is not a finite number\n"

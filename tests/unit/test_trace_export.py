@@ -2,7 +2,7 @@ import io
 import json
 import re
 
-from trace_samples import sample_events, sample_header
+from trace_samples import PID_FILTER, filtered_events, sample_events, sample_header
 
 from xhagent.trace.export import (chrome_events, ftrace_line, perf_line, state_str, write_chrome,
                                   write_ftrace, write_perf)
@@ -101,3 +101,16 @@ def test_chrome_skips_runs_without_a_start():
     # the first switch on a CPU shows only its end: no slice is invented for it
     evs = sample_events()
     assert all(e["args"]["tid"] != 0 for e in chrome_events(evs) if e["ph"] == "X")
+
+
+def test_chrome_other_data_holds_json_values_not_python_reprs(tmp_path):
+    out = io.StringIO()
+    write_chrome(trace(tmp_path), out)
+    other = json.loads(out.getvalue())["otherData"]
+    assert other["filter"] == {"kind": "all"} and other["ncpus"] == 2
+
+
+def test_chrome_slices_under_a_filter_are_the_runs_stats_counts():
+    slices = [e for e in chrome_events(filtered_events(), PID_FILTER) if e["ph"] == "X"]
+    assert [(s["args"]["tid"], s["ts"], s["dur"]) for s in slices] == [(100, 1000.0, 2000.0),
+                                                                        (100, 200000.0, 50000.0)]

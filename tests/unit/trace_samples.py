@@ -40,3 +40,33 @@ def sample_events() -> list[Event]:
 def sample_header() -> Header:
     return Header(clock_offset_ns=1_700_000_000_000_000_000,
                   meta={"filter": {"kind": "all"}, "hostname": "h", "kernel": "6.18", "ncpus": 2})
+
+
+def trace_bytes(header: Header | None = None, events: list[Event] | None = None,
+                complete: bool = True) -> bytes:
+    """A trace file's bytes; `header.meta` may be any JSON value (to craft bad files)."""
+    from xhagent.trace.fmt import RECORD
+
+    h = header or sample_header()
+    events = sample_events() if events is None else events
+    h.records, h.complete = (len(events), True) if complete else (0, False)
+    return h.encode() + b"".join(RECORD.pack(*e) for e in events)
+
+
+def filtered_events() -> list[Event]:
+    """As a `--pid 100` trace records it: ping (100) gives CPU 0 to migration/0 (15) at
+    3 ms; what runs on CPU 0 after that, until ping is back at 200 ms, involves no
+    traced task and is not recorded; the trace ends at 300 ms with ping still running."""
+    ms = 1_000_000
+    return [
+        switch(1 * ms, 0, 0, "swapper/0", R, 100, "ping"),
+        switch(3 * ms, 0, 100, "ping", PREEMPTED, 15, "migration/0"),
+        # unrecorded: migration/0 -> kworker -> ... -> swapper/0
+        wakeup(150 * ms, 1, 0, "swapper/1", 100, "ping", 0),
+        switch(200 * ms, 0, 15, "migration/0", S, 100, "ping"),
+        switch(250 * ms, 0, 100, "ping", S, 0, "swapper/0"),
+        wakeup(300 * ms, 1, 0, "swapper/1", 100, "ping", 0),
+    ]
+
+
+PID_FILTER = {"kind": "pids", "pids": [100]}
