@@ -36,13 +36,14 @@ def test_spinning_thread_gets_a_signal_per_slice(urg_count):
     with Preempter() as p:
         p.arm(tid, SLICE_NS)
         cpu = spin(0.6)
-        counters, state = p.counters(), p.state(tid)
+        # still armed while these are read: a slice may end between the two reads
+        state, counters = p.state(tid), p.counters()
     expected = cpu / (SLICE_NS / 1e9)
     assert counters.failed == 0, counters
     # about one signal per slice of CPU time (cpu-clock and the thread's CPU clock
     # differ by a few percent on a loaded machine)
     assert 0.8 * expected <= counters.sent <= 1.2 * expected + 2, (counters, expected)
-    assert state.sent == counters.sent
+    assert state.sent <= counters.sent <= state.sent + 1, (state, counters)
     assert urg_count[0] >= 0.8 * expected
 
 
