@@ -50,11 +50,16 @@ def test_spinning_thread_gets_a_signal_per_slice(urg_count):
 def test_sleeping_thread_gets_none(urg_count):
     tid = threading.get_native_id()
     with Preempter() as p:
+        c0 = time.thread_time_ns()
         p.arm(tid, SLICE_NS)
-        time.sleep(0.5)  # 100 slices of wall time, no CPU time
-        assert p.counters().sent == 0
-        assert p.state(tid).runtime_ns < SLICE_NS
-    assert urg_count[0] == 0
+        time.sleep(0.5)  # 100 slices of wall time, next to no CPU time
+        cpu_ns = time.thread_time_ns() - c0
+        sent = p.counters().sent
+    # Signals follow the thread's own CPU time (arming it costs some; in a VM that clock also
+    # runs while the hypervisor has the vCPU), never wall time: 0 here, 100 if it followed
+    # the clock on the wall.
+    assert sent <= cpu_ns // SLICE_NS, (sent, cpu_ns)
+    assert urg_count[0] == sent
 
 
 def test_reset_restarts_the_slice(urg_count):
