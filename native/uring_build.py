@@ -111,8 +111,16 @@ struct xh_batch {
     uint32_t n; uint32_t depth; uint8_t opcode; uint8_t retry_short; uint8_t fixed_file; int32_t buf_index;
     int32_t fd; const int32_t *fds; const uint64_t *offsets; uint32_t len; const uint32_t *lens;
     char *base; uint64_t stride; char *const *bufs; int64_t *res; uint32_t *lat_ns;
+    uint32_t next; uint32_t left; uint64_t *start;
 };
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
+#define XH_STREAM_LIVE ...
+struct xh_stream {
+    uint32_t depth; uint32_t inflight; uint32_t min_inflight; uint64_t waits; uint64_t ops;
+    int32_t err; ...;
+};
+void xh_stream_init(struct xh_stream *s, uint32_t depth);
+int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain);
 struct xh_files {
     uint32_t n; uint32_t slots; uint32_t slot_base; const char *paths; uint32_t npaths;
     const uint32_t *index; const uint8_t *sync; char *base; uint32_t len; int32_t *res;

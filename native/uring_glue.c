@@ -76,7 +76,7 @@ static void prep_rw(struct io_uring_sqe *sqe, int opcode, int fd, char *buf, uns
 	}
 }
 
-static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i)
+static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i, uint64_t tag)
 {
 	struct io_uring_sqe *sqe = get_sqe(ring);
 	uint64_t done = (uint64_t)b->res[i];
@@ -87,11 +87,9 @@ static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i)
 		b->offsets[i] + done, b->buf_index);
 	if (b->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
-	io_uring_sqe_set_data64(sqe, i);
+	io_uring_sqe_set_data64(sqe, tag << 32 | i);
 }
 
-/* Keep up to `depth` ops in flight, reap in bulk, resubmit short transfers when asked.
- * Returns 0, or a negative errno from io_uring_enter once everything in flight is back. */
 /* Submit what is queued and wait for a completion. A refusal stops the feeding (*err) but
  * not the reaping: what is in flight still comes back before the caller returns. -1 when
  * even waiting fails. */
@@ -108,55 +106,148 @@ static int submit_and_wait_one(struct io_uring *ring, int *err)
 	return 0;
 }
 
-int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
-{
-	uint64_t *start = NULL;
-	uint32_t next = 0, inflight = 0, i;
-	int err = 0;
+/* -- the read/write loop: a stream of batches; a plain batch is a stream of one ------------ */
 
+void xh_stream_init(struct xh_stream *s, uint32_t depth)
+{
+	memset(s, 0, sizeof(*s));
+	s->depth = depth ? depth : 1;
+	s->min_inflight = UINT32_MAX;
+}
+
+static struct xh_batch *live_batch(struct xh_stream *s, uint64_t seq)
+{
+	return s->live[seq % XH_STREAM_LIVE];
+}
+
+static int stream_push(struct xh_stream *s, struct xh_batch *b)
+{
+	uint32_t i;
+
+	if (s->tail - s->head == XH_STREAM_LIVE)
+		return -EBUSY;
+	b->start = NULL;
 	if (b->lat_ns) {
-		start = malloc(sizeof(*start) * (b->n ? b->n : 1));
-		if (!start)
+		b->start = malloc(sizeof(*b->start) * (b->n ? b->n : 1));
+		if (!b->start)
 			return -ENOMEM;
 	}
 	for (i = 0; i < b->n; i++)
 		b->res[i] = 0;
-	while ((next < b->n && !err) || inflight) {
-		struct io_uring_cqe *cqe;
-		unsigned head, seen = 0;
+	b->next = 0;
+	b->left = b->n;
+	s->live[s->tail++ % XH_STREAM_LIVE] = b;
+	return 0;
+}
 
-		while (!err && next < b->n && inflight < b->depth) {
-			if (start)
-				start[next] = now_ns();
-			batch_prep(ring, b, next++);
-			inflight++;
-		}
-		if (submit_and_wait_one(ring, &err) < 0)
-			break;
-		io_uring_for_each_cqe(ring, head, cqe) {
-			uint32_t k = (uint32_t)cqe->user_data;
-			unsigned len = b->lens ? b->lens[k] : b->len;
+/* The oldest live batch with ops not prepared yet (its sequence number in *seq), or NULL. */
+static struct xh_batch *to_prepare(struct xh_stream *s, uint64_t *seq)
+{
+	uint64_t q;
 
-			seen++;
-			if (cqe->res < 0) {
-				b->res[k] = cqe->res;
-			} else {
-				b->res[k] += cqe->res;
-				if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !err) {
-					batch_prep(ring, b, k);
-					continue;
-				}
-			}
-			inflight--;
-			if (start) {
-				uint64_t d = now_ns() - start[k];
-				b->lat_ns[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
-			}
+	for (q = s->head; q < s->tail; q++) {
+		struct xh_batch *b = live_batch(s, q);
+
+		if (b->next < b->n) {
+			*seq = q;
+			return b;
 		}
-		io_uring_cq_advance(ring, seen);
 	}
-	free(start);
-	return err;
+	return NULL;
+}
+
+/* Prepare ops, oldest batch first, until `depth` are in flight or none is left. */
+static void stream_fill(struct io_uring *ring, struct xh_stream *s)
+{
+	struct xh_batch *b;
+	uint64_t seq;
+
+	while (!s->err && s->inflight < s->depth && (b = to_prepare(s, &seq)) != NULL) {
+		while (s->inflight < s->depth && b->next < b->n) {
+			uint32_t i = b->next++;
+
+			if (b->start)
+				b->start[i] = now_ns();
+			batch_prep(ring, b, i, seq % XH_STREAM_LIVE);
+			s->inflight++;
+		}
+	}
+}
+
+/* Reap every ready completion, resubmit short transfers when asked, retire finished
+ * batches from the front. */
+static void stream_reap(struct io_uring *ring, struct xh_stream *s)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+
+	io_uring_for_each_cqe(ring, head, cqe) {
+		uint64_t tag = cqe->user_data >> 32;
+		struct xh_batch *b = s->live[tag];
+		uint32_t k = (uint32_t)cqe->user_data;
+		unsigned len = b->lens ? b->lens[k] : b->len;
+
+		seen++;
+		if (cqe->res < 0) {
+			b->res[k] = cqe->res;
+		} else {
+			b->res[k] += cqe->res;
+			if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !s->err) {
+				batch_prep(ring, b, k, tag);
+				continue;
+			}
+		}
+		s->inflight--;
+		s->ops++;
+		b->left--;
+		if (b->start) {
+			uint64_t d = now_ns() - b->start[k];
+			b->lat_ns[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+		}
+	}
+	io_uring_cq_advance(ring, seen);
+	while (s->head < s->tail && live_batch(s, s->head)->left == 0) {
+		struct xh_batch *b = live_batch(s, s->head++);
+
+		free(b->start);
+		b->start = NULL;
+	}
+}
+
+int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain)
+{
+	uint64_t seq;
+	int ret;
+
+	if (b && (ret = stream_push(s, b)) < 0)
+		return ret;
+	for (;;) {
+		int feeding;
+
+		stream_fill(ring, s);
+		feeding = !s->err && to_prepare(s, &seq) != NULL;
+		if (drain || s->err ? s->inflight == 0 && !feeding : s->tail - s->head <= 1)
+			break;
+		if ((feeding || !drain) && s->inflight < s->min_inflight)
+			s->min_inflight = s->inflight;
+		s->waits++;
+		if (submit_and_wait_one(ring, &s->err) < 0)
+			break;
+		stream_reap(ring, s);
+	}
+	/* What was refilled goes to the kernel now, not at the next call. */
+	if (io_uring_sq_ready(ring) && (ret = io_uring_submit(ring)) < 0 && !s->err &&
+	    ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
+		s->err = ret;
+	return s->err;
+}
+
+int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
+{
+	struct xh_stream s;
+
+	xh_stream_init(&s, b->depth);
+	return xh_stream_run(ring, &s, b, 1);
 }
 
 int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,

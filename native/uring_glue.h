@@ -30,8 +30,33 @@ struct xh_batch {
 	char *const *bufs;
 	int64_t *res;          /* out: bytes transferred, or -errno */
 	uint32_t *lat_ns;      /* out, optional: first submission to completion */
+	/* kept by the loop */
+	uint32_t next;         /* ops prepared so far */
+	uint32_t left;         /* ops whose last completion is not reaped yet */
+	uint64_t *start;       /* per-op first submission time, while lat_ns is asked for */
 };
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
+
+/* A stream of batches through one loop: up to `depth` ops stay in flight across
+ * successive batches, so a long run drains only when it ends. xh_rw_batch is a stream of
+ * one batch, drained. */
+#define XH_STREAM_LIVE 4
+struct xh_stream {
+	uint32_t depth;
+	uint32_t inflight;     /* prepared ops whose last completion is not reaped yet */
+	uint32_t min_inflight; /* fewest in flight at a wait before the final drain (UINT32_MAX: none yet) */
+	uint64_t waits;        /* waits for completions */
+	uint64_t ops;          /* ops completed */
+	uint64_t head, tail;   /* batch sequence numbers: live[head % LIVE] is the oldest unfinished */
+	struct xh_batch *live[XH_STREAM_LIVE];
+	int32_t err;           /* io_uring_enter refusal: no more ops are prepared */
+};
+void xh_stream_init(struct xh_stream *s, uint32_t depth);
+/* Add `b` (NULL: none) and run. drain = 0: return once every batch but the newest is
+ * complete, with the queue refilled and submitted; drain = 1: return when nothing is in
+ * flight. Returns 0, -EBUSY when XH_STREAM_LIVE batches are already live, -ENOMEM, or the
+ * negative errno of io_uring_enter once what was in flight is back. */
+int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain);
 
 /* openat -> read -> close chains through registered-file slots, `slots` in flight.
  * `paths` holds npaths NUL-terminated paths back to back; file k of this call is
