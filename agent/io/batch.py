@@ -152,8 +152,9 @@ class RwStream:
         """Ops completed so far."""
         return self._s.ops
 
-    def feed(self, offsets: Sequence[int] | array, buf) -> BatchResult | None:
-        ops = _Ops(self.fd, offsets, self.length, buf, **self._kw)
+    def feed(self, offsets: Sequence[int] | array, buf, **fixed_buffer) -> BatchResult | None:
+        """`fixed_buffer=INDEX` (or None) overrides the stream's registered buffer for this batch."""
+        ops = _Ops(self.fd, offsets, self.length, buf, **{**self._kw, **fixed_buffer})
         return self._run(ops, drain=False)
 
     def finish(self) -> BatchResult | None:
