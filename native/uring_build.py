@@ -116,7 +116,7 @@ struct xh_batch {
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
 #define XH_STREAM_LIVE ...
 struct xh_stream {
-    uint32_t depth; uint32_t inflight; uint32_t min_inflight; uint64_t waits; uint64_t ops;
+    uint32_t depth; uint32_t submit_batch; uint32_t inflight; uint32_t min_inflight; uint64_t waits; uint64_t ops;
     int32_t err; ...;
 };
 void xh_stream_init(struct xh_stream *s, uint32_t depth);

@@ -43,6 +43,7 @@ int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
 #define XH_STREAM_LIVE 4
 struct xh_stream {
 	uint32_t depth;
+	uint32_t submit_batch; /* submit every this many prepared ops (0: all at once, at the wait) */
 	uint32_t inflight;     /* prepared ops whose last completion is not reaped yet */
 	uint32_t min_inflight; /* fewest in flight at a wait before the final drain (UINT32_MAX: none yet) */
 	uint64_t waits;        /* waits for completions */

@@ -120,18 +120,23 @@ class RwStream:
     batch's BatchResult once that one is complete (None for the first): from then on its
     buffer is the caller's again, while this batch's buffer belongs to the kernel until the
     next feed() or finish() returns it. Alternating two buffers keeps the queue full.
+    `submit_batch` N > 0 hands ops to the kernel every N prepared (fio's iodepth_batch_submit;
+    1 suits a disk, which then sees a steady trickle rather than bursts of `depth`); 0 hands
+    over everything prepared at once, at the wait (the page cache, where a read completes
+    inside the submission).
     `min_inflight` is the fewest ops in flight at any wait for completions before the final
     drain (equal to `depth` when the queue never ran short), `waits` the number of waits.
     """
 
     def __init__(self, ring: Ring, fd: int, length: int, *, write: bool = False, depth: int | None = None,
                  retry_short: bool = True, fixed_buffer: int | None = None, fixed_file: bool = False,
-                 latencies: bool = False, what: str | None = None):
+                 latencies: bool = False, what: str | None = None, submit_batch: int = 0):
         self.ring, self.fd, self.length = ring, fd, length
         self._kw = dict(write=write, retry_short=retry_short, fixed_buffer=fixed_buffer, fixed_file=fixed_file,
                         latencies=latencies, what=what)
         self._s = ffi.new("struct xh_stream *")
         lib.xh_stream_init(self._s, _depth(ring, depth))
+        self._s.submit_batch = max(0, submit_batch)
         self._live: deque[_Ops] = deque()
         self._failed: UringError | None = None
 

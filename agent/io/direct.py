@@ -47,6 +47,16 @@ def alignment_problem(offset: int, length: int, address: int, block: int) -> str
     return None if not bad else "O_DIRECT needs block-aligned I/O: " + "; ".join(bad)
 
 
+def _ring(entries: int) -> Ring:
+    """An interrupt-driven ring whose completions wait for the loop's next io_uring_enter
+    instead of interrupting it (COOP_TASKRUN, as fio sets; the loop always enters to wait),
+    or a plain one where the kernel predates that flag (5.19)."""
+    try:
+        return Ring(entries, ("coop_taskrun",))
+    except UringError:
+        return Ring(entries)
+
+
 class DirectFile:
     """`path` opened O_DIRECT; `poll` is "auto" (the device decides), True (try; fall back) or False.
 
@@ -66,7 +76,7 @@ class DirectFile:
             self.block = logical_block(dev, sys_root)
             self.device_polls = device_polls(dev, sys_root)
             want_poll = self.device_polls if poll == "auto" else bool(poll)
-            self._interrupt = Ring(entries)
+            self._interrupt = _ring(entries)
             self._polled = Ring(entries, ("iopoll",)) if want_poll else None
         except BaseException:
             os.close(self.fd)
@@ -156,10 +166,12 @@ class DirectFile:
                 result.lat_ns[i] = min(0xFFFFFFFF, result.lat_ns[i] + again.lat_ns[j])
         return len(redo)
 
-    def stream(self, length: int, *, write: bool = False, depth: int = 32, latencies: bool = False) -> "DirectStream":
-        """An RwStream on this file (see DirectStream): the queue stays full across batches."""
+    def stream(self, length: int, *, write: bool = False, depth: int = 32, latencies: bool = False,
+               submit_batch: int = 1) -> "DirectStream":
+        """An RwStream on this file (see DirectStream): the queue stays full across batches;
+        each op goes to the disk as soon as it is prepared (submit_batch=1, as fio does)."""
         return DirectStream(self, length, dict(write=write, depth=depth, retry_short=False, latencies=latencies,
-                                               what=self.path))
+                                               what=self.path), submit_batch)
 
     def read(self, offsets, length: int, buf, **kw) -> BatchResult:
         return self.transfer(offsets, length, buf, write=False, **kw)
@@ -196,8 +208,8 @@ class DirectStream:
     handing out the batch it drained at the next call, so results keep their order.
     """
 
-    def __init__(self, file: DirectFile, length: int, kw: dict):
-        self.file, self.length, self._kw = file, length, kw
+    def __init__(self, file: DirectFile, length: int, kw: dict, submit_batch: int = 1):
+        self.file, self.length, self._kw, self._submit_batch = file, length, kw, submit_batch
         self._bufs: deque = deque()  # buffers of the batches in flight, oldest first
         self._ready: deque[BatchResult] = deque()  # completed ahead of their turn (fallback)
         self._stream = self._open()
@@ -205,7 +217,8 @@ class DirectStream:
     def _open(self) -> RwStream:
         ring = self.file._polled or self.file._interrupt
         fd = 0 if ring.files is not None else self.file.fd
-        return RwStream(ring, fd, self.length, fixed_file=ring.files is not None, **self._kw)
+        return RwStream(ring, fd, self.length, fixed_file=ring.files is not None, submit_batch=self._submit_batch,
+                        **self._kw)
 
     @property
     def min_inflight(self) -> int | None:
