@@ -170,8 +170,9 @@ static void stream_fill(struct io_uring *ring, struct xh_stream *s)
 				b->start[i] = now_ns();
 			batch_prep(ring, b, i, seq % XH_STREAM_LIVE);
 			s->inflight++;
+			/* As fio's commit: the enter also runs completions that are due (GETEVENTS). */
 			if (s->submit_batch && io_uring_sq_ready(ring) >= s->submit_batch)
-				io_uring_submit(ring);
+				io_uring_submit_and_get_events(ring);
 		}
 	}
 }

@@ -112,6 +112,9 @@ def _depth(ring: Ring, depth: int | None) -> int:
     return max(1, min(depth or ring.entries, ring.entries))
 
 
+_STREAM_DEFAULT = object()
+
+
 class RwStream:
     """Successive batches through one C loop that keeps `depth` ops in flight across them,
     so a long run drains only at finish().
@@ -157,10 +160,11 @@ class RwStream:
         """Ops completed so far."""
         return self._s.ops
 
-    def feed(self, offsets: Sequence[int] | array, buf, **fixed_buffer) -> BatchResult | None:
-        """`fixed_buffer=INDEX` (or None) overrides the stream's registered buffer for this batch."""
-        ops = _Ops(self.fd, offsets, self.length, buf, **{**self._kw, **fixed_buffer})
-        return self._run(ops, drain=False)
+    def feed(self, offsets: Sequence[int] | array, buf, *, fixed_buffer: int | None | object = _STREAM_DEFAULT
+             ) -> BatchResult | None:
+        """`fixed_buffer` (an index, or None for none) overrides the stream's for this batch."""
+        kw = self._kw if fixed_buffer is _STREAM_DEFAULT else {**self._kw, "fixed_buffer": fixed_buffer}
+        return self._run(_Ops(self.fd, offsets, self.length, buf, **kw), drain=False)
 
     def finish(self) -> BatchResult | None:
         """Wait for everything in flight; the last batch's result (None if there is none)."""
