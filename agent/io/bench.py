@@ -31,7 +31,7 @@ BLOCK = 4096
 CHUNK = 256  # 256 x 4 KiB: the page-cache destination stays in L2, as pread's one buffer does
 QD = 32
 DIRECT_BATCH = 512  # ops per O_DIRECT batch: a slow op must be outlived by ~this many before the queue runs short
-FIO_PAIRS = 3  # engine and fio runs, alternating
+FIO_PAIRS = 3  # engine and fio runs each, alternating
 CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu.weight", "cpu.max",
                 "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
                 "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
@@ -226,16 +226,21 @@ def merge_runs(runs: list[dict]) -> dict:
 
 def paired(engine, fio, name: str, peer: str, ratio: str, cases: dict, notes: dict, pairs: dict) -> None:
     """cases[name] from engine(); with fio installed, engine and fio alternate FIO_PAIRS times
-    and cases[peer] holds fio's runs; pairs[ratio] the ratio of each pair."""
+    (which goes first alternates too) and cases[peer] holds fio's runs; pairs[ratio] the
+    ratio of each pair."""
     if shutil.which("fio") is None:
         cases[name] = engine()
         notes["fio"] = "fio is not installed (Debian package fio, tools/setup-deps): fio cases and ratios omitted"
         return
     mine, theirs = [], []
     try:
-        for _ in range(FIO_PAIRS):
-            mine.append(engine())
-            theirs.append(fio())
+        for i in range(FIO_PAIRS):  # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
+            if i % 2:
+                theirs.append(fio())
+                mine.append(engine())
+            else:
+                mine.append(engine())
+                theirs.append(fio())
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
         notes[peer] = f"fio failed, {peer} omitted: {exc}"
         cases[name] = merge_runs(mine) if mine else engine()
