@@ -17,6 +17,18 @@ void xh_aligned_free(void *ptr)
 	free(ptr);
 }
 
+/* Index of the first offset that is not a multiple of `block`, or -1: checked once per batch
+ * of O_DIRECT ops, cheaply. */
+int64_t xh_first_misaligned(const uint64_t *offsets, uint64_t n, uint64_t block)
+{
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		if (offsets[i] % block)
+			return (int64_t)i;
+	return -1;
+}
+
 /* Copy up to `max` ready completions out of the CQ and release their slots. */
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max)
 {

@@ -6,6 +6,7 @@
 
 void *xh_aligned_alloc(size_t alignment, size_t size);
 void xh_aligned_free(void *ptr);
+int64_t xh_first_misaligned(const uint64_t *offsets, uint64_t n, uint64_t block);
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max);
 
 #define XH_OP_READ 0

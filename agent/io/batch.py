@@ -29,6 +29,8 @@ class BatchResult:
 
     def check(self) -> "BatchResult":
         """Raise the first failed op as an UringError naming the file and offset."""
+        if not self.res or min(self.res) >= 0:  # the common case, without a Python loop per op
+            return self
         for i, r in enumerate(self.res):
             if r < 0:
                 raise UringError.from_res(r, f"{self.what} @ offset {self.offsets[i]}")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from collections import deque
 
-from .batch import BatchResult, RwStream, rw_batch
-from .ring import Ring, UringError
+from .batch import BatchResult, RwStream, as_offsets, rw_batch
+from .ring import Ring, UringError, ffi, lib
 
 
 def device_polls(st_dev_or_rdev: int, sys_root: Path = Path("/sys")) -> bool:
@@ -115,11 +115,12 @@ class DirectFile:
             self._register(ring, "buffer", ring.register_buffers, list(buffers))
 
     def _check_aligned(self, offsets, length: int, buf) -> None:
-        from .ring import ffi
-
         with ffi.from_buffer(buf) as ptr:
             address = int(ffi.cast("uintptr_t", ptr))
-        misaligned = next((o for o in offsets if o % self.block), 0)
+        offs = as_offsets(offsets)
+        with ffi.from_buffer(offs) as po:
+            first = lib.xh_first_misaligned(ffi.cast("uint64_t *", po), len(offs), self.block)
+        misaligned = 0 if first < 0 else offs[first]
         problem = alignment_problem(misaligned, length, address, self.block)
         if problem:
             raise UringError(errno.EINVAL, problem, self.path)
