@@ -63,7 +63,8 @@ class DirectFile:
     The file is registered with its rings (fixed file) and buffers given to
     register_buffers() become fixed buffers, where the ring allows: a refused registration
     is counted in `stats["registration_refusals"]` and explained in `registration_notes`,
-    and the I/O then goes by plain fd or plain buffer. `stats` counts the ops each way.
+    and the I/O then goes by plain fd or plain buffer. `stats` counts the submissions each
+    way (an op redone after an IOPOLL refusal counts twice).
     """
 
     def __init__(self, path: str, *, write: bool = False, poll: str | bool = "auto", entries: int = 64,
