@@ -121,6 +121,7 @@ struct xh_stream {
     int32_t err; ...;
 };
 void xh_stream_init(struct xh_stream *s, uint32_t depth);
+int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots);
 int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain);
 struct xh_files {
     uint32_t n; uint32_t slots; uint32_t slot_base; const char *paths; uint32_t npaths;

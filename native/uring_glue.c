@@ -88,18 +88,25 @@ static void prep_rw(struct io_uring_sqe *sqe, int opcode, int fd, char *buf, uns
 	}
 }
 
-static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i, uint64_t tag)
+/* user_data of a stream op: live-batch tag, buffer slot (sink streams), op index. */
+#define UD(tag, slot, i) ((uint64_t)(tag) << 48 | (uint64_t)(slot) << 32 | (i))
+#define UD_TAG(ud) ((ud) >> 48)
+#define UD_SLOT(ud) ((uint32_t)((ud) >> 32) & 0xFFFF)
+
+static void batch_prep(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, uint32_t i,
+		       uint64_t ud)
 {
 	struct io_uring_sqe *sqe = get_sqe(ring);
 	uint64_t done = (uint64_t)b->res[i];
 	unsigned len = b->lens ? b->lens[i] : b->len;
-	char *buf = b->bufs ? b->bufs[i] : b->base + (uint64_t)i * b->stride;
+	char *buf = s->nslots ? b->base + (uint64_t)UD_SLOT(ud) * b->stride
+		  : b->bufs ? b->bufs[i] : b->base + (uint64_t)i * b->stride;
 
 	prep_rw(sqe, b->opcode, b->fds ? b->fds[i] : b->fd, buf + done, len - done,
 		b->offsets[i] + done, b->buf_index);
 	if (b->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
-	io_uring_sqe_set_data64(sqe, tag << 32 | i);
+	io_uring_sqe_set_data64(sqe, ud);
 }
 
 /* Submit what is queued and wait for a completion. A refusal stops the feeding (*err) but
@@ -125,6 +132,19 @@ void xh_stream_init(struct xh_stream *s, uint32_t depth)
 	memset(s, 0, sizeof(*s));
 	s->depth = depth ? depth : 1;
 	s->min_inflight = UINT32_MAX;
+}
+
+int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots)
+{
+	uint32_t i;
+
+	if (nslots < s->depth || nslots > 0xFFFF || s->inflight)
+		return -EINVAL;
+	for (i = 0; i < nslots; i++)
+		free_slots[i] = nslots - 1 - i;
+	s->free_slots = free_slots;
+	s->nslots = s->nfree = nslots;
+	return 0;
 }
 
 static struct xh_batch *live_batch(struct xh_stream *s, uint64_t seq)
@@ -178,9 +198,11 @@ static void stream_fill(struct io_uring *ring, struct xh_stream *s)
 		while (s->inflight < s->depth && b->next < b->n) {
 			uint32_t i = b->next++;
 
+			uint32_t slot = s->nslots ? s->free_slots[--s->nfree] : 0;
+
 			if (b->start)
 				b->start[i] = now_ns();
-			batch_prep(ring, b, i, seq % XH_STREAM_LIVE);
+			batch_prep(ring, s, b, i, UD(seq % XH_STREAM_LIVE, slot, i));
 			s->inflight++;
 			/* As fio's commit: the enter also runs completions that are due (GETEVENTS). */
 			if (s->submit_batch && io_uring_sq_ready(ring) >= s->submit_batch)
@@ -197,8 +219,7 @@ static void stream_reap(struct io_uring *ring, struct xh_stream *s)
 	unsigned head, seen = 0;
 
 	io_uring_for_each_cqe(ring, head, cqe) {
-		uint64_t tag = cqe->user_data >> 32;
-		struct xh_batch *b = s->live[tag];
+		struct xh_batch *b = s->live[UD_TAG(cqe->user_data)];
 		uint32_t k = (uint32_t)cqe->user_data;
 		unsigned len = b->lens ? b->lens[k] : b->len;
 
@@ -208,10 +229,12 @@ static void stream_reap(struct io_uring *ring, struct xh_stream *s)
 		} else {
 			b->res[k] += cqe->res;
 			if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !s->err) {
-				batch_prep(ring, b, k, tag);
+				batch_prep(ring, s, b, k, cqe->user_data);
 				continue;
 			}
 		}
+		if (s->nslots)
+			s->free_slots[s->nfree++] = UD_SLOT(cqe->user_data);
 		s->inflight--;
 		s->ops++;
 		b->left--;

@@ -52,8 +52,16 @@ struct xh_stream {
 	uint64_t head, tail;   /* batch sequence numbers: live[head % LIVE] is the oldest unfinished */
 	struct xh_batch *live[XH_STREAM_LIVE];
 	int32_t err;           /* io_uring_enter refusal: no more ops are prepared */
+	/* sink streams: op buffers are `nslots` slots of base (slot k at base + k * stride), one
+	 * per op in flight, reused as ops complete; the data is not kept per op */
+	uint32_t nslots;
+	uint32_t nfree;
+	uint32_t *free_slots;
 };
 void xh_stream_init(struct xh_stream *s, uint32_t depth);
+/* Make `s` a sink stream of `nslots` (depth..65535) slots; free_slots: nslots entries that
+ * outlive the stream. -EINVAL otherwise. */
+int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots);
 /* Add `b` (NULL: none) and run. drain = 0: return once every batch but the newest is
  * complete, with the queue refilled and submitted; drain = 1: return when nothing is in
  * flight. Returns 0, -EBUSY when XH_STREAM_LIVE batches are already live, -ENOMEM, or the

@@ -53,11 +53,12 @@ class _Ops:
 
     def __init__(self, fd: int, offsets, length: int, buf, *, write: bool, retry_short: bool,
                  fixed_buffer: int | None, fixed_file: bool, latencies: bool, what: str | None,
-                 only: Sequence[int] | None = None):
+                 only: Sequence[int] | None = None, slots: int = 0):
         offs = as_offsets(offsets)
         mem = memoryview(buf)
-        if mem.nbytes < len(offs) * length:
-            raise ValueError(f"buffer holds {mem.nbytes} bytes, {len(offs)} ops of {length} need {len(offs) * length}")
+        if mem.nbytes < (slots or len(offs)) * length:
+            need = f"{slots} slots" if slots else f"{len(offs)} ops"
+            raise ValueError(f"buffer holds {mem.nbytes} bytes, {need} of {length} need {(slots or len(offs)) * length}")
         if only is not None:
             offs = array("Q", (offs[i] for i in only))
         n = len(offs)
@@ -129,19 +130,27 @@ class RwStream:
     1 suits a disk, which then sees a steady trickle rather than bursts of `depth`); 0 hands
     over everything prepared at once, at the wait (the page cache, where a read completes
     inside the submission).
+    `slots` N > 0 makes a sink stream, for reads whose bytes are not kept (a benchmark, a
+    device scrub, cache warming; fio's model): `buf` holds N slots of `length` (N >= depth),
+    each op in flight gets a slot of its own, reused once it completes; results and latencies
+    stay per op, the data does not, and every batch may pass the same `buf`.
     `min_inflight` is the fewest ops in flight at any wait for completions before the final
     drain (equal to `depth` when the queue never ran short), `waits` the number of waits.
     """
 
     def __init__(self, ring: Ring, fd: int, length: int, *, write: bool = False, depth: int | None = None,
                  retry_short: bool = True, fixed_buffer: int | None = None, fixed_file: bool = False,
-                 latencies: bool = False, what: str | None = None, submit_batch: int = 0):
+                 latencies: bool = False, what: str | None = None, submit_batch: int = 0, slots: int = 0):
         self.ring, self.fd, self.length = ring, fd, length
         self._kw = dict(write=write, retry_short=retry_short, fixed_buffer=fixed_buffer, fixed_file=fixed_file,
-                        latencies=latencies, what=what)
+                        latencies=latencies, what=what, slots=slots)
         self._s = ffi.new("struct xh_stream *")
         lib.xh_stream_init(self._s, _depth(ring, depth))
         self._s.submit_batch = max(0, submit_batch)
+        if slots:
+            self._free_slots = ffi.new("uint32_t[]", slots)
+            if lib.xh_stream_sink(self._s, slots, self._free_slots) < 0:
+                raise ValueError(f"slots must be from depth ({self._s.depth}) to 65535, not {slots}")
         self._live: deque[_Ops] = deque()
         self._failed: UringError | None = None
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
-
+from array import array
 from collections import deque
+from pathlib import Path
 
 from .batch import BatchResult, RwStream, as_offsets, rw_batch
 from .ring import Ring, UringError, ffi, lib
@@ -148,9 +148,9 @@ class DirectFile:
             self.stats["interrupt_ops"] += len(result.res)
         return result
 
-    def _redo_refused(self, result: BatchResult, buf, kw: dict) -> int:
+    def _redo_refused(self, result: BatchResult, buf, kw: dict, slots: int = 0) -> int:
         """Redo on the interrupt ring the ops the IOPOLL ring completed with -EOPNOTSUPP
-        (result updated in place); returns how many there were."""
+        (result updated in place; `slots`: buf is a sink stream's); returns how many."""
         redo = [i for i, r in enumerate(result.res) if r == -errno.EOPNOTSUPP]
         self.stats["polled_ops"] += len(result.res) - len(redo)
         if not redo:
@@ -159,9 +159,14 @@ class DirectFile:
         self.stats["interrupt_ops"] += len(redo)
         self.fallback_reason = f"IOPOLL completion -EOPNOTSUPP on {self.path}: using the interrupt ring"
         length = result.length
-        args = self._args(self._interrupt, buf, len(result.offsets) * length, len(redo))
-        again = rw_batch(self._interrupt, offsets=result.offsets, length=length, buf=buf, only=redo,
-                         **args, **kw)
+        args = self._args(self._interrupt, buf, (slots or len(result.offsets)) * length, len(redo))
+        if slots:
+            sink = RwStream(self._interrupt, length=length, slots=slots, **args, **kw)
+            sink.feed(array("Q", (result.offsets[i] for i in redo)), buf)
+            again = sink.finish()
+        else:
+            again = rw_batch(self._interrupt, offsets=result.offsets, length=length, buf=buf, only=redo,
+                             **args, **kw)
         for j, i in enumerate(redo):
             result.res[i] = again.res[j]
             if result.lat_ns is not None:
@@ -169,11 +174,12 @@ class DirectFile:
         return len(redo)
 
     def stream(self, length: int, *, write: bool = False, depth: int = 32, latencies: bool = False,
-               submit_batch: int = 1) -> "DirectStream":
+               submit_batch: int = 1, slots: int = 0) -> "DirectStream":
         """An RwStream on this file (see DirectStream): the queue stays full across batches;
-        each op goes to the disk as soon as it is prepared (submit_batch=1, as fio does)."""
+        each op goes to the disk as soon as it is prepared (submit_batch=1, as fio does);
+        `slots` makes it a sink stream (RwStream)."""
         return DirectStream(self, length, dict(write=write, depth=depth, retry_short=False, latencies=latencies,
-                                               what=self.path), submit_batch)
+                                               what=self.path), submit_batch, slots)
 
     def read(self, offsets, length: int, buf, **kw) -> BatchResult:
         return self.transfer(offsets, length, buf, write=False, **kw)
@@ -210,8 +216,8 @@ class DirectStream:
     handing out the batch it drained at the next call, so results keep their order.
     """
 
-    def __init__(self, file: DirectFile, length: int, kw: dict, submit_batch: int = 1):
-        self.file, self.length, self._kw, self._submit_batch = file, length, kw, submit_batch
+    def __init__(self, file: DirectFile, length: int, kw: dict, submit_batch: int = 1, slots: int = 0):
+        self.file, self.length, self._kw, self._submit_batch, self._slots = file, length, kw, submit_batch, slots
         self._bufs: deque = deque()  # buffers of the batches in flight, oldest first
         self._ready: deque[BatchResult] = deque()  # completed ahead of their turn (fallback)
         self._stream = self._open()
@@ -220,7 +226,7 @@ class DirectStream:
         ring = self.file._polled or self.file._interrupt
         fd = 0 if ring.files is not None else self.file.fd
         return RwStream(ring, fd, self.length, fixed_file=ring.files is not None, submit_batch=self._submit_batch,
-                        **self._kw)
+                        slots=self._slots, **self._kw)
 
     @property
     def min_inflight(self) -> int | None:
@@ -229,7 +235,7 @@ class DirectStream:
     def feed(self, offsets, buf) -> BatchResult | None:
         f, ring = self.file, self._stream.ring
         f._check_aligned(offsets, self.length, buf)
-        index = f._args(ring, buf, len(offsets) * self.length, len(offsets))["fixed_buffer"]
+        index = f._args(ring, buf, (self._slots or len(offsets)) * self.length, len(offsets))["fixed_buffer"]
         done = self._stream.feed(offsets, buf, fixed_buffer=index)
         self._bufs.append(buf)
         if done is not None:
@@ -248,10 +254,10 @@ class DirectStream:
         self._ready.append(result)
         if self._stream.ring is not f._polled:
             f.stats["interrupt_ops"] += len(result.res)
-        elif f._redo_refused(result, buf, self._kw):
+        elif f._redo_refused(result, buf, self._kw, self._slots):
             last = self._stream.finish()  # drain the polled ring before it goes
             if last is not None:
-                f._redo_refused(last, self._bufs.popleft(), self._kw)
+                f._redo_refused(last, self._bufs.popleft(), self._kw, self._slots)
                 self._ready.append(last)
             f._drop_polled()
             self._stream = self._open()

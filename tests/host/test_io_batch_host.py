@@ -262,3 +262,64 @@ def test_stream_with_registered_file_and_buffer(data_file, fd):
                 _check(done, halves[(k - 1) % 2], data)
         _check(stream.finish(), halves[1], data)
         assert stream.min_inflight == 8
+
+
+def _pattern_file(tmp_path, blocks: int) -> str:
+    """Block k holds k + 1, eight bytes at a time: a slot names the block it holds (0: unused)."""
+    path = tmp_path / "pattern"
+    path.write_bytes(b"".join((k + 1).to_bytes(8, "little") * (BLOCK // 8) for k in range(blocks)))
+    return str(path)
+
+
+def test_sink_stream_gives_each_op_in_flight_a_slot_of_its_own(tmp_path):
+    path = _pattern_file(tmp_path, 1024)
+    rng = random.Random(12)
+    batches = [[rng.randrange(1024) * BLOCK for _ in range(1000)] for _ in range(20)]
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with Ring(64) as ring, AlignedBuffer(40 * BLOCK) as slots:
+            stream = RwStream(ring, fd, BLOCK, depth=32, slots=40)
+            for offsets in batches:  # every batch passes the same 40 slots
+                done = stream.feed(offsets, slots.view)
+                assert done is None or list(done.res) == [BLOCK] * 1000
+            assert list(stream.finish().res) == [BLOCK] * 1000
+            read, used = {o // BLOCK + 1 for o in batches[-1]}, 0
+            for k in range(40):  # a used slot holds one whole block, last read by the last batch
+                block = slots.view[k * BLOCK:(k + 1) * BLOCK]
+                number = int.from_bytes(block[:8], "little")
+                assert block == number.to_bytes(8, "little") * (BLOCK // 8) and (number in read or number == 0)
+                used += number != 0
+            assert used >= 32  # a slot for each op in flight
+        assert stream.ops == 20 * 1000 and stream.min_inflight == 32
+    finally:
+        os.close(fd)
+
+
+def test_sink_slots_are_not_shared_by_ops_in_flight():
+    """Four reads of an empty pipe wait in flight at once; four distinct chunks then arrive:
+    had two of them shared a slot, a chunk would be missing from the slots."""
+    r, w = os.pipe()
+    try:
+        with Ring(8) as ring, AlignedBuffer(4 * BLOCK) as slots:
+            stream = RwStream(ring, r, BLOCK, depth=4, slots=4)
+            import threading
+
+            def writer():
+                for letter in b"abcd":
+                    os.write(w, bytes([letter]) * BLOCK)
+            threading.Timer(0.2, writer).start()
+            stream.feed([0, 0, 0, 0], slots.view)
+            assert list(stream.finish().res) == [BLOCK] * 4
+            chunks = sorted(bytes(slots.view[k * BLOCK:(k + 1) * BLOCK]) for k in range(4))
+        assert chunks == [bytes([c]) * BLOCK for c in b"abcd"]
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_sink_stream_needs_a_slot_per_op_in_flight(fd):
+    with Ring(16) as ring:
+        with pytest.raises(ValueError, match="slots must be from depth"):
+            RwStream(ring, fd, BLOCK, depth=8, slots=4)
+        with pytest.raises(ValueError, match="buffer holds"):
+            RwStream(ring, fd, BLOCK, depth=4, slots=4).feed([0], bytearray(2 * BLOCK))

@@ -151,3 +151,20 @@ def test_direct_stream_on_a_refusing_iopoll_ring_falls_back_in_order(data_file):
         assert got == batches
         assert not f.polled and f.stats["fallbacks"] == 1 and f.stats["fallback_ops"] == 32  # two batches in flight
         assert f.stats["interrupt_ops"] == 5 * 16
+
+
+def test_direct_sink_stream_with_fixed_slots_and_iopoll_fallback(data_file):
+    path, data = data_file
+    offsets = [o * BLOCK for o in random.Random(10).choices(range(256), k=600)]
+    for poll in (False, True):
+        with DirectFile(path, poll=poll) as f, AlignedBuffer(16 * BLOCK) as slots:
+            f.register_buffers([slots.view])
+            stream = f.stream(BLOCK, depth=8, slots=16)
+            results = [stream.feed(offsets[k:k + 200], slots.view) for k in range(0, 600, 200)] + [stream.finish()]
+            assert [len(r.check().res) for r in results if r is not None] == [200, 200, 200]
+            blocks = {data[o:o + BLOCK] for o in offsets}
+            used = [bytes(slots.view[k * BLOCK:(k + 1) * BLOCK]) for k in range(16)]
+            used = [b for b in used if b != bytes(BLOCK)]
+            assert len(used) >= 8 and all(b in blocks for b in used)  # whole blocks of what was read
+            assert f.stats["fixed_buffer_ops"] >= 600 and f.stats["plain_buffer_ops"] == 0
+            assert f.stats["fallbacks"] == int(poll) and f.stats["interrupt_ops"] == 600
