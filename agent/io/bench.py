@@ -28,9 +28,10 @@ from .files import FileReader, read_file_loop
 from .ring import Ring
 
 BLOCK = 4096
-CHUNK = 256  # 256 x 4 KiB: the page-cache destination stays in L2, as pread's one buffer does
+CHUNK = 256  # os.pread loop: ops between two clock reads
 QD = 32
-DIRECT_BATCH = 1024  # ops per O_DIRECT batch: Python runs between batches while the disk drains the queue
+BATCH = 1024  # ops per engine call: Python runs between two calls while the queue drains
+SLOTS = 2 * QD  # the engine's destination: one 4 KiB slot per op in flight (256 KiB, in L2), as fio's buffers
 FIO_PAIRS = 3  # engine and fio runs each, alternating
 CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu.weight", "cpu.max",
                 "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
@@ -139,16 +140,14 @@ def pread_loop(fd: int, offsets: array, seconds: float, buf=None) -> dict:
     return summarize(ops, elapsed, lat)
 
 
-def stream_loop(open_stream, halves: list, offsets: array, seconds: float) -> dict:
-    """open_stream(latencies) -> an RwStream (or DirectStream) fed successive batches of
-    `offsets`, alternating the two `halves` of the destination, so the queue never drains
-    until the end. Timed like pread_loop: half the time without per-op clock reads for ops/s
-    (the final drain included), half with them for the latencies. `min_inflight`: the
-    fewest ops the engine had in flight at any wait before its final drain."""
-    size = len(halves[0]) // BLOCK
-
+def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
+    """open_stream(latencies) -> a sink RwStream (or DirectStream) over `buf`, fed successive
+    BATCH-op batches of `offsets`, so the queue never drains until the end. Timed like
+    pread_loop: half the time without per-op clock reads for ops/s (the final drain
+    included), half with them for the latencies. `min_inflight`: the fewest ops the engine
+    had in flight at any wait before its final drain."""
     def one_pass(latencies: bool, duration: float):
-        stream, ops, lat, lows = open_stream(latencies), 0, array("I"), []
+        stream, ops, lat = open_stream(latencies), 0, array("I")
         start = time.perf_counter()
 
         def take(done) -> None:
@@ -157,8 +156,8 @@ def stream_loop(open_stream, halves: list, offsets: array, seconds: float) -> di
                 ops += len(done.check().res)
                 if latencies:
                     lat.extend(done.lat_ns)
-        for k, chunk in enumerate(_chunks(offsets, size)):
-            take(stream.feed(chunk, halves[k % 2]))
+        for chunk in _chunks(offsets, BATCH):
+            take(stream.feed(chunk, buf))
             if time.perf_counter() - start >= duration:
                 break
         take(stream.finish())
@@ -343,18 +342,17 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
             while f.read(1 << 24):
                 pass
 
-        buf = AlignedBuffer(CHUNK * BLOCK)
-        halves = [buf.view[:CHUNK // 2 * BLOCK], buf.view[CHUNK // 2 * BLOCK:]]
+        buf = AlignedBuffer(SLOTS * BLOCK)
         with Ring(64) as ring:
             progress("page cache: os.pread loop")
             cases["pagecache_pread"] = pread_loop(fd, offsets, seconds)
             ring.register_files([fd])
             ring.register_buffers([buf.view])
-            progress("page cache: engine QD32 (stream, registered file and buffer)"
+            progress("page cache: engine QD32 (sink stream, registered file and buffer)"
                      + (f" alternating with fio psync, {FIO_PAIRS} runs each" if shutil.which("fio") else ""))
             paired(lambda: stream_loop(lambda lat: RwStream(ring, 0, BLOCK, depth=QD, latencies=lat, what=data,
-                                                            fixed_file=True, fixed_buffer=0),
-                                       halves, _offsets(rng, span, 1 << 16), seconds),
+                                                            fixed_file=True, fixed_buffer=0, slots=SLOTS),
+                                       buf.view, _offsets(rng, span, 1 << 18), seconds),
                    lambda: fio_case(data, False, seconds),
                    "pagecache_engine_qd32", "pagecache_fio_psync", "pagecache_engine_qd32_vs_fio_psync",
                    cases, notes, pairs)
@@ -394,18 +392,18 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
     except OSError as exc:
         notes["direct"] = f"O_DIRECT open of {path} failed: {exc}; direct cases skipped"
         return
-    buf = AlignedBuffer(2 * DIRECT_BATCH * BLOCK)
-    halves = [buf.view[:DIRECT_BATCH * BLOCK], buf.view[DIRECT_BATCH * BLOCK:]]
+    buf = AlignedBuffer(SLOTS * BLOCK)
     try:
         with interrupt:
             progress("O_DIRECT: os.preadv loop")
             cases["direct_pread"] = pread_loop(interrupt.fd, offsets, seconds, buf.view[:BLOCK])
             interrupt.register_buffers([buf.view])
             for qd in (1, QD):
-                progress(f"O_DIRECT: engine QD{qd} (interrupt ring, stream)"
+                progress(f"O_DIRECT: engine QD{qd} (interrupt ring, sink stream)"
                          + (f" alternating with fio, {FIO_PAIRS} runs each" if qd == QD and shutil.which("fio") else ""))
-                engine = (lambda qd=qd: stream_loop(lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat),
-                                                    halves, _offsets(rng, span, 1 << 18), seconds))
+                engine = (lambda qd=qd: stream_loop(
+                    lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
+                    buf.view, _offsets(rng, span, 1 << 18), seconds))
                 if qd == QD:
                     paired(engine, lambda: fio_case(path, True, seconds), "direct_engine_qd32", "direct_fio_qd32",
                            "direct_engine_qd32_vs_fio", cases, notes, pairs)
@@ -421,9 +419,9 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
         with DirectFile(path, poll=True) as polled:
             polled.register_buffers([buf.view])
             for qd in (1, QD):
-                progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring, stream)")
+                progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring, sink stream)")
                 cases[f"direct_iopoll_qd{qd}"] = stream_loop(
-                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat), halves, offsets, seconds)
+                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS), buf.view, offsets, seconds)
             notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
     finally:
         buf.close()
