@@ -211,8 +211,7 @@ static void stream_fill(struct io_uring *ring, struct xh_stream *s)
 	}
 }
 
-/* Reap every ready completion, resubmit short transfers when asked, retire finished
- * batches from the front. */
+/* Reap every ready completion, resubmit short transfers when asked. */
 static void stream_reap(struct io_uring *ring, struct xh_stream *s)
 {
 	struct io_uring_cqe *cqe;
@@ -244,6 +243,11 @@ static void stream_reap(struct io_uring *ring, struct xh_stream *s)
 		}
 	}
 	io_uring_cq_advance(ring, seen);
+}
+
+/* Forget the finished batches at the front (an empty batch is finished when it is fed). */
+static void stream_retire(struct xh_stream *s)
+{
 	while (s->head < s->tail && live_batch(s, s->head)->left == 0) {
 		struct xh_batch *b = live_batch(s, s->head++);
 
@@ -263,6 +267,7 @@ int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b
 		int feeding;
 
 		stream_fill(ring, s);
+		stream_retire(s);
 		feeding = !s->err && to_prepare(s, &seq) != NULL;
 		if (drain || s->err ? s->inflight == 0 && !feeding : s->tail - s->head <= 1)
 			break;

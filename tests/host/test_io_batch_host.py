@@ -249,6 +249,15 @@ def test_stream_eof_short_reads_and_per_op_errors(tmp_path):
         os.close(fd)
 
 
+def test_empty_batches_in_a_stream_complete_at_once(data_file, fd):
+    with Ring(8) as ring:
+        stream = RwStream(ring, fd, BLOCK, depth=4)
+        assert stream.feed([], bytearray()) is None
+        assert list(stream.feed([], bytearray()).res) == []
+        assert list(stream.feed([0], bytearray(BLOCK)).res) == []
+        assert list(stream.finish().res) == [BLOCK] and ring.pending == 0
+
+
 def test_stream_with_registered_file_and_buffer(data_file, fd):
     data = data_file[1]
     with Ring(32) as ring, AlignedBuffer(64 * BLOCK) as buf:
