@@ -165,7 +165,7 @@ def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
 
     ops, elapsed, _, low = one_pass(False, seconds / 2)
     _, _, lat, low2 = one_pass(True, seconds / 2)
-    return {**summarize(ops, elapsed, lat), "min_inflight": min(x for x in (low, low2) if x is not None)}
+    return {**summarize(ops, elapsed, lat), "min_inflight": min((x for x in (low, low2) if x is not None), default=None)}
 
 
 # -- fio, the tool an engineer would judge an io_uring engine with ----------------------------
@@ -219,7 +219,7 @@ def merge_runs(runs: list[dict]) -> dict:
     merged = {"ops_per_s": round(ops / seconds, 1) if seconds else 0.0, "ops": ops,
               "p50_us": median("p50_us"), "p99_us": median("p99_us"),
               "runs_ops_per_s": [r["ops_per_s"] for r in runs]}
-    lows = [r["min_inflight"] for r in runs if "min_inflight" in r]
+    lows = [r["min_inflight"] for r in runs if r.get("min_inflight") is not None]
     return {**merged, "min_inflight": min(lows)} if lows else merged
 
 
