@@ -17,6 +17,18 @@ void xh_aligned_free(void *ptr)
 	free(ptr);
 }
 
+/* Index of the first offset that is not a multiple of `block`, or -1: checked once per batch
+ * of O_DIRECT ops, cheaply. */
+int64_t xh_first_misaligned(const uint64_t *offsets, uint64_t n, uint64_t block)
+{
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		if (offsets[i] % block)
+			return (int64_t)i;
+	return -1;
+}
+
 /* Copy up to `max` ready completions out of the CQ and release their slots. */
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max)
 {
@@ -76,22 +88,27 @@ static void prep_rw(struct io_uring_sqe *sqe, int opcode, int fd, char *buf, uns
 	}
 }
 
-static void batch_prep(struct io_uring *ring, struct xh_batch *b, uint32_t i)
+/* user_data of a stream op: live-batch tag, buffer slot (sink streams), op index. */
+#define UD(tag, slot, i) ((uint64_t)(tag) << 48 | (uint64_t)(slot) << 32 | (i))
+#define UD_TAG(ud) ((ud) >> 48)
+#define UD_SLOT(ud) ((uint32_t)((ud) >> 32) & 0xFFFF)
+
+static void batch_prep(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, uint32_t i,
+		       uint64_t ud)
 {
 	struct io_uring_sqe *sqe = get_sqe(ring);
 	uint64_t done = (uint64_t)b->res[i];
 	unsigned len = b->lens ? b->lens[i] : b->len;
-	char *buf = b->bufs ? b->bufs[i] : b->base + (uint64_t)i * b->stride;
+	char *buf = s->nslots ? b->base + (uint64_t)UD_SLOT(ud) * b->stride
+		  : b->bufs ? b->bufs[i] : b->base + (uint64_t)i * b->stride;
 
 	prep_rw(sqe, b->opcode, b->fds ? b->fds[i] : b->fd, buf + done, len - done,
 		b->offsets[i] + done, b->buf_index);
 	if (b->fixed_file)
 		io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
-	io_uring_sqe_set_data64(sqe, i);
+	io_uring_sqe_set_data64(sqe, ud);
 }
 
-/* Keep up to `depth` ops in flight, reap in bulk, resubmit short transfers when asked.
- * Returns 0, or a negative errno from io_uring_enter once everything in flight is back. */
 /* Submit what is queued and wait for a completion. A refusal stops the feeding (*err) but
  * not the reaping: what is in flight still comes back before the caller returns. -1 when
  * even waiting fails. */
@@ -108,55 +125,172 @@ static int submit_and_wait_one(struct io_uring *ring, int *err)
 	return 0;
 }
 
-int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
-{
-	uint64_t *start = NULL;
-	uint32_t next = 0, inflight = 0, i;
-	int err = 0;
+/* -- the read/write loop: a stream of batches; a plain batch is a stream of one ------------ */
 
+void xh_stream_init(struct xh_stream *s, uint32_t depth)
+{
+	memset(s, 0, sizeof(*s));
+	s->depth = depth ? depth : 1;
+	s->min_inflight = UINT32_MAX;
+}
+
+int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots)
+{
+	uint32_t i;
+
+	if (nslots < s->depth || nslots > 0xFFFF || s->inflight)
+		return -EINVAL;
+	for (i = 0; i < nslots; i++)
+		free_slots[i] = nslots - 1 - i;
+	s->free_slots = free_slots;
+	s->nslots = s->nfree = nslots;
+	return 0;
+}
+
+static struct xh_batch *live_batch(struct xh_stream *s, uint64_t seq)
+{
+	return s->live[seq % XH_STREAM_LIVE];
+}
+
+static int stream_push(struct xh_stream *s, struct xh_batch *b)
+{
+	uint32_t i;
+
+	if (s->tail - s->head == XH_STREAM_LIVE)
+		return -EBUSY;
+	b->start = NULL;
 	if (b->lat_ns) {
-		start = malloc(sizeof(*start) * (b->n ? b->n : 1));
-		if (!start)
+		b->start = malloc(sizeof(*b->start) * (b->n ? b->n : 1));
+		if (!b->start)
 			return -ENOMEM;
 	}
 	for (i = 0; i < b->n; i++)
 		b->res[i] = 0;
-	while ((next < b->n && !err) || inflight) {
-		struct io_uring_cqe *cqe;
-		unsigned head, seen = 0;
+	b->next = 0;
+	b->left = b->n;
+	s->live[s->tail++ % XH_STREAM_LIVE] = b;
+	return 0;
+}
 
-		while (!err && next < b->n && inflight < b->depth) {
-			if (start)
-				start[next] = now_ns();
-			batch_prep(ring, b, next++);
-			inflight++;
-		}
-		if (submit_and_wait_one(ring, &err) < 0)
-			break;
-		io_uring_for_each_cqe(ring, head, cqe) {
-			uint32_t k = (uint32_t)cqe->user_data;
-			unsigned len = b->lens ? b->lens[k] : b->len;
+/* The oldest live batch with ops not prepared yet (its sequence number in *seq), or NULL. */
+static struct xh_batch *to_prepare(struct xh_stream *s, uint64_t *seq)
+{
+	uint64_t q;
 
-			seen++;
-			if (cqe->res < 0) {
-				b->res[k] = cqe->res;
-			} else {
-				b->res[k] += cqe->res;
-				if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !err) {
-					batch_prep(ring, b, k);
-					continue;
-				}
-			}
-			inflight--;
-			if (start) {
-				uint64_t d = now_ns() - start[k];
-				b->lat_ns[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
-			}
+	for (q = s->head; q < s->tail; q++) {
+		struct xh_batch *b = live_batch(s, q);
+
+		if (b->next < b->n) {
+			*seq = q;
+			return b;
 		}
-		io_uring_cq_advance(ring, seen);
 	}
-	free(start);
-	return err;
+	return NULL;
+}
+
+/* Prepare ops, oldest batch first, until `depth` are in flight or none is left. */
+static void stream_fill(struct io_uring *ring, struct xh_stream *s)
+{
+	struct xh_batch *b;
+	uint64_t seq;
+
+	while (!s->err && s->inflight < s->depth && (b = to_prepare(s, &seq)) != NULL) {
+		while (s->inflight < s->depth && b->next < b->n) {
+			uint32_t i = b->next++;
+
+			uint32_t slot = s->nslots ? s->free_slots[--s->nfree] : 0;
+
+			if (b->start)
+				b->start[i] = now_ns();
+			batch_prep(ring, s, b, i, UD(seq % XH_STREAM_LIVE, slot, i));
+			s->inflight++;
+			/* As fio's commit: the enter also runs completions that are due (GETEVENTS). */
+			if (s->submit_batch && io_uring_sq_ready(ring) >= s->submit_batch)
+				io_uring_submit_and_get_events(ring);
+		}
+	}
+}
+
+/* Reap every ready completion, resubmit short transfers when asked. */
+static void stream_reap(struct io_uring *ring, struct xh_stream *s)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+
+	io_uring_for_each_cqe(ring, head, cqe) {
+		struct xh_batch *b = s->live[UD_TAG(cqe->user_data)];
+		uint32_t k = (uint32_t)cqe->user_data;
+		unsigned len = b->lens ? b->lens[k] : b->len;
+
+		seen++;
+		if (cqe->res < 0) {
+			b->res[k] = cqe->res;
+		} else {
+			b->res[k] += cqe->res;
+			if (cqe->res > 0 && b->retry_short && (uint64_t)b->res[k] < len && !s->err) {
+				batch_prep(ring, s, b, k, cqe->user_data);
+				continue;
+			}
+		}
+		if (s->nslots)
+			s->free_slots[s->nfree++] = UD_SLOT(cqe->user_data);
+		s->inflight--;
+		s->ops++;
+		b->left--;
+		if (b->start) {
+			uint64_t d = now_ns() - b->start[k];
+			b->lat_ns[k] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+		}
+	}
+	io_uring_cq_advance(ring, seen);
+}
+
+/* Forget the finished batches at the front (an empty batch is finished when it is fed). */
+static void stream_retire(struct xh_stream *s)
+{
+	while (s->head < s->tail && live_batch(s, s->head)->left == 0) {
+		struct xh_batch *b = live_batch(s, s->head++);
+
+		free(b->start);
+		b->start = NULL;
+	}
+}
+
+int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain)
+{
+	uint64_t seq;
+	int ret;
+
+	if (b && (ret = stream_push(s, b)) < 0)
+		return ret;
+	for (;;) {
+		int feeding;
+
+		stream_fill(ring, s);
+		stream_retire(s);
+		feeding = !s->err && to_prepare(s, &seq) != NULL;
+		if (drain || s->err ? s->inflight == 0 && !feeding : s->tail - s->head <= 1)
+			break;
+		if ((feeding || !drain) && s->inflight < s->min_inflight)
+			s->min_inflight = s->inflight;
+		s->waits++;
+		if (submit_and_wait_one(ring, &s->err) < 0)
+			break;
+		stream_reap(ring, s);
+	}
+	/* What was refilled goes to the kernel now, not at the next call. */
+	if (io_uring_sq_ready(ring) && (ret = io_uring_submit(ring)) < 0 && !s->err &&
+	    ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)
+		s->err = ret;
+	return s->err;
+}
+
+int xh_rw_batch(struct io_uring *ring, struct xh_batch *b)
+{
+	struct xh_stream s;
+
+	xh_stream_init(&s, b->depth);
+	return xh_stream_run(ring, &s, b, 1);
 }
 
 int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,

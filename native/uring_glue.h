@@ -6,6 +6,7 @@
 
 void *xh_aligned_alloc(size_t alignment, size_t size);
 void xh_aligned_free(void *ptr);
+int64_t xh_first_misaligned(const uint64_t *offsets, uint64_t n, uint64_t block);
 unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max);
 
 #define XH_OP_READ 0
@@ -30,8 +31,42 @@ struct xh_batch {
 	char *const *bufs;
 	int64_t *res;          /* out: bytes transferred, or -errno */
 	uint32_t *lat_ns;      /* out, optional: first submission to completion */
+	/* kept by the loop */
+	uint32_t next;         /* ops prepared so far */
+	uint32_t left;         /* ops whose last completion is not reaped yet */
+	uint64_t *start;       /* per-op first submission time, while lat_ns is asked for */
 };
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
+
+/* A stream of batches through one loop: up to `depth` ops stay in flight across
+ * successive batches, so a long run drains only when it ends. xh_rw_batch is a stream of
+ * one batch, drained. */
+#define XH_STREAM_LIVE 4
+struct xh_stream {
+	uint32_t depth;
+	uint32_t submit_batch; /* submit every this many prepared ops (0: all at once, at the wait) */
+	uint32_t inflight;     /* prepared ops whose last completion is not reaped yet */
+	uint32_t min_inflight; /* fewest in flight at a wait before the final drain (UINT32_MAX: none yet) */
+	uint64_t waits;        /* waits for completions */
+	uint64_t ops;          /* ops completed */
+	uint64_t head, tail;   /* batch sequence numbers: live[head % LIVE] is the oldest unfinished */
+	struct xh_batch *live[XH_STREAM_LIVE];
+	int32_t err;           /* io_uring_enter refusal: no more ops are prepared */
+	/* sink streams: op buffers are `nslots` slots of base (slot k at base + k * stride), one
+	 * per op in flight, reused as ops complete; the data is not kept per op */
+	uint32_t nslots;
+	uint32_t nfree;
+	uint32_t *free_slots;
+};
+void xh_stream_init(struct xh_stream *s, uint32_t depth);
+/* Make `s` a sink stream of `nslots` (depth..65535) slots; free_slots: nslots entries that
+ * outlive the stream. -EINVAL otherwise. */
+int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots);
+/* Add `b` (NULL: none) and run. drain = 0: return once every batch but the newest is
+ * complete, with the queue refilled and submitted; drain = 1: return when nothing is in
+ * flight. Returns 0, -EBUSY when XH_STREAM_LIVE batches are already live, -ENOMEM, or the
+ * negative errno of io_uring_enter once what was in flight is back. */
+int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain);
 
 /* openat -> read -> close chains through registered-file slots, `slots` in flight.
  * `paths` holds npaths NUL-terminated paths back to back; file k of this call is

@@ -9,6 +9,7 @@ import platform
 import random
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,15 +21,18 @@ import click
 from ..cgroups.mounts import discover
 from ..cliparams import FiniteFloat
 from .aio import AsyncRing
-from .batch import read_batch
+from .batch import RwStream
 from .buffers import AlignedBuffer
 from .direct import DirectFile
 from .files import FileReader, read_file_loop
 from .ring import Ring
 
 BLOCK = 4096
-CHUNK = 256  # ops per C call; 256 x 4 KiB keeps the destination in L2, as pread's one buffer is
+CHUNK = 256  # os.pread loop: ops between two clock reads
 QD = 32
+BATCH = 1024  # ops per engine call: Python runs between two calls while the queue drains
+SLOTS = 2 * QD  # the engine's destination: one 4 KiB slot per op in flight (256 KiB, in L2), as fio's buffers
+FIO_PAIRS = 3  # engine and fio runs each, alternating
 CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu.weight", "cpu.max",
                 "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
                 "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
@@ -76,6 +80,8 @@ def ratios(cases: dict) -> dict:
         "pagecache_asyncring_vs_threadpool": ops("pagecache_asyncring_qd32", "pagecache_threadpool_qd32"),
         "direct_engine_qd1_vs_pread": ops("direct_engine_qd1", "direct_pread"),
         "direct_engine_qd32_vs_pread": ops("direct_engine_qd32", "direct_pread"),
+        "direct_engine_qd32_vs_fio": ops("direct_engine_qd32", "direct_fio_qd32"),
+        "pagecache_engine_qd32_vs_fio_psync": ops("pagecache_engine_qd32", "pagecache_fio_psync"),
         "direct_iopoll_qd32_vs_interrupt_qd32": ops("direct_iopoll_qd32", "direct_engine_qd32"),
         "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": p50("direct_iopoll_qd1", "direct_engine_qd1"),
     }
@@ -90,6 +96,8 @@ TARGETS = {  # ratio -> (bound, "min" or "max")
     "pagecache_engine_qd32_vs_threadpool": (20.0, "min"),
     "pagecache_asyncring_vs_threadpool": (5.0, "min"),
     "direct_engine_qd32_vs_pread": (2.0, "min"),
+    "direct_engine_qd32_vs_fio": (0.95, "min"),
+    "pagecache_engine_qd32_vs_fio_psync": (1.0, "min"),
     "files_tree_read_files_vs_loop": (2.0, "min"),
     "files_proc_read_files_vs_loop": (2.0, "min"),
     "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": (1.0, "max"),
@@ -102,10 +110,10 @@ def targets_met(named: dict) -> dict:
 
 
 # -- the cases ----------------------------------------------------------------------------
-def _chunks(offsets: array):
+def _chunks(offsets: array, size: int = CHUNK):
     while True:
-        for start in range(0, len(offsets), CHUNK):
-            yield offsets[start:start + CHUNK]
+        for start in range(0, len(offsets), size):
+            yield offsets[start:start + size]
 
 
 def pread_loop(fd: int, offsets: array, seconds: float, buf=None) -> dict:
@@ -132,25 +140,113 @@ def pread_loop(fd: int, offsets: array, seconds: float, buf=None) -> dict:
     return summarize(ops, elapsed, lat)
 
 
-def engine_loop(run_chunk, offsets: array, seconds: float) -> dict:
-    """run_chunk(offsets, latencies) -> BatchResult. Timed like pread_loop, so the two
-    compare alike: half the time without per-op clock reads for ops/s, half with them for
-    the latencies."""
-    ops, start = 0, time.perf_counter()
-    for chunk in _chunks(offsets):
-        run_chunk(chunk, False).check()
-        ops += len(chunk)
-        if time.perf_counter() - start >= seconds / 2:
-            break
-    elapsed = time.perf_counter() - start
-    lat, end = array("I"), time.perf_counter() + seconds / 2
-    for chunk in _chunks(offsets):
-        result = run_chunk(chunk, True)
-        result.check()
-        lat.extend(result.lat_ns)
-        if time.perf_counter() >= end:
-            break
-    return summarize(ops, elapsed, lat)
+def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
+    """open_stream(latencies) -> a sink RwStream (or DirectStream) over `buf`, fed successive
+    BATCH-op batches of `offsets`, so the queue never drains until the end. Timed like
+    pread_loop: half the time without per-op clock reads for ops/s (the final drain
+    included), half with them for the latencies. `min_inflight`: the fewest ops the engine
+    had in flight at any wait before its final drain."""
+    def one_pass(latencies: bool, duration: float):
+        stream, ops, lat = open_stream(latencies), 0, array("I")
+        start = time.perf_counter()
+
+        def take(done) -> None:
+            nonlocal ops
+            if done is not None:
+                ops += len(done.check().res)
+                if latencies:
+                    lat.extend(done.lat_ns)
+        for chunk in _chunks(offsets, BATCH):
+            take(stream.feed(chunk, buf))
+            if time.perf_counter() - start >= duration:
+                break
+        take(stream.finish())
+        return ops, time.perf_counter() - start, lat, stream.min_inflight
+
+    ops, elapsed, _, low = one_pass(False, seconds / 2)
+    _, _, lat, low2 = one_pass(True, seconds / 2)
+    return {**summarize(ops, elapsed, lat), "min_inflight": min((x for x in (low, low2) if x is not None), default=None)}
+
+
+# -- fio, the tool an engineer would judge an io_uring engine with ----------------------------
+def fio_argv(path: str, *, direct: bool, seconds: float, timed: bool) -> list[str]:
+    """One randread job over the whole of `path` (read-only): 4 KiB, uniform offsets with
+    replacement (norandommap), the page cache left as it is (invalidate=0). direct: io_uring
+    at QD32 with registered buffers and file, as the engine; else psync, one read at a time.
+    timed=False drops fio's per-op clock reads (gtod_reduce), as the engine's ops/s pass."""
+    argv = ["fio", "--name=xhagent-bench", "--filename=" + path.replace(":", "\\:"), "--readonly",
+            "--rw=randread", f"--bs={BLOCK}", "--norandommap", "--randrepeat=0", "--invalidate=0", "--time_based",
+            f"--runtime={max(1, round(seconds * 1000))}ms", "--output-format=json"]
+    argv += (["--ioengine=io_uring", f"--iodepth={QD}", "--direct=1", "--fixedbufs", "--registerfiles"] if direct
+             else ["--ioengine=psync", "--direct=0"])
+    return argv + ([] if timed else ["--gtod_reduce=1"])
+
+
+def parse_fio(text: str) -> dict:
+    """ops, ops/s and clat p50/p99 (µs, None when not measured) of fio's JSON (one job)."""
+    report = json.loads(text[text.index("{"):])  # fio may print notes before the JSON
+    job = report["jobs"][0]
+    if job.get("error"):
+        raise ValueError(f"fio job error {job['error']}")
+    read = job["read"]
+    pct = read.get("clat_ns", {}).get("percentile") or {}
+    us = (lambda key: round(pct[key] / 1000, 2) if key in pct else None)
+    return {"ops_per_s": round(read["iops"], 1), "ops": read["total_ios"],
+            "p50_us": us("50.000000"), "p99_us": us("99.000000")}
+
+
+def fio_case(path: str, direct: bool, seconds: float) -> dict:
+    """Timed like the engine: half the time for ops/s without per-op clocks, half for latencies."""
+    out = {}
+    for timed in (False, True):
+        argv = fio_argv(path, direct=direct, seconds=seconds / 2, timed=timed)
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        if run.returncode != 0:
+            raise OSError(f"{' '.join(argv[:1])} exited {run.returncode}: {run.stderr.strip()[-300:]}")
+        part = parse_fio(run.stdout)
+        out.update(part if not timed else {"p50_us": part["p50_us"], "p99_us": part["p99_us"]})
+    return out
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Several runs of one case: ops/s over their total time, the median run's p50/p99."""
+    seconds = sum(r["ops"] / r["ops_per_s"] for r in runs if r["ops_per_s"])
+    ops = sum(r["ops"] for r in runs)
+
+    def median(key):
+        values = sorted(r[key] for r in runs if r.get(key) is not None)
+        return values[len(values) // 2] if values else None
+    merged = {"ops_per_s": round(ops / seconds, 1) if seconds else 0.0, "ops": ops,
+              "p50_us": median("p50_us"), "p99_us": median("p99_us"),
+              "runs_ops_per_s": [r["ops_per_s"] for r in runs]}
+    lows = [r["min_inflight"] for r in runs if r.get("min_inflight") is not None]
+    return {**merged, "min_inflight": min(lows)} if lows else merged
+
+
+def paired(engine, fio, name: str, peer: str, ratio: str, cases: dict, notes: dict, pairs: dict) -> None:
+    """cases[name] from engine(); with fio installed, engine and fio alternate FIO_PAIRS times
+    (which goes first alternates too) and cases[peer] holds fio's runs; pairs[ratio] the
+    ratio of each pair."""
+    if shutil.which("fio") is None:
+        cases[name] = engine()
+        notes["fio"] = "fio is not installed (Debian package fio, tools/setup-deps): fio cases and ratios omitted"
+        return
+    mine, theirs = [], []
+    try:
+        for i in range(FIO_PAIRS):  # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
+            if i % 2:
+                theirs.append(fio())
+                mine.append(engine())
+            else:
+                mine.append(engine())
+                theirs.append(fio())
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+        notes[peer] = f"fio failed, {peer} omitted: {exc}"
+        cases[name] = merge_runs(mine) if mine else engine()
+        return
+    cases[name], cases[peer] = merge_runs(mine), merge_runs(theirs)
+    pairs[ratio] = [round(m["ops_per_s"] / t["ops_per_s"], 3) if t["ops_per_s"] else None
+                                  for m, t in zip(mine, theirs)]
 
 
 async def _coroutines(read_one, offsets: array, seconds: float) -> dict:
@@ -229,6 +325,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
     workdir = tempfile.mkdtemp(prefix="xhagent-bench-io-")
     cases: dict[str, dict] = {}
     notes: dict[str, str] = {}
+    pairs: dict[str, list] = {}
     rng = random.Random(42)
     try:
         block_device = bool(file) and stat.S_ISBLK(os.stat(file).st_mode)
@@ -239,30 +336,34 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
         direct_target = file if block_device else data
         fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
         span = _device_size(fd)
-        offsets = array("Q", (rng.randrange(span // BLOCK) * BLOCK for _ in range(1 << 16)))
+        offsets = _offsets(rng, span, 1 << 16)
         progress("warming the page cache")
         with open(data, "rb") as f:
             while f.read(1 << 24):
                 pass
 
-        buf = AlignedBuffer(CHUNK * BLOCK)
+        buf = AlignedBuffer(SLOTS * BLOCK)
         with Ring(64) as ring:
             progress("page cache: os.pread loop")
             cases["pagecache_pread"] = pread_loop(fd, offsets, seconds)
-            progress("page cache: engine QD32 (registered file and buffer)")
             ring.register_files([fd])
             ring.register_buffers([buf.view])
-            cases["pagecache_engine_qd32"] = engine_loop(
-                lambda c, lat: read_batch(ring, 0, c, BLOCK, buf.view, depth=QD, latencies=lat, what=data,
-                                          fixed_file=True, fixed_buffer=0), offsets, seconds)
+            progress("page cache: engine QD32 (sink stream, registered file and buffer)"
+                     + (f" alternating with fio psync, {FIO_PAIRS} runs each" if shutil.which("fio") else ""))
+            paired(lambda: stream_loop(lambda lat: RwStream(ring, 0, BLOCK, depth=QD, latencies=lat, what=data,
+                                                            fixed_file=True, fixed_buffer=0, slots=SLOTS),
+                                       buf.view, _offsets(rng, span, 1 << 18), seconds),
+                   lambda: fio_case(data, False, seconds),
+                   "pagecache_engine_qd32", "pagecache_fio_psync", "pagecache_engine_qd32_vs_fio_psync",
+                   cases, notes, pairs)
         progress("page cache: asyncio + ThreadPoolExecutor QD32")
         cases["pagecache_threadpool_qd32"] = threadpool_case(fd, offsets, seconds)
         progress("page cache: AsyncRing QD32")
         cases["pagecache_asyncring_qd32"] = asyncring_case(fd, offsets, seconds)
         os.close(fd)
-
-        _direct_cases(direct_target, span, rng, buf, seconds, cases, notes, progress)
         buf.close()
+
+        _direct_cases(direct_target, span, rng, seconds, cases, notes, pairs, progress)
 
         _files_cases({"tree": ("files in a cgroupfs-like tree in tmp", _make_tree(workdir)),
                       "proc": ("/proc/<pid>/stat files", sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat"))),
@@ -275,32 +376,55 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
                                      "python": platform.python_version()},
             "file": data if not file else file, "direct_file": direct_target, "size": span,
             "seconds_per_case": seconds, "block": BLOCK, "queue_depth": QD,
-            "cases": cases, "ratios": named, "targets_met": targets_met(named), "notes": notes}
+            "cases": cases, "ratios": named, "targets_met": targets_met(named), "ratio_runs": pairs, "notes": notes}
 
 
-def _direct_cases(path, span, rng, buf, seconds, cases, notes, progress) -> None:
-    offsets = array("Q", (rng.randrange(span // BLOCK) * BLOCK for _ in range(1 << 14)))
+def _offsets(rng: random.Random, span: int, count: int) -> array:
+    """`count` block-aligned offsets drawn uniformly, with replacement, over `span` bytes."""
+    blocks = span // BLOCK
+    return array("Q", (rng.randrange(blocks) * BLOCK for _ in range(count)))
+
+
+def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> None:
+    offsets = _offsets(rng, span, 1 << 14)
     try:
         interrupt = DirectFile(path, poll=False)
     except OSError as exc:
         notes["direct"] = f"O_DIRECT open of {path} failed: {exc}; direct cases skipped"
         return
-    with interrupt:
-        progress("O_DIRECT: os.preadv loop")
-        cases["direct_pread"] = pread_loop(interrupt.fd, offsets, seconds, buf.view[:BLOCK])
-        for qd in (1, QD):
-            progress(f"O_DIRECT: engine QD{qd} (interrupt ring)")
-            cases[f"direct_engine_qd{qd}"] = engine_loop(
-                lambda c, lat: interrupt.read(c, BLOCK, buf.view, depth=qd, latencies=lat), offsets, seconds)
-        if not interrupt.device_polls:
-            notes["iopoll"] = f"{path}: its device has queue/io_poll != 1; IOPOLL cases skipped"
-            return
-    with DirectFile(path, poll=True) as polled:
-        for qd in (1, QD):
-            progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring)")
-            cases[f"direct_iopoll_qd{qd}"] = engine_loop(
-                lambda c, lat: polled.read(c, BLOCK, buf.view, depth=qd, latencies=lat), offsets, seconds)
-        notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+    buf = AlignedBuffer(SLOTS * BLOCK)
+    try:
+        with interrupt:
+            progress("O_DIRECT: os.preadv loop")
+            cases["direct_pread"] = pread_loop(interrupt.fd, offsets, seconds, buf.view[:BLOCK])
+            interrupt.register_buffers([buf.view])
+            for qd in (1, QD):
+                progress(f"O_DIRECT: engine QD{qd} (interrupt ring, sink stream)"
+                         + (f" alternating with fio, {FIO_PAIRS} runs each" if qd == QD and shutil.which("fio") else ""))
+                engine = (lambda qd=qd: stream_loop(
+                    lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
+                    buf.view, _offsets(rng, span, 1 << 18), seconds))
+                if qd == QD:
+                    paired(engine, lambda: fio_case(path, True, seconds), "direct_engine_qd32", "direct_fio_qd32",
+                           "direct_engine_qd32_vs_fio", cases, notes, pairs)
+                else:
+                    cases["direct_engine_qd1"] = engine()
+            notes["direct"] = (f"{path}: fixed file ops {interrupt.stats['fixed_file_ops']}, fixed buffer ops "
+                               f"{interrupt.stats['fixed_buffer_ops']}, plain buffer ops "
+                               f"{interrupt.stats['plain_buffer_ops']}"
+                               + "".join(f"; {n}" for n in interrupt.registration_notes))
+            if not interrupt.device_polls:
+                notes["iopoll"] = f"{path}: its device has queue/io_poll != 1; IOPOLL cases skipped"
+                return
+        with DirectFile(path, poll=True) as polled:
+            polled.register_buffers([buf.view])
+            for qd in (1, QD):
+                progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring, sink stream)")
+                cases[f"direct_iopoll_qd{qd}"] = stream_loop(
+                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS), buf.view, offsets, seconds)
+            notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+    finally:
+        buf.close()
 
 
 def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, progress) -> None:

@@ -65,6 +65,8 @@ class Ring:
         self.cq_entries = params.cq_entries
         self.features = params.features
         self._open = True
+        self.files: list[int] | None = None  # registered files, by index
+        self.buffers: list[tuple[int, int]] | None = None  # registered buffers: (address, bytes), by index
         self._reap_data = ffi.new("uint64_t[]", params.cq_entries)
         self._reap_res = ffi.new("int32_t[]", params.cq_entries)
 
@@ -167,21 +169,36 @@ class Ring:
     # -- registrations --------------------------------------------------------------
     def register_buffers(self, buffers: list[memoryview]) -> None:
         iov = ffi.new("struct iovec[]", len(buffers))
+        spans = []
         for i, buf in enumerate(buffers):
             # The kernel pins the pages; the caller keeps `buf` alive while registered.
             with ffi.from_buffer(buf) as ptr:
                 iov[i].iov_base = ptr
-            iov[i].iov_len = len(buf)
+                spans.append((int(ffi.cast("uintptr_t", ptr)), memoryview(buf).nbytes))
+            iov[i].iov_len = spans[-1][1]
         _check(lib.io_uring_register_buffers(self._ring, iov, len(buffers)), "io_uring_register_buffers")
+        self.buffers = spans
 
     def unregister_buffers(self) -> None:
         _check(lib.io_uring_unregister_buffers(self._ring), "io_uring_unregister_buffers")
+        self.buffers = None
+
+    def buffer_index(self, buf, nbytes: int | None = None) -> int | None:
+        """The registered buffer holding the first `nbytes` (default: all) of `buf`, or None."""
+        if not self.buffers:
+            return None
+        with ffi.from_buffer(buf) as ptr:
+            start = int(ffi.cast("uintptr_t", ptr))
+        end = start + (memoryview(buf).nbytes if nbytes is None else nbytes)
+        return next((i for i, (a, n) in enumerate(self.buffers) if a <= start and end <= a + n), None)
 
     def register_files(self, fds: list[int]) -> None:
         _check(lib.io_uring_register_files(self._ring, ffi.new("int[]", fds), len(fds)), "io_uring_register_files")
+        self.files = list(fds)
 
     def unregister_files(self) -> None:
         _check(lib.io_uring_unregister_files(self._ring), "io_uring_unregister_files")
+        self.files = None
 
     def register_eventfd(self, efd: int) -> None:
         _check(lib.io_uring_register_eventfd(self._ring, efd), "io_uring_register_eventfd")

@@ -1,6 +1,7 @@
 """`xhagent bench io` end to end on this host, in a very short run: every case and ratio is
 in the JSON, and bad input is a clear error."""
 import json
+import shutil
 
 import pytest
 
@@ -27,6 +28,17 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
     assert ", 0 through io_uring" in report["notes"]["files_proc"] and ", 0 through" in report["notes"]["files_cgroupfs"]
     assert "io_poll" in report["notes"]["iopoll"]  # no polling device on this host: said so
     assert "page cache" in res.stderr  # progress
+    # the engine cases are streams that kept their queue full; O_DIRECT with fixed file and buffers
+    for name, depth in (("pagecache_engine_qd32", 32), ("direct_engine_qd32", 32), ("direct_engine_qd1", 1)):
+        assert 1 <= report["cases"][name]["min_inflight"] <= depth
+    assert "plain buffer ops 0" in report["notes"]["direct"] and "fixed buffer ops 0" not in report["notes"]["direct"]
+    if shutil.which("fio"):  # fio as a peer: alternating runs, a ratio per pair
+        assert {"direct_fio_qd32", "pagecache_fio_psync"} <= set(report["cases"]) and "fio" not in report["notes"]
+        for ratio in ("direct_engine_qd32_vs_fio", "pagecache_engine_qd32_vs_fio_psync"):
+            assert report["ratios"][ratio] > 0 and len(report["ratio_runs"][ratio]) == 3
+        assert len(report["cases"]["direct_fio_qd32"]["runs_ops_per_s"]) == 3
+    else:
+        assert "fio is not installed" in report["notes"]["fio"] and "direct_engine_qd32_vs_fio" not in report["ratios"]
 
 
 def test_bench_io_missing_file_is_a_clear_error(run_xhagent):

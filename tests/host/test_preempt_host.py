@@ -36,24 +36,30 @@ def test_spinning_thread_gets_a_signal_per_slice(urg_count):
     with Preempter() as p:
         p.arm(tid, SLICE_NS)
         cpu = spin(0.6)
-        counters, state = p.counters(), p.state(tid)
+        # still armed while these are read: a slice may end between the two reads
+        state, counters = p.state(tid), p.counters()
     expected = cpu / (SLICE_NS / 1e9)
     assert counters.failed == 0, counters
     # about one signal per slice of CPU time (cpu-clock and the thread's CPU clock
     # differ by a few percent on a loaded machine)
     assert 0.8 * expected <= counters.sent <= 1.2 * expected + 2, (counters, expected)
-    assert state.sent == counters.sent
+    assert state.sent <= counters.sent <= state.sent + 1, (state, counters)
     assert urg_count[0] >= 0.8 * expected
 
 
 def test_sleeping_thread_gets_none(urg_count):
     tid = threading.get_native_id()
     with Preempter() as p:
+        c0 = time.thread_time_ns()
         p.arm(tid, SLICE_NS)
-        time.sleep(0.5)  # 100 slices of wall time, no CPU time
-        assert p.counters().sent == 0
-        assert p.state(tid).runtime_ns < SLICE_NS
-    assert urg_count[0] == 0
+        time.sleep(0.5)  # 100 slices of wall time, next to no CPU time
+        cpu_ns = time.thread_time_ns() - c0
+        sent = p.counters().sent
+    # Signals follow the thread's own CPU time (arming it costs some; in a VM that clock also
+    # runs while the hypervisor has the vCPU), never wall time: 0 here, 100 if it followed
+    # the clock on the wall.
+    assert sent <= cpu_ns // SLICE_NS, (sent, cpu_ns)
+    assert urg_count[0] == sent
 
 
 def test_reset_restarts_the_slice(urg_count):

@@ -6,7 +6,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from xhagent.io.bench import parse_size, ratios, summarize, targets_met
+from xhagent.io import bench
+from xhagent.io.bench import fio_argv, merge_runs, paired, parse_fio, parse_size, ratios, summarize, targets_met
 from xhagent.io.direct import alignment_problem, device_polls, logical_block
 from xhagent.io.files import GROWTH, FileRounds
 
@@ -84,3 +85,59 @@ def test_bench_io_bad_size_is_a_clear_error():
 
     res = CliRunner().invoke(main, ["bench", "io", "--size", "12X"])
     assert res.exit_code == 2 and "--size" in res.output and "Traceback" not in res.output
+
+
+FIO_JSON = """note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1
+{"fio version": "fio-3.33", "jobs": [{"jobname": "xhagent-bench", "error": 0, "read": {"iops": 1000.5,
+ "total_ios": 2001, "runtime": 2000, "clat_ns": {"percentile": {"50.000000": 1500, "99.000000": 9000}}}}]}
+"""
+
+
+def test_fio_argv_is_a_list_with_the_engine_s_parameters():
+    argv = fio_argv("/data/a:b", direct=True, seconds=0.25, timed=False)
+    assert argv[0] == "fio" and "--filename=/data/a\\:b" in argv and "--readonly" in argv
+    assert {"--ioengine=io_uring", "--iodepth=32", "--direct=1", "--fixedbufs", "--registerfiles", "--norandommap",
+            "--invalidate=0", "--runtime=250ms", "--bs=4096", "--gtod_reduce=1"} <= set(argv)
+    psync = fio_argv("/f", direct=False, seconds=2, timed=True)
+    assert "--ioengine=psync" in psync and "--direct=0" in psync and "--gtod_reduce=1" not in psync
+
+
+def test_parse_fio_skips_notes_and_reads_ops_and_percentiles():
+    assert parse_fio(FIO_JSON) == {"ops_per_s": 1000.5, "ops": 2001, "p50_us": 1.5, "p99_us": 9.0}
+    with pytest.raises(ValueError, match="fio job error 5"):
+        parse_fio(FIO_JSON.replace('"error": 0', '"error": 5'))
+
+
+def test_merge_runs_weighs_by_time_and_takes_median_latencies():
+    runs = [{"ops_per_s": 100.0, "ops": 100, "p50_us": 1, "p99_us": 5, "min_inflight": 32},
+            {"ops_per_s": 300.0, "ops": 300, "p50_us": 3, "p99_us": 7, "min_inflight": 30},
+            {"ops_per_s": 200.0, "ops": 200, "p50_us": 2, "p99_us": 9, "min_inflight": 32}]
+    merged = merge_runs(runs)
+    assert merged["ops_per_s"] == 200.0 and merged["ops"] == 600 and merged["p50_us"] == 2 and merged["p99_us"] == 7
+    assert merged["min_inflight"] == 30 and merged["runs_ops_per_s"] == [100.0, 300.0, 200.0]
+
+
+def test_without_fio_the_bench_says_so_and_omits_the_peer(monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda name: None)
+    cases, notes, pairs = {}, {}, {}
+    paired(lambda: {"ops_per_s": 5.0, "ops": 5, "p50_us": 1, "p99_us": 2}, lambda: pytest.fail("fio run"),
+           "direct_engine_qd32", "direct_fio_qd32", "direct_engine_qd32_vs_fio", cases, notes, pairs)
+    assert set(cases) == {"direct_engine_qd32"} and pairs == {} and "fio is not installed" in notes["fio"]
+    assert "direct_engine_qd32_vs_fio" not in ratios(cases)
+
+
+def test_fio_runs_alternate_with_the_engine_and_a_failure_is_a_note(monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/fio")
+    order = []
+    engine = (lambda: order.append("engine") or {"ops_per_s": 10.0, "ops": 10, "p50_us": 1, "p99_us": 2})
+    fio = (lambda: order.append("fio") or {"ops_per_s": 20.0, "ops": 20, "p50_us": 1, "p99_us": 2})
+    cases, notes, pairs = {}, {}, {}
+    paired(engine, fio, "e", "f", "e_vs_f", cases, notes, pairs)
+    assert order[:4] == ["engine", "fio", "fio", "engine"] and len(order) == 2 * bench.FIO_PAIRS
+    assert pairs["e_vs_f"] == [0.5] * bench.FIO_PAIRS
+
+    def broken():
+        raise OSError("fio exited 1: bad option")
+    cases, notes = {}, {}
+    paired(engine, broken, "e", "f", "e_vs_f", cases, notes, {})
+    assert set(cases) == {"e"} and "fio failed" in notes["f"] and "bad option" in notes["f"]
