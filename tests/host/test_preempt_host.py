@@ -50,16 +50,15 @@ def test_spinning_thread_gets_a_signal_per_slice(urg_count):
 def test_sleeping_thread_gets_none(urg_count):
     tid = threading.get_native_id()
     with Preempter() as p:
-        c0 = time.thread_time_ns()
         p.arm(tid, SLICE_NS)
         time.sleep(0.5)  # 100 slices of wall time, next to no CPU time
-        cpu_ns = time.thread_time_ns() - c0
         sent = p.counters().sent
-    # Signals follow the thread's own CPU time (arming it costs some; in a VM that clock also
-    # runs while the hypervisor has the vCPU), never wall time: 0 here, 100 if it followed
-    # the clock on the wall.
-    assert sent <= cpu_ns // SLICE_NS, (sent, cpu_ns)
-    assert urg_count[0] == sent
+    # Signals follow the thread's time on a CPU, not the wall clock: 100 if they followed the
+    # wall. Not exactly 0 on a VM: the cpu-clock event also runs while the hypervisor has taken
+    # the vCPU (steal time, which the thread's CPU clock leaves out), seen as 2 signals for
+    # 3.4 ms of thread time on a loaded development VM.
+    assert sent < 10, sent
+    assert urg_count[0] < 10, urg_count  # one may be a late delivery of the previous test's
 
 
 def test_reset_restarts_the_slice(urg_count):
