@@ -370,9 +370,7 @@ class Cursor:
             return value
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(f"{self.where}: expected an integer, got {_kind(value)}")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise self.error(f"{self.where}: {value} is out of range {lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}")
-        return value
+        return self._in_range(value, lo, hi)
 
     def number(self, lo: float | None = None, hi: float | None = None, default: Any = MISSING) -> Any:
         value = self._get(default)
@@ -382,9 +380,14 @@ class Cursor:
             raise self.error(f"{self.where}: expected a number, got {_kind(value)}")
         if isinstance(value, float) and not math.isfinite(value):  # from a caller's data, not YAML
             raise self.error(f"{self.where}: {value} is not a finite number")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
+        return self._in_range(value, lo, hi)
+
+    def _in_range(self, value: Any, lo: Any, hi: Any) -> Any:
+        if (lo is None or value >= lo) and (hi is None or value <= hi):
+            return value
+        if lo is not None and hi is not None:
             raise self.error(f"{self.where}: {value} is out of range {lo}..{hi}")
-        return value
+        raise self.error(f"{self.where}: {value} is " + (f"below the minimum {lo}" if hi is None else f"above the maximum {hi}"))
 
     def bool(self, default: Any = MISSING) -> Any:
         value = self._get(default)

@@ -207,3 +207,11 @@ def test_a_huge_value_is_quoted_back_only_in_part():
     with pytest.raises(SpecError) as info:
         doc.root["v"].parse(int, "count")
     assert len(str(info.value)) < 1200 and "x" * 500 + "...'" in str(info.value)
+
+
+def test_a_one_sided_range_names_its_bound():
+    doc = load_text("a: -1\nb: 7.5\n", "r.yaml")[0]
+    with pytest.raises(SpecError, match=r"^r.yaml:1:4: a: -1 is below the minimum 0$"):
+        doc.root["a"].int(0)
+    with pytest.raises(SpecError, match=r"^r.yaml:2:4: b: 7.5 is above the maximum 5$"):
+        doc.root["b"].number(hi=5)
