@@ -111,7 +111,7 @@ class ModelError(ValueError):
 def format_path(path: Sequence[PathPart]) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f".{part}" if out else str(part)  # list items by index: gpus.0.memoryTotal, as in spec
     return out
 
 
