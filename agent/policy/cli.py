@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..cgroups.values import compress
 from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
 from .placement import Candidate, Demand, Peers, Reason, decide, evaluate
 from .policy import Policy, choose, tie_warnings
@@ -191,20 +192,10 @@ def _render(r: dict) -> str:
         gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else gib(g['memory'])})" for g in p["gpus"])
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["parts"].items())
         lines.append(f"  placed on {p['node']}: score {p['score']:.1f} ({parts})")
-        lines.append(f"    cpus {_cpulist(p['cpus'])}" + (f", {gpus}" if gpus else ""))
+        lines.append(f"    cpus {compress(p['cpus']) or 'none'}" + (f", {gpus}" if gpus else ""))
     else:
         lines.append("  Pending: no node satisfies the hard constraints")
     for name, v in r["nodes"].items():
         lines.append(f"  {name}: " + (f"feasible, score {v['score']:.1f}" if v["feasible"] else v["reason"]))
     return "\n".join(lines)
 
-
-def _cpulist(cpus: list[int]) -> str:
-    out, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            out.append(f"{start}-{c}" if c != start else str(c))
-            start = None
-    return ",".join(out) or "none"
