@@ -407,3 +407,14 @@ def test_validate_lists_the_errors_of_every_document_of_a_file_in_json(tmp_path)
     assert report["ok"] is False and len(report["errors"]) == 5
     assert report["errors"][4] == {"file": str(f), "line": 15, "col": 15,
                                    "message": "spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"}
+
+
+def test_validate_notes_a_cgroup_policy_device_this_node_lacks(tmp_path):
+    policy = tmp_path / "io.yaml"
+    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: io}\nspec:\n"
+                      "  groups:\n    - name: a\n      io: {weight: 100, devices: {nosuchdisk9: 200}}\n")
+    res = CliRunner().invoke(policy_cli, ["validate", "--json", str(policy)])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.output)["files"][str(policy)]["notes"]
+    assert len(notes) == 1 and notes[0].startswith(f"{policy}:7:35: spec.groups.0.io.devices: no block device "
+                                                   "'nosuchdisk9' on this node")
