@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* Map helpers shared by every ebpf/<program>.bpf.c (include after vmlinux.h and
- * bpf/bpf_helpers.h). */
+ * bpf/bpf_helpers.h), and XH_BTF_EXPORT for the types user space reads. */
 #ifndef XH_MAPS_BPF_H
 #define XH_MAPS_BPF_H
 
@@ -44,5 +44,13 @@ static __always_inline void xh_set(void *map, __u32 idx, __u64 n)
 	if (v)
 		*v = n;
 }
+
+/* Put `type` (a struct or an enum of the program's header) into the object's BTF.
+ * Records written only through ring-buffer pointers and enums used only as constants
+ * do not reach BTF otherwise, and tests/unit/test_bpf_layout.py checks the Python
+ * layouts against that BTF. The pointer lives in a section libbpf skips, so it
+ * creates no map and is never loaded; only its BTF goes to the kernel. */
+#define XH_BTF_EXPORT(type, tag) \
+	type *__xh_btf_##tag SEC(".xh_btf") __attribute__((used))
 
 #endif

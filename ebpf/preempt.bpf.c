@@ -15,6 +15,8 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+XH_BTF_EXPORT(struct slice_state, slice_state);
+XH_BTF_EXPORT(enum xh_preempt_count, count);
 
 #define SIGURG 23
 #define EBUSY 16

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* What user space reads and writes of preempt.bpf.c (agent/bpf/preempt.py). */
+/* What user space reads and writes of preempt.bpf.c (agent/bpf/preempt.py); checked
+ * against the object's BTF by tests/unit/test_bpf_layout.py. */
 #ifndef XH_PREEMPT_H
 #define XH_PREEMPT_H
 

@@ -10,6 +10,8 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+XH_BTF_EXPORT(struct switch_event, record);
+XH_BTF_EXPORT(enum xh_switch_count, count);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* What user space reads of sched_count.bpf.c (agent/bpf/sched_count.py). */
+/* What user space reads of sched_count.bpf.c (agent/bpf/sched_count.py); checked
+ * against the object's BTF by tests/unit/test_bpf_layout.py. */
 #ifndef XH_SCHED_COUNT_H
 #define XH_SCHED_COUNT_H
 

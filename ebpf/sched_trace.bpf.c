@@ -13,6 +13,11 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+XH_BTF_EXPORT(struct xh_sched_event, record);
+XH_BTF_EXPORT(enum xh_event_type, event_type);
+XH_BTF_EXPORT(enum xh_trace_filter, filter);
+XH_BTF_EXPORT(enum xh_trace_cfg, cfg);
+XH_BTF_EXPORT(enum xh_trace_count, count);
 
 /* TASK_REPORT and friends from include/linux/sched.h */
 #define TASK_REPORT 0x7f

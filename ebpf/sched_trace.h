@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /* What user space reads of sched_trace.bpf.c: the ring-buffer record (also the
  * record of the trace file, agent/trace/fmt.py RECORD) and the enums that index the
- * maps. Change the Python side with it. */
+ * maps. The Python layouts are checked against the object's BTF by
+ * tests/unit/test_bpf_layout.py: change both sides together. */
 #ifndef XH_SCHED_TRACE_H
 #define XH_SCHED_TRACE_H
 

@@ -11,6 +11,7 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+XH_BTF_EXPORT(enum xh_signal_result, result);
 
 #define SIGURG 23
 

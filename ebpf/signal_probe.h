@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* What user space reads of signal_probe.bpf.c (agent/bpf/signal_probe.py). */
+/* What user space reads of signal_probe.bpf.c (agent/bpf/signal_probe.py); checked
+ * against the object's BTF by tests/unit/test_bpf_layout.py. */
 #ifndef XH_SIGNAL_PROBE_H
 #define XH_SIGNAL_PROBE_H
 
