@@ -10,22 +10,16 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "maps.bpf.h"
+#include "preempt.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
+XH_BTF_EXPORT(struct slice_state, slice_state);
+XH_BTF_EXPORT(enum xh_preempt_count, count);
+
 #define SIGURG 23
 #define EBUSY 16
-
-/* Keep in sync with agent/bpf/preempt.py (STATE). */
-struct slice_state {
-	__u64 slice_ns;    /* set by user space (arm) */
-	__u64 runtime_ns;  /* on-CPU time since arm/reset/last signal; reset writes 0 */
-	__u64 sent;
-	__u64 failed;
-	__u64 last_error;  /* positive errno of the last failure */
-};
-
-enum { SENT, FAILED, FAILED_EBUSY, LAST_ERROR, COUNT_MAX };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -41,18 +35,10 @@ struct {
 	__type(value, __u64);
 } counts SEC(".maps");
 
-static __always_inline void add(__u32 idx, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&counts, &idx);
-
-	if (v)
-		__sync_fetch_and_add(v, n);
-}
-
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid(), idx;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct slice_state *s;
 	long ret;
 
@@ -68,20 +54,14 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx)
 	ret = bpf_send_signal_thread(SIGURG);
 	if (!ret) {
 		s->sent++;
-		add(SENT, 1);
+		xh_add(&counts, SENT, 1);
 		return 0;
 	}
 	s->failed++;
 	s->last_error = -ret;
-	add(FAILED, 1);
+	xh_add(&counts, FAILED, 1);
 	if (ret == -EBUSY)
-		add(FAILED_EBUSY, 1);
-	idx = LAST_ERROR;
-	{
-		__u64 *v = bpf_map_lookup_elem(&counts, &idx);
-
-		if (v)
-			*v = -ret;
-	}
+		xh_add(&counts, FAILED_EBUSY, 1);
+	xh_set(&counts, LAST_ERROR, -ret);
 	return 0;
 }

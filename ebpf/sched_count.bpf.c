@@ -5,19 +5,13 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "maps.bpf.h"
+#include "sched_count.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Keep in sync with agent/bpf/sched_count.py (RECORD). */
-struct switch_event {
-	__u64 ts_ns;     /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
-	__u32 cpu;
-	__u32 prev_pid;  /* thread ids */
-	__u32 next_pid;
-	__u32 _pad;
-};
-
-enum { COUNT_SWITCHES, COUNT_DROPPED, COUNT_MAX };
+XH_BTF_EXPORT(struct switch_event, record);
+XH_BTF_EXPORT(enum xh_switch_count, count);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -40,34 +34,26 @@ struct {
 	__uint(max_entries, 1 << 20);
 } events SEC(".maps");
 
-static __always_inline void bump(__u32 idx)
-{
-	__u64 *v = bpf_map_lookup_elem(&counts, &idx);
-
-	if (v)
-		*v += 1;  /* per-CPU slot: no atomics needed */
-}
-
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	struct switch_event *e;
 	__u32 zero = 0, *tgid;
 
-	bump(COUNT_SWITCHES);
+	xh_bump(&counts, COUNT_SWITCHES);
 	tgid = bpf_map_lookup_elem(&target, &zero);
 	if (!tgid || !*tgid || (prev->tgid != *tgid && next->tgid != *tgid))
 		return 0;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		bump(COUNT_DROPPED);
+		xh_bump(&counts, COUNT_DROPPED);
 		return 0;
 	}
 	e->ts_ns = bpf_ktime_get_ns();
 	e->cpu = bpf_get_smp_processor_id();
 	e->prev_pid = prev->pid;
 	e->next_pid = next->pid;
-	e->_pad = 0;
+	e->pad = 0;
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }

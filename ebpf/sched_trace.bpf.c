@@ -8,31 +8,16 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "maps.bpf.h"
+#include "sched_trace.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* Keep in sync with agent/trace/fmt.py (RECORD). 80 bytes. */
-struct xh_sched_event {
-	__u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
-	__u32 cpu;
-	__u16 type;        /* enum event_type */
-	__u16 _pad;
-	__u32 prev_pid;    /* switch: prev; wakeup: the waker (current); exit: the task; fork: parent */
-	__u32 prev_tgid;
-	__u32 next_pid;    /* switch: next; wakeup: the woken task; fork: child */
-	__u32 next_tgid;
-	__s32 prev_prio;
-	__s32 next_prio;
-	__u32 prev_state;  /* switch: the kernel's sched_switch prev_state value */
-	__u32 aux;         /* wakeup: target cpu; exit: group_dead */
-	char prev_comm[16];
-	char next_comm[16];
-};
-
-enum event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK };
-enum filter_mode { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
-enum { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_MAX };
-enum { COUNT_EVENTS, COUNT_DROPPED, COUNT_MAX };
+XH_BTF_EXPORT(struct xh_sched_event, record);
+XH_BTF_EXPORT(enum xh_event_type, event_type);
+XH_BTF_EXPORT(enum xh_trace_filter, filter);
+XH_BTF_EXPORT(enum xh_trace_cfg, cfg);
+XH_BTF_EXPORT(enum xh_trace_count, count);
 
 /* TASK_REPORT and friends from include/linux/sched.h */
 #define TASK_REPORT 0x7f
@@ -69,21 +54,6 @@ struct {
 	__uint(max_entries, 16 << 20);
 } events SEC(".maps");
 
-static __always_inline __u64 cfg(__u32 idx)
-{
-	__u64 *v = bpf_map_lookup_elem(&trace_config, &idx);
-
-	return v ? *v : 0;
-}
-
-static __always_inline void bump(__u32 idx)
-{
-	__u64 *v = bpf_map_lookup_elem(&counts, &idx);
-
-	if (v)
-		*v += 1;  /* per-CPU slot: no atomics needed */
-}
-
 static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
 {
 	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
@@ -111,9 +81,9 @@ static __always_inline bool pid_traced(bool btf, struct task_struct *t)
 
 static __always_inline bool traced(bool btf, struct task_struct *t)
 {
-	switch (cfg(CFG_MODE)) {
+	switch (xh_get(&trace_config, CFG_MODE)) {
 	case FILTER_CGROUP:
-		return in_cgroup(t, cfg(CFG_CGROUP_ID));
+		return in_cgroup(t, xh_get(&trace_config, CFG_CGROUP_ID));
 	case FILTER_PIDS:
 		return pid_traced(btf, t);
 	default:
@@ -150,12 +120,12 @@ static __always_inline void fill_next(bool btf, struct xh_sched_event *e, struct
 	read_task(btf, t, &e->next_pid, &e->next_tgid, &e->next_prio, e->next_comm);
 }
 
-static __always_inline struct xh_sched_event *reserve(__u16 type)
+static __always_inline struct xh_sched_event *reserve(enum xh_event_type type)
 {
 	struct xh_sched_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
 	if (!e) {
-		bump(COUNT_DROPPED);
+		xh_bump(&counts, COUNT_DROPPED);
 		return NULL;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
@@ -169,13 +139,13 @@ static __always_inline struct xh_sched_event *reserve(__u16 type)
  * cost more than the record. The consumer also polls with a timeout. */
 static __always_inline void submit(struct xh_sched_event *e)
 {
-	__u64 batch = cfg(CFG_WAKEUP_BYTES);
+	__u64 batch = xh_get(&trace_config, CFG_WAKEUP_BYTES);
 	__u64 flags = BPF_RB_NO_WAKEUP;
 
 	if (!batch || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= batch)
 		flags = BPF_RB_FORCE_WAKEUP;
 	bpf_ringbuf_submit(e, flags);
-	bump(COUNT_EVENTS);
+	xh_bump(&counts, COUNT_EVENTS);
 }
 
 /* __trace_sched_switch_state() of kernel/sched: what the tracepoint prints. */
@@ -257,7 +227,7 @@ static __always_inline int on_fork(bool btf, struct task_struct *parent, struct 
 
 	if (!traced(btf, parent))
 		return 0;
-	if (cfg(CFG_MODE) == FILTER_PIDS) {
+	if (xh_get(&trace_config, CFG_MODE) == FILTER_PIDS) {
 		__u32 pid = btf ? child->pid : BPF_CORE_READ(child, pid);
 
 		bpf_map_update_elem(&pids, &pid, &one, BPF_ANY);

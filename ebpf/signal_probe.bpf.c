@@ -6,12 +6,14 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "maps.bpf.h"
+#include "signal_probe.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define SIGURG 23
+XH_BTF_EXPORT(enum xh_signal_result, result);
 
-enum { SENT, FAILED, LAST_ERROR, RESULT_MAX };
+#define SIGURG 23
 
 /* [0] = thread id to signal; 0 = none. */
 struct {
@@ -32,23 +34,15 @@ struct {
 SEC("perf_event")
 int on_tick(struct bpf_perf_event_data *ctx)
 {
-	__u32 zero = 0, idx, *tid;
-	__u64 *v;
+	__u32 zero = 0, *tid;
 	long ret;
 
 	tid = bpf_map_lookup_elem(&target, &zero);
 	if (!tid || !*tid || (__u32)bpf_get_current_pid_tgid() != *tid)
 		return 0;
 	ret = bpf_send_signal_thread(SIGURG);
-	idx = ret ? FAILED : SENT;
-	v = bpf_map_lookup_elem(&results, &idx);
-	if (v)
-		__sync_fetch_and_add(v, 1);
-	if (ret) {
-		idx = LAST_ERROR;
-		v = bpf_map_lookup_elem(&results, &idx);
-		if (v)
-			*v = -ret;
-	}
+	xh_add(&results, ret ? FAILED : SENT, 1);
+	if (ret)
+		xh_set(&results, LAST_ERROR, -ret);
 	return 0;
 }

@@ -13,12 +13,16 @@ import signal
 import struct
 from dataclasses import dataclass
 
+from .layout import Mirror, Record, pick
 from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, Link, perf_event_open
 
 SIGNAL = signal.SIGURG
-# struct slice_state in ebpf/preempt.bpf.c
-STATE = struct.Struct("<QQQQQ")
+# ebpf/preempt.h; checked against the object's BTF by tests/unit/test_bpf_layout.py.
+STATE = Record("slice_state", (("slice_ns", "Q"), ("runtime_ns", "Q"), ("sent", "Q"),
+                               ("failed", "Q"), ("last_error", "Q")))
 SENT, FAILED, FAILED_EBUSY, LAST_ERROR = 0, 1, 2, 3
+MIRROR = Mirror("preempt", records=(STATE,),
+                enums={"xh_preempt_count": pick(globals(), "SENT FAILED FAILED_EBUSY LAST_ERROR")})
 MAX_TICK_NS, MIN_TICK_NS = 1_000_000, 50_000
 
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import select
-import struct
 import threading
 from dataclasses import dataclass
 
+from .layout import Mirror, Record, pick
 from .loader import ProgramLoader, BpfObject, decode
 
-# struct switch_event in ebpf/sched_count.bpf.c
-RECORD = struct.Struct("<QIIII")
+# ebpf/sched_count.h; checked against the object's BTF by tests/unit/test_bpf_layout.py.
+RECORD = Record("switch_event", (("ts_ns", "Q"), ("cpu", "I"), ("prev_pid", "I"),
+                                 ("next_pid", "I"), ("pad", "I")))
 COUNT_SWITCHES, COUNT_DROPPED = 0, 1
+MIRROR = Mirror("sched_count", records=(RECORD,),
+                enums={"xh_switch_count": pick(globals(), "COUNT_SWITCHES COUNT_DROPPED")})
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,20 @@ import errno
 import os
 import struct
 
+from .layout import Mirror, pick
 from .loader import ProgramLoader, BpfError, BpfObject, binding, format_error
 
 RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes it
+# The enums of ebpf/sched_trace.h that index the maps; checked against the object's
+# BTF by tests/unit/test_bpf_layout.py.
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
 CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES = 0, 1, 2
 COUNT_EVENTS, COUNT_DROPPED = 0, 1
+MIRROR = Mirror("sched_trace", enums={
+    "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
+    "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES"),
+    "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED"),
+})
 TRACEPOINTS = ("switch", "wakeup", "wakeup_new", "exit", "fork")
 WAKEUP_BYTES = 256 * 1024  # wake the consumer once this much waits in the ring
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import signal
 
+from .layout import Mirror, pick
 from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, perf_event_open
 
 SIGNAL = signal.SIGURG
+# enum xh_signal_result of ebpf/signal_probe.h; checked by tests/unit/test_bpf_layout.py.
 SENT, FAILED, LAST_ERROR = 0, 1, 2
+MIRROR = Mirror("signal_probe", enums={"xh_signal_result": pick(globals(), "SENT FAILED LAST_ERROR")})
 
 
 class SignalProbe(ProgramLoader):

@@ -1,5 +1,5 @@
 """The trace file: a header, then fixed-size records exactly as the BPF program
-(ebpf/sched_trace.bpf.c, struct xh_sched_event) emits them.
+(ebpf/sched_trace.bpf.c, struct xh_sched_event of ebpf/sched_trace.h) emits them.
 
 Header (little endian): PREFIX, then a JSON metadata block padded with spaces to
 `meta_len` bytes (room is reserved so that it can be rewritten when recording ends),
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from ..bpf.layout import Mirror, Record, pick
 from ..inputs import InputError, open_input, read_input
 
 MAGIC = b"XHTRACE\x00"
@@ -29,10 +30,18 @@ OFF_RECORDS, OFF_LOST, OFF_FLAGS = 24, 32, 40
 FLAG_COMPLETE = 1
 META_ROOM = 4096
 
-# struct xh_sched_event
-RECORD = struct.Struct("<QIHHIIIIiiII16s16s")
+# struct xh_sched_event and enum xh_event_type of ebpf/sched_trace.h, checked against
+# sched_trace.bpf.o's BTF by tests/unit/test_bpf_layout.py (MIRROR).
+RECORD = Record("xh_sched_event", (
+    ("ts_ns", "Q"), ("cpu", "I"), ("type", "H"), ("pad", "H"),
+    ("prev_pid", "I"), ("prev_tgid", "I"), ("next_pid", "I"), ("next_tgid", "I"),
+    ("prev_prio", "i"), ("next_prio", "i"), ("prev_state", "I"), ("aux", "I"),
+    ("prev_comm", "16s"), ("next_comm", "16s"),
+))
 OFF_CPU, OFF_TYPE = 8, 12  # of a record's cpu (u32) and type (u16)
 EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK = 1, 2, 3, 4, 5
+MIRROR = Mirror("sched_trace", records=(RECORD,), enums={
+    "xh_event_type": pick(globals(), "EV_SWITCH EV_WAKEUP EV_WAKEUP_NEW EV_EXIT EV_FORK")})
 EVENT_NAMES = {EV_SWITCH: "sched_switch", EV_WAKEUP: "sched_wakeup",
                EV_WAKEUP_NEW: "sched_wakeup_new", EV_EXIT: "sched_process_exit",
                EV_FORK: "sched_process_fork"}
