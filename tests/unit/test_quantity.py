@@ -1,0 +1,68 @@
+"""The one size rule: `16G` is 16 * 10**9 bytes, `16Gi` 16 * 2**30."""
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xhagent import quantity as q
+
+G, GI = 16 * 10**9, 16 * 2**30
+SIXTEEN = [("16G", G), ("16Gi", GI), ("16GB", G), ("16GiB", GI)]
+
+
+@pytest.mark.parametrize("text,value", [
+    ("4096", 4096), ("4096B", 4096), ("1k", 1000), ("1K", 1000), ("1kB", 1000), ("1Ki", 1024), ("1KiB", 1024),
+    ("1M", 10**6), ("1Mi", 2**20), ("1T", 10**12), ("1Ti", 2**40), ("1P", 10**15), ("1Pi", 2**50),
+    ("1E", 10**18), ("7Ei", 7 * 2**60), ("3.84TB", 3_840_000_000_000), ("1.5Gi", 3 * 2**29),
+    ("512 MiB", 512 << 20), (" 8GiB ", 8 << 30), ("0", 0), (0, 0), (2**63 - 1, 2**63 - 1),
+    ("9223372036854775807", 2**63 - 1), ("0000000000000000000000016G", G), *SIXTEEN,
+])
+def test_the_rule(text, value):
+    assert q.parse_size(text) == value
+
+
+@pytest.mark.parametrize("value,message", [
+    ("16gb", "got '16gb' (units: k M G T P E, Ki Mi Gi Ti Pi Ei, optionally with B; case matters)"),
+    ("16m", "case matters"),           # milli in Kubernetes: never read as mega
+    ("16gi", "case matters"), ("16GIB", "case matters"), ("16 parsecs", "case matters"),
+    ("-1", "expected a size such as 4096, 512MiB or 64GiB, got '-1'"),
+    (-1, "size -1 is negative"),
+    ("nan", "got 'nan'"), ("inf", "got 'inf'"), ("1e9", "got '1e9'"), ("0x10", "got '0x10'"), ("", "got ''"),
+    (float("nan"), "got a number"), (float("inf"), "got a number"), (1.5, "got a number"),
+    (True, "got a boolean"), (None, "got null"), ([1], "got a list"),
+    ("0.5", "size 0.5 is not a whole number of bytes"), ("0.1Ki", "not a whole number of bytes"),
+    ("1." + "1" * 100 + "Ei", "not a whole number of bytes"),
+    ("8Ei", "size 8Ei is larger than 8 EiB"), (2**63, "larger than 8 EiB"),
+    ("9" * 400 + "GiB", "size 99999999999999999999... (403 characters) is larger than 8 EiB"),
+    ("9" * 5000, "(5000 characters) is larger than 8 EiB"),   # past int()'s digit limit: still a plain error
+])
+def test_what_the_rule_refuses(value, message):
+    with pytest.raises(ValueError) as info:
+        q.parse_size(value)
+    assert message in str(info.value) and type(info.value) is ValueError
+
+
+@given(st.integers(0, 2**63 - 1))
+def test_format_size_reads_back(n):
+    text = q.format_size(n)
+    assert q.parse_size(text) == n
+    if n:
+        assert isinstance(text, str) or n % 1000 and n % 1024  # a unit whenever one is exact
+
+
+def test_format_and_human_keep_what_was_written():
+    assert q.format_size(G) == "16GB" and q.format_size(GI) == "16GiB" and q.format_size(1536) == 1536
+    assert q.human(G) == "16 GB" and q.human(GI) == "16 GiB" and q.human(12800 << 20) == "12.5 GiB"
+    assert q.human(85_520_809_984, places=1) == "79.6 GiB" and q.human(512) == "512 B" and q.human(0) == "0 B"
+
+
+def test_kernel_text_is_binary_and_only_kernel_text():
+    assert q.kernel_size("48K\n") == 48 << 10 and q.kernel_size("1M") == 1 << 20 and q.kernel_size("") == 0
+
+
+def test_the_module_is_ground_floor():
+    code = "import sys, xhagent.quantity; print(sorted(m for m in sys.modules if m.startswith('xhagent')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['xhagent', 'xhagent.quantity']"
