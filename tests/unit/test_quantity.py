@@ -1,12 +1,19 @@
-"""The one size rule: `16G` is 16 * 10**9 bytes, `16Gi` 16 * 2**30."""
+"""One size rule for every file kind and option: `16G` is 16 * 10**9 bytes, `16Gi` 16 * 2**30,
+in a Task, a SchedulingPolicy and a node file alike."""
 import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 from xhagent import quantity as q
+from xhagent.inventory import model
+from xhagent.policy.cli import policy as policy_cli
+from xhagent.policy.policy import parse_policy
+from xhagent.policy.task import dump_task, parse_task
+from xhagent.spec import SpecError, load_text
 
 G, GI = 16 * 10**9, 16 * 2**30
 SIXTEEN = [("16G", G), ("16Gi", GI), ("16GB", G), ("16GiB", GI)]
@@ -66,3 +73,49 @@ def test_the_module_is_ground_floor():
     code = "import sys, xhagent.quantity; print(sorted(m for m in sys.modules if m.startswith('xhagent')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['xhagent', 'xhagent.quantity']"
+
+
+# -- the same meaning in every file kind ----------------------------------------------------
+HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:\n"
+
+
+@pytest.mark.parametrize("text,value", SIXTEEN)
+def test_task(text, value):
+    t = parse_task(load_text(HEAD.format(kind="Task") + f"  deviceType: gpu\n  requests: {{memory: {text}, "
+                                                          f"gpus: 1, gpuMemory: {text}}}\n", "t.yaml")[0])
+    assert t.requests.memory == value and t.requests.gpu_memory == value
+    assert dump_task(t)["spec"]["requests"]["memory"] == ("16GiB" if value == GI else "16GB")
+
+
+@pytest.mark.parametrize("text,value", SIXTEEN)
+def test_scheduling_policy(text, value):
+    p = parse_policy(load_text(HEAD.format(kind="SchedulingPolicy") + "  matchRules:\n    - selector: {}\n"
+                               f"      constraints:\n        - memory: {text}\n", "p.yaml")[0])
+    assert p.rules[0].constraints.memory == value
+
+
+@pytest.mark.parametrize("text,value", SIXTEEN)
+def test_node_file(text, value):
+    (node,) = model.loads(f"name: n\nmemory: {{total: {text}, available: {text}}}\n"
+                          f"io: [{{name: sda, dev: '8:0', sizeBytes: {text}}}]\n", "n.yaml")
+    assert node.memory.total == node.memory.available == node.io[0].size_bytes == value
+
+
+def test_the_bound_is_located_in_every_file_kind(tmp_path):
+    big = "9" * 400 + "Gi"
+    with pytest.raises(SpecError, match=r"^t\.yaml:6:\d+: .*larger than 8 EiB"):
+        parse_task(load_text(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{memory: {big}}}\n",
+                             "t.yaml")[0])
+    with pytest.raises(model.ModelError, match=r"^n\.yaml:2:17: memory\.total: .*larger than 8 EiB"):
+        model.loads(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
+
+
+def test_explain_shows_what_the_task_file_said(tmp_path):
+    # 15 GiB free (16.1 * 10**9 bytes): a 16G task fits, a 16Gi task does not, and each is told in its unit.
+    (tmp_path / "n.yaml").write_text("name: n\nmemory: {total: 15Gi, available: 15Gi}\n"
+                                     "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]\n")
+    for text, verdict in (("16G", "n: feasible"), ("16Gi", "n: InsufficientMemory: n has 15 GiB free, task needs 16 GiB")):
+        (tmp_path / "t.yaml").write_text(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{cpus: 1, memory: {text}}}\n")
+        res = CliRunner().invoke(policy_cli, ["explain", "--task", str(tmp_path / "t.yaml"), "--nodes", str(tmp_path / "n.yaml")])
+        assert verdict in res.output, res.output
+        assert f"needs: 1 CPU, 16 {'GiB' if text.endswith('i') else 'GB'} memory" in res.output, res.output
