@@ -1,5 +1,5 @@
 """One size rule for every file kind and option: `16G` is 16 * 10**9 bytes, `16Gi` 16 * 2**30,
-in a Task, a SchedulingPolicy and a node file alike."""
+in a Task, a SchedulingPolicy, a CgroupPolicy, a node file and `bench io --size` alike."""
 import subprocess
 import sys
 
@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xhagent import quantity as q
+from xhagent.cgroups.policy import load_policy_text
 from xhagent.inventory import model
 from xhagent.policy.cli import policy as policy_cli
 from xhagent.policy.policy import parse_policy
@@ -95,10 +96,30 @@ def test_scheduling_policy(text, value):
 
 
 @pytest.mark.parametrize("text,value", SIXTEEN)
+def test_cgroup_policy(text, value, tmp_path):
+    p = load_policy_text(HEAD.format(kind="CgroupPolicy") + f"  groups:\n    - name: a\n      memory: {{max: {text}}}\n",
+                         "c.yaml", tmp_path)
+    assert p.groups[0].settings["memory.max"] == value - value % 4096   # the kernel keeps whole pages
+
+
+@pytest.mark.parametrize("text,value", SIXTEEN)
 def test_node_file(text, value):
     (node,) = model.loads(f"name: n\nmemory: {{total: {text}, available: {text}}}\n"
                           f"io: [{{name: sda, dev: '8:0', sizeBytes: {text}}}]\n", "n.yaml")
     assert node.memory.total == node.memory.available == node.io[0].size_bytes == value
+
+
+@pytest.mark.parametrize("text,value", SIXTEEN)
+def test_bench_io_size(text, value, monkeypatch):
+    from xhagent.io import bench
+
+    seen = []
+    monkeypatch.setattr(bench, "_check_room", lambda nbytes: None)
+    monkeypatch.setattr(bench, "run", lambda file, nbytes, seconds, progress: seen.append(nbytes) or {})
+    monkeypatch.setattr(bench, "_table", lambda report: "")
+    res = CliRunner().invoke(bench.bench_io, ["--size", text])
+    assert res.exit_code == 0, res.output
+    assert seen == [value]
 
 
 def test_the_bound_is_located_in_every_file_kind(tmp_path):
@@ -106,6 +127,9 @@ def test_the_bound_is_located_in_every_file_kind(tmp_path):
     with pytest.raises(SpecError, match=r"^t\.yaml:6:\d+: .*larger than 8 EiB"):
         parse_task(load_text(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{memory: {big}}}\n",
                              "t.yaml")[0])
+    with pytest.raises(SpecError, match=r"^c\.yaml:7:21: .*larger than 8 EiB"):
+        load_policy_text(HEAD.format(kind="CgroupPolicy") + f"  groups:\n    - name: a\n      memory: {{max: {big}}}\n",
+                         "c.yaml", tmp_path)
     with pytest.raises(model.ModelError, match=r"^n\.yaml:2:17: memory\.total: .*larger than 8 EiB"):
         model.loads(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
 
