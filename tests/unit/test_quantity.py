@@ -38,6 +38,7 @@ def test_the_rule(text, value):
     ("-1", "expected a size such as 4096, 512MiB or 64GiB, got '-1'"),
     (-1, "size -1 is negative"),
     ("nan", "got 'nan'"), ("inf", "got 'inf'"), ("1e9", "got '1e9'"), ("0x10", "got '0x10'"), ("", "got ''"),
+    ("\u0661\u0666G", "expected a size"),  # Arabic-Indic digits: int() would read them, the rule does not
     (float("nan"), "got a number"), (float("inf"), "got a number"), (1.5, "got a number"),
     (True, "got a boolean"), (None, "got null"), ([1], "got a list"),
     ("0.5", "size 0.5 is not a whole number of bytes"), ("0.1Ki", "not a whole number of bytes"),
