@@ -98,8 +98,8 @@ def test_scheduling_policy(text, value):
 
 @pytest.mark.parametrize("text,value", SIXTEEN)
 def test_cgroup_policy(text, value, tmp_path):
-    p = load_policy_text(HEAD.format(kind="CgroupPolicy") + f"  groups:\n    - name: a\n      memory: {{max: {text}}}\n",
-                         "c.yaml", tmp_path)
+    groups = f"  groups:\n    - name: a\n      memory: {{max: {text}}}\n"
+    p = load_policy_text(HEAD.format(kind="CgroupPolicy") + groups, "c.yaml", tmp_path)
     assert p.groups[0].settings["memory.max"] == value - value % 4096   # the kernel keeps whole pages
 
 
@@ -139,8 +139,11 @@ def test_explain_shows_what_the_task_file_said(tmp_path):
     # 15 GiB free (16.1 * 10**9 bytes): a 16G task fits, a 16Gi task does not, and each is told in its unit.
     (tmp_path / "n.yaml").write_text("name: n\nmemory: {total: 15Gi, available: 15Gi}\n"
                                      "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]\n")
-    for text, verdict in (("16G", "n: feasible"), ("16Gi", "n: InsufficientMemory: n has 15 GiB free, task needs 16 GiB")):
-        (tmp_path / "t.yaml").write_text(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{cpus: 1, memory: {text}}}\n")
-        res = CliRunner().invoke(policy_cli, ["explain", "--task", str(tmp_path / "t.yaml"), "--nodes", str(tmp_path / "n.yaml")])
+    short = "n: InsufficientMemory: n has 15 GiB free, task needs 16 GiB"
+    for text, verdict in (("16G", "n: feasible"), ("16Gi", short)):
+        body = f"  deviceType: cpu\n  requests: {{cpus: 1, memory: {text}}}\n"
+        (tmp_path / "t.yaml").write_text(HEAD.format(kind="Task") + body)
+        args = ["explain", "--task", str(tmp_path / "t.yaml"), "--nodes", str(tmp_path / "n.yaml")]
+        res = CliRunner().invoke(policy_cli, args)
         assert verdict in res.output, res.output
         assert f"needs: 1 CPU, 16 {'GiB' if text.endswith('i') else 'GB'} memory" in res.output, res.output
