@@ -10,13 +10,11 @@ import re
 from typing import Any
 
 from ..doctor.system_probe import parse_cpulist
+from ..quantity import parse_size
 
 MAX = "max"
 PAGE = 4096
 WEIGHT_RANGE = (1, 10000)
-_SUFFIX = {"": 1, "k": 1 << 10, "ki": 1 << 10, "m": 1 << 20, "mi": 1 << 20,
-           "g": 1 << 30, "gi": 1 << 30, "t": 1 << 40, "ti": 1 << 40}
-_BYTES_RE = re.compile(r"^\s*(\d+)\s*([kmgtKMGT]i?)?\s*$")
 _CPULIST_RE = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
 _MAJMIN_RE = re.compile(r"^\d+:\d+$")
 
@@ -48,22 +46,14 @@ def boolean01(value: Any) -> int:
 
 
 def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
-    """`max`, an integer, or a size with a K/Ki/M/Mi/G/Gi/T/Ti suffix (all powers of 1024,
-    as the kernel's memparse reads them). Memory limits are held in pages by the kernel,
-    so they read back rounded down to a page: the canonical value is rounded the same way."""
+    """`max` or a size by the agent's one rule (`xhagent.quantity`, as in every other file:
+    `4G` is 4 * 10**9 bytes, `4Gi` 4 * 2**30), at most 8 EiB. The value written is the
+    number of bytes, so the kernel's own reading of suffixes (memparse: all powers of 1024)
+    never applies. Memory limits are held in pages by the kernel, so they read back rounded
+    down to a page: the canonical value is rounded the same way."""
     if value == MAX:
         return MAX
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 512Mi, 4Gi or max")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _BYTES_RE.match(str(value))
-        if not match:
-            raise ValueError("expected a size such as 512Mi, 4Gi or max")
-        size = int(match[1]) * _SUFFIX[(match[2] or "").lower()]
-    if size < 0:
-        raise ValueError("a size cannot be negative")
+    size = parse_size(value, forms="512Mi, 4Gi or max")
     return size - size % PAGE if page_round else size
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sysfs import Roots, cpulist, integer, parse_cpulist, size_bytes, text
+from ..quantity import kernel_size
+from .sysfs import Roots, cpulist, integer, parse_cpulist, text
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _read_caches(cpu_dir: Path, cpu: int, caches: dict[str, Cache]) -> tuple[str
             continue
         sharing = tuple(cpulist(index / "shared_cpu_list")) or (cpu,)
         cache_id = integer(index / "id", min(sharing))
-        cache = Cache(level, text(index / "type", "Unified"), cache_id, size_bytes(text(index / "size")), sharing)
+        cache = Cache(level, text(index / "type", "Unified"), cache_id, kernel_size(text(index / "size")), sharing)
         key = f"{cache.name}:{cache.id}"
         caches.setdefault(key, cache)
         keys.append(key)

@@ -4,7 +4,8 @@ Built from the inventory (`xhagent.inventory.build_model`) or loaded from YAML/J
 simulator and tests can describe a node this machine is not. All classes are frozen and
 validated on construction; `from_dict` / `load` report errors with the path of the bad
 value (and FILE:LINE:COL for files). Sizes are bytes (ints); in files they may also be
-written as `64GiB`, `512MiB`, `3.84TB`. Versions are `"MAJOR.MINOR"` strings in files and
+written as `64GiB`, `512MiB`, `3.84TB`, by the one rule of `xhagent.quantity` (`16G` is
+16 * 10**9 bytes, `16Gi` 16 * 2**30). Versions are `"MAJOR.MINOR"` strings in files and
 `Version(major, minor)` tuples in Python. Keys are camelCase in files, snake_case here.
 
 Schema (one node; a file may also hold `nodes: [<node>, ...]`, optionally `version: 1`)::
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from decimal import Decimal
 import re
 import types
 import typing
@@ -65,6 +65,9 @@ from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
 import yaml
 
 from ..doctor.system_probe import MAX_CPUS
+from ..quantity import abbreviate as _short
+from ..quantity import kind_of as _kind
+from ..quantity import parse_size as parse_bytes
 from ..spec import Document, SpecError, SpecErrors, load_file, load_text
 
 SCHEMA_VERSION = 1
@@ -374,36 +377,6 @@ def _with_islands(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
 
 # --------------------------------------------------------------------- dict <-> object
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
-          "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
-
-
-def parse_bytes(value: Any) -> int:
-    """`4096`, `64GiB`, `3.84TB`, `512 MiB` -> int bytes; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size, got {_kind(value)}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size {value} is negative")
-        size = value
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value)) if isinstance(value, str) else None
-        if not m or m.group(2).lower() not in _UNITS:
-            got = repr(value) if isinstance(value, str) else _kind(value)
-            raise ValueError(f"expected a size such as 4096, 512MiB or 64GiB, got {got}")
-        # Decimal, not float: exact, and a 400-digit number is an error below, not an OverflowError.
-        size = int(Decimal(m.group(1)) * _UNITS[m.group(2).lower()])
-    if size > MAX_INT:
-        raise ValueError(f"size {_short(value)} is larger than 8 EiB")
-    return size
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
-
-
 def parse_version(value: Any) -> Version:
     """`"12.4"`, `12.4` or `[12, 4]` -> Version(12, 4)."""
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(
@@ -418,12 +391,6 @@ def parse_version(value: Any) -> Version:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(w.capitalize() for w in rest)
-
-
-def _kind(value: Any) -> str:
-    # What a user wrote, in words: never a Python repr such as datetime.date(2024, 1, 1).
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), f"a {type(value).__name__}")
 
 
 _HINTS: dict[type, dict[str, Any]] = {}

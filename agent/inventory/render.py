@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import quantity
 from .collect import SECTIONS, Inventory
 from .model import Version, nvlink_islands
 from .pci import PciDevice
@@ -52,11 +53,7 @@ def as_dict(inv: Inventory, section: str | None = None) -> dict[str, Any]:
 
 
 def human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+    return quantity.human(n, places=1)
 
 
 def _cpu_lines(inv: Inventory, cpus: list[int], indent: str) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..cgroups.values import compress
 from ..doctor.system_probe import MAX_CPUS, parse_cpulist
 
-__all__ = ["MAX_CPUS", "Roots", "text", "integer", "cpulist", "size_bytes", "parse_cpulist", "format_cpulist"]
+__all__ = ["MAX_CPUS", "Roots", "text", "integer", "cpulist", "parse_cpulist", "format_cpulist"]
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,3 @@ def cpulist(path: Path) -> list[int]:
 def format_cpulist(cpus: list[int]) -> str:
     """CPU ids in cpu-list syntax: [0, 1, 2, 5] -> `0-2,5` (`none` for no CPU)."""
     return compress(cpus) or "none"
-
-
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def size_bytes(value: str | None) -> int:
-    """sysfs cache sizes: `48K`, `32768K`, `1M`."""
-    if not value:
-        return 0
-    value = value.strip()
-    unit = value[-1].upper() if value[-1].isalpha() else ""
-    return int(value[: len(value) - len(unit)]) * _SUFFIX.get(unit, 1)

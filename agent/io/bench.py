@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from ..cgroups.mounts import discover
+from .. import quantity
 from ..cliparams import FiniteFloat
 from .aio import AsyncRing
 from .batch import RwStream
@@ -38,19 +39,14 @@ CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu
                 "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
                 "cgroup.freeze", "cgroup.type", "cgroup.controllers")
 FILE_SETS = ("tree", "proc", "cgroupfs")
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
-    """'1G', '256M', '4096' -> bytes; ValueError with the accepted forms otherwise."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in SIZE_UNITS and t[-1:] else ""
-    try:
-        value = int(t[:-1] if unit else t) * SIZE_UNITS[unit]
-    except ValueError:
-        raise ValueError(f"size {text!r}: expected a number with an optional K, M or G suffix") from None
-    if value < 1 << 20:
-        raise ValueError(f"size {text!r}: at least 1M")
+    """`--size`: bytes by the agent's one rule (`xhagent.quantity`: `1G` = 10**9, `1Gi` =
+    2**30, `256MiB`, `4096`), at least 1 MiB; ValueError with the reason otherwise."""
+    value = quantity.parse_size(text, forms="256Mi, 1G or 1073741824")
+    if value < quantity.MiB:
+        raise ValueError(f"size {text!r}: at least 1Mi (1048576 bytes)")
     return value
 
 
@@ -299,6 +295,7 @@ def _make_data_file(directory: str, size: int) -> str:
     with os.fdopen(fd, "wb") as f:
         for _ in range(size >> 20):
             f.write(chunk)
+        f.write(chunk[: size % len(chunk)])  # `--size 256M` is 256 * 10**6 bytes: not whole MiB
         # Pages still under writeback make nonblocking (io_uring inline) reads punt to io-wq.
         f.flush()
         os.fsync(f.fileno())
@@ -331,7 +328,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
         block_device = bool(file) and stat.S_ISBLK(os.stat(file).st_mode)
         data = file if file and not block_device else None
         if data is None:
-            progress(f"writing a {size >> 20} MiB data file in {workdir}")
+            progress(f"writing a {quantity.human(size)} data file in {workdir}")
             data = _make_data_file(workdir, size)
         direct_target = file if block_device else data
         fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
@@ -504,14 +501,15 @@ def _check_room(nbytes: int) -> None:
     fs = os.statvfs(tmp)
     free = fs.f_bavail * fs.f_frsize
     if nbytes > free // 2:
-        raise click.BadParameter(f"{nbytes >> 20} MiB is more than half of the {free >> 20} MiB free in {tmp}",
+        raise click.BadParameter(f"{quantity.human(nbytes)} is more than half of the {quantity.human(free)} free in {tmp}",
                                  param_hint="--size")
 
 
 @click.command("io")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--file", "file", metavar="PATH", help="Read this file or block device (read-only) instead of a temp file.")
-@click.option("--size", default="256M", show_default=True, help="Size of the temp data file (K, M, G suffixes).")
+@click.option("--size", default="256Mi", show_default=True,
+              help="Size of the temp data file: 256Mi = 256 * 2**20 bytes, 256M = 256 * 10**6, as in every file.")
 @click.option("--seconds", default=2.0, show_default=True, type=FiniteFloat(0, 600),
               help="Seconds per case (at most 600).")
 def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None:

@@ -14,13 +14,13 @@ import sys
 import time
 
 from ..inventory.model import Node, Version
+from ..quantity import GiB
 from .placement import decide_demand
 from .policy import Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology
 from .queue import PendingQueue
 from .selector import Selector
 from .state import Cluster
 from .task import Requests, Task
-from .units import GiB
 
 TARGET_DECISIONS_PER_S = 20_000
 TARGET_GROWTH = 2.0

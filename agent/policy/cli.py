@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 
 from ..cgroups.values import compress
+from ..quantity import human
 from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
 from .placement import Candidate, Demand, Peers, Reason, decide, evaluate
 from .policy import Policy, choose, tie_warnings
 from .state import Cluster
 from .task import Task
-from .units import gib
 
 EXIT_INPUT = 2
 EXIT_PENDING = 3
@@ -161,9 +161,9 @@ def _candidate(c: Candidate) -> dict:
 def describe(d: Demand) -> str:
     parts = [f"{d.cpus} CPU{'' if d.cpus == 1 else 's'}" + (" on whole cores" if d.smt_exclusive else "") + (" on one NUMA node" if d.numa_single else "")]
     if d.memory:
-        parts.append(f"{gib(d.memory)} memory")
+        parts.append(f"{human(d.memory)} memory")
     if d.gpus:
-        each = f" with {gib(d.gpu_memory)} free" if d.gpu_memory is not None else " (whole)"
+        each = f" with {human(d.gpu_memory)} free" if d.gpu_memory is not None else " (whole)"
         parts.append(f"{d.gpus} GPU{'s' if d.gpus > 1 else ''}{each}")
     if d.min_cuda:
         parts.append(f"CUDA >= {d.min_cuda[0]}.{d.min_cuda[1]}")
@@ -194,7 +194,7 @@ def _render(r: dict) -> str:
         lines.append(f"  warning: tied with {', '.join(r['tied_with'])} at the same priority")
     if r["placed"]:
         p = r["placed"]
-        gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else gib(g['memory'])})" for g in p["gpus"])
+        gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else human(g['memory'])})" for g in p["gpus"])
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["parts"].items())
         lines.append(f"  placed on {p['node']}: score {p['score']:.1f} ({parts})")
         lines.append(f"    cpus {compress(p['cpus']) or 'none'}" + (f", {gpus}" if gpus else ""))

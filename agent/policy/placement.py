@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..inventory.model import Version
+from ..quantity import human
 from .policy import IO_CLASSES, Match, min_gpu_memory
 from .selector import Selector
 from .state import Allocation, Cluster, GpuShare, GpuState, NodeState
 from .task import Task
-from .units import gib
 
 DEFAULT_CPUS = 1
 WEIGHTS = {"numa": 0.3, "l3": 0.2, "nvlink": 0.2, "fit": 0.3}
@@ -155,7 +155,7 @@ def evaluate(d: Demand, st: NodeState, peers: "Peers | None" = None) -> Candidat
         whole = " on whole cores (smtExclusive)" if d.smt_exclusive else ""
         return Reason("InsufficientCPU", n, f"{n} has {free} free CPUs{whole}, task needs {d.cpus}")
     if st.memory_free < d.memory:
-        return Reason("InsufficientMemory", n, f"{n} has {gib(st.memory_free)} free, task needs {gib(d.memory)}")
+        return Reason("InsufficientMemory", n, f"{n} has {human(st.memory_free)} free, task needs {human(d.memory)}")
     if d.io_class is not None and st.io_rank < IO_CLASSES.index(d.io_class):
         has = ", ".join(st.io_classes) or "no block device"
         return Reason("InsufficientIOClass", n, f"{n} has no {d.io_class} block device (has {has})")
@@ -202,10 +202,10 @@ def _gpu_memory_reason(d: Demand, st: NodeState, suitable: list[GpuState], fitti
     short = max((g for g in suitable if g not in fitting), key=lambda g: (g.free, -g.index))
     if d.gpus == 1:
         return Reason("InsufficientGPUMemory", n,
-                      f"{n} GPU {short.index} has {gib(short.free)} free, task needs {gib(d.gpu_memory)}")
+                      f"{n} GPU {short.index} has {human(short.free)} free, task needs {human(d.gpu_memory)}")
     return Reason("InsufficientGPUMemory", n,
-                  f"{n} has {len(fitting)} GPUs with {gib(d.gpu_memory)} free, task needs {d.gpus} "
-                  f"(next best: GPU {short.index} has {gib(short.free)} free)")
+                  f"{n} has {len(fitting)} GPUs with {human(d.gpu_memory)} free, task needs {d.gpus} "
+                  f"(next best: GPU {short.index} has {human(short.free)} free)")
 
 
 def _v(v) -> str:

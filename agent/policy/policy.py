@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping
 
 from ..inventory.model import Version, parse_version
+from ..quantity import GiB, format_size, parse_size
 from ..spec import Cursor, Document
 from .selector import Selector, parse_selector
-from .units import GiB, format_size, parse_size
 
 API_VERSION = "xh.scheduling/v1"
 DEFAULT_PRIORITY = 50

@@ -24,9 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..quantity import format_size, parse_size
 from ..spec import Cursor, Document, SpecError
 from .policy import API_VERSION, parse_header, parse_metadata
-from .units import format_duration, format_instant, format_size, parse_duration_ns, parse_instant_ns, parse_size
+from .units import format_duration, format_instant, parse_duration_ns, parse_instant_ns
 
 DEVICE_TYPES = ("cpu", "gpu", "tpu")
 # field -> device types it belongs to (seed 003, 2.2 table; requests.gpus follows streamId's logic)

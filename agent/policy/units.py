@@ -1,7 +1,6 @@
-"""Quantities in policy and task files: byte sizes, durations and instants, exact to the byte
-and the nanosecond, with a canonical text form so that parse -> dump -> parse is identity.
-
-Sizes reuse the inventory's parser (`16GiB`, `512MiB`, `4096`); durations are Go-style
+"""Times in policy and task files: durations and instants, exact to the nanosecond, with a
+canonical text form so that parse -> dump -> parse is identity. (Byte sizes, the same in every
+file kind, are `xhagent.quantity`'s.) Durations are Go-style
 (`1h30m`, `1.5s`, `250ms`, `10us`, `100ns`); instants are RFC 3339 with up to nine
 fractional digits (`2026-11-29T17:00:00.123456789Z`, or an offset such as `+08:00`).
 """
@@ -12,39 +11,9 @@ import datetime as dt
 import re
 from decimal import Decimal, InvalidOperation
 
-from ..inventory.model import parse_bytes
-
-GiB = 2**30
-_SIZE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 _DURATION_UNITS = {"h": 3600 * 10**9, "m": 60 * 10**9, "s": 10**9, "ms": 10**6, "us": 10**3, "µs": 10**3, "ns": 1}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 _INSTANT = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|z|[+-]\d\d:\d\d)")
-
-
-MAX_SIZE = (1 << 63) - 1   # what a kernel byte count (s64) holds
-
-
-def parse_size(value: object) -> int:
-    try:
-        n = parse_bytes(value)
-    except OverflowError:       # 400 digits: the float behind `3.84TB` parsing is infinite
-        n = MAX_SIZE + 1
-    if n > MAX_SIZE:
-        raise ValueError("larger than 8 EiB")
-    return n
-
-
-def format_size(n: int) -> str | int:
-    """The largest binary unit that divides exactly (`16GiB`), else plain bytes."""
-    for unit, scale in _SIZE_UNITS:
-        if n and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return n
-
-
-def gib(n: int) -> str:
-    """Human text for reasons: `12 GiB`, `12.5 GiB`, `0.25 GiB`."""
-    return f"{n / GiB:.2f}".rstrip("0").rstrip(".") + " GiB"
 
 
 def parse_duration_ns(value: object) -> int:

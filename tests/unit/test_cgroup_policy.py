@@ -46,8 +46,12 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
      "p.yaml:7:22: spec.groups.0.io.devices: 'a/b' is not a block device name"),
     ("    - name: " + "x" * 256 + "\n",
      "p.yaml:6:13: spec.groups.0.name: '" + "x" * 256 + "' is not a valid group name: a group name is at most 255 bytes"),
-    ("    - name: a\n      memory: {max: 4GB}\n",
-     "p.yaml:7:21: spec.groups.0.memory.max: '4GB' is not a valid limit: expected a size such as 512Mi, 4Gi or max"),
+    ("    - name: a\n      memory: {max: 4gb}\n",
+     "p.yaml:7:21: spec.groups.0.memory.max: '4gb' is not a valid limit: expected a size such as 512Mi, 4Gi or max, "
+     "got '4gb' (units: k M G T P E, Ki Mi Gi Ti Pi Ei, optionally with B; case matters)"),
+    ("    - name: a\n      memory: {max: " + "9" * 400 + "Gi}\n",
+     "p.yaml:7:21: spec.groups.0.memory.max: '" + "9" * 400 + "Gi' is not a valid limit: size "
+     + "9" * 20 + "... (402 characters) is larger than 8 EiB"),
     ("    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
      "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 (the kernel refuses it)"),
     ("    - name: ../etc\n",
@@ -78,7 +82,7 @@ def test_a_device_this_node_lacks_is_not_a_file_error_but_noted(sys_root):
 
 
 def test_every_error_of_a_file_at_once_in_file_order(sys_root):
-    text = ("    - name: a\n      cpu: {weight: 0, wieght: 3}\n      memory: {max: 4GB}\n"
+    text = ("    - name: a\n      cpu: {weight: 0, wieght: 3}\n      memory: {max: 4gb}\n"
             "      children:\n        - name: ../x\n        - name: b\n          pids: {max: -1}\n"
             "    - name: a\n")
     with pytest.raises(SpecError) as info:

@@ -8,11 +8,13 @@ from xhagent.cgroups.io_weight import bfq_weight, enforcer, io_cost_enabled
 
 def test_byte_sizes_with_suffixes_round_to_pages():
     assert v.bytes_or_max("4Gi") == 4 << 30
-    assert v.bytes_or_max("512M") == 512 << 20
+    assert v.bytes_or_max("512M") == 512 * 10**6  # M is 10**6 here as in every file (a whole number of pages)
+    assert v.bytes_or_max("4G") == 4 * 10**9 - 4 * 10**9 % 4096 == 3_999_997_952
+    assert v.bytes_or_max("4GB", page_round=False) == 4 * 10**9
     assert v.bytes_or_max("max") == "max"
     assert v.bytes_or_max(10_000) == 8192  # the kernel keeps whole pages
     assert v.bytes_or_max("10000", page_round=False) == 10_000
-    for bad in ("4GB", "-1", "lots", True):
+    for bad in ("4gb", "4g", "-1", "lots", True, 1.5, -1, "nan", "9" * 400, 2**63):
         with pytest.raises(ValueError):
             v.bytes_or_max(bad)
 

@@ -58,12 +58,13 @@ def test_alignment_problem_names_each_misaligned_part():
     assert "offset 100" in msg and "buffer address 8193" in msg and "length" not in msg
 
 
-@pytest.mark.parametrize("text,value", [("1G", 1 << 30), ("256M", 256 << 20), ("64MiB", 64 << 20), ("2048K", 2 << 20)])
+@pytest.mark.parametrize("text,value", [("1G", 10**9), ("1Gi", 1 << 30), ("256M", 256 * 10**6), ("256Mi", 256 << 20),
+                                        ("64MiB", 64 << 20), ("2048K", 2048 * 10**3), ("2048Ki", 2 << 20)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["12X", "", "1K", "lots"])
+@pytest.mark.parametrize("text", ["12X", "", "1K", "lots", "1M", "1000Ki", "16gb", "1.5", "9" * 400 + "G"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
         parse_size(text)
