@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..cpulist import parse_cpulist
 from . import values as v
 
 # Controllers that may be enabled in a cgroup holding processes (threaded-capable); the
@@ -36,7 +37,7 @@ def _set_limit(old: Any, new: Any) -> str:
         return "tighten" if new else "loosen"
     if new == "":
         return "loosen"
-    return "loosen" if set(v.parse_cpulist(new)) >= set(v.parse_cpulist(old)) else "tighten"
+    return "loosen" if set(parse_cpulist(new)) >= set(parse_cpulist(old)) else "tighten"
 
 
 def _per_device_limit(old: Any, new: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..doctor.system_probe import parse_cpulist
+from ..cpulist import format_cpulist, parse_cpulist
 from ..quantity import parse_size
 
 MAX = "max"
@@ -95,18 +95,7 @@ def cpulist(value: Any) -> str:
         lo, _, hi = part.partition("-")
         if hi and int(hi) < int(lo):
             raise ValueError(f"range {part} goes backwards")
-    return compress(parse_cpulist(text))
-
-
-def compress(ids: list[int]) -> str:
-    ids = sorted(set(ids))
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return format_cpulist(parse_cpulist(text))
 
 
 PARTITIONS = ("member", "root", "isolated")

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
+from ..cpulist import parse_cpulist
 from .report import Item, fail, ok
 
 # Capability numbers from linux/capability.h, in order.
@@ -27,33 +27,6 @@ def effective_caps(status: str) -> int:
         if line.startswith("CapEff:"):
             return int(line.split()[1], 16)
     raise LookupError("no CapEff line in /proc/self/status")
-
-
-# CPU ids are below the kernel's NR_CPUS, 8192 on common configs: a bound that keeps a
-# cpu list such as "0-1000000000000" from expanding until memory runs out.
-MAX_CPUS = 8192
-_CPU_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """Kernel cpu-list syntax: `0-3,8,10-11` (and the empty string). ValueError for anything
-    else, a reversed range (`5-1`) or a CPU id of MAX_CPUS or more."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        m = _CPU_RANGE.fullmatch(part)
-        if not m:
-            raise ValueError(f"{part!r} is not a CPU id or a range such as 0-3")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if lo > hi:
-            raise ValueError(f"range {part} is reversed")
-        if hi >= MAX_CPUS:
-            raise ValueError(f"CPU {hi} is out of range: CPU ids are 0..{MAX_CPUS - 1}")
-        cpus.extend(range(lo, hi + 1))
-    return cpus
 
 
 def numa_nodes(sys_root: Path) -> dict[int, list[int]]:

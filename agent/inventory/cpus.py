@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..quantity import kernel_size
-from .sysfs import Roots, cpulist, integer, parse_cpulist, text
+from ..cpulist import parse_cpulist
+from .sysfs import Roots, cpulist, integer, text
 
 
 @dataclass(frozen=True)

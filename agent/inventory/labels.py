@@ -18,7 +18,7 @@ from typing import Iterable
 
 from ..spec import Cursor, SpecError, load_file, load_text
 from .model import Labels, ModelError, format_path
-from .sysfs import MAX_CPUS, format_cpulist, parse_cpulist
+from ..cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")
 FIELDS = ("nodeName", "labels", "reservedCpus")
@@ -102,8 +102,8 @@ def check_reserved(config: AgentConfig, cpus: Iterable[int]) -> None:
     present = sorted(set(cpus))
     missing = sorted(set(config.reserved_cpus) - set(present))
     if missing:
-        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing)} are"
-        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {format_cpulist(present)}",
+        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing, empty='none')} are"
+        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {format_cpulist(present, empty='none')}",
                           config.reserved_at or config.source or "")
 
 

@@ -64,7 +64,7 @@ from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
 
 import yaml
 
-from ..doctor.system_probe import MAX_CPUS
+from ..cpulist import MAX_CPUS
 from ..quantity import abbreviate as _short
 from ..quantity import kind_of as _kind
 from ..quantity import parse_size as parse_bytes

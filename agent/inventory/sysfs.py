@@ -4,10 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cgroups.values import compress
-from ..doctor.system_probe import MAX_CPUS, parse_cpulist
+from ..cpulist import parse_cpulist
 
-__all__ = ["MAX_CPUS", "Roots", "text", "integer", "cpulist", "parse_cpulist", "format_cpulist"]
+__all__ = ["Roots", "text", "integer", "cpulist"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,3 @@ def integer(path: Path, default: int | None = None) -> int | None:
 def cpulist(path: Path) -> list[int]:
     value = text(path)
     return parse_cpulist(value) if value else []
-
-
-def format_cpulist(cpus: list[int]) -> str:
-    """CPU ids in cpu-list syntax: [0, 1, 2, 5] -> `0-2,5` (`none` for no CPU)."""
-    return compress(cpus) or "none"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..cgroups.values import compress
+from ..cpulist import format_cpulist
 from ..quantity import human
 from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
 from .placement import Candidate, Demand, Peers, Reason, decide, evaluate
@@ -197,7 +197,7 @@ def _render(r: dict) -> str:
         gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else human(g['memory'])})" for g in p["gpus"])
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["parts"].items())
         lines.append(f"  placed on {p['node']}: score {p['score']:.1f} ({parts})")
-        lines.append(f"    cpus {compress(p['cpus']) or 'none'}" + (f", {gpus}" if gpus else ""))
+        lines.append(f"    cpus {format_cpulist(p['cpus'], empty='none')}" + (f", {gpus}" if gpus else ""))
     else:
         lines.append("  Pending: no node satisfies the hard constraints")
     for name, v in r["nodes"].items():

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..bpf.layout import Mirror, Record, pick
+from ..cpulist import MAX_CPUS
 from ..inputs import InputError, open_input, read_input
 
 MAGIC = b"XHTRACE\x00"
@@ -124,7 +125,6 @@ def write_trace(path: str | Path, header: Header, events: list[Event]) -> None:
         f.write(b"".join(RECORD.pack(*e) for e in events))
 
 
-MAX_CPUS = 8192            # the kernel's NR_CPUS on common configurations
 MAX_META = 1 << 20         # metadata is a few hundred bytes; room is reserved in KiB
 MAX_STREAMED = 256 << 20   # a trace read from a pipe is held in memory: 3.3 million records
 # Types of the metadata the readers use; other keys are kept as they are (JSON values).

@@ -11,7 +11,8 @@ from xhagent.cgroups.mounts import classify, parse_mountinfo
 from xhagent.doctor import missing, render, run_probes
 from xhagent.doctor.iopoll_probe import block_devices
 from xhagent.doctor.report import errno_reason, fail, ok
-from xhagent.doctor.system_probe import decode_caps, effective_caps, numa_nodes, parse_cpulist
+from xhagent.cpulist import parse_cpulist
+from xhagent.doctor.system_probe import decode_caps, effective_caps, numa_nodes
 
 HYBRID = """\
 30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755

@@ -8,10 +8,9 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
 
-from xhagent.doctor.system_probe import parse_cpulist  # noqa: E402
+from xhagent.cpulist import format_cpulist, parse_cpulist  # noqa: E402
 from xhagent.inventory.cli import inventory  # noqa: E402
 from xhagent.inventory.labels import ConfigError, parse_config  # noqa: E402
-from xhagent.inventory.sysfs import format_cpulist  # noqa: E402
 
 
 @pytest.mark.parametrize("text, message", [
@@ -29,7 +28,8 @@ def test_cpulist_refuses_reversed_negative_and_huge_ids(text, message):
 
 def test_cpulist_round_trip():
     assert parse_cpulist("0-2, 5,8191") == [0, 1, 2, 5, 8191]
-    assert format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and format_cpulist([]) == "none"
+    assert format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and format_cpulist([]) == "" and format_cpulist([], empty="none") == "none"
+    assert format_cpulist([3, 1, 2, 2]) == "1-3"
 
 
 def test_every_config_error_at_once_located_with_did_you_mean():

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pynvml
 
-from xhagent.doctor.system_probe import parse_cpulist
+from xhagent.cpulist import parse_cpulist
 
 SOCKETS, CORES, SMT = 2, 4, 2
 NCPU = SOCKETS * CORES * SMT
