@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..doctor.report import errno_reason
+from ..errors import errno_reason
 from ..signals import TERMINATING, signals_held
 from . import registry as R
 from .registry import CgroupFile

@@ -7,11 +7,11 @@ Objects ship as package data in `objects/<name>.bpf.o` (built from `ebpf/*.bpf.c
 from __future__ import annotations
 
 import errno as _errno
-import os
 import struct
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import errno_reason
 from .layout import EXPORT_SECTION
 
 OBJECTS = Path(__file__).resolve().with_name("objects")
@@ -29,22 +29,20 @@ _LIBBPF_ERRNO = ["LIBELF", "FORMAT", "KVERSION", "ENDIAN", "INTERNAL", "RELOC", 
                  "VERIFY", "PROG2BIG", "KVER", "PROGTYPE", "WRNGPID", "INVSEQ", "NLPARSE"]
 
 
-def _strerror(code: int) -> tuple[str, str]:
-    if 4000 <= code < 4000 + len(_LIBBPF_ERRNO):
-        text = "libbpf error"
-        if _lib is not None:
-            buf = _ffi.new("char[]", 128)
-            _lib.libbpf_strerror(code, buf, 128)
-            text = _ffi.string(buf).decode(errors="replace")
-        return f"LIBBPF_ERRNO__{_LIBBPF_ERRNO[code - 4000]}", text
-    # 95 is both ENOTSUP and EOPNOTSUPP on Linux; the kernel's name is the latter.
-    name = "EOPNOTSUPP" if code == _errno.EOPNOTSUPP else _errno.errorcode.get(code, str(code))
-    return name, os.strerror(code)
+def _libbpf_reason(code: int, step: str) -> str | None:
+    """`STEP: -LIBBPF_ERRNO__NAME (libbpf's text)` for libbpf's own codes, else None."""
+    if not 4000 <= code < 4000 + len(_LIBBPF_ERRNO):
+        return None
+    text = "libbpf error"
+    if _lib is not None:
+        buf = _ffi.new("char[]", 128)
+        _lib.libbpf_strerror(code, buf, 128)
+        text = _ffi.string(buf).decode(errors="replace")
+    return errno_reason(code, step, name=f"LIBBPF_ERRNO__{_LIBBPF_ERRNO[code - 4000]}", text=text)
 
 
 def format_error(step: str, err: int, log: str = "") -> str:
-    name, text = _strerror(abs(err))
-    text = f"{step}: -{name} ({text})"
+    text = _libbpf_reason(abs(err), step) or errno_reason(err, step)
     lines = (line.strip().removeprefix("libbpf: ") for line in log.strip().splitlines())
     log = " | ".join(line for line in lines if line)
     if len(log) > 600:  # the tail names the failure; the verifier log can be huge

@@ -13,6 +13,7 @@ import signal
 import struct
 from dataclasses import dataclass
 
+from ..errors import errno_name
 from .layout import Mirror, Record, pick
 from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, Link, perf_event_open
 
@@ -41,7 +42,7 @@ class Counters:
 
     @property
     def last_error_name(self) -> str:
-        return errno.errorcode.get(self.last_error, str(self.last_error)) if self.last_error else ""
+        return errno_name(self.last_error) if self.last_error else ""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import traceback
 from typing import Callable, Iterable
 
-from .report import Item, errno_reason, fail
+from ..errors import errno_reason
+from .report import Item, fail
 
 Probe = Callable[[], Iterable[Item]]
 CRASHED = "probe crashed"  # how the reason of a section whose probe raised begins

@@ -9,7 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from .report import Item, errno_reason, fail, ok
+from ..errors import errno_reason
+from .report import Item, fail, ok
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..inventory.block import BlockDevice, block_devices
 from ..io import Ring, UringError, aligned_buffer
-from .report import Item, errno_reason, fail, ok
+from ..errors import errno_reason
+from .report import Item, fail, ok
 from .uring_probe import BLOCK, scratch_file
 
 

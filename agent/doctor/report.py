@@ -30,15 +30,3 @@ def ok(name: str, **detail: Any) -> Item:
 
 def fail(name: str, reason: str, **detail: Any) -> Item:
     return Item(name, False, reason, detail)
-
-
-def errno_reason(err: OSError | int, what: str = "") -> str:
-    """`-EOPNOTSUPP (Operation not supported)` style text for a failed kernel call."""
-    import errno as _errno
-    import os
-
-    code = err.errno if isinstance(err, OSError) else abs(err)
-    # errorcode maps 95 to ENOTSUP; io_uring and the kernel's own texts say EOPNOTSUPP.
-    name = "EOPNOTSUPP" if code == _errno.EOPNOTSUPP else _errno.errorcode.get(code, str(code))
-    text = f"-{name} ({os.strerror(code)})"
-    return f"{what}: {text}" if what else text

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..io import Ring, UringError, aligned_buffer, supported_ops
-from .report import Item, errno_reason, fail, ok
+from ..errors import errno_reason
+from .report import Item, fail, ok
 
 BLOCK = 4096
 # The operations the agent's I/O engine is built on.

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import errno_reason
 from .sysfs import Roots, integer, text
 
 # Devices that are not hardware queues a task's IO class could map to.
@@ -57,7 +58,6 @@ def _numa_node(entry: Path) -> int | None:
 
 
 def _open_error(path: Path) -> str | None:
-    from ..doctor.report import errno_reason
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
     except OSError as exc:

@@ -10,7 +10,8 @@ from xhagent import cli
 from xhagent.cgroups.mounts import classify, parse_mountinfo
 from xhagent.doctor import missing, render, run_probes
 from xhagent.doctor.iopoll_probe import block_devices
-from xhagent.doctor.report import errno_reason, fail, ok
+from xhagent.doctor.report import fail, ok
+from xhagent.errors import errno_reason
 from xhagent.cpulist import parse_cpulist
 from xhagent.doctor.system_probe import decode_caps, effective_caps, numa_nodes
 
@@ -176,3 +177,12 @@ def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypat
     res = CliRunner().invoke(cli.main, ["doctor"])
     assert res.exit_code == 128 + signal.SIGTERM and "stopped by SIGTERM" in res.stderr
     assert cleaned == [True] and "Traceback" not in res.output
+
+
+def test_errno_reason_is_the_one_format_libbpf_codes_included():
+    # The cgroup writer, the BPF loader and the doctor all print an errno this way.
+    from xhagent.bpf.loader import format_error
+    from xhagent.errors import errno_name
+    assert errno_name(-errno.EOPNOTSUPP) == "EOPNOTSUPP" and errno_name(99999) == "99999"
+    assert format_error("load", -errno.EPERM) == "load: -EPERM (Operation not permitted)"
+    assert format_error("load", -4007).startswith("load: -LIBBPF_ERRNO__VERIFY (")
