@@ -1,5 +1,6 @@
 """Node inventory: what this machine has (CPUs, caches, NUMA, memory, PCIe, GPUs, block
-devices, labels), and the resource model the scheduling core consumes (`model`).
+devices, labels); `build_model` turns what it found into the resource model the scheduling
+core consumes (`xhagent.node_model`, which lives on the ground floor).
 
 `from xhagent.inventory import discover, build_model`; readers take a `Roots` so a
 recorded sysfs/procfs tree can stand in for the live one.

@@ -25,7 +25,7 @@ from .sysfs import Roots
 def inventory(as_json: bool, section: str | None, as_model: bool, config_path: Path | None,
               sysfs_root: Path, procfs_root: Path, dev_root: Path) -> None:
     """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), block devices and labels."""
-    from . import model
+    from .. import node_model as model
     from .collect import build_model, discover
     from .labels import ConfigError, check_reserved, load_config
     from .render import as_dict, section_text, tree

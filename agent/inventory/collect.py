@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import model
+from .. import node_model as model
 from .block import BlockDevice, read_block
 from .cpus import CpuInventory, read_cpus
 from .gpus import GpuInventory, read_gpus

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model import Version, nvlink_islands
+from ..node_model import Version, nvlink_islands
 from .pci import pci_numa_node
 from .sysfs import Roots
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..spec import Cursor, SpecError, load_file, load_text
-from .model import Labels, ModelError, format_path
+from ..node_model import Labels, ModelError, format_path
 from ..cpulist import MAX_CPUS, format_cpulist, parse_cpulist
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")

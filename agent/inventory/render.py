@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import quantity
 from .collect import SECTIONS, Inventory
-from .model import Version, nvlink_islands
+from ..node_model import Version, nvlink_islands
 from .pci import PciDevice
 
 

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 
-from ..inventory.model import Node, Version
+from ..node_model import Node, Version
 from ..quantity import GiB
 from .placement import decide_demand
 from .policy import Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology

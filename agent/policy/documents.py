@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ..inventory import model as inventory
+from .. import node_model as inventory
 from ..spec import Document, ErrorList, SpecError, load_text, read_text
 from .policy import Policy, parse_policy
 from .task import Task, parse_task

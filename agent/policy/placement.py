@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..inventory.model import Version
+from ..node_model import Version
 from ..quantity import human
 from .policy import IO_CLASSES, Match, min_gpu_memory
 from .selector import Selector

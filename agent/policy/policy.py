@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping
 
-from ..inventory.model import Version, parse_version
+from ..node_model import Version, parse_version
 from ..quantity import GiB, format_size, parse_size
 from ..spec import Cursor, Document
 from .selector import Selector, parse_selector

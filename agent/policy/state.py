@@ -1,6 +1,6 @@
 """What is free right now: the inventory's node model plus the allocations made on it.
 
-`inventory.model.Node` describes a node as discovered (frozen); the scheduler needs the
+`node_model.Node` describes a node as discovered (frozen); the scheduler needs the
 same node minus what it has handed out. `NodeState` keeps the handed-out part and answers
 "free CPUs on this L3 domain", "free memory on GPU 3"; `Cluster` holds the nodes, the
 placed tasks (for rack and node affinity) and a version that every change bumps, so a
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..inventory.model import Node
+from ..node_model import Node
 from .policy import IO_CLASSES
 
 

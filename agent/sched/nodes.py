@@ -1,6 +1,6 @@
 """Node models for simulation, in either of two formats.
 
-The inventory's node model (`xhagent.inventory.model`, e.g. configs/examples/nodes.yaml):
+The inventory's node model (`xhagent.node_model`, e.g. configs/examples/nodes.yaml):
 every allocatable CPU and every GPU becomes a slot on its NUMA node.
 
 Or, for quick what-ifs, a plain count per node:
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..inventory import model as inventory
+from .. import node_model as inventory
 from ..spec import Cursor, SpecError, load_file, load_text
 from .simulator import NodeSpec
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import click
 
-from ..inventory.model import ModelError
+from ..node_model import ModelError
 from ..spec import SpecError
 from . import metrics, nodes as node_model, workload as workload_model
 from .workload import TooManyJobs

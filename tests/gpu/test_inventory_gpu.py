@@ -34,7 +34,7 @@ def test_gpus_match_nvidia_smi(smi, run_xhagent):
 
 
 def test_model_has_cuda_version(smi, run_xhagent):
-    from xhagent.inventory import model
+    from xhagent import node_model as model
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
     (node,) = model.loads(res.stdout)

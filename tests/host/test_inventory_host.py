@@ -54,7 +54,7 @@ def test_nvml_unavailable_with_its_reason(inv):
 
 
 def test_model_loads_back(run_xhagent):
-    from xhagent.inventory import model
+    from xhagent import node_model as model
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
     (node,) = model.loads(res.stdout, "<xhagent inventory --model>")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups.policy import load_policy
-from xhagent.inventory import model as inventory
+from xhagent import node_model as inventory
 from xhagent.inventory.labels import load_config
 from xhagent.policy import documents
 from xhagent.sched import nodes as sched_nodes

@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from xhagent.inventory import model as m
+from xhagent import node_model as m
 
 DOC = textwrap.dedent(m.__doc__.split("::", 1)[1].split("Only `name`")[0])
 

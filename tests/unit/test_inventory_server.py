@@ -10,7 +10,8 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
 
-from xhagent.inventory import Roots, build_model, discover, model  # noqa: E402
+from xhagent import node_model as model  # noqa: E402
+from xhagent.inventory import Roots, build_model, discover  # noqa: E402
 from xhagent.inventory.cpus import read_cpus  # noqa: E402
 from xhagent.inventory.gpus import read_gpus  # noqa: E402
 from xhagent.inventory.labels import AgentConfig, ConfigError, parse_config  # noqa: E402

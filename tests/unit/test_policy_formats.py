@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xhagent.inventory.model import Version
+from xhagent.node_model import Version
 from xhagent.policy.cli import policy as policy_cli
 from xhagent.policy.policy import (Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology, choose,
                                    dump_policy, parse_policy, tie_warnings)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from xhagent.inventory.model import Node, Version, load as load_nodes
+from xhagent.node_model import Node, Version, load as load_nodes
 from xhagent.policy.cli import policy as policy_cli
 from xhagent.policy.documents import load
 from xhagent.policy.placement import Demand, Peers, Reason, decide_demand, evaluate

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from xhagent import quantity as q
 from xhagent.cgroups.policy import load_policy_text
-from xhagent.inventory import model
+from xhagent import node_model as model
 from xhagent.policy.cli import policy as policy_cli
 from xhagent.policy.policy import parse_policy
 from xhagent.policy.task import dump_task, parse_task

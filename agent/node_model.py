@@ -1,5 +1,9 @@
 """The resource model of a node: what the scheduling core may hand out, and nothing else.
 
+Ground floor: imports nothing of the agent's packages but other ground-floor modules
+(quantity, cpulist, spec), so inventory (which produces it) and the core (which consumes
+it) both import it.
+
 Built from the inventory (`xhagent.inventory.build_model`) or loaded from YAML/JSON so the
 simulator and tests can describe a node this machine is not. All classes are frozen and
 validated on construction; `from_dict` / `load` report errors with the path of the bad
@@ -64,11 +68,11 @@ from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
 
 import yaml
 
-from ..cpulist import MAX_CPUS
-from ..quantity import abbreviate as _short
-from ..quantity import kind_of as _kind
-from ..quantity import parse_size as parse_bytes
-from ..spec import Document, SpecError, SpecErrors, load_file, load_text
+from .cpulist import MAX_CPUS
+from .quantity import abbreviate as _short
+from .quantity import kind_of as _kind
+from .quantity import parse_size as parse_bytes
+from .spec import Document, SpecError, SpecErrors, load_file, load_text
 
 SCHEMA_VERSION = 1
 
