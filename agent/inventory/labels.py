@@ -102,8 +102,9 @@ def check_reserved(config: AgentConfig, cpus: Iterable[int]) -> None:
     present = sorted(set(cpus))
     missing = sorted(set(config.reserved_cpus) - set(present))
     if missing:
-        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing, empty='none')} are"
-        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {format_cpulist(present, empty='none')}",
+        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing)} are"
+        has = format_cpulist(present, empty="none")
+        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {has}",
                           config.reserved_at or config.source or "")
 
 

@@ -197,7 +197,8 @@ def _render(r: dict) -> str:
         gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else human(g['memory'])})" for g in p["gpus"])
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["parts"].items())
         lines.append(f"  placed on {p['node']}: score {p['score']:.1f} ({parts})")
-        lines.append(f"    cpus {format_cpulist(p['cpus'], empty='none')}" + (f", {gpus}" if gpus else ""))
+        cpus = format_cpulist(p["cpus"], empty="none")
+        lines.append(f"    cpus {cpus}" + (f", {gpus}" if gpus else ""))
     else:
         lines.append("  Pending: no node satisfies the hard constraints")
     for name, v in r["nodes"].items():

@@ -24,7 +24,8 @@ KERNEL_FACING = {
     "xhagent._bpf": "compiled cffi extension over libbpf; absent where it was not built",
     "xhagent._uring": "compiled cffi extension over liburing; absent where it was not built",
     "xhagent.io": "io_uring, O_DIRECT and polled I/O on real devices",
-    "xhagent.cgroups": "the cgroup library writes /sys/fs/cgroup; the core decides, it does not apply",
+    "xhagent.cgroups": "the cgroup library writes /sys/fs/cgroup; the core decides, the "
+                       "executor applies",
     "xhagent.inventory": "discovery reads this machine's sysfs, procfs and NVML; the core takes "
                          "the model (xhagent.node_model) instead",
     "xhagent.trace": "the recorder attaches BPF programs; the format reader imports xhagent.bpf",

@@ -28,7 +28,8 @@ def test_cpulist_refuses_reversed_negative_and_huge_ids(text, message):
 
 def test_cpulist_round_trip():
     assert parse_cpulist("0-2, 5,8191") == [0, 1, 2, 5, 8191]
-    assert format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and format_cpulist([]) == "" and format_cpulist([], empty="none") == "none"
+    assert format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert format_cpulist([]) == "" and format_cpulist([], empty="none") == "none"
     assert format_cpulist([3, 1, 2, 2]) == "1-3"
 
 
