@@ -161,7 +161,7 @@ class Cgroup:
         Keywords: `env` (the child's whole environment; None: this process's), `cwd`,
         `stdin`/`stdout`/`stderr` (fds; None: inherited), `pass_fds` (kept open; every other
         fd above 2 is closed), `start_new_session`, `sigmask` (the child's signal mask; None:
-        the caller's), `method` (`clone3` or `fork` to force one). Returns once the command
+        empty, even inside the caller's `signals_held()`), `method` (`clone3` or `fork` to force one). Returns once the command
         has exec'd, or as soon as the group is seen frozen (the child then waits, frozen,
         before its exec: `started` is False). A failed join, fd setup, chdir or exec raises
         SpawnError (a CgroupError) with the errno and the path, the child already reaped;

@@ -11,7 +11,7 @@ Two ways, chosen at run time (`spawn_method()`):
 
 Either way the child then sets up stdio, closes every other fd but `pass_fds`, changes
 directory, starts a session if asked, puts caught signals back to their defaults and sets its
-mask, and execs (PATH searched in `env`'s PATH; no shell). A step that fails comes back as a
+mask (empty unless `sigmask` is given), and execs (PATH searched in `env`'s PATH; no shell). A step that fails comes back as a
 `SpawnError` naming the step, the path and the errno, after the child is reaped: no 127 exit
 to guess from, no zombie, nothing left in the group.
 
@@ -248,7 +248,7 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
     bcwd = _bytes(cwd, "cwd") if cwd is not None else None
     stdio = [-1 if f is None else int(f) for f in (stdin, stdout, stderr)]
     keep = sorted({int(f) for f in pass_fds if int(f) >= 3})
-    mask = sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []) if sigmask is None else set(sigmask))
+    mask = sorted(set(sigmask or ()))  # None: nothing blocked, whatever the caller holds right now
     how = method or spawn_method()
     if how not in METHODS:
         raise ValueError(f"spawn method {how!r} is not one of {', '.join(METHODS)}")

@@ -12,6 +12,7 @@ import pytest
 from xhagent.cgroups import Cgroup, CgroupError, SpawnError, spawn_method
 from xhagent.cgroups import spawn as spawn_mod
 from xhagent.cgroups.mounts import discover
+from xhagent.signals import signals_held
 
 pytestmark = pytest.mark.host
 METHODS = ["clone3", "fork"]
@@ -138,6 +139,9 @@ def test_signal_dispositions_and_mask(group, method):
     assert code == 0
     assert blk == 1 << (signal.SIGUSR1 - 1)
     assert ign & (1 << (signal.SIGHUP - 1)) and not ign & (1 << (signal.SIGPIPE - 1))
+    with signals_held():  # what the caller blocks for its own section is not the child's mask
+        code, text, _ = _run(group, ["grep", "-E", "^SigBlk", "/proc/self/status"], method)
+    assert code == 0 and int(text.split(":\t")[1], 16) == 0
 
 
 @pytest.mark.parametrize("method", METHODS)
