@@ -263,10 +263,11 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
         raise CgroupError(exc.errno, f"open {target}: {errno_reason(exc)}{gone}") from None
     ffi, lib = _native().ffi, _native().lib
     rd, wr = os.pipe2(os.O_CLOEXEC)
-    try:
-        cargv, keep1 = _cstrings(ffi, bargv)
-        cenv, keep2 = _cstrings(ffi, benv)
-        cpaths, keep3 = _cstrings(ffi, paths)
+    pid = -errno.EIO
+    try:  # (the buffers behind the char* arrays stay referenced until the call returns)
+        cargv, _argv_bufs = _cstrings(ffi, bargv)
+        cenv, _env_bufs = _cstrings(ffi, benv)
+        cpaths, _path_bufs = _cstrings(ffi, paths)
         ccwd = ffi.new("char[]", bcwd) if bcwd is not None else ffi.NULL
         ckeep = ffi.new("int32_t[]", keep or [0])
         cmask = ffi.new("int32_t[]", [int(s) for s in mask] or [0])
@@ -277,12 +278,12 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
             "new_session": int(start_new_session), "mask": cmask, "nmask": len(mask)})
         cpidfd = ffi.new("int32_t *")
         pid = lib.xh_spawn(req, cpidfd)
-        del keep1, keep2, keep3
     finally:
         os.close(wr)
         os.close(gfd)
+        if pid < 0:
+            os.close(rd)
     if pid < 0:
-        os.close(rd)
         err = -pid
         gone = " (the group was removed)" if err in (errno.ENOENT, errno.ENODEV) else ""
         raise CgroupError(err, f"{how} into {group.path}: {errno_reason(err)}{gone}")
@@ -293,7 +294,16 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
         except (OSError, AttributeError):
             pidfd = None  # before Linux 5.3
     child = Spawned(pid, pidfd, how, argv, str(group.path), rd, os.fsdecode(bcwd) if bcwd is not None else None)
-    _await_exec(child, group)
+    try:
+        _await_exec(child, group)
+    except SpawnError:
+        raise
+    except BaseException:  # a signal's exception while waiting for the exec: no child left behind
+        child.kill()
+        os.waitpid(child.pid, 0)
+        child.returncode = -signal.SIGKILL
+        child.close()
+        raise
     return child
 
 

@@ -263,3 +263,15 @@ def test_bad_arguments_are_refused_before_any_child(group):
         with pytest.raises(ValueError):
             group.spawn(argv, **kw)
     assert group.events()["populated"] == 0
+
+
+def test_a_stop_while_waiting_for_the_exec_leaves_no_child(group, monkeypatch):
+    # e.g. Terminated raised by a handler during the wait: the child is killed and reaped
+    def stopped(child, _group):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(spawn_mod, "_await_exec", stopped)
+    before = set(os.listdir("/proc"))
+    with pytest.raises(KeyboardInterrupt):
+        group.spawn(["sleep", "60"])
+    assert group.procs() == [] and group.events()["populated"] == 0
+    assert [p for p in set(os.listdir("/proc")) - before if p.isdigit() and _state(p)] == []
