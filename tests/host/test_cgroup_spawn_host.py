@@ -4,8 +4,8 @@ come back with the errno and the path, reaped, with nothing left in the group.""
 import errno
 import os
 import signal
+import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -18,31 +18,23 @@ pytestmark = pytest.mark.host
 METHODS = ["clone3", "fork"]
 
 
-@pytest.fixture
-def group():
-    root = discover().unified
-    assert root is not None, "this host has a cgroup2 mount"
-    cg = Cgroup(os.path.join(root.path, f"xhagent-spawn-{os.getpid()}")).create()
-    yield cg
-    if cg.path.exists():
-        cg.write("cgroup.freeze", "0")  # never left frozen, whatever a test did
-        if cg.events()["populated"]:
-            cg.kill()
-        cg.remove()
+def within(seconds, fn, *args, **kw):
+    """fn(*args, **kw) in a thread: a call that hangs fails the test instead of the suite
+    (the fixture's thaw then lets it finish)."""
+    result = {}
 
-
-@contextmanager
-def deadline(seconds):
-    """Fail (instead of hanging the suite) when the block takes longer than `seconds`."""
-    def expired(_signum, _frame):
-        raise AssertionError(f"took longer than {seconds}s: spawn hung")
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    def call():
+        try:
+            result["value"] = fn(*args, **kw)
+        except BaseException as exc:  # handed to the test's thread
+            result["error"] = exc
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"{getattr(fn, '__name__', fn)} still running after {seconds}s: it hangs"
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _run(group, argv, method, **kw):
@@ -222,8 +214,7 @@ def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_
     try:
         r, w = os.pipe()
         t0 = time.monotonic()
-        with deadline(10):
-            child = group.spawn(["cat", "/proc/self/cgroup"], stdout=w, method=method)
+        child = within(10, group.spawn, ["cat", "/proc/self/cgroup"], stdout=w, method=method)
         os.close(w)
         assert time.monotonic() - t0 < 5
         assert not child.started and child.poll() is None
@@ -231,8 +222,7 @@ def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_
         time.sleep(0.2)
         assert not child.started  # still frozen before its exec
         group.thaw()
-        with deadline(10):
-            assert child.wait(timeout=5) == 0
+        assert child.wait(timeout=5) == 0
         assert child.started
         with os.fdopen(r, "rb") as out:
             assert _own_line(out.read().decode()) == [_rel(group)]
@@ -244,11 +234,10 @@ def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_
 def test_an_exec_that_fails_after_a_thaw_is_raised_by_wait(group, method):
     group.freeze()
     try:
-        with deadline(10):
-            child = group.spawn(["xh-no-such-program"], method=method)
+        child = within(10, group.spawn, ["xh-no-such-program"], method=method)
         assert not child.started
         group.thaw()
-        with deadline(10), pytest.raises(SpawnError) as info:
+        with pytest.raises(SpawnError) as info:
             child.wait(timeout=5)
         assert info.value.errno == errno.ENOENT and "xh-no-such-program" in str(info.value)
         assert child.returncode == 127
