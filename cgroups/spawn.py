@@ -10,10 +10,11 @@ Two ways, chosen at run time (`spawn_method()`):
   the pidfd comes from pidfd_open (Linux 5.3+) or is None.
 
 Either way the child then sets up stdio, closes every other fd but `pass_fds`, changes
-directory, starts a session if asked, puts caught signals back to their defaults and sets its
-mask (empty unless `sigmask` is given), and execs (PATH searched in `env`'s PATH; no shell). A step that fails comes back as a
-`SpawnError` naming the step, the path and the errno, after the child is reaped: no 127 exit
-to guess from, no zombie, nothing left in the group.
+directory, starts a session if asked, puts caught signals back to their defaults and sets
+its mask (empty unless `sigmask` is given), and execs (PATH searched in `env`'s PATH; no
+shell). A step that fails comes back as a `SpawnError` naming the step, the path and the
+errno, after the child is reaped: no 127 exit to guess from, no zombie, nothing left in
+the group.
 
 In a frozen group (or under a frozen ancestor) the child is created frozen, before it execs
 (clone3: it never reaches user space; fork: it freezes on returning from its cgroup.procs
@@ -166,7 +167,7 @@ class Spawned:
             time.sleep(0.01)
 
     def _reaped(self, status: int) -> None:
-        self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+        self.returncode = os.waitstatus_to_exitcode(status)  # -N when signal N killed it
         self._check_pipe(block=True)  # the child is gone: its end of the pipe is closed
         self._close_pidfd()
 

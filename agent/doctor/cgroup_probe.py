@@ -125,7 +125,8 @@ def _lifecycle_items(root: Path) -> list[Item]:
         finally:
             os.close(devnull)
         why = spawn_method_reason()
-        detail = {"method": sleeper.method, "pidfd": sleeper.pidfd is not None, **({"fallback_because": why} if why else {})}
+        detail = {"method": sleeper.method, "pidfd": sleeper.pidfd is not None,
+                  **({"fallback_because": why} if why else {})}
         members = group.procs()
         items.append(ok("cgroup.spawn", **detail) if members == [sleeper.pid] else
                      fail("cgroup.spawn", f"the sleep (pid {sleeper.pid}) is not what the group holds: {members}",

@@ -1,7 +1,6 @@
 """`bench cgroup-io`'s readers on this host: each starts inside its own group (no
 start-then-move), and they read for real. The io controller itself is the guest's."""
 import os
-import sys
 from pathlib import Path
 
 import pytest
