@@ -2,7 +2,7 @@
 
 `pip install .` and `pip install -e .` both run build_py, which compiles every
 `ebpf/*.bpf.c` into `agent/bpf/objects/` (package data) before the package is
-collected; cffi's setuptools integration builds `xhagent._uring` and `xhagent._bpf`.
+collected; cffi's setuptools integration builds `xhagent._uring`, `xhagent._bpf` and `xhagent._spawn`.
 """
 import runpy
 from pathlib import Path
@@ -24,6 +24,7 @@ setup(
     cffi_modules=[
         "native/uring_build.py:ffibuilder",
         "native/bpf_build.py:ffibuilder",
+        "native/spawn_build.py:ffibuilder",
     ],
     cmdclass={"build_py": build_py_with_bpf},
 )

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from .cgroups import Cgroup, CgroupError
+from .cgroups import Cgroup, CgroupError, Spawned
 from .cgroups import registry as R
 from .cgroups.io_weight import io_cost_enabled, resolve_device, scheduler
 from .cgroups.policy import load_policy_text
@@ -33,7 +33,7 @@ READER = r"""
 import os, sys, threading, time
 from xhagent.io import aligned_buffer
 dev, size, block, threads, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-sys.stdin.readline()  # go: the parent has moved this process into its group
+sys.stdin.readline()  # go: every reader is up (each started inside its own group)
 done = [0] * threads
 deadline = time.monotonic() + seconds
 def read(i):
@@ -58,23 +58,44 @@ def _policy(device: str, weights: list[int]) -> str:
 
 
 def _readers(groups: list[Cgroup], dev: str, size: int, block: int, threads: int, seconds: float) -> list[float]:
-    """MiB/s of one reader per group, all reading at the same time."""
-    procs = [subprocess.Popen([sys.executable, "-c", READER, dev, str(size), str(block), str(threads), str(seconds)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in groups]
+    """MiB/s of one reader per group, all reading at the same time. Each reader is started
+    inside its group (Cgroup.spawn), so none of its reads is charged elsewhere; a line on
+    stdin starts them together once all are up."""
+    argv = [sys.executable, "-c", READER, dev, str(size), str(block), str(threads), str(seconds)]
+    readers: list[tuple[Spawned, object, object]] = []
     try:
-        for proc, group in zip(procs, groups):
-            group.add_proc(proc.pid)
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        out = [proc.communicate(timeout=seconds + 60)[0] for proc in procs]
+        for group in groups:
+            go_r, go_w = os.pipe2(os.O_CLOEXEC)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                child = group.spawn(argv, stdin=go_r, stdout=out_w)
+            except BaseException:
+                for fd in (go_w, out_r):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(go_r)
+                os.close(out_w)
+            readers.append((child, os.fdopen(go_w, "w"), os.fdopen(out_r, "r")))
+        for _, go, _ in readers:
+            try:
+                go.write("go\n")
+                go.close()
+            except BrokenPipeError:
+                pass  # that reader is already gone: its exit status says why
+        deadline = time.monotonic() + seconds + 60
+        for child, _, _ in readers:  # each prints one number: it fits the pipe, so wait first
+            child.wait(timeout=max(deadline - time.monotonic(), 0.001))
+        out = [result.read() for _, _, result in readers]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"a reader failed: exit statuses {[p.returncode for p in procs]}")
+        for child, go, result in readers:
+            if child.returncode is None:
+                child.kill()
+                child.wait()
+            go.close()
+            result.close()
+    if any(child.returncode for child, _, _ in readers):
+        raise RuntimeError(f"a reader failed: exit statuses {[child.returncode for child, _, _ in readers]}")
     return [round(int(o) / seconds / 2**20, 2) for o in out]
 
 

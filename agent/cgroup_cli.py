@@ -11,14 +11,13 @@ Commands that change the subtree (apply, freeze, thaw, kill, run) hold its lock
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from typing import Any
 
 import click
 
-from .cgroups import CgroupError
+from .cgroups import CgroupError, SpawnError
 from .cgroups import registry as R
 from .cgroups.delegation import pending, settle
 from .cgroups.group import MAX_TIMEOUT
@@ -415,54 +414,29 @@ def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bo
             if not asked:
                 _fail(f"{group} is frozen through a group above it: --thaw thaws only {group}")
             cg.thaw()
+        # Blocked from before the child exists until the forwarding is in place: a signal
+        # arriving in between is passed on, not lost; the child gets the mask from before.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
         try:
-            pid, read_end = _start_in(cg, command, mask)
+            child = cg.spawn(list(command), sigmask=mask)  # inside GROUP from its first instruction
         except BaseException:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             raise
-    except CgroupError as exc:
+    except CgroupError as exc:  # SpawnError too: the exec's or the join's, the child already reaped
         lock.release()
         _fail(str(exc))
-    with forward_signals(pid) as received:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came since the fork is passed on now
-        with os.fdopen(read_end, "rb") as pipe:
-            error = pipe.read().decode()  # empty once exec succeeded: the child is in GROUP
+    with forward_signals(child.pid) as received:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came since the spawn is passed on now
         lock.release()
-        _, status = os.waitpid(pid, 0)
-    if error:
-        _fail(error)
+        try:
+            child.wait()
+        except SpawnError as exc:  # the group was frozen after the check: its exec failed at the thaw
+            _fail(str(exc))
     # Killed by signal N: 128+N, as a shell reports it (an exit(137) is not a SIGKILL, though).
-    killed = signal.Signals(os.WTERMSIG(status)) if os.WIFSIGNALED(status) else None
-    code = 128 + killed if killed else os.waitstatus_to_exitcode(status)
+    killed = signal.Signals(-child.returncode) if child.returncode < 0 else None
+    code = 128 + killed if killed else child.returncode
     if as_json:
-        click.echo(json.dumps({"group": group, "path": str(cg.path), "command": list(command), "pid": pid,
+        click.echo(json.dumps({"group": group, "path": str(cg.path), "command": list(command), "pid": child.pid,
                                "exit_code": code, "signal": killed.name if killed else None,
                                "forwarded": [signal.Signals(s).name for s in received]}))
     sys.exit(code)
-
-
-def _start_in(cg, command: tuple[str, ...], mask: set) -> tuple[int, int]:
-    """Fork a child that joins `cg` itself and execs `command` (no window outside the group).
-    Returns its pid and the read end of a pipe that carries the error when exec fails. The
-    caller blocks the terminating signals before and restores `mask` once its forwarding is in
-    place: a signal arriving in between is passed on, not lost."""
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        try:
-            # The parent's Python handlers must not run here: the defaults, then the old mask.
-            for s in TERMINATING:
-                if signal.getsignal(s) is not signal.SIG_IGN:
-                    signal.signal(s, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            cg.add_proc(os.getpid())
-            os.execvp(command[0], list(command))
-        except OSError as exc:
-            os.write(write_end, (str(exc) if isinstance(exc, CgroupError) else f"{command[0]}: {exc.strerror}").encode())
-        except BaseException:  # never run the parent's code in the child
-            pass
-        os._exit(127)
-    os.close(write_end)
-    return pid, read_end

@@ -1,5 +1,7 @@
 """cgroups: the mounts and mode, the cgroup2 controllers, and whether the agent can
-create a group, freeze it and kill it (done for real with a throwaway `sleep`).
+create a group, start a process inside it, freeze it and kill it (done for real with a
+throwaway `sleep`, started inside the group by `Cgroup.spawn`: the item `cgroup.spawn` says
+which way this kernel allows, clone3(CLONE_INTO_CGROUP) or the fork-then-join fallback).
 
 The probe group is `xhagent.slice/doctor-<pid>`. However the doctor ends (an error, SIGINT,
 SIGTERM, SIGHUP: the command turns them into exceptions) the sleep is killed and the group
@@ -14,9 +16,10 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..cgroups import Cgroup, CgroupError
+from ..cgroups import Cgroup, CgroupError, Spawned
 from ..cgroups import registry as R
 from ..cgroups.mounts import discover
+from ..cgroups.spawn import spawn_method, spawn_method_reason
 from ..cgroups.subtree import DEFAULT_SUBTREE
 from ..signals import signals_held
 from .report import Item, fail, ok
@@ -88,7 +91,7 @@ def remove_stale(parent: Path) -> list[str]:
 
 
 def _lifecycle_items(root: Path) -> list[Item]:
-    """Create <root>/xhagent.slice/doctor-<pid>, run a sleep in it, freeze, thaw, kill,
+    """Create <root>/xhagent.slice/doctor-<pid>, start a sleep inside it, freeze, thaw, kill,
     remove; the parent is removed again if the probe created it and nothing else uses it."""
     parent = Cgroup(root / PROBE_PARENT)
     stale = remove_stale(parent.path)
@@ -105,13 +108,29 @@ def _lifecycle_items(root: Path) -> list[Item]:
     except CgroupError as exc:
         _remove_parent(parent, made_parent)
         return [fail("cgroup.create", str(exc)),
+                fail("cgroup.spawn", "no probe group: " + str(exc)),
                 fail("cgroup.freeze", "no probe group: " + str(exc)),
                 fail("cgroup.kill", "no probe group: " + str(exc))]
     sleeper = None
     try:
         items = [ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))]
-        with signals_held():  # a stop inside Popen would leave a sleep that nothing kills
-            sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, close_fds=True)
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with signals_held():  # a stop inside the spawn would leave a sleep that nothing kills
+                sleeper = group.spawn(["sleep", "30"], stdin=devnull)
+        except CgroupError as exc:
+            return items + [fail("cgroup.spawn", str(exc), method=spawn_method()),
+                            fail("cgroup.freeze", "no process in the probe group: " + str(exc)),
+                            fail("cgroup.kill", "no process in the probe group: " + str(exc))]
+        finally:
+            os.close(devnull)
+        why = spawn_method_reason()
+        detail = {"method": sleeper.method, "pidfd": sleeper.pidfd is not None,
+                  **({"fallback_because": why} if why else {})}
+        members = group.procs()
+        items.append(ok("cgroup.spawn", **detail) if members == [sleeper.pid] else
+                     fail("cgroup.spawn", f"the sleep (pid {sleeper.pid}) is not what the group holds: {members}",
+                          **detail))
         return items + _freeze_and_kill(group, sleeper)
     finally:
         try:
@@ -121,12 +140,8 @@ def _lifecycle_items(root: Path) -> list[Item]:
             raise
 
 
-def _freeze_and_kill(group: Cgroup, sleeper: subprocess.Popen) -> list[Item]:
+def _freeze_and_kill(group: Cgroup, sleeper: Spawned) -> list[Item]:
     items = []
-    try:
-        group.add_proc(sleeper.pid)
-    except CgroupError as exc:
-        return [fail("cgroup.freeze", str(exc)), fail("cgroup.kill", str(exc))]
     try:
         group.freeze(timeout=2.0)  # thaws back itself on a timeout, an error or a stop
         frozen = group.events().get("frozen")
@@ -142,7 +157,7 @@ def _freeze_and_kill(group: Cgroup, sleeper: subprocess.Popen) -> list[Item]:
     return items
 
 
-def _clean_up(group: Cgroup, parent: Cgroup, made_parent: bool, sleeper: subprocess.Popen | None) -> None:
+def _clean_up(group: Cgroup, parent: Cgroup, made_parent: bool, sleeper: Spawned | None) -> None:
     with signals_held():
         if sleeper is not None and sleeper.poll() is None:
             sleeper.kill()
@@ -169,7 +184,7 @@ def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
     if hier.unified is None:
         reason = f"no cgroup2 mount (mode {hier.mode})"
         return items + [fail(n, reason) for n in ("cgroup.v2", "cgroup.controllers", "cgroup.create",
-                                                 "cgroup.freeze", "cgroup.kill")]
+                                                 "cgroup.spawn", "cgroup.freeze", "cgroup.kill")]
     root = Cgroup(hier.unified.path)
     items.append(ok("cgroup.v2", path=str(root.path)))
     items.append(_controllers_item(root, hier.v1_controllers))

@@ -154,6 +154,20 @@ def test_run_under_a_frozen_parent_is_refused_even_with_thaw(sub):
         parent.thaw()
 
 
+def test_run_starts_the_command_inside_the_group(sub):
+    res = sub("run", "g", "--", "cat", "/proc/self/cgroup")
+    assert res.returncode == 0, res.stderr
+    own = [line for line in res.stdout.splitlines() if line.startswith("0::")]
+    assert own == ["0::/" + str(sub.g.path.relative_to(discover().unified.path))]
+
+
+def test_run_of_a_missing_command_names_it_and_leaves_nothing(sub):
+    res = sub("run", "g", "--json", "--", "xh-no-such-command", "x")
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.strip() == "xhagent cgroup: xh-no-such-command: No such file or directory", res.stderr
+    assert not sub.g.procs() and sub.g.events()["populated"] == 0
+
+
 def test_run_with_an_empty_command_exits_2(sub):
     res = sub("run", "g", "--", "")
     assert res.returncode == 2 and "empty command" in res.stderr

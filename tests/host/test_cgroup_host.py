@@ -7,24 +7,11 @@ import time
 
 import pytest
 
-from xhagent.cgroups import Cgroup, CgroupError
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups import CgroupError
 
 pytestmark = pytest.mark.host
 
 TICKER = "import sys, time\nwhile True:\n    sys.stdout.write('t'); sys.stdout.flush(); time.sleep(0.005)\n"
-
-
-@pytest.fixture
-def group():
-    root = discover().unified
-    assert root is not None, "this host has a cgroup2 mount"
-    cg = Cgroup(os.path.join(root.path, f"xhagent-test-{os.getpid()}")).create()
-    yield cg
-    if cg.path.exists():
-        if cg.events()["populated"]:
-            cg.kill()
-        cg.remove()
 
 
 def _ticks(fd, seconds):

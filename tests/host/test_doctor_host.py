@@ -65,8 +65,11 @@ def test_cgroup_items_match_mountinfo(report):
     assert report["cgroup.controllers"]["ok"] == {"cpu", "cpuset", "io", "memory", "pids"}.issubset(controllers)
     if not report["cgroup.controllers"]["ok"]:
         assert report["cgroup.controllers"]["available"] == controllers
-    for name in ("cgroup.create", "cgroup.freeze", "cgroup.kill"):
+    for name in ("cgroup.create", "cgroup.spawn", "cgroup.freeze", "cgroup.kill"):
         assert report[name]["ok"], (name, report[name])
+    # 6.18 creates the sleep inside the probe group (clone3 CLONE_INTO_CGROUP) and gives a pidfd
+    assert report["cgroup.spawn"]["method"] == "clone3" and report["cgroup.spawn"]["pidfd"] is True
+    assert "fallback_because" not in report["cgroup.spawn"]
     assert report["cgroup.kill"]["exit_signal"] == 9
     # The probe leaves nothing behind.
     assert not Path(report["cgroup.create"]["path"]).exists()
