@@ -32,7 +32,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from ..doctor.report import errno_reason
+from ..errors import errno_reason
 from .group import CgroupError
 from . import registry as R
 
