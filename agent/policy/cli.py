@@ -10,8 +10,8 @@ import click
 from ..cpulist import format_cpulist
 from ..quantity import human
 from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
-from .placement import Candidate, Demand, Peers, Reason, decide, evaluate
-from .policy import Policy, choose, tie_warnings
+from .explanation import explain as explain_task
+from .policy import Policy, tie_warnings
 from .state import Cluster
 from .task import Task
 
@@ -79,7 +79,7 @@ def explain(task_file: Path, policy_paths: tuple[Path, ...], nodes_file: Path | 
         click.echo(f"xhagent policy explain: {exc}", err=True)
         sys.exit(EXIT_INPUT)
     cluster = Cluster.of(inputs.nodes)
-    reports = [_explain(t, inputs.policies, cluster) for t in inputs.tasks]
+    reports = [explain_task(t, inputs.policies, cluster).as_dict() for t in inputs.tasks]
     warnings = tie_warnings(inputs.policies)
     if as_json:
         click.echo(json.dumps({"schema": 2, "tasks": reports, "warnings": warnings}, indent=2))
@@ -123,67 +123,6 @@ def _this_node():
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InputError(f"cannot read this node's inventory ({reason}); give a node model with --nodes FILE") from None
-
-
-def _explain(task: Task, policies: list[Policy], cluster: Cluster) -> dict:
-    match = choose(policies, task.label_map)
-    demand = Demand.of(task, match)
-    decision = decide(task, match, cluster)
-    peers = Peers(cluster) if demand.needs_peers else None
-    nodes = {}
-    for name, st in cluster.nodes.items():
-        verdict = evaluate(demand, st, peers)
-        if decision.placed is None or isinstance(verdict, Reason):
-            verdict = next((r for r in decision.reasons if r.node == name), verdict)
-        nodes[name] = ({"feasible": False, "kind": verdict.kind, "reason": str(verdict)} if isinstance(verdict, Reason)
-                       else {"feasible": True, "score": verdict.score})
-    pol = match.policy
-    return {
-        "task": task.name,
-        "device_type": task.device_type,
-        "policy": pol.name if pol else None,
-        "policy_priority": pol.priority if pol else None,
-        "preemption": pol.preemption if pol else None,
-        "tied_with": list(match.tied_with),
-        "demand": describe(demand),
-        "pending": decision.placed is None,
-        "placed": _candidate(decision.placed) if decision.placed else None,
-        "nodes": nodes,
-    }
-
-
-def _candidate(c: Candidate) -> dict:
-    return {"node": c.node, "cpus": list(c.cpus), "memory": c.memory,
-            "gpus": [{"index": g.index, "memory": g.memory, "whole": g.whole} for g in c.gpus],
-            "score": c.score, "parts": dict(c.parts)}
-
-
-def describe(d: Demand) -> str:
-    parts = [f"{d.cpus} CPU{'' if d.cpus == 1 else 's'}" + (" on whole cores" if d.smt_exclusive else "") + (" on one NUMA node" if d.numa_single else "")]
-    if d.memory:
-        parts.append(f"{human(d.memory)} memory")
-    if d.gpus:
-        each = f" with {human(d.gpu_memory)} free" if d.gpu_memory is not None else " (whole)"
-        parts.append(f"{d.gpus} GPU{'s' if d.gpus > 1 else ''}{each}")
-    if d.min_cuda:
-        parts.append(f"CUDA >= {d.min_cuda[0]}.{d.min_cuda[1]}")
-    if d.gpu_model:
-        parts.append(f"GPU model {d.gpu_model}")
-    if d.numa_affinity != "none":
-        parts.append(f"NUMA affinity {d.numa_affinity}")
-    if d.io_class:
-        parts.append(f"IO class {d.io_class}")
-    if d.zone:
-        parts.append(f"zone {d.zone}")
-    if d.rack_affinity:
-        parts.append(f"rack {d.rack_affinity} as {d.rack_peers}")
-    if d.same_node_as:
-        parts.append(f"on a node running {d.same_node_as}")
-    if d.away_from:
-        parts.append(f"away from {d.away_from}")
-    if d.device_type == "tpu":
-        parts.append("a TPU")
-    return ", ".join(parts)
 
 
 def _render(r: dict) -> str:

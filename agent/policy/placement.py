@@ -118,18 +118,30 @@ def decide(task: Task, match: Match, cluster: Cluster) -> Decision:
 
 
 def decide_demand(name: str, demand: Demand, cluster: Cluster) -> Decision:
+    return decision_of(name, evaluate_nodes(demand, cluster), cluster.version)
+
+
+def evaluate_nodes(demand: Demand, cluster: Cluster) -> dict[str, Candidate | Reason]:
+    """Every node's verdict on `demand`, in the cluster's order: what it would give (a
+    `Candidate` with its score) or the one `Reason` it cannot. `decide` and `explain` both
+    decide from this, so what explain shows is what the scheduler decided on."""
     peers = Peers(cluster) if demand.needs_peers else None
+    return {name: evaluate(demand, st, peers) for name, st in cluster.nodes.items()}
+
+
+def decision_of(name: str, verdicts: dict[str, Candidate | Reason], version: int) -> Decision:
+    """The best-scoring candidate (ties: the first node name); Pending with every node's
+    reason when no node can take the task."""
     best: Candidate | None = None
     reasons = []
-    for st in cluster.nodes.values():
-        out = evaluate(demand, st, peers)
+    for out in verdicts.values():
         if isinstance(out, Reason):
             reasons.append(out)
         elif best is None or (out.score, best.node) > (best.score, out.node):
             best = out
     if best is not None:
-        return Decision(name, best, (), cluster.version)
-    return Decision(name, None, tuple(reasons), cluster.version)
+        return Decision(name, best, (), version)
+    return Decision(name, None, tuple(reasons), version)
 
 
 # --------------------------------------------------------------------------- filter

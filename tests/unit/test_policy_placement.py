@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from xhagent.node_model import Node, Version, load as load_nodes
 from xhagent.policy.cli import policy as policy_cli
 from xhagent.policy.documents import load
-from xhagent.policy.placement import Demand, Peers, Reason, decide_demand, evaluate
+from xhagent.policy.explanation import explain
+from xhagent.policy.placement import Demand, Peers, Reason, decide_demand, evaluate, evaluate_nodes
 from xhagent.policy.policy import IO_CLASSES
 from xhagent.policy.queue import PendingQueue
 from xhagent.policy.selector import Selector
@@ -410,3 +411,83 @@ def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(tmp_pat
                                           "--policies", str(strict), "--nodes", str(nodes), "--json"])
     placed = json.loads(res.output)["tasks"][0]["placed"]
     assert res.exit_code == 0 and placed["node"] == "node-02", res.output
+
+
+# ------------------------------------------------------------------ explain()
+
+def explain_example(strict_text=None, tmp_path=None):
+    policies = load(EXAMPLES / "video-inference-strict.yaml")
+    if strict_text is not None:
+        path = tmp_path / "strict.yaml"
+        path.write_text(strict_text)
+        policies = load(path)
+    task, = load(EXAMPLES / "task-infer.yaml")
+    return explain(task, policies, Cluster.of(load_nodes(EXAMPLES / "nodes.yaml")))
+
+
+def test_explain_gives_a_placed_task_a_verdict_for_every_node():
+    ex = explain_example()
+    assert ex.match.policy.name == "video-inference-strict" and not ex.pending
+    assert ex.demand.gpus == 1 and ex.demand.gpu_memory == 16 * GiB and ex.demand.cpus == 4
+    assert list(ex.verdicts) == ["node-01", "node-02", "node-03", "node-04"]
+    # The chosen node's verdict is the placement itself, with the placement's score.
+    assert ex.decision.placed.node == "node-02" and ex.verdicts["node-02"] == ex.decision.placed
+    assert ex.verdicts["node-02"].score == ex.decision.placed.score
+    # The others: each either feasible (scoring no better) or exactly one typed reason naming it.
+    assert [(n, v.kind) for n, v in ex.verdicts.items() if isinstance(v, Reason)] == [
+        ("node-01", "InsufficientGPUMemory"), ("node-03", "InsufficientGPUHardware"),
+        ("node-04", "InsufficientGPUHardware")]
+    assert all(v.node == n for n, v in ex.verdicts.items())
+    assert ex.decision.reasons == ()   # the Decision keeps reasons only when Pending; explain, all
+    record = ex.as_dict()
+    assert record["nodes"]["node-02"] == {"feasible": True, "score": ex.decision.placed.score}
+    assert record["nodes"]["node-03"]["reason"] == (
+        "InsufficientGPUHardware: node-03 lacks CUDA 12.2 runtime (has 12.0)")
+
+
+def test_explain_gives_a_pending_task_a_reason_for_every_node(tmp_path):
+    text = (EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', '"13.0"')
+    ex = explain_example(text, tmp_path)
+    assert ex.pending and ex.decision.placed is None
+    assert all(isinstance(v, Reason) and v.node == n for n, v in ex.verdicts.items())
+    assert ex.decision.reasons == tuple(ex.verdicts.values())
+    assert str(ex.verdicts["node-01"]) == (
+        "InsufficientGPUHardware: node-01 lacks CUDA 13.0 runtime (has 12.4)")
+    assert ex.as_dict()["pending"] is True and ex.as_dict()["placed"] is None
+
+
+def test_explain_json_is_the_explain_record_and_evaluates_each_node_once(monkeypatch):
+    """The CLI renders explain(): one evaluation per task and node, nothing re-evaluated."""
+    from xhagent.policy import placement
+    calls = []
+    real = placement.evaluate
+
+    def counted(d, st_, peers=None):
+        calls.append(st_.name)
+        return real(d, st_, peers)
+
+    monkeypatch.setattr(placement, "evaluate", counted)
+    args = ["explain", "--task", str(EXAMPLES / "task-infer.yaml"),
+            "--policies", str(EXAMPLES / "video-inference-strict.yaml"),
+            "--nodes", str(EXAMPLES / "nodes.yaml"), "--json"]
+    res = CliRunner().invoke(policy_cli, args)
+    assert res.exit_code == 0, res.output
+    assert calls == ["node-01", "node-02", "node-03", "node-04"]
+    monkeypatch.setattr(placement, "evaluate", real)
+    assert json.loads(res.output)["tasks"] == [explain_example().as_dict()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), demands())
+def test_every_node_verdict_is_what_decide_chose_from(cluster, demand):
+    verdicts = evaluate_nodes(demand, cluster)
+    assert list(verdicts) == list(cluster.nodes)
+    peers = Peers(cluster)
+    assert verdicts == {n: evaluate(demand, st_, peers) for n, st_ in cluster.nodes.items()}
+    decision = decide_demand("t", demand, cluster)
+    feasible = [v for v in verdicts.values() if not isinstance(v, Reason)]
+    if not feasible:
+        assert decision.pending and decision.reasons == tuple(verdicts.values())
+    else:
+        assert decision.placed == verdicts[decision.placed.node]
+        assert decision.placed.score == max(v.score for v in feasible)
