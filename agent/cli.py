@@ -105,7 +105,7 @@ def version(as_json: bool) -> None:
     import platform
     from importlib import resources
 
-    native = {name: importlib.util.find_spec(f"xhagent.{name}") is not None for name in ("_uring", "_bpf")}
+    native = {name: importlib.util.find_spec(f"xhagent.{name}") is not None for name in ("_uring", "_bpf", "_spawn")}
     objects = sorted(p.name for p in resources.files("xhagent.bpf.objects").iterdir() if p.name.endswith(".bpf.o"))
     info = {"version": __version__, "python": platform.python_version(), "kernel": platform.release(),
             "native": {k.lstrip("_"): v for k, v in native.items()}, "bpf_objects": objects}
