@@ -43,12 +43,6 @@ def run_probes(probes: list[tuple[str, Probe]] | None = None) -> list[Item]:
     return items
 
 
-def missing(items: list[Item], required: Iterable[str]) -> list[str]:
-    """Names in `required` that are absent from the report or not ok."""
-    by_name = {i.name: i for i in items}
-    return [name for name in required if name not in by_name or not by_name[name].ok]
-
-
 def required_problems(items: list[Item], required: Iterable[str]) -> tuple[int, list[str]]:
     """For `--require`: the exit status and a message per problem. 2 when a name is no item
     of a complete report (bad input: the valid names are listed); 1 when an item is not ok,

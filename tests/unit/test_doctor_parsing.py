@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from xhagent import cli
 from xhagent.cgroups.mounts import classify, parse_mountinfo
-from xhagent.doctor import missing, render, run_probes
+from xhagent.doctor import render, required_problems, run_probes
 from xhagent.doctor.iopoll_probe import block_devices
 from xhagent.doctor.report import fail, ok
 from xhagent.errors import errno_reason
@@ -98,7 +98,8 @@ def test_report_json_shape_and_missing():
     assert doc["items"]["io_uring"] == {"ok": True, "entries": 8}
     assert doc["items"]["iopoll"] == {"ok": False, "reason": "no device polls", "devices": []}
     assert doc["missing"] == ["iopoll"] and doc["ok"] == ["io_uring"]
-    assert missing(items, ["io_uring", "iopoll", "absent"]) == ["iopoll", "absent"]
+    assert required_problems(items, ["io_uring"]) == (0, [])
+    assert required_problems(items, ["io_uring", "iopoll"]) == (1, ["required item 'iopoll' is not ok: no device polls"])
     table = render.table(items).splitlines()
     assert table[0].split() == ["ITEM", "OK", "DETAIL", "/", "REASON"]
     assert table[1].split()[:2] == ["io_uring", "ok"] and table[2].split()[:2] == ["iopoll", "NO"]
