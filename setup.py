@@ -4,6 +4,7 @@
 `ebpf/*.bpf.c` into `agent/bpf/objects/` (package data) before the package is
 collected; cffi's setuptools integration builds `xhagent._uring`, `xhagent._bpf` and `xhagent._spawn`.
 """
+
 import runpy
 from pathlib import Path
 

@@ -7,6 +7,7 @@ the same run. The groups are set up by the reconciler from a generated CgroupPol
 a throwaway subtree, and everything (io.cost included) is restored afterwards. Reads
 only: nothing is ever written to the disk.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,11 +54,15 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: bench
 
 
 def _policy(device: str, weights: list[int]) -> str:
-    return HEAD + "".join(f"    - name: w{i}-{w}\n      io: {{weight: {w}, devices: {{{device}: {w}}}}}\n"
-                          for i, w in enumerate(weights))
+    return HEAD + "".join(
+        f"    - name: w{i}-{w}\n      io: {{weight: {w}, devices: {{{device}: {w}}}}}\n"
+        for i, w in enumerate(weights)
+    )
 
 
-def _readers(groups: list[Cgroup], dev: str, size: int, block: int, threads: int, seconds: float) -> list[float]:
+def _readers(
+    groups: list[Cgroup], dev: str, size: int, block: int, threads: int, seconds: float
+) -> list[float]:
     """MiB/s of one reader per group, all reading at the same time. Each reader is started
     inside its group (Cgroup.spawn), so none of its reads is charged elsewhere; a line on
     stdin starts them together once all are up."""
@@ -95,7 +100,9 @@ def _readers(groups: list[Cgroup], dev: str, size: int, block: int, threads: int
             go.close()
             result.close()
     if any(child.returncode for child, _, _ in readers):
-        raise RuntimeError(f"a reader failed: exit statuses {[child.returncode for child, _, _ in readers]}")
+        raise RuntimeError(
+            f"a reader failed: exit statuses {[child.returncode for child, _, _ in readers]}"
+        )
     return [round(int(o) / seconds / 2**20, 2) for o in out]
 
 
@@ -103,9 +110,15 @@ def _split(mibps: list[float], weights: list[int]) -> dict:
     total = sum(mibps) or 1.0
     share = [round(m / total, 4) for m in mibps]
     want = [round(w / sum(weights), 4) for w in weights]
-    return {"weights": weights, "MiBps": mibps, "total_MiBps": round(sum(mibps), 2), "share": share,
-            "weight_share": want, "achieved_ratio_first_to_last": round(mibps[0] / mibps[-1], 3) if mibps[-1] else None,
-            "weight_ratio_first_to_last": round(weights[0] / weights[-1], 3)}
+    return {
+        "weights": weights,
+        "MiBps": mibps,
+        "total_MiBps": round(sum(mibps), 2),
+        "share": share,
+        "weight_share": want,
+        "achieved_ratio_first_to_last": round(mibps[0] / mibps[-1], 3) if mibps[-1] else None,
+        "weight_ratio_first_to_last": round(weights[0] / weights[-1], 3),
+    }
 
 
 def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
@@ -115,13 +128,34 @@ def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
 
 
 @click.command()
-@click.option("--device", default="nvme0n1", show_default=True, help="Block device to read (read-only).")
-@click.option("--seconds", default=4.0, show_default=True, type=FiniteFloat(0.5, 600, lo_open=False, unit=" s"),
-              help="Per run, 0.5..600.")
-@click.option("--block", default=131072, show_default=True, type=click.IntRange(512, 64 << 20), callback=_block,
-              help="Bytes per O_DIRECT read, a multiple of 512.")
-@click.option("--threads", default=4, show_default=True, type=click.IntRange(1, 64), help="Reads in flight per group.")
-@click.option("--json", "as_json", is_flag=True, help="JSON only (it is the default output anyway).")
+@click.option(
+    "--device", default="nvme0n1", show_default=True, help="Block device to read (read-only)."
+)
+@click.option(
+    "--seconds",
+    default=4.0,
+    show_default=True,
+    type=FiniteFloat(0.5, 600, lo_open=False, unit=" s"),
+    help="Per run, 0.5..600.",
+)
+@click.option(
+    "--block",
+    default=131072,
+    show_default=True,
+    type=click.IntRange(512, 64 << 20),
+    callback=_block,
+    help="Bytes per O_DIRECT read, a multiple of 512.",
+)
+@click.option(
+    "--threads",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Reads in flight per group.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON only (it is the default output anyway)."
+)
 def bench_cgroup_io(device: str, seconds: float, block: int, threads: int, as_json: bool) -> None:
     """Bandwidth split between io.weight groups against the weight ratio, with the enforcer.
     SIGINT, SIGTERM or SIGHUP end it after the readers are killed, the groups removed and
@@ -130,7 +164,10 @@ def bench_cgroup_io(device: str, seconds: float, block: int, threads: int, as_js
         with terminate_on_signals():
             _bench(device, seconds, block, threads)
     except Terminated as exc:
-        click.echo(f"xhagent bench cgroup-io: {exc}; groups removed, io.cost and controllers put back", err=True)
+        click.echo(
+            f"xhagent bench cgroup-io: {exc}; groups removed, io.cost and controllers put back",
+            err=True,
+        )
         sys.exit(exc.exit_code)
 
 
@@ -155,8 +192,16 @@ def _bench(device: str, seconds: float, block: int, threads: int) -> None:
     size = int((Path("/sys/block") / device / "size").read_text()) * 512
     had_io = "io" in top.subtree_control()
     qos_before = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
-    out: dict = {"benchmark": "cgroup-io", "device": device, "majmin": majmin, "scheduler": scheduler(majmin),
-                 "seconds": seconds, "block": block, "threads_per_group": threads, "runs": []}
+    out: dict = {
+        "benchmark": "cgroup-io",
+        "device": device,
+        "majmin": majmin,
+        "scheduler": scheduler(majmin),
+        "seconds": seconds,
+        "block": block,
+        "threads_per_group": threads,
+        "runs": [],
+    }
     try:
         click.echo("bench cgroup-io: baseline, one reader alone", err=True)
         solo = _one_run(sub, device, [100], size, block, threads, seconds, out, enable_cost=False)
@@ -164,7 +209,9 @@ def _bench(device: str, seconds: float, block: int, threads: int) -> None:
         for weights in ([500, 100], [500, 100, 10]):
             click.echo(f"bench cgroup-io: weights {weights}, all at once", err=True)
             run = _one_run(sub, device, weights, size, block, threads, seconds, out)
-            run["total_vs_solo"] = round(run["total_MiBps"] / solo["MiBps"][0], 3) if solo["MiBps"][0] else None
+            run["total_vs_solo"] = (
+                round(run["total_MiBps"] / solo["MiBps"][0], 3) if solo["MiBps"][0] else None
+            )
             out["runs"].append(run)
     except (CgroupError, RuntimeError) as exc:
         fail(str(exc))
@@ -174,14 +221,25 @@ def _bench(device: str, seconds: float, block: int, threads: int) -> None:
     model_file = Path("/sys/block") / device / "device" / "model"
     out["device_model"] = model_file.read_text().strip() if model_file.exists() else None
     if out["device_model"] and "QEMU" in out["device_model"]:
-        out["note"] = ("emulated disk: the emulator's CPU, not a device queue, is the bottleneck; io.cost still "
-                       "throttles by weight, but a group's share is floored by what its own reader can issue, "
-                       "so small weights get more than their share")
+        out["note"] = (
+            "emulated disk: the emulator's CPU, not a device queue, is the bottleneck; io.cost still "
+            "throttles by weight, but a group's share is floored by what its own reader can issue, "
+            "so small weights get more than their share"
+        )
     click.echo(json.dumps(out, indent=2))
 
 
-def _one_run(sub, device: str, weights: list[int], size: int, block: int, threads: int, seconds: float,
-             out: dict, enable_cost: bool = True) -> dict:
+def _one_run(
+    sub,
+    device: str,
+    weights: list[int],
+    size: int,
+    block: int,
+    threads: int,
+    seconds: float,
+    out: dict,
+    enable_cost: bool = True,
+) -> dict:
     policy = load_policy_text(_policy(device, weights), "<bench>")
     p = plan(policy, read_actual(sub, policy), Options(own_root=True, enable_io_cost=enable_cost))
     if p.errors:
@@ -192,7 +250,9 @@ def _one_run(sub, device: str, weights: list[int], size: int, block: int, thread
     out["enforcer"] = {dev: e.name for dev, e in p.enforcers.items()} or out.get("enforcer")
     groups = [sub.group(g.path) for g in policy.groups]
     try:
-        return _split(_readers(groups, str(Path("/dev") / device), size, block, threads, seconds), weights)
+        return _split(
+            _readers(groups, str(Path("/dev") / device), size, block, threads, seconds), weights
+        )
     finally:
         for g in groups:
             g.remove(kill_first=True)

@@ -8,6 +8,7 @@ N killed it); a command stopped by SIGINT, SIGTERM or SIGHUP exits 128+N.
 Commands that change the subtree (apply, freeze, thaw, kill, run) hold its lock
 (cgroups.lock) while they do; `--no-wait` fails at once when another one holds it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,10 @@ from .cgroups.io_weight import device_names
 from .cgroups.lock import SubtreeLock
 from .cgroups.mounts import discover
 from .cgroups.policy import Policy, load_policy
-from .cgroups.reconcile import Options, Plan, plan as make_plan
-from .cgroups.state import ApplyReport
+from .cgroups.reconcile import Options, Plan
+from .cgroups.reconcile import plan as make_plan
+from .cgroups.state import ApplyReport, read_actual, read_group, vanished
 from .cgroups.state import apply as apply_plan
-from .cgroups.state import read_actual, read_group, vanished
 from .cgroups.stats import read_stats
 from .cgroups.subtree import Subtree, locate
 from .cliparams import FiniteFloat
@@ -56,14 +57,21 @@ def _settle(sub: Subtree) -> None:
     if sub.agent_leaf:
         moved = settle(sub.mount, sub.placement)
         if moved:
-            click.echo(f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
-                       f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)", err=True)
+            click.echo(
+                f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
+                f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)",
+                err=True,
+            )
 
 
 def _lock(sub: Subtree, no_wait: bool) -> SubtreeLock:
     def waiting(pid: int | None) -> None:
-        click.echo(f"xhagent cgroup: waiting for the lock held by {f'pid {pid}' if pid else 'another process'} "
-                   f"on {sub.path} ({SubtreeLock(sub.path).path})", err=True)
+        click.echo(
+            f"xhagent cgroup: waiting for the lock held by {f'pid {pid}' if pid else 'another process'} "
+            f"on {sub.path} ({SubtreeLock(sub.path).path})",
+            err=True,
+        )
+
     try:
         return SubtreeLock(sub.path).acquire(wait=not no_wait, on_wait=waiting)
     except CgroupError as exc:
@@ -92,14 +100,19 @@ class _Group(click.Group):
             return super().invoke(ctx)
 
 
-_SUBTREE_HELP = ("The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
-                 "cgroup delegated to the agent, else xhagent.slice].")
+_SUBTREE_HELP = (
+    "The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
+    "cgroup delegated to the agent, else xhagent.slice]."
+)
 
 
 @click.group(cls=_Group)
 @click.option("--subtree", default=None, help=_SUBTREE_HELP)
-@click.option("--delegated/--not-delegated", default=None,
-              help="Whether this process's own cgroup is delegated to it [default: systemd's delegate xattr says].")
+@click.option(
+    "--delegated/--not-delegated",
+    default=None,
+    help="Whether this process's own cgroup is delegated to it [default: systemd's delegate xattr says].",
+)
 @click.pass_context
 def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
     """cgroup v2 groups under the agent's subtree, driven by CgroupPolicy files."""
@@ -111,31 +124,53 @@ def _late_subtree(ctx: click.Context, _param: click.Parameter, value: str | None
         return
     given = ctx.obj.get("subtree")
     if given is not None and given != value:
-        raise click.BadParameter(f"{value!r} differs from --subtree {given!r} given before the subcommand")
+        raise click.BadParameter(
+            f"{value!r} differs from --subtree {given!r} given before the subcommand"
+        )
     ctx.obj["subtree"] = value
 
 
 def _subtree_option(fn):
     """`--subtree` is also accepted after the subcommand (`xhagent cgroup show --subtree X`)."""
-    return click.option("--subtree", default=None, expose_value=False, callback=_late_subtree,
-                        help=_SUBTREE_HELP)(fn)
+    return click.option(
+        "--subtree", default=None, expose_value=False, callback=_late_subtree, help=_SUBTREE_HELP
+    )(fn)
 
 
 def _mutation_options(fn):
-    fn = click.option("--no-wait", is_flag=True,
-                      help="Fail at once (exit 1) when another xhagent is changing the subtree.")(fn)
+    fn = click.option(
+        "--no-wait",
+        is_flag=True,
+        help="Fail at once (exit 1) when another xhagent is changing the subtree.",
+    )(fn)
     return _subtree_option(fn)
 
 
 def _policy_options(fn):
     fn = click.option("--json", "as_json", is_flag=True, help="Print JSON.")(fn)
-    fn = click.option("--enable-io-cost", is_flag=True,
-                      help="Enable io.cost in the cgroup2 root's io.cost.qos for devices given per-device weights.")(fn)
-    fn = click.option("--own-root", is_flag=True,
-                      help="The agent owns the cgroup2 root: it may enable controllers there for its subtree.")(fn)
-    fn = click.option("--prune", is_flag=True, help="Remove groups the policy no longer describes (only when empty).")(fn)
-    return click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
-                        help="A CgroupPolicy YAML file.")(fn)
+    fn = click.option(
+        "--enable-io-cost",
+        is_flag=True,
+        help="Enable io.cost in the cgroup2 root's io.cost.qos for devices given per-device weights.",
+    )(fn)
+    fn = click.option(
+        "--own-root",
+        is_flag=True,
+        help="The agent owns the cgroup2 root: it may enable controllers there for its subtree.",
+    )(fn)
+    fn = click.option(
+        "--prune",
+        is_flag=True,
+        help="Remove groups the policy no longer describes (only when empty).",
+    )(fn)
+    return click.option(
+        "-f",
+        "--file",
+        "path",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help="A CgroupPolicy YAML file.",
+    )(fn)
 
 
 def _load(path: str) -> Policy:
@@ -159,11 +194,20 @@ def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Pla
 
 def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
     names = device_names()
-    return {"policy": policy.name, "subtree": str(sub.path), "where": _where(sub), "errors": p.errors, "warnings": p.warnings,
-            "actions": [_jsonable(a.as_dict()) for a in p.actions],
-            "drift": [_jsonable(a.as_dict()) for a in p.drift], "undeclared": p.undeclared,
-            "enforcers": {dev: {"device": names.get(dev, dev), "enforcer": e.name, "note": e.note}
-                          for dev, e in p.enforcers.items()}}
+    return {
+        "policy": policy.name,
+        "subtree": str(sub.path),
+        "where": _where(sub),
+        "errors": p.errors,
+        "warnings": p.warnings,
+        "actions": [_jsonable(a.as_dict()) for a in p.actions],
+        "drift": [_jsonable(a.as_dict()) for a in p.drift],
+        "undeclared": p.undeclared,
+        "enforcers": {
+            dev: {"device": names.get(dev, dev), "enforcer": e.name, "note": e.note}
+            for dev, e in p.enforcers.items()
+        },
+    }
 
 
 def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
@@ -189,8 +233,14 @@ def _print_where(sub: Subtree) -> None:
         click.echo(f"  where: {sub.placement.how}: {sub.placement.why}")
         if sub.agent_leaf:
             pids = pending(sub.mount, sub.placement)
-            click.echo(f"  agent leaf: {sub.path / sub.agent_leaf}"
-                       + (f" (apply or run moves pids {' '.join(map(str, pids))} there first)" if pids else ""))
+            click.echo(
+                f"  agent leaf: {sub.path / sub.agent_leaf}"
+                + (
+                    f" (apply or run moves pids {' '.join(map(str, pids))} there first)"
+                    if pids
+                    else ""
+                )
+            )
 
 
 @cgroup.command()
@@ -214,13 +264,17 @@ def plan(ctx: click.Context, path: str, as_json: bool, **opts: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Plan only, as `plan` does.")
 @_mutation_options
 @click.pass_context
-def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: bool, **opts: bool) -> None:
+def apply(
+    ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: bool, **opts: bool
+) -> None:
     """Make the kernel match the policy; stops at the first refusal and reports."""
     policy = _load(path)
     sub = _subtree(ctx)
     if dry_run:
         p = _plan(ctx, sub, policy, **opts)
-        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(policy, sub, p)
+        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(
+            policy, sub, p
+        )
         sys.exit(1 if p.errors else 0)
     with _lock(sub, no_wait):  # planned and applied against a tree nobody else changes meanwhile
         try:
@@ -229,7 +283,9 @@ def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: 
             _fail(str(exc))
         p = _plan(ctx, sub, policy, **opts)
         if p.errors:
-            click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(policy, sub, p)
+            click.echo(
+                json.dumps(_plan_dict(policy, sub, p), indent=2)
+            ) if as_json else _print_plan(policy, sub, p)
             _fail("nothing applied: the policy cannot be applied on this node")
         report = ApplyReport()
         try:
@@ -241,7 +297,11 @@ def apply(ctx: click.Context, path: str, as_json: bool, dry_run: bool, no_wait: 
                 click.echo(f"  not applied: {a.describe()}")
             _fail(f"{exc} after {len(report.applied)} of {len(p.actions)} actions", exc.exit_code)
     if as_json:
-        click.echo(json.dumps({**_plan_dict(policy, sub, p), "apply": _jsonable(report.as_dict())}, indent=2))
+        click.echo(
+            json.dumps(
+                {**_plan_dict(policy, sub, p), "apply": _jsonable(report.as_dict())}, indent=2
+            )
+        )
     else:
         for a in report.applied:
             click.echo(f"  applied: {a.describe()}")
@@ -266,8 +326,14 @@ def _show_group(cg, stats: dict[str, Any]) -> dict[str, Any] | None:
         if vanished(exc):
             return None
         raise
-    return {"path": str(cg.path), "events": events, "procs": state.procs, "subtree_control": state.subtree_control,
-            "values": _jsonable(state.values), "stats": _jsonable(stats)}
+    return {
+        "path": str(cg.path),
+        "events": events,
+        "procs": state.procs,
+        "subtree_control": state.subtree_control,
+        "values": _jsonable(state.values),
+        "stats": _jsonable(stats),
+    }
 
 
 # Pressure files: averages are percentages of wall time, `total` is microseconds stalled.
@@ -279,8 +345,10 @@ def _stat_text(name: str, value: Any) -> str:
         return str(value)
     pressure = R.BY_NAME.get(name) in (R.CPU_PRESSURE, R.IO_PRESSURE, R.MEMORY_PRESSURE)
     flat = " ".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict))
-    return flat or "; ".join(f"{k}: " + " ".join(f"{a}={b}{_UNITS.get(a, '') if pressure else ''}"
-                                                  for a, b in v.items()) for k, v in value.items())
+    return flat or "; ".join(
+        f"{k}: " + " ".join(f"{a}={b}{_UNITS.get(a, '') if pressure else ''}" for a, b in v.items())
+        for k, v in value.items()
+    )
 
 
 @cgroup.command()
@@ -308,14 +376,19 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
-        click.echo(json.dumps({"subtree": str(sub.path), "where": _where(sub), "groups": out}, indent=2))
+        click.echo(
+            json.dumps({"subtree": str(sub.path), "where": _where(sub), "groups": out}, indent=2)
+        )
         return
     click.echo(f"subtree {sub.path}")
     _print_where(sub)
     for rel, g in out.items():
         ev = " ".join(f"{k}={v}" for k, v in g["events"].items())
-        enabled = ("controllers for children: " + " ".join(g["subtree_control"]) if g["subtree_control"]
-                   else "no controllers enabled for children")
+        enabled = (
+            "controllers for children: " + " ".join(g["subtree_control"])
+            if g["subtree_control"]
+            else "no controllers enabled for children"
+        )
         click.echo(f"{rel}  ({ev}; procs {len(g['procs'])}; {enabled})")
         for name, value in g["values"].items():
             click.echo(f"    {name} = {value}")
@@ -326,12 +399,19 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
 def _group_cmd(name: str, doc: str):
     @cgroup.command(name=name, help=doc)
     @click.argument("group")
-    @click.option("--timeout", default=2.0, show_default=True, type=FiniteFloat(0, MAX_TIMEOUT, unit=" s"),
-                  help=f"Seconds to wait for the kernel (0 < S <= {MAX_TIMEOUT:g}).")
+    @click.option(
+        "--timeout",
+        default=2.0,
+        show_default=True,
+        type=FiniteFloat(0, MAX_TIMEOUT, unit=" s"),
+        help=f"Seconds to wait for the kernel (0 < S <= {MAX_TIMEOUT:g}).",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
     @_mutation_options
     @click.pass_context
-    def command(ctx: click.Context, group: str, timeout: float, as_json: bool, no_wait: bool) -> None:
+    def command(
+        ctx: click.Context, group: str, timeout: float, as_json: bool, no_wait: bool
+    ) -> None:
         sub = _subtree(ctx)
         cg = _existing_group(sub, group)
         froze = False  # this command froze the group: a stop before it reports thaws it back
@@ -342,9 +422,20 @@ def _group_cmd(name: str, doc: str):
                 events = cg.events()
                 with signals_held():  # reported and no longer to be undone, as one step
                     if as_json:
-                        click.echo(json.dumps({"action": name, "group": group, "path": str(cg.path), "events": events}))
+                        click.echo(
+                            json.dumps(
+                                {
+                                    "action": name,
+                                    "group": group,
+                                    "path": str(cg.path),
+                                    "events": events,
+                                }
+                            )
+                        )
                     else:
-                        click.echo(f"{name} {group}: {' '.join(f'{k}={v}' for k, v in events.items())}")
+                        click.echo(
+                            f"{name} {group}: {' '.join(f'{k}={v}' for k, v in events.items())}"
+                        )
                     froze = False  # from here a stop leaves it as reported, and says so
         except (CgroupError, ValueError) as exc:
             _fail(str(exc))
@@ -354,6 +445,7 @@ def _group_cmd(name: str, doc: str):
                     _thaw_quietly(cg, timeout)
             state = _events_text(cg)
             _fail(f"{name} {group}: {exc}" + (f"; now {state}" if state else ""), exc.exit_code)
+
     return command
 
 
@@ -381,21 +473,36 @@ def _events_text(cg) -> str:
         return ""
 
 
-freeze = _group_cmd("freeze", "Freeze GROUP: wait for `frozen 1`; on a timeout, an error or a stop "
-                              "(SIGINT, SIGTERM, SIGHUP) before that, thaw it back.")
+freeze = _group_cmd(
+    "freeze",
+    "Freeze GROUP: wait for `frozen 1`; on a timeout, an error or a stop "
+    "(SIGINT, SIGTERM, SIGHUP) before that, thaw it back.",
+)
 thaw = _group_cmd("thaw", "Thaw GROUP.")
-kill = _group_cmd("kill", "SIGKILL every process in GROUP (cgroup.kill) and wait for `populated 0`.")
+kill = _group_cmd(
+    "kill", "SIGKILL every process in GROUP (cgroup.kill) and wait for `populated 0`."
+)
 
 
 @cgroup.command(context_settings={"ignore_unknown_options": True})
 @click.argument("group")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--thaw", "thaw_first", is_flag=True, help="Thaw GROUP first when it is frozen (else refused).")
-@click.option("--json", "as_json", is_flag=True, help="After the command, print its status as JSON.")
+@click.option(
+    "--thaw", "thaw_first", is_flag=True, help="Thaw GROUP first when it is frozen (else refused)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="After the command, print its status as JSON."
+)
 @_mutation_options
 @click.pass_context
-def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bool, as_json: bool,
-        no_wait: bool) -> None:
+def run(
+    ctx: click.Context,
+    group: str,
+    command: tuple[str, ...],
+    thaw_first: bool,
+    as_json: bool,
+    no_wait: bool,
+) -> None:
     """Start COMMAND inside GROUP and wait for it: `xhagent cgroup run GROUP -- CMD ARGS`.
 
     SIGINT, SIGTERM and SIGHUP are passed on to COMMAND; the exit status is COMMAND's
@@ -410,7 +517,9 @@ def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bo
         asked = cg.read(R.FREEZE.name).strip() == "1"  # frozen or being frozen itself
         if asked or cg.events().get("frozen"):  # ... or through a group above it
             if not thaw_first:
-                _fail(f"{group} is frozen: a command started there would not run (pass --thaw to thaw it first)")
+                _fail(
+                    f"{group} is frozen: a command started there would not run (pass --thaw to thaw it first)"
+                )
             if not asked:
                 _fail(f"{group} is frozen through a group above it: --thaw thaws only {group}")
             cg.thaw()
@@ -426,17 +535,31 @@ def run(ctx: click.Context, group: str, command: tuple[str, ...], thaw_first: bo
         lock.release()
         _fail(str(exc))
     with forward_signals(child.pid) as received:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came since the spawn is passed on now
+        signal.pthread_sigmask(
+            signal.SIG_SETMASK, mask
+        )  # one that came since the spawn is passed on now
         lock.release()
         try:
             child.wait()
-        except SpawnError as exc:  # the group was frozen after the check: its exec failed at the thaw
+        except (
+            SpawnError
+        ) as exc:  # the group was frozen after the check: its exec failed at the thaw
             _fail(str(exc))
     # Killed by signal N: 128+N, as a shell reports it (an exit(137) is not a SIGKILL, though).
     killed = signal.Signals(-child.returncode) if child.returncode < 0 else None
     code = 128 + killed if killed else child.returncode
     if as_json:
-        click.echo(json.dumps({"group": group, "path": str(cg.path), "command": list(command), "pid": child.pid,
-                               "exit_code": code, "signal": killed.name if killed else None,
-                               "forwarded": [signal.Signals(s).name for s in received]}))
+        click.echo(
+            json.dumps(
+                {
+                    "group": group,
+                    "path": str(cg.path),
+                    "command": list(command),
+                    "pid": child.pid,
+                    "exit_code": code,
+                    "signal": killed.name if killed else None,
+                    "forwarded": [signal.Signals(s).name for s in received],
+                }
+            )
+        )
     sys.exit(code)

@@ -3,6 +3,7 @@
 Subcommands live beside the code they drive and are imported only when invoked, so
 `xhagent doctor` does not pay for the simulator and `--help` lists everything.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -78,9 +79,16 @@ def bench() -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys, see README).")
-@click.option("--require", "required", multiple=True, metavar="ITEM",
-              help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys, see README)."
+)
+@click.option(
+    "--require",
+    "required",
+    multiple=True,
+    metavar="ITEM",
+    help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.",
+)
 def doctor(as_json: bool, required: tuple[str, ...]) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
     from .doctor import render, required_problems, run_probes
@@ -105,17 +113,34 @@ def version(as_json: bool) -> None:
     import platform
     from importlib import resources
 
-    native = {name: importlib.util.find_spec(f"xhagent.{name}") is not None for name in ("_uring", "_bpf", "_spawn")}
-    objects = sorted(p.name for p in resources.files("xhagent.bpf.objects").iterdir() if p.name.endswith(".bpf.o"))
-    info = {"version": __version__, "python": platform.python_version(), "kernel": platform.release(),
-            "native": {k.lstrip("_"): v for k, v in native.items()}, "bpf_objects": objects}
+    native = {
+        name: importlib.util.find_spec(f"xhagent.{name}") is not None
+        for name in ("_uring", "_bpf", "_spawn")
+    }
+    objects = sorted(
+        p.name
+        for p in resources.files("xhagent.bpf.objects").iterdir()
+        if p.name.endswith(".bpf.o")
+    )
+    info = {
+        "version": __version__,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "native": {k.lstrip("_"): v for k, v in native.items()},
+        "bpf_objects": objects,
+    }
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
     click.echo(f"xhagent {__version__}")
     click.echo(f"  python {info['python']}, kernel {info['kernel']}")
-    click.echo("  native: " + ", ".join(f"{k} {'built' if v else 'MISSING'}" for k, v in info["native"].items()))
-    click.echo(f"  bpf objects: {', '.join(objects) or 'none (the package was built without clang)'}")
+    click.echo(
+        "  native: "
+        + ", ".join(f"{k} {'built' if v else 'MISSING'}" for k, v in info["native"].items())
+    )
+    click.echo(
+        f"  bpf objects: {', '.join(objects) or 'none (the package was built without clang)'}"
+    )
 
 
 if __name__ == "__main__":

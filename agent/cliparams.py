@@ -4,6 +4,7 @@ click's FloatRange lets NaN through (every comparison with NaN is false) and acc
 infinity, so `--seconds nan` ran a benchmark forever and `--timeout nan` froze a group
 with no deadline. Numbers that bound time or size go through `FiniteFloat`.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,5 +33,9 @@ class FiniteFloat(click.ParamType):
         low_ok = number > self.lo if self.lo_open else number >= self.lo
         if not low_ok or number > self.hi:
             lo = f"{'>' if self.lo_open else '>='} {self.lo:g}"
-            self.fail(f"{number:g} is out of range: must be {lo} and <= {self.hi:g}{self.unit}", param, ctx)
+            self.fail(
+                f"{number:g} is out of range: must be {lo} and <= {self.hi:g}{self.unit}",
+                param,
+                ctx,
+            )
         return number

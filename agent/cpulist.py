@@ -4,6 +4,7 @@ Ground floor: imports nothing of the agent's packages, so any of them may import
 for sysfs files (`devices/system/cpu/online`, `node*/cpulist`), cpuset files, node files,
 the agent config's reservedCpus and what the CLIs print.
 """
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@ every report, CLI message and OSError subclass of the agent uses for an errno.
 
 Ground floor: imports nothing of the agent's packages, so any of them may import it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,8 +19,9 @@ def errno_name(code: int) -> str:
     return "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
 
 
-def errno_reason(err: OSError | int, what: str = "", *, name: str | None = None,
-                 text: str | None = None) -> str:
+def errno_reason(
+    err: OSError | int, what: str = "", *, name: str | None = None, text: str | None = None
+) -> str:
     """`-EOPNOTSUPP (Operation not supported)` for an OSError or an errno (either sign),
     prefixed with `what: ` when given. A library with codes of its own beyond the errno
     range (libbpf's 4000s) passes their `name` and `text`."""

@@ -6,12 +6,12 @@ timer). So a path is checked with stat before it is opened: a regular file, or a
 (standard input) where the user pipes input on purpose; anything else is refused by name.
 Reads stop at a limit the caller states, and going past it is an error, not a truncation.
 """
+
 from __future__ import annotations
 
 import os
 import stat
 import sys
-
 
 
 class InputError(ValueError):
@@ -22,8 +22,13 @@ class InputError(ValueError):
         self.path, self.message = path, message
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 def open_input(path: str) -> int:

@@ -1,4 +1,5 @@
 """/proc/self/mountinfo: every mount's point, file system type and super options."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

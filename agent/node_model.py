@@ -55,6 +55,7 @@ Only `name` is required for a node; every list defaults to empty. A core's `sibl
 all its logical CPUs (reserved or offline ones included) so a scheduler can keep
 `smtExclusive`: a core is whole (`Core.whole`) when every sibling is allocatable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,9 +63,10 @@ import json
 import re
 import types
 import typing
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, NewType, Sequence, Union
+from typing import Any, NamedTuple, NewType, Union
 
 import yaml
 
@@ -111,14 +113,16 @@ class ModelError(ValueError):
         text = f"{loc}: {self.message}" if loc else self.message
         return f"{self.where}: {text}" if self.where else text
 
-    def under(self, *prefix: PathPart) -> "ModelError":
+    def under(self, *prefix: PathPart) -> ModelError:
         return ModelError((*prefix, *self.path), self.message, self.where)
 
 
 def format_path(path: Sequence[PathPart]) -> str:
     out = ""
     for part in path:
-        out += f".{part}" if out else str(part)  # list items by index: gpus.0.memoryTotal, as in spec
+        out += (
+            f".{part}" if out else str(part)
+        )  # list items by index: gpus.0.memoryTotal, as in spec
     return out
 
 
@@ -139,10 +143,10 @@ def _unique(values: Sequence, path: Sequence[PathPart], what: str) -> None:
 
 @dataclass(frozen=True)
 class Core:
-    id: int                                 # core_id from sysfs (unique within a package)
+    id: int  # core_id from sysfs (unique within a package)
     package: int
-    cpus: tuple[CpuId, ...]                 # allocatable logical CPUs of this core
-    siblings: tuple[CpuId, ...] = ()        # all SMT siblings; defaults to `cpus`
+    cpus: tuple[CpuId, ...]  # allocatable logical CPUs of this core
+    siblings: tuple[CpuId, ...] = ()  # all SMT siblings; defaults to `cpus`
 
     def __post_init__(self) -> None:
         if not self.siblings:
@@ -177,8 +181,11 @@ class NumaNode:
     l3: tuple[L3Domain, ...] = ()
 
     def __post_init__(self) -> None:
-        _check(self.memory_free <= self.memory_total or not self.memory_total, ("memoryFree",),
-               f"{self.memory_free} exceeds memoryTotal {self.memory_total}")
+        _check(
+            self.memory_free <= self.memory_total or not self.memory_total,
+            ("memoryFree",),
+            f"{self.memory_free} exceeds memoryTotal {self.memory_total}",
+        )
         _unique([d.id for d in self.l3], ("l3",), "L3 id")
 
     @property
@@ -204,8 +211,11 @@ class Memory:
     hugepages: tuple[HugePages, ...] = ()
 
     def __post_init__(self) -> None:
-        _check(self.available <= self.total or not self.total, ("available",),
-               f"{self.available} exceeds total {self.total}")
+        _check(
+            self.available <= self.total or not self.total,
+            ("available",),
+            f"{self.available} exceeds total {self.total}",
+        )
 
 
 @dataclass(frozen=True)
@@ -220,18 +230,21 @@ class Gpu:
     numa_node: int | None = None
     pci_bus_id: str = ""
     nvlink_peers: tuple[int, ...] = ()
-    island: int | None = None               # filled by Node from nvlink_peers when None
+    island: int | None = None  # filled by Node from nvlink_peers when None
 
     def __post_init__(self) -> None:
-        _check(self.memory_free <= self.memory_total, ("memoryFree",),
-               f"{self.memory_free} exceeds memoryTotal {self.memory_total}")
+        _check(
+            self.memory_free <= self.memory_total,
+            ("memoryFree",),
+            f"{self.memory_free} exceeds memoryTotal {self.memory_total}",
+        )
         _check(self.index not in self.nvlink_peers, ("nvlinkPeers",), "a GPU is not its own peer")
 
 
 @dataclass(frozen=True)
 class BlockIo:
     name: str
-    dev: str                                # MAJ:MIN
+    dev: str  # MAJ:MIN
     rotational: bool = False
     io_poll: bool = False
     poll_queues: int = 0
@@ -239,7 +252,9 @@ class BlockIo:
     numa_node: int | None = None
 
     def __post_init__(self) -> None:
-        _check(re.fullmatch(r"\d+:\d+", self.dev) is not None, ("dev",), f"{self.dev!r} is not MAJ:MIN")
+        _check(
+            re.fullmatch(r"\d+:\d+", self.dev) is not None, ("dev",), f"{self.dev!r} is not MAJ:MIN"
+        )
 
     @property
     def io_class(self) -> str:
@@ -261,14 +276,17 @@ class Labels:
         return self.as_dict().get(key, default)
 
     @classmethod
-    def _parse(cls, raw: Any, path: tuple) -> "Labels":
+    def _parse(cls, raw: Any, path: tuple) -> Labels:
         if raw is None:
             return cls()
         _check(isinstance(raw, dict), path, f"expected a mapping of label: value, got {_kind(raw)}")
         for key, value in raw.items():
             _check(isinstance(key, str) and key != "", path, f"label key {key!r} is not a string")
-            _check(isinstance(value, (str, int, float)) and not isinstance(value, bool), (*path, key),
-                   f"label value must be a string, got {_kind(value)}")
+            _check(
+                isinstance(value, (str, int, float)) and not isinstance(value, bool),
+                (*path, key),
+                f"label value must be a string, got {_kind(value)}",
+            )
         text = {k: str(v) for k, v in raw.items()}
         return cls(text.pop("rack", None), text.pop("zone", None), text)
 
@@ -295,11 +313,17 @@ class Node:
         _check(not both, ("reservedCpus",), f"cpus {both} are both reserved and allocatable")
         numa_ids = {n.id for n in self.numa}
         for i, gpu in enumerate(self.gpus):
-            _check(gpu.numa_node is None or not numa_ids or gpu.numa_node in numa_ids,
-                   ("gpus", i, "numaNode"), f"no NUMA node {gpu.numa_node}")
+            _check(
+                gpu.numa_node is None or not numa_ids or gpu.numa_node in numa_ids,
+                ("gpus", i, "numaNode"),
+                f"no NUMA node {gpu.numa_node}",
+            )
         for i, dev in enumerate(self.io):
-            _check(dev.numa_node is None or not numa_ids or dev.numa_node in numa_ids,
-                   ("io", i, "numaNode"), f"no NUMA node {dev.numa_node}")
+            _check(
+                dev.numa_node is None or not numa_ids or dev.numa_node in numa_ids,
+                ("io", i, "numaNode"),
+                f"no NUMA node {dev.numa_node}",
+            )
         _unique([g.index for g in self.gpus], ("gpus",), "GPU index")
         _unique([d.name for d in self.io], ("io",), "device name")
         object.__setattr__(self, "gpus", _with_islands(self.gpus))
@@ -333,7 +357,7 @@ class Node:
         return _dump(self)
 
     @classmethod
-    def from_dict(cls, raw: Any) -> "Node":
+    def from_dict(cls, raw: Any) -> Node:
         return _parse(cls, raw, ())
 
 
@@ -363,7 +387,9 @@ def _with_islands(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
         missing = sorted(set(g.nvlink_peers) - indices)
         _check(not missing, ("gpus", i, "nvlinkPeers"), f"no GPU with index {missing}")
         lonely = sorted(p for p in g.nvlink_peers if g.index not in peers[p])
-        _check(not lonely, ("gpus", i, "nvlinkPeers"), f"GPUs {lonely} do not list {g.index} as a peer")
+        _check(
+            not lonely, ("gpus", i, "nvlinkPeers"), f"GPUs {lonely} do not list {g.index} as a peer"
+        )
     computed = nvlink_islands(peers)
     given = {g.index: g.island for g in gpus if g.island is not None}
     if given:
@@ -373,22 +399,29 @@ def _with_islands(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
         for i, g in enumerate(gpus):
             for other in gpus:
                 same_link = computed[g.index] == computed[other.index]
-                _check(same_link == (g.island == other.island), ("gpus", i, "island"),
-                       f"island {g.island} disagrees with nvlinkPeers (GPU {other.index})")
+                _check(
+                    same_link == (g.island == other.island),
+                    ("gpus", i, "island"),
+                    f"island {g.island} disagrees with nvlinkPeers (GPU {other.index})",
+                )
         return gpus
     return tuple(dataclasses.replace(g, island=computed[g.index]) for g in gpus)
 
 
 # --------------------------------------------------------------------- dict <-> object
 
+
 def parse_version(value: Any) -> Version:
     """`"12.4"`, `12.4` or `[12, 4]` -> Version(12, 4)."""
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         return Version(*value)
     m = re.fullmatch(r"(\d+)\.(\d+)", str(value)) if isinstance(value, (str, float)) else None
     if not m:
-        raise ValueError(f"expected a version MAJOR.MINOR such as \"12.4\", got {value!r}")
+        raise ValueError(f'expected a version MAJOR.MINOR such as "12.4", got {value!r}')
     return Version(int(m.group(1)), int(m.group(2)))
 
 
@@ -446,16 +479,28 @@ def _parse(tp: Any, raw: Any, path: tuple, errors: list[ModelError] | None = Non
         raise ModelError(path, str(exc)) from None
     if origin is tuple:
         _check(isinstance(raw, list), path, f"expected a list, got {_kind(raw)}")
-        return tuple(_all(errors, [(_parse, args[0], v, (*path, i), errors) for i, v in enumerate(raw)]))
+        return tuple(
+            _all(errors, [(_parse, args[0], v, (*path, i), errors) for i, v in enumerate(raw)])
+        )
     if origin is dict:
         _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
         # JSON turns int keys into strings; take them back.
-        fix = (lambda k: int(k) if isinstance(k, str) and k.isdigit() else k) if args[0] is int else (lambda k: k)
-        return {_parse(args[0], fix(k), path): _parse(args[1], v, (*path, k)) for k, v in raw.items()}
+        fix = (
+            (lambda k: int(k) if isinstance(k, str) and k.isdigit() else k)
+            if args[0] is int
+            else (lambda k: k)
+        )
+        return {
+            _parse(args[0], fix(k), path): _parse(args[1], v, (*path, k)) for k, v in raw.items()
+        }
     if tp is bool:
         _check(isinstance(raw, bool), path, f"expected true or false, got {_kind(raw)}")
     elif tp in (int, CpuId):
-        _check(isinstance(raw, int) and not isinstance(raw, bool), path, f"expected an integer, got {_kind(raw)}")
+        _check(
+            isinstance(raw, int) and not isinstance(raw, bool),
+            path,
+            f"expected an integer, got {_kind(raw)}",
+        )
         hi = MAX_CPUS - 1 if tp is CpuId else MAX_INT
         _check(0 <= raw <= hi, path, f"{_short(raw)} is out of range 0..{hi}")
     elif tp is str:
@@ -463,7 +508,9 @@ def _parse(tp: Any, raw: Any, path: tuple, errors: list[ModelError] | None = Non
     return raw
 
 
-def _parse_dataclass(cls: type, raw: Any, path: tuple, errors: list[ModelError] | None = None) -> Any:
+def _parse_dataclass(
+    cls: type, raw: Any, path: tuple, errors: list[ModelError] | None = None
+) -> Any:
     if hasattr(cls, "_parse"):
         return cls._parse(raw, path)
     _check(isinstance(raw, dict), path, f"expected a mapping, got {_kind(raw)}")
@@ -475,10 +522,19 @@ def _parse_dataclass(cls: type, raw: Any, path: tuple, errors: list[ModelError] 
     def missing(key: str) -> None:
         raise ModelError(path, f"missing required key {key!r}")
 
-    calls = [(_parse, _hints(cls)[known[key].name], value, (*path, key), errors) if key in known else (unknown, key)
-             for key, value in raw.items()]
-    calls += [(missing, key) for key, f in known.items() if key not in raw
-              and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    calls = [
+        (_parse, _hints(cls)[known[key].name], value, (*path, key), errors)
+        if key in known
+        else (unknown, key)
+        for key, value in raw.items()
+    ]
+    calls += [
+        (missing, key)
+        for key, f in known.items()
+        if key not in raw
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     values = _all(errors, calls)
     kwargs = {known[key].name: value for key, value in zip(raw, values)}
     try:
@@ -510,10 +566,19 @@ def nodes_from_data(data: Any, errors: list[ModelError] | None = None) -> list[N
     if isinstance(data, dict) and "nodes" in data:
         extra = sorted(set(data) - {"nodes", "version"})
         _check(not extra, (extra[0],) if extra else (), "unknown key; expected nodes, version")
-        _check(data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION, ("version",),
-               f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}")
-        _check(isinstance(data["nodes"], list), ("nodes",), f"expected a list, got {_kind(data['nodes'])}")
-        nodes = _all(errors, [(_parse, Node, n, ("nodes", i), errors) for i, n in enumerate(data["nodes"])])
+        _check(
+            data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION,
+            ("version",),
+            f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}",
+        )
+        _check(
+            isinstance(data["nodes"], list),
+            ("nodes",),
+            f"expected a list, got {_kind(data['nodes'])}",
+        )
+        nodes = _all(
+            errors, [(_parse, Node, n, ("nodes", i), errors) for i, n in enumerate(data["nodes"])]
+        )
         _unique([n.name for n in nodes], ("nodes",), "node name")
         return nodes
     return [_parse(Node, data, (), errors)]
@@ -533,8 +598,11 @@ def from_documents(docs: list[Document], source: str) -> list[Node]:
     if not docs:
         raise ModelError((), "empty document; expected a node or `nodes: [...]`", f"{source}:1:1")
     if len(docs) > 1:
-        raise ModelError((), "expected one document (a node or `nodes: [...]`)",
-                         "{}:{}:{}".format(source, *docs[1].position(())))
+        raise ModelError(
+            (),
+            "expected one document (a node or `nodes: [...]`)",
+            "{}:{}:{}".format(source, *docs[1].position(())),
+        )
     doc, errors = docs[0], []
     _versions_as_written(doc)
     try:
@@ -544,7 +612,10 @@ def from_documents(docs: list[Document], source: str) -> list[Node]:
     except ModelError as exc:
         errors.append(exc)
     if errors:
-        located = [doc.error(e.path, f"{format_path(e.path)}: {e.message}" if e.path else e.message) for e in errors]
+        located = [
+            doc.error(e.path, f"{format_path(e.path)}: {e.message}" if e.path else e.message)
+            for e in errors
+        ]
         raise ModelError((), str(SpecErrors(located)))
     return nodes
 

@@ -17,6 +17,7 @@ The rule is Kubernetes' resource.Quantity, for bytes:
 Kernel text is another matter: sysfs and the kernel's memparse read `K`, `M`, `G` as powers
 of 1024; `kernel_size` reads that, and only text the kernel wrote.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,7 +34,8 @@ _SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)\s*")
 _KERNEL = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Output units, largest first; binary first on a tie (16GiB, not 17179869184).
 _OUT = sorted(((s, u) for u, s in BINARY.items()), reverse=True) + sorted(
-    ((s, u) for u, s in DECIMAL.items() if u != "K"), reverse=True)
+    ((s, u) for u, s in DECIMAL.items() if u != "K"), reverse=True
+)
 
 
 def parse_size(value: Any, forms: str = FORMS) -> int:
@@ -52,8 +54,10 @@ def parse_size(value: Any, forms: str = FORMS) -> int:
         whole, frac, unit = m.group(1).lstrip("0"), (m.group(2) or "").rstrip("0"), m.group(3)
         scale = UNITS.get(unit[:-1] if unit.endswith("B") else unit)
         if scale is None:
-            raise ValueError(f"expected a size such as {forms}, got {abbreviate(value)!r} (units: k M G T P E, "
-                             "Ki Mi Gi Ti Pi Ei, optionally with B; case matters)")
+            raise ValueError(
+                f"expected a size such as {forms}, got {abbreviate(value)!r} (units: k M G T P E, "
+                "Ki Mi Gi Ti Pi Ei, optionally with B; case matters)"
+            )
         # Exact arithmetic on bounded text: a 400-digit size is "larger", never an OverflowError.
         if len(whole) > 20:
             raise ValueError(f"size {abbreviate(value)} is larger than 8 EiB")
@@ -71,7 +75,9 @@ def parse_size(value: Any, forms: str = FORMS) -> int:
 def format_size(n: int) -> str | int:
     """The canonical text of `n` bytes, parsed back to `n`: the exact form with the fewest
     digits (`16GiB`, `16GB`, `1500kB`), binary on a tie; plain bytes otherwise (an int)."""
-    for scale, unit in sorted(_OUT, key=lambda su: len(str(n // su[0])) if n and n % su[0] == 0 else 99):
+    for scale, unit in sorted(
+        _OUT, key=lambda su: len(str(n // su[0])) if n and n % su[0] == 0 else 99
+    ):
         if n and n % scale == 0:
             return f"{n // scale}{unit}B"
     return n
@@ -109,5 +115,12 @@ def abbreviate(value: Any) -> str:
 
 def kind_of(value: Any) -> str:
     # What a user wrote, in words: never a Python repr such as datetime.date(2024, 1, 1).
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), f"a {type(value).__name__}")
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), f"a {type(value).__name__}")

@@ -13,12 +13,13 @@ runs on. These three tools make every stop take the same path as an error:
 
 Handlers run only in the main thread (CPython's rule); the tools are for the CLI's main thread.
 """
+
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -44,8 +45,10 @@ def _handlers(handler: Callable, signals: tuple[int, ...]) -> Iterator[None]:
 
 def terminate_on_signals(signals: tuple[int, ...] = TERMINATING):
     """Raise Terminated for `signals` inside the block."""
+
     def handler(signum: int, _frame) -> None:
         raise Terminated(signum)
+
     return _handlers(handler, signals)
 
 
@@ -70,6 +73,7 @@ def forward_signals(pid: int, signals: tuple[int, ...] = TERMINATING) -> Iterato
             os.kill(pid, signum)
         except ProcessLookupError:
             pass  # it has exited; the caller's wait reaps it
+
     with _handlers(handler, signals):
         yield received
 

@@ -15,26 +15,30 @@ must be UTF-8, may not use YAML aliases (a few hundred bytes of them expand to g
 may not nest deeper than `MAX_DEPTH`, and numbers must be finite and fit in 64 bits. Each
 refusal is a located SpecError like any other mistake.
 """
+
 from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
 from .inputs import InputError, read_input
 
 T = TypeVar("T")
-MAX_BYTES = 4 << 20       # the largest spec file: far above any real policy or node model
-MAX_DEPTH = 128           # nesting levels: a node model uses ten, 32 levels of cgroups about 70
-MAX_INT = 1 << 64         # integers beyond this are refused where they are read
-SHOWN_CHARS = 512         # at most this much of a value is quoted back in a message
+MAX_BYTES = 4 << 20  # the largest spec file: far above any real policy or node model
+MAX_DEPTH = 128  # nesting levels: a node model uses ten, 32 levels of cgroups about 70
+MAX_INT = 1 << 64  # integers beyond this are refused where they are read
+SHOWN_CHARS = 512  # at most this much of a value is quoted back in a message
 Path_ = tuple[Any, ...]
-MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING", "__bool__": lambda self: False})()
+MISSING: Any = type(
+    "Missing", (), {"__repr__": lambda self: "MISSING", "__bool__": lambda self: False}
+)()
 
 
 class SpecError(ValueError):
@@ -60,9 +64,11 @@ class SpecErrors(SpecError):
         first = errors[0]
         super().__init__(first.file, first.line, first.col, first.message)
         self.errors, self.total = errors, max(total or 0, len(errors))
-        lines = [str(e) for e in errors[:self.SHOWN]]
+        lines = [str(e) for e in errors[: self.SHOWN]]
         if self.total > len(lines):
-            lines.append(f"{first.file}: {self.total} errors in all, {self.total - len(lines)} more not shown")
+            lines.append(
+                f"{first.file}: {self.total} errors in all, {self.total - len(lines)} more not shown"
+            )
         self.args = ("\n".join(lines),)
 
 
@@ -136,12 +142,16 @@ class Document:
         return SpecError(self.file, *self.position(path), message)
 
     @property
-    def root(self) -> "Cursor":
+    def root(self) -> Cursor:
         return Cursor(self, (), self.value)
 
 
 def _at(file: str, mark: yaml.Mark | None, message: str) -> SpecError:
-    return SpecError(file, mark.line + 1, mark.column + 1, message) if mark else SpecError(file, 1, 1, message)
+    return (
+        SpecError(file, mark.line + 1, mark.column + 1, message)
+        if mark
+        else SpecError(file, 1, 1, message)
+    )
 
 
 def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
@@ -156,7 +166,10 @@ def _build(node: yaml.Node, path: Path_, doc: Document) -> Any:
                 raise _at(doc.file, key_node.start_mark, f"duplicate key {key_node.value!r}")
             out[key] = _build(value_node, (*path, key), doc)
             # A key's own position, for messages about the key (unknown field, ...).
-            doc.positions[(*path, key, "<key>")] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            doc.positions[(*path, key, "<key>")] = (
+                key_node.start_mark.line + 1,
+                key_node.start_mark.column + 1,
+            )
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(item, (*path, i), doc) for i, item in enumerate(node.value)]
@@ -179,12 +192,19 @@ def _scalar(node: yaml.ScalarNode, doc: Document) -> Any:
     except (yaml.YAMLError, ValueError, OverflowError) as exc:
         # `2026-13-45` (a date), `!!python/name:...`, an int past Python's digit limit
         problem = getattr(exc, "problem", None) or str(exc)
-        raise _at(doc.file, node.start_mark, f"invalid value {node.value[:40]!r}: {problem}") from None
+        raise _at(
+            doc.file, node.start_mark, f"invalid value {node.value[:40]!r}: {problem}"
+        ) from None
     if isinstance(value, float) and not math.isfinite(value):
         raise _at(doc.file, node.start_mark, f"{node.value[:40]!r} is not a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT < value < MAX_INT:
-        raise _at(doc.file, node.start_mark, f"{node.value[:40]}... is too large (at most 64 bits)"
-                  if len(node.value) > 40 else f"{node.value} is too large (at most 64 bits)")
+        raise _at(
+            doc.file,
+            node.start_mark,
+            f"{node.value[:40]}... is too large (at most 64 bits)"
+            if len(node.value) > 40
+            else f"{node.value} is too large (at most 64 bits)",
+        )
     return value
 
 
@@ -198,8 +218,11 @@ class _Composer(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            raise _at(self.file, event.start_mark,
-                      f"YAML aliases (*{event.anchor}) are not supported: write the value out")
+            raise _at(
+                self.file,
+                event.start_mark,
+                f"YAML aliases (*{event.anchor}) are not supported: write the value out",
+            )
         if self.depth >= MAX_DEPTH:
             raise _at(self.file, event.start_mark, f"nested more than {MAX_DEPTH} levels deep")
         self.depth += 1
@@ -227,10 +250,15 @@ def load_text(text: str, file: str = "<string>") -> list[Document]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise YamlSyntaxError(file, line, col, f"invalid YAML: {exc.problem or exc.context}") from None
+        raise YamlSyntaxError(
+            file, line, col, f"invalid YAML: {exc.problem or exc.context}"
+        ) from None
     except yaml.reader.ReaderError as exc:  # a control character: a binary file
-        raise _at(file, _mark_at(text, exc.position),
-                  f"not a text file (character U+{exc.character:04X} is not allowed)") from None
+        raise _at(
+            file,
+            _mark_at(text, exc.position),
+            f"not a text file (character U+{exc.character:04X} is not allowed)",
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -248,7 +276,7 @@ def decode(data: bytes, file: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        head = data[:exc.start]
+        head = data[: exc.start]
         line, start = head.count(b"\n") + 1, head.rfind(b"\n") + 1
         col = len(head[start:].decode("utf-8", "replace")) + 1
         raise SpecError(file, line, col, f"not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
@@ -300,7 +328,7 @@ class Cursor:
     def error(self, message: str) -> SpecError:
         return self.doc.error(self.path, message)
 
-    def __getitem__(self, key: Any) -> "Cursor":
+    def __getitem__(self, key: Any) -> Cursor:
         if isinstance(self.value, dict) and key in self.value:
             return Cursor(self.doc, (*self.path, key), self.value[key])
         if isinstance(self.value, list) and isinstance(key, int) and 0 <= key < len(self.value):
@@ -308,7 +336,9 @@ class Cursor:
         return Cursor(self.doc, (*self.path, key), MISSING)
 
     # -- structure ------------------------------------------------------------------
-    def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> "Cursor":
+    def mapping(
+        self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()
+    ) -> Cursor:
         """Check this is a mapping with only `allowed` keys and every `required` one; every
         unknown or missing field is reported at once (SpecErrors)."""
         if not isinstance(self.value, dict):
@@ -318,9 +348,17 @@ class Cursor:
             allowed = list(allowed)
             for key in self.value:
                 if key not in allowed:
-                    pos = self.doc.positions.get((*self.path, key, "<key>")) or self.doc.position(self.path)
-                    errors.add(SpecError(self.doc.file, *pos, f"unknown field {_field(self.path, key)!r}"
-                                         + did_you_mean(str(key), allowed)))
+                    pos = self.doc.positions.get((*self.path, key, "<key>")) or self.doc.position(
+                        self.path
+                    )
+                    errors.add(
+                        SpecError(
+                            self.doc.file,
+                            *pos,
+                            f"unknown field {_field(self.path, key)!r}"
+                            + did_you_mean(str(key), allowed),
+                        )
+                    )
         for key in sorted(required):
             if key not in self.value:
                 errors.add(self.error(f"missing required field {_field(self.path, key)!r}"))
@@ -334,12 +372,12 @@ class Cursor:
             self.mapping(allowed, required)
         return isinstance(self.value, dict)
 
-    def items(self) -> Iterator[tuple[Any, "Cursor"]]:
+    def items(self) -> Iterator[tuple[Any, Cursor]]:
         self.mapping()
         for key in self.value:
             yield key, self[key]
 
-    def seq(self, default: list | None = None) -> list["Cursor"]:
+    def seq(self, default: list | None = None) -> list[Cursor]:
         if not self.present and default is not None:
             return []
         if not isinstance(self.value, list):
@@ -361,7 +399,10 @@ class Cursor:
         if not isinstance(value, str):
             raise self.error(f"{self.where}: expected a string, got {_kind(value)}")
         if choices is not None and value not in (choices := list(choices)):
-            raise self.error(f"{self.where}: {value!r} is not one of {', '.join(choices)}" + did_you_mean(value, choices))
+            raise self.error(
+                f"{self.where}: {value!r} is not one of {', '.join(choices)}"
+                + did_you_mean(value, choices)
+            )
         return value
 
     def int(self, lo: int | None = None, hi: int | None = None, default: Any = MISSING) -> Any:
@@ -372,7 +413,9 @@ class Cursor:
             raise self.error(f"{self.where}: expected an integer, got {_kind(value)}")
         return self._in_range(value, lo, hi)
 
-    def number(self, lo: float | None = None, hi: float | None = None, default: Any = MISSING) -> Any:
+    def number(
+        self, lo: float | None = None, hi: float | None = None, default: Any = MISSING
+    ) -> Any:
         value = self._get(default)
         if value is default and not self.present:
             return value
@@ -387,7 +430,10 @@ class Cursor:
             return value
         if lo is not None and hi is not None:
             raise self.error(f"{self.where}: {value} is out of range {lo}..{hi}")
-        raise self.error(f"{self.where}: {value} is " + (f"below the minimum {lo}" if hi is None else f"above the maximum {hi}"))
+        raise self.error(
+            f"{self.where}: {value} is "
+            + (f"below the minimum {lo}" if hi is None else f"above the maximum {hi}")
+        )
 
     def bool(self, default: Any = MISSING) -> Any:
         value = self._get(default)
@@ -395,7 +441,9 @@ class Cursor:
             raise self.error(f"{self.where}: expected true or false, got {_kind(value)}")
         return value
 
-    def parse(self, fn: Callable[[Any], T], what: str, default: Any = MISSING, as_written: bool = False) -> T:
+    def parse(
+        self, fn: Callable[[Any], T], what: str, default: Any = MISSING, as_written: bool = False
+    ) -> T:
         """Apply a parser (cpu list, byte size, duration...); its ValueError is located here.
         `as_written`: the parser gets the scalar's source text (versions: `12.10` is not 12.1)."""
         value = self._get(default)
@@ -406,15 +454,21 @@ class Cursor:
         try:
             return fn(value)
         except (ValueError, TypeError, OverflowError) as exc:
-            detail = str(exc) if len(str(exc)) <= SHOWN_CHARS else str(exc)[:SHOWN_CHARS - 3] + "..."
-            raise self.error(f"{self.where}: {self._shown()} is not a valid {what}: {detail}") from None
+            detail = (
+                str(exc) if len(str(exc)) <= SHOWN_CHARS else str(exc)[: SHOWN_CHARS - 3] + "..."
+            )
+            raise self.error(
+                f"{self.where}: {self._shown()} is not a valid {what}: {detail}"
+            ) from None
 
     def _shown(self) -> str:
         """The value for a message: as written in the file, never a Python repr."""
         text = self.text
         if text is None:
             return _kind(self.value)
-        text = text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."  # a 4 MiB value stays out
+        text = (
+            text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+        )  # a 4 MiB value stays out
         return repr(text) if isinstance(self.value, str) else text
 
 
@@ -428,5 +482,11 @@ def _kind(value: Any) -> str:
         return "nothing"
     if value is None:
         return "null"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)

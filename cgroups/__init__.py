@@ -3,16 +3,43 @@ registry of cgroup files, CgroupPolicy files and the reconciler that applies the
 
 Usable on its own as `xhagent.cgroups`.
 """
+
+from .delegation import AGENT_LEAF, DelegationError, Placement  # noqa: E402 - builds on .subtree
 from .group import Cgroup, CgroupError
 from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover, fs_magic, parse_mountinfo
 from .policy import Policy, load_policy, load_policy_text
 from .reconcile import Actual, Options, Plan, plan
-from .state import ApplyReport, apply, read_actual
 from .spawn import Spawned, SpawnError, spawn_method
+from .state import ApplyReport, apply, read_actual
 from .stats import read_stats
 from .subtree import DEFAULT_SUBTREE, Subtree, locate
-from .delegation import AGENT_LEAF, DelegationError, Placement  # noqa: E402 - builds on .subtree
 
-__all__ = ["AGENT_LEAF", "CGROUP2_SUPER_MAGIC", "DEFAULT_SUBTREE", "Actual", "DelegationError", "Placement", "ApplyReport", "Cgroup", "CgroupError", "Mount",
-           "Options", "Plan", "Policy", "SpawnError", "Spawned", "Subtree", "apply", "discover", "fs_magic", "load_policy",
-           "load_policy_text", "locate", "parse_mountinfo", "plan", "read_actual", "read_stats", "spawn_method"]
+__all__ = [
+    "AGENT_LEAF",
+    "CGROUP2_SUPER_MAGIC",
+    "DEFAULT_SUBTREE",
+    "Actual",
+    "DelegationError",
+    "Placement",
+    "ApplyReport",
+    "Cgroup",
+    "CgroupError",
+    "Mount",
+    "Options",
+    "Plan",
+    "Policy",
+    "SpawnError",
+    "Spawned",
+    "Subtree",
+    "apply",
+    "discover",
+    "fs_magic",
+    "load_policy",
+    "load_policy_text",
+    "locate",
+    "parse_mountinfo",
+    "plan",
+    "read_actual",
+    "read_stats",
+    "spawn_method",
+]

@@ -12,13 +12,14 @@ written (systemd owns the root and every cgroup it did not delegate); else the d
 `decide` is the pure rule (tested on plain data); `discover_placement` gathers the facts
 from /proc, /run and the xattrs; `settle` moves the agent into its leaf.
 """
+
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .group import Cgroup
 from .mounts import own_cgroup
@@ -46,8 +47,14 @@ class Placement:
         return {"how": self.how, "why": self.why, "agent_leaf": self.leaf}
 
 
-def decide(own: str, systemd: bool, mark: Callable[[str], bool | None], subtree: str | None = None,
-           delegated: bool | None = None, leaf: str = AGENT_LEAF) -> Placement:
+def decide(
+    own: str,
+    systemd: bool,
+    mark: Callable[[str], bool | None],
+    subtree: str | None = None,
+    delegated: bool | None = None,
+    leaf: str = AGENT_LEAF,
+) -> Placement:
     """The subtree for a process in cgroup `own` (a /proc/self/cgroup path). `mark(rel)` reads
     the delegate mark of a cgroup (None: the filesystem has no xattrs); `delegated` True/False
     overrides the mark for `own`. Raises DelegationError where systemd owns the tree."""
@@ -57,24 +64,40 @@ def decide(own: str, systemd: bool, mark: Callable[[str], bool | None], subtree:
     rel = own.strip("/")
     parent, _, name = rel.rpartition("/")
     is_marked = (lambda r: delegated) if delegated is not None else mark
-    source = ("--delegated given" if delegated
-              else "marked delegated by its manager (trusted.delegate or user.delegate = 1)")
+    source = (
+        "--delegated given"
+        if delegated
+        else "marked delegated by its manager (trusted.delegate or user.delegate = 1)"
+    )
     if parent and name == leaf and is_marked(parent):  # moved into the leaf already
-        return Placement(parent, "delegated",
-                         f"/{parent} is this agent's unit cgroup, {source}; the agent is in /{rel}", leaf)
+        return Placement(
+            parent,
+            "delegated",
+            f"/{parent} is this agent's unit cgroup, {source}; the agent is in /{rel}",
+            leaf,
+        )
     if delegated and not rel:
-        raise DelegationError("--delegated: this process is in the cgroup2 root, which no manager delegates")
+        raise DelegationError(
+            "--delegated: this process is in the cgroup2 root, which no manager delegates"
+        )
     if rel and is_marked(rel):
         return Placement(rel, "delegated", f"/{rel} is this agent's unit cgroup, {source}", leaf)
     if systemd:
-        unread = (" (its delegate xattrs cannot be read on this filesystem)"
-                  if delegated is None and mark(rel) is None else "")
+        unread = (
+            " (its delegate xattrs cannot be read on this filesystem)"
+            if delegated is None and mark(rel) is None
+            else ""
+        )
         raise DelegationError(
             f"systemd manages this cgroup tree and this process's cgroup /{rel} is not delegated to it{unread}: "
             "set Delegate=yes on the agent's unit (its cgroup then becomes the agent's subtree), or pass "
-            "--subtree PATH naming a cgroup delegated to the agent")
-    return Placement(DEFAULT_SUBTREE, "default",
-                     f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} under the cgroup2 root")
+            "--subtree PATH naming a cgroup delegated to the agent"
+        )
+    return Placement(
+        DEFAULT_SUBTREE,
+        "default",
+        f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} under the cgroup2 root",
+    )
 
 
 def read_delegate_mark(path: str | os.PathLike) -> bool | None:
@@ -98,17 +121,25 @@ def under_systemd(mount: Path, run_dir: Path = SYSTEMD_RUN_DIR) -> bool:
     return systemd_manages_root(mount) or run_dir.is_dir()
 
 
-def discover_placement(mount: Path, subtree: str | None = None, delegated: bool | None = None,
-                       leaf: str = AGENT_LEAF, proc_cgroup: str | os.PathLike = "/proc/self/cgroup",
-                       run_dir: Path = SYSTEMD_RUN_DIR,
-                       reader: Callable[[Path], bool | None] = read_delegate_mark) -> Placement:
+def discover_placement(
+    mount: Path,
+    subtree: str | None = None,
+    delegated: bool | None = None,
+    leaf: str = AGENT_LEAF,
+    proc_cgroup: str | os.PathLike = "/proc/self/cgroup",
+    run_dir: Path = SYSTEMD_RUN_DIR,
+    reader: Callable[[Path], bool | None] = read_delegate_mark,
+) -> Placement:
     if subtree is not None:
         return decide("/", False, lambda rel: False, subtree, delegated, leaf)
 
     def mark(rel: str) -> bool | None:
         # A cgroup outside this mount (another cgroup namespace's view) is nobody's delegation here.
         return reader(mount / rel) if rel and (mount / rel).is_dir() else False
-    return decide(own_cgroup(proc_cgroup), under_systemd(mount, run_dir), mark, None, delegated, leaf)
+
+    return decide(
+        own_cgroup(proc_cgroup), under_systemd(mount, run_dir), mark, None, delegated, leaf
+    )
 
 
 def pending(mount: Path, placement: Placement) -> list[int]:

@@ -5,6 +5,7 @@ with a deadline. A freeze that does not complete is thawed back before the error
 raised, and so is one cut by SIGINT, SIGTERM or SIGHUP between the write and the
 confirmation (`frozen 1`): no group is ever left frozen by a failure or a stop.
 """
+
 from __future__ import annotations
 
 import errno
@@ -14,8 +15,9 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import errno_reason
 from ..signals import TERMINATING, signals_held
@@ -56,7 +58,7 @@ class _SignalsNoted:
         self.got: list[int] = []
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "_SignalsNoted":
+    def __enter__(self) -> _SignalsNoted:
         if threading.current_thread() is threading.main_thread():
             for s in TERMINATING:
                 old = signal.getsignal(s)
@@ -94,7 +96,9 @@ class Cgroup:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise CgroupError(exc.errno, f"write {value!r} to {target}: {errno_reason(exc)}") from None
+            raise CgroupError(
+                exc.errno, f"write {value!r} to {target}: {errno_reason(exc)}"
+            ) from None
 
     def get(self, f: CgroupFile) -> Any:
         """A declared file, parsed."""
@@ -120,11 +124,11 @@ class Cgroup:
     def procs(self) -> list[int]:
         return self.get(R.PROCS)
 
-    def children(self) -> list["Cgroup"]:
+    def children(self) -> list[Cgroup]:
         return [Cgroup(p) for p in sorted(self.path.iterdir()) if p.is_dir()]
 
     # -- lifetime -------------------------------------------------------------------
-    def create(self, exist_ok: bool = False) -> "Cgroup":
+    def create(self, exist_ok: bool = False) -> Cgroup:
         try:
             self.path.mkdir(exist_ok=exist_ok)
         except OSError as exc:
@@ -153,10 +157,20 @@ class Cgroup:
     def add_thread(self, tid: int) -> None:
         self.write(R.THREADS.name, str(tid))
 
-    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-              cwd: str | os.PathLike | None = None, stdin: int | None = None, stdout: int | None = None,
-              stderr: int | None = None, pass_fds: Iterable[int] = (), start_new_session: bool = False,
-              sigmask: Iterable[int] | None = None, method: str | None = None) -> "Spawned":
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
+        pass_fds: Iterable[int] = (),
+        start_new_session: bool = False,
+        sigmask: Iterable[int] | None = None,
+        method: str | None = None,
+    ) -> Spawned:
         """Start `argv` (a list: no shell) as a process that is inside this group from its
         first instruction: clone3(CLONE_INTO_CGROUP) where the kernel has it, else a child
         that joins the group itself before it execs (`spawn_method()` says which; `method`
@@ -171,10 +185,22 @@ class Cgroup:
         and the path, the child already reaped; a group that cannot be opened or entered
         raises CgroupError."""
         from .spawn import spawn
-        return spawn(self, argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
-                     start_new_session=start_new_session, sigmask=sigmask, method=method)
 
-    def move_procs_to(self, leaf: "Cgroup") -> list[int]:
+        return spawn(
+            self,
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=pass_fds,
+            start_new_session=start_new_session,
+            sigmask=sigmask,
+            method=method,
+        )
+
+    def move_procs_to(self, leaf: Cgroup) -> list[int]:
         """Move every process of this group into `leaf` (a child, created if needed)."""
         if not leaf.path.exists():
             leaf.create()
@@ -199,7 +225,9 @@ class Cgroup:
         return moved
 
     # -- freeze and kill --------------------------------------------------------------
-    def wait_event(self, key: str, value: int, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
+    def wait_event(
+        self, key: str, value: int, timeout: float, stop: Callable[[], bool] | None = None
+    ) -> bool:
         """Wait until `cgroup.events` shows `key value`; False on timeout, or as soon as `stop()`
         says so (checked at least every 50 ms).
 
@@ -230,8 +258,11 @@ class Cgroup:
         timeout = check_timeout(timeout)
         if self.read(R.FREEZE.name).strip() == "1":
             if not self.wait_event("frozen", 1, timeout):
-                raise CgroupError(errno.ETIMEDOUT, f"{self.path} was already being frozen and did not "
-                                                   f"reach frozen 1 within {timeout:g}s")
+                raise CgroupError(
+                    errno.ETIMEDOUT,
+                    f"{self.path} was already being frozen and did not "
+                    f"reach frozen 1 within {timeout:g}s",
+                )
             return
         with _SignalsNoted() as noted:
             self.write(R.FREEZE.name, "1")
@@ -246,18 +277,25 @@ class Cgroup:
                     self._thaw_back(timeout)
         # Here a noted signal has been delivered; its handler returned (it only noted it).
         if noted.got:
-            raise CgroupError(errno.EINTR, f"{self.path}: freeze interrupted by "
-                                           f"{signal.Signals(noted.got[0]).name}; thawed back")
+            raise CgroupError(
+                errno.EINTR,
+                f"{self.path}: freeze interrupted by "
+                f"{signal.Signals(noted.got[0]).name}; thawed back",
+            )
         if not confirmed:
-            raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back")
+            raise CgroupError(
+                errno.ETIMEDOUT,
+                f"{self.path} did not reach frozen 1 within {timeout:g}s; thawed back",
+            )
 
     def _thaw_back(self, timeout: float, cause: BaseException | None = None) -> None:
         try:
             self.thaw(timeout)
         except CgroupError as exc:
             why = f" after {cause}" if isinstance(cause, Exception) else ""
-            raise CgroupError(exc.errno, f"{self.path}: thawing back{why} failed: {exc}; "
-                                         f"it may be left frozen") from None
+            raise CgroupError(
+                exc.errno, f"{self.path}: thawing back{why} failed: {exc}; it may be left frozen"
+            ) from None
 
     def thaw(self, timeout: float = 2.0) -> None:
         timeout = check_timeout(timeout)
@@ -270,4 +308,6 @@ class Cgroup:
         timeout = check_timeout(timeout)
         self.write(R.KILL.name, "1")
         if not self.wait_event("populated", 0, timeout):
-            raise CgroupError(errno.ETIMEDOUT, f"{self.path} still populated {timeout:g}s after cgroup.kill")
+            raise CgroupError(
+                errno.ETIMEDOUT, f"{self.path} still populated {timeout:g}s after cgroup.kill"
+            )

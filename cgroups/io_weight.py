@@ -5,6 +5,7 @@ the device is enabled in the root's `io.cost.qos` (the kernel refuses a per-devi
 EOPNOTSUPP, before that, and after a disable it may accept and ignore it), or by BFQ when
 it is the device's scheduler (`io.bfq.weight`, 1..1000, scaled as systemd does).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,12 @@ def bfq_weight(weight: int) -> int:
     up to the default, then linear from 100 to 1000 (src/core/cgroup.c, BFQ_WEIGHT)."""
     lo, hi = v.WEIGHT_RANGE
     if weight <= WEIGHT_DEFAULT:
-        return WEIGHT_DEFAULT - (WEIGHT_DEFAULT - weight) * (WEIGHT_DEFAULT - BFQ_WEIGHT_MIN) // (WEIGHT_DEFAULT - lo)
-    return WEIGHT_DEFAULT + (weight - WEIGHT_DEFAULT) * (BFQ_WEIGHT_MAX - WEIGHT_DEFAULT) // (hi - WEIGHT_DEFAULT)
+        return WEIGHT_DEFAULT - (WEIGHT_DEFAULT - weight) * (WEIGHT_DEFAULT - BFQ_WEIGHT_MIN) // (
+            WEIGHT_DEFAULT - lo
+        )
+    return WEIGHT_DEFAULT + (weight - WEIGHT_DEFAULT) * (BFQ_WEIGHT_MAX - WEIGHT_DEFAULT) // (
+        hi - WEIGHT_DEFAULT
+    )
 
 
 class NoSuchDevice(ValueError):
@@ -45,9 +50,16 @@ def resolve_device(name: str, sys_root: Path = Path("/sys")) -> str:
     try:
         return dev.read_text().strip()
     except OSError:
-        known = sorted(p.name for p in (sys_root / "block").iterdir()) if (sys_root / "block").is_dir() else []
-        raise NoSuchDevice(f"no block device {name!r} on this node" + did_you_mean(name, known)
-                         + (f"; devices: {', '.join(known)}" if known else "")) from None
+        known = (
+            sorted(p.name for p in (sys_root / "block").iterdir())
+            if (sys_root / "block").is_dir()
+            else []
+        )
+        raise NoSuchDevice(
+            f"no block device {name!r} on this node"
+            + did_you_mean(name, known)
+            + (f"; devices: {', '.join(known)}" if known else "")
+        ) from None
 
 
 def device_names(sys_root: Path = Path("/sys")) -> dict[str, str]:
@@ -83,10 +95,20 @@ class Enforcer:
     note: str = ""
 
 
-def enforcer(majmin: str, cost_enabled: set[str], sched: str | None, will_enable_cost: bool = False) -> Enforcer:
+def enforcer(
+    majmin: str, cost_enabled: set[str], sched: str | None, will_enable_cost: bool = False
+) -> Enforcer:
     if majmin in cost_enabled or will_enable_cost:
-        return Enforcer(majmin, IO_COST, "enabled in io.cost.qos" if majmin in cost_enabled else "io.cost.qos enable=1 planned")
+        return Enforcer(
+            majmin,
+            IO_COST,
+            "enabled in io.cost.qos" if majmin in cost_enabled else "io.cost.qos enable=1 planned",
+        )
     if sched == BFQ:
         return Enforcer(majmin, BFQ, "scheduler is bfq: io.bfq.weight written, scaled 1..1000")
-    return Enforcer(majmin, NONE, f"per-device weight not enforced: device not enabled in io.cost.qos "
-                                  f"(pass --enable-io-cost where the agent owns the cgroup2 root) and scheduler is {sched or 'unknown'}")
+    return Enforcer(
+        majmin,
+        NONE,
+        f"per-device weight not enforced: device not enabled in io.cost.qos "
+        f"(pass --enable-io-cost where the agent owns the cgroup2 root) and scheduler is {sched or 'unknown'}",
+    )

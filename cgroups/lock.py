@@ -10,6 +10,7 @@ are never deleted: removing a lock file another process holds open would let a t
 a new file of the same name. The holder writes its pid into the file so a waiter can say whom
 it waits for. The kernel drops an flock when its holder exits, however it exits.
 """
+
 from __future__ import annotations
 
 import errno
@@ -17,8 +18,8 @@ import fcntl
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from urllib.parse import quote
 
 from .group import CgroupError
@@ -46,8 +47,11 @@ def _lock_dir(lock_dir: Path) -> None:
         raise CgroupError(exc.errno, f"lock directory {lock_dir}: {exc.strerror}") from None
     # Only ours: a directory others can write would let them plant or hold our lock files.
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise CgroupError(errno.EPERM, f"lock directory {lock_dir} is not a directory owned by uid "
-                                       f"{os.geteuid()} and writable only by it")
+        raise CgroupError(
+            errno.EPERM,
+            f"lock directory {lock_dir} is not a directory owned by uid "
+            f"{os.geteuid()} and writable only by it",
+        )
 
 
 class SubtreeLock:
@@ -65,7 +69,9 @@ class SubtreeLock:
             return None
         return int(text) if text.isdigit() else None
 
-    def acquire(self, wait: bool = True, on_wait: Callable[[int | None], None] | None = None) -> "SubtreeLock":
+    def acquire(
+        self, wait: bool = True, on_wait: Callable[[int | None], None] | None = None
+    ) -> SubtreeLock:
         _lock_dir(self.path.parent)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -78,8 +84,11 @@ class SubtreeLock:
                 pid = self.holder()
                 who = f"pid {pid}" if pid else "another process"
                 if not wait:
-                    raise LockBusy(errno.EWOULDBLOCK, f"{self.subtree} is being changed by {who} "
-                                                      f"(lock {self.path}); not waiting (--no-wait)") from None
+                    raise LockBusy(
+                        errno.EWOULDBLOCK,
+                        f"{self.subtree} is being changed by {who} "
+                        f"(lock {self.path}); not waiting (--no-wait)",
+                    ) from None
                 if on_wait:
                     on_wait(pid)
                 fcntl.flock(fd, fcntl.LOCK_EX)  # a signal handler that raises ends the wait
@@ -96,7 +105,7 @@ class SubtreeLock:
             fd, self.fd = self.fd, None
             os.close(fd)  # closing the only descriptor drops the flock
 
-    def __enter__(self) -> "SubtreeLock":
+    def __enter__(self) -> SubtreeLock:
         if self.fd is None:
             self.acquire()
         return self

@@ -3,6 +3,7 @@
 Mounts come from /proc/self/mountinfo; a cgroup2 mount is confirmed with statfs
 (CGROUP2_SUPER_MAGIC), not trusted by its name or path.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,9 +27,26 @@ class Mount:
     @property
     def v1_controllers(self) -> tuple[str, ...]:
         """Controllers a v1 hierarchy holds (its super options minus the generic ones)."""
-        generic = {"rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "nsdelegate",
-                   "memory_recursiveprot", "clone_children", "noprefix", "xattr", "favordynmods"}
-        return tuple(o for o in self.options if o not in generic and not o.startswith(("name=", "release_agent=")))
+        generic = {
+            "rw",
+            "ro",
+            "relatime",
+            "noatime",
+            "nosuid",
+            "nodev",
+            "noexec",
+            "nsdelegate",
+            "memory_recursiveprot",
+            "clone_children",
+            "noprefix",
+            "xattr",
+            "favordynmods",
+        }
+        return tuple(
+            o
+            for o in self.options
+            if o not in generic and not o.startswith(("name=", "release_agent="))
+        )
 
 
 @dataclass(frozen=True)
@@ -40,7 +58,11 @@ class Hierarchy:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    return [Mount(m.path, m.fstype, m.options) for m in mountinfo.parse(text) if m.fstype in ("cgroup", "cgroup2")]
+    return [
+        Mount(m.path, m.fstype, m.options)
+        for m in mountinfo.parse(text)
+        if m.fstype in ("cgroup", "cgroup2")
+    ]
 
 
 def classify(mounts: list[Mount]) -> Hierarchy:

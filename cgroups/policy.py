@@ -14,11 +14,13 @@ per-device lines to io.weight and `io.max` is per device. Errors are FILE:LINE:C
 a file's at once. A device this node does not have is not an error in the file: the policy
 keeps it in `absent` and `plan` refuses it as unsupported here.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..spec import Cursor, Document, SpecError, load_file, load_text
 from . import registry as R
@@ -80,7 +82,9 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> Policy:
         raise where.error(msg) if where else SpecError(file, 1, 1, msg)
     doc = policies[0]
     root = doc.root
-    if not root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"}):
+    if not root.fields(
+        {"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"}
+    ):
         doc.errors.raise_if_any()
     doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
     meta = root["metadata"]
@@ -142,7 +146,9 @@ def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root:
         f = R.BY_POLICY[(section, fld)]
         with c.doc.collecting():
             if f is R.IO_WEIGHT:
-                spec.settings.setdefault(f.name, {})["default"] = value.parse(v.weight, WHAT["weight"])
+                spec.settings.setdefault(f.name, {})["default"] = value.parse(
+                    v.weight, WHAT["weight"]
+                )
             elif f is R.IO_MAX:
                 spec.settings[f.name] = _per_device(value, spec, policy, _io_limits, sys_root)
             else:
@@ -151,12 +157,20 @@ def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root:
     if section == "io" and sec["devices"].present:
         with c.doc.collecting():
             spec.settings.setdefault(R.IO_WEIGHT.name, {}).update(
-                _per_device(sec["devices"], spec, policy, lambda w: w.parse(v.weight, WHAT["weight"]), sys_root))
+                _per_device(
+                    sec["devices"],
+                    spec,
+                    policy,
+                    lambda w: w.parse(v.weight, WHAT["weight"]),
+                    sys_root,
+                )
+            )
             spec.where.setdefault(R.IO_WEIGHT.name, _loc(sec["devices"]))
 
 
-def _per_device(c: Cursor, spec: GroupSpec, policy: Policy, value_of: Callable[[Cursor], Any],
-                sys_root: Path) -> dict[str, Any]:
+def _per_device(
+    c: Cursor, spec: GroupSpec, policy: Policy, value_of: Callable[[Cursor], Any], sys_root: Path
+) -> dict[str, Any]:
     out = {}
     for dev, value in c.items():
         with c.doc.collecting():
@@ -202,4 +216,6 @@ _IO_MAX_PARSERS = {"rbps": _bps, "wbps": _bps, "riops": v.count_or_max, "wiops":
 def _check_burst(c: Cursor, spec: GroupSpec) -> None:
     burst, quota = spec.settings.get(R.CPU_MAX_BURST.name), spec.settings.get(R.CPU_MAX.name)
     if burst and quota and quota[0] != v.MAX and burst > quota[0]:
-        raise c["cpu"]["max.burst"].error(f"cpu.max.burst {burst} exceeds the cpu.max quota {quota[0]} (the kernel refuses it)")
+        raise c["cpu"]["max.burst"].error(
+            f"cpu.max.burst {burst} exceeds the cpu.max quota {quota[0]} (the kernel refuses it)"
+        )

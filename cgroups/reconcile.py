@@ -13,6 +13,7 @@ their ordering are tested on plain data. Order of a plan:
    cpu.max.burst when loosening, after it when tightening);
 5. with prune, remove undeclared groups bottom-up, only when empty.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,13 +26,16 @@ from .policy import Policy
 ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable and io-cost go there
 SUBTREE = ""  # the subtree's own directory
 PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
-LONGEST_FILE = 32  # room for the longest interface file name below a group ("/cgroup.max.descendants")
+LONGEST_FILE = (
+    32  # room for the longest interface file name below a group ("/cgroup.max.descendants")
+)
 
 
 @dataclass(frozen=True)
 class Limit:
     """cgroup.max.depth and cgroup.max.descendants of the subtree or a group above it: mkdir
     below it fails with EAGAIN past them (None: max)."""
+
     levels_above: int  # 0: the subtree itself, 1: its parent, ...
     path: str
     max_depth: int | None = None
@@ -51,6 +55,7 @@ class ActualGroup:
 @dataclass
 class Actual:
     """What the kernel has now, as far as a plan needs it."""
+
     root_controllers: list[str]  # offered by the cgroup2 root
     parent_subtree_control: list[str]  # of the subtree's parent: what is delegated to it
     groups: dict[str, ActualGroup]  # relative to the subtree; SUBTREE when it exists
@@ -96,8 +101,11 @@ class Action:
         return f"{self.kind} {where}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
-                if k in ("kind", "group") or v not in (None, "")}
+        return {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in self.__dict__.items()
+            if k in ("kind", "group") or v not in (None, "")
+        }
 
 
 def _show(value: Any) -> str:
@@ -147,17 +155,30 @@ def plan(policy: Policy, actual: Actual, options: Options = Options()) -> Plan:
 def _check_support(policy: Policy, actual: Actual, out: Plan) -> None:
     for controller, groups in policy.controllers().items():
         if controller not in actual.root_controllers:
-            held = " (held by a cgroup v1 hierarchy)" if controller in actual.v1_controllers or \
-                (controller == "io" and "blkio" in actual.v1_controllers) else ""
-            files = [f"{f} ({g.where[f]})" for g in policy.groups if g.path in groups for f in g.settings
-                     if R.BY_NAME[f].controller == controller]
-            out.errors.append(f"controller {controller} is not available in cgroup2 on this node{held}; "
-                              f"cgroup2 offers [{' '.join(actual.root_controllers)}] (mode {actual.mode}); "
-                              f"the policy sets {', '.join(files)}")
+            held = (
+                " (held by a cgroup v1 hierarchy)"
+                if controller in actual.v1_controllers
+                or (controller == "io" and "blkio" in actual.v1_controllers)
+                else ""
+            )
+            files = [
+                f"{f} ({g.where[f]})"
+                for g in policy.groups
+                if g.path in groups
+                for f in g.settings
+                if R.BY_NAME[f].controller == controller
+            ]
+            out.errors.append(
+                f"controller {controller} is not available in cgroup2 on this node{held}; "
+                f"cgroup2 offers [{' '.join(actual.root_controllers)}] (mode {actual.mode}); "
+                f"the policy sets {', '.join(files)}"
+            )
     for g in policy.groups:
         for name in g.settings:
             if name in actual.unsupported and R.BY_NAME[name].controller in actual.root_controllers:
-                out.errors.append(f"{g.where.get(name, g.path)}: {name} is not supported by this kernel")
+                out.errors.append(
+                    f"{g.where.get(name, g.path)}: {name} is not supported by this kernel"
+                )
 
 
 def _check_limits(policy: Policy, actual: Actual, out: Plan) -> None:
@@ -170,23 +191,33 @@ def _check_limits(policy: Policy, actual: Actual, out: Plan) -> None:
         if lim.max_depth is not None:
             deep = next((g for g in new if lim.levels_above + g.depth > lim.max_depth), None)
             if deep is not None:
-                out.errors.append(f"{deep.at}: group {deep.path} would be {lim.levels_above + deep.depth} levels "
-                                  f"below {lim.path}, whose cgroup.max.depth is {lim.max_depth}")
+                out.errors.append(
+                    f"{deep.at}: group {deep.path} would be {lim.levels_above + deep.depth} levels "
+                    f"below {lim.path}, whose cgroup.max.depth is {lim.max_depth}"
+                )
             elif new_subtree and lim.levels_above > lim.max_depth:
-                out.errors.append(f"the subtree {actual.subtree_path} would be {lim.levels_above} levels below "
-                                  f"{lim.path}, whose cgroup.max.depth is {lim.max_depth}")
+                out.errors.append(
+                    f"the subtree {actual.subtree_path} would be {lim.levels_above} levels below "
+                    f"{lim.path}, whose cgroup.max.depth is {lim.max_depth}"
+                )
         if lim.max_descendants is not None:
             adding = len(new) + (1 if new_subtree and lim.levels_above > 0 else 0)
             if adding and lim.descendants + adding > lim.max_descendants:
-                out.errors.append(f"{adding} new groups below {lim.path} would make {lim.descendants + adding}; "
-                                  f"its cgroup.max.descendants is {lim.max_descendants}")
+                out.errors.append(
+                    f"{adding} new groups below {lim.path} would make {lim.descendants + adding}; "
+                    f"its cgroup.max.descendants is {lim.max_descendants}"
+                )
     for g in new:
         length = len(f"{actual.subtree_path}/{g.path}".encode()) + LONGEST_FILE
         if actual.subtree_path and length >= PATH_MAX:
-            out.errors.append(f"{g.at}: group {g.path}: its files' paths would be longer than the kernel's "
-                              f"PATH_MAX ({PATH_MAX} bytes)")
+            out.errors.append(
+                f"{g.at}: group {g.path}: its files' paths would be longer than the kernel's "
+                f"PATH_MAX ({PATH_MAX} bytes)"
+            )
         if actual.agent_leaf and g.path.split("/")[0] == actual.agent_leaf:
-            out.errors.append(f"{g.at}: {actual.agent_leaf} holds the agent's own processes, not a managed group")
+            out.errors.append(
+                f"{g.at}: {actual.agent_leaf} holds the agent's own processes, not a managed group"
+            )
 
 
 def _ancestors(path: str) -> list[str]:
@@ -204,13 +235,21 @@ def _controllers(policy: Policy, actual: Actual, options: Options, out: Plan) ->
     delegated = need.get(SUBTREE, set()) - set(actual.parent_subtree_control)
     if delegated:
         if actual.subtree_is_top_level and options.own_root and not actual.systemd_root:
-            out.actions.append(Action("enable", ROOT, R.SUBTREE_CONTROL.name, tuple(sorted(delegated))))
+            out.actions.append(
+                Action("enable", ROOT, R.SUBTREE_CONTROL.name, tuple(sorted(delegated)))
+            )
         else:
-            why = ("systemd manages the cgroup2 root" if actual.systemd_root
-                   else "pass --own-root to enable them at the cgroup2 root" if actual.subtree_is_top_level
-                   else "the subtree's parent must delegate them")
-            out.errors.append(f"controllers {' '.join(sorted(delegated))} are not enabled for the subtree "
-                              f"(its parent's cgroup.subtree_control lacks them): {why}")
+            why = (
+                "systemd manages the cgroup2 root"
+                if actual.systemd_root
+                else "pass --own-root to enable them at the cgroup2 root"
+                if actual.subtree_is_top_level
+                else "the subtree's parent must delegate them"
+            )
+            out.errors.append(
+                f"controllers {' '.join(sorted(delegated))} are not enabled for the subtree "
+                f"(its parent's cgroup.subtree_control lacks them): {why}"
+            )
             return
     for path in [SUBTREE, *(g.path for g in policy.groups)]:
         have = actual.groups.get(path, ActualGroup())
@@ -223,15 +262,22 @@ def _controllers(policy: Policy, actual: Actual, options: Options, out: Plan) ->
         out.actions.append(Action("enable", path, R.SUBTREE_CONTROL.name, missing))
 
 
-def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan) -> dict[str, dict[str, Any]]:
+def _io_enforcement(
+    policy: Policy, actual: Actual, options: Options, out: Plan
+) -> dict[str, dict[str, Any]]:
     """Desired settings per group, with per-device io weights kept only where something
     enforces them (io.cost, or BFQ through io.bfq.weight); the rest become warnings."""
     desired = {g.path: dict(g.settings) for g in policy.groups}
     may_enable = options.enable_io_cost and not actual.systemd_root
     # Disks BFQ schedules get every group's default weight through io.bfq.weight.
-    bfq_disks = sorted(d for d, sched in actual.schedulers.items()
-                       if sched == io_weight.BFQ and d not in actual.io_cost_enabled)
-    named = {d for g in policy.groups for d in (g.settings.get(R.IO_WEIGHT.name) or {}) if d != "default"}
+    bfq_disks = sorted(
+        d
+        for d, sched in actual.schedulers.items()
+        if sched == io_weight.BFQ and d not in actual.io_cost_enabled
+    )
+    named = {
+        d for g in policy.groups for d in (g.settings.get(R.IO_WEIGHT.name) or {}) if d != "default"
+    }
     if any(g.settings.get(R.IO_WEIGHT.name) for g in policy.groups):
         for dev in bfq_disks:
             if dev not in named:  # named ones get their enforcer below, io.cost possibly planned
@@ -243,7 +289,9 @@ def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan)
         bfq: dict[str, int] = {}
         for dev in (d for d in weights if d != "default"):
             if dev not in out.enforcers:
-                out.enforcers[dev] = io_weight.enforcer(dev, actual.io_cost_enabled, actual.schedulers.get(dev), may_enable)
+                out.enforcers[dev] = io_weight.enforcer(
+                    dev, actual.io_cost_enabled, actual.schedulers.get(dev), may_enable
+                )
                 if may_enable and dev not in actual.io_cost_enabled:
                     out.actions.append(Action("io-cost", ROOT, R.IO_COST_QOS.name, dev))
             enf = out.enforcers[dev]
@@ -251,13 +299,21 @@ def _io_enforcement(policy: Policy, actual: Actual, options: Options, out: Plan)
                 bfq[dev] = io_weight.bfq_weight(weights[dev])
             if enf.name != io_weight.IO_COST:
                 # The kernel refuses (EOPNOTSUPP) or ignores a per-device io.weight line here.
-                desired[g.path][R.IO_WEIGHT.name] = {k: w for k, w in desired[g.path][R.IO_WEIGHT.name].items() if k != dev}
+                desired[g.path][R.IO_WEIGHT.name] = {
+                    k: w for k, w in desired[g.path][R.IO_WEIGHT.name].items() if k != dev
+                }
             if enf.name == io_weight.NONE:
-                out.warnings.append(f"{g.where.get(R.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
-                                    f"{g.devices.get(dev, dev)} ({dev}) is not applied: {enf.note}")
-        if (bfq or any(out.enforcers[d].name == io_weight.BFQ for d in bfq_disks)) \
-                and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
-            desired[g.path][R.IO_BFQ_WEIGHT.name] = {"default": io_weight.bfq_weight(weights.get("default", 100)), **bfq}
+                out.warnings.append(
+                    f"{g.where.get(R.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
+                    f"{g.devices.get(dev, dev)} ({dev}) is not applied: {enf.note}"
+                )
+        if (
+            bfq or any(out.enforcers[d].name == io_weight.BFQ for d in bfq_disks)
+        ) and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
+            desired[g.path][R.IO_BFQ_WEIGHT.name] = {
+                "default": io_weight.bfq_weight(weights.get("default", 100)),
+                **bfq,
+            }
     return desired
 
 
@@ -270,7 +326,9 @@ def _writes(policy: Policy, desired: dict[str, dict[str, Any]], actual: Actual, 
             old = have.values.get(name) if have else None
             if old is not None and f.matches(old, want):
                 continue
-            if isinstance(want, dict) and isinstance(old, dict):  # keyed files: only the entries that differ
+            if isinstance(want, dict) and isinstance(
+                old, dict
+            ):  # keyed files: only the entries that differ
                 want = {k: w for k, w in want.items() if not f.matches(old, {k: w})}
             if want == {}:
                 continue
@@ -290,8 +348,11 @@ def _prune(policy: Policy, actual: Actual, options: Options, out: Plan) -> None:
         return
     blocked: set[str] = set()
     for path in sorted(extra, key=lambda p: -p.count("/")):
-        busy = actual.groups[path].populated or any(c.startswith(path + "/") for c in blocked) \
+        busy = (
+            actual.groups[path].populated
+            or any(c.startswith(path + "/") for c in blocked)
             or any(c.startswith(path + "/") for c in actual.groups if c not in extra)
+        )
         if busy:
             blocked.add(path)
             out.warnings.append(f"{path}: not removed, it still holds processes or kept groups")

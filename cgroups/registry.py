@@ -6,11 +6,13 @@ write for keyed files), the validator for user input, and, for policy settings, 
 policy field it backs and how a change orders (loosen top-down, tighten bottom-up).
 Nothing else in the code spells a cgroup file name.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cpulist import parse_cpulist
 from . import values as v
@@ -58,7 +60,9 @@ def _entries_match(actual: Any, desired: Any) -> bool:
 
 def _limits_match(actual: Any, desired: Any) -> bool:
     return isinstance(actual, dict) and all(
-        all(actual.get(dev, {}).get(k) == lim for k, lim in limits.items()) for dev, limits in desired.items())
+        all(actual.get(dev, {}).get(k) == lim for k, lim in limits.items())
+        for dev, limits in desired.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -96,37 +100,108 @@ MAX_DEPTH = CgroupFile("cgroup.max.depth")  # `max` or a count of levels below t
 MAX_DESCENDANTS = CgroupFile("cgroup.max.descendants")
 
 # -- settings a CgroupPolicy can hold ---------------------------------------------------------
-IO_WEIGHT = CgroupFile("io.weight", "io", v.parse_weight_file, v.format_weight_lines,
-                       policy=("io", "weight"), matches=_entries_match)
-IO_MAX = CgroupFile("io.max", "io", v.parse_nested_keyed, v.format_io_max_lines,
-                    policy=("io", "max"), direction=_per_device_limit, matches=_limits_match)
-IO_BFQ_WEIGHT = CgroupFile("io.bfq.weight", "io", v.parse_weight_file, v.format_weight_lines,
-                           matches=_entries_match, optional=True)
+IO_WEIGHT = CgroupFile(
+    "io.weight",
+    "io",
+    v.parse_weight_file,
+    v.format_weight_lines,
+    policy=("io", "weight"),
+    matches=_entries_match,
+)
+IO_MAX = CgroupFile(
+    "io.max",
+    "io",
+    v.parse_nested_keyed,
+    v.format_io_max_lines,
+    policy=("io", "max"),
+    direction=_per_device_limit,
+    matches=_limits_match,
+)
+IO_BFQ_WEIGHT = CgroupFile(
+    "io.bfq.weight",
+    "io",
+    v.parse_weight_file,
+    v.format_weight_lines,
+    matches=_entries_match,
+    optional=True,
+)
 IO_COST_QOS = CgroupFile("io.cost.qos", "io", v.parse_nested_keyed, optional=True)  # root only
 CPU_WEIGHT = CgroupFile("cpu.weight", "cpu", validate=v.weight, policy=("cpu", "weight"))
-CPU_IDLE = CgroupFile("cpu.idle", "cpu", validate=v.boolean01, policy=("cpu", "idle"), optional=True)
-CPU_MAX = CgroupFile("cpu.max", "cpu", v.cpu_max, _one(v.format_cpu_max), v.cpu_max,
-                     policy=("cpu", "max"), direction=_cpu_max_limit)
+CPU_IDLE = CgroupFile(
+    "cpu.idle", "cpu", validate=v.boolean01, policy=("cpu", "idle"), optional=True
+)
+CPU_MAX = CgroupFile(
+    "cpu.max",
+    "cpu",
+    v.cpu_max,
+    _one(v.format_cpu_max),
+    v.cpu_max,
+    policy=("cpu", "max"),
+    direction=_cpu_max_limit,
+)
 # The burst must not exceed the quota (EINVAL): written after cpu.max when loosening,
 # before it when tightening.
-CPU_MAX_BURST = CgroupFile("cpu.max.burst", "cpu", validate=v.int_range(0, 2**62),
-                           policy=("cpu", "max.burst"), direction=_limit, order=1, optional=True)
-CPUSET_CPUS = CgroupFile("cpuset.cpus", "cpuset", v.cpulist, validate=v.cpulist,
-                         policy=("cpuset", "cpus"), direction=_set_limit)
-CPUSET_MEMS = CgroupFile("cpuset.mems", "cpuset", v.cpulist, validate=v.cpulist,
-                         policy=("cpuset", "mems"), direction=_set_limit)
-CPUSET_PARTITION = CgroupFile("cpuset.cpus.partition", "cpuset", v.word, validate=v.partition,
-                              policy=("cpuset", "partition"), order=1)
-MEMORY_MIN = CgroupFile("memory.min", "memory", validate=v.bytes_or_max, policy=("memory", "min"), direction=_limit)
-MEMORY_LOW = CgroupFile("memory.low", "memory", validate=v.bytes_or_max, policy=("memory", "low"), direction=_limit)
-MEMORY_HIGH = CgroupFile("memory.high", "memory", validate=v.bytes_or_max, policy=("memory", "high"), direction=_limit)
-MEMORY_MAX = CgroupFile("memory.max", "memory", validate=v.bytes_or_max, policy=("memory", "max"), direction=_limit)
-MEMORY_SWAP_MAX = CgroupFile("memory.swap.max", "memory", validate=v.bytes_or_max,
-                             policy=("memory", "swap.max"), direction=_limit, optional=True)
-PIDS_MAX = CgroupFile("pids.max", "pids", validate=v.count_or_max, policy=("pids", "max"), direction=_limit)
+CPU_MAX_BURST = CgroupFile(
+    "cpu.max.burst",
+    "cpu",
+    validate=v.int_range(0, 2**62),
+    policy=("cpu", "max.burst"),
+    direction=_limit,
+    order=1,
+    optional=True,
+)
+CPUSET_CPUS = CgroupFile(
+    "cpuset.cpus",
+    "cpuset",
+    v.cpulist,
+    validate=v.cpulist,
+    policy=("cpuset", "cpus"),
+    direction=_set_limit,
+)
+CPUSET_MEMS = CgroupFile(
+    "cpuset.mems",
+    "cpuset",
+    v.cpulist,
+    validate=v.cpulist,
+    policy=("cpuset", "mems"),
+    direction=_set_limit,
+)
+CPUSET_PARTITION = CgroupFile(
+    "cpuset.cpus.partition",
+    "cpuset",
+    v.word,
+    validate=v.partition,
+    policy=("cpuset", "partition"),
+    order=1,
+)
+MEMORY_MIN = CgroupFile(
+    "memory.min", "memory", validate=v.bytes_or_max, policy=("memory", "min"), direction=_limit
+)
+MEMORY_LOW = CgroupFile(
+    "memory.low", "memory", validate=v.bytes_or_max, policy=("memory", "low"), direction=_limit
+)
+MEMORY_HIGH = CgroupFile(
+    "memory.high", "memory", validate=v.bytes_or_max, policy=("memory", "high"), direction=_limit
+)
+MEMORY_MAX = CgroupFile(
+    "memory.max", "memory", validate=v.bytes_or_max, policy=("memory", "max"), direction=_limit
+)
+MEMORY_SWAP_MAX = CgroupFile(
+    "memory.swap.max",
+    "memory",
+    validate=v.bytes_or_max,
+    policy=("memory", "swap.max"),
+    direction=_limit,
+    optional=True,
+)
+PIDS_MAX = CgroupFile(
+    "pids.max", "pids", validate=v.count_or_max, policy=("pids", "max"), direction=_limit
+)
 
 # -- statistics ------------------------------------------------------------------------
-CPU_STAT = CgroupFile("cpu.stat", parse=v.parse_flat_keyed)  # core: usage_usec without the cpu controller
+CPU_STAT = CgroupFile(
+    "cpu.stat", parse=v.parse_flat_keyed
+)  # core: usage_usec without the cpu controller
 IO_STAT = CgroupFile("io.stat", "io", v.parse_nested_keyed)
 MEMORY_STAT = CgroupFile("memory.stat", "memory", v.parse_flat_keyed)
 MEMORY_CURRENT = CgroupFile("memory.current", "memory")
@@ -138,11 +213,23 @@ IO_PRESSURE = CgroupFile("io.pressure", parse=v.parse_nested_keyed, optional=Tru
 MEMORY_PRESSURE = CgroupFile("memory.pressure", parse=v.parse_nested_keyed, optional=True)
 
 SETTINGS = tuple(f for f in globals().copy().values() if isinstance(f, CgroupFile) and f.policy)
-STATS = (CGROUP_STAT, CPU_STAT, IO_STAT, MEMORY_CURRENT, MEMORY_STAT, MEMORY_EVENTS, PIDS_CURRENT,
-         CPU_PRESSURE, IO_PRESSURE, MEMORY_PRESSURE)
+STATS = (
+    CGROUP_STAT,
+    CPU_STAT,
+    IO_STAT,
+    MEMORY_CURRENT,
+    MEMORY_STAT,
+    MEMORY_EVENTS,
+    PIDS_CURRENT,
+    CPU_PRESSURE,
+    IO_PRESSURE,
+    MEMORY_PRESSURE,
+)
 BY_NAME = {f.name: f for f in globals().copy().values() if isinstance(f, CgroupFile)}
 BY_POLICY = {f.policy: f for f in SETTINGS}
-POLICY_SECTIONS = {section: [fld for s, fld in BY_POLICY if s == section] for section, _ in BY_POLICY}
+POLICY_SECTIONS = {
+    section: [fld for s, fld in BY_POLICY if s == section] for section, _ in BY_POLICY
+}
 
 
 def lookup(name: str) -> CgroupFile:
@@ -151,8 +238,12 @@ def lookup(name: str) -> CgroupFile:
         return BY_NAME[name]
     except KeyError:
         from difflib import get_close_matches
+
         close = get_close_matches(name, BY_NAME, n=1)
-        raise KeyError(f"no cgroup file {name!r} is declared" + (f" (did you mean {close[0]!r}?)" if close else "")) from None
+        raise KeyError(
+            f"no cgroup file {name!r} is declared"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+        ) from None
 
 
 class Support:
@@ -162,8 +253,11 @@ class Support:
 
     def __init__(self, root: str | Path, available: list[str] | None = None):
         self.root = Path(root)
-        self.available = frozenset(available if available is not None
-                                   else CONTROLLERS.parse((self.root / CONTROLLERS.name).read_text()))
+        self.available = frozenset(
+            available
+            if available is not None
+            else CONTROLLERS.parse((self.root / CONTROLLERS.name).read_text())
+        )
         self._cache: dict[str, bool] = {}
 
     def supported(self, f: CgroupFile) -> bool:
@@ -184,7 +278,10 @@ class Support:
     def _probe_group(self, controller: str | None) -> Path | None:
         for parent in [self.root, *(p for p in self.root.iterdir() if p.is_dir())]:
             try:  # groups come and go while this looks (another agent, systemd)
-                if controller is None or controller in (parent / SUBTREE_CONTROL.name).read_text().split():
+                if (
+                    controller is None
+                    or controller in (parent / SUBTREE_CONTROL.name).read_text().split()
+                ):
                     for child in parent.iterdir():
                         if child.is_dir():
                             return child

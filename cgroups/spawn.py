@@ -21,6 +21,7 @@ In a frozen group (or under a frozen ancestor) the child is created frozen, befo
 write). `spawn()` does not wait for that exec: it returns a `Spawned` whose `started` is False,
 and the child execs when the group is thawed; `wait()` raises the exec's error then, if any.
 """
+
 from __future__ import annotations
 
 import errno
@@ -30,11 +31,12 @@ import signal
 import struct
 import subprocess
 import time
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import errno_reason
-from .group import CgroupError
 from . import registry as R
+from .group import CgroupError
 
 if TYPE_CHECKING:
     from .group import Cgroup
@@ -54,6 +56,7 @@ class SpawnError(CgroupError):
 
 def _native():
     from .. import _spawn
+
     return _spawn
 
 
@@ -98,8 +101,16 @@ class Spawned:
     """A child started by `spawn()`. `returncode` follows subprocess: the exit status, or -N
     when signal N killed it; None while it runs."""
 
-    def __init__(self, pid: int, pidfd: int | None, method: str, argv: list[str], group: str, pipe: int | None,
-                 cwd: str | None = None):
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int | None,
+        method: str,
+        argv: list[str],
+        group: str,
+        pipe: int | None,
+        cwd: str | None = None,
+    ):
         self.pid = pid
         self.pidfd = pidfd
         self.method = method
@@ -148,7 +159,9 @@ class Spawned:
                 try:
                     _, status = os.waitpid(self.pid, 0)
                     break
-                except InterruptedError:  # pragma: no cover - PEP 475 retries; a handler raising stops
+                except (
+                    InterruptedError
+                ):  # pragma: no cover - PEP 475 retries; a handler raising stops
                     continue
             self._reaped(status)
         if self._error is not None:
@@ -214,7 +227,7 @@ _STAGES = {1: "join", 2: "stdio and fds", 3: "cwd", 4: "setsid", 5: "signals", 6
 
 
 def _error_from(data: bytes, argv: list[str], group: str, cwd: str | None = None) -> SpawnError:
-    stage, err = _ERR.unpack(data[:_ERR.size]) if len(data) >= _ERR.size else (0, errno.EIO)
+    stage, err = _ERR.unpack(data[: _ERR.size]) if len(data) >= _ERR.size else (0, errno.EIO)
     reason = os.strerror(err)
     if stage == 1:
         what = f"write into {group}/{R.PROCS.name}: {errno_reason(err)}"
@@ -229,10 +242,20 @@ def _error_from(data: bytes, argv: list[str], group: str, cwd: str | None = None
     return SpawnError(err, what)
 
 
-def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-          cwd: str | os.PathLike | None = None, stdin: int | None = None, stdout: int | None = None,
-          stderr: int | None = None, pass_fds: Iterable[int] = (), start_new_session: bool = False,
-          sigmask: Iterable[int] | None = None, method: str | None = None) -> Spawned:
+def spawn(
+    group: Cgroup,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    stdin: int | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    pass_fds: Iterable[int] = (),
+    start_new_session: bool = False,
+    sigmask: Iterable[int] | None = None,
+    method: str | None = None,
+) -> Spawned:
     """See `Cgroup.spawn`."""
     argv = [os.fsdecode(a) for a in argv]
     if not argv or not argv[0]:
@@ -254,11 +277,16 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
     if how not in METHODS:
         raise ValueError(f"spawn method {how!r} is not one of {', '.join(METHODS)}")
     if how == CLONE3 and spawn_method() != CLONE3:
-        raise SpawnError(errno.EOPNOTSUPP, f"{spawn_method_reason()}: this kernel cannot start a process "
-                                           f"inside {group.path}; use {FORK!r}")
+        raise SpawnError(
+            errno.EOPNOTSUPP,
+            f"{spawn_method_reason()}: this kernel cannot start a process "
+            f"inside {group.path}; use {FORK!r}",
+        )
     target = group.path / (R.PROCS.name if how == FORK else "")
     try:  # opened before the child exists: a removed group is an error here, with its path
-        gfd = os.open(target, (os.O_WRONLY if how == FORK else os.O_RDONLY | os.O_DIRECTORY) | os.O_CLOEXEC)
+        gfd = os.open(
+            target, (os.O_WRONLY if how == FORK else os.O_RDONLY | os.O_DIRECTORY) | os.O_CLOEXEC
+        )
     except OSError as exc:
         gone = " (no such group)" if exc.errno in (errno.ENOENT, errno.ENODEV) else ""
         raise CgroupError(exc.errno, f"open {target}: {errno_reason(exc)}{gone}") from None
@@ -272,11 +300,25 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
         ccwd = ffi.new("char[]", bcwd) if bcwd is not None else ffi.NULL
         ckeep = ffi.new("int32_t[]", keep or [0])
         cmask = ffi.new("int32_t[]", [int(s) for s in mask] or [0])
-        req = ffi.new("struct xh_spawn_req *", {
-            "use_clone3": int(how == CLONE3), "cgroup_fd": gfd if how == CLONE3 else -1,
-            "procs_fd": gfd if how == FORK else -1, "err_fd": wr, "paths": cpaths, "argv": cargv,
-            "envp": cenv, "cwd": ccwd, "stdio": stdio, "keep": ckeep, "nkeep": len(keep),
-            "new_session": int(start_new_session), "mask": cmask, "nmask": len(mask)})
+        req = ffi.new(
+            "struct xh_spawn_req *",
+            {
+                "use_clone3": int(how == CLONE3),
+                "cgroup_fd": gfd if how == CLONE3 else -1,
+                "procs_fd": gfd if how == FORK else -1,
+                "err_fd": wr,
+                "paths": cpaths,
+                "argv": cargv,
+                "envp": cenv,
+                "cwd": ccwd,
+                "stdio": stdio,
+                "keep": ckeep,
+                "nkeep": len(keep),
+                "new_session": int(start_new_session),
+                "mask": cmask,
+                "nmask": len(mask),
+            },
+        )
         cpidfd = ffi.new("int32_t *")
         pid = lib.xh_spawn(req, cpidfd)
     finally:
@@ -294,7 +336,9 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
             pidfd = os.pidfd_open(pid)
         except (OSError, AttributeError):
             pidfd = None  # before Linux 5.3
-    child = Spawned(pid, pidfd, how, argv, str(group.path), rd, os.fsdecode(bcwd) if bcwd is not None else None)
+    child = Spawned(
+        pid, pidfd, how, argv, str(group.path), rd, os.fsdecode(bcwd) if bcwd is not None else None
+    )
     try:
         _await_exec(child, group)
     except SpawnError:
@@ -308,7 +352,7 @@ def spawn(group: "Cgroup", argv: Sequence[str], *, env: Mapping[str, str] | None
     return child
 
 
-def _await_exec(child: Spawned, group: "Cgroup") -> None:
+def _await_exec(child: Spawned, group: Cgroup) -> None:
     """Wait for the exec (the error pipe closes) or its failure; return early, with the child
     unconfirmed, when the group is frozen: a frozen child never gets to its exec."""
     try:
@@ -340,7 +384,7 @@ def _await_exec(child: Spawned, group: "Cgroup") -> None:
         raise _error_from(data, child.argv, child.group, child._cwd)
 
 
-def _member(group: "Cgroup", pid: int) -> bool:
+def _member(group: Cgroup, pid: int) -> bool:
     try:
         return pid in group.procs()
     except CgroupError:

@@ -3,10 +3,10 @@
 Readers do not lock: a group created or removed by someone else while the tree is read is
 left out or taken as it is found, not an error (`vanished`).
 """
+
 from __future__ import annotations
 
 import errno
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,13 @@ def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
     for f in files:
         if cg.has(f):
             values[f.name] = cg.get(f)
-    return ActualGroup(cg.controllers(), cg.subtree_control(), cg.procs(),
-                       bool(cg.events().get("populated")), values)
+    return ActualGroup(
+        cg.controllers(),
+        cg.subtree_control(),
+        cg.procs(),
+        bool(cg.events().get("populated")),
+        values,
+    )
 
 
 def _limit(cg: Cgroup, f: R.CgroupFile) -> int | None:
@@ -51,15 +56,23 @@ def read_limits(sub: Subtree) -> list[Limit]:
         if path.is_dir():
             cg = Cgroup(path)
             stat = cg.get(R.CGROUP_STAT) if cg.has(R.CGROUP_STAT) else {}
-            out.append(Limit(k, str(path), _limit(cg, R.MAX_DEPTH), _limit(cg, R.MAX_DESCENDANTS),
-                             int(stat.get("nr_descendants", 0))))
+            out.append(
+                Limit(
+                    k,
+                    str(path),
+                    _limit(cg, R.MAX_DEPTH),
+                    _limit(cg, R.MAX_DESCENDANTS),
+                    int(stat.get("nr_descendants", 0)),
+                )
+            )
         if path == sub.top.path or path == path.parent:
             return out
         path, k = path.parent, k + 1
 
 
-def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None,
-                sys_root: Path = Path("/sys")) -> Actual:
+def read_actual(
+    sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None, sys_root: Path = Path("/sys")
+) -> Actual:
     top = sub.top
     support = R.Support(top.path)
     files = [f for f in R.SETTINGS + (R.IO_BFQ_WEIGHT,) if support.supported(f)]
@@ -75,7 +88,11 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
     parent = Cgroup(sub.path.parent)
     # Every disk's scheduler, not only those the policy names: a BFQ disk needs the groups'
     # default weight in io.bfq.weight even when no per-device weight mentions it.
-    disks = {(p / "dev").read_text().strip() for p in (sys_root / "block").glob("*") if (p / "queue/scheduler").exists()}
+    disks = {
+        (p / "dev").read_text().strip()
+        for p in (sys_root / "block").glob("*")
+        if (p / "queue/scheduler").exists()
+    }
     devices = {d for g in policy.groups for d in g.devices} | disks
     qos = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
     return Actual(
@@ -86,7 +103,9 @@ def read_actual(sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None
         systemd_root=systemd_manages_root(top.path),
         io_cost_enabled=io_weight.io_cost_enabled(qos),
         schedulers={d: io_weight.scheduler(d, sys_root) for d in devices},
-        unsupported={f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)},
+        unsupported={
+            f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)
+        },
         mode=hierarchy.mode if hierarchy else "unified",
         v1_controllers=hierarchy.v1_controllers if hierarchy else (),
         subtree_path=str(sub.path),
@@ -107,9 +126,14 @@ class ApplyReport:
         return self.failed is None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "applied": [a.as_dict() for a in self.applied],
-                "failed": {"action": self.failed[0].as_dict(), "error": self.failed[1]} if self.failed else None,
-                "not_applied": [a.as_dict() for a in self.not_applied]}
+        return {
+            "ok": self.ok,
+            "applied": [a.as_dict() for a in self.applied],
+            "failed": {"action": self.failed[0].as_dict(), "error": self.failed[1]}
+            if self.failed
+            else None,
+            "not_applied": [a.as_dict() for a in self.not_applied],
+        }
 
 
 def apply(plan: Plan, sub: Subtree, report: ApplyReport | None = None) -> ApplyReport:
@@ -127,10 +151,10 @@ def apply(plan: Plan, sub: Subtree, report: ApplyReport | None = None) -> ApplyR
             with signals_held():  # a stop is delivered once the action and its record are done
                 _run(action, sub, report)
                 report.applied.append(action)
-                report.not_applied = plan.actions[i + 1:]
+                report.not_applied = plan.actions[i + 1 :]
         except (CgroupError, ValueError) as exc:
             report.failed = (action, str(exc))
-            report.not_applied = plan.actions[i + 1:]
+            report.not_applied = plan.actions[i + 1 :]
             return report
     return report
 
@@ -142,7 +166,10 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
         elif action.kind == "io-cost":
             sub.top.write(R.IO_COST_QOS.name, f"{action.value} enable=1")
             if action.value not in io_weight.io_cost_enabled(sub.top.read(R.IO_COST_QOS.name)):
-                raise CgroupError(0, f"{sub.top.path / R.IO_COST_QOS.name}: {action.value} enable=1 did not read back")
+                raise CgroupError(
+                    0,
+                    f"{sub.top.path / R.IO_COST_QOS.name}: {action.value} enable=1 did not read back",
+                )
         else:
             raise ValueError(f"{action.kind} is not allowed at the cgroup2 root")
         return
@@ -160,7 +187,8 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
         cg.set(f, action.value)
         back = cg.get(f)
         if not f.matches(back, action.value):
-            raise CgroupError(0, f"{cg.path / f.name}: the kernel accepted {action.value} "
-                                 f"but reads back {back}")
+            raise CgroupError(
+                0, f"{cg.path / f.name}: the kernel accepted {action.value} but reads back {back}"
+            )
     else:
         raise ValueError(f"unknown action {action.kind}")

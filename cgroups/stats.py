@@ -3,6 +3,7 @@
 The io engine's `read_files` (io_uring, many small reads in one submission) is used when
 the installed agent has it; otherwise each file is read with a plain read.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,13 +32,17 @@ def read_many(paths: list[Path]) -> list[bytes | None]:
     """The contents of each path (None where it cannot be read)."""
     if _batched is not None:
         try:
-            return [None if isinstance(r, Exception) or r is None else bytes(r) for r in _batched(paths)]
+            return [
+                None if isinstance(r, Exception) or r is None else bytes(r) for r in _batched(paths)
+            ]
         except (OSError, RuntimeError):
             pass  # no ring here (old kernel, seccomp): plain reads below
     return _plain(paths)
 
 
-def read_stats(groups: list[Cgroup], files: tuple[R.CgroupFile, ...] = R.STATS) -> list[dict[str, Any]]:
+def read_stats(
+    groups: list[Cgroup], files: tuple[R.CgroupFile, ...] = R.STATS
+) -> list[dict[str, Any]]:
     """For each group, {file name: parsed value} of the statistics files it has."""
     wanted = [(i, f, g.path / f.name) for i, g in enumerate(groups) for f in files]
     raw = read_many([p for *_, p in wanted])

@@ -6,6 +6,7 @@ path is resolved (symlinks included) and must stay inside the subtree; the only 
 outside it are the cgroup2 root's controller and io.cost switches, and only when the
 caller says the agent owns the root.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,18 @@ DEFAULT_SUBTREE = "xhagent.slice"
 SYSTEMD_CONTROL = ".control"  # systemd's sub-cgroup of a delegated unit for its own helper commands
 NAME_MAX = 255  # bytes in one path component (the kernel's NAME_MAX)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}$")
-_CONTROLLER_PREFIXES = ("cgroup", "cpu", "cpuset", "io", "memory", "pids", "hugetlb", "rdma", "misc")
+_CONTROLLER_PREFIXES = (
+    "cgroup",
+    "cpu",
+    "cpuset",
+    "io",
+    "memory",
+    "pids",
+    "hugetlb",
+    "rdma",
+    "misc",
+)
+
 
 def check_name(name: str) -> str:
     """One path component of a group name; a reason in ValueError otherwise."""
@@ -33,10 +45,15 @@ def check_name(name: str) -> str:
     if len(name.encode()) > NAME_MAX:
         raise ValueError(f"a group name is at most {NAME_MAX} bytes")
     if not _NAME_RE.match(name):
-        raise ValueError(f"{name!r}: a group name is letters, digits and _ . @ - (not starting with . @ or -)")
+        raise ValueError(
+            f"{name!r}: a group name is letters, digits and _ . @ - (not starting with . @ or -)"
+        )
     if name.split(".")[0] in _CONTROLLER_PREFIXES and "." in name:
-        raise ValueError(f"{name!r} would clash with the kernel's {name.split('.')[0]}.* interface files")
+        raise ValueError(
+            f"{name!r} would clash with the kernel's {name.split('.')[0]}.* interface files"
+        )
     return name
+
 
 def check_group_path(path: str) -> str:
     """A relative group path (`a/b`): every component checked, no absolute path."""
@@ -45,6 +62,7 @@ def check_group_path(path: str) -> str:
     for part in path.split("/"):
         check_name(part)
     return path
+
 
 @dataclass(frozen=True)
 class Subtree:
@@ -74,7 +92,9 @@ class Subtree:
         if group:
             check_group_path(group)
             if self.agent_leaf and group.split("/")[0] == self.agent_leaf:
-                raise ValueError(f"{group!r}: {self.agent_leaf} holds the agent's own processes, not a managed group")
+                raise ValueError(
+                    f"{group!r}: {self.agent_leaf} holds the agent's own processes, not a managed group"
+                )
         target = self.path / group if group else self.path
         real_base = Path(os.path.realpath(self.path))
         real = Path(os.path.realpath(target))
@@ -110,12 +130,17 @@ class Subtree:
                 name = f"{rel}/{child.name}" if rel else child.name
                 out.append(name)
                 visit(child, name)
+
         visit(self.path, "")
         return out
 
 
-def locate(subtree: str | None = None, hierarchy: Hierarchy | None = None, delegated: bool | None = None,
-           **discovery) -> Subtree:
+def locate(
+    subtree: str | None = None,
+    hierarchy: Hierarchy | None = None,
+    delegated: bool | None = None,
+    **discovery,
+) -> Subtree:
     """The subtree in this mount namespace's cgroup2 hierarchy (CgroupError if none): `subtree`
     when given, else discovered (delegation.discover_placement; DelegationError where systemd
     owns the tree and delegated nothing to the agent)."""
@@ -126,7 +151,9 @@ def locate(subtree: str | None = None, hierarchy: Hierarchy | None = None, deleg
         raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
     mount = Path(hier.unified.path)
     placement = discover_placement(mount, subtree, delegated, **discovery)
-    if placement.rel and placement.how != "delegated":  # a unit's cgroup path is the kernel's, not input
+    if (
+        placement.rel and placement.how != "delegated"
+    ):  # a unit's cgroup path is the kernel's, not input
         check_group_path(placement.rel)
     return Subtree(mount, placement.rel, placement)
 

@@ -4,6 +4,7 @@ A validator takes what a user wrote (YAML scalar) and returns the canonical valu
 same value `parse` returns for the kernel's text of a file that holds it, so comparing
 desired and actual is plain equality. Anything invalid raises ValueError with a reason.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,6 +27,7 @@ def int_range(lo: int, hi: int):
         if not lo <= value <= hi:
             raise ValueError(f"{value} is out of range {lo}..{hi}")
         return value
+
     return check
 
 
@@ -145,7 +147,10 @@ def parse_nested_keyed(text: str) -> dict[str, dict[str, int | str]]:
 
 def parse_weight_file(text: str) -> dict[str, int]:
     """io.weight / io.bfq.weight: `default N` then `MAJ:MIN W` lines."""
-    return {key: int(value) for key, value in (line.split() for line in text.splitlines() if line.strip())}
+    return {
+        key: int(value)
+        for key, value in (line.split() for line in text.splitlines() if line.strip())
+    }
 
 
 def format_weight_lines(value: dict[str, int]) -> list[str]:
@@ -153,7 +158,9 @@ def format_weight_lines(value: dict[str, int]) -> list[str]:
 
 
 def format_io_max_lines(value: dict[str, dict[str, int | str]]) -> list[str]:
-    return [dev + " " + " ".join(f"{k}={v}" for k, v in limits.items()) for dev, limits in value.items()]
+    return [
+        dev + " " + " ".join(f"{k}={v}" for k, v in limits.items()) for dev, limits in value.items()
+    ]
 
 
 def word(text: str) -> str:

@@ -4,6 +4,7 @@
 `*.bpf.c` with `-target bpf`. A missing tool or header stops the build with the Debian
 package that provides it.
 """
+
 import os
 import shutil
 import subprocess
@@ -31,7 +32,9 @@ def _fail(msg):
 def _tool(name):
     path = shutil.which(name)
     if path is None:
-        _fail(f"`{name}` not found: install the Debian package `{NEEDS[name]}` (apt-get install {NEEDS[name]})")
+        _fail(
+            f"`{name}` not found: install the Debian package `{NEEDS[name]}` (apt-get install {NEEDS[name]})"
+        )
     return path
 
 
@@ -57,7 +60,9 @@ def vmlinux_header(out_dir: Path) -> Path:
     bpftool = _tool("bpftool")
     text = subprocess.run(
         [bpftool, "btf", "dump", "file", str(BTF), "format", "c"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     tmp = header.with_suffix(".h.tmp")
     tmp.write_text(text)
@@ -71,9 +76,22 @@ def compile_one(src: Path, out: Path, include_dir: Path):
     arch = {"x86_64": "x86", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     tmp = out.with_suffix(".tmp")
     cmd = [
-        clang, "-g", "-O2", "-target", "bpf", f"-D__TARGET_ARCH_{arch}",
-        "-I", str(include_dir), "-I", _arch_include(),
-        "-Wall", "-Werror", "-c", str(src), "-o", str(tmp),
+        clang,
+        "-g",
+        "-O2",
+        "-target",
+        "bpf",
+        f"-D__TARGET_ARCH_{arch}",
+        "-I",
+        str(include_dir),
+        "-I",
+        _arch_include(),
+        "-Wall",
+        "-Werror",
+        "-c",
+        str(src),
+        "-o",
+        str(tmp),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -104,4 +122,6 @@ def build_all(src_dir: Path, out_dir: Path):
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
-    build_all(here, Path(sys.argv[1]) if len(sys.argv) > 1 else here.parent / "agent" / "bpf" / "objects")
+    build_all(
+        here, Path(sys.argv[1]) if len(sys.argv) > 1 else here.parent / "agent" / "bpf" / "objects"
+    )

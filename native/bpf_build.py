@@ -5,6 +5,7 @@ by default); read it with `ffi.errno` right after the call. Integer calls return
 -errno. Helpers that need C (ring-buffer batching, log capture, perf_event_open)
 live in bpf_glue.c.
 """
+
 import os
 from pathlib import Path
 

@@ -5,6 +5,7 @@ that has not prepared for it), and neither `os.posix_spawn` nor `subprocess` can
 CLONE_INTO_CGROUP; so the child's side is C, in spawn_glue.c. The header is plain
 declarations and is the cdef itself.
 """
+
 import os
 import shutil
 import sys

@@ -4,6 +4,7 @@ liburing 2.3 (Debian 12) ships no liburing-ffi, and most of its API is `static i
 so the binding is compiled against the header: cffi emits a real function for each inline.
 The few loops that run once per I/O live in uring_glue.c so Python sees batches.
 """
+
 import os
 import shutil
 import sys
@@ -34,13 +35,30 @@ CONSTANTS = "\n".join(
     + [f"#define IORING_SETUP_{n} ..." for n in SETUP_FLAGS]
     + [f"#define IOSQE_{n} ..." for n in SQE_FLAGS]
     + [f"#define IORING_FEAT_{n} ..." for n in FEATURES]
-    + [f"#define {n} ..." for n in ("O_DIRECT", "O_RDONLY", "O_WRONLY", "O_RDWR", "O_CLOEXEC",
-                                    "O_CREAT", "AT_FDCWD", "AT_STATX_SYNC_AS_STAT", "STATX_BASIC_STATS",
-                                    "IORING_FILE_INDEX_ALLOC", "IORING_ASYNC_CANCEL_ALL",
-                                    "IORING_ASYNC_CANCEL_ANY", "ECANCELED", "EOPNOTSUPP")]
+    + [
+        f"#define {n} ..."
+        for n in (
+            "O_DIRECT",
+            "O_RDONLY",
+            "O_WRONLY",
+            "O_RDWR",
+            "O_CLOEXEC",
+            "O_CREAT",
+            "AT_FDCWD",
+            "AT_STATX_SYNC_AS_STAT",
+            "STATX_BASIC_STATS",
+            "IORING_FILE_INDEX_ALLOC",
+            "IORING_ASYNC_CANCEL_ALL",
+            "IORING_ASYNC_CANCEL_ANY",
+            "ECANCELED",
+            "EOPNOTSUPP",
+        )
+    ]
 )
 
-CDEF = CONSTANTS + """
+CDEF = (
+    CONSTANTS
+    + """
 typedef unsigned int mode_t;
 struct iovec { void *iov_base; size_t iov_len; };
 struct statx { uint32_t stx_mask; uint32_t stx_blksize; uint64_t stx_attributes; uint32_t stx_nlink;
@@ -133,6 +151,7 @@ int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned le
 int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
                        uint64_t user_data_base);
 """
+)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
@@ -151,7 +170,7 @@ if shutil.which("cc") is None and shutil.which("gcc") is None:
 
 ffibuilder.set_source(
     "xhagent._uring",
-    '#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n'
+    "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n"
     '#include "uring_glue.h"\n',
     # setuptools insists on paths relative to the project root (the cwd of a build).
     sources=[os.path.relpath(HERE / "uring_glue.c")],

@@ -1,4 +1,5 @@
 """Fixtures shared by the host, kernel and gpu tests."""
+
 import json
 import subprocess
 import sys

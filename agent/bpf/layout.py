@@ -8,6 +8,7 @@ puts them into the compiled object's BTF. Python keeps explicit layouts (`Record
 name, offset, size and signedness and every enum value against it
 (tests/unit/test_bpf_layout.py). Nothing here runs when a program is loaded.
 """
+
 from __future__ import annotations
 
 import struct
@@ -40,7 +41,8 @@ class Mirror:
     """What one module mirrors of a BPF object's header: records and enums
     ({enum name: {enumerator: value}}). A `*_MAX` enumerator (an array size, nothing
     user space reads) may be left out."""
-    obj: str                                      # objects/<obj>.bpf.o
+
+    obj: str  # objects/<obj>.bpf.o
     records: tuple[Record, ...] = ()
     enums: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -57,8 +59,18 @@ BTF_MAGIC = 0xEB9F
 INT, PTR, ARRAY, STRUCT, UNION, ENUM, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT = range(1, 12)
 FUNC, FUNC_PROTO, VAR, DATASEC, FLOAT, DECL_TAG, TYPE_TAG, ENUM64 = range(12, 20)
 # Bytes that follow a btf_type, per kind: fixed, and per vlen item.
-_EXTRA = {INT: (4, 0), ARRAY: (12, 0), STRUCT: (0, 12), UNION: (0, 12), ENUM: (0, 8),
-          FUNC_PROTO: (0, 8), VAR: (4, 0), DATASEC: (0, 12), DECL_TAG: (4, 0), ENUM64: (0, 12)}
+_EXTRA = {
+    INT: (4, 0),
+    ARRAY: (12, 0),
+    STRUCT: (0, 12),
+    UNION: (0, 12),
+    ENUM: (0, 8),
+    FUNC_PROTO: (0, 8),
+    VAR: (4, 0),
+    DATASEC: (0, 12),
+    DECL_TAG: (4, 0),
+    ENUM64: (0, 12),
+}
 _QUALIFIERS = (TYPEDEF, VOLATILE, CONST, RESTRICT, TYPE_TAG)
 EXPORT_SECTION = ".xh_btf"  # XH_BTF_EXPORT's anchors (ebpf/maps.bpf.h)
 
@@ -66,16 +78,16 @@ EXPORT_SECTION = ".xh_btf"  # XH_BTF_EXPORT's anchors (ebpf/maps.bpf.h)
 @dataclass(frozen=True)
 class Member:
     name: str
-    offset: int    # bytes
-    size: int      # bytes
-    kind: str      # "signed", "unsigned" (integers, enums), "array", "bitfield" (size 0), ...
+    offset: int  # bytes
+    size: int  # bytes
+    kind: str  # "signed", "unsigned" (integers, enums), "array", "bitfield" (size 0), ...
 
 
 @dataclass
 class Btf:
-    structs: dict[str, tuple[int, list[Member]]]   # name -> (size, members)
+    structs: dict[str, tuple[int, list[Member]]]  # name -> (size, members)
     enums: dict[str, dict[str, int]]
-    exported: list[tuple[str, str]]                 # (kind "struct"/"enum", name) of XH_BTF_EXPORT
+    exported: list[tuple[str, str]]  # (kind "struct"/"enum", name) of XH_BTF_EXPORT
 
 
 class BtfError(ValueError):
@@ -87,7 +99,7 @@ def elf_section(path: str | Path, name: str) -> bytes:
     data = Path(path).read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise BtfError(f"{path}: not a little-endian ELF64 object")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
 
     def header(i):
@@ -98,21 +110,23 @@ def elf_section(path: str | Path, name: str) -> bytes:
     for i in range(shnum):
         name_off, off, size = header(i)
         end = data.index(b"\0", str_off + name_off)
-        if data[str_off + name_off:end].decode() == name:
-            return data[off:off + size]
+        if data[str_off + name_off : end].decode() == name:
+            return data[off : off + size]
     raise BtfError(f"{path}: no {name} section")
 
 
 def read_btf(path: str | Path) -> Btf:
     """The named structs and enums of an object's BTF, and which ones it exports."""
     raw = elf_section(path, ".BTF")
-    magic, _, _, hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from("<HBBIIIII", raw)
+    magic, _, _, hdr_len, type_off, type_len, str_off, str_len = struct.unpack_from(
+        "<HBBIIIII", raw
+    )
     if magic != BTF_MAGIC:
         raise BtfError(f"{path}: .BTF has magic {magic:#x}, not {BTF_MAGIC:#x}")
-    strings = raw[hdr_len + str_off:hdr_len + str_off + str_len]
+    strings = raw[hdr_len + str_off : hdr_len + str_off + str_len]
 
     def name(off):
-        return strings[off:strings.index(b"\0", off)].decode()
+        return strings[off : strings.index(b"\0", off)].decode()
 
     types = [None]  # type id 0 is void
     pos, end = hdr_len + type_off, hdr_len + type_off + type_len
@@ -120,7 +134,7 @@ def read_btf(path: str | Path) -> Btf:
         name_off, info, size_or_type = struct.unpack_from("<III", raw, pos)
         kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
         fixed, per_item = _EXTRA.get(kind, (0, 0))
-        body = raw[pos + 12:pos + 12 + fixed + per_item * vlen]
+        body = raw[pos + 12 : pos + 12 + fixed + per_item * vlen]
         types.append((kind, name(name_off), size_or_type, bool(info >> 31), vlen, body))
         pos += 12 + len(body)
 
@@ -144,7 +158,9 @@ def read_btf(path: str | Path) -> Btf:
             return "signed" if (struct.unpack_from("<I", body)[0] >> 24) & 1 else "unsigned"
         if kind in (ENUM, ENUM64):
             return "unsigned"
-        return {ARRAY: "array", PTR: "pointer", STRUCT: "struct", UNION: "union"}.get(kind, str(kind))
+        return {ARRAY: "array", PTR: "pointer", STRUCT: "struct", UNION: "union"}.get(
+            kind, str(kind)
+        )
 
     structs, enums, exported = {}, {}, []
     for kind, tname, size, kflag, vlen, body in types[1:]:
@@ -156,7 +172,9 @@ def read_btf(path: str | Path) -> Btf:
                 if bits or m_off % 8:  # kernel structs have them; a shared record must not
                     members.append(Member(name(m_name), m_off // 8, 0, "bitfield"))
                 else:
-                    members.append(Member(name(m_name), m_off // 8, size_of(m_type), kind_of(m_type)))
+                    members.append(
+                        Member(name(m_name), m_off // 8, size_of(m_type), kind_of(m_type))
+                    )
             structs[tname] = (size, members)
         elif kind == ENUM and tname:
             values = {}
@@ -166,8 +184,8 @@ def read_btf(path: str | Path) -> Btf:
             enums[tname] = values
         elif kind == DATASEC and tname == EXPORT_SECTION:
             for i in range(vlen):
-                var, = struct.unpack_from("<I", body, 12 * i)
-                ptr = types[var][2]                     # VAR -> PTR -> the exported type
+                (var,) = struct.unpack_from("<I", body, 12 * i)
+                ptr = types[var][2]  # VAR -> PTR -> the exported type
                 target = types[resolve(types[ptr][2])]
                 label = {STRUCT: "struct", ENUM: "enum"}.get(target[0], f"kind {target[0]}")
                 exported.append((label, target[1]))
@@ -193,11 +211,15 @@ def mismatches(btf: Btf, mirror: Mirror) -> list[str]:
                 continue
             off, sz, code = py[m.name]
             if (off, sz) != (m.offset, m.size):
-                out.append(f"struct {rec.c_name}.{m.name}: offset {m.offset} size {m.size} in C, "
-                           f"offset {off} size {sz} in Python ({code!r})")
+                out.append(
+                    f"struct {rec.c_name}.{m.name}: offset {m.offset} size {m.size} in C, "
+                    f"offset {off} size {sz} in Python ({code!r})"
+                )
             want = "array" if code.endswith("s") else "signed" if code.islower() else "unsigned"
             if want != m.kind:
-                out.append(f"struct {rec.c_name}.{m.name}: {m.kind} in C, {code!r} ({want}) in Python")
+                out.append(
+                    f"struct {rec.c_name}.{m.name}: {m.kind} in C, {code!r} ({want}) in Python"
+                )
     for enum, values in mirror.enums.items():
         if enum not in btf.enums:
             out.append(f"enum {enum}: not in {mirror.obj}.bpf.o's BTF")
@@ -207,6 +229,8 @@ def mismatches(btf: Btf, mirror: Mirror) -> list[str]:
             if name not in values and name.endswith("_MAX"):
                 continue
             if c.get(name) != values.get(name):
-                out.append(f"enum {enum}: {name} is {c.get(name, 'missing')} in C, "
-                           f"{values.get(name, 'missing')} in Python")
+                out.append(
+                    f"enum {enum}: {name} is {c.get(name, 'missing')} in C, "
+                    f"{values.get(name, 'missing')} in Python"
+                )
     return out

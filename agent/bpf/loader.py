@@ -4,12 +4,13 @@ what libbpf logged about it.
 
 Objects ship as package data in `objects/<name>.bpf.o` (built from `ebpf/*.bpf.c`).
 """
+
 from __future__ import annotations
 
 import errno as _errno
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import errno_reason
 from .layout import EXPORT_SECTION
@@ -25,8 +26,22 @@ class BpfError(OSError):
 
 
 # libbpf's own error codes (libbpf.h, enum libbpf_errno), returned like errnos.
-_LIBBPF_ERRNO = ["LIBELF", "FORMAT", "KVERSION", "ENDIAN", "INTERNAL", "RELOC", "LOAD",
-                 "VERIFY", "PROG2BIG", "KVER", "PROGTYPE", "WRNGPID", "INVSEQ", "NLPARSE"]
+_LIBBPF_ERRNO = [
+    "LIBELF",
+    "FORMAT",
+    "KVERSION",
+    "ENDIAN",
+    "INTERNAL",
+    "RELOC",
+    "LOAD",
+    "VERIFY",
+    "PROG2BIG",
+    "KVER",
+    "PROGTYPE",
+    "WRNGPID",
+    "INVSEQ",
+    "NLPARSE",
+]
 
 
 def _libbpf_reason(code: int, step: str) -> str | None:
@@ -60,8 +75,11 @@ def binding():
         try:
             from xhagent._bpf import ffi, lib
         except ImportError as exc:
-            raise BpfError(_errno.ENOSYS, f"xhagent._bpf is not built ({exc}): "
-                           "reinstall the package (pip install .) with libbpf-dev present") from None
+            raise BpfError(
+                _errno.ENOSYS,
+                f"xhagent._bpf is not built ({exc}): "
+                "reinstall the package (pip install .) with libbpf-dev present",
+            ) from None
         lib.xh_log_capture(1)
         _ffi, _lib = ffi, lib
     return _ffi, _lib
@@ -74,8 +92,11 @@ def _log() -> str:
     text = ffi.string(buf, n).decode(errors="replace") if n else ""
     # libbpf notes at every open that it skips the section of XH_BTF_EXPORT's BTF-only
     # anchors (ebpf/maps.bpf.h); that is by design and no part of any failure.
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not ("skipping" in line and EXPORT_SECTION in line))
+    return "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not ("skipping" in line and EXPORT_SECTION in line)
+    )
 
 
 def _fresh() -> None:
@@ -101,8 +122,11 @@ def _check_ptr(ptr, step: str):
 def object_path(name: str) -> Path:
     path = OBJECTS / f"{name}.bpf.o"
     if not path.is_file():
-        raise BpfError(_errno.ENOENT, f"BPF object {path.name} not found in {OBJECTS}: build it "
-                       "with `python3 ebpf/build.py` or reinstall the package")
+        raise BpfError(
+            _errno.ENOENT,
+            f"BPF object {path.name} not found in {OBJECTS}: build it "
+            "with `python3 ebpf/build.py` or reinstall the package",
+        )
     return path
 
 
@@ -111,17 +135,30 @@ def possible_cpus() -> int:
     return _check(lib.libbpf_num_possible_cpus(), "libbpf_num_possible_cpus")
 
 
-def perf_event_open(type_: int, config: int, *, pid: int = 0, cpu: int = -1,
-                    sample_period: int = 0, sample_freq: int = 0, disabled: bool = True) -> int:
+def perf_event_open(
+    type_: int,
+    config: int,
+    *,
+    pid: int = 0,
+    cpu: int = -1,
+    sample_period: int = 0,
+    sample_freq: int = 0,
+    disabled: bool = True,
+) -> int:
     """perf_event_open(2) -> fd (close-on-exec). Program.attach_perf_event enables a
     disabled event and its link then owns the fd (destroying the link closes it)."""
     _, lib = binding()
     freq = sample_freq > 0
-    fd = lib.xh_perf_event_open(type_, config, pid, cpu, sample_freq if freq else sample_period,
-                                int(freq), int(disabled))
+    fd = lib.xh_perf_event_open(
+        type_, config, pid, cpu, sample_freq if freq else sample_period, int(freq), int(disabled)
+    )
     if fd < 0:
-        raise BpfError(-fd, format_error(f"perf_event_open(type={type_}, config={config}, "
-                                         f"pid={pid}, cpu={cpu})", fd))
+        raise BpfError(
+            -fd,
+            format_error(
+                f"perf_event_open(type={type_}, config={config}, pid={pid}, cpu={cpu})", fd
+            ),
+        )
     return fd
 
 
@@ -136,7 +173,7 @@ class Link:
 
 
 class Program:
-    def __init__(self, obj: "BpfObject", ptr):
+    def __init__(self, obj: BpfObject, ptr):
         self._obj, self._ptr = obj, ptr
         ffi, lib = binding()
         self.name = ffi.string(lib.bpf_program__name(ptr)).decode()
@@ -157,14 +194,17 @@ class Program:
     def attach_raw_tracepoint(self, tp: str) -> Link:
         _fresh()
         lib = binding()[1]
-        return self._link(lib.bpf_program__attach_raw_tracepoint(self._ptr, tp.encode()),
-                          f"attach raw_tp/{tp}")
+        return self._link(
+            lib.bpf_program__attach_raw_tracepoint(self._ptr, tp.encode()), f"attach raw_tp/{tp}"
+        )
 
     def attach_perf_event(self, pfd: int) -> Link:
         _fresh()
         lib = binding()[1]
-        return self._link(lib.bpf_program__attach_perf_event(self._ptr, pfd),
-                          f"attach {self.section} to perf event fd {pfd}")
+        return self._link(
+            lib.bpf_program__attach_perf_event(self._ptr, pfd),
+            f"attach {self.section} to perf event fd {pfd}",
+        )
 
     def _link(self, ptr, what: str) -> Link:
         link = Link(_check_ptr(ptr, what), what)
@@ -201,11 +241,12 @@ class Map:
         value = ffi.new("char[]", ncpu * stride)
         _check(lib.bpf_map_lookup_elem(self.fd, key, value), f"lookup in per-CPU map {self.name}")
         raw = ffi.buffer(value)[:]
-        return [raw[i * stride:i * stride + self.value_size] for i in range(ncpu)]
+        return [raw[i * stride : i * stride + self.value_size] for i in range(ncpu)]
 
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
-        _check(binding()[1].bpf_map_update_elem(self.fd, key, value, flags),
-               f"update map {self.name}")
+        _check(
+            binding()[1].bpf_map_update_elem(self.fd, key, value, flags), f"update map {self.name}"
+        )
 
     def delete(self, key: bytes) -> None:
         _check(binding()[1].bpf_map_delete_elem(self.fd, key), f"delete from map {self.name}")
@@ -216,7 +257,9 @@ class Map:
         return 0 if v is None else int.from_bytes(v, "little")
 
     def sum_percpu(self, index: int) -> int:
-        return sum(int.from_bytes(v, "little") for v in self.lookup_percpu(struct.pack("<I", index)))
+        return sum(
+            int.from_bytes(v, "little") for v in self.lookup_percpu(struct.pack("<I", index))
+        )
 
     def set_u32(self, index: int, value: int) -> None:
         self.update(struct.pack("<I", index), struct.pack("<I", value))
@@ -225,7 +268,7 @@ class Map:
 class RingBuffer:
     """Records of a BPF_MAP_TYPE_RINGBUF, collected in C and drained in bulk."""
 
-    def __init__(self, obj: "BpfObject", m: Map):
+    def __init__(self, obj: BpfObject, m: Map):
         _, lib = binding()
         self.map = m
         self._ptr = _check_ptr(lib.xh_rb_new(m.fd), f"ring buffer on map {m.name}")
@@ -254,8 +297,9 @@ class RingBuffer:
 def decode(data: bytes, count: int, record: struct.Struct) -> Iterator[tuple]:
     """Fixed-size records from RingBuffer.drain()."""
     if len(data) != count * record.size:
-        raise ValueError(f"ring buffer returned {len(data)} bytes for {count} records "
-                         f"of {record.size} bytes")
+        raise ValueError(
+            f"ring buffer returned {len(data)} bytes for {count} records of {record.size} bytes"
+        )
     return record.iter_unpack(data)
 
 
@@ -272,8 +316,9 @@ class BpfObject:
         self._links: list[Link] = []
         self._rings: list[RingBuffer] = []
         _fresh()
-        self._ptr = _check_ptr(lib.bpf_object__open_file(str(self.path).encode(), ffi.NULL),
-                               f"open {self.path.name}")
+        self._ptr = _check_ptr(
+            lib.bpf_object__open_file(str(self.path).encode(), ffi.NULL), f"open {self.path.name}"
+        )
         if load:
             self.load()
 
@@ -314,7 +359,7 @@ class BpfObject:
             ptr, self._ptr = self._ptr, None
             binding()[1].bpf_object__close(ptr)
 
-    def __enter__(self) -> "BpfObject":
+    def __enter__(self) -> BpfObject:
         return self
 
     def __exit__(self, *exc) -> None:

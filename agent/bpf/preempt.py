@@ -5,6 +5,7 @@ then again after each further slice; a sleeping thread accumulates nothing.
 One BPF object serves every armed thread: arm(tid, slice) opens a cpu-clock perf
 event on that thread and attaches the program to it; disarm closes it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -15,15 +16,27 @@ from dataclasses import dataclass
 
 from ..errors import errno_name
 from .layout import Mirror, Record, pick
-from .loader import ProgramLoader, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE, BpfObject, Link, perf_event_open
+from .loader import (
+    PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
+    BpfObject,
+    Link,
+    ProgramLoader,
+    perf_event_open,
+)
 
 SIGNAL = signal.SIGURG
 # ebpf/preempt.h; checked against the object's BTF by tests/unit/test_bpf_layout.py.
-STATE = Record("slice_state", (("slice_ns", "Q"), ("runtime_ns", "Q"), ("sent", "Q"),
-                               ("failed", "Q"), ("last_error", "Q")))
+STATE = Record(
+    "slice_state",
+    (("slice_ns", "Q"), ("runtime_ns", "Q"), ("sent", "Q"), ("failed", "Q"), ("last_error", "Q")),
+)
 SENT, FAILED, FAILED_EBUSY, LAST_ERROR = 0, 1, 2, 3
-MIRROR = Mirror("preempt", records=(STATE,),
-                enums={"xh_preempt_count": pick(globals(), "SENT FAILED FAILED_EBUSY LAST_ERROR")})
+MIRROR = Mirror(
+    "preempt",
+    records=(STATE,),
+    enums={"xh_preempt_count": pick(globals(), "SENT FAILED FAILED_EBUSY LAST_ERROR")},
+)
 MAX_TICK_NS, MIN_TICK_NS = 1_000_000, 50_000
 
 
@@ -75,8 +88,13 @@ class Preempter(ProgramLoader):
         self._armed.update(struct.pack("<I", tid), STATE.pack(slice_ns, 0, 0, 0, 0))
         if tid in self._links:
             return
-        pfd = perf_event_open(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK, pid=tid, cpu=-1,
-                              sample_period=tick_ns(slice_ns))
+        pfd = perf_event_open(
+            PERF_TYPE_SOFTWARE,
+            PERF_COUNT_SW_CPU_CLOCK,
+            pid=tid,
+            cpu=-1,
+            sample_period=tick_ns(slice_ns),
+        )
         try:
             self._links[tid] = self._prog.attach_perf_event(pfd)  # the link owns pfd
         except BaseException:
@@ -89,8 +107,9 @@ class Preempter(ProgramLoader):
         st = self.state(tid)
         if st is None:
             raise KeyError(f"thread {tid} is not armed")
-        self._armed.update(struct.pack("<I", tid),
-                           STATE.pack(st.slice_ns, 0, st.sent, st.failed, st.last_error))
+        self._armed.update(
+            struct.pack("<I", tid), STATE.pack(st.slice_ns, 0, st.sent, st.failed, st.last_error)
+        )
 
     def disarm(self, tid: int) -> None:
         link = self._links.pop(tid, None)
@@ -107,7 +126,9 @@ class Preempter(ProgramLoader):
         return None if raw is None else ThreadState(*STATE.unpack(raw))
 
     def counters(self) -> Counters:
-        return Counters(*(self._counts.get_int(i) for i in (SENT, FAILED, FAILED_EBUSY, LAST_ERROR)))
+        return Counters(
+            *(self._counts.get_int(i) for i in (SENT, FAILED, FAILED_EBUSY, LAST_ERROR))
+        )
 
     def close(self) -> None:
         self._links.clear()

@@ -1,5 +1,6 @@
 """sched_count.bpf.o: context switches counted per CPU (tp_btf/sched_switch), and the
 switches of one target process streamed through a ring buffer."""
+
 from __future__ import annotations
 
 import os
@@ -8,14 +9,19 @@ import threading
 from dataclasses import dataclass
 
 from .layout import Mirror, Record, pick
-from .loader import ProgramLoader, BpfObject, decode
+from .loader import BpfObject, ProgramLoader, decode
 
 # ebpf/sched_count.h; checked against the object's BTF by tests/unit/test_bpf_layout.py.
-RECORD = Record("switch_event", (("ts_ns", "Q"), ("cpu", "I"), ("prev_pid", "I"),
-                                 ("next_pid", "I"), ("pad", "I")))
+RECORD = Record(
+    "switch_event",
+    (("ts_ns", "Q"), ("cpu", "I"), ("prev_pid", "I"), ("next_pid", "I"), ("pad", "I")),
+)
 COUNT_SWITCHES, COUNT_DROPPED = 0, 1
-MIRROR = Mirror("sched_count", records=(RECORD,),
-                enums={"xh_switch_count": pick(globals(), "COUNT_SWITCHES COUNT_DROPPED")})
+MIRROR = Mirror(
+    "sched_count",
+    records=(RECORD,),
+    enums={"xh_switch_count": pick(globals(), "COUNT_SWITCHES COUNT_DROPPED")},
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,6 @@ class SchedCount(ProgramLoader):
 
     def drain(self, timeout_ms: int = 0) -> list[Switch]:
         return decode_switches(*self._ring.drain(timeout_ms))
-
 
 
 def ping_pong(rounds: int = 200) -> tuple[int, int]:

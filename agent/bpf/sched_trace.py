@@ -5,6 +5,7 @@ that Python never handles events one by one.
 Filters: everything, a cgroup v2 subtree (by cgroup id = the directory's inode,
 descendants included), or a set of pids/tgids that grows with forks of traced tasks.
 """
+
 from __future__ import annotations
 
 import errno
@@ -12,7 +13,7 @@ import os
 import struct
 
 from .layout import Mirror, pick
-from .loader import ProgramLoader, BpfError, BpfObject, binding, format_error
+from .loader import BpfError, BpfObject, ProgramLoader, binding, format_error
 
 RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes it
 # The enums of ebpf/sched_trace.h that index the maps; checked against the object's
@@ -20,11 +21,14 @@ RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes i
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
 CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES = 0, 1, 2
 COUNT_EVENTS, COUNT_DROPPED = 0, 1
-MIRROR = Mirror("sched_trace", enums={
-    "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
-    "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES"),
-    "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED"),
-})
+MIRROR = Mirror(
+    "sched_trace",
+    enums={
+        "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
+        "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES"),
+        "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED"),
+    },
+)
 TRACEPOINTS = ("switch", "wakeup", "wakeup_new", "exit", "fork")
 WAKEUP_BYTES = 256 * 1024  # wake the consumer once this much waits in the ring
 
@@ -87,7 +91,9 @@ class SchedTrace(ProgramLoader):
             self._counts = self.obj.map("counts")
             self.sink: RingSink | None = None
             self._mode = FILTER_ALL
-            self._config.update(struct.pack("<I", CFG_WAKEUP_BYTES), struct.pack("<Q", WAKEUP_BYTES))
+            self._config.update(
+                struct.pack("<I", CFG_WAKEUP_BYTES), struct.pack("<Q", WAKEUP_BYTES)
+            )
         except BaseException:
             self.obj.close()
             raise
@@ -110,7 +116,9 @@ class SchedTrace(ProgramLoader):
             try:
                 self.obj.load()
             except BpfError as second:
-                raise BpfError(second.errno, f"{first.strerror}; raw_tp fallback: {second.strerror}") from None
+                raise BpfError(
+                    second.errno, f"{first.strerror}; raw_tp fallback: {second.strerror}"
+                ) from None
             return "raw_tp"
 
     def _only(self, prefix: str) -> None:
@@ -144,7 +152,9 @@ class SchedTrace(ProgramLoader):
         pid filter: it is what follows the traced tasks' children."""
         unknown = set(events) - set(TRACEPOINTS)
         if unknown:
-            raise ValueError(f"unknown event(s) {', '.join(sorted(unknown))}; known: {', '.join(TRACEPOINTS)}")
+            raise ValueError(
+                f"unknown event(s) {', '.join(sorted(unknown))}; known: {', '.join(TRACEPOINTS)}"
+            )
         if self._mode == FILTER_PIDS:
             events = (*events, "fork")
         self.sink = RingSink(self.obj, "events", fd, RECORD_SIZE)

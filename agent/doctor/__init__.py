@@ -4,10 +4,11 @@ Each probe tries the thing (sets up a ring, loads a program, freezes a cgroup) r
 than looking for files. Probes never raise: a probe that crashes becomes a failed item
 naming the exception, so the report is always complete.
 """
+
 from __future__ import annotations
 
 import traceback
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import errno_reason
 from .report import Item, fail
@@ -36,10 +37,18 @@ def run_probes(probes: list[tuple[str, Probe]] | None = None) -> list[Item]:
             items.extend(probe())
         except Exception as exc:  # a report, not a crash: name what broke
             last = traceback.extract_tb(exc.__traceback__)[-1]
-            what = (f"{exc.filename + ': ' if exc.filename else ''}{errno_reason(exc)}"
-                    if isinstance(exc, OSError) and exc.errno else str(exc))  # no "[Errno N]" prefix
-            items.append(fail(section, f"{CRASHED}: {type(exc).__name__}: {what} "
-                                       f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})"))
+            what = (
+                f"{exc.filename + ': ' if exc.filename else ''}{errno_reason(exc)}"
+                if isinstance(exc, OSError) and exc.errno
+                else str(exc)
+            )  # no "[Errno N]" prefix
+            items.append(
+                fail(
+                    section,
+                    f"{CRASHED}: {type(exc).__name__}: {what} "
+                    f"({last.filename.rsplit('/', 1)[-1]}:{last.lineno})",
+                )
+            )
     return items
 
 
@@ -51,12 +60,17 @@ def required_problems(items: list[Item], required: Iterable[str]) -> tuple[int, 
     crashed = [i for i in items if not i.ok and (i.reason or "").startswith(CRASHED)]
     unknown = [name for name in required if name not in by_name]
     if unknown and not crashed:
-        return 2, [f"--require {name!r}: no such item; the items are: {', '.join(by_name)}" for name in unknown]
+        return 2, [
+            f"--require {name!r}: no such item; the items are: {', '.join(by_name)}"
+            for name in unknown
+        ]
     problems = []
     for name in required:
         if name not in by_name:
-            problems.append(f"required item {name!r} is not in the report: "
-                            + "; ".join(f"{i.name}: {i.reason}" for i in crashed))
+            problems.append(
+                f"required item {name!r} is not in the report: "
+                + "; ".join(f"{i.name}: {i.reason}" for i in crashed)
+            )
         elif not by_name[name].ok:
             problems.append(f"required item {name!r} is not ok: {by_name[name].reason}")
     return (1 if problems else 0), problems

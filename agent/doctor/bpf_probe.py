@@ -1,6 +1,7 @@
 """eBPF probes: vmlinux BTF, a tp_btf/sched_switch program counting switches, its ring
 buffer delivering our own switches, and bpf_send_signal_thread() preempting the main
 thread from a cpu-clock perf event. Each loads and runs the real program (< ~1.5 s)."""
+
 from __future__ import annotations
 
 import os
@@ -54,14 +55,22 @@ def _sched_switch() -> list[Item]:
         tids = ping_pong(100)
         records = sc.drain(timeout_ms=50)
         events = sc.switches()
-    items = [ok(names[0], events=events) if events > 0 else
-             fail(names[0], "attached, but the per-CPU counter stayed 0 through a pipe ping-pong")]
+    items = [
+        ok(names[0], events=events)
+        if events > 0
+        else fail(names[0], "attached, but the per-CPU counter stayed 0 through a pipe ping-pong")
+    ]
     ours = [r for r in records if r.prev_pid in tids or r.next_pid in tids]
     if ours:
         items.append(ok(names[1], records=len(ours)))
     else:
-        items.append(fail(names[1], f"no ring-buffer record named our threads {tids} "
-                                    f"({len(records)} records in all)", records=len(records)))
+        items.append(
+            fail(
+                names[1],
+                f"no ring-buffer record named our threads {tids} ({len(records)} records in all)",
+                records=len(records),
+            )
+        )
     return items
 
 
@@ -92,8 +101,11 @@ def _send_signal() -> Item:
     if hits[0]:
         return ok(name, signals=hits[0])
     why = errno_reason(last, "last helper error") if failed else "the program never fired"
-    return fail(name, f"no SIGURG reached the main thread within 1 s (sent={sent}, "
-                      f"failed={failed}; {why})", signals=0)
+    return fail(
+        name,
+        f"no SIGURG reached the main thread within 1 s (sent={sent}, failed={failed}; {why})",
+        signals=0,
+    )
 
 
 def probe() -> list[Item]:

@@ -8,6 +8,7 @@ SIGTERM, SIGHUP: the command turns them into exceptions) the sleep is killed and
 thawed and removed, in a section signals cannot cut. Only SIGKILL can leave one behind: each
 run first removes the `doctor-<pid>` groups whose pid no longer exists (nothing else).
 """
+
 from __future__ import annotations
 
 import errno
@@ -79,8 +80,13 @@ def remove_stale(parent: Path) -> list[str]:
     removed = []
     for path in entries:
         match = _PROBE_GROUP.fullmatch(path.name)
-        if not match or int(match[1]) > PID_MAX_LIMIT or path.is_symlink() or not path.is_dir() \
-                or _alive(int(match[1])):
+        if (
+            not match
+            or int(match[1]) > PID_MAX_LIMIT
+            or path.is_symlink()
+            or not path.is_dir()
+            or _alive(int(match[1]))
+        ):
             continue
         try:
             _dispose(Cgroup(path))
@@ -107,30 +113,45 @@ def _lifecycle_items(root: Path) -> list[Item]:
         group.create()
     except CgroupError as exc:
         _remove_parent(parent, made_parent)
-        return [fail("cgroup.create", str(exc)),
-                fail("cgroup.spawn", "no probe group: " + str(exc)),
-                fail("cgroup.freeze", "no probe group: " + str(exc)),
-                fail("cgroup.kill", "no probe group: " + str(exc))]
+        return [
+            fail("cgroup.create", str(exc)),
+            fail("cgroup.spawn", "no probe group: " + str(exc)),
+            fail("cgroup.freeze", "no probe group: " + str(exc)),
+            fail("cgroup.kill", "no probe group: " + str(exc)),
+        ]
     sleeper = None
     try:
-        items = [ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))]
+        items = [
+            ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))
+        ]
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
             with signals_held():  # a stop inside the spawn would leave a sleep that nothing kills
                 sleeper = group.spawn(["sleep", "30"], stdin=devnull)
         except CgroupError as exc:
-            return items + [fail("cgroup.spawn", str(exc), method=spawn_method()),
-                            fail("cgroup.freeze", "no process in the probe group: " + str(exc)),
-                            fail("cgroup.kill", "no process in the probe group: " + str(exc))]
+            return items + [
+                fail("cgroup.spawn", str(exc), method=spawn_method()),
+                fail("cgroup.freeze", "no process in the probe group: " + str(exc)),
+                fail("cgroup.kill", "no process in the probe group: " + str(exc)),
+            ]
         finally:
             os.close(devnull)
         why = spawn_method_reason()
-        detail = {"method": sleeper.method, "pidfd": sleeper.pidfd is not None,
-                  **({"fallback_because": why} if why else {})}
+        detail = {
+            "method": sleeper.method,
+            "pidfd": sleeper.pidfd is not None,
+            **({"fallback_because": why} if why else {}),
+        }
         members = group.procs()
-        items.append(ok("cgroup.spawn", **detail) if members == [sleeper.pid] else
-                     fail("cgroup.spawn", f"the sleep (pid {sleeper.pid}) is not what the group holds: {members}",
-                          **detail))
+        items.append(
+            ok("cgroup.spawn", **detail)
+            if members == [sleeper.pid]
+            else fail(
+                "cgroup.spawn",
+                f"the sleep (pid {sleeper.pid}) is not what the group holds: {members}",
+                **detail,
+            )
+        )
         return items + _freeze_and_kill(group, sleeper)
     finally:
         try:
@@ -179,12 +200,27 @@ def _remove_parent(parent: Cgroup, made_parent: bool) -> None:
 def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
     hier = discover(mountinfo)
     v1 = sorted({m.path for m in hier.mounts if m.fstype == "cgroup"})
-    items = [ok("cgroup.mode", mode=hier.mode, cgroup2=hier.unified.path if hier.unified else None,
-                v1_hierarchies=len(v1))]
+    items = [
+        ok(
+            "cgroup.mode",
+            mode=hier.mode,
+            cgroup2=hier.unified.path if hier.unified else None,
+            v1_hierarchies=len(v1),
+        )
+    ]
     if hier.unified is None:
         reason = f"no cgroup2 mount (mode {hier.mode})"
-        return items + [fail(n, reason) for n in ("cgroup.v2", "cgroup.controllers", "cgroup.create",
-                                                 "cgroup.spawn", "cgroup.freeze", "cgroup.kill")]
+        return items + [
+            fail(n, reason)
+            for n in (
+                "cgroup.v2",
+                "cgroup.controllers",
+                "cgroup.create",
+                "cgroup.spawn",
+                "cgroup.freeze",
+                "cgroup.kill",
+            )
+        ]
     root = Cgroup(hier.unified.path)
     items.append(ok("cgroup.v2", path=str(root.path)))
     items.append(_controllers_item(root, hier.v1_controllers))

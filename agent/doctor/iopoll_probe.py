@@ -3,14 +3,15 @@ O_DIRECT read does, plus a polled read of a regular file for the filesystem case
 
 The aggregate item `iopoll` is ok when at least one device completed a polled read.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ..errors import errno_reason
 from ..inventory.block import BlockDevice, block_devices
 from ..io import Ring, UringError, aligned_buffer
-from ..errors import errno_reason
 from .report import Item, fail, ok
 from .uring_probe import BLOCK, scratch_file
 
@@ -33,9 +34,13 @@ def _device_item(dev: BlockDevice, dev_root: Path) -> Item:
     try:
         data = polled_read(path, max(BLOCK, dev.logical_block))
     except UringError as exc:
-        return fail(name, f"queue/io_poll={dev.io_poll}; {errno_reason(exc, 'polled read')}", **detail)
+        return fail(
+            name, f"queue/io_poll={dev.io_poll}; {errno_reason(exc, 'polled read')}", **detail
+        )
     except OSError as exc:
-        return fail(name, f"queue/io_poll={dev.io_poll}; cannot open {path}: {errno_reason(exc)}", **detail)
+        return fail(
+            name, f"queue/io_poll={dev.io_poll}; cannot open {path}: {errno_reason(exc)}", **detail
+        )
     return ok(name, bytes=len(data), **detail)
 
 
@@ -56,8 +61,11 @@ def probe(sys_root: Path = Path("/sys"), dev_root: Path = Path("/dev")) -> list[
     if usable:
         summary = ok("iopoll", devices=usable)
     elif devices:
-        summary = fail("iopoll", "no block device completes a polled read: "
-                       + "; ".join(f"{i.name.split('.', 1)[1]}: {i.reason}" for i in devices))
+        summary = fail(
+            "iopoll",
+            "no block device completes a polled read: "
+            + "; ".join(f"{i.name.split('.', 1)[1]}: {i.reason}" for i in devices),
+        )
     else:
         summary = fail("iopoll", f"no block devices with a medium under {sys_root}/block")
     return [summary, *devices, _file_item()]

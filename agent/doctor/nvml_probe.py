@@ -1,4 +1,5 @@
 """NVIDIA GPUs through NVML: the library, the driver, the GPU count, or NVML's own error."""
+
 from __future__ import annotations
 
 from .report import Item, fail, ok
@@ -17,7 +18,9 @@ def probe() -> list[Item]:
         driver = pynvml.nvmlSystemGetDriverVersion()
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
         count = pynvml.nvmlDeviceGetCount()
-        return [ok("nvml", driver=_text(driver), cuda=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=count)]
+        return [
+            ok("nvml", driver=_text(driver), cuda=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=count)
+        ]
     except pynvml.NVMLError as exc:
         return [fail("nvml", f"{type(exc).__name__}: {exc}")]
     finally:

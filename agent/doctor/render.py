@@ -1,4 +1,5 @@
 """Human and JSON renderings of a doctor report."""
+
 from __future__ import annotations
 
 import json

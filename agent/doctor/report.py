@@ -3,6 +3,7 @@
 Item names are stable keys (documented in the README): scripts read them from
 `xhagent doctor --json` and `--require NAME` refers to them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

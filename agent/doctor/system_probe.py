@@ -1,4 +1,5 @@
 """Kernel release, privileges and the CPU/NUMA layout the agent schedules on."""
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,10 @@ def numa_nodes(sys_root: Path) -> dict[int, list[int]]:
     online = node_dir / "online"
     if not online.exists():
         return {}
-    return {n: parse_cpulist((node_dir / f"node{n}/cpulist").read_text()) for n in parse_cpulist(online.read_text())}
+    return {
+        n: parse_cpulist((node_dir / f"node{n}/cpulist").read_text())
+        for n in parse_cpulist(online.read_text())
+    }
 
 
 def probe(sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc")) -> list[Item]:
@@ -46,16 +50,32 @@ def probe(sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc")) -> lis
     # The full set is the common case for a root agent: show what is absent from it.
     detail = {"euid": os.geteuid(), "not_effective": [c for c in CAPABILITIES if c not in caps]}
     if lacking:
-        items.append(fail("capabilities", "missing " + ", ".join(f"CAP_{c}" for c in lacking), **detail))
+        items.append(
+            fail("capabilities", "missing " + ", ".join(f"CAP_{c}" for c in lacking), **detail)
+        )
     else:
         items.append(ok("capabilities", **detail))
 
     online = parse_cpulist((sys_root / "devices/system/cpu/online").read_text())
     allowed = sorted(os.sched_getaffinity(0))
-    items.append(ok("cpus", online=len(online), allowed=len(allowed), list=(sys_root / "devices/system/cpu/online").read_text().strip()))
+    items.append(
+        ok(
+            "cpus",
+            online=len(online),
+            allowed=len(allowed),
+            list=(sys_root / "devices/system/cpu/online").read_text().strip(),
+        )
+    )
     nodes = numa_nodes(sys_root)
     if nodes:
-        items.append(ok("numa", nodes=len(nodes), cpus={f"node{n}": len(c) for n, c in nodes.items()}))
+        items.append(
+            ok("numa", nodes=len(nodes), cpus={f"node{n}": len(c) for n, c in nodes.items()})
+        )
     else:
-        items.append(fail("numa", f"{sys_root}/devices/system/node/online missing (kernel without CONFIG_NUMA)"))
+        items.append(
+            fail(
+                "numa",
+                f"{sys_root}/devices/system/node/online missing (kernel without CONFIG_NUMA)",
+            )
+        )
     return items

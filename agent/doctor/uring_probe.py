@@ -3,15 +3,16 @@
 Every item does the real thing against a scratch file whose bytes are known, and checks
 the bytes that come back.
 """
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from ..io import Ring, UringError, aligned_buffer, supported_ops
 from ..errors import errno_reason
+from ..io import Ring, UringError, aligned_buffer, supported_ops
 from .report import Item, fail, ok
 
 BLOCK = 4096
@@ -103,8 +104,13 @@ def probe() -> list[Item]:
     first = _try("io_uring", _check_ring)
     if not first.ok:
         # Without a ring nothing else can be tried; say so once per item.
-        rest = ("io_uring.sqpoll", "io_uring.registered_buffers", "io_uring.registered_files",
-                "io_uring.o_direct", "io_uring.ops")
+        rest = (
+            "io_uring.sqpoll",
+            "io_uring.registered_buffers",
+            "io_uring.registered_files",
+            "io_uring.o_direct",
+            "io_uring.ops",
+        )
         return [first, *(fail(n, "no io_uring ring: " + first.reason) for n in rest)]
     return [
         first,

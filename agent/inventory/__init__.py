@@ -5,6 +5,7 @@ core consumes (`xhagent.node_model`, which lives on the ground floor).
 `from xhagent.inventory import discover, build_model`; readers take a `Roots` so a
 recorded sysfs/procfs tree can stand in for the live one.
 """
+
 from __future__ import annotations
 
 from .sysfs import Roots
@@ -14,6 +15,7 @@ def __getattr__(name: str):
     # Lazy, so `xhagent.doctor` can import `inventory.block` without the rest.
     if name in ("discover", "build_model", "Inventory", "SECTIONS"):
         from . import collect
+
         return getattr(collect, name)
     raise AttributeError(name)
 

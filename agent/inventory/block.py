@@ -1,4 +1,5 @@
 """Block devices with a medium, as sysfs describes them (the one reader; `xhagent doctor` uses it too)."""
+
 from __future__ import annotations
 
 import os
@@ -21,14 +22,16 @@ class BlockDevice:
     io_poll: int
     logical_block: int
     rotational: bool = False
-    scheduler: str | None = None     # the bracketed one of queue/scheduler
+    scheduler: str | None = None  # the bracketed one of queue/scheduler
     poll_queues: int = 0
     numa_node: int | None = None
-    open_error: str | None = None    # None: the agent can open it (O_RDONLY); else why not
+    open_error: str | None = None  # None: the agent can open it (O_RDONLY); else why not
 
     @property
     def size_bytes(self) -> int:
-        return self.size_sectors * 512  # sysfs `size` is in 512-byte sectors whatever the block size
+        return (
+            self.size_sectors * 512
+        )  # sysfs `size` is in 512-byte sectors whatever the block size
 
     @property
     def virtual(self) -> bool:
@@ -73,18 +76,20 @@ def block_devices(sys_root: Path = Path("/sys"), dev_root: Path | None = None) -
         if size == 0:
             continue
         io_poll = integer(entry / "queue/io_poll", 0)
-        devices.append(BlockDevice(
-            name=entry.name,
-            dev=text(entry / "dev", ""),
-            size_sectors=size,
-            io_poll=io_poll,
-            logical_block=integer(entry / "queue/logical_block_size", 512),
-            rotational=integer(entry / "queue/rotational", 0) == 1,
-            scheduler=_scheduler(text(entry / "queue/scheduler")),
-            poll_queues=_poll_queues(sys_root, entry, io_poll),
-            numa_node=_numa_node(entry),
-            open_error=_open_error(dev_root / entry.name) if dev_root is not None else None,
-        ))
+        devices.append(
+            BlockDevice(
+                name=entry.name,
+                dev=text(entry / "dev", ""),
+                size_sectors=size,
+                io_poll=io_poll,
+                logical_block=integer(entry / "queue/logical_block_size", 512),
+                rotational=integer(entry / "queue/rotational", 0) == 1,
+                scheduler=_scheduler(text(entry / "queue/scheduler")),
+                poll_queues=_poll_queues(sys_root, entry, io_poll),
+                numa_node=_numa_node(entry),
+                open_error=_open_error(dev_root / entry.name) if dev_root is not None else None,
+            )
+        )
     return devices
 
 

@@ -1,4 +1,5 @@
 """The whole inventory of a node, and the resource model built from it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,13 @@ class Inventory:
 SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "block", "labels")
 
 
-def discover(roots: Roots = Roots(), config: AgentConfig | None = None, *, gpus: bool = True,
-             pci_ids: PciIds | None = None) -> Inventory:
+def discover(
+    roots: Roots = Roots(),
+    config: AgentConfig | None = None,
+    *,
+    gpus: bool = True,
+    pci_ids: PciIds | None = None,
+) -> Inventory:
     config = config or AgentConfig()
     return Inventory(
         config=config,
@@ -53,25 +59,41 @@ def build_model(inv: Inventory) -> model.Node:
     reserved = set(inv.cpu.reserved)
     by_id = {c.id: c for c in inv.cpu.cpus}
     numa_of = {c: n.id for n in inv.numa for c in n.cpus}
-    grouped: dict[int, dict[tuple[int, int], dict[tuple[int, int], list[int]]]] = {n.id: {} for n in inv.numa}
+    grouped: dict[int, dict[tuple[int, int], dict[tuple[int, int], list[int]]]] = {
+        n.id: {} for n in inv.numa
+    }
     for cpu in inv.cpu.cpus:
         if not cpu.online or cpu.id in reserved:
             continue
         node = numa_of.get(cpu.id, cpu.numa_node or 0)
         core = grouped.setdefault(node, {}).setdefault(_l3_key(inv, cpu), {})
-        core.setdefault((cpu.package or 0, cpu.core if cpu.core is not None else cpu.id), []).append(cpu.id)
+        core.setdefault(
+            (cpu.package or 0, cpu.core if cpu.core is not None else cpu.id), []
+        ).append(cpu.id)
     numa_info = {n.id: n for n in inv.numa}
     numa = []
     for node_id, domains in sorted(grouped.items()):
         info = numa_info.get(node_id)
         l3 = tuple(
-            model.L3Domain(l3_id, model.Bytes(size), tuple(
-                model.Core(core_id, package, tuple(sorted(cpus)), by_id[cpus[0]].siblings)
-                for (package, core_id), cpus in sorted(cores.items(), key=lambda kv: min(kv[1]))))
-            for (l3_id, size), cores in sorted(domains.items()))
-        numa.append(model.NumaNode(node_id, model.Bytes(info.memory_total if info else 0),
-                                   model.Bytes(info.memory_free if info else 0),
-                                   dict(info.distances) if info else {}, l3))
+            model.L3Domain(
+                l3_id,
+                model.Bytes(size),
+                tuple(
+                    model.Core(core_id, package, tuple(sorted(cpus)), by_id[cpus[0]].siblings)
+                    for (package, core_id), cpus in sorted(cores.items(), key=lambda kv: min(kv[1]))
+                ),
+            )
+            for (l3_id, size), cores in sorted(domains.items())
+        )
+        numa.append(
+            model.NumaNode(
+                node_id,
+                model.Bytes(info.memory_total if info else 0),
+                model.Bytes(info.memory_free if info else 0),
+                dict(info.distances) if info else {},
+                l3,
+            )
+        )
     mem = inv.memory
     gpu_cuda = inv.gpu.cuda_driver_version or model.Version(0, 0)
     return model.Node(
@@ -79,13 +101,39 @@ def build_model(inv: Inventory) -> model.Node:
         labels=inv.config.labels,
         reserved_cpus=tuple(sorted(reserved & {c.id for c in inv.cpu.cpus})),
         numa=tuple(numa),
-        memory=model.Memory(model.Bytes(mem.total), model.Bytes(mem.available),
-                            tuple(model.HugePages(model.Bytes(h.size_bytes), h.total, h.free) for h in mem.hugepages)),
-        gpus=tuple(model.Gpu(
-            g.index, g.uuid, g.name, model.Bytes(g.memory_total), model.Bytes(g.memory_free), gpu_cuda,
-            g.compute_capability, g.numa_node if g.numa_node in numa_info else None, g.pci_bus_id,
-            tuple(g.nvlink_links)) for g in inv.gpu.gpus),
-        io=tuple(model.BlockIo(d.name, d.dev, d.rotational, bool(d.io_poll), d.poll_queues,
-                               model.Bytes(d.size_bytes), d.numa_node if d.numa_node in numa_info else None)
-                 for d in inv.block if not d.virtual),
+        memory=model.Memory(
+            model.Bytes(mem.total),
+            model.Bytes(mem.available),
+            tuple(
+                model.HugePages(model.Bytes(h.size_bytes), h.total, h.free) for h in mem.hugepages
+            ),
+        ),
+        gpus=tuple(
+            model.Gpu(
+                g.index,
+                g.uuid,
+                g.name,
+                model.Bytes(g.memory_total),
+                model.Bytes(g.memory_free),
+                gpu_cuda,
+                g.compute_capability,
+                g.numa_node if g.numa_node in numa_info else None,
+                g.pci_bus_id,
+                tuple(g.nvlink_links),
+            )
+            for g in inv.gpu.gpus
+        ),
+        io=tuple(
+            model.BlockIo(
+                d.name,
+                d.dev,
+                d.rotational,
+                bool(d.io_poll),
+                d.poll_queues,
+                model.Bytes(d.size_bytes),
+                d.numa_node if d.numa_node in numa_info else None,
+            )
+            for d in inv.block
+            if not d.virtual
+        ),
     )

@@ -1,19 +1,20 @@
 """Logical CPUs: topology, SMT siblings, caches and which CPUs share each (sysfs)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..quantity import kernel_size
 from ..cpulist import parse_cpulist
+from ..quantity import kernel_size
 from .sysfs import Roots, cpulist, integer, text
 
 
 @dataclass(frozen=True)
 class Cache:
     level: int
-    type: str              # Data, Instruction, Unified
-    id: int                # sysfs `id`, else the lowest CPU sharing it
+    type: str  # Data, Instruction, Unified
+    id: int  # sysfs `id`, else the lowest CPU sharing it
     size_bytes: int
     cpus: tuple[int, ...]  # every CPU that shares this cache
 
@@ -30,16 +31,16 @@ class Cpu:
     die: int | None = None
     core: int | None = None
     numa_node: int | None = None
-    siblings: tuple[int, ...] = ()         # SMT siblings, itself included
-    caches: tuple[str, ...] = ()           # keys into CpuInventory.caches, e.g. "L3:0"
+    siblings: tuple[int, ...] = ()  # SMT siblings, itself included
+    caches: tuple[str, ...] = ()  # keys into CpuInventory.caches, e.g. "L3:0"
 
 
 @dataclass(frozen=True)
 class CpuInventory:
     cpus: tuple[Cpu, ...]
-    caches: dict[str, Cache]               # "L3:0" -> Cache
-    allowed: tuple[int, ...]               # the agent's own affinity (Cpus_allowed_list)
-    reserved: tuple[int, ...]              # from the agent config
+    caches: dict[str, Cache]  # "L3:0" -> Cache
+    allowed: tuple[int, ...]  # the agent's own affinity (Cpus_allowed_list)
+    reserved: tuple[int, ...]  # from the agent config
 
     def cache_of(self, cpu: Cpu, name: str) -> Cache | None:
         return next((self.caches[k] for k in cpu.caches if self.caches[k].name == name), None)
@@ -62,7 +63,13 @@ def _read_caches(cpu_dir: Path, cpu: int, caches: dict[str, Cache]) -> tuple[str
             continue
         sharing = tuple(cpulist(index / "shared_cpu_list")) or (cpu,)
         cache_id = integer(index / "id", min(sharing))
-        cache = Cache(level, text(index / "type", "Unified"), cache_id, kernel_size(text(index / "size")), sharing)
+        cache = Cache(
+            level,
+            text(index / "type", "Unified"),
+            cache_id,
+            kernel_size(text(index / "size")),
+            sharing,
+        )
         key = f"{cache.name}:{cache.id}"
         caches.setdefault(key, cache)
         keys.append(key)
@@ -88,14 +95,22 @@ def read_cpus(roots: Roots = Roots(), reserved: tuple[int, ...] = ()) -> CpuInve
             cpus.append(Cpu(cpu, False, numa_node=_cpu_numa(d)))
             continue
         topo = d / "topology"
-        cpus.append(Cpu(
-            id=cpu, online=True,
-            package=integer(topo / "physical_package_id"),
-            die=integer(topo / "die_id"),
-            core=integer(topo / "core_id"),
-            numa_node=_cpu_numa(d),
-            siblings=tuple(cpulist(topo / "thread_siblings_list")) or (cpu,),
-            caches=_read_caches(d, cpu, caches),
-        ))
+        cpus.append(
+            Cpu(
+                id=cpu,
+                online=True,
+                package=integer(topo / "physical_package_id"),
+                die=integer(topo / "die_id"),
+                core=integer(topo / "core_id"),
+                numa_node=_cpu_numa(d),
+                siblings=tuple(cpulist(topo / "thread_siblings_list")) or (cpu,),
+                caches=_read_caches(d, cpu, caches),
+            )
+        )
     order = sorted(caches, key=lambda k: (caches[k].level, caches[k].type, caches[k].id))
-    return CpuInventory(tuple(cpus), {k: caches[k] for k in order}, allowed_cpus(roots.proc), tuple(sorted(reserved)))
+    return CpuInventory(
+        tuple(cpus),
+        {k: caches[k] for k in order},
+        allowed_cpus(roots.proc),
+        tuple(sorted(reserved)),
+    )

@@ -3,6 +3,7 @@
 Unsupported queries (NVLink on a PCIe card, MIG on a consumer GPU) are facts, not failures:
 they leave the field empty and keep NVML's error name where the caller may want it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ class GpuInfo:
     compute_capability: Version
     pci_bus_id: str
     numa_node: int | None
-    nvlink_links: dict[int, int] = field(default_factory=dict, hash=False)  # peer GPU -> active links
-    nvlink_up: int = 0                      # active links, to GPUs or NVSwitches
-    nvlink_error: str | None = None         # e.g. NVMLError_NotSupported on a PCIe card
-    mig_mode: bool | None = None            # None: not supported
-    processes: int | None = None            # None: not supported
+    nvlink_links: dict[int, int] = field(
+        default_factory=dict, hash=False
+    )  # peer GPU -> active links
+    nvlink_up: int = 0  # active links, to GPUs or NVSwitches
+    nvlink_error: str | None = None  # e.g. NVMLError_NotSupported on a PCIe card
+    mig_mode: bool | None = None  # None: not supported
+    processes: int | None = None  # None: not supported
 
 
 @dataclass(frozen=True)
@@ -119,16 +122,37 @@ def _read(nvml, roots: Roots) -> GpuInventory:
         mig, _ = _optional(nvml, nvml.nvmlDeviceGetMigMode, h)
         compute, _ = _optional(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, h)
         graphics, _ = _optional(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, h)
-        procs = None if compute is None and graphics is None else len(
-            {p.pid for p in (compute or []) + (graphics or [])})
-        gpus.append(GpuInfo(
-            index=index, uuid=_text(nvml.nvmlDeviceGetUUID(h)), name=_text(nvml.nvmlDeviceGetName(h)),
-            memory_total=mem.total, memory_free=mem.free, memory_used=mem.used,
-            compute_capability=Version(*nvml.nvmlDeviceGetCudaComputeCapability(h)),
-            pci_bus_id=bus, numa_node=pci_numa_node(roots, bus),
-            nvlink_up=len(remotes[index]), nvlink_error=link_error,
-            mig_mode=None if mig is None else bool(mig[0] == nvml.NVML_DEVICE_MIG_ENABLE), processes=procs))
+        procs = (
+            None
+            if compute is None and graphics is None
+            else len({p.pid for p in (compute or []) + (graphics or [])})
+        )
+        gpus.append(
+            GpuInfo(
+                index=index,
+                uuid=_text(nvml.nvmlDeviceGetUUID(h)),
+                name=_text(nvml.nvmlDeviceGetName(h)),
+                memory_total=mem.total,
+                memory_free=mem.free,
+                memory_used=mem.used,
+                compute_capability=Version(*nvml.nvmlDeviceGetCudaComputeCapability(h)),
+                pci_bus_id=bus,
+                numa_node=pci_numa_node(roots, bus),
+                nvlink_up=len(remotes[index]),
+                nvlink_error=link_error,
+                mig_mode=None if mig is None else bool(mig[0] == nvml.NVML_DEVICE_MIG_ENABLE),
+                processes=procs,
+            )
+        )
     links = _peer_links(remotes, {g.pci_bus_id: g.index for g in gpus})
-    gpus = [GpuInfo(**{**g.__dict__, "nvlink_links": dict(sorted(links[g.index].items()))}) for g in gpus]
-    return GpuInventory(True, None, _text(nvml.nvmlSystemGetDriverVersion()),
-                        Version(cuda // 1000, cuda % 1000 // 10), tuple(gpus))
+    gpus = [
+        GpuInfo(**{**g.__dict__, "nvlink_links": dict(sorted(links[g.index].items()))})
+        for g in gpus
+    ]
+    return GpuInventory(
+        True,
+        None,
+        _text(nvml.nvmlSystemGetDriverVersion()),
+        Version(cuda // 1000, cuda % 1000 // 10),
+        tuple(gpus),
+    )

@@ -9,16 +9,17 @@ Validated as policies are: an unknown field is an error (with a did-you-mean), e
 of the file is reported at once, each `FILE:LINE:COL: message`; reserved CPUs must be
 CPUs of this node (`check_reserved`, once the node's CPUs are known).
 """
+
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from ..spec import Cursor, SpecError, load_file, load_text
-from ..node_model import Labels, ModelError, format_path
 from ..cpulist import MAX_CPUS, format_cpulist, parse_cpulist
+from ..node_model import Labels, ModelError, format_path
+from ..spec import Cursor, SpecError, load_file, load_text
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")
 FIELDS = ("nodeName", "labels", "reservedCpus")
@@ -28,7 +29,7 @@ class ConfigError(ModelError):
     """A bad agent config; reads as one `FILE:LINE:COL: message` line per error."""
 
     @classmethod
-    def of(cls, exc: SpecError) -> "ConfigError":
+    def of(cls, exc: SpecError) -> ConfigError:
         return cls((), str(exc))
 
 
@@ -38,7 +39,7 @@ class AgentConfig:
     labels: Labels = field(default_factory=Labels, hash=False)
     reserved_cpus: tuple[int, ...] = ()
     source: str | None = None
-    reserved_at: str = field(default="", compare=False)   # FILE:LINE:COL of reservedCpus
+    reserved_at: str = field(default="", compare=False)  # FILE:LINE:COL of reservedCpus
 
 
 def _reserved(c: Cursor) -> tuple[int, ...]:
@@ -50,9 +51,13 @@ def _reserved(c: Cursor) -> tuple[int, ...]:
         try:
             return tuple(sorted(set(parse_cpulist(c.value))))
         except ValueError as exc:
-            raise c.error(f"reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], "
-                          f"got {c.value!r}: {exc}") from None
-    raise c.error(f"reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], got {c.value!r}")
+            raise c.error(
+                f'reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], '
+                f"got {c.value!r}: {exc}"
+            ) from None
+    raise c.error(
+        f'reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], got {c.value!r}'
+    )
 
 
 def _labels(c: Cursor) -> Labels:
@@ -102,10 +107,15 @@ def check_reserved(config: AgentConfig, cpus: Iterable[int]) -> None:
     present = sorted(set(cpus))
     missing = sorted(set(config.reserved_cpus) - set(present))
     if missing:
-        what = f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing)} are"
+        what = (
+            f"CPU {missing[0]} is" if len(missing) == 1 else f"CPUs {format_cpulist(missing)} are"
+        )
         has = format_cpulist(present, empty="none")
-        raise ConfigError((), f"reservedCpus: {what} not on this node, which has CPUs {has}",
-                          config.reserved_at or config.source or "")
+        raise ConfigError(
+            (),
+            f"reservedCpus: {what} not on this node, which has CPUs {has}",
+            config.reserved_at or config.source or "",
+        )
 
 
 def load_config(path: Path | None) -> AgentConfig:
@@ -120,5 +130,12 @@ def load_config(path: Path | None) -> AgentConfig:
         raise ConfigError.of(exc) from None
 
 
-__all__ = ["AgentConfig", "ConfigError", "DEFAULT_CONFIG", "check_reserved", "load_config", "parse_config",
-           "format_path"]
+__all__ = [
+    "AgentConfig",
+    "ConfigError",
+    "DEFAULT_CONFIG",
+    "check_reserved",
+    "load_config",
+    "parse_config",
+    "format_path",
+]

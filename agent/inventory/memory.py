@@ -1,4 +1,5 @@
 """Memory: total, available, hugepages per size (/proc/meminfo, /sys/kernel/mm/hugepages)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,16 @@ def read_memory(roots: Roots = Roots()) -> MemoryInfo:
     hp = roots.sys / "kernel/mm/hugepages"
     if hp.is_dir():
         for d in hp.glob("hugepages-*kB"):
-            pages.append(HugePageInfo(int(d.name[10:-2]) * 1024, integer(d / "nr_hugepages", 0),
-                                      integer(d / "free_hugepages", 0)))
-    return MemoryInfo(mem.get("MemTotal", 0), mem.get("MemAvailable", mem.get("MemFree", 0)),
-                      mem.get("MemFree", 0), tuple(sorted(pages, key=lambda p: p.size_bytes)))
+            pages.append(
+                HugePageInfo(
+                    int(d.name[10:-2]) * 1024,
+                    integer(d / "nr_hugepages", 0),
+                    integer(d / "free_hugepages", 0),
+                )
+            )
+    return MemoryInfo(
+        mem.get("MemTotal", 0),
+        mem.get("MemAvailable", mem.get("MemFree", 0)),
+        mem.get("MemFree", 0),
+        tuple(sorted(pages, key=lambda p: p.size_bytes)),
+    )

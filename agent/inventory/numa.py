@@ -1,4 +1,5 @@
 """NUMA nodes: CPUs, memory total/free, SLIT distances (sysfs); one node 0 where the kernel has none."""
+
 from __future__ import annotations
 
 import re
@@ -36,6 +37,13 @@ def read_numa(roots: Roots = Roots()) -> list[NumaInfo]:
         d = base / f"node{n}"
         mem = _node_meminfo(d / "meminfo")
         distances = [int(x) for x in (text(d / "distance") or "").split()]
-        nodes.append(NumaInfo(n, tuple(cpulist(d / "cpulist")), mem.get("MemTotal", 0), mem.get("MemFree", 0),
-                              dict(zip(ids, distances))))
+        nodes.append(
+            NumaInfo(
+                n,
+                tuple(cpulist(d / "cpulist")),
+                mem.get("MemTotal", 0),
+                mem.get("MemFree", 0),
+                dict(zip(ids, distances)),
+            )
+        )
     return nodes

@@ -1,12 +1,13 @@
 """Inventory output: a JSON-ready dict (per section) and a compact lstopo-like text tree."""
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
 from .. import quantity
-from .collect import SECTIONS, Inventory
 from ..node_model import Version, nvlink_islands
+from .collect import SECTIONS, Inventory
 from .pci import PciDevice
 
 
@@ -24,7 +25,11 @@ def _plain(value: Any) -> Any:
 
 def _pci(d: PciDevice) -> dict[str, Any]:
     """The ids stay ints for programs; `pci_id` and `class_code` are the hex lspci -n prints."""
-    return {**_plain(d), "pci_id": f"{d.vendor_id:04x}:{d.device_id:04x}", "class_code": f"{d.class_id:06x}"}
+    return {
+        **_plain(d),
+        "pci_id": f"{d.vendor_id:04x}:{d.device_id:04x}",
+        "class_code": f"{d.class_id:06x}",
+    }
 
 
 def nvlink_matrix(inv: Inventory) -> list[list[int]]:
@@ -36,17 +41,32 @@ def nvlink_matrix(inv: Inventory) -> list[list[int]]:
 def as_dict(inv: Inventory, section: str | None = None) -> dict[str, Any]:
     gpu = inv.gpu
     full = {
-        "cpu": {"cpus": _plain(inv.cpu.cpus), "caches": _plain(list(inv.cpu.caches.values())),
-                "online": list(inv.cpu.online), "allowed": list(inv.cpu.allowed), "reserved": list(inv.cpu.reserved)},
+        "cpu": {
+            "cpus": _plain(inv.cpu.cpus),
+            "caches": _plain(list(inv.cpu.caches.values())),
+            "online": list(inv.cpu.online),
+            "allowed": list(inv.cpu.allowed),
+            "reserved": list(inv.cpu.reserved),
+        },
         "numa": _plain(inv.numa),
         "memory": _plain(inv.memory),
         "pci": [_pci(d) for d in inv.pci],
-        "gpu": {"nvml": {"available": gpu.available, "reason": gpu.reason, "driver_version": gpu.driver_version,
-                         "cuda_driver_version": _plain(gpu.cuda_driver_version)},
-                "gpus": [{**_plain(g), "island": gpu.islands()[g.index]} for g in gpu.gpus],
-                "nvlink_matrix": nvlink_matrix(inv)},
+        "gpu": {
+            "nvml": {
+                "available": gpu.available,
+                "reason": gpu.reason,
+                "driver_version": gpu.driver_version,
+                "cuda_driver_version": _plain(gpu.cuda_driver_version),
+            },
+            "gpus": [{**_plain(g), "island": gpu.islands()[g.index]} for g in gpu.gpus],
+            "nvlink_matrix": nvlink_matrix(inv),
+        },
         "block": [{**_plain(d), "size_bytes": d.size_bytes} for d in inv.block],
-        "labels": {"node": inv.config.node_name, "labels": inv.config.labels.as_dict(), "source": inv.config.source},
+        "labels": {
+            "node": inv.config.node_name,
+            "labels": inv.config.labels.as_dict(),
+            "source": inv.config.source,
+        },
     }
     assert set(full) == set(SECTIONS)
     return {section: full[section]} if section else full
@@ -75,7 +95,11 @@ def _cpu_lines(inv: Inventory, cpus: list[int], indent: str) -> list[str]:
         core_seen.add(key)
         l2 = inv.cpu.cache_of(cpu, "L2")
         pus = " ".join(f"PU {s}{'*' if s in reserved else ''}" for s in cpu.siblings)
-        lines.append(f"{indent}  Core {cpu.core}" + (f" L2 {human(l2.size_bytes)}" if l2 else "") + f": {pus}")
+        lines.append(
+            f"{indent}  Core {cpu.core}"
+            + (f" L2 {human(l2.size_bytes)}" if l2 else "")
+            + f": {pus}"
+        )
     return lines
 
 
@@ -85,21 +109,31 @@ def _attached(inv: Inventory, node: int | None, indent: str) -> list[str]:
     for g in inv.gpu.gpus:
         if g.numa_node == node:
             peers = ",".join(str(p) for p in g.nvlink_links) or "-"
-            lines.append(f"{indent}GPU {g.index} {g.name} ({human(g.memory_total)}, cc {g.compute_capability}, "
-                         f"{g.pci_bus_id}, NVLink peers {peers}, island {islands[g.index]})")
+            lines.append(
+                f"{indent}GPU {g.index} {g.name} ({human(g.memory_total)}, cc {g.compute_capability}, "
+                f"{g.pci_bus_id}, NVLink peers {peers}, island {islands[g.index]})"
+            )
     for d in inv.block:
         if d.numa_node == node and not d.virtual:
-            traits = ["rotational" if d.rotational else "flash", d.scheduler or "-",
-                      f"io_poll={d.io_poll}" + (f" poll_queues={d.poll_queues}" if d.poll_queues else "")]
-            lines.append(f"{indent}Block {d.name} {d.dev} ({human(d.size_bytes)}, {', '.join(traits)})")
+            traits = [
+                "rotational" if d.rotational else "flash",
+                d.scheduler or "-",
+                f"io_poll={d.io_poll}" + (f" poll_queues={d.poll_queues}" if d.poll_queues else ""),
+            ]
+            lines.append(
+                f"{indent}Block {d.name} {d.dev} ({human(d.size_bytes)}, {', '.join(traits)})"
+            )
     return lines
 
 
 def tree(inv: Inventory) -> str:
     labels = " ".join(f"{k}={v}" for k, v in inv.config.labels.as_dict().items())
     mem = inv.memory
-    out = [f"Machine {inv.config.node_name}" + (f" [{labels}]" if labels else "")
-           + f" ({human(mem.total)}, available {human(mem.available)})"]
+    out = [
+        f"Machine {inv.config.node_name}"
+        + (f" [{labels}]" if labels else "")
+        + f" ({human(mem.total)}, available {human(mem.available)})"
+    ]
     by_id = {c.id: c for c in inv.cpu.cpus}
     packages: dict[int, list] = {}
     for node in inv.numa:
@@ -108,7 +142,9 @@ def tree(inv: Inventory) -> str:
     for pkg, nodes in sorted(packages.items()):
         out.append(f"  Package {pkg}")
         for node in nodes:
-            out.append(f"    NUMANode {node.id} ({human(node.memory_total)}, free {human(node.memory_free)})")
+            out.append(
+                f"    NUMANode {node.id} ({human(node.memory_total)}, free {human(node.memory_free)})"
+            )
             out += _cpu_lines(inv, list(node.cpus), "      ")
             out += _attached(inv, node.id, "      ")
     out += _attached(inv, None, "  ")
@@ -122,10 +158,18 @@ def tree(inv: Inventory) -> str:
 def section_text(inv: Inventory, section: str) -> str:
     """One section as indented `key: value` text (the tree covers cpu/numa/gpu/block together)."""
     import yaml
+
     data = as_dict(inv, section)
-    if section == "pci":   # ids in hex, as lspci and pci.ids write them
-        data["pci"] = [{**d, "vendor_id": f"0x{d['vendor_id']:04x}", "device_id": f"0x{d['device_id']:04x}",
-                        "class_id": f"0x{d['class_id']:06x}"} for d in data["pci"]]
+    if section == "pci":  # ids in hex, as lspci and pci.ids write them
+        data["pci"] = [
+            {
+                **d,
+                "vendor_id": f"0x{d['vendor_id']:04x}",
+                "device_id": f"0x{d['device_id']:04x}",
+                "class_id": f"0x{d['class_id']:06x}",
+            }
+            for d in data["pci"]
+        ]
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=110).rstrip()
 
 

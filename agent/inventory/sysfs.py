@@ -1,4 +1,5 @@
 """Small readers of sysfs/procfs files under a root, so a recorded tree can stand in for /sys and /proc."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,19 +4,26 @@ Coroutines queue SQEs at once; one submit per loop iteration (call_soon) sends e
 queued since. Completions are reaped in bulk when the eventfd fires (and right after each
 submit, for I/O the kernel finished inline) and resolve their futures.
 """
+
 from __future__ import annotations
 
 import asyncio
 import os
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from .files import FIRST_READ, FileRounds
 from .ring import Ring, UringError, ffi
 
 
 class AsyncRing:
-    def __init__(self, entries: int = 256, *, file_slots: int = 64, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(
+        self,
+        entries: int = 256,
+        *,
+        file_slots: int = 64,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
         self.loop = loop or asyncio.get_running_loop()
         self.ring = Ring(entries)
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -47,15 +54,21 @@ class AsyncRing:
     async def write(self, fd: int, data, offset: int) -> int:
         return await self._rw(True, fd, data, offset)
 
-    async def read_files(self, paths: Sequence[str | os.PathLike], first: int = FIRST_READ) -> list[bytes | OSError]:
+    async def read_files(
+        self, paths: Sequence[str | os.PathLike], first: int = FIRST_READ
+    ) -> list[bytes | OSError]:
         """As xhagent.io.read_files, on this ring: each file's bytes or its own OSError."""
         rounds = FileRounds(paths, first)
         while not rounds.done:
             size = rounds.size
             buf = bytearray(len(rounds.pending) * size)
             view = memoryview(buf)
-            res = await asyncio.gather(*(self._chain(rounds.paths[i], view[k * size:(k + 1) * size])
-                                         for k, i in enumerate(rounds.pending)))
+            res = await asyncio.gather(
+                *(
+                    self._chain(rounds.paths[i], view[k * size : (k + 1) * size])
+                    for k, i in enumerate(rounds.pending)
+                )
+            )
             rounds.complete_round(res, buf)
         return rounds.results  # type: ignore[return-value]
 
@@ -181,7 +194,7 @@ class AsyncRing:
         self.ring.close()
         os.close(self.efd)
 
-    async def __aenter__(self) -> "AsyncRing":
+    async def __aenter__(self) -> AsyncRing:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -2,14 +2,15 @@
 ring full, reaps in bulk and resubmits short transfers; Python sees one result per op.
 `RwStream` feeds successive batches to the same C loop, which keeps the queue full across
 them instead of draining at the end of each."""
+
 from __future__ import annotations
 
 import errno as _errno
 import os
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .ring import Ring, UringError, ffi, lib
 
@@ -17,6 +18,7 @@ from .ring import Ring, UringError, ffi, lib
 @dataclass
 class BatchResult:
     """Per op: `res[i]` bytes transferred or -errno; `lat_ns[i]` submit-to-completion when asked."""
+
     res: array
     lat_ns: array | None
     offsets: array
@@ -24,10 +26,13 @@ class BatchResult:
     what: str
 
     def errors(self) -> list[UringError]:
-        return [UringError.from_res(r, f"{self.what} @ {self.offsets[i]}")
-                for i, r in enumerate(self.res) if r < 0]
+        return [
+            UringError.from_res(r, f"{self.what} @ {self.offsets[i]}")
+            for i, r in enumerate(self.res)
+            if r < 0
+        ]
 
-    def check(self) -> "BatchResult":
+    def check(self) -> BatchResult:
         """Raise the first failed op as an UringError naming the file and offset."""
         if not self.res or min(self.res) >= 0:  # the common case, without a Python loop per op
             return self
@@ -51,14 +56,29 @@ class _Ops:
     """One batch described for C (`struct xh_batch`), holding every buffer it points into
     until release(): the kernel may write into them until the batch completes."""
 
-    def __init__(self, fd: int, offsets, length: int, buf, *, write: bool, retry_short: bool,
-                 fixed_buffer: int | None, fixed_file: bool, latencies: bool, what: str | None,
-                 only: Sequence[int] | None = None, slots: int = 0):
+    def __init__(
+        self,
+        fd: int,
+        offsets,
+        length: int,
+        buf,
+        *,
+        write: bool,
+        retry_short: bool,
+        fixed_buffer: int | None,
+        fixed_file: bool,
+        latencies: bool,
+        what: str | None,
+        only: Sequence[int] | None = None,
+        slots: int = 0,
+    ):
         offs = as_offsets(offsets)
         mem = memoryview(buf)
         if mem.nbytes < (slots or len(offs)) * length:
             need = f"{slots} slots" if slots else f"{len(offs)} ops"
-            raise ValueError(f"buffer holds {mem.nbytes} bytes, {need} of {length} need {(slots or len(offs)) * length}")
+            raise ValueError(
+                f"buffer holds {mem.nbytes} bytes, {need} of {length} need {(slots or len(offs)) * length}"
+            )
         if only is not None:
             offs = array("Q", (offs[i] for i in only))
         n = len(offs)
@@ -66,12 +86,22 @@ class _Ops:
         self.res = array("q", bytes(8 * n))
         self.lat = array("I", bytes(4 * n)) if latencies else None
         b = self.b = ffi.new("struct xh_batch *")
-        b.n, b.opcode, b.len, b.stride, b.fd = n, lib.XH_OP_WRITE if write else lib.XH_OP_READ, length, length, fd
+        b.n, b.opcode, b.len, b.stride, b.fd = (
+            n,
+            lib.XH_OP_WRITE if write else lib.XH_OP_READ,
+            length,
+            length,
+            fd,
+        )
         b.retry_short, b.fixed_file = int(retry_short), int(fixed_file)
         b.buf_index = -1 if fixed_buffer is None else fixed_buffer
         base = ffi.from_buffer(mem, require_writable=not write)
         self._held = [base, ffi.from_buffer(offs), ffi.from_buffer(self.res)]
-        b.base, b.offsets, b.res = base, ffi.cast("uint64_t *", self._held[1]), ffi.cast("int64_t *", self._held[2])
+        b.base, b.offsets, b.res = (
+            base,
+            ffi.cast("uint64_t *", self._held[1]),
+            ffi.cast("int64_t *", self._held[2]),
+        )
         if only is not None:
             self._bufs = ffi.new("char *[]", [ffi.cast("char *", base) + i * length for i in only])
             b.bufs = self._bufs
@@ -87,10 +117,22 @@ class _Ops:
         return BatchResult(self.res, self.lat, self.offsets, self.length, self.what)
 
 
-def rw_batch(ring: Ring, fd: int, offsets: Sequence[int] | array, length: int, buf, *, write: bool = False,
-             depth: int | None = None, retry_short: bool = True, fixed_buffer: int | None = None,
-             fixed_file: bool = False, latencies: bool = False, what: str | None = None,
-             only: Sequence[int] | None = None) -> BatchResult:
+def rw_batch(
+    ring: Ring,
+    fd: int,
+    offsets: Sequence[int] | array,
+    length: int,
+    buf,
+    *,
+    write: bool = False,
+    depth: int | None = None,
+    retry_short: bool = True,
+    fixed_buffer: int | None = None,
+    fixed_file: bool = False,
+    latencies: bool = False,
+    what: str | None = None,
+    only: Sequence[int] | None = None,
+) -> BatchResult:
     """Op i transfers `length` bytes at offsets[i] to/from buf[i*length:(i+1)*length].
 
     `buf` is anything with a writable buffer (AlignedBuffer.view, bytearray, mmap) of at least
@@ -99,8 +141,19 @@ def rw_batch(ring: Ring, fd: int, offsets: Sequence[int] | array, length: int, b
     EOF); a zero-byte completion is EOF and ends that op. `only` runs just those op indexes
     (same offsets and buffer slots; the result has one entry per index in `only`).
     """
-    ops = _Ops(fd, offsets, length, buf, write=write, retry_short=retry_short, fixed_buffer=fixed_buffer,
-               fixed_file=fixed_file, latencies=latencies, what=what, only=only)
+    ops = _Ops(
+        fd,
+        offsets,
+        length,
+        buf,
+        write=write,
+        retry_short=retry_short,
+        fixed_buffer=fixed_buffer,
+        fixed_file=fixed_file,
+        latencies=latencies,
+        what=what,
+        only=only,
+    )
     ops.b.depth = _depth(ring, depth)
     try:
         err = lib.xh_rw_batch(ring._ring, ops.b)
@@ -138,19 +191,41 @@ class RwStream:
     drain (equal to `depth` when the queue never ran short), `waits` the number of waits.
     """
 
-    def __init__(self, ring: Ring, fd: int, length: int, *, write: bool = False, depth: int | None = None,
-                 retry_short: bool = True, fixed_buffer: int | None = None, fixed_file: bool = False,
-                 latencies: bool = False, what: str | None = None, submit_batch: int = 0, slots: int = 0):
+    def __init__(
+        self,
+        ring: Ring,
+        fd: int,
+        length: int,
+        *,
+        write: bool = False,
+        depth: int | None = None,
+        retry_short: bool = True,
+        fixed_buffer: int | None = None,
+        fixed_file: bool = False,
+        latencies: bool = False,
+        what: str | None = None,
+        submit_batch: int = 0,
+        slots: int = 0,
+    ):
         self.ring, self.fd, self.length = ring, fd, length
-        self._kw = dict(write=write, retry_short=retry_short, fixed_buffer=fixed_buffer, fixed_file=fixed_file,
-                        latencies=latencies, what=what, slots=slots)
+        self._kw = dict(
+            write=write,
+            retry_short=retry_short,
+            fixed_buffer=fixed_buffer,
+            fixed_file=fixed_file,
+            latencies=latencies,
+            what=what,
+            slots=slots,
+        )
         self._s = ffi.new("struct xh_stream *")
         lib.xh_stream_init(self._s, _depth(ring, depth))
         self._s.submit_batch = max(0, submit_batch)
         if slots:
             self._free_slots = ffi.new("uint32_t[]", slots)
             if lib.xh_stream_sink(self._s, slots, self._free_slots) < 0:
-                raise ValueError(f"slots must be from depth ({self._s.depth}) to 65535, not {slots}")
+                raise ValueError(
+                    f"slots must be from depth ({self._s.depth}) to 65535, not {slots}"
+                )
         self._live: deque[_Ops] = deque()
         self._failed: UringError | None = None
 
@@ -171,10 +246,19 @@ class RwStream:
         """Ops completed so far."""
         return self._s.ops
 
-    def feed(self, offsets: Sequence[int] | array, buf, *, fixed_buffer: int | None | object = _STREAM_DEFAULT
-             ) -> BatchResult | None:
+    def feed(
+        self,
+        offsets: Sequence[int] | array,
+        buf,
+        *,
+        fixed_buffer: int | None | object = _STREAM_DEFAULT,
+    ) -> BatchResult | None:
         """`fixed_buffer` (an index, or None for none) overrides the stream's for this batch."""
-        kw = self._kw if fixed_buffer is _STREAM_DEFAULT else {**self._kw, "fixed_buffer": fixed_buffer}
+        kw = (
+            self._kw
+            if fixed_buffer is _STREAM_DEFAULT
+            else {**self._kw, "fixed_buffer": fixed_buffer}
+        )
         return self._run(_Ops(self.fd, offsets, self.length, buf, **kw), drain=False)
 
     def finish(self) -> BatchResult | None:
@@ -185,11 +269,16 @@ class RwStream:
         if self._failed is not None:
             raise self._failed
         before = self._s.inflight
-        err = lib.xh_stream_run(self.ring._ring, self._s, ffi.NULL if ops is None else ops.b, int(drain))
+        err = lib.xh_stream_run(
+            self.ring._ring, self._s, ffi.NULL if ops is None else ops.b, int(drain)
+        )
         if err < 0 and self._s.err == 0:  # the batch was refused before anything ran
             ops.result()
-            raise MemoryError("RwStream: no memory for the batch") if err == -_errno.ENOMEM else \
-                RuntimeError(f"RwStream: batch refused ({os.strerror(-err)})")
+            raise (
+                MemoryError("RwStream: no memory for the batch")
+                if err == -_errno.ENOMEM
+                else RuntimeError(f"RwStream: batch refused ({os.strerror(-err)})")
+            )
         if ops is not None:
             self._live.append(ops)
         self.ring.pending += self._s.inflight - before
@@ -203,7 +292,7 @@ class RwStream:
         done = [self._live.popleft().result() for _ in range(len(self._live) - keep)]
         return done[-1] if done else None
 
-    def __enter__(self) -> "RwStream":
+    def __enter__(self) -> RwStream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -219,7 +308,9 @@ def write_batch(ring: Ring, fd: int, offsets, length: int, buf, **kw) -> BatchRe
     return rw_batch(ring, fd, offsets, length, buf, write=True, **kw)
 
 
-def read_many(path: str, offsets: Sequence[int], length: int, *, ring: Ring | None = None) -> list[bytes]:
+def read_many(
+    path: str, offsets: Sequence[int], length: int, *, ring: Ring | None = None
+) -> list[bytes]:
     """Convenience: the bytes at each offset of `path` (short at EOF); errors raise with the path."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     own = ring is None
@@ -227,7 +318,7 @@ def read_many(path: str, offsets: Sequence[int], length: int, *, ring: Ring | No
     try:
         buf = bytearray(len(offsets) * length)
         result = read_batch(ring, fd, offsets, length, buf, what=path).check()
-        return [bytes(buf[i * length:i * length + r]) for i, r in enumerate(result.res)]
+        return [bytes(buf[i * length : i * length + r]) for i, r in enumerate(result.res)]
     finally:
         os.close(fd)
         if own:

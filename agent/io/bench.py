@@ -1,5 +1,6 @@
 """`xhagent bench io`: the engine against what a Python user would write instead, on the same
 file and the same random 4 KiB offsets, in one run; JSON with ops/s, p50/p99 and ratios."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from ..cgroups.mounts import discover
 from .. import quantity
+from ..cgroups.mounts import discover
 from ..cliparams import FiniteFloat
 from .aio import AsyncRing
 from .batch import RwStream
@@ -32,12 +33,32 @@ BLOCK = 4096
 CHUNK = 256  # os.pread loop: ops between two clock reads
 QD = 32
 BATCH = 1024  # ops per engine call: Python runs between two calls while the queue drains
-SLOTS = 2 * QD  # the engine's destination: one 4 KiB slot per op in flight (256 KiB, in L2), as fio's buffers
+SLOTS = (
+    2 * QD
+)  # the engine's destination: one 4 KiB slot per op in flight (256 KiB, in L2), as fio's buffers
 FIO_PAIRS = 3  # engine and fio runs each, alternating
-CGROUP_FILES = ("cgroup.procs", "cgroup.events", "cgroup.stat", "cpu.stat", "cpu.weight", "cpu.max",
-                "cpu.pressure", "memory.current", "memory.max", "memory.stat", "memory.events",
-                "memory.pressure", "io.stat", "io.weight", "io.pressure", "pids.current", "pids.max",
-                "cgroup.freeze", "cgroup.type", "cgroup.controllers")
+CGROUP_FILES = (
+    "cgroup.procs",
+    "cgroup.events",
+    "cgroup.stat",
+    "cpu.stat",
+    "cpu.weight",
+    "cpu.max",
+    "cpu.pressure",
+    "memory.current",
+    "memory.max",
+    "memory.stat",
+    "memory.events",
+    "memory.pressure",
+    "io.stat",
+    "io.weight",
+    "io.pressure",
+    "pids.current",
+    "pids.max",
+    "cgroup.freeze",
+    "cgroup.type",
+    "cgroup.controllers",
+)
 FILE_SETS = ("tree", "proc", "cgroupfs")
 
 
@@ -53,13 +74,22 @@ def parse_size(text: str) -> int:
 def summarize(ops: int, seconds: float, lat_ns) -> dict:
     """ops/s and the p50/p99 latency of one case (lat_ns: per-op nanoseconds)."""
     lat = sorted(lat_ns)
-    pick = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] / 1000, 2)) if lat else (lambda q: None)
-    return {"ops_per_s": round(ops / seconds, 1) if seconds > 0 else 0.0, "ops": ops,
-            "p50_us": pick(0.50), "p99_us": pick(0.99)}
+    pick = (
+        (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))] / 1000, 2))
+        if lat
+        else (lambda q: None)
+    )
+    return {
+        "ops_per_s": round(ops / seconds, 1) if seconds > 0 else 0.0,
+        "ops": ops,
+        "p50_us": pick(0.50),
+        "p99_us": pick(0.99),
+    }
 
 
 def ratios(cases: dict) -> dict:
     """Named ratios of the cases present; higher is better except *_p50_ratio (lower is better)."""
+
     def ops(a, b):
         if a in cases and b in cases and cases[b]["ops_per_s"]:
             return round(cases[a]["ops_per_s"] / cases[b]["ops_per_s"], 3)
@@ -72,14 +102,20 @@ def ratios(cases: dict) -> dict:
 
     named = {
         "pagecache_engine_qd32_vs_pread": ops("pagecache_engine_qd32", "pagecache_pread"),
-        "pagecache_engine_qd32_vs_threadpool": ops("pagecache_engine_qd32", "pagecache_threadpool_qd32"),
-        "pagecache_asyncring_vs_threadpool": ops("pagecache_asyncring_qd32", "pagecache_threadpool_qd32"),
+        "pagecache_engine_qd32_vs_threadpool": ops(
+            "pagecache_engine_qd32", "pagecache_threadpool_qd32"
+        ),
+        "pagecache_asyncring_vs_threadpool": ops(
+            "pagecache_asyncring_qd32", "pagecache_threadpool_qd32"
+        ),
         "direct_engine_qd1_vs_pread": ops("direct_engine_qd1", "direct_pread"),
         "direct_engine_qd32_vs_pread": ops("direct_engine_qd32", "direct_pread"),
         "direct_engine_qd32_vs_fio": ops("direct_engine_qd32", "direct_fio_qd32"),
         "pagecache_engine_qd32_vs_fio_psync": ops("pagecache_engine_qd32", "pagecache_fio_psync"),
         "direct_iopoll_qd32_vs_interrupt_qd32": ops("direct_iopoll_qd32", "direct_engine_qd32"),
-        "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": p50("direct_iopoll_qd1", "direct_engine_qd1"),
+        "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": p50(
+            "direct_iopoll_qd1", "direct_engine_qd1"
+        ),
     }
     for name in FILE_SETS:  # read_files as shipped, each of its two ways forced, vs the loop
         for way in ("read_files", "uring", "syscalls"):
@@ -101,21 +137,28 @@ TARGETS = {  # ratio -> (bound, "min" or "max")
 
 
 def targets_met(named: dict) -> dict:
-    return {k: (named[k] >= bound if kind == "min" else named[k] <= bound)
-            for k, (bound, kind) in TARGETS.items() if k in named}
+    return {
+        k: (named[k] >= bound if kind == "min" else named[k] <= bound)
+        for k, (bound, kind) in TARGETS.items()
+        if k in named
+    }
 
 
 # -- the cases ----------------------------------------------------------------------------
 def _chunks(offsets: array, size: int = CHUNK):
     while True:
         for start in range(0, len(offsets), size):
-            yield offsets[start:start + size]
+            yield offsets[start : start + size]
 
 
 def pread_loop(fd: int, offsets: array, seconds: float, buf=None) -> dict:
     """os.pread (or os.preadv into an aligned buffer for O_DIRECT); half the time untimed for
     ops/s, half with a clock read per op for the latencies."""
-    read = (lambda o: os.preadv(fd, [buf], o)) if buf is not None else (lambda o: os.pread(fd, BLOCK, o))
+    read = (
+        (lambda o: os.preadv(fd, [buf], o))
+        if buf is not None
+        else (lambda o: os.pread(fd, BLOCK, o))
+    )
     ops, start = 0, time.perf_counter()
     end = start + seconds / 2
     for chunk in _chunks(offsets):
@@ -142,6 +185,7 @@ def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
     pread_loop: half the time without per-op clock reads for ops/s (the final drain
     included), half with them for the latencies. `min_inflight`: the fewest ops the engine
     had in flight at any wait before its final drain."""
+
     def one_pass(latencies: bool, duration: float):
         stream, ops, lat = open_stream(latencies), 0, array("I")
         start = time.perf_counter()
@@ -152,6 +196,7 @@ def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
                 ops += len(done.check().res)
                 if latencies:
                     lat.extend(done.lat_ns)
+
         for chunk in _chunks(offsets, BATCH):
             take(stream.feed(chunk, buf))
             if time.perf_counter() - start >= duration:
@@ -161,7 +206,10 @@ def stream_loop(open_stream, buf, offsets: array, seconds: float) -> dict:
 
     ops, elapsed, _, low = one_pass(False, seconds / 2)
     _, _, lat, low2 = one_pass(True, seconds / 2)
-    return {**summarize(ops, elapsed, lat), "min_inflight": min((x for x in (low, low2) if x is not None), default=None)}
+    return {
+        **summarize(ops, elapsed, lat),
+        "min_inflight": min((x for x in (low, low2) if x is not None), default=None),
+    }
 
 
 # -- fio, the tool an engineer would judge an io_uring engine with ----------------------------
@@ -170,25 +218,43 @@ def fio_argv(path: str, *, direct: bool, seconds: float, timed: bool) -> list[st
     replacement (norandommap), the page cache left as it is (invalidate=0). direct: io_uring
     at QD32 with registered buffers and file, as the engine; else psync, one read at a time.
     timed=False drops fio's per-op clock reads (gtod_reduce), as the engine's ops/s pass."""
-    argv = ["fio", "--name=xhagent-bench", "--filename=" + path.replace(":", "\\:"), "--readonly",
-            "--rw=randread", f"--bs={BLOCK}", "--norandommap", "--randrepeat=0", "--invalidate=0", "--time_based",
-            f"--runtime={max(1, round(seconds * 1000))}ms", "--output-format=json"]
-    argv += (["--ioengine=io_uring", f"--iodepth={QD}", "--direct=1", "--fixedbufs", "--registerfiles"] if direct
-             else ["--ioengine=psync", "--direct=0"])
+    argv = [
+        "fio",
+        "--name=xhagent-bench",
+        "--filename=" + path.replace(":", "\\:"),
+        "--readonly",
+        "--rw=randread",
+        f"--bs={BLOCK}",
+        "--norandommap",
+        "--randrepeat=0",
+        "--invalidate=0",
+        "--time_based",
+        f"--runtime={max(1, round(seconds * 1000))}ms",
+        "--output-format=json",
+    ]
+    argv += (
+        ["--ioengine=io_uring", f"--iodepth={QD}", "--direct=1", "--fixedbufs", "--registerfiles"]
+        if direct
+        else ["--ioengine=psync", "--direct=0"]
+    )
     return argv + ([] if timed else ["--gtod_reduce=1"])
 
 
 def parse_fio(text: str) -> dict:
     """ops, ops/s and clat p50/p99 (µs, None when not measured) of fio's JSON (one job)."""
-    report = json.loads(text[text.index("{"):])  # fio may print notes before the JSON
+    report = json.loads(text[text.index("{") :])  # fio may print notes before the JSON
     job = report["jobs"][0]
     if job.get("error"):
         raise ValueError(f"fio job error {job['error']}")
     read = job["read"]
     pct = read.get("clat_ns", {}).get("percentile") or {}
-    us = (lambda key: round(pct[key] / 1000, 2) if key in pct else None)
-    return {"ops_per_s": round(read["iops"], 1), "ops": read["total_ios"],
-            "p50_us": us("50.000000"), "p99_us": us("99.000000")}
+    us = lambda key: round(pct[key] / 1000, 2) if key in pct else None
+    return {
+        "ops_per_s": round(read["iops"], 1),
+        "ops": read["total_ios"],
+        "p50_us": us("50.000000"),
+        "p99_us": us("99.000000"),
+    }
 
 
 def fio_case(path: str, direct: bool, seconds: float) -> dict:
@@ -198,7 +264,9 @@ def fio_case(path: str, direct: bool, seconds: float) -> dict:
         argv = fio_argv(path, direct=direct, seconds=seconds / 2, timed=timed)
         run = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
         if run.returncode != 0:
-            raise OSError(f"{' '.join(argv[:1])} exited {run.returncode}: {run.stderr.strip()[-300:]}")
+            raise OSError(
+                f"{' '.join(argv[:1])} exited {run.returncode}: {run.stderr.strip()[-300:]}"
+            )
         part = parse_fio(run.stdout)
         out.update(part if not timed else {"p50_us": part["p50_us"], "p99_us": part["p99_us"]})
     return out
@@ -212,24 +280,35 @@ def merge_runs(runs: list[dict]) -> dict:
     def median(key):
         values = sorted(r[key] for r in runs if r.get(key) is not None)
         return values[len(values) // 2] if values else None
-    merged = {"ops_per_s": round(ops / seconds, 1) if seconds else 0.0, "ops": ops,
-              "p50_us": median("p50_us"), "p99_us": median("p99_us"),
-              "runs_ops_per_s": [r["ops_per_s"] for r in runs]}
+
+    merged = {
+        "ops_per_s": round(ops / seconds, 1) if seconds else 0.0,
+        "ops": ops,
+        "p50_us": median("p50_us"),
+        "p99_us": median("p99_us"),
+        "runs_ops_per_s": [r["ops_per_s"] for r in runs],
+    }
     lows = [r["min_inflight"] for r in runs if r.get("min_inflight") is not None]
     return {**merged, "min_inflight": min(lows)} if lows else merged
 
 
-def paired(engine, fio, name: str, peer: str, ratio: str, cases: dict, notes: dict, pairs: dict) -> None:
+def paired(
+    engine, fio, name: str, peer: str, ratio: str, cases: dict, notes: dict, pairs: dict
+) -> None:
     """cases[name] from engine(); with fio installed, engine and fio alternate FIO_PAIRS times
     (which goes first alternates too) and cases[peer] holds fio's runs; pairs[ratio] the
     ratio of each pair."""
     if shutil.which("fio") is None:
         cases[name] = engine()
-        notes["fio"] = "fio is not installed (Debian package fio, tools/setup-deps): fio cases and ratios omitted"
+        notes["fio"] = (
+            "fio is not installed (Debian package fio, tools/setup-deps): fio cases and ratios omitted"
+        )
         return
     mine, theirs = [], []
     try:
-        for i in range(FIO_PAIRS):  # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
+        for i in range(
+            FIO_PAIRS
+        ):  # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
             if i % 2:
                 theirs.append(fio())
                 mine.append(engine())
@@ -241,8 +320,10 @@ def paired(engine, fio, name: str, peer: str, ratio: str, cases: dict, notes: di
         cases[name] = merge_runs(mine) if mine else engine()
         return
     cases[name], cases[peer] = merge_runs(mine), merge_runs(theirs)
-    pairs[ratio] = [round(m["ops_per_s"] / t["ops_per_s"], 3) if t["ops_per_s"] else None
-                                  for m, t in zip(mine, theirs)]
+    pairs[ratio] = [
+        round(m["ops_per_s"] / t["ops_per_s"], 3) if t["ops_per_s"] else None
+        for m, t in zip(mine, theirs)
+    ]
 
 
 async def _coroutines(read_one, offsets: array, seconds: float) -> dict:
@@ -267,7 +348,10 @@ async def _coroutines(read_one, offsets: array, seconds: float) -> dict:
 def threadpool_case(fd: int, offsets: array, seconds: float) -> dict:
     async def main():
         loop = asyncio.get_running_loop()  # its default executor, as aiofiles uses
-        return await _coroutines(lambda o: loop.run_in_executor(None, os.pread, fd, BLOCK, o), offsets, seconds)
+        return await _coroutines(
+            lambda o: loop.run_in_executor(None, os.pread, fd, BLOCK, o), offsets, seconds
+        )
+
     return asyncio.run(main())
 
 
@@ -275,6 +359,7 @@ def asyncring_case(fd: int, offsets: array, seconds: float) -> dict:
     async def main():
         async with AsyncRing(256) as ring:
             return await _coroutines(lambda o: ring.read(fd, BLOCK, o), offsets, seconds)
+
     return asyncio.run(main())
 
 
@@ -345,14 +430,39 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
             cases["pagecache_pread"] = pread_loop(fd, offsets, seconds)
             ring.register_files([fd])
             ring.register_buffers([buf.view])
-            progress("page cache: engine QD32 (sink stream, registered file and buffer)"
-                     + (f" alternating with fio psync, {FIO_PAIRS} runs each" if shutil.which("fio") else ""))
-            paired(lambda: stream_loop(lambda lat: RwStream(ring, 0, BLOCK, depth=QD, latencies=lat, what=data,
-                                                            fixed_file=True, fixed_buffer=0, slots=SLOTS),
-                                       buf.view, _offsets(rng, span, 1 << 18), seconds),
-                   lambda: fio_case(data, False, seconds),
-                   "pagecache_engine_qd32", "pagecache_fio_psync", "pagecache_engine_qd32_vs_fio_psync",
-                   cases, notes, pairs)
+            progress(
+                "page cache: engine QD32 (sink stream, registered file and buffer)"
+                + (
+                    f" alternating with fio psync, {FIO_PAIRS} runs each"
+                    if shutil.which("fio")
+                    else ""
+                )
+            )
+            paired(
+                lambda: stream_loop(
+                    lambda lat: RwStream(
+                        ring,
+                        0,
+                        BLOCK,
+                        depth=QD,
+                        latencies=lat,
+                        what=data,
+                        fixed_file=True,
+                        fixed_buffer=0,
+                        slots=SLOTS,
+                    ),
+                    buf.view,
+                    _offsets(rng, span, 1 << 18),
+                    seconds,
+                ),
+                lambda: fio_case(data, False, seconds),
+                "pagecache_engine_qd32",
+                "pagecache_fio_psync",
+                "pagecache_engine_qd32_vs_fio_psync",
+                cases,
+                notes,
+                pairs,
+            )
         progress("page cache: asyncio + ThreadPoolExecutor QD32")
         cases["pagecache_threadpool_qd32"] = threadpool_case(fd, offsets, seconds)
         progress("page cache: AsyncRing QD32")
@@ -362,18 +472,42 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
 
         _direct_cases(direct_target, span, rng, seconds, cases, notes, pairs, progress)
 
-        _files_cases({"tree": ("files in a cgroupfs-like tree in tmp", _make_tree(workdir)),
-                      "proc": ("/proc/<pid>/stat files", sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat"))),
-                      "cgroupfs": ("files of the cgroup2 tree", _cgroupfs_files())},
-                     seconds, cases, notes, progress)
+        _files_cases(
+            {
+                "tree": ("files in a cgroupfs-like tree in tmp", _make_tree(workdir)),
+                "proc": (
+                    "/proc/<pid>/stat files",
+                    sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat")),
+                ),
+                "cgroupfs": ("files of the cgroup2 tree", _cgroupfs_files()),
+            },
+            seconds,
+            cases,
+            notes,
+            progress,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     named = ratios(cases)
-    return {"schema": 1, "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
-                                     "python": platform.python_version()},
-            "file": data if not file else file, "direct_file": direct_target, "size": span,
-            "seconds_per_case": seconds, "block": BLOCK, "queue_depth": QD,
-            "cases": cases, "ratios": named, "targets_met": targets_met(named), "ratio_runs": pairs, "notes": notes}
+    return {
+        "schema": 1,
+        "machine": {
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "file": data if not file else file,
+        "direct_file": direct_target,
+        "size": span,
+        "seconds_per_case": seconds,
+        "block": BLOCK,
+        "queue_depth": QD,
+        "cases": cases,
+        "ratios": named,
+        "targets_met": targets_met(named),
+        "ratio_runs": pairs,
+        "notes": notes,
+    }
 
 
 def _offsets(rng: random.Random, span: int, count: int) -> array:
@@ -396,20 +530,39 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
             cases["direct_pread"] = pread_loop(interrupt.fd, offsets, seconds, buf.view[:BLOCK])
             interrupt.register_buffers([buf.view])
             for qd in (1, QD):
-                progress(f"O_DIRECT: engine QD{qd} (interrupt ring, sink stream)"
-                         + (f" alternating with fio, {FIO_PAIRS} runs each" if qd == QD and shutil.which("fio") else ""))
-                engine = (lambda qd=qd: stream_loop(
+                progress(
+                    f"O_DIRECT: engine QD{qd} (interrupt ring, sink stream)"
+                    + (
+                        f" alternating with fio, {FIO_PAIRS} runs each"
+                        if qd == QD and shutil.which("fio")
+                        else ""
+                    )
+                )
+                engine = lambda qd=qd: stream_loop(
                     lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
-                    buf.view, _offsets(rng, span, 1 << 18), seconds))
+                    buf.view,
+                    _offsets(rng, span, 1 << 18),
+                    seconds,
+                )
                 if qd == QD:
-                    paired(engine, lambda: fio_case(path, True, seconds), "direct_engine_qd32", "direct_fio_qd32",
-                           "direct_engine_qd32_vs_fio", cases, notes, pairs)
+                    paired(
+                        engine,
+                        lambda: fio_case(path, True, seconds),
+                        "direct_engine_qd32",
+                        "direct_fio_qd32",
+                        "direct_engine_qd32_vs_fio",
+                        cases,
+                        notes,
+                        pairs,
+                    )
                 else:
                     cases["direct_engine_qd1"] = engine()
-            notes["direct"] = (f"{path}: fixed file ops {interrupt.stats['fixed_file_ops']}, fixed buffer ops "
-                               f"{interrupt.stats['fixed_buffer_ops']}, plain buffer ops "
-                               f"{interrupt.stats['plain_buffer_ops']}"
-                               + "".join(f"; {n}" for n in interrupt.registration_notes))
+            notes["direct"] = (
+                f"{path}: fixed file ops {interrupt.stats['fixed_file_ops']}, fixed buffer ops "
+                f"{interrupt.stats['fixed_buffer_ops']}, plain buffer ops "
+                f"{interrupt.stats['plain_buffer_ops']}"
+                + "".join(f"; {n}" for n in interrupt.registration_notes)
+            )
             if not interrupt.device_polls:
                 notes["iopoll"] = f"{path}: its device has queue/io_poll != 1; IOPOLL cases skipped"
                 return
@@ -418,8 +571,14 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
             for qd in (1, QD):
                 progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring, sink stream)")
                 cases[f"direct_iopoll_qd{qd}"] = stream_loop(
-                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS), buf.view, offsets, seconds)
-            notes["iopoll"] = f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
+                    buf.view,
+                    offsets,
+                    seconds,
+                )
+            notes["iopoll"] = (
+                f"polled ops {polled.stats['polled_ops']}, fallbacks {polled.stats['fallbacks']}"
+            )
     finally:
         buf.close()
 
@@ -439,8 +598,10 @@ def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, 
                 cases[f"files_{name}_{way}"] = files_case(reader.read_files, paths, seconds)
         with FileReader() as reader:
             reader.read_files(paths)
-            notes[f"files_{name}"] = (f"{len(paths)} {what}; read_files reads {reader.stats['syscalls']} with "
-                                      f"system calls, {reader.stats['uring']} through io_uring")
+            notes[f"files_{name}"] = (
+                f"{len(paths)} {what}; read_files reads {reader.stats['syscalls']} with "
+                f"system calls, {reader.stats['uring']} through io_uring"
+            )
 
 
 def _cgroupfs_files(limit: int = 1000) -> list[str]:
@@ -466,7 +627,9 @@ def _cgroupfs_files(limit: int = 1000) -> list[str]:
 def _table(report: dict) -> str:
     lines = [f"{'case':32} {'ops/s':>12} {'p50 us':>9} {'p99 us':>9}"]
     for name, c in report["cases"].items():
-        lines.append(f"{name:32} {c['ops_per_s']:>12,.0f} {c['p50_us'] or 0:>9.2f} {c['p99_us'] or 0:>9.2f}")
+        lines.append(
+            f"{name:32} {c['ops_per_s']:>12,.0f} {c['p50_us'] or 0:>9.2f} {c['p99_us'] or 0:>9.2f}"
+        )
     lines.append("")
     met = report["targets_met"]
     for name, value in report["ratios"].items():
@@ -481,9 +644,17 @@ def _check_source(file: str) -> None:
     of it until time is up, which a FIFO or /dev/zero cannot serve."""
     try:
         st = os.stat(file)
-        kind = "block device" if stat.S_ISBLK(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+        kind = (
+            "block device"
+            if stat.S_ISBLK(st.st_mode)
+            else "file"
+            if stat.S_ISREG(st.st_mode)
+            else None
+        )
         if kind is None:
-            raise click.BadParameter(f"{file}: not a regular file or a block device", param_hint="--file")
+            raise click.BadParameter(
+                f"{file}: not a regular file or a block device", param_hint="--file"
+            )
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             span = _device_size(fd)
@@ -492,7 +663,9 @@ def _check_source(file: str) -> None:
     except OSError as exc:
         raise click.BadParameter(f"{file}: {exc.strerror}", param_hint="--file") from None
     if span < 1 << 20:
-        raise click.BadParameter(f"{file}: {span} bytes; the {kind} must hold at least 1 MiB", param_hint="--file")
+        raise click.BadParameter(
+            f"{file}: {span} bytes; the {kind} must hold at least 1 MiB", param_hint="--file"
+        )
 
 
 def _check_room(nbytes: int) -> None:
@@ -501,17 +674,33 @@ def _check_room(nbytes: int) -> None:
     fs = os.statvfs(tmp)
     free = fs.f_bavail * fs.f_frsize
     if nbytes > free // 2:
-        raise click.BadParameter(f"{quantity.human(nbytes)} is more than half of the {quantity.human(free)} free in {tmp}",
-                                 param_hint="--size")
+        raise click.BadParameter(
+            f"{quantity.human(nbytes)} is more than half of the {quantity.human(free)} free in {tmp}",
+            param_hint="--size",
+        )
 
 
 @click.command("io")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--file", "file", metavar="PATH", help="Read this file or block device (read-only) instead of a temp file.")
-@click.option("--size", default="256Mi", show_default=True,
-              help="Size of the temp data file: 256Mi = 256 * 2**20 bytes, 256M = 256 * 10**6, as in every file.")
-@click.option("--seconds", default=2.0, show_default=True, type=FiniteFloat(0, 600),
-              help="Seconds per case (at most 600).")
+@click.option(
+    "--file",
+    "file",
+    metavar="PATH",
+    help="Read this file or block device (read-only) instead of a temp file.",
+)
+@click.option(
+    "--size",
+    default="256Mi",
+    show_default=True,
+    help="Size of the temp data file: 256Mi = 256 * 2**20 bytes, 256M = 256 * 10**6, as in every file.",
+)
+@click.option(
+    "--seconds",
+    default=2.0,
+    show_default=True,
+    type=FiniteFloat(0, 600),
+    help="Seconds per case (at most 600).",
+)
 def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None:
     """io_uring engine vs os.pread, asyncio+threads and open/read/close loops."""
     try:
@@ -523,8 +712,13 @@ def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None
     else:
         _check_room(nbytes)
     try:
-        report = run(file, nbytes, seconds, progress=lambda m: click.echo(f"bench io: {m}", err=True))
+        report = run(
+            file, nbytes, seconds, progress=lambda m: click.echo(f"bench io: {m}", err=True)
+        )
     except OSError as exc:
-        click.echo(f"xhagent bench io: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}", err=True)
+        click.echo(
+            f"xhagent bench io: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}",
+            err=True,
+        )
         sys.exit(1)
     click.echo(json.dumps(report, indent=2) if as_json else _table(report))

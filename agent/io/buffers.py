@@ -1,9 +1,11 @@
 """Page-aligned memory for O_DIRECT and registered (fixed) buffers, handed out as memoryviews."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from .. import _uring
 
@@ -44,7 +46,7 @@ class AlignedBuffer:
             lib.xh_aligned_free(self._ptr)
             self._ptr = None
 
-    def __enter__(self) -> "AlignedBuffer":
+    def __enter__(self) -> AlignedBuffer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -73,7 +75,7 @@ class BufferPool:
             raise ValueError(f"pool needs at least one buffer, not {count}")
         self.count, self.size = count, -(-size // alignment) * alignment
         self._memory = AlignedBuffer(self.count * self.size, alignment)
-        self.views = [self._memory.view[i * self.size:(i + 1) * self.size] for i in range(count)]
+        self.views = [self._memory.view[i * self.size : (i + 1) * self.size] for i in range(count)]
         self._free = list(range(count - 1, -1, -1))
 
     def acquire(self) -> tuple[int, memoryview]:
@@ -91,7 +93,7 @@ class BufferPool:
     def available(self) -> int:
         return len(self._free)
 
-    def register(self, ring: "Ring") -> None:
+    def register(self, ring: Ring) -> None:
         ring.register_buffers(self.views)
 
     def close(self) -> None:
@@ -99,7 +101,7 @@ class BufferPool:
             view.release()
         self._memory.close()
 
-    def __enter__(self) -> "BufferPool":
+    def __enter__(self) -> BufferPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -5,6 +5,7 @@ regular file counts through the disk it lives on). A polled op that completes wi
 -EOPNOTSUPP is redone on the interrupt-driven ring and the file stays there: the fallback
 is counted in `stats`, and the caller gets its data either way.
 """
+
 from __future__ import annotations
 
 import errno
@@ -41,9 +42,11 @@ def logical_block(st_dev_or_rdev: int, sys_root: Path = Path("/sys")) -> int:
 
 def alignment_problem(offset: int, length: int, address: int, block: int) -> str | None:
     """Why an O_DIRECT transfer would fail with EINVAL, or None when it is aligned."""
-    bad = [f"{name} {value} is not a multiple of {block}"
-           for name, value in (("offset", offset), ("length", length), ("buffer address", address))
-           if value % block]
+    bad = [
+        f"{name} {value} is not a multiple of {block}"
+        for name, value in (("offset", offset), ("length", length), ("buffer address", address))
+        if value % block
+    ]
     return None if not bad else "O_DIRECT needs block-aligned I/O: " + "; ".join(bad)
 
 
@@ -67,8 +70,16 @@ class DirectFile:
     way (an op redone after an IOPOLL refusal counts twice).
     """
 
-    def __init__(self, path: str, *, write: bool = False, poll: str | bool = "auto", entries: int = 64,
-                 sys_root: Path = Path("/sys"), register: bool = True):
+    def __init__(
+        self,
+        path: str,
+        *,
+        write: bool = False,
+        poll: str | bool = "auto",
+        entries: int = 64,
+        sys_root: Path = Path("/sys"),
+        register: bool = True,
+    ):
         self.path = path
         self.fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT | os.O_CLOEXEC)
         try:
@@ -82,8 +93,16 @@ class DirectFile:
         except BaseException:
             os.close(self.fd)
             raise
-        self.stats = {"polled_ops": 0, "interrupt_ops": 0, "fallbacks": 0, "fallback_ops": 0,
-                      "fixed_file_ops": 0, "fixed_buffer_ops": 0, "plain_buffer_ops": 0, "registration_refusals": 0}
+        self.stats = {
+            "polled_ops": 0,
+            "interrupt_ops": 0,
+            "fallbacks": 0,
+            "fallback_ops": 0,
+            "fixed_file_ops": 0,
+            "fixed_buffer_ops": 0,
+            "plain_buffer_ops": 0,
+            "registration_refusals": 0,
+        }
         self.fallback_reason: str | None = None
         self.registration_notes: list[str] = []
         if register:
@@ -104,8 +123,10 @@ class DirectFile:
         except UringError as exc:
             self.stats["registration_refusals"] += 1
             kind = "IOPOLL" if ring is self._polled else "interrupt"
-            self.registration_notes.append(f"{what} registration refused on the {kind} ring ({exc.strerror}): "
-                                           f"{'plain fd' if what == 'file' else 'plain buffers'} instead")
+            self.registration_notes.append(
+                f"{what} registration refused on the {kind} ring ({exc.strerror}): "
+                f"{'plain fd' if what == 'file' else 'plain buffers'} instead"
+            )
 
     def register_buffers(self, buffers: list) -> None:
         """Make `buffers` (aligned memory the caller keeps alive, e.g. AlignedBuffer.view) the
@@ -134,13 +155,27 @@ class DirectFile:
         self.stats["fixed_buffer_ops" if index is not None else "plain_buffer_ops"] += ops
         return dict(fd=0 if fixed_file else self.fd, fixed_file=fixed_file, fixed_buffer=index)
 
-    def transfer(self, offsets, length: int, buf, *, write: bool = False, depth: int = 32,
-                 latencies: bool = False) -> BatchResult:
+    def transfer(
+        self,
+        offsets,
+        length: int,
+        buf,
+        *,
+        write: bool = False,
+        depth: int = 32,
+        latencies: bool = False,
+    ) -> BatchResult:
         self._check_aligned(offsets, length, buf)
         ring = self._polled or self._interrupt
         kw = dict(write=write, depth=depth, retry_short=False, latencies=latencies, what=self.path)
-        result = rw_batch(ring, offsets=offsets, length=length, buf=buf,
-                          **self._args(ring, buf, len(offsets) * length, len(offsets)), **kw)
+        result = rw_batch(
+            ring,
+            offsets=offsets,
+            length=length,
+            buf=buf,
+            **self._args(ring, buf, len(offsets) * length, len(offsets)),
+            **kw,
+        )
         if ring is self._polled:
             if self._redo_refused(result, buf, kw):
                 self._drop_polled()
@@ -157,7 +192,9 @@ class DirectFile:
             return 0
         self.stats["fallback_ops"] += len(redo)
         self.stats["interrupt_ops"] += len(redo)
-        self.fallback_reason = f"IOPOLL completion -EOPNOTSUPP on {self.path}: using the interrupt ring"
+        self.fallback_reason = (
+            f"IOPOLL completion -EOPNOTSUPP on {self.path}: using the interrupt ring"
+        )
         length = result.length
         args = self._args(self._interrupt, buf, (slots or len(result.offsets)) * length, len(redo))
         if slots:
@@ -165,21 +202,41 @@ class DirectFile:
             sink.feed(array("Q", (result.offsets[i] for i in redo)), buf)
             again = sink.finish()
         else:
-            again = rw_batch(self._interrupt, offsets=result.offsets, length=length, buf=buf, only=redo,
-                             **args, **kw)
+            again = rw_batch(
+                self._interrupt,
+                offsets=result.offsets,
+                length=length,
+                buf=buf,
+                only=redo,
+                **args,
+                **kw,
+            )
         for j, i in enumerate(redo):
             result.res[i] = again.res[j]
             if result.lat_ns is not None:
                 result.lat_ns[i] = min(0xFFFFFFFF, result.lat_ns[i] + again.lat_ns[j])
         return len(redo)
 
-    def stream(self, length: int, *, write: bool = False, depth: int = 32, latencies: bool = False,
-               submit_batch: int = 1, slots: int = 0) -> "DirectStream":
+    def stream(
+        self,
+        length: int,
+        *,
+        write: bool = False,
+        depth: int = 32,
+        latencies: bool = False,
+        submit_batch: int = 1,
+        slots: int = 0,
+    ) -> DirectStream:
         """An RwStream on this file (see DirectStream): the queue stays full across batches;
         each op goes to the disk as soon as it is prepared (submit_batch=1, as fio does);
         `slots` makes it a sink stream (RwStream)."""
-        return DirectStream(self, length, dict(write=write, depth=depth, retry_short=False, latencies=latencies,
-                                               what=self.path), submit_batch, slots)
+        return DirectStream(
+            self,
+            length,
+            dict(write=write, depth=depth, retry_short=False, latencies=latencies, what=self.path),
+            submit_batch,
+            slots,
+        )
 
     def read(self, offsets, length: int, buf, **kw) -> BatchResult:
         return self.transfer(offsets, length, buf, write=False, **kw)
@@ -200,7 +257,7 @@ class DirectFile:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "DirectFile":
+    def __enter__(self) -> DirectFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -216,8 +273,16 @@ class DirectStream:
     handing out the batch it drained at the next call, so results keep their order.
     """
 
-    def __init__(self, file: DirectFile, length: int, kw: dict, submit_batch: int = 1, slots: int = 0):
-        self.file, self.length, self._kw, self._submit_batch, self._slots = file, length, kw, submit_batch, slots
+    def __init__(
+        self, file: DirectFile, length: int, kw: dict, submit_batch: int = 1, slots: int = 0
+    ):
+        self.file, self.length, self._kw, self._submit_batch, self._slots = (
+            file,
+            length,
+            kw,
+            submit_batch,
+            slots,
+        )
         self._bufs: deque = deque()  # buffers of the batches in flight, oldest first
         self._ready: deque[BatchResult] = deque()  # completed ahead of their turn (fallback)
         self._stream = self._open()
@@ -225,8 +290,15 @@ class DirectStream:
     def _open(self) -> RwStream:
         ring = self.file._polled or self.file._interrupt
         fd = 0 if ring.files is not None else self.file.fd
-        return RwStream(ring, fd, self.length, fixed_file=ring.files is not None, submit_batch=self._submit_batch,
-                        slots=self._slots, **self._kw)
+        return RwStream(
+            ring,
+            fd,
+            self.length,
+            fixed_file=ring.files is not None,
+            submit_batch=self._submit_batch,
+            slots=self._slots,
+            **self._kw,
+        )
 
     @property
     def min_inflight(self) -> int | None:
@@ -235,7 +307,9 @@ class DirectStream:
     def feed(self, offsets, buf) -> BatchResult | None:
         f, ring = self.file, self._stream.ring
         f._check_aligned(offsets, self.length, buf)
-        index = f._args(ring, buf, (self._slots or len(offsets)) * self.length, len(offsets))["fixed_buffer"]
+        index = f._args(ring, buf, (self._slots or len(offsets)) * self.length, len(offsets))[
+            "fixed_buffer"
+        ]
         done = self._stream.feed(offsets, buf, fixed_buffer=index)
         self._bufs.append(buf)
         if done is not None:
@@ -262,7 +336,7 @@ class DirectStream:
             f._drop_polled()
             self._stream = self._open()
 
-    def __enter__(self) -> "DirectStream":
+    def __enter__(self) -> DirectStream:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,11 +12,12 @@ longer, so it is read again from offset 0 with a buffer GROWTH times larger (one
 file keeps a seq_file's content a single snapshot) until a read comes back short.
 `FileRounds` is that plan, free of I/O; the sync and asyncio drivers share it.
 """
+
 from __future__ import annotations
 
 import os
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 from .nowait import Router
 from .ring import Ring, UringError, ffi, lib
@@ -43,7 +44,7 @@ class FileRounds:
             n = res[k]
             if 0 <= n < size:
                 start = k * size
-                results[index] = view[start:start + n].tobytes()
+                results[index] = view[start : start + n].tobytes()
             elif n == size:
                 again.append(index)
             else:
@@ -85,8 +86,13 @@ class FileReader:
     By default the ring is single-issuer: use a FileReader from the thread that made it.
     """
 
-    def __init__(self, entries: int = 256, slots: int | None = None, flags: tuple[str, ...] | None = None,
-                 via: str = "auto"):
+    def __init__(
+        self,
+        entries: int = 256,
+        slots: int | None = None,
+        flags: tuple[str, ...] | None = None,
+        via: str = "auto",
+    ):
         if via not in VIA:
             raise ValueError(f"via must be one of {', '.join(VIA)}, not {via!r}")
         if flags is None:
@@ -103,7 +109,9 @@ class FileReader:
         self.stats = {"uring": 0, "syscalls": 0}
         self._last_routes = (b"", b"")
 
-    def read_files(self, paths: Sequence[str | os.PathLike], first: int = FIRST_READ) -> list[bytes | OSError]:
+    def read_files(
+        self, paths: Sequence[str | os.PathLike], first: int = FIRST_READ
+    ) -> list[bytes | OSError]:
         """One entry per path: its bytes, or the OSError (errno, path) of that file alone."""
         rounds = FileRounds(paths, first)
         blob = rounds.encoded()
@@ -130,8 +138,13 @@ class FileReader:
         res = array("i", bytes(4 * n))
         f = ffi.new("struct xh_files *")
         f.n, f.slots, f.slot_base, f.npaths, f.len = n, self.slots, 0, len(rounds.paths), size
-        keep = [ffi.from_buffer(blob), ffi.from_buffer(buf), ffi.from_buffer("int32_t[]", res),
-                ffi.from_buffer("uint32_t[]", array("I", rounds.pending)), ffi.from_buffer("uint8_t[]", sync)]
+        keep = [
+            ffi.from_buffer(blob),
+            ffi.from_buffer(buf),
+            ffi.from_buffer("int32_t[]", res),
+            ffi.from_buffer("uint32_t[]", array("I", rounds.pending)),
+            ffi.from_buffer("uint8_t[]", sync),
+        ]
         f.paths, f.base, f.res, f.index, f.sync = keep
         err = lib.xh_read_files(self.ring._ring, f)
         if err < 0:
@@ -141,14 +154,16 @@ class FileReader:
     def close(self) -> None:
         self.ring.close()
 
-    def __enter__(self) -> "FileReader":
+    def __enter__(self) -> FileReader:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def read_files(paths: Sequence[str | os.PathLike], first: int = FIRST_READ, via: str = "auto") -> list[bytes | OSError]:
+def read_files(
+    paths: Sequence[str | os.PathLike], first: int = FIRST_READ, via: str = "auto"
+) -> list[bytes | OSError]:
     """Read every path with a throwaway FileReader; see FileReader.read_files."""
     with FileReader(via=via) as reader:
         return reader.read_files(paths, first)

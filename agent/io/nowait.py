@@ -14,12 +14,13 @@ is the deepest mount point that prefixes it, from the mount table read when the 
 made). A path that leaves its mount through a symlink, or a mount made later, may take the
 slower way; the bytes read are the same either way.
 """
+
 from __future__ import annotations
 
 import errno
 import os
 import stat
-from typing import Callable
+from collections.abc import Callable
 
 from .. import mountinfo
 
@@ -48,8 +49,11 @@ def refuses_nowait(path: str) -> bool | None:
 
 
 class Router:
-    def __init__(self, mounts: list[mountinfo.MountEntry] | None = None,
-                 probe: Callable[[str], bool | None] = refuses_nowait):
+    def __init__(
+        self,
+        mounts: list[mountinfo.MountEntry] | None = None,
+        probe: Callable[[str], bool | None] = refuses_nowait,
+    ):
         if mounts is None:
             try:
                 mounts = mountinfo.read()

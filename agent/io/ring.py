@@ -4,6 +4,7 @@ synchronous submit-and-reap path.
 Completions are reaped in bulk through `xh_reap` (C); a negative `res` becomes an
 `UringError` carrying the errno and the path or operation it belongs to.
 """
+
 from __future__ import annotations
 
 import errno as _errno
@@ -15,15 +16,21 @@ from .buffers import PAGE, aligned_buffer  # noqa: F401  (re-exported: ring.alig
 ffi, lib = _uring.ffi, _uring.lib
 CANCEL_USER_DATA = (1 << 64) - 1  # the close-time cancel request's own completion
 
-OPCODES = [n[len("IORING_OP_"):] for n in dir(lib) if n.startswith("IORING_OP_") and n != "IORING_OP_LAST"]
-SETUP_FLAGS = {n[len("IORING_SETUP_"):].lower(): getattr(lib, n) for n in dir(lib) if n.startswith("IORING_SETUP_")}
+OPCODES = [
+    n[len("IORING_OP_") :] for n in dir(lib) if n.startswith("IORING_OP_") and n != "IORING_OP_LAST"
+]
+SETUP_FLAGS = {
+    n[len("IORING_SETUP_") :].lower(): getattr(lib, n)
+    for n in dir(lib)
+    if n.startswith("IORING_SETUP_")
+}
 
 
 class UringError(OSError):
     """An io_uring call or completion failed; `errno` is the kernel's, `filename` what it was on."""
 
     @classmethod
-    def from_res(cls, res: int, what: str) -> "UringError":
+    def from_res(cls, res: int, what: str) -> UringError:
         code = -res if res < 0 else res
         return cls(code, os.strerror(code), what)
 
@@ -40,15 +47,22 @@ def _flags(names: tuple[str, ...] | list[str]) -> int:
         try:
             value |= SETUP_FLAGS[name.lower()]
         except KeyError:
-            raise ValueError(f"unknown io_uring setup flag {name!r}; known: {', '.join(sorted(SETUP_FLAGS))}")
+            raise ValueError(
+                f"unknown io_uring setup flag {name!r}; known: {', '.join(sorted(SETUP_FLAGS))}"
+            )
     return value
 
 
 class Ring:
     """An io_uring instance. `flags` are setup flag names such as ("sqpoll",) or ("iopoll",)."""
 
-    def __init__(self, entries: int = 64, flags: tuple[str, ...] = (), sq_thread_cpu: int | None = None,
-                 sq_thread_idle_ms: int | None = None):
+    def __init__(
+        self,
+        entries: int = 64,
+        flags: tuple[str, ...] = (),
+        sq_thread_cpu: int | None = None,
+        sq_thread_idle_ms: int | None = None,
+    ):
         self._open = False
         self.pending = 0  # SQEs handed out whose completions are not reaped yet
         self.flag_names = tuple(f.lower() for f in flags)
@@ -60,13 +74,18 @@ class Ring:
             params.sq_thread_cpu = sq_thread_cpu
         if sq_thread_idle_ms is not None:
             params.sq_thread_idle = sq_thread_idle_ms
-        _check(lib.io_uring_queue_init_params(entries, self._ring, params), f"io_uring_setup({entries}, {self.flag_names})")
+        _check(
+            lib.io_uring_queue_init_params(entries, self._ring, params),
+            f"io_uring_setup({entries}, {self.flag_names})",
+        )
         self.entries = params.sq_entries
         self.cq_entries = params.cq_entries
         self.features = params.features
         self._open = True
         self.files: list[int] | None = None  # registered files, by index
-        self.buffers: list[tuple[int, int]] | None = None  # registered buffers: (address, bytes), by index
+        self.buffers: list[tuple[int, int]] | None = (
+            None  # registered buffers: (address, bytes), by index
+        )
         self._reap_data = ffi.new("uint64_t[]", params.cq_entries)
         self._reap_res = ffi.new("int32_t[]", params.cq_entries)
 
@@ -96,7 +115,10 @@ class Ring:
         lib.io_uring_sqe_set_data64(sqe, CANCEL_USER_DATA)
         self.submit()
         cqe = ffi.new("struct io_uring_cqe **")
-        ts = ffi.new("struct __kernel_timespec *", {"tv_sec": int(quiet_s), "tv_nsec": int(quiet_s % 1 * 1e9)})
+        ts = ffi.new(
+            "struct __kernel_timespec *",
+            {"tv_sec": int(quiet_s), "tv_nsec": int(quiet_s % 1 * 1e9)},
+        )
         while self.pending > 0:
             if lib.io_uring_wait_cqe_timeout(self._ring, cqe, ts) < 0:
                 break
@@ -104,7 +126,7 @@ class Ring:
         self.pending = 0
         return done
 
-    def __enter__(self) -> "Ring":
+    def __enter__(self) -> Ring:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -129,11 +151,30 @@ class Ring:
         self.pending += 1
         return sqe
 
-    def prep_rw(self, write: bool, fd: int, ptr, length: int, offset: int, user_data: int,
-                sqe_flags: int = 0) -> bool:
+    def prep_rw(
+        self,
+        write: bool,
+        fd: int,
+        ptr,
+        length: int,
+        offset: int,
+        user_data: int,
+        sqe_flags: int = 0,
+    ) -> bool:
         """Queue one read/write without submitting; False when the SQ is full."""
-        if lib.xh_prep_rw(self._ring, lib.XH_OP_WRITE if write else lib.XH_OP_READ, fd, ptr, length,
-                          offset, user_data, sqe_flags) < 0:
+        if (
+            lib.xh_prep_rw(
+                self._ring,
+                lib.XH_OP_WRITE if write else lib.XH_OP_READ,
+                fd,
+                ptr,
+                length,
+                offset,
+                user_data,
+                sqe_flags,
+            )
+            < 0
+        ):
             return False
         self.pending += 1
         return True
@@ -176,7 +217,10 @@ class Ring:
                 iov[i].iov_base = ptr
                 spans.append((int(ffi.cast("uintptr_t", ptr)), memoryview(buf).nbytes))
             iov[i].iov_len = spans[-1][1]
-        _check(lib.io_uring_register_buffers(self._ring, iov, len(buffers)), "io_uring_register_buffers")
+        _check(
+            lib.io_uring_register_buffers(self._ring, iov, len(buffers)),
+            "io_uring_register_buffers",
+        )
         self.buffers = spans
 
     def unregister_buffers(self) -> None:
@@ -190,10 +234,15 @@ class Ring:
         with ffi.from_buffer(buf) as ptr:
             start = int(ffi.cast("uintptr_t", ptr))
         end = start + (memoryview(buf).nbytes if nbytes is None else nbytes)
-        return next((i for i, (a, n) in enumerate(self.buffers) if a <= start and end <= a + n), None)
+        return next(
+            (i for i, (a, n) in enumerate(self.buffers) if a <= start and end <= a + n), None
+        )
 
     def register_files(self, fds: list[int]) -> None:
-        _check(lib.io_uring_register_files(self._ring, ffi.new("int[]", fds), len(fds)), "io_uring_register_files")
+        _check(
+            lib.io_uring_register_files(self._ring, ffi.new("int[]", fds), len(fds)),
+            "io_uring_register_files",
+        )
         self.files = list(fds)
 
     def unregister_files(self) -> None:
@@ -208,8 +257,16 @@ class Ring:
         lib.io_uring_prep_nop(self.sqe())
         return self.run(1)[0][1]
 
-    def read_into(self, fd: int, buf: memoryview, offset: int, *, fixed_index: int | None = None,
-                  fixed_file: bool = False, what: str = "read") -> int:
+    def read_into(
+        self,
+        fd: int,
+        buf: memoryview,
+        offset: int,
+        *,
+        fixed_index: int | None = None,
+        fixed_file: bool = False,
+        what: str = "read",
+    ) -> int:
         """Read into `buf` at `offset`; returns the byte count. `fixed_index` uses a registered
         buffer (read_fixed), `fixed_file` treats `fd` as an index into the registered files."""
         sqe = self.sqe()
@@ -229,9 +286,15 @@ class Ring:
 
 def _probe_names(probe) -> list[str]:
     if probe == ffi.NULL:
-        raise UringError(_errno.EOPNOTSUPP, "io_uring probe not supported", "io_uring_register(PROBE)")
+        raise UringError(
+            _errno.EOPNOTSUPP, "io_uring probe not supported", "io_uring_register(PROBE)"
+        )
     try:
-        return sorted(n for n in OPCODES if lib.io_uring_opcode_supported(probe, getattr(lib, f"IORING_OP_{n}")))
+        return sorted(
+            n
+            for n in OPCODES
+            if lib.io_uring_opcode_supported(probe, getattr(lib, f"IORING_OP_{n}"))
+        )
     finally:
         lib.io_uring_free_probe(probe)
 

@@ -1,5 +1,6 @@
 """The pure scheduling core's front half: XSL policies, the unified TaskSpec, placement
 with typed Pending reasons, and the pending queue that re-evaluates on policy changes."""
+
 from .documents import InputError, Inputs, load, load_all
 from .explanation import Explanation, explain
 from .placement import Candidate, Decision, Demand, Reason, decide, decide_demand, evaluate
@@ -9,8 +10,33 @@ from .state import Allocation, Cluster, GpuShare, NodeState
 from .task import Deadline, Task, dump_task, parse_task
 
 __all__ = [
-    "Allocation", "Candidate", "Cluster", "Deadline", "Decision", "Demand", "Explanation", "GpuShare",
-    "InputError", "Inputs", "Match", "NodeState", "Pending", "PendingQueue", "Policy", "Reason", "Task",
-    "choose", "decide", "decide_demand", "dump_policy", "dump_task", "evaluate", "explain", "load",
-    "load_all", "parse_policy", "parse_task", "tie_warnings",
+    "Allocation",
+    "Candidate",
+    "Cluster",
+    "Deadline",
+    "Decision",
+    "Demand",
+    "Explanation",
+    "GpuShare",
+    "InputError",
+    "Inputs",
+    "Match",
+    "NodeState",
+    "Pending",
+    "PendingQueue",
+    "Policy",
+    "Reason",
+    "Task",
+    "choose",
+    "decide",
+    "decide_demand",
+    "dump_policy",
+    "dump_task",
+    "evaluate",
+    "explain",
+    "load",
+    "load_all",
+    "parse_policy",
+    "parse_task",
+    "tie_warnings",
 ]

@@ -7,6 +7,7 @@ for it, put it back in the queue. The node is half full (CPUs and GPU memory) so
 filter and the scoring both have work to do; nothing is committed, so every decision sees
 the same state and the figures compare like with like. Runs in a few seconds.
 """
+
 from __future__ import annotations
 
 import random
@@ -41,11 +42,29 @@ def bench_node(name: str = "bench-64c8g") -> Node:
                 cpu += 1
             l3.append({"id": 2 * n + d, "cores": cores})
         numa.append({"id": n, "memoryTotal": "256GiB", "memoryFree": "250GiB", "l3": l3})
-    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3", "memoryTotal": "80GiB",
-             "memoryFree": "80GiB", "cudaDriverVersion": "12.4", "computeCapability": "9.0", "numaNode": i // 4,
-             "nvlinkPeers": [j for j in range(4 * (i // 4), 4 * (i // 4) + 4) if j != i]} for i in range(8)]
-    return Node.from_dict({"name": name, "labels": {"rack": "r1", "zone": "z1"}, "numa": numa,
-                           "memory": {"total": "512GiB", "available": "500GiB"}, "gpus": gpus})
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memoryTotal": "80GiB",
+            "memoryFree": "80GiB",
+            "cudaDriverVersion": "12.4",
+            "computeCapability": "9.0",
+            "numaNode": i // 4,
+            "nvlinkPeers": [j for j in range(4 * (i // 4), 4 * (i // 4) + 4) if j != i],
+        }
+        for i in range(8)
+    ]
+    return Node.from_dict(
+        {
+            "name": name,
+            "labels": {"rack": "r1", "zone": "z1"},
+            "numa": numa,
+            "memory": {"total": "512GiB", "available": "500GiB"},
+            "gpus": gpus,
+        }
+    )
 
 
 def tasks(n: int, rng: random.Random, prefix: str = "t") -> list[Task]:
@@ -53,9 +72,13 @@ def tasks(n: int, rng: random.Random, prefix: str = "t") -> list[Task]:
     for i in range(n):
         labels = (("app", rng.choice(APPS)), ("tier", rng.choice(TIERS)))
         if rng.random() < 0.4:
-            per_gpu = rng.choice((8, 16, 24, None))    # None: whole GPUs
-            req = Requests(cpus=rng.choice((1, 2, 4)), memory=rng.choice((4, 8, 16)) * GiB, gpus=rng.choice((1, 1, 2)),
-                           gpu_memory=per_gpu * GiB if per_gpu else None)
+            per_gpu = rng.choice((8, 16, 24, None))  # None: whole GPUs
+            req = Requests(
+                cpus=rng.choice((1, 2, 4)),
+                memory=rng.choice((4, 8, 16)) * GiB,
+                gpus=rng.choice((1, 1, 2)),
+                gpu_memory=per_gpu * GiB if per_gpu else None,
+            )
             out.append(Task(f"{prefix}{i}", "gpu", labels, req, priority=rng.randrange(101)))
         else:
             req = Requests(cpus=rng.choice((1, 2, 4, 8)), memory=rng.choice((1, 2, 4, 8)) * GiB)
@@ -66,9 +89,19 @@ def tasks(n: int, rng: random.Random, prefix: str = "t") -> list[Task]:
 def half_full_cluster(rng: random.Random) -> Cluster:
     cluster = Cluster.of([bench_node()])
     q = PendingQueue(cluster)
-    filler = [Task(f"fill{i}", "cpu", (("app", "filler"),), Requests(cpus=4, memory=16 * GiB)) for i in range(8)]
-    filler += [Task(f"gfill{i}", "gpu", (("app", "filler"),), Requests(cpus=0, gpus=1, gpu_memory=rng.choice((24, 40)) * GiB))
-               for i in range(6)]
+    filler = [
+        Task(f"fill{i}", "cpu", (("app", "filler"),), Requests(cpus=4, memory=16 * GiB))
+        for i in range(8)
+    ]
+    filler += [
+        Task(
+            f"gfill{i}",
+            "gpu",
+            (("app", "filler"),),
+            Requests(cpus=0, gpus=1, gpu_memory=rng.choice((24, 40)) * GiB),
+        )
+        for i in range(6)
+    ]
     q.extend(filler)
     q.schedule()
     return cluster
@@ -76,9 +109,20 @@ def half_full_cluster(rng: random.Random) -> Cluster:
 
 def strict_policy() -> Policy:
     """The seed policy's shape on the benchmark's labels, with a CPU constraint added."""
-    return Policy("bench-strict", (Rule(Selector((("app", "video-ai-infer"),)), Constraints(
-        gpu=GpuConstraint(min_cuda_version=Version(12, 2), min_memory_gb=16),
-        cpu=CpuConstraint(numa="single"), topology=Topology(numa_affinity="preferred"))),), priority=95)
+    return Policy(
+        "bench-strict",
+        (
+            Rule(
+                Selector((("app", "video-ai-infer"),)),
+                Constraints(
+                    gpu=GpuConstraint(min_cuda_version=Version(12, 2), min_memory_gb=16),
+                    cpu=CpuConstraint(numa="single"),
+                    topology=Topology(numa_affinity="preferred"),
+                ),
+            ),
+        ),
+        priority=95,
+    )
 
 
 def _decisions_per_s(pending: int, rng: random.Random, min_seconds: float) -> tuple[float, int]:
@@ -97,15 +141,22 @@ def _decisions_per_s(pending: int, rng: random.Random, min_seconds: float) -> tu
             return done / elapsed, done
 
 
-def placement_speed(pending: int = 1000, large: int = 100_000, reevaluate: int = 10_000,
-                    min_seconds: float = 0.5, seed: int = 7) -> dict:
+def placement_speed(
+    pending: int = 1000,
+    large: int = 100_000,
+    reevaluate: int = 10_000,
+    min_seconds: float = 0.5,
+    seed: int = 7,
+) -> dict:
     rng = random.Random(seed)
     print(f"placement: {pending} pending...", file=sys.stderr)
     rate, n_small = _decisions_per_s(pending, rng, min_seconds)
     print(f"placement: {large} pending...", file=sys.stderr)
     rate_large, n_large = _decisions_per_s(large, rng, min_seconds)
 
-    print(f"placement: re-evaluating {reevaluate} pending after a policy change...", file=sys.stderr)
+    print(
+        f"placement: re-evaluating {reevaluate} pending after a policy change...", file=sys.stderr
+    )
     q = PendingQueue(half_full_cluster(rng))
     q.extend(tasks(reevaluate, rng))
     start = time.perf_counter()
@@ -129,10 +180,13 @@ def placement_speed(pending: int = 1000, large: int = 100_000, reevaluate: int =
         "reevaluate_pending_now_placeable": sum(not d.pending for d in decisions.values()),
         "reevaluate_ms": round(reeval_s * 1000, 2),
         "reevaluate_vs_target": round(reeval_s / TARGET_REEVALUATE_S, 3),
-        "ok": rate >= TARGET_DECISIONS_PER_S and growth <= TARGET_GROWTH and reeval_s < TARGET_REEVALUATE_S,
+        "ok": rate >= TARGET_DECISIONS_PER_S
+        and growth <= TARGET_GROWTH
+        and reeval_s < TARGET_REEVALUATE_S,
     }
 
 
 if __name__ == "__main__":
     import json
+
     print(json.dumps(placement_speed(), indent=2))

@@ -1,4 +1,5 @@
 """`xhagent policy validate` and `xhagent policy explain`."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ def policy() -> None:
 
 @policy.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True,
-              help="Print {files: {FILE: {ok, items | error, errors}}, warnings} as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {files: {FILE: {ok, items | error, errors}}, warnings} as JSON.",
+)
 def validate(files: tuple[Path, ...], as_json: bool) -> None:
     """Check input FILES of any kind: SchedulingPolicy, Task, CgroupPolicy and Workload files
     (by `kind`), node models and the agent config. Every error of a file is listed, each
@@ -47,7 +52,11 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
         names = [describe_item(i) for i in items]
         # A well-formed CgroupPolicy may name devices this node lacks: the file is valid,
         # `cgroup plan` refuses it here (exit 1), so say so without failing the file.
-        notes = [f"{a} (cgroup plan refuses it on this node)" for i in items for a in getattr(i, "absent", [])]
+        notes = [
+            f"{a} (cgroup plan refuses it on this node)"
+            for i in items
+            for a in getattr(i, "absent", [])
+        ]
         report[str(path)] = {"ok": True, "items": names, "notes": notes}
         if not as_json:
             click.echo(f"{path}: ok ({', '.join(names)})")
@@ -63,15 +72,35 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
         sys.exit(EXIT_INPUT)
 
 
-@policy.command(epilog="Exit status: 0 every task is placed, 3 at least one is Pending, 2 bad input.")
-@click.option("--task", "task_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="A Task file (every Task in it is explained).")
-@click.option("--policies", "policy_paths", multiple=True, type=click.Path(path_type=Path),
-              help="A policy file or a directory of them (repeatable); other kinds in a directory are skipped.")
-@click.option("--nodes", "nodes_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="A node model file (default: this machine's inventory).")
-@click.option("--json", "as_json", is_flag=True, help="Print the decision and every node's verdict as JSON.")
-def explain(task_file: Path, policy_paths: tuple[Path, ...], nodes_file: Path | None, as_json: bool) -> None:
+@policy.command(
+    epilog="Exit status: 0 every task is placed, 3 at least one is Pending, 2 bad input."
+)
+@click.option(
+    "--task",
+    "task_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A Task file (every Task in it is explained).",
+)
+@click.option(
+    "--policies",
+    "policy_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="A policy file or a directory of them (repeatable); other kinds in a directory are skipped.",
+)
+@click.option(
+    "--nodes",
+    "nodes_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A node model file (default: this machine's inventory).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the decision and every node's verdict as JSON."
+)
+def explain(
+    task_file: Path, policy_paths: tuple[Path, ...], nodes_file: Path | None, as_json: bool
+) -> None:
     """Where each task would be placed and why, or why not, node by node."""
     try:
         inputs = _inputs(task_file, policy_paths, nodes_file)
@@ -118,22 +147,30 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
 
 def _this_node():
     from ..inventory import build_model, discover
+
     try:
         return build_model(discover())
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputError(f"cannot read this node's inventory ({reason}); give a node model with --nodes FILE") from None
+        raise InputError(
+            f"cannot read this node's inventory ({reason}); give a node model with --nodes FILE"
+        ) from None
 
 
 def _render(r: dict) -> str:
-    pol = (f"policy {r['policy']} (priority {r['policy_priority']}, preemption {r['preemption']})"
-           if r["policy"] else "no policy matches (defaults)")
+    pol = (
+        f"policy {r['policy']} (priority {r['policy_priority']}, preemption {r['preemption']})"
+        if r["policy"]
+        else "no policy matches (defaults)"
+    )
     lines = [f"task {r['task']} ({r['device_type']}): {pol}", f"  needs: {r['demand']}"]
     if r["tied_with"]:
         lines.append(f"  warning: tied with {', '.join(r['tied_with'])} at the same priority")
     if r["placed"]:
         p = r["placed"]
-        gpus = ", ".join(f"GPU {g['index']} ({'whole' if g['whole'] else human(g['memory'])})" for g in p["gpus"])
+        gpus = ", ".join(
+            f"GPU {g['index']} ({'whole' if g['whole'] else human(g['memory'])})" for g in p["gpus"]
+        )
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["parts"].items())
         lines.append(f"  placed on {p['node']}: score {p['score']:.1f} ({parts})")
         cpus = format_cpulist(p["cpus"], empty="none")
@@ -141,6 +178,7 @@ def _render(r: dict) -> str:
     else:
         lines.append("  Pending: no node satisfies the hard constraints")
     for name, v in r["nodes"].items():
-        lines.append(f"  {name}: " + (f"feasible, score {v['score']:.1f}" if v["feasible"] else v["reason"]))
+        lines.append(
+            f"  {name}: " + (f"feasible, score {v['score']:.1f}" if v["feasible"] else v["reason"])
+        )
     return "\n".join(lines)
-

@@ -7,6 +7,7 @@ or the agent config (`nodeName`, `labels`, `reservedCpus`). The file is read onc
 `xhagent.spec` (bounded, UTF-8, no aliases), so every loader gets those protections and a
 FIFO can be validated too. Every error of a file is reported at once, each FILE:LINE:COL.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,10 +20,12 @@ from .policy import Policy, parse_policy
 from .task import Task, parse_task
 
 KINDS = {"SchedulingPolicy": parse_policy, "Task": parse_task}
-OTHER_KINDS = ("CgroupPolicy", "Workload")        # read by their own loaders
+OTHER_KINDS = ("CgroupPolicy", "Workload")  # read by their own loaders
 CONFIG_KEYS = {"nodeName", "labels", "reservedCpus"}
-EXPECTED = ("a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
-            "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)")
+EXPECTED = (
+    "a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
+    "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)"
+)
 Item = Union[Policy, Task, inventory.Node]
 
 
@@ -35,7 +38,10 @@ class InputError(ValueError):
         self.errors = errors or []
 
     def located(self) -> list[dict[str, Any]]:
-        return [{"file": e.file, "line": e.line, "col": e.col, "message": e.message} for e in self.errors]
+        return [
+            {"file": e.file, "line": e.line, "col": e.col, "message": e.message}
+            for e in self.errors
+        ]
 
 
 @dataclass
@@ -45,16 +51,19 @@ class Inputs:
     nodes: list[inventory.Node] = field(default_factory=list)
 
     def add(self, item: Item) -> None:
-        {Policy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(item)
+        {Policy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(
+            item
+        )
 
 
 @dataclass
 class File:
     """One input file, read and split into documents, with what kind of file it is."""
+
     path: str
     text: str
     docs: list[Document]
-    kind: str           # "scheduling", a name of OTHER_KINDS, "nodes", "plain-nodes" or "config"
+    kind: str  # "scheduling", a name of OTHER_KINDS, "nodes", "plain-nodes" or "config"
 
 
 def read(path: str | Path) -> File:
@@ -62,7 +71,9 @@ def read(path: str | Path) -> File:
     name = str(path)
     try:
         text = read_text(name)
-        docs = [d for d in load_text(text, name) if d.value is not None]  # `---` with nothing after it
+        docs = [
+            d for d in load_text(text, name) if d.value is not None
+        ]  # `---` with nothing after it
         if not docs:
             raise SpecError(name, 1, 1, f"empty file: expected {EXPECTED}")
         return File(name, text, docs, _kind_of(docs))
@@ -92,6 +103,7 @@ def _kindless(doc: Document) -> str:
     keys = set(doc.value)
     if "nodes" in keys:
         from ..sched.nodes import _is_plain  # the simulator's own test of its plain format
+
         return "plain-nodes" if _is_plain([doc]) else "nodes"
     if "name" in keys:
         return "nodes"
@@ -114,8 +126,16 @@ def load(path: str | Path) -> list[Item]:
     """What the scheduling core reads from one file: policies, tasks and (inventory-format)
     nodes. Files of other kinds give nothing; InputError has every problem of the file."""
     f = read(path)
-    return _guarded(f, lambda: _parse_scheduling(f) if f.kind == "scheduling"
-                    else inventory.loads(f.text, f.path) if f.kind == "nodes" else [])
+    return _guarded(
+        f,
+        lambda: (
+            _parse_scheduling(f)
+            if f.kind == "scheduling"
+            else inventory.loads(f.text, f.path)
+            if f.kind == "nodes"
+            else []
+        ),
+    )
 
 
 def load_any(path: str | Path, sys_root: Path = Path("/sys")) -> list[Any]:
@@ -128,17 +148,22 @@ def load_any(path: str | Path, sys_root: Path = Path("/sys")) -> list[Any]:
             return _parse_scheduling(f)
         if f.kind == "CgroupPolicy":
             from ..cgroups.policy import load_policy_text
+
             return [load_policy_text(f.text, f.path, sys_root)]
         if f.kind == "Workload":
             from ..sched.workload import loads
+
             return [loads(f.text, f.path)]
         if f.kind == "plain-nodes":
             from ..sched.nodes import loads
+
             return list(loads(f.text, f.path))
         if f.kind == "config":
             from ..inventory.labels import parse_config
+
             return [parse_config(f.text, f.path)]
         return list(inventory.loads(f.text, f.path))
+
     return _guarded(f, parse)
 
 
@@ -166,8 +191,13 @@ def describe_item(item: Any) -> str:
 
     if isinstance(item, AgentConfig):
         return f"agent config for node {item.node_name}"
-    kinds = ((Policy, "SchedulingPolicy"), (Task, "Task"), (CgroupPolicy, "CgroupPolicy"), (Workload, "Workload"),
-             ((inventory.Node, NodeSpec), "node"))
+    kinds = (
+        (Policy, "SchedulingPolicy"),
+        (Task, "Task"),
+        (CgroupPolicy, "CgroupPolicy"),
+        (Workload, "Workload"),
+        ((inventory.Node, NodeSpec), "node"),
+    )
     kind = next(k for cls, k in kinds if isinstance(item, cls))
     return f"{kind} {item.name or '(unnamed)'}"
 

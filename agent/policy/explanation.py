@@ -5,10 +5,11 @@ node's verdict, placed or not.
 serves. It evaluates each node once, through the same `evaluate_nodes` and `decision_of`
 that `decide()` uses, so the verdicts it shows are the ones the placement was chosen from.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..quantity import human
 from .placement import Candidate, Decision, Demand, Reason, decision_of, evaluate_nodes
@@ -20,9 +21,9 @@ from .task import Task
 @dataclass(frozen=True)
 class Explanation:
     task: Task
-    match: Match                             # the winning policy and rule (None: defaults)
+    match: Match  # the winning policy and rule (None: defaults)
     demand: Demand
-    decision: Decision                       # placed, or Pending with a reason per node
+    decision: Decision  # placed, or Pending with a reason per node
     verdicts: dict[str, Candidate | Reason]  # every node, in the cluster's order
 
     @property
@@ -63,16 +64,23 @@ def _verdict(v: Candidate | Reason) -> dict:
 
 
 def _candidate(c: Candidate) -> dict:
-    return {"node": c.node, "cpus": list(c.cpus), "memory": c.memory,
-            "gpus": [{"index": g.index, "memory": g.memory, "whole": g.whole} for g in c.gpus],
-            "score": c.score, "parts": dict(c.parts)}
+    return {
+        "node": c.node,
+        "cpus": list(c.cpus),
+        "memory": c.memory,
+        "gpus": [{"index": g.index, "memory": g.memory, "whole": g.whole} for g in c.gpus],
+        "score": c.score,
+        "parts": dict(c.parts),
+    }
 
 
 def describe(d: Demand) -> str:
     """What a demand asks for, in words ("4 CPUs, 8 GiB memory, 1 GPU with 16 GiB free")."""
-    parts = [f"{d.cpus} CPU{'' if d.cpus == 1 else 's'}"
-             + (" on whole cores" if d.smt_exclusive else "")
-             + (" on one NUMA node" if d.numa_single else "")]
+    parts = [
+        f"{d.cpus} CPU{'' if d.cpus == 1 else 's'}"
+        + (" on whole cores" if d.smt_exclusive else "")
+        + (" on one NUMA node" if d.numa_single else "")
+    ]
     if d.memory:
         parts.append(f"{human(d.memory)} memory")
     if d.gpus:

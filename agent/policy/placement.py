@@ -11,10 +11,11 @@ Scores (0..100) weigh NUMA locality (CPUs on one NUMA node with their GPUs), L3 
 (fewest L3 domains for the CPU set), NVLink islands (GPUs on one island) and
 fragmentation (best fit: the tightest NUMA node, GPU and memory that still fit).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..node_model import Version
 from ..quantity import human
@@ -33,7 +34,7 @@ class Demand:
     cpus: int
     memory: int = 0
     gpus: int = 0
-    gpu_memory: int | None = None           # per GPU; None: each GPU whole
+    gpu_memory: int | None = None  # per GPU; None: each GPU whole
     min_cuda: Version | None = None
     gpu_model: str | None = None
     smt_exclusive: bool = False
@@ -47,13 +48,15 @@ class Demand:
     away_from: Selector | None = None
 
     @classmethod
-    def of(cls, task: Task, match: Match) -> "Demand":
+    def of(cls, task: Task, match: Match) -> Demand:
         c, r = match.constraints, task.requests
         gpus = max(r.gpus or 0, c.gpu.count or 0)
         mem_floor = min_gpu_memory(c)
         gpu_memory = max((m for m in (r.gpu_memory, mem_floor) if m is not None), default=None)
         topo = c.topology
-        peers = topo.rack_peers or (match.rule.selector if match.rule and topo.rack_affinity else None)
+        peers = topo.rack_peers or (
+            match.rule.selector if match.rule and topo.rack_affinity else None
+        )
         return cls(
             device_type=task.device_type,
             cpus=max(r.cpus if r.cpus is not None else DEFAULT_CPUS, c.cpu.cores or 0),
@@ -82,7 +85,7 @@ class Demand:
 class Reason:
     kind: str
     node: str
-    detail: str                              # starts with the node name
+    detail: str  # starts with the node name
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.detail}"
@@ -95,7 +98,7 @@ class Candidate:
     memory: int
     gpus: tuple[GpuShare, ...]
     score: float
-    parts: tuple[tuple[str, float], ...]     # the score's components, each 0..1
+    parts: tuple[tuple[str, float], ...]  # the score's components, each 0..1
 
     def allocation(self, task: Task) -> Allocation:
         return Allocation(task.name, self.node, self.cpus, self.memory, self.gpus, task.labels)
@@ -105,8 +108,8 @@ class Candidate:
 class Decision:
     task: str
     placed: Candidate | None
-    reasons: tuple[Reason, ...]              # one per node when not placed
-    version: int                             # Cluster.version it was computed on
+    reasons: tuple[Reason, ...]  # one per node when not placed
+    version: int  # Cluster.version it was computed on
 
     @property
     def pending(self) -> bool:
@@ -146,7 +149,8 @@ def decision_of(name: str, verdicts: dict[str, Candidate | Reason], version: int
 
 # --------------------------------------------------------------------------- filter
 
-def evaluate(d: Demand, st: NodeState, peers: "Peers | None" = None) -> Candidate | Reason:
+
+def evaluate(d: Demand, st: NodeState, peers: Peers | None = None) -> Candidate | Reason:
     n = st.name
     if d.device_type == "tpu":
         return Reason("InsufficientTPUHardware", n, f"{n} has no TPU")
@@ -167,7 +171,11 @@ def evaluate(d: Demand, st: NodeState, peers: "Peers | None" = None) -> Candidat
         whole = " on whole cores (smtExclusive)" if d.smt_exclusive else ""
         return Reason("InsufficientCPU", n, f"{n} has {free} free CPUs{whole}, task needs {d.cpus}")
     if st.memory_free < d.memory:
-        return Reason("InsufficientMemory", n, f"{n} has {human(st.memory_free)} free, task needs {human(d.memory)}")
+        return Reason(
+            "InsufficientMemory",
+            n,
+            f"{n} has {human(st.memory_free)} free, task needs {human(d.memory)}",
+        )
     if d.io_class is not None and st.io_rank < IO_CLASSES.index(d.io_class):
         has = ", ".join(st.io_classes) or "no block device"
         return Reason("InsufficientIOClass", n, f"{n} has no {d.io_class} block device (has {has})")
@@ -188,15 +196,22 @@ def _suitable_gpus(d: Demand, st: NodeState) -> list[GpuState] | Reason:
         gpus = [g for g in gpus if d.gpu_model.lower() in g.name.lower()]
         if not gpus:
             names = ", ".join(sorted({g.name for g in st.gpus}))
-            return Reason("InsufficientGPUHardware", n, f"{n} has no {d.gpu_model} GPU (has {names})")
+            return Reason(
+                "InsufficientGPUHardware", n, f"{n} has no {d.gpu_model} GPU (has {names})"
+            )
     if d.min_cuda is not None:
         newest = max(g.cuda for g in gpus)
         gpus = [g for g in gpus if g.cuda >= d.min_cuda]
         if not gpus:
-            return Reason("InsufficientGPUHardware", n,
-                          f"{n} lacks CUDA {_v(d.min_cuda)} runtime (has {_v(newest)})")
+            return Reason(
+                "InsufficientGPUHardware",
+                n,
+                f"{n} lacks CUDA {_v(d.min_cuda)} runtime (has {_v(newest)})",
+            )
     if len(gpus) < d.gpus:
-        return Reason("InsufficientGPUHardware", n, f"{n} has {len(gpus)} suitable GPUs, task needs {d.gpus}")
+        return Reason(
+            "InsufficientGPUHardware", n, f"{n} has {len(gpus)} suitable GPUs, task needs {d.gpus}"
+        )
     return gpus
 
 
@@ -206,18 +221,29 @@ def _fits(d: Demand, g: GpuState) -> bool:
     return not g.whole and g.free >= d.gpu_memory
 
 
-def _gpu_memory_reason(d: Demand, st: NodeState, suitable: list[GpuState], fitting: list[GpuState]) -> Reason:
+def _gpu_memory_reason(
+    d: Demand, st: NodeState, suitable: list[GpuState], fitting: list[GpuState]
+) -> Reason:
     n = st.name
     if d.gpu_memory is None:
-        return Reason("InsufficientGPUMemory", n,
-                      f"{n} has {len(fitting)} unallocated GPUs, task needs {d.gpus} whole")
+        return Reason(
+            "InsufficientGPUMemory",
+            n,
+            f"{n} has {len(fitting)} unallocated GPUs, task needs {d.gpus} whole",
+        )
     short = max((g for g in suitable if g not in fitting), key=lambda g: (g.free, -g.index))
     if d.gpus == 1:
-        return Reason("InsufficientGPUMemory", n,
-                      f"{n} GPU {short.index} has {human(short.free)} free, task needs {human(d.gpu_memory)}")
-    return Reason("InsufficientGPUMemory", n,
-                  f"{n} has {len(fitting)} GPUs with {human(d.gpu_memory)} free, task needs {d.gpus} "
-                  f"(next best: GPU {short.index} has {human(short.free)} free)")
+        return Reason(
+            "InsufficientGPUMemory",
+            n,
+            f"{n} GPU {short.index} has {human(short.free)} free, task needs {human(d.gpu_memory)}",
+        )
+    return Reason(
+        "InsufficientGPUMemory",
+        n,
+        f"{n} has {len(fitting)} GPUs with {human(d.gpu_memory)} free, task needs {d.gpus} "
+        f"(next best: GPU {short.index} has {human(short.free)} free)",
+    )
 
 
 def _v(v) -> str:
@@ -242,7 +268,9 @@ def _cpu_units(d: Demand, st: NodeState) -> Units:
     return out
 
 
-def _numa_choices(d: Demand, st: NodeState, units: Units, gpus: list[GpuState]) -> list[int | None] | Reason:
+def _numa_choices(
+    d: Demand, st: NodeState, units: Units, gpus: list[GpuState]
+) -> list[int | None] | Reason:
     """NUMA nodes to try (None: any mix); a Reason when single-NUMA placement is impossible."""
     per_numa = {numa: 0 for numa in st.numa_ids}
     for numa, _, size in units:
@@ -253,24 +281,36 @@ def _numa_choices(d: Demand, st: NodeState, units: Units, gpus: list[GpuState]) 
         # Each NUMA node that could hold the CPUs alone; a mix only when none can.
         fitting = [k for k in per_numa if per_numa[k] >= d.cpus]
         return fitting if len(per_numa) > 1 and d.cpus and fitting else [None]
-    ok = [k for k in per_numa if per_numa[k] >= d.cpus
-          and (not strict_gpu or sum(g.numa == k for g in gpus) >= d.gpus)]
+    ok = [
+        k
+        for k in per_numa
+        if per_numa[k] >= d.cpus and (not strict_gpu or sum(g.numa == k for g in gpus) >= d.gpus)
+    ]
     if ok:
         return ok
     n = st.name
     most = max(per_numa.values(), default=0)
     if strict_gpu:
         local = max((sum(g.numa == k for g in gpus) for k in per_numa), default=0)
-        return Reason("NUMAAffinityUnsatisfiable", n,
-                      f"{n} has no NUMA node with {d.cpus} free CPUs and {d.gpus} usable GPUs local to it "
-                      f"(at most {most} CPUs, {local} GPUs on one NUMA node)")
-    return Reason("NUMAAffinityUnsatisfiable", n,
-                  f"{n} has at most {most} free CPUs on one NUMA node, task needs {d.cpus} on a single NUMA node")
+        return Reason(
+            "NUMAAffinityUnsatisfiable",
+            n,
+            f"{n} has no NUMA node with {d.cpus} free CPUs and {d.gpus} usable GPUs local to it "
+            f"(at most {most} CPUs, {local} GPUs on one NUMA node)",
+        )
+    return Reason(
+        "NUMAAffinityUnsatisfiable",
+        n,
+        f"{n} has at most {most} free CPUs on one NUMA node, task needs {d.cpus} on a single NUMA node",
+    )
 
 
 # ---------------------------------------------------------------------------- score
 
-def _place(d: Demand, st: NodeState, units: Units, gpus: list[GpuState], numa: int | None) -> Candidate:
+
+def _place(
+    d: Demand, st: NodeState, units: Units, gpus: list[GpuState], numa: int | None
+) -> Candidate:
     if numa is not None and d.numa_affinity == "required":
         gpus = [g for g in gpus if g.numa == numa]
     chosen_gpus = _pick_gpus(d, gpus, numa)
@@ -280,7 +320,9 @@ def _place(d: Demand, st: NodeState, units: Units, gpus: list[GpuState], numa: i
     if d.cpus or d.gpus:
         on_home = sum(len(u) for dom, us in used_domains if dom == home for u in us)
         cpu_local = on_home / len(cpus) if cpus else 1.0
-        gpu_local = sum(g.numa == home for g in chosen_gpus) / len(chosen_gpus) if chosen_gpus else 1.0
+        gpu_local = (
+            sum(g.numa == home for g in chosen_gpus) / len(chosen_gpus) if chosen_gpus else 1.0
+        )
         parts["numa"] = cpu_local * gpu_local
     if cpus:
         biggest = max(dom[2] for dom in units)
@@ -299,10 +341,18 @@ def _place(d: Demand, st: NodeState, units: Units, gpus: list[GpuState], numa: i
         parts["fit"] = sum(fits) / len(fits)
     weight = sum(WEIGHTS[k] for k in parts) or 1.0
     score = round(100 * sum(WEIGHTS[k] * v for k, v in parts.items()) / weight, 3)
-    shares = tuple(GpuShare(g.index, g.free if d.gpu_memory is None else d.gpu_memory, d.gpu_memory is None)
-                   for g in chosen_gpus)
-    return Candidate(st.name, tuple(sorted(cpus)), d.memory, shares, score,
-                     tuple((k, round(v, 4)) for k, v in parts.items()))
+    shares = tuple(
+        GpuShare(g.index, g.free if d.gpu_memory is None else d.gpu_memory, d.gpu_memory is None)
+        for g in chosen_gpus
+    )
+    return Candidate(
+        st.name,
+        tuple(sorted(cpus)),
+        d.memory,
+        shares,
+        score,
+        tuple((k, round(v, 4)) for k, v in parts.items()),
+    )
 
 
 def _home(gpus: list[GpuState], units: Units) -> int | None:
@@ -317,16 +367,22 @@ def _pick_gpus(d: Demand, gpus: list[GpuState], numa: int | None) -> list[GpuSta
     local to `numa` first, and for shared GPUs the least free memory that still fits."""
     if not d.gpus:
         return []
+
     def order(g: GpuState):
-        return (g.numa != numa if numa is not None else 0, g.free if d.gpu_memory is not None else 0, g.index)
+        return (
+            g.numa != numa if numa is not None else 0,
+            g.free if d.gpu_memory is not None else 0,
+            g.index,
+        )
+
     islands: dict[int | None, list[GpuState]] = {}
     for g in gpus:
         islands.setdefault(g.island, []).append(g)
     whole = [grp for grp in islands.values() if len(grp) >= d.gpus]
     if whole and d.gpus > 1:
         grp = min(whole, key=lambda grp: (len(grp), min(map(order, grp))))
-        return sorted(grp, key=order)[:d.gpus]
-    return sorted(gpus, key=order)[:d.gpus]
+        return sorted(grp, key=order)[: d.gpus]
+    return sorted(gpus, key=order)[: d.gpus]
 
 
 def _pick_cpus(d: Demand, units: Units, home: int | None, single: bool):
@@ -358,6 +414,7 @@ def _pick_cpus(d: Demand, units: Units, home: int | None, single: bool):
 
 # ---------------------------------------------------------------------------- peers
 
+
 class Peers:
     """Placed tasks by node, for rack affinity and sameNodeAs / awayFrom."""
 
@@ -367,7 +424,9 @@ class Peers:
 
     def racks(self, sel: Selector) -> set[str | None]:
         if sel not in self._racks:
-            self._racks[sel] = {st.rack for st, a in self.cluster.placed() if sel.matches(dict(a.labels))}
+            self._racks[sel] = {
+                st.rack for st, a in self.cluster.placed() if sel.matches(dict(a.labels))
+            }
         return self._racks[sel]
 
     def check(self, d: Demand, st: NodeState) -> Reason | None:
@@ -377,19 +436,31 @@ class Peers:
             named = ", ".join(sorted(r or "(none)" for r in racks))
             if d.rack_affinity == "same" and racks and st.rack not in racks:
                 where = f"is in rack {st.rack}" if st.rack else "has no rack label"
-                return Reason("RackAffinityUnsatisfiable", n,
-                              f"{n} {where}, tasks matching {d.rack_peers} run in rack {named}")
+                return Reason(
+                    "RackAffinityUnsatisfiable",
+                    n,
+                    f"{n} {where}, tasks matching {d.rack_peers} run in rack {named}",
+                )
             if d.rack_affinity == "spread" and (st.rack is None or st.rack in racks):
-                why = (f"rack {st.rack} already runs a task matching {d.rack_peers}" if st.rack
-                       else "has no rack label")
-                return Reason("RackAffinityUnsatisfiable", n, f"{n} {why}, task needs a rack of its own")
+                why = (
+                    f"rack {st.rack} already runs a task matching {d.rack_peers}"
+                    if st.rack
+                    else "has no rack label"
+                )
+                return Reason(
+                    "RackAffinityUnsatisfiable", n, f"{n} {why}, task needs a rack of its own"
+                )
         local = [dict(a.labels) for a in st.tasks.values()]
         if d.same_node_as is not None and not any(d.same_node_as.matches(lb) for lb in local):
             return Reason("AffinityUnsatisfiable", n, f"{n} runs no task matching {d.same_node_as}")
         if d.away_from is not None:
-            clash = next((a.task for a in st.tasks.values() if d.away_from.matches(dict(a.labels))), None)
+            clash = next(
+                (a.task for a in st.tasks.values() if d.away_from.matches(dict(a.labels))), None
+            )
             if clash is not None:
-                return Reason("AntiAffinityUnsatisfiable", n, f"{n} runs {clash}, which matches {d.away_from}")
+                return Reason(
+                    "AntiAffinityUnsatisfiable", n, f"{n} runs {clash}, which matches {d.away_from}"
+                )
         return None
 
 

@@ -6,11 +6,13 @@ the task gets. Within one policy the first matching rule applies; among policies
 highest `priority` wins, and two equal-priority policies that can match the same task
 are a validation warning (the tie is broken by name so the outcome is still defined).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..node_model import Version, parse_version
 from ..quantity import GiB, format_size, parse_size
@@ -30,24 +32,24 @@ IO_CLASSES = ("rotational", "flash", "polled")
 @dataclass(frozen=True)
 class GpuConstraint:
     min_cuda_version: Version | None = None
-    min_memory_gb: int | None = None        # GiB free on each GPU the task gets
+    min_memory_gb: int | None = None  # GiB free on each GPU the task gets
     count: int | None = None
-    model: str | None = None                # case-insensitive substring of the GPU name
+    model: str | None = None  # case-insensitive substring of the GPU name
 
 
 @dataclass(frozen=True)
 class CpuConstraint:
     cores: int | None = None
     smt_exclusive: bool = False
-    numa: str | None = None                 # "single": every CPU on one NUMA node
+    numa: str | None = None  # "single": every CPU on one NUMA node
 
 
 @dataclass(frozen=True)
 class Topology:
     rack_affinity: str | None = None
-    rack_peers: Selector | None = None      # whose rack; default: the rule's own selector
+    rack_peers: Selector | None = None  # whose rack; default: the rule's own selector
     zone: str | None = None
-    numa_affinity: str | None = None        # CPUs and GPUs on one NUMA node
+    numa_affinity: str | None = None  # CPUs and GPUs on one NUMA node
     same_node_as: Selector | None = None
     away_from: Selector | None = None
 
@@ -56,7 +58,7 @@ class Topology:
 class Constraints:
     gpu: GpuConstraint = GpuConstraint()
     cpu: CpuConstraint = CpuConstraint()
-    memory: int | None = None               # bytes
+    memory: int | None = None  # bytes
     io_class: str | None = None
     topology: Topology = Topology()
 
@@ -109,7 +111,10 @@ def parse_metadata(root: Cursor) -> tuple[str | None, tuple[tuple[str, str], ...
 def parse_header(doc: Document) -> bool:
     """The four top-level fields and apiVersion; False when the document is not a mapping."""
     root = doc.root
-    if not root.fields({"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "metadata", "spec"}):
+    if not root.fields(
+        {"apiVersion", "kind", "metadata", "spec"},
+        required={"apiVersion", "kind", "metadata", "spec"},
+    ):
         return False
     if root["apiVersion"].present:
         doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
@@ -124,22 +129,34 @@ def parse_policy(doc: Document) -> Policy:
     name, labels = parse_metadata(root)
     spec, rules = root["spec"], []
     priority, preemption = DEFAULT_PRIORITY, "lower-priority"
-    if spec.present and spec.fields({"matchRules", "priority", "preemption"}, required={"matchRules"}):
+    if spec.present and spec.fields(
+        {"matchRules", "priority", "preemption"}, required={"matchRules"}
+    ):
         if spec["matchRules"].present:
             items = doc.attempt(lambda: spec["matchRules"].seq(), None)
             rules = [parse_rule(rule) for rule in items or ()]
             if items == []:
-                doc.errors.add(spec["matchRules"].error("spec.matchRules: a policy needs at least one rule"))
+                doc.errors.add(
+                    spec["matchRules"].error("spec.matchRules: a policy needs at least one rule")
+                )
         priority = doc.attempt(lambda: spec["priority"].int(0, 100, default=DEFAULT_PRIORITY))
-        preemption = doc.attempt(lambda: spec["preemption"].str(PREEMPTION, default="lower-priority"))
+        preemption = doc.attempt(
+            lambda: spec["preemption"].str(PREEMPTION, default="lower-priority")
+        )
     doc.errors.raise_if_any()
-    return Policy(name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels)
+    return Policy(
+        name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels
+    )
 
 
 def parse_rule(rule: Cursor) -> Rule | None:
     if not rule.fields({"selector", "constraints"}, required={"selector"}):
         return None
-    selector = rule.doc.attempt(lambda: parse_selector(rule["selector"])) if rule["selector"].present else None
+    selector = (
+        rule.doc.attempt(lambda: parse_selector(rule["selector"]))
+        if rule["selector"].present
+        else None
+    )
     return Rule(selector, parse_constraints(rule["constraints"]))
 
 
@@ -174,7 +191,10 @@ def parse_constraints(cur: Cursor) -> Constraints:
         return None if key not in seen else doc.attempt(lambda: fn(seen[key]))
 
     gpu = GpuConstraint(
-        min_cuda_version=get("hardware.gpu.minCudaVersion", lambda c: c.parse(parse_version, "CUDA version", as_written=True)),
+        min_cuda_version=get(
+            "hardware.gpu.minCudaVersion",
+            lambda c: c.parse(parse_version, "CUDA version", as_written=True),
+        ),
         min_memory_gb=get("hardware.gpu.minMemoryGB", lambda c: c.int(1, 1 << 20)),
         count=get("hardware.gpu.count", lambda c: c.int(1, 1024)),
         model=get("hardware.gpu.model", lambda c: c.str()),
@@ -196,15 +216,19 @@ def parse_constraints(cur: Cursor) -> Constraints:
         peers = seen["topology.rackPeers"]
         doc.errors.add(peers.error(f"{peers.where}: needs rackAffinity (same or spread)"))
     return Constraints(
-        gpu=gpu, cpu=cpu, topology=topo,
+        gpu=gpu,
+        cpu=cpu,
+        topology=topo,
         memory=get("memory", lambda c: c.parse(parse_size, "size")),
         io_class=get("io.class", lambda c: c.str(IO_CLASSES)),
     )
 
 
 _SHAPE = {
-    "hardware": {"gpu": {"minCudaVersion", "minMemoryGB", "count", "model"},
-                 "cpu": {"cores", "smtExclusive", "numa"}},
+    "hardware": {
+        "gpu": {"minCudaVersion", "minMemoryGB", "count", "model"},
+        "cpu": {"cores", "smtExclusive", "numa"},
+    },
     "io": {"class"},
     "topology": {"rackAffinity", "rackPeers", "zone", "numaAffinity", "sameNodeAs", "awayFrom"},
 }
@@ -214,7 +238,7 @@ def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:
     """("hardware.gpu.minCudaVersion", cursor), ... with unknown fields kept as errors."""
     for key, value in item.items():
         shape = _SHAPE.get(key)
-        if shape is None:                   # memory: a scalar
+        if shape is None:  # memory: a scalar
             yield key, value
         elif isinstance(shape, set):
             if value.fields(shape):
@@ -231,6 +255,7 @@ def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:
 
 # ------------------------------------------------------------------------- dumping
 
+
 def dump_policy(p: Policy) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": p.name}
     if p.labels:
@@ -241,13 +266,19 @@ def dump_policy(p: Policy) -> dict[str, Any]:
         if r.constraints != Constraints():
             rule["constraints"] = dump_constraints(r.constraints)
         rules.append(rule)
-    return {"apiVersion": API_VERSION, "kind": "SchedulingPolicy", "metadata": meta,
-            "spec": {"matchRules": rules, "priority": p.priority, "preemption": p.preemption}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "SchedulingPolicy",
+        "metadata": meta,
+        "spec": {"matchRules": rules, "priority": p.priority, "preemption": p.preemption},
+    }
 
 
 def dump_constraints(c: Constraints) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    hardware = {name: body for name, body in (("gpu", _fields(c.gpu)), ("cpu", _fields(c.cpu))) if body}
+    hardware = {
+        name: body for name, body in (("gpu", _fields(c.gpu)), ("cpu", _fields(c.cpu))) if body
+    }
     if hardware:
         out.append({"hardware": hardware})
     if c.memory is not None:
@@ -268,17 +299,24 @@ def _fields(obj: Any) -> dict[str, Any]:
             continue
         key = "".join(w.capitalize() if i else w for i, w in enumerate(f.name.split("_")))
         key = {"minMemoryGb": "minMemoryGB"}.get(key, key)
-        out[key] = str(value) if isinstance(value, Version) else value.dump() if isinstance(value, Selector) else value
+        out[key] = (
+            str(value)
+            if isinstance(value, Version)
+            else value.dump()
+            if isinstance(value, Selector)
+            else value
+        )
     return out
 
 
 # ------------------------------------------------------------------------- choosing
 
+
 @dataclass(frozen=True)
 class Match:
     policy: Policy | None
     rule: Rule | None
-    tied_with: tuple[str, ...] = ()          # equal-priority policies that also matched
+    tied_with: tuple[str, ...] = ()  # equal-priority policies that also matched
 
     @property
     def constraints(self) -> Constraints:
@@ -307,14 +345,21 @@ def tie_warnings(policies: Iterable[Policy]) -> list[str]:
     ps = sorted(policies, key=lambda p: p.name)
     out = []
     for i, a in enumerate(ps):
-        for b in ps[i + 1:]:
+        for b in ps[i + 1 :]:
             if a.priority != b.priority:
                 continue
-            pairs = [(ra, rb) for ra in a.rules for rb in b.rules if not ra.selector.disjoint_from(rb.selector)]
+            pairs = [
+                (ra, rb)
+                for ra in a.rules
+                for rb in b.rules
+                if not ra.selector.disjoint_from(rb.selector)
+            ]
             if pairs:
                 ra, rb = pairs[0]
-                out.append(f"policies {a.name!r} and {b.name!r} both have priority {a.priority} and can match the "
-                           f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order")
+                out.append(
+                    f"policies {a.name!r} and {b.name!r} both have priority {a.priority} and can match the "
+                    f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order"
+                )
     return out
 
 

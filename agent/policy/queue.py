@@ -5,12 +5,13 @@ earlier absolute deadline, then arrival. A re-evaluation matches policies once p
 set and decides once per distinct `Demand` (what a task needs after its policy), so 10k
 pending tasks of a few hundred demands cost a few hundred decisions, not 10k.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .placement import Decision, Demand, decide_demand
 from .policy import DEFAULT_PRIORITY, Match, Policy, choose
@@ -77,7 +78,7 @@ class PendingQueue:
         heapq.heappush(self._heap, (p.key(), p.task.name))
 
     def remove(self, name: str) -> Pending:
-        return self.pending.pop(name)        # its heap entry is skipped lazily
+        return self.pending.pop(name)  # its heap entry is skipped lazily
 
     def ordered(self) -> list[Pending]:
         return sorted(self.pending.values(), key=Pending.key)
@@ -111,7 +112,9 @@ class PendingQueue:
             if decision is None:
                 decision = decided[demand] = decide_demand(name, demand, self.cluster)
             p.match, p.demand = match, demand
-            p.decision = out[name] = Decision(name, decision.placed, decision.reasons, decision.version)
+            p.decision = out[name] = Decision(
+                name, decision.placed, decision.reasons, decision.version
+            )
         self._heap = [(p.key(), name) for name, p in self.pending.items()]
         heapq.heapify(self._heap)
         return out

@@ -1,8 +1,10 @@
 """Label selectors: `matchLabels` plus `matchExpressions` with In / NotIn / Exists."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..spec import Cursor
 
@@ -30,14 +32,15 @@ class Expression:
 
 @dataclass(frozen=True)
 class Selector:
-    match_labels: tuple[tuple[str, str], ...] = ()   # sorted (key, value) pairs
+    match_labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
     match_expressions: tuple[Expression, ...] = ()
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return (all(labels.get(k) == v for k, v in self.match_labels)
-                and all(e.matches(labels) for e in self.match_expressions))
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            e.matches(labels) for e in self.match_expressions
+        )
 
-    def disjoint_from(self, other: "Selector") -> bool:
+    def disjoint_from(self, other: Selector) -> bool:
         """True when no label set can match both (the cases a policy author writes on purpose)."""
         mine, theirs = dict(self.match_labels), dict(other.match_labels)
         if any(k in theirs and theirs[k] != v for k, v in mine.items()):
@@ -48,12 +51,18 @@ class Selector:
                 if e.key in fixed and not e.matches({e.key: fixed[e.key]}):
                     return True
                 for f in b.match_expressions:
-                    if e.key == f.key and e.operator == f.operator == "In" and not set(e.values) & set(f.values):
+                    if (
+                        e.key == f.key
+                        and e.operator == f.operator == "In"
+                        and not set(e.values) & set(f.values)
+                    ):
                         return True
         return False
 
     def __str__(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.match_labels] + [str(e) for e in self.match_expressions]
+        parts = [f"{k}={v}" for k, v in self.match_labels] + [
+            str(e) for e in self.match_expressions
+        ]
         return ",".join(parts) or "<everything>"
 
     def dump(self) -> dict[str, Any]:
@@ -62,8 +71,13 @@ class Selector:
             out["matchLabels"] = dict(self.match_labels)
         if self.match_expressions:
             out["matchExpressions"] = [
-                {"key": e.key, "operator": e.operator, **({"values": list(e.values)} if e.operator != "Exists" else {})}
-                for e in self.match_expressions]
+                {
+                    "key": e.key,
+                    "operator": e.operator,
+                    **({"values": list(e.values)} if e.operator != "Exists" else {}),
+                }
+                for e in self.match_expressions
+            ]
         return out
 
 

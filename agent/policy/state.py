@@ -6,10 +6,11 @@ same node minus what it has handed out. `NodeState` keeps the handed-out part an
 placed tasks (for rack and node affinity) and a version that every change bumps, so a
 decision can say which state it was computed on.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..node_model import Node
 from .policy import IO_CLASSES
@@ -18,8 +19,8 @@ from .policy import IO_CLASSES
 @dataclass(frozen=True)
 class GpuShare:
     index: int
-    memory: int          # bytes reserved on that GPU
-    whole: bool          # the task owns the GPU
+    memory: int  # bytes reserved on that GPU
+    whole: bool  # the task owns the GPU
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class L3State:
     numa: int
     id: int
     cpus: frozenset[int]
-    cores: tuple[tuple[int, ...], ...]       # allocatable CPUs of each whole core (for smtExclusive)
+    cores: tuple[tuple[int, ...], ...]  # allocatable CPUs of each whole core (for smtExclusive)
 
 
 @dataclass
@@ -48,7 +49,7 @@ class GpuState:
     numa: int | None
     island: int | None
     total: int
-    base_free: int                           # what the inventory saw free (driver, other users)
+    base_free: int  # what the inventory saw free (driver, other users)
     reserved: int = 0
     holders: int = 0
     whole: bool = False
@@ -67,12 +68,24 @@ class NodeState:
         self.zone = node.labels.zone
         self.domains = [
             L3State(n.id, d.id, frozenset(d.cpus), tuple(c.cpus for c in d.cores if c.whole))
-            for n in node.numa for d in n.l3]
+            for n in node.numa
+            for d in n.l3
+        ]
         self.numa_ids = tuple(n.id for n in node.numa)
         self.free_cpus: set[int] = set(node.allocatable_cpus)
         self.memory_free = node.memory.available
-        self.gpus = [GpuState(g.index, g.name, tuple(g.cuda_driver_version), g.numa_node, g.island,
-                              g.memory_total, g.memory_free) for g in node.gpus]
+        self.gpus = [
+            GpuState(
+                g.index,
+                g.name,
+                tuple(g.cuda_driver_version),
+                g.numa_node,
+                g.island,
+                g.memory_total,
+                g.memory_free,
+            )
+            for g in node.gpus
+        ]
         self.io_rank = max((IO_CLASSES.index(d.io_class) for d in node.io), default=-1)
         self.io_classes = sorted({d.io_class for d in node.io}, key=IO_CLASSES.index)
         self.tasks: dict[str, Allocation] = {}
@@ -109,10 +122,10 @@ class NodeState:
 class Cluster:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     version: int = 0
-    where: dict[str, str] = field(default_factory=dict)    # task -> node
+    where: dict[str, str] = field(default_factory=dict)  # task -> node
 
     @classmethod
-    def of(cls, nodes: Iterable[Node], allocations: Iterable[Allocation] = ()) -> "Cluster":
+    def of(cls, nodes: Iterable[Node], allocations: Iterable[Allocation] = ()) -> Cluster:
         c = cls({n.name: NodeState(n) for n in nodes})
         for a in allocations:
             c.commit(a)

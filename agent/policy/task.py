@@ -17,6 +17,7 @@
 `requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
 `minMemoryGB`) each GPU is taken whole.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -41,7 +42,7 @@ _LOOKS_ABSOLUTE = re.compile(r"\d{4}-\d\d-\d\d")
 @dataclass(frozen=True)
 class Deadline:
     ns: int
-    relative: bool          # True: ns after submission; False: ns since the epoch
+    relative: bool  # True: ns after submission; False: ns since the epoch
 
     def at(self, submitted_ns: int) -> int:
         return submitted_ns + self.ns if self.relative else self.ns
@@ -82,7 +83,9 @@ class Task:
 def parse_deadline(value: Any) -> Deadline:
     if isinstance(value, dt.datetime):
         # YAML's own timestamps keep microseconds at most: digits beyond would vanish silently.
-        raise ValueError("quote the time ('2026-11-29T17:00:00.000000001Z') so its nanoseconds are kept")
+        raise ValueError(
+            "quote the time ('2026-11-29T17:00:00.000000001Z') so its nanoseconds are kept"
+        )
     if isinstance(value, str) and _LOOKS_ABSOLUTE.match(value):
         return Deadline(parse_instant_ns(value), relative=False)
     ns = parse_duration_ns(value)
@@ -91,8 +94,17 @@ def parse_deadline(value: Any) -> Deadline:
     return Deadline(ns, relative=True)
 
 
-SPEC_FIELDS = {"deviceType", "requests", "deadline", "priority", "estimatedRuntime", "migratable", "computeGraphHash",
-               "memoryLayout", *DEVICE_FIELDS}
+SPEC_FIELDS = {
+    "deviceType",
+    "requests",
+    "deadline",
+    "priority",
+    "estimatedRuntime",
+    "migratable",
+    "computeGraphHash",
+    "memoryLayout",
+    *DEVICE_FIELDS,
+}
 
 
 def parse_task(doc: Document) -> Task:
@@ -109,24 +121,51 @@ def parse_task(doc: Document) -> Task:
 
 def _spec(spec: Cursor) -> dict[str, Any]:
     doc = spec.doc
-    device = doc.attempt(lambda: spec["deviceType"].str(DEVICE_TYPES)) if spec["deviceType"].present else None
+    device = (
+        doc.attempt(lambda: spec["deviceType"].str(DEVICE_TYPES))
+        if spec["deviceType"].present
+        else None
+    )
     if device is not None:
         for name, devices in DEVICE_FIELDS.items():
             if spec[name].present and device not in devices:
-                doc.errors.add(_key_error(spec, name, f"spec.{name} is only for deviceType {' or '.join(devices)} "
-                                                      f"(this task is {device})"))
+                doc.errors.add(
+                    _key_error(
+                        spec,
+                        name,
+                        f"spec.{name} is only for deviceType {' or '.join(devices)} "
+                        f"(this task is {device})",
+                    )
+                )
     return dict(
         device_type=device,
         requests=_requests(spec["requests"], device),
-        deadline=doc.attempt(lambda: spec["deadline"].parse(
-            parse_deadline, "deadline (a duration such as 250ms or an RFC 3339 time)", default=None)),
+        deadline=doc.attempt(
+            lambda: spec["deadline"].parse(
+                parse_deadline,
+                "deadline (a duration such as 250ms or an RFC 3339 time)",
+                default=None,
+            )
+        ),
         priority=doc.attempt(lambda: spec["priority"].int(0, 100, default=None)),
-        estimated_runtime_ns=doc.attempt(lambda: spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None)),
+        estimated_runtime_ns=doc.attempt(
+            lambda: spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None)
+        ),
         migratable=doc.attempt(lambda: spec["migratable"].bool(default=None)),
-        compute_graph_hash=doc.attempt(lambda: _matching(spec["computeGraphHash"], _HASH,
-                                                         "expected a SHA-256 digest, 64 lowercase hex digits")),
-        memory_layout=doc.attempt(lambda: _matching(spec["memoryLayout"], _LAYOUT, "expected a layout such as NCHW or "
-                                                    "NCHW@64B (at most 16 characters before @)")),
+        compute_graph_hash=doc.attempt(
+            lambda: _matching(
+                spec["computeGraphHash"],
+                _HASH,
+                "expected a SHA-256 digest, 64 lowercase hex digits",
+            )
+        ),
+        memory_layout=doc.attempt(
+            lambda: _matching(
+                spec["memoryLayout"],
+                _LAYOUT,
+                "expected a layout such as NCHW or NCHW@64B (at most 16 characters before @)",
+            )
+        ),
         num_threads=doc.attempt(lambda: spec["numThreads"].int(1, 1 << 16, default=None)),
         stream_id=doc.attempt(lambda: spec["streamId"].int(0, 1 << 31, default=None)),
         core_assignment=doc.attempt(lambda: _cores(spec["coreAssignment"])),
@@ -139,7 +178,13 @@ def _requests(req: Cursor, device: str | None) -> Requests:
     doc = req.doc
     for name in GPU_REQUESTS:
         if req[name].present and device is not None and device != "gpu":
-            doc.errors.add(_key_error(req, name, f"spec.requests.{name} is only for deviceType gpu (this task is {device})"))
+            doc.errors.add(
+                _key_error(
+                    req,
+                    name,
+                    f"spec.requests.{name} is only for deviceType gpu (this task is {device})",
+                )
+            )
     return Requests(
         cpus=doc.attempt(lambda: req["cpus"].int(0, 1 << 16, default=None)),
         memory=doc.attempt(lambda: req["memory"].parse(parse_size, "size", default=None)),
@@ -175,14 +220,25 @@ def dump_task(t: Task) -> dict[str, Any]:
         meta["labels"] = dict(t.labels)
     spec: dict[str, Any] = {"deviceType": t.device_type}
     r = t.requests
-    req = {k: v for k, v in (("cpus", r.cpus), ("memory", _size(r.memory)), ("gpus", r.gpus),
-                             ("gpuMemory", _size(r.gpu_memory))) if v is not None}
+    req = {
+        k: v
+        for k, v in (
+            ("cpus", r.cpus),
+            ("memory", _size(r.memory)),
+            ("gpus", r.gpus),
+            ("gpuMemory", _size(r.gpu_memory)),
+        )
+        if v is not None
+    }
     if req:
         spec["requests"] = req
     optional = (
         ("deadline", t.deadline.dump() if t.deadline else None),
         ("priority", t.priority),
-        ("estimatedRuntime", format_duration(t.estimated_runtime_ns) if t.estimated_runtime_ns is not None else None),
+        (
+            "estimatedRuntime",
+            format_duration(t.estimated_runtime_ns) if t.estimated_runtime_ns is not None else None,
+        ),
         ("migratable", t.migratable),
         ("computeGraphHash", t.compute_graph_hash),
         ("memoryLayout", t.memory_layout),

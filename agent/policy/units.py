@@ -4,6 +4,7 @@ file kind, are `xhagent.quantity`'s.) Durations are Go-style
 (`1h30m`, `1.5s`, `250ms`, `10us`, `100ns`); instants are RFC 3339 with up to nine
 fractional digits (`2026-11-29T17:00:00.123456789Z`, or an offset such as `+08:00`).
 """
+
 from __future__ import annotations
 
 import calendar
@@ -11,9 +12,19 @@ import datetime as dt
 import re
 from decimal import Decimal, InvalidOperation
 
-_DURATION_UNITS = {"h": 3600 * 10**9, "m": 60 * 10**9, "s": 10**9, "ms": 10**6, "us": 10**3, "µs": 10**3, "ns": 1}
+_DURATION_UNITS = {
+    "h": 3600 * 10**9,
+    "m": 60 * 10**9,
+    "s": 10**9,
+    "ms": 10**6,
+    "us": 10**3,
+    "µs": 10**3,
+    "ns": 1,
+}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
-_INSTANT = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|z|[+-]\d\d:\d\d)")
+_INSTANT = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|z|[+-]\d\d:\d\d)"
+)
 
 
 def parse_duration_ns(value: object) -> int:
@@ -62,12 +73,16 @@ def parse_instant_ns(value: object) -> int:
     dt.datetime(y, mo, d, h, mi, s)  # range check: ValueError names the bad field
     if zone not in "Zz" and (int(zone[1:3]) > 23 or int(zone[4:6]) > 59):
         raise ValueError(f"offset {zone} is not a UTC offset (-23:59 to +23:59)")
-    offset = 0 if zone in "Zz" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    offset = (
+        0
+        if zone in "Zz"
+        else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    )
     seconds = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0)) - offset
     return seconds * 10**9 + int(frac.ljust(9, "0") or 0)
 
 
 def format_instant(ns: int) -> str:
     seconds, frac = divmod(ns, 10**9)
-    text = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    text = dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return text + (f".{frac:09d}".rstrip("0") if frac else "") + "Z"

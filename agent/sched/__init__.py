@@ -6,6 +6,7 @@ lends deadlines across resource waits, `dwps` decides GPU-memory preemption from
 fragmentation, `fair` keeps vruntimes, `snapshot` commits decisions by compare-and-set,
 and `simulator` runs a workload through any of them.
 """
+
 from .job import Job
 
 __all__ = ["Job"]

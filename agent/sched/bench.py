@@ -5,6 +5,7 @@ the same figures anywhere. Targets (issue 7): at 80% utilisation with mixed dead
 EDF's deadline-miss ratio is at most half FIFO's; on a workload with priority inversion
 EDF-PIC is compared with EDF on the jobs that wait for a held resource.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,14 @@ NODES_INVERSION = [NodeSpec("sim-node", cpus=1)]
 
 def _runs(w: workload.Workload, nodes: list[NodeSpec], algorithm: str) -> list[dict]:
     capacity = Counter(s.device for s in slots_of(nodes))
-    return [metrics.summarize(Simulation(w.generate(seed, capacity), nodes, algorithm, levels=w.levels).run(),
-                              w.slas, w.window_ns) for seed in SEEDS]
+    return [
+        metrics.summarize(
+            Simulation(w.generate(seed, capacity), nodes, algorithm, levels=w.levels).run(),
+            w.slas,
+            w.window_ns,
+        )
+        for seed in SEEDS
+    ]
 
 
 def _mean(values) -> float:
@@ -64,9 +71,16 @@ def edf_vs_fifo() -> dict:
     fifo_miss = _mean(r["deadline_miss_ratio"] for r in fifo)
     edf_miss = _mean(r["deadline_miss_ratio"] for r in edf)
     ratio = edf_miss / fifo_miss if fifo_miss else 0.0
-    return {"workload": w.name, "seeds": list(SEEDS), "utilisation": _mean(r["utilisation"]["cpu"] for r in fifo),
-            "fifo_miss_ratio": fifo_miss, "edf_miss_ratio": edf_miss, "edf_over_fifo": ratio,
-            "target": "<= 0.5", "ok": ratio <= 0.5}
+    return {
+        "workload": w.name,
+        "seeds": list(SEEDS),
+        "utilisation": _mean(r["utilisation"]["cpu"] for r in fifo),
+        "fifo_miss_ratio": fifo_miss,
+        "edf_miss_ratio": edf_miss,
+        "edf_over_fifo": ratio,
+        "target": "<= 0.5",
+        "ok": ratio <= 0.5,
+    }
 
 
 def pic_vs_edf() -> dict:
@@ -74,10 +88,16 @@ def pic_vs_edf() -> dict:
     edf, pic = _runs(w, NODES_INVERSION, "edf"), _runs(w, NODES_INVERSION, "edf-pic")
     waiter = lambda runs: _mean(r["classes"]["critical"]["error_rate"] for r in runs)  # noqa: E731
     overall = lambda runs: _mean(r["deadline_miss_ratio"] for r in runs)  # noqa: E731
-    return {"workload": w.name, "seeds": list(SEEDS), "utilisation": _mean(r["utilisation"]["cpu"] for r in edf),
-            "edf_critical_miss_ratio": waiter(edf), "edf_pic_critical_miss_ratio": waiter(pic),
-            "edf_miss_ratio": overall(edf), "edf_pic_miss_ratio": overall(pic),
-            "ok": waiter(pic) < waiter(edf)}
+    return {
+        "workload": w.name,
+        "seeds": list(SEEDS),
+        "utilisation": _mean(r["utilisation"]["cpu"] for r in edf),
+        "edf_critical_miss_ratio": waiter(edf),
+        "edf_pic_critical_miss_ratio": waiter(pic),
+        "edf_miss_ratio": overall(edf),
+        "edf_pic_miss_ratio": overall(pic),
+        "ok": waiter(pic) < waiter(edf),
+    }
 
 
 def simulator_speed() -> dict:
@@ -103,8 +123,12 @@ def placement_speed() -> dict:
 def bench_sched(as_json: bool) -> None:
     """Scheduling quality (EDF vs FIFO, EDF-PIC vs EDF) and placement speed."""
     results = {"schema": 1}
-    for name, step in (("edf_vs_fifo", edf_vs_fifo), ("pic_vs_edf", pic_vs_edf),
-                       ("simulator_speed", simulator_speed), ("placement_speed", placement_speed)):
+    for name, step in (
+        ("edf_vs_fifo", edf_vs_fifo),
+        ("pic_vs_edf", pic_vs_edf),
+        ("simulator_speed", simulator_speed),
+        ("placement_speed", placement_speed),
+    ):
         click.echo(f"bench sched: {name}...", err=True)
         results[name] = step()
     results["quality_ok"] = results["edf_vs_fifo"]["ok"] and results["pic_vs_edf"]["ok"]
@@ -112,9 +136,13 @@ def bench_sched(as_json: bool) -> None:
         click.echo(json.dumps(results, indent=2))
         return
     q, p = results["edf_vs_fifo"], results["pic_vs_edf"]
-    click.echo(f"EDF vs FIFO at {q['utilisation']:.0%}: miss {q['edf_miss_ratio']:.4f} vs {q['fifo_miss_ratio']:.4f}"
-               f" = {q['edf_over_fifo']:.3f}x (target <= 0.5)  {'ok' if q['ok'] else 'FAIL'}")
-    click.echo(f"EDF-PIC vs EDF, jobs waiting on a held resource: miss {p['edf_pic_critical_miss_ratio']:.4f}"
-               f" vs {p['edf_critical_miss_ratio']:.4f}  {'ok' if p['ok'] else 'FAIL'}")
+    click.echo(
+        f"EDF vs FIFO at {q['utilisation']:.0%}: miss {q['edf_miss_ratio']:.4f} vs {q['fifo_miss_ratio']:.4f}"
+        f" = {q['edf_over_fifo']:.3f}x (target <= 0.5)  {'ok' if q['ok'] else 'FAIL'}"
+    )
+    click.echo(
+        f"EDF-PIC vs EDF, jobs waiting on a held resource: miss {p['edf_pic_critical_miss_ratio']:.4f}"
+        f" vs {p['edf_critical_miss_ratio']:.4f}  {'ok' if p['ok'] else 'FAIL'}"
+    )
     click.echo(f"simulator: {results['simulator_speed']['jobs_per_s']:.0f} jobs/s")
     click.echo(f"placement: {json.dumps(results['placement_speed'])}")

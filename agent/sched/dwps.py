@@ -22,10 +22,11 @@ pinned), best fit first: evicting one frees its bytes plus the free blocks aroun
 the hole closest to the request (fit = need / hole, 1 is perfect) disturbs least; ties go
 to the lowest GPU affinity, then the smallest allocation.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 THRESHOLD_START, THRESHOLD_STEP, THRESHOLD_FLOOR = 65, 2, 55  # hundredths
 
@@ -35,7 +36,7 @@ class Allocation:
     owner: str
     start: int
     size: int
-    affinity: float = 0.5   # 0..1, how much the owner wants to stay on this GPU
+    affinity: float = 0.5  # 0..1, how much the owner wants to stay on this GPU
     preemptible: bool = True
 
     @property
@@ -53,7 +54,9 @@ class GpuMemory:
         prev_end = 0
         for a in self.allocations:
             if a.size <= 0 or a.start < prev_end or a.end > self.total:
-                raise ValueError(f"allocation {a.owner} at {a.start}+{a.size} overlaps or leaves the GPU")
+                raise ValueError(
+                    f"allocation {a.owner} at {a.start}+{a.size} overlaps or leaves the GPU"
+                )
             prev_end = a.end
 
     def free_blocks(self) -> list[tuple[int, int]]:
@@ -99,7 +102,9 @@ class Threshold:
 
     @property
     def value(self) -> float:
-        return max(THRESHOLD_START - THRESHOLD_STEP * self.failed_compactions, THRESHOLD_FLOOR) / 100
+        return (
+            max(THRESHOLD_START - THRESHOLD_STEP * self.failed_compactions, THRESHOLD_FLOOR) / 100
+        )
 
     def compaction(self, succeeded: bool) -> None:
         self.failed_compactions = 0 if succeeded else self.failed_compactions + 1

@@ -18,6 +18,7 @@ TWFS slices, as in the seed:
   they are scheduled, to damp jitter; the weight stops at ACCEL_WEIGHT_FLOOR of its start
   value so a long accelerator job is slowed, never starved.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,9 @@ class FairShare:
     def charge(self, job: Job, ran_ns: int) -> None:
         """Account `ran_ns` of run time; accelerator jobs' weight decays one round."""
         w = self.weight.setdefault(job.name, weight_of(job.priority))
-        self.vruntime[job.name] = self.vruntime.get(job.name, self.min_vruntime) + ran_ns * NICE_0 / w
+        self.vruntime[job.name] = (
+            self.vruntime.get(job.name, self.min_vruntime) + ran_ns * NICE_0 / w
+        )
         if job.device != "cpu":
             floor = weight_of(job.priority) * ACCEL_WEIGHT_FLOOR
             self.weight[job.name] = max(w * ACCEL_DECAY, floor)

@@ -3,10 +3,11 @@
 Independent of the policy file format so the algorithms can be tested on their own; the
 Task format maps onto it (`from_task`, when `xhagent.policy` provides Task objects).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 DEVICE_TYPES = ("cpu", "gpu", "tpu")
 NO_DEADLINE = float("inf")
@@ -38,7 +39,9 @@ class Job:
         if not 0 <= self.priority <= 100:
             raise ValueError(f"job {self.name}: priority {self.priority} is out of range 0..100")
         if self.device not in DEVICE_TYPES:
-            raise ValueError(f"job {self.name}: device {self.device!r} is not one of {', '.join(DEVICE_TYPES)}")
+            raise ValueError(
+                f"job {self.name}: device {self.device!r} is not one of {', '.join(DEVICE_TYPES)}"
+            )
         if self.runtime_ns <= 0:
             raise ValueError(f"job {self.name}: runtime must be positive")
 

@@ -7,11 +7,12 @@ The SLA violation rate is the share of windows (`window_ns`, by arrival time) in
 class's p95 latency or error rate exceeded its SLA; windows without jobs of the class do
 not count.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from .simulator import JobRecord, Outcome
 
@@ -24,8 +25,9 @@ class Sla:
     error_rate: float | None = None
 
     def violated(self, p95_ns: float, error_rate: float) -> bool:
-        return ((self.p95_latency_ns is not None and p95_ns > self.p95_latency_ns)
-                or (self.error_rate is not None and error_rate > self.error_rate))
+        return (self.p95_latency_ns is not None and p95_ns > self.p95_latency_ns) or (
+            self.error_rate is not None and error_rate > self.error_rate
+        )
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -54,8 +56,12 @@ def class_table(records: list[JobRecord], slas: dict[str, Sla], window_ns: int) 
         windows: dict[int, list[JobRecord]] = defaultdict(list)
         for r in recs:
             windows[r.job.arrival_ns // window_ns].append(r)
-        violated = sum(sla.violated(percentile((r.latency_ns for r in w), 95), sum(r.missed for r in w) / len(w))
-                       for w in windows.values())
+        violated = sum(
+            sla.violated(
+                percentile((r.latency_ns for r in w), 95), sum(r.missed for r in w) / len(w)
+            )
+            for w in windows.values()
+        )
         table[cls] = {
             "jobs": len(recs),
             "p95_latency_ms": p95 / MS,
@@ -68,7 +74,9 @@ def class_table(records: list[JobRecord], slas: dict[str, Sla], window_ns: int) 
     return table
 
 
-def summarize(outcome: Outcome, slas: dict[str, Sla] | None = None, window_ns: int = 1_000_000_000) -> dict:
+def summarize(
+    outcome: Outcome, slas: dict[str, Sla] | None = None, window_ns: int = 1_000_000_000
+) -> dict:
     records = outcome.records
     waits = [r.waiting_ns for r in records]
     span = max(outcome.makespan_ns, 1)
@@ -79,7 +87,9 @@ def summarize(outcome: Outcome, slas: dict[str, Sla] | None = None, window_ns: i
         "waiting_ms": {f"p{q}": percentile(waits, q) / MS for q in (50, 95, 99)},
         "preemptions": outcome.preemptions,
         "migrations": outcome.migrations,
-        "utilisation": {d: outcome.busy_ns[d] / (n * span) for d, n in sorted(outcome.slots.items())},
+        "utilisation": {
+            d: outcome.busy_ns[d] / (n * span) for d, n in sorted(outcome.slots.items())
+        },
         "makespan_ms": outcome.makespan_ns / MS,
         "classes": class_table(records, slas or {}, window_ns),
     }

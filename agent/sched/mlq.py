@@ -6,10 +6,11 @@ level claims. Levels are served strictly in order and a job of a lower level num
 preempts one of a higher: a latency-critical (hot) job therefore never waits behind bulk
 (cold) work, only behind other hot jobs.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .job import Job
 
@@ -20,7 +21,9 @@ class Level:
     match_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        return bool(self.match_labels) and all(labels.get(k) == v for k, v in self.match_labels.items())
+        return bool(self.match_labels) and all(
+            labels.get(k) == v for k, v in self.match_labels.items()
+        )
 
 
 DEFAULT_LEVELS = (Level("hot", {"tier": "hot"}), Level("normal"), Level("cold", {"tier": "cold"}))

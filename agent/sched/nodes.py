@@ -11,6 +11,7 @@ Or, for quick what-ifs, a plain count per node:
 
 A file whose node entries have a `cpus` count is read as the second kind.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,10 +35,13 @@ def parse(root: Cursor) -> list[NodeSpec]:
         with doc.collecting():
             c.mapping(NODE_FIELDS, required={"name"})
         fields = {}
-        for key, read in (("name", lambda: c["name"].str()), ("cpus", lambda: c["cpus"].int(0, 4096, default=1)),
-                          ("gpus", lambda: c["gpus"].int(0, 64, default=0)),
-                          ("tpus", lambda: c["tpus"].int(0, 64, default=0)),
-                          ("numa_nodes", lambda: c["numaNodes"].int(1, 64, default=1))):
+        for key, read in (
+            ("name", lambda: c["name"].str()),
+            ("cpus", lambda: c["cpus"].int(0, 4096, default=1)),
+            ("gpus", lambda: c["gpus"].int(0, 64, default=0)),
+            ("tpus", lambda: c["tpus"].int(0, 64, default=0)),
+            ("numa_nodes", lambda: c["numaNodes"].int(1, 64, default=1)),
+        ):
             with doc.collecting():
                 fields[key] = read()
         if doc.errors.total != before:
@@ -60,8 +64,14 @@ def from_inventory(node: inventory.Node) -> NodeSpec:
     numa_of_cpu = {cpu: numa.id for numa in node.numa for cpu in numa.cpus}
     cpu_numa = tuple(numa_of_cpu[c] for c in node.allocatable_cpus)
     gpu_numa = tuple(g.numa_node or 0 for g in node.gpus)
-    return NodeSpec(node.name, cpus=len(cpu_numa), gpus=len(gpu_numa), numa_nodes=max(1, len(node.numa)),
-                    cpu_numa=cpu_numa, gpu_numa=gpu_numa)
+    return NodeSpec(
+        node.name,
+        cpus=len(cpu_numa),
+        gpus=len(gpu_numa),
+        numa_nodes=max(1, len(node.numa)),
+        cpu_numa=cpu_numa,
+        gpu_numa=gpu_numa,
+    )
 
 
 def _is_plain(docs) -> bool:

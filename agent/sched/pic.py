@@ -10,6 +10,7 @@ and boosts are one level deep in the simulator; `effective_deadline` still follo
 (a holder that also waits passes its inherited deadline on) for callers that lock
 incrementally.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -19,9 +20,13 @@ from .job import Job
 
 class ResourceTable:
     def __init__(self):
-        self.holder: dict[str, Job] = {}                       # resource -> job holding it
-        self.waiters: dict[str, dict[str, Job]] = defaultdict(dict)  # resource -> waiting jobs by name
-        self.waiting_on: dict[str, set[str]] = defaultdict(set)      # job name -> resources it waits for
+        self.holder: dict[str, Job] = {}  # resource -> job holding it
+        self.waiters: dict[str, dict[str, Job]] = defaultdict(
+            dict
+        )  # resource -> waiting jobs by name
+        self.waiting_on: dict[str, set[str]] = defaultdict(
+            set
+        )  # job name -> resources it waits for
 
     def blockers(self, job: Job) -> set[str]:
         """Resources `job` needs that someone else holds."""

@@ -10,12 +10,14 @@
 Keys can change while a job waits (a holder is boosted, a vruntime moves): `update`
 re-files the job; stale heap entries are skipped when they surface.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .fair import FairShare
 from .job import Job
@@ -38,12 +40,17 @@ ALGORITHMS = tuple(DESCRIPTIONS)
 class Discipline:
     name: str
     key: Callable[[Job], tuple]
-    preemptive: bool       # a better-keyed arrival displaces a running job at once
+    preemptive: bool  # a better-keyed arrival displaces a running job at once
     time_sliced: bool = False  # running jobs are re-examined when their slice ends
 
 
-def discipline(name: str, *, resources: ResourceTable | None = None, fair: FairShare | None = None,
-               levels: MultiLevel | None = None) -> Discipline:
+def discipline(
+    name: str,
+    *,
+    resources: ResourceTable | None = None,
+    fair: FairShare | None = None,
+    levels: MultiLevel | None = None,
+) -> Discipline:
     if name == "fifo":
         return Discipline(name, lambda j: (j.arrival_ns, j.name), preemptive=False)
     if name == "priority":
@@ -52,24 +59,31 @@ def discipline(name: str, *, resources: ResourceTable | None = None, fair: FairS
         return Discipline(name, lambda j: (j.deadline, j.arrival_ns, j.name), preemptive=True)
     if name == "edf-pic":
         table = resources if resources is not None else ResourceTable()
-        return Discipline(name, lambda j: (table.effective_deadline(j), j.arrival_ns, j.name), preemptive=True)
+        return Discipline(
+            name, lambda j: (table.effective_deadline(j), j.arrival_ns, j.name), preemptive=True
+        )
     if name == "fair":
         share = fair if fair is not None else FairShare()
-        return Discipline(name, lambda j: (share.key(j), j.arrival_ns, j.name), preemptive=False, time_sliced=True)
+        return Discipline(
+            name, lambda j: (share.key(j), j.arrival_ns, j.name), preemptive=False, time_sliced=True
+        )
     if name == "mlq":
         mlq = levels if levels is not None else MultiLevel()
-        return Discipline(name, lambda j: (mlq.level_of(j), j.deadline, j.arrival_ns, j.name), preemptive=True)
+        return Discipline(
+            name, lambda j: (mlq.level_of(j), j.deadline, j.arrival_ns, j.name), preemptive=True
+        )
     raise ValueError(f"unknown algorithm {name!r}: one of {', '.join(ALGORITHMS)}")
 
 
 class _Descending:
     """A key that sorts in reverse, so a ReadyQueue can hand out the worst-keyed job."""
+
     __slots__ = ("key",)
 
     def __init__(self, key):
         self.key = key
 
-    def __lt__(self, other: "_Descending") -> bool:
+    def __lt__(self, other: _Descending) -> bool:
         return other.key < self.key
 
     def __eq__(self, other: object) -> bool:
@@ -78,7 +92,9 @@ class _Descending:
 
 def worst_first(d: Discipline) -> Discipline:
     """`d` in reverse: the job that keys worst comes first (preemption victims)."""
-    return Discipline(f"{d.name}-reversed", lambda j: _Descending(d.key(j)), d.preemptive, d.time_sliced)
+    return Discipline(
+        f"{d.name}-reversed", lambda j: _Descending(d.key(j)), d.preemptive, d.time_sliced
+    )
 
 
 class ReadyQueue:

@@ -1,27 +1,29 @@
 """`xhagent simulate`: run a workload through one algorithm and report how it went."""
+
 from __future__ import annotations
 
 import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import click
 
 from ..node_model import ModelError
 from ..spec import SpecError
-from . import metrics, nodes as node_model, workload as workload_model
-from .workload import TooManyJobs
+from . import metrics
+from . import nodes as node_model
+from . import workload as workload_model
 from .queues import ALGORITHMS, DESCRIPTIONS
 from .simulator import Simulation, SimulationError, slots_of
-
+from .workload import TooManyJobs
 
 # Caps that bound a run's memory and time (about 1 KiB and 30 us per job); the flags raise them.
 MAX_JOBS = 500_000
 MAX_NODES = 1000
-MAX_SLOTS = 250_000   # CPUs, GPUs and TPUs of all nodes: each is a slot the simulator tracks
+MAX_SLOTS = 250_000  # CPUs, GPUs and TPUs of all nodes: each is a slot the simulator tracks
 
 
 class Refused(Exception):
@@ -40,25 +42,40 @@ class Progress:
         now = time.monotonic()
         if now >= self.next:
             self.next = now + self.every_s
-            self.echo(f"xhagent simulate: {finished} of {total} jobs done ({finished / max(total, 1):.0%}), "
-                      f"{now - self.start:.0f} s")
+            self.echo(
+                f"xhagent simulate: {finished} of {total} jobs done ({finished / max(total, 1):.0%}), "
+                f"{now - self.start:.0f} s"
+            )
 
 
-def simulate(workload_path: str, nodes_path: str, algorithm: str, seed: int, *, max_jobs: int = MAX_JOBS,
-             max_nodes: int = MAX_NODES, max_slots: int = MAX_SLOTS, progress: Callable[[int, int], None] | None = None,
-             warn: Callable[[str], None] = lambda line: None) -> dict:
+def simulate(
+    workload_path: str,
+    nodes_path: str,
+    algorithm: str,
+    seed: int,
+    *,
+    max_jobs: int = MAX_JOBS,
+    max_nodes: int = MAX_NODES,
+    max_slots: int = MAX_SLOTS,
+    progress: Callable[[int, int], None] | None = None,
+    warn: Callable[[str], None] = lambda line: None,
+) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
     input, Refused past a cap."""
     w = workload_model.load(workload_path)
     if algorithm == "mlq" and w.levels is None:
-        warn(f"xhagent simulate: warning: {workload_path} has no queues:, so mlq uses the default levels "
-             "hot (affinity tier: hot), normal (every other job), cold (tier: cold)")
+        warn(
+            f"xhagent simulate: warning: {workload_path} has no queues:, so mlq uses the default levels "
+            "hot (affinity tier: hot), normal (every other job), cold (tier: cold)"
+        )
     nodes = node_model.load(nodes_path)
     if len(nodes) > max_nodes:
         raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
     slots = sum(n.cpus + n.gpus + n.tpus for n in nodes)
     if slots > max_slots:
-        raise Refused(f"{nodes_path}: {slots} CPUs, GPUs and TPUs in all, more than --max-slots {max_slots}")
+        raise Refused(
+            f"{nodes_path}: {slots} CPUs, GPUs and TPUs in all, more than --max-slots {max_slots}"
+        )
     capacity = Counter(slot.device for slot in slots_of(nodes))
     try:
         jobs = w.generate(seed, capacity, max_jobs)
@@ -76,17 +93,21 @@ def render(report: dict) -> str:
     lines = [
         f"workload {report['workload']}  algorithm {report['algorithm']}  seed {report['seed']}  jobs {report['jobs']}",
         f"deadline-miss ratio  {report['deadline_miss_ratio']:.4f}",
-        "waiting ms           " + "  ".join(f"{k} {v:.3f}" for k, v in report["waiting_ms"].items()),
+        "waiting ms           "
+        + "  ".join(f"{k} {v:.3f}" for k, v in report["waiting_ms"].items()),
         f"preemptions          {report['preemptions']}  migrations {report['migrations']}",
-        "utilisation          " + "  ".join(f"{d} {u:.1%}" for d, u in report["utilisation"].items()),
+        "utilisation          "
+        + "  ".join(f"{d} {u:.1%}" for d, u in report["utilisation"].items()),
         "",
         f"{'class':<16}{'jobs':>7}{'p95 ms':>10}{'SLA p95':>10}{'errors':>9}{'SLA err':>9}{'SLA viol.':>11}  ok",
     ]
     for name, c in report["classes"].items():
         sla_p95 = "-" if c["sla_p95_latency_ms"] is None else f"{c['sla_p95_latency_ms']:.1f}"
         sla_err = "-" if c["sla_error_rate"] is None else f"{c['sla_error_rate']:.2%}"
-        lines.append(f"{name:<16}{c['jobs']:>7}{c['p95_latency_ms']:>10.2f}{sla_p95:>10}{c['error_rate']:>9.2%}"
-                     f"{sla_err:>9}{c['sla_violation_rate']:>11.1%}  {'yes' if c['meets_sla'] else 'NO'}")
+        lines.append(
+            f"{name:<16}{c['jobs']:>7}{c['p95_latency_ms']:>10.2f}{sla_p95:>10}{c['error_rate']:>9.2%}"
+            f"{sla_err:>9}{c['sla_violation_rate']:>11.1%}  {'yes' if c['meets_sla'] else 'NO'}"
+        )
     return "\n".join(lines)
 
 
@@ -94,27 +115,78 @@ ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.item
 
 
 @click.command("simulate")
-@click.option("--workload", "workload_path", required=True, metavar="W.yaml", help="Workload file (kind: Workload).")
-@click.option("--nodes", "nodes_path", required=True, metavar="N.yaml",
-              help="Nodes: the inventory node model, or nodes: [{name, cpus, gpus}].")
-@click.option("--algorithm", type=click.Choice(ALGORITHMS), default="edf", show_default=True, help=ALGORITHM_HELP)
-@click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same arrivals, same report.")
-@click.option("--max-jobs", type=click.IntRange(1, 100_000_000), default=MAX_JOBS, show_default=True,
-              help="Refuse (exit 1) a workload that generates more jobs than this.")
-@click.option("--max-nodes", type=click.IntRange(1, 1_000_000), default=MAX_NODES, show_default=True,
-              help="Refuse (exit 1) a nodes file with more nodes than this.")
-@click.option("--max-slots", type=click.IntRange(1, 100_000_000), default=MAX_SLOTS, show_default=True,
-              help="Refuse (exit 1) nodes with more CPUs, GPUs and TPUs in all than this.")
+@click.option(
+    "--workload",
+    "workload_path",
+    required=True,
+    metavar="W.yaml",
+    help="Workload file (kind: Workload).",
+)
+@click.option(
+    "--nodes",
+    "nodes_path",
+    required=True,
+    metavar="N.yaml",
+    help="Nodes: the inventory node model, or nodes: [{name, cpus, gpus}].",
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(ALGORITHMS),
+    default="edf",
+    show_default=True,
+    help=ALGORITHM_HELP,
+)
+@click.option(
+    "--seed", type=int, default=1, show_default=True, help="Same seed, same arrivals, same report."
+)
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(1, 100_000_000),
+    default=MAX_JOBS,
+    show_default=True,
+    help="Refuse (exit 1) a workload that generates more jobs than this.",
+)
+@click.option(
+    "--max-nodes",
+    type=click.IntRange(1, 1_000_000),
+    default=MAX_NODES,
+    show_default=True,
+    help="Refuse (exit 1) a nodes file with more nodes than this.",
+)
+@click.option(
+    "--max-slots",
+    type=click.IntRange(1, 100_000_000),
+    default=MAX_SLOTS,
+    show_default=True,
+    help="Refuse (exit 1) nodes with more CPUs, GPUs and TPUs in all than this.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def simulate_command(workload_path: str, nodes_path: str, algorithm: str, seed: int, max_jobs: int,
-                     max_nodes: int, max_slots: int, as_json: bool) -> None:
+def simulate_command(
+    workload_path: str,
+    nodes_path: str,
+    algorithm: str,
+    seed: int,
+    max_jobs: int,
+    max_nodes: int,
+    max_slots: int,
+    as_json: bool,
+) -> None:
     """Discrete-event simulation of a workload under one queueing algorithm.
 
     Exit status: 0 ok, 1 refused (past --max-jobs, --max-nodes or --max-slots), 2 bad input."""
     echo = partial(click.echo, err=True)
     try:
-        report = simulate(workload_path, nodes_path, algorithm, seed, max_jobs=max_jobs, max_nodes=max_nodes,
-                          max_slots=max_slots, progress=Progress(echo), warn=echo)
+        report = simulate(
+            workload_path,
+            nodes_path,
+            algorithm,
+            seed,
+            max_jobs=max_jobs,
+            max_nodes=max_nodes,
+            max_slots=max_slots,
+            progress=Progress(echo),
+            warn=echo,
+        )
     except (SpecError, ModelError, SimulationError) as exc:
         echo(f"xhagent simulate: {exc}")
         sys.exit(2)

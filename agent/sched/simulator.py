@@ -9,12 +9,13 @@ keys strictly better. Slot changes are committed through `snapshot.NodeState`, s
 simulator exercises the same compare-and-set path the agent uses. Nothing is random here:
 the same jobs give the same outcome.
 """
+
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .fair import FairShare, twfs_slice_ns
 from .job import Job
@@ -35,7 +36,7 @@ class NodeSpec:
     gpus: int = 0
     tpus: int = 0
     numa_nodes: int = 1
-    cpu_numa: tuple[int, ...] = ()   # NUMA node of each CPU / GPU when known (inventory)
+    cpu_numa: tuple[int, ...] = ()  # NUMA node of each CPU / GPU when known (inventory)
     gpu_numa: tuple[int, ...] = ()
 
 
@@ -56,11 +57,21 @@ def slots_of(nodes: list[NodeSpec]) -> list[Slot]:
     devices are spread over its NUMA nodes in contiguous runs."""
     slots = []
     for node in nodes:
-        for device, count, known in (("cpu", node.cpus, node.cpu_numa), ("gpu", node.gpus, node.gpu_numa),
-                                     ("tpu", node.tpus, ())):
+        for device, count, known in (
+            ("cpu", node.cpus, node.cpu_numa),
+            ("gpu", node.gpus, node.gpu_numa),
+            ("tpu", node.tpus, ()),
+        ):
             per_numa = max(1, -(-count // node.numa_nodes))
-            slots += [Slot(f"{node.name}/{device}{i}", node.name, device, known[i] if known else i // per_numa)
-                      for i in range(count)]
+            slots += [
+                Slot(
+                    f"{node.name}/{device}{i}",
+                    node.name,
+                    device,
+                    known[i] if known else i // per_numa,
+                )
+                for i in range(count)
+            ]
     return slots
 
 
@@ -77,7 +88,7 @@ class FreeSlots:
         self.heaps: dict[tuple, list[int]] = {}
         for i, slot in enumerate(slots):
             for key in self._keys(slot):
-                self.heaps.setdefault(key, []).append(i)   # ascending: already a heap
+                self.heaps.setdefault(key, []).append(i)  # ascending: already a heap
         self.queued = {key: set(heap) for key, heap in self.heaps.items()}
 
     @staticmethod
@@ -128,13 +139,15 @@ class JobRecord:
 class Outcome:
     algorithm: str
     records: list[JobRecord]
-    slots: dict[str, int]          # device -> slot count
-    busy_ns: dict[str, int]        # device -> slot-time spent running jobs
+    slots: dict[str, int]  # device -> slot count
+    busy_ns: dict[str, int]  # device -> slot-time spent running jobs
     makespan_ns: int
     preemptions: int = 0
     migrations: int = 0
     commits: int = 0
-    intervals: list[tuple[str, str, int, int]] = field(default_factory=list)  # (slot, job, start, end)
+    intervals: list[tuple[str, str, int, int]] = field(
+        default_factory=list
+    )  # (slot, job, start, end)
 
 
 # Events at one instant are all applied before the queues are drained, so their order
@@ -143,8 +156,14 @@ _ARRIVE, _DONE, _SLICE = 0, 1, 2
 
 
 class Simulation:
-    def __init__(self, jobs: list[Job], nodes: list[NodeSpec], algorithm: str,
-                 levels: MultiLevel | None = None, migration_cost_ns: int = 2_000_000):
+    def __init__(
+        self,
+        jobs: list[Job],
+        nodes: list[NodeSpec],
+        algorithm: str,
+        levels: MultiLevel | None = None,
+        migration_cost_ns: int = 2_000_000,
+    ):
         names = [j.name for j in jobs]
         if len(set(names)) != len(names):
             raise SimulationError("job names must be unique")
@@ -152,11 +171,15 @@ class Simulation:
         devices = {s.device for s in self.slots}
         for job in jobs:
             if job.device not in devices:
-                raise SimulationError(f"job {job.name} needs a {job.device} but the nodes have none")
+                raise SimulationError(
+                    f"job {job.name} needs a {job.device} but the nodes have none"
+                )
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_ns, j.name))
         self.resources = ResourceTable()
         self.fair = FairShare(migration_cost_ns=migration_cost_ns)
-        self.discipline = discipline(algorithm, resources=self.resources, fair=self.fair, levels=levels)
+        self.discipline = discipline(
+            algorithm, resources=self.resources, fair=self.fair, levels=levels
+        )
         self.queues = {d: ReadyQueue(self.discipline) for d in devices}
         # The running jobs in key order, so that neither a preemption victim (worst first,
         # per device) nor fair share's least vruntime (best first) needs a scan of them all.
@@ -166,8 +189,8 @@ class Simulation:
         self.by_id = {s.id: s for s in self.slots}
         self.records = {j.name: JobRecord(j) for j in jobs}
         self.remaining = {j.name: j.runtime_ns for j in jobs}
-        self.running: dict[str, tuple[Job, int]] = {}   # slot id -> (job, running since)
-        self.slot_of: dict[str, str] = {}                # job name -> slot id, while it runs
+        self.running: dict[str, tuple[Job, int]] = {}  # slot id -> (job, running since)
+        self.slot_of: dict[str, str] = {}  # job name -> slot id, while it runs
         self.busy: dict[str, int] = {d: 0 for d in devices}  # running jobs per device
         self.free = FreeSlots(self.slots)
         self.finished = 0
@@ -176,8 +199,13 @@ class Simulation:
         self.events: list = []
         self.seq = itertools.count()
         self.now = 0
-        self.out = Outcome(algorithm, [], {d: sum(s.device == d for s in self.slots) for d in devices},
-                           {d: 0 for d in devices}, 0)
+        self.out = Outcome(
+            algorithm,
+            [],
+            {d: sum(s.device == d for s in self.slots) for d in devices},
+            {d: 0 for d in devices},
+            0,
+        )
 
     # -- events -------------------------------------------------------------------------
     def _at(self, t: int, kind: int, name: str, token: int = 0) -> None:
@@ -307,7 +335,7 @@ class Simulation:
                 started = self.records[job.name].first_start_ns is not None
                 if not started and self.resources.blockers(job):
                     queue.pop()
-                    self.resources.acquire(job)   # registers the wait, lends the deadline
+                    self.resources.acquire(job)  # registers the wait, lends the deadline
                     self._rekey_holders()
                     continue
                 slot = self._free_slot(job)
@@ -326,4 +354,8 @@ class Simulation:
                     self.resources.acquire(job)
                 self._start(job, slot)
             if self.discipline.time_sliced:
-                self.fair.advance(self.fair.key(j) for j in (self.least_running.peek(), queue.peek()) if j is not None)
+                self.fair.advance(
+                    self.fair.key(j)
+                    for j in (self.least_running.peek(), queue.peek())
+                    if j is not None
+                )

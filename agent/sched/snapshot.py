@@ -7,17 +7,19 @@ decision computed on a stale version is rejected and, in `decide_and_commit`, co
 again on fresh state, so two deciders can never both evict the same victim or hand out
 the same slot.
 """
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
 
 
 @dataclass(frozen=True)
 class Decision:
     """Slot changes: `evict` names jobs to take off their slots, `place` maps slot -> job."""
+
     evict: tuple[str, ...] = ()
     place: Mapping[str, str] = field(default_factory=dict)
 
@@ -61,7 +63,9 @@ class NodeState:
         with self._lock:
             if expected_version != self._version:
                 raise StaleSnapshot(expected_version, self._version)
-            changed: dict[str, str | None] = {}   # slot -> job after the decision; applied only if all fits
+            changed: dict[
+                str, str | None
+            ] = {}  # slot -> job after the decision; applied only if all fits
             for job in decision.evict:
                 if job not in self._slot_of:
                     raise InvalidDecision(f"cannot evict {job}: not running")
@@ -83,8 +87,9 @@ class NodeState:
             return self._version
 
 
-def decide_and_commit(state: NodeState, decide: Callable[[Snapshot], Decision],
-                      attempts: int = 8) -> tuple[Decision, int]:
+def decide_and_commit(
+    state: NodeState, decide: Callable[[Snapshot], Decision], attempts: int = 8
+) -> tuple[Decision, int]:
     """Compute on a snapshot and commit; recompute on a fresh one when it went stale."""
     for _ in range(attempts):
         snap = state.snapshot()

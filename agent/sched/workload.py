@@ -27,6 +27,7 @@ Durations are written as in Task files (`250ms`, `1.5s`, `1h30m`; a bare number 
 seconds). Generation is deterministic: each class draws from its own `random.Random` seeded with
 the run's seed and the class name.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,12 @@ from .job import DEVICE_TYPES, Job
 from .metrics import Sla
 from .mlq import Level, MultiLevel
 
-DISTRIBUTIONS = {"constant": ("value",), "uniform": ("min", "max"), "exponential": ("mean",),
-                 "lognormal": ("mean", "sigma")}
+DISTRIBUTIONS = {
+    "constant": ("value",),
+    "uniform": ("min", "max"),
+    "exponential": ("mean",),
+    "lognormal": ("mean", "sigma"),
+}
 
 
 @dataclass(frozen=True)
@@ -90,15 +95,19 @@ class JobClass:
         if "priority" not in explicit:
             values, weights = self.priorities
             explicit["priority"] = rng.choices(values, weights)[0]
-        fields = dict(cls=self.name, device=self.device, holds=self.resources, affinity=self.affinity)
+        fields = dict(
+            cls=self.name, device=self.device, holds=self.resources, affinity=self.affinity
+        )
         fields.update(explicit)
         return Job(name, arrival, runtime, **fields)
 
 
 class TooManyJobs(ValueError):
     def __init__(self, limit: int, cls: str):
-        super().__init__(f"the workload generates more than {limit} jobs ({cls} among them); "
-                         "lower its rates or duration, or raise --max-jobs")
+        super().__init__(
+            f"the workload generates more than {limit} jobs ({cls} among them); "
+            "lower its rates or duration, or raise --max-jobs"
+        )
         self.limit = limit
 
 
@@ -116,7 +125,9 @@ class Workload:
     def slas(self) -> dict[str, Sla]:
         return {name: c.sla for name, c in self.classes.items()}
 
-    def generate(self, seed: int, capacity: dict[str, int], max_jobs: int | None = None) -> list[Job]:
+    def generate(
+        self, seed: int, capacity: dict[str, int], max_jobs: int | None = None
+    ) -> list[Job]:
         """Explicit jobs plus Poisson arrivals per class; rates scaled to `utilisation` of
         `capacity` (slots per device type) when that is set. TooManyJobs, as soon as there
         would be more than `max_jobs`, keeps memory and time bounded whatever the rates."""
@@ -147,7 +158,11 @@ class Workload:
         offered: dict[str, float] = {}
         for cls in self.classes.values():
             offered[cls.device] = offered.get(cls.device, 0.0) + cls.rate * cls.runtime.mean / 1e9
-        return {d: self.utilisation * capacity.get(d, 0) / load for d, load in offered.items() if load > 0}
+        return {
+            d: self.utilisation * capacity.get(d, 0) / load
+            for d, load in offered.items()
+            if load > 0
+        }
 
 
 # -- parsing ------------------------------------------------------------------------------
@@ -155,11 +170,13 @@ class Workload:
 # deadlines at most a thousand runtimes away.
 MAX_DURATION_NS = 365 * 24 * 3600 * 10**9
 MAX_SLACK = 1000.0
-MAX_RATE = 10**9   # arrivals per second; --max-jobs bounds how many are generated in all
+MAX_RATE = 10**9  # arrivals per second; --max-jobs bounds how many are generated in all
 
 
 def _duration(c: Cursor, default=...) -> int:
-    value = c.parse(parse_duration_ns, "duration", **({} if default is ... else {"default": default}))
+    value = c.parse(
+        parse_duration_ns, "duration", **({} if default is ... else {"default": default})
+    )
     if value is not None and not 0 <= value <= MAX_DURATION_NS:
         raise c.error(f"{c.where}: {c.value!r} is out of range 0..365d")
     return value
@@ -202,9 +219,29 @@ def _priorities(c: Cursor) -> tuple[tuple[int, ...], tuple[float, ...]]:
     return values, weights
 
 
-CLASS_FIELDS = {"name", "deviceType", "rate", "runtime", "deadlineSlack", "deadline", "priority",
-                "resources", "affinity", "sla"}
-JOB_FIELDS = {"name", "class", "deviceType", "arrival", "runtime", "deadline", "priority", "resources", "affinity"}
+CLASS_FIELDS = {
+    "name",
+    "deviceType",
+    "rate",
+    "runtime",
+    "deadlineSlack",
+    "deadline",
+    "priority",
+    "resources",
+    "affinity",
+    "sla",
+}
+JOB_FIELDS = {
+    "name",
+    "class",
+    "deviceType",
+    "arrival",
+    "runtime",
+    "deadline",
+    "priority",
+    "resources",
+    "affinity",
+}
 
 
 def _job_class(c: Cursor) -> JobClass | None:
@@ -212,13 +249,17 @@ def _job_class(c: Cursor) -> JobClass | None:
     errors = c.doc.errors.total
     if not c.fields(CLASS_FIELDS, required={"name"}):
         return None
-    cls = JobClass(c.doc.attempt(lambda: c["name"].str(), "?"),
-                   device=c.doc.attempt(lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
-                   rate=c.doc.attempt(lambda: c["rate"].number(0, MAX_RATE, default=0.0), 0.0),
-                   runtime=c.doc.attempt(lambda: _runtime(c["runtime"]), Runtime("constant", (1,))),
-                   priorities=c.doc.attempt(lambda: _priorities(c["priority"]), ((50,), (1.0,))),
-                   resources=c.doc.attempt(lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()),
-                   affinity=c.doc.attempt(lambda: _labels(c["affinity"]), {}))
+    cls = JobClass(
+        c.doc.attempt(lambda: c["name"].str(), "?"),
+        device=c.doc.attempt(lambda: c["deviceType"].str(DEVICE_TYPES, default="cpu"), "cpu"),
+        rate=c.doc.attempt(lambda: c["rate"].number(0, MAX_RATE, default=0.0), 0.0),
+        runtime=c.doc.attempt(lambda: _runtime(c["runtime"]), Runtime("constant", (1,))),
+        priorities=c.doc.attempt(lambda: _priorities(c["priority"]), ((50,), (1.0,))),
+        resources=c.doc.attempt(
+            lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()
+        ),
+        affinity=c.doc.attempt(lambda: _labels(c["affinity"]), {}),
+    )
     if c["deadlineSlack"].present:
         cls.slack = c.doc.attempt(lambda: _slack(c["deadlineSlack"]))
     if c["deadline"].present:
@@ -229,7 +270,9 @@ def _job_class(c: Cursor) -> JobClass | None:
     if c["sla"].present:
         with c.doc.collecting():
             s = c["sla"].mapping({"p95Latency", "errorRate"})
-            cls.sla = Sla(_duration(s["p95Latency"], None), s["errorRate"].number(0, 1, default=None))
+            cls.sla = Sla(
+                _duration(s["p95Latency"], None), s["errorRate"].number(0, 1, default=None)
+            )
     return cls if c.doc.errors.total == errors else None
 
 
@@ -241,13 +284,17 @@ def _slack(c: Cursor) -> tuple[float, float]:
     return slack
 
 
-def _explicit_job(c: Cursor, classes: dict[str, JobClass], declared: set[str], index: int) -> Job | None:
+def _explicit_job(
+    c: Cursor, classes: dict[str, JobClass], declared: set[str], index: int
+) -> Job | None:
     """The job at `c`, or None when one of its fields is wrong (each error is kept). A job of
     a declared class that had errors of its own is checked against a stand-in class."""
     errors = c.doc.errors.total
     if not c.fields(JOB_FIELDS, required={"runtime"}):
         return None
-    cls_name = c.doc.attempt(lambda: c["class"].str(declared, default=None) if declared else c["class"].str(default=None))
+    cls_name = c.doc.attempt(
+        lambda: c["class"].str(declared, default=None) if declared else c["class"].str(default=None)
+    )
     cls = classes.get(cls_name) or JobClass(cls_name or "default")
     explicit = {}
     arrival = c.doc.attempt(lambda: _duration(c["arrival"], 0), 0)
@@ -292,16 +339,25 @@ def parse(doc_root: Cursor) -> Workload:
     with doc.collecting():
         if root["apiVersion"].present and root["apiVersion"].str() != "xh.scheduling/v1":
             raise root["apiVersion"].error("apiVersion: expected xh.scheduling/v1")
-    name = doc.attempt(lambda: root["metadata"]["name"].str(default="workload") if root["metadata"].present
-                       else "workload", "workload")
+    name = doc.attempt(
+        lambda: (
+            root["metadata"]["name"].str(default="workload")
+            if root["metadata"].present
+            else "workload"
+        ),
+        "workload",
+    )
     spec = root["spec"]
-    if not isinstance(spec.value, dict):   # nothing inside can be checked
+    if not isinstance(spec.value, dict):  # nothing inside can be checked
         if spec.present:
             spec.fields()
         doc.errors.raise_if_any()
     spec.fields({"duration", "utilisation", "slaWindow", "classes", "jobs", "queues"})
-    w = Workload(name, duration_ns=doc.attempt(lambda: _duration(spec["duration"], 10_000_000_000), 0),
-                 utilisation=doc.attempt(lambda: spec["utilisation"].number(0.0, 10.0, default=None)))
+    w = Workload(
+        name,
+        duration_ns=doc.attempt(lambda: _duration(spec["duration"], 10_000_000_000), 0),
+        utilisation=doc.attempt(lambda: spec["utilisation"].number(0.0, 10.0, default=None)),
+    )
     with doc.collecting():
         w.window_ns = _duration(spec["slaWindow"], 1_000_000_000)
         if w.window_ns <= 0:

@@ -1,4 +1,5 @@
 """`xhagent trace record|export|stats|heatmap`."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from .fmt import TraceFile, TraceFormatError
 
 # Exit statuses (README): 1 refused or failed on this node, 2 bad input (options, files).
 REFUSED, BAD_INPUT = 1, 2
-MAX_DURATION_S = 366 * 86400   # a year: past it, a typo
-MAX_BIN_MS = 86400 * 1000      # a day
+MAX_DURATION_S = 366 * 86400  # a year: past it, a typo
+MAX_BIN_MS = 86400 * 1000  # a day
 
 
 def _fail(msg: str, code: int = REFUSED):
@@ -32,8 +33,11 @@ def _warn_lost(trace: TraceFile) -> None:
     """What every reader says about a file before using it: lost events, an unfinished
     recording, a truncation read on purpose (--allow-truncated)."""
     if trace.header.lost:
-        click.echo(f"xhagent trace: {trace.path}: {trace.header.lost} events were LOST while recording "
-                   "(ring buffer full); statistics undercount", err=True)
+        click.echo(
+            f"xhagent trace: {trace.path}: {trace.header.lost} events were LOST while recording "
+            "(ring buffer full); statistics undercount",
+            err=True,
+        )
     for warning in trace.warnings:
         click.echo(f"xhagent trace: {trace.path}: {warning}", err=True)
 
@@ -44,14 +48,32 @@ def trace() -> None:
 
 
 @trace.command()
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Trace file to write (replaced only by a finished trace).")
-@click.option("--duration", type=FiniteFloat(0, MAX_DURATION_S, unit=" s"), help="Stop after S seconds.")
-@click.option("--cgroup", type=click.Path(file_okay=False), help="Trace a cgroup v2 subtree (directory).")
-@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
-              help="Trace this pid/tgid and what it forks (repeatable).")
-@click.option("--events", default="switch,wakeup,wakeup_new,exit,fork", show_default=True,
-              help="Comma-separated subset of: switch, wakeup, wakeup_new, exit, fork.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (replaced only by a finished trace).",
+)
+@click.option(
+    "--duration", type=FiniteFloat(0, MAX_DURATION_S, unit=" s"), help="Stop after S seconds."
+)
+@click.option(
+    "--cgroup", type=click.Path(file_okay=False), help="Trace a cgroup v2 subtree (directory)."
+)
+@click.option(
+    "--pid",
+    "pids",
+    type=click.IntRange(min=1),
+    multiple=True,
+    help="Trace this pid/tgid and what it forks (repeatable).",
+)
+@click.option(
+    "--events",
+    default="switch,wakeup,wakeup_new,exit,fork",
+    show_default=True,
+    help="Comma-separated subset of: switch, wakeup, wakeup_new, exit, fork.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, duration, cgroup, pids, events, as_json, command) -> None:
@@ -70,8 +92,11 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     chosen = tuple(e.strip() for e in events.split(",") if e.strip())
     unknown = sorted(set(chosen) - set(TRACEPOINTS))
     if unknown or not chosen:
-        _fail(f"--events: unknown event(s) {', '.join(unknown) or '(none given)'}; "
-              f"choose from {', '.join(TRACEPOINTS)}", BAD_INPUT)
+        _fail(
+            f"--events: unknown event(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(TRACEPOINTS)}",
+            BAD_INPUT,
+        )
     if command and not command[0]:
         _fail("the command after -- is empty", BAD_INPUT)
     try:
@@ -90,8 +115,15 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         click.echo(f"\r{line}" if tty else line, err=True, nl=not tty)
 
     try:
-        res = do_record(output, duration=duration, cgroup=cgroup, pids=pids,
-                        command=list(command) or None, progress=progress, events=chosen)
+        res = do_record(
+            output,
+            duration=duration,
+            cgroup=cgroup,
+            pids=pids,
+            command=list(command) or None,
+            progress=progress,
+            events=chosen,
+        )
     except OutputError as exc:
         _fail(str(exc), BAD_INPUT)
     except BpfError as exc:
@@ -102,22 +134,40 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         _fail(f"{exc}; {output} left as it was", exc.exit_code)
     if tty:
         click.echo("", err=True)
-    click.echo(f"trace: {res.records} events in {res.elapsed_s:.2f} s written to {res.path}, "
-               f"{res.lost} lost", err=True)
+    click.echo(
+        f"trace: {res.records} events in {res.elapsed_s:.2f} s written to {res.path}, "
+        f"{res.lost} lost",
+        err=True,
+    )
     if res.lost:
-        click.echo(f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU: "
-                   f"{', '.join(map(str, res.lost_per_cpu))})", err=True)
+        click.echo(
+            f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU: "
+            f"{', '.join(map(str, res.lost_per_cpu))})",
+            err=True,
+        )
     if as_json:
-        click.echo(json.dumps({"path": res.path, "records": res.records, "lost": res.lost,
-                               "lost_per_cpu": res.lost_per_cpu, "elapsed_s": round(res.elapsed_s, 6),
-                               "exit_code": res.exit_code, "filter": res.meta.get("filter")}))
+        click.echo(
+            json.dumps(
+                {
+                    "path": res.path,
+                    "records": res.records,
+                    "lost": res.lost,
+                    "lost_per_cpu": res.lost_per_cpu,
+                    "elapsed_s": round(res.elapsed_s, 6),
+                    "exit_code": res.exit_code,
+                    "filter": res.meta.get("filter"),
+                }
+            )
+        )
     if res.exit_code:
         sys.exit(res.exit_code if 0 < res.exit_code < 256 else REFUSED)
 
 
 ALLOW_TRUNCATED = click.option(
-    "--allow-truncated", is_flag=True,
-    help="Read what a truncated trace holds (with a warning) instead of refusing it.")
+    "--allow-truncated",
+    is_flag=True,
+    help="Read what a truncated trace holds (with a warning) instead of refusing it.",
+)
 
 
 def _write(output: str, write) -> None:
@@ -149,7 +199,9 @@ def _check_output(output: str) -> None:
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", required=True, type=click.Choice(["perf", "ftrace", "chrome"]))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="'-' for stdout.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="'-' for stdout."
+)
 @ALLOW_TRUNCATED
 def export(file, fmt, output, allow_truncated) -> None:
     """Export FILE as `perf script` text, ftrace text (Perfetto) or Chrome trace JSON."""
@@ -196,7 +248,9 @@ class _Sorted:
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
-@click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Tasks listed.")
+@click.option(
+    "--top", default=20, show_default=True, type=click.IntRange(min=1), help="Tasks listed."
+)
 @ALLOW_TRUNCATED
 def stats(file, as_json, top, allow_truncated) -> None:
     """Per task on-CPU time and switches, run-queue latency histogram, per CPU busy %."""
@@ -210,9 +264,14 @@ def stats(file, as_json, top, allow_truncated) -> None:
 
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="OUT.svg or OUT.png")
-@click.option("--bin-ms", type=FiniteFloat(0, MAX_BIN_MS, unit=" ms"),
-              help="Time bin (default: about 200 bins).")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="OUT.svg or OUT.png"
+)
+@click.option(
+    "--bin-ms",
+    type=FiniteFloat(0, MAX_BIN_MS, unit=" ms"),
+    help="Time bin (default: about 200 bins).",
+)
 @ALLOW_TRUNCATED
 def heatmap(file, output, bin_ms, allow_truncated) -> None:
     """CPUs x time bins coloured by busy fraction, as SVG or PNG."""
@@ -231,5 +290,8 @@ def heatmap(file, output, bin_ms, allow_truncated) -> None:
         _fail(f"{file}: {exc}", BAD_INPUT)
     data = hm.svg(grid).encode() if kind == ".svg" else hm.png(grid)
     _write(output, lambda fd: write_all(fd, data))
-    click.echo(f"trace: heatmap {len(grid.cpus)} CPUs x {grid.bins} bins of {grid.bin_ns / 1e6:g} ms "
-               f"written to {output}", err=True)
+    click.echo(
+        f"trace: heatmap {len(grid.cpus)} CPUs x {grid.bins} bins of {grid.bin_ns / 1e6:g} ms "
+        f"written to {output}",
+        err=True,
+    )

@@ -7,6 +7,7 @@ then records from byte `data_offset`. `records` and `lost` are patched in place 
 the end; a file whose recorder died reads with records derived from its size and
 `complete` false.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,10 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from ..bpf.layout import Mirror, Record, pick
 from ..cpulist import MAX_CPUS
@@ -33,19 +35,39 @@ META_ROOM = 4096
 
 # struct xh_sched_event and enum xh_event_type of ebpf/sched_trace.h, checked against
 # sched_trace.bpf.o's BTF by tests/unit/test_bpf_layout.py (MIRROR).
-RECORD = Record("xh_sched_event", (
-    ("ts_ns", "Q"), ("cpu", "I"), ("type", "H"), ("pad", "H"),
-    ("prev_pid", "I"), ("prev_tgid", "I"), ("next_pid", "I"), ("next_tgid", "I"),
-    ("prev_prio", "i"), ("next_prio", "i"), ("prev_state", "I"), ("aux", "I"),
-    ("prev_comm", "16s"), ("next_comm", "16s"),
-))
+RECORD = Record(
+    "xh_sched_event",
+    (
+        ("ts_ns", "Q"),
+        ("cpu", "I"),
+        ("type", "H"),
+        ("pad", "H"),
+        ("prev_pid", "I"),
+        ("prev_tgid", "I"),
+        ("next_pid", "I"),
+        ("next_tgid", "I"),
+        ("prev_prio", "i"),
+        ("next_prio", "i"),
+        ("prev_state", "I"),
+        ("aux", "I"),
+        ("prev_comm", "16s"),
+        ("next_comm", "16s"),
+    ),
+)
 OFF_CPU, OFF_TYPE = 8, 12  # of a record's cpu (u32) and type (u16)
 EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK = 1, 2, 3, 4, 5
-MIRROR = Mirror("sched_trace", records=(RECORD,), enums={
-    "xh_event_type": pick(globals(), "EV_SWITCH EV_WAKEUP EV_WAKEUP_NEW EV_EXIT EV_FORK")})
-EVENT_NAMES = {EV_SWITCH: "sched_switch", EV_WAKEUP: "sched_wakeup",
-               EV_WAKEUP_NEW: "sched_wakeup_new", EV_EXIT: "sched_process_exit",
-               EV_FORK: "sched_process_fork"}
+MIRROR = Mirror(
+    "sched_trace",
+    records=(RECORD,),
+    enums={"xh_event_type": pick(globals(), "EV_SWITCH EV_WAKEUP EV_WAKEUP_NEW EV_EXIT EV_FORK")},
+)
+EVENT_NAMES = {
+    EV_SWITCH: "sched_switch",
+    EV_WAKEUP: "sched_wakeup",
+    EV_WAKEUP_NEW: "sched_wakeup_new",
+    EV_EXIT: "sched_process_exit",
+    EV_FORK: "sched_process_fork",
+}
 
 
 class Event(NamedTuple):
@@ -79,7 +101,7 @@ class TraceFormatError(ValueError):
 
 @dataclass
 class Header:
-    clock_offset_ns: int          # CLOCK_REALTIME - ktime (CLOCK_MONOTONIC), ns
+    clock_offset_ns: int  # CLOCK_REALTIME - ktime (CLOCK_MONOTONIC), ns
     meta: dict = field(default_factory=dict)
     records: int = 0
     lost: int = 0
@@ -89,11 +111,22 @@ class Header:
 
     def encode(self, meta_len: int | None = None) -> bytes:
         blob = json.dumps(self.meta, sort_keys=True, separators=(",", ":")).encode()
-        room = meta_len if meta_len is not None else max(META_ROOM, (len(blob) + 1023) // 1024 * 1024)
+        room = (
+            meta_len if meta_len is not None else max(META_ROOM, (len(blob) + 1023) // 1024 * 1024)
+        )
         if len(blob) > room:
             raise ValueError(f"trace metadata ({len(blob)} bytes) exceeds its room ({room})")
-        prefix = PREFIX.pack(MAGIC, self.version, 0, self.record_size, self.clock_offset_ns,
-                             self.records, self.lost, FLAG_COMPLETE if self.complete else 0, room)
+        prefix = PREFIX.pack(
+            MAGIC,
+            self.version,
+            0,
+            self.record_size,
+            self.clock_offset_ns,
+            self.records,
+            self.lost,
+            FLAG_COMPLETE if self.complete else 0,
+            room,
+        )
         return prefix + blob.ljust(room, b" ")
 
 
@@ -125,12 +158,22 @@ def write_trace(path: str | Path, header: Header, events: list[Event]) -> None:
         f.write(b"".join(RECORD.pack(*e) for e in events))
 
 
-MAX_META = 1 << 20         # metadata is a few hundred bytes; room is reserved in KiB
-MAX_STREAMED = 256 << 20   # a trace read from a pipe is held in memory: 3.3 million records
+MAX_META = 1 << 20  # metadata is a few hundred bytes; room is reserved in KiB
+MAX_STREAMED = 256 << 20  # a trace read from a pipe is held in memory: 3.3 million records
 # Types of the metadata the readers use; other keys are kept as they are (JSON values).
-META_TYPES = {"ncpus": int, "filter": dict, "events": list, "hostname": str, "kernel": str,
-              "attach": str, "record": str, "started_realtime_ns": int, "elapsed_ns": int,
-              "lost_per_cpu": list, "foreign_records": int}
+META_TYPES = {
+    "ncpus": int,
+    "filter": dict,
+    "events": list,
+    "hostname": str,
+    "kernel": str,
+    "attach": str,
+    "record": str,
+    "started_realtime_ns": int,
+    "elapsed_ns": int,
+    "lost_per_cpu": list,
+    "foreign_records": int,
+}
 FILTER_KINDS = ("all", "cgroup", "pids")
 
 
@@ -181,15 +224,21 @@ class TraceFile:
         if version != VERSION:
             self._fail(f"trace version {version} is not supported (this xhagent reads {VERSION})")
         if rsize != RECORD.size:
-            self._fail(f"record size {rsize} at offset 12 does not match this xhagent's {RECORD.size}")
+            self._fail(
+                f"record size {rsize} at offset 12 does not match this xhagent's {RECORD.size}"
+            )
         if meta_len > MAX_META:
-            self._fail(f"metadata length {meta_len:,} at offset 44 is over the limit ({MAX_META:,} bytes)")
+            self._fail(
+                f"metadata length {meta_len:,} at offset 44 is over the limit ({MAX_META:,} bytes)"
+            )
         end = PREFIX.size + meta_len
         if len(d) < end:
-            self._fail(f"header truncated: metadata needs {meta_len} bytes at offset {PREFIX.size}, "
-                       f"the file has {len(d) - PREFIX.size}")
+            self._fail(
+                f"header truncated: metadata needs {meta_len} bytes at offset {PREFIX.size}, "
+                f"the file has {len(d) - PREFIX.size}"
+            )
         try:
-            meta = json.loads(d[PREFIX.size:end].decode())
+            meta = json.loads(d[PREFIX.size : end].decode())
         except UnicodeDecodeError as exc:
             self._fail(f"metadata at offset {PREFIX.size + exc.start} is not UTF-8")
         except json.JSONDecodeError as exc:
@@ -215,8 +264,11 @@ class TraceFile:
             if filt.get("kind") not in FILTER_KINDS:
                 self._fail(f"{where}: filter.kind must be one of {', '.join(FILTER_KINDS)}")
             pids = filt.get("pids", [])
-            if not isinstance(pids, list) or not all(_is_int(p) for p in pids) \
-                    or not _is_int(filt.get("command_pid", 0)):
+            if (
+                not isinstance(pids, list)
+                or not all(_is_int(p) for p in pids)
+                or not _is_int(filt.get("command_pid", 0))
+            ):
                 self._fail(f"{where}: filter.pids and filter.command_pid must be integers")
 
     def _count_records(self, allow_truncated: bool) -> tuple[int, int]:
@@ -226,16 +278,21 @@ class TraceFile:
             h.records = whole
             self.warnings.append(
                 f"recording did not finish (the recorder stopped before writing its final counts); "
-                f"{whole} whole records read" + (f", {partial} bytes of a partial record ignored"
-                                                  if partial else ""))
+                f"{whole} whole records read"
+                + (f", {partial} bytes of a partial record ignored" if partial else "")
+            )
             return whole, partial
         declared = h.records * RECORD.size
         if body > declared:
-            self._fail(f"{body - declared:,} bytes after the {h.records} records the header declares "
-                       f"(from offset {self.data_offset + declared:,})")
+            self._fail(
+                f"{body - declared:,} bytes after the {h.records} records the header declares "
+                f"(from offset {self.data_offset + declared:,})"
+            )
         if body < declared:
-            what = (f"truncated: {whole} of {h.records} declared records "
-                    f"({body:,} of {declared:,} bytes after the header)")
+            what = (
+                f"truncated: {whole} of {h.records} declared records "
+                f"({body:,} of {declared:,} bytes after the header)"
+            )
             if not allow_truncated:
                 self._fail(f"{what}; --allow-truncated reads what is there")
             self.warnings.append(f"{what}; reading the {whole} whole records")
@@ -244,14 +301,19 @@ class TraceFile:
     def _check_records(self) -> None:
         """Every record's type is known and its CPU id in range (whole columns at C speed)."""
         start = self.data_offset
-        view = memoryview(self._data)[start:start + self.count * RECORD.size]
-        columns = (("type", view.cast("H")[OFF_TYPE // 2::RECORD.size // 2], EVENT_NAMES.__contains__),
-                   ("cpu", view.cast("I")[OFF_CPU // 4::RECORD.size // 4], range(MAX_CPUS).__contains__))
+        view = memoryview(self._data)[start : start + self.count * RECORD.size]
+        columns = (
+            ("type", view.cast("H")[OFF_TYPE // 2 :: RECORD.size // 2], EVENT_NAMES.__contains__),
+            ("cpu", view.cast("I")[OFF_CPU // 4 :: RECORD.size // 4], range(MAX_CPUS).__contains__),
+        )
         for name, column, valid in columns:
             if not all(map(valid, set(column))):
                 i = next(i for i, v in enumerate(column) if not valid(v))
-                problem = (f"unknown type {column[i]}" if name == "type"
-                           else f"CPU id {column[i]} is out of range (0..{MAX_CPUS - 1})")
+                problem = (
+                    f"unknown type {column[i]}"
+                    if name == "type"
+                    else f"CPU id {column[i]} is out of range (0..{MAX_CPUS - 1})"
+                )
                 self._fail(f"record {i} at offset {start + i * RECORD.size:,}: {problem}")
 
     def __len__(self) -> int:
@@ -259,7 +321,7 @@ class TraceFile:
 
     def __iter__(self) -> Iterator[Event]:
         end = self.data_offset + self.count * RECORD.size
-        for t in RECORD.iter_unpack(memoryview(self._data)[self.data_offset:end]):
+        for t in RECORD.iter_unpack(memoryview(self._data)[self.data_offset : end]):
             yield Event(*t)
 
     def events(self) -> list[Event]:
@@ -288,8 +350,13 @@ def _json_type(v) -> str:
     """How a JSON value's type reads in a message (not Python's type names)."""
     if isinstance(v, bool):
         return "a boolean"
-    for t, name in ((int, "an integer"), (float, "a number"), (str, "a string"),
-                    (list, "an array"), (dict, "an object")):
+    for t, name in (
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "an object"),
+    ):
         if isinstance(v, t):
             return name
     return "null"

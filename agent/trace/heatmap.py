@@ -1,13 +1,14 @@
 """A per-CPU scheduling heatmap: CPUs (rows) x time bins (columns) coloured by the
 fraction of the bin the CPU spent running a task other than idle. SVG written by
 hand; PNG through a small zlib writer with a 3x5 bitmap font for the labels."""
+
 from __future__ import annotations
 
 import math
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from .fmt import Event
 from .intervals import Selection, runs
@@ -33,8 +34,12 @@ def auto_bin_ms(span_ns: int, target_bins: int = 200) -> float:
     return max(1.0, math.ceil(span_ns / 1e6 / target_bins))
 
 
-def busy_grid(events: Iterable[Event], bin_ms: float | None = None, ncpus: int | None = None,
-              filt: dict | None = None) -> Grid:
+def busy_grid(
+    events: Iterable[Event],
+    bin_ms: float | None = None,
+    ncpus: int | None = None,
+    filt: dict | None = None,
+) -> Grid:
     """`filt`: the trace's filter; with one, the cells show the selected tasks' runs
     (intervals.Selection), as `trace stats` counts them."""
     events = list(events)
@@ -48,9 +53,11 @@ def busy_grid(events: Iterable[Event], bin_ms: float | None = None, ncpus: int |
     bin_ns = max(1, int(bin_ms * 1e6))
     nbins = max(1, math.ceil((end - start) / bin_ns))
     if nbins > max_bins:
-        raise ValueError(f"{nbins} time bins of {bin_ms} ms: too many (at most {max_bins} for "
-                         f"{len(cpus)} CPUs); use a larger --bin-ms "
-                         f"(at least {math.ceil((end - start) / 1e6 / max_bins)})")
+        raise ValueError(
+            f"{nbins} time bins of {bin_ms} ms: too many (at most {max_bins} for "
+            f"{len(cpus)} CPUs); use a larger --bin-ms "
+            f"(at least {math.ceil((end - start) / 1e6 / max_bins)})"
+        )
     row = {cpu: i for i, cpu in enumerate(cpus)}
     busy = [[0.0] * nbins for _ in cpus]
     for iv in runs(events, Selection(events, filt)):
@@ -81,17 +88,20 @@ class Layout:
     """Geometry shared by both renderers; tests check files against it. From the top: the
     title, the rows of cells (labelled CPU n on the left), the time axis with its ticks and
     name, the legend."""
+
     cell_w: int
     cell_h: int
     left: int = 70
     top: int = 40
     bottom: int = 76
-    right: int = 40   # half the widest tick label: the last one is centred on the edge
+    right: int = 40  # half the widest tick label: the last one is centred on the edge
 
     def size(self, grid: Grid) -> tuple[int, int]:
         # at least as wide as the axis name and legend under the cells
-        return (max(MIN_WIDTH, self.left + grid.bins * self.cell_w + self.right),
-                self.top + len(grid.cpus) * self.cell_h + self.bottom)
+        return (
+            max(MIN_WIDTH, self.left + grid.bins * self.cell_w + self.right),
+            self.top + len(grid.cpus) * self.cell_h + self.bottom,
+        )
 
     def label_every(self) -> int:
         """Label every n-th row: labels need 12 px."""
@@ -104,7 +114,11 @@ MAX_PLOT_H = 4000
 
 def layout_for(grid: Grid) -> Layout:
     rows = max(1, len(grid.cpus))
-    cell_h = max(24, math.ceil(MIN_PLOT_H / rows)) if rows * 24 <= MAX_PLOT_H else max(3, MAX_PLOT_H // rows)
+    cell_h = (
+        max(24, math.ceil(MIN_PLOT_H / rows))
+        if rows * 24 <= MAX_PLOT_H
+        else max(3, MAX_PLOT_H // rows)
+    )
     return Layout(cell_w=max(1, min(20, 1000 // max(1, grid.bins))), cell_h=cell_h)
 
 
@@ -126,18 +140,24 @@ def svg(grid: Grid) -> str:
     lay = layout_for(grid)
     w, h = lay.size(grid)
     cw, ch, x0, y0 = lay.cell_w, lay.cell_h, lay.left, lay.top
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-           f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
-           f'<title>{title(grid)}</title>',
-           f'<text class="title" x="{x0}" y="24" font-size="14" font-weight="bold">{title(grid)}</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
+        f"<title>{title(grid)}</title>",
+        f'<text class="title" x="{x0}" y="24" font-size="14" font-weight="bold">{title(grid)}</text>',
+    ]
     for r, cpu in enumerate(grid.cpus):
         y = y0 + r * ch
         if r % lay.label_every() == 0:
-            out.append(f'<text x="{x0 - 6}" y="{y + ch / 2 + 4}" text-anchor="end">CPU {cpu}</text>')
+            out.append(
+                f'<text x="{x0 - 6}" y="{y + ch / 2 + 4}" text-anchor="end">CPU {cpu}</text>'
+            )
         out.append(f'<g class="row" data-cpu="{cpu}">')
         for i, f in enumerate(grid.busy[r]):
-            out.append(f'<rect class="cell" x="{x0 + i * cw}" y="{y}" width="{cw}" height="{ch}" '
-                       f'fill="#{"%02x%02x%02x" % colour(f)}"><title>{f * 100:.0f}%</title></rect>')
+            out.append(
+                f'<rect class="cell" x="{x0 + i * cw}" y="{y}" width="{cw}" height="{ch}" '
+                f'fill="#{"%02x%02x%02x" % colour(f)}"><title>{f * 100:.0f}%</title></rect>'
+            )
         out.append("</g>")
     yb = y0 + len(grid.cpus) * ch
     out.append(f'<line x1="{x0}" y1="{yb}" x2="{x0 + grid.bins * cw}" y2="{yb}" stroke="black"/>')
@@ -148,10 +168,17 @@ def svg(grid: Grid) -> str:
     out.append(f'<text class="axis" x="{x0}" y="{yb + 34}">{axis_name(grid)}</text>')
     # legend: a gradient from 0 to 100 % busy
     lx, ly = x0 + 30, yb + 48
-    out.append('<defs><linearGradient id="busy">' + "".join(
-        f'<stop offset="{k * 10}%" stop-color="#{"%02x%02x%02x" % colour(k / 10)}"/>' for k in range(11))
-        + "</linearGradient></defs>")
-    out.append(f'<rect class="legend" x="{lx}" y="{ly}" width="100" height="10" fill="url(#busy)" stroke="black"/>')
+    out.append(
+        '<defs><linearGradient id="busy">'
+        + "".join(
+            f'<stop offset="{k * 10}%" stop-color="#{"%02x%02x%02x" % colour(k / 10)}"/>'
+            for k in range(11)
+        )
+        + "</linearGradient></defs>"
+    )
+    out.append(
+        f'<rect class="legend" x="{lx}" y="{ly}" width="100" height="10" fill="url(#busy)" stroke="black"/>'
+    )
     out.append(f'<text x="{lx - 4}" y="{ly + 9}" text-anchor="end">0%</text>')
     out.append(f'<text x="{lx + 104}" y="{ly + 9}">100% busy</text>')
     out.append("</svg>")
@@ -161,15 +188,52 @@ def svg(grid: Grid) -> str:
 # A 3x5 pixel font, upper case (the PNG's text is drawn in capitals): five rows, top to
 # bottom, each an octal digit whose three bits are the pixels left to right.
 FONT = {
-    "A": "25755", "B": "65656", "C": "34443", "D": "65556", "E": "74647", "F": "74644",
-    "G": "34553", "H": "55755", "I": "72227", "J": "11152", "K": "55655", "L": "44447",
-    "M": "57755", "N": "65555", "O": "25552", "P": "65644", "Q": "25563", "R": "65655",
-    "S": "34216", "T": "72222", "U": "55557", "V": "55552", "W": "55775", "X": "55255",
-    "Y": "55222", "Z": "71247",
-    "0": "75557", "1": "26227", "2": "71747", "3": "71717", "4": "55711", "5": "74717",
-    "6": "74757", "7": "71111", "8": "75757", "9": "75717",
-    " ": "00000", ".": "00002", ",": "00024", "%": "51245", "(": "12221", ")": "42224",
-    "-": "00700", "+": "02720", ":": "02020", "/": "11244",
+    "A": "25755",
+    "B": "65656",
+    "C": "34443",
+    "D": "65556",
+    "E": "74647",
+    "F": "74644",
+    "G": "34553",
+    "H": "55755",
+    "I": "72227",
+    "J": "11152",
+    "K": "55655",
+    "L": "44447",
+    "M": "57755",
+    "N": "65555",
+    "O": "25552",
+    "P": "65644",
+    "Q": "25563",
+    "R": "65655",
+    "S": "34216",
+    "T": "72222",
+    "U": "55557",
+    "V": "55552",
+    "W": "55775",
+    "X": "55255",
+    "Y": "55222",
+    "Z": "71247",
+    "0": "75557",
+    "1": "26227",
+    "2": "71747",
+    "3": "71717",
+    "4": "55711",
+    "5": "74717",
+    "6": "74757",
+    "7": "71111",
+    "8": "75757",
+    "9": "75717",
+    " ": "00000",
+    ".": "00002",
+    ",": "00024",
+    "%": "51245",
+    "(": "12221",
+    ")": "42224",
+    "-": "00700",
+    "+": "02720",
+    ":": "02020",
+    "/": "11244",
 }
 GLYPH_W, GLYPH_H = 3, 5
 
@@ -186,7 +250,7 @@ class Canvas:
         row = bytes(rgb) * (x1 - x0)
         for yy in range(max(0, y), min(self.h, y + h)):
             o = (yy * self.w + x0) * 3
-            self.px[o:o + len(row)] = row
+            self.px[o : o + len(row)] = row
 
     @staticmethod
     def text_width(s: str, scale: int = 2) -> int:
@@ -194,7 +258,11 @@ class Canvas:
 
     def text(self, x: int, y: int, s: str, scale: int = 2, anchor: str = "start") -> None:
         """`s` in capitals with its top at y; anchor "start", "middle" or "end" at x."""
-        x -= {"start": 0, "middle": self.text_width(s, scale) // 2, "end": self.text_width(s, scale)}[anchor]
+        x -= {
+            "start": 0,
+            "middle": self.text_width(s, scale) // 2,
+            "end": self.text_width(s, scale),
+        }[anchor]
         for ch in s.upper():
             for r, bits in enumerate(FONT.get(ch, "00000")):
                 for c in range(GLYPH_W):
@@ -203,14 +271,25 @@ class Canvas:
             x += (GLYPH_W + 1) * scale
 
     def png(self) -> bytes:
-        raw = b"".join(b"\x00" + bytes(self.px[y * self.w * 3:(y + 1) * self.w * 3]) for y in range(self.h))
+        raw = b"".join(
+            b"\x00" + bytes(self.px[y * self.w * 3 : (y + 1) * self.w * 3]) for y in range(self.h)
+        )
 
         def chunk(kind: bytes, data: bytes) -> bytes:
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+            return (
+                struct.pack(">I", len(data))
+                + kind
+                + data
+                + struct.pack(">I", zlib.crc32(kind + data))
+            )
 
         ihdr = struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0)
-        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 6))
-                + chunk(b"IEND", b""))
+        return (
+            b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(raw, 6))
+            + chunk(b"IEND", b"")
+        )
 
 
 def png(grid: Grid) -> bytes:

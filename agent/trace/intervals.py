@@ -1,9 +1,10 @@
 """On-CPU intervals from sched_switch records: the shared core of the Chrome export,
 the statistics and the heatmap."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from .fmt import EV_EXIT, EV_FORK, EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, Event, comm
 
@@ -47,8 +48,12 @@ def by_time(events: Iterable[Event]) -> list[Event]:
 
 # Records only a task the filter selected produces: the woken, exiting or forking task
 # (and, under a cgroup filter, the child, which starts in its parent's cgroup).
-_SUBJECTS = {EV_WAKEUP: ("next",), EV_WAKEUP_NEW: ("next",), EV_EXIT: ("prev",),
-             EV_FORK: ("prev", "next")}
+_SUBJECTS = {
+    EV_WAKEUP: ("next",),
+    EV_WAKEUP_NEW: ("next",),
+    EV_EXIT: ("prev",),
+    EV_FORK: ("prev", "next"),
+}
 ROOT_CGROUP_ID = 1  # the cgroup v2 root's id: a filter on it selects every task
 
 # What `trace stats` counts, as it prints it (README, `xhagent trace`).
@@ -70,14 +75,18 @@ class Selection:
     def __init__(self, events: Iterable[Event], filt: dict | None):
         filt = filt or {}
         kind = filt.get("kind", "all")
-        self.everything = kind == "all" or (kind == "cgroup" and filt.get("cgroup_id") == ROOT_CGROUP_ID)
+        self.everything = kind == "all" or (
+            kind == "cgroup" and filt.get("cgroup_id") == ROOT_CGROUP_ID
+        )
         self.rule = RULE_ALL if self.everything else RULE_FILTERED
         self.pids: set[int] = set()
         self._tgids: set[int] = set()
         if self.everything:
             return
         if kind == "pids":
-            self._tgids = set(filt.get("pids", [])) | ({filt["command_pid"]} if "command_pid" in filt else set())
+            self._tgids = set(filt.get("pids", [])) | (
+                {filt["command_pid"]} if "command_pid" in filt else set()
+            )
             self.pids = set(self._tgids)
             for ev in events:
                 if ev.type == EV_FORK and self.selected(ev.prev_pid, ev.prev_tgid):
@@ -97,5 +106,7 @@ class Selection:
 def runs(events: list[Event], selection: Selection) -> Iterator[Interval]:
     """The on-CPU runs that count under `selection` (see Selection; its `rule` says which)."""
     for iv in on_cpu_intervals(events):
-        if selection.everything or (iv.end_state is not None and selection.selected(iv.pid, iv.tgid)):
+        if selection.everything or (
+            iv.end_state is not None and selection.selected(iv.pid, iv.tgid)
+        ):
             yield iv

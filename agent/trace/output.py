@@ -7,18 +7,24 @@ renamed over PATH only once it is complete. A failed or interrupted run removes 
 temporary file, never PATH. A PATH that exists and is not a regular file is refused before
 anything is written; a symbolic link is followed, so its target is what gets replaced.
 """
+
 from __future__ import annotations
 
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from ..signals import signals_held
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFIFO: "a FIFO"}
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFIFO: "a FIFO",
+}
 
 
 class OutputError(ValueError):
@@ -121,4 +127,4 @@ def write_all(fd: int, data: bytes) -> None:
     """os.write until all of `data` is written (a write may be short)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

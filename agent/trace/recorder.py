@@ -4,6 +4,7 @@ in C, and stop at a deadline, when the traced command exits, or on SIGINT/SIGTER
 With a command, it is started behind a gate (a pipe it waits on before exec), its
 pid goes into the filter, and only then is it let go, so that no early event of the
 command or its descendants is missed."""
+
 from __future__ import annotations
 
 import os
@@ -13,18 +14,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..signals import TERMINATING, forward_signals, terminate_on_signals
 from .fmt import Header, clock_offset_ns, finish_header, write_header
 from .output import atomic_output
 
 # Waits for one byte on fd argv[1], then becomes the command (same pid).
-GATE = ("import os, sys\nfd = int(sys.argv[1])\nif os.read(fd, 1) != b'g':\n    sys.exit(125)\n"
-        "os.close(fd)\ntry:\n    os.execvp(sys.argv[2], sys.argv[2:])\n"
-        "except OSError as e:\n    print(f'xhagent trace: cannot run {sys.argv[2]}: {e.strerror}', "
-        "file=sys.stderr)\n    sys.exit(127)\n")
+GATE = (
+    "import os, sys\nfd = int(sys.argv[1])\nif os.read(fd, 1) != b'g':\n    sys.exit(125)\n"
+    "os.close(fd)\ntry:\n    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as e:\n    print(f'xhagent trace: cannot run {sys.argv[2]}: {e.strerror}', "
+    "file=sys.stderr)\n    sys.exit(127)\n"
+)
 POLL_MS = 100
 MAX_PID = 2**32 - 1  # the BPF filter keys pids as u32
 
@@ -35,7 +38,7 @@ class RecordResult:
     records: int
     lost: int
     lost_per_cpu: list[int]
-    foreign: int          # records of an unexpected size (never expected; counted as lost)
+    foreign: int  # records of an unexpected size (never expected; counted as lost)
     elapsed_s: float
     exit_code: int | None = None
     meta: dict = field(default_factory=dict)
@@ -70,8 +73,9 @@ def shell_status(returncode: int) -> int:
 def _spawn_gated(command: list[str], stdout) -> tuple[subprocess.Popen, int]:
     r, w = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", GATE, str(r), *command], pass_fds=(r,),
-                                stdout=stdout)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", GATE, str(r), *command], pass_fds=(r,), stdout=stdout
+        )
     except BaseException:
         os.close(w)
         raise
@@ -93,8 +97,10 @@ def check_cgroup(path: str) -> str:
     except OSError as exc:
         raise ValueError(f"--cgroup {path}: {exc.strerror}") from None
     if magic != CGROUP2_SUPER_MAGIC:
-        raise ValueError(f"--cgroup {path}: not a cgroup v2 directory (file system magic "
-                         f"{magic:#x}, cgroup2 is {CGROUP2_SUPER_MAGIC:#x})")
+        raise ValueError(
+            f"--cgroup {path}: not a cgroup v2 directory (file system magic "
+            f"{magic:#x}, cgroup2 is {CGROUP2_SUPER_MAGIC:#x})"
+        )
     return os.path.abspath(path)
 
 
@@ -111,11 +117,18 @@ def check_pid(pid: int) -> int:
     return pid
 
 
-def record(path: str, *, duration: float | None = None, cgroup: str | None = None,
-           pids: list[int] | tuple[int, ...] = (), command: list[str] | None = None,
-           progress: Callable[[int, int, float], None] | None = None,
-           system_wide: bool = False, command_stdout=None,
-           events: tuple[str, ...] | None = None) -> RecordResult:
+def record(
+    path: str,
+    *,
+    duration: float | None = None,
+    cgroup: str | None = None,
+    pids: list[int] | tuple[int, ...] = (),
+    command: list[str] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+    system_wide: bool = False,
+    command_stdout=None,
+    events: tuple[str, ...] | None = None,
+) -> RecordResult:
     """Trace into `path`. With `command`, its tasks are traced (all tasks if
     `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None).
 
@@ -136,7 +149,11 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
         try:
             with SchedTrace() as st:
                 if cgroup is not None:
-                    filt = {"kind": "cgroup", "cgroup": cgroup, "cgroup_id": st.filter_cgroup(cgroup)}
+                    filt = {
+                        "kind": "cgroup",
+                        "cgroup": cgroup,
+                        "cgroup_id": st.filter_cgroup(cgroup),
+                    }
                 elif pids or (command and not system_wide):
                     filt = {"kind": "pids", "pids": list(pids)}
                 else:
@@ -147,15 +164,24 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
                     filt["command_pid"] = proc.pid
                 if filt["kind"] == "pids":
                     st.filter_pids(list(pids) + ([proc.pid] if proc else []))
-                header = Header(clock_offset_ns(), {
-                    "filter": filt, "hostname": socket.gethostname(), "kernel": platform.release(),
-                    "ncpus": os.cpu_count(), "started_realtime_ns": time.time_ns(),
-                    "attach": st.flavour, "record": "xh_sched_event", "events": list(events)})
+                header = Header(
+                    clock_offset_ns(),
+                    {
+                        "filter": filt,
+                        "hostname": socket.gethostname(),
+                        "kernel": platform.release(),
+                        "ncpus": os.cpu_count(),
+                        "started_realtime_ns": time.time_ns(),
+                        "attach": st.flavour,
+                        "record": "xh_sched_event",
+                        "events": list(events),
+                    },
+                )
                 write_header(out.fd, header)
                 sink = st.start(out.fd, events)
                 # from here on a signal ends the recording (or goes to the command), and
                 # the file is finished: the handlers stay until it is in place
-                with (forward_signals(proc.pid) if proc else _Stop()) as stop:
+                with forward_signals(proc.pid) if proc else _Stop() as stop:
                     t0 = time.monotonic()
                     if gate is not None:
                         os.write(gate, b"g")
@@ -167,7 +193,11 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
                         sink.poll(POLL_MS)
                         now = time.monotonic()
                         if progress is not None and now >= next_report:
-                            progress(sink.stats()[0] + sink.stats()[1], sum(st.dropped_per_cpu()), now - t0)
+                            progress(
+                                sink.stats()[0] + sink.stats()[1],
+                                sum(st.dropped_per_cpu()),
+                                now - t0,
+                            )
                             next_report = now + 1.0
                         if duration is not None and now - t0 >= duration:
                             break
@@ -182,8 +212,11 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
                     lost_per_cpu = st.dropped_per_cpu()
                     header.records = written
                     header.lost = sum(lost_per_cpu) + foreign
-                    header.meta.update(elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu,
-                                       foreign_records=foreign)
+                    header.meta.update(
+                        elapsed_ns=int(elapsed * 1e9),
+                        lost_per_cpu=lost_per_cpu,
+                        foreign_records=foreign,
+                    )
                     finish_header(out.fd, header)
                     out.commit()
         finally:
@@ -191,5 +224,9 @@ def record(path: str, *, duration: float | None = None, cgroup: str | None = Non
                 os.close(gate)
                 proc.wait()
     # None if stopped by --duration: the command keeps running
-    exit_code = shell_status(proc.returncode) if proc is not None and proc.returncode is not None else None
-    return RecordResult(path, written, header.lost, lost_per_cpu, foreign, elapsed, exit_code, header.meta)
+    exit_code = (
+        shell_status(proc.returncode) if proc is not None and proc.returncode is not None else None
+    )
+    return RecordResult(
+        path, written, header.lost, lost_per_cpu, foreign, elapsed, exit_code, header.meta
+    )

@@ -2,10 +2,11 @@
 blocked; involuntary: it was preempted while runnable), run-queue latency (from
 wakeup, or from preemption, to running again) in log2 buckets as runqlat prints
 them, and per CPU busy percentage."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 from .fmt import EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, Event, comm
 from .intervals import Selection, by_time, runs
@@ -49,18 +50,29 @@ class TraceStats:
 
     def to_json(self) -> dict:
         return {
-            "span_ns": self.span_ns, "events": self.events, "lost": self.lost,
-            "filter": self.filter_kind, "counted": self.counted,
-            "cpus": {str(c): {"busy_pct": round(p, 3)} for c, p in sorted(self.cpu_busy_pct.items())},
+            "span_ns": self.span_ns,
+            "events": self.events,
+            "lost": self.lost,
+            "filter": self.filter_kind,
+            "counted": self.counted,
+            "cpus": {
+                str(c): {"busy_pct": round(p, 3)} for c, p in sorted(self.cpu_busy_pct.items())
+            },
             "runq_latency": {"max_ns": self.runq_max_ns, "hist_us": hist_json(self.runq_hist_us)},
-            "tasks": [dict({k: v for k, v in asdict(t).items() if k != "raw_comm"},
-                           runq_hist_us=hist_json(t.runq_hist_us))
-                      for t in sorted(self.tasks.values(), key=lambda t: -t.on_cpu_ns)],
+            "tasks": [
+                dict(
+                    {k: v for k, v in asdict(t).items() if k != "raw_comm"},
+                    runq_hist_us=hist_json(t.runq_hist_us),
+                )
+                for t in sorted(self.tasks.values(), key=lambda t: -t.on_cpu_ns)
+            ],
         }
 
 
 def hist_json(hist: dict[int, int]) -> list[dict]:
-    return [{"low": slot_range(s)[0], "high": slot_range(s)[1], "count": hist[s]} for s in sorted(hist)]
+    return [
+        {"low": slot_range(s)[0], "high": slot_range(s)[1], "count": hist[s]} for s in sorted(hist)
+    ]
 
 
 def compute(events: Iterable[Event], lost: int = 0, filt: dict | None = None) -> TraceStats:
@@ -116,8 +128,17 @@ def compute(events: Iterable[Event], lost: int = 0, filt: dict | None = None) ->
             tasks[iv.pid].on_cpu_ns += iv.end_ns - iv.start_ns
     span = events[-1].ts_ns - events[0].ts_ns if events else 0
     pct = {cpu: (100.0 * ns / span if span else 0.0) for cpu, ns in busy.items()}
-    return TraceStats(span, len(events), lost, tasks, pct, runq_hist, runq_max,
-                      (filt or {}).get("kind", "all"), sel.rule)
+    return TraceStats(
+        span,
+        len(events),
+        lost,
+        tasks,
+        pct,
+        runq_hist,
+        runq_max,
+        (filt or {}).get("kind", "all"),
+        sel.rule,
+    )
 
 
 def render_hist(hist: dict[int, int], unit: str = "usecs") -> list[str]:
@@ -135,15 +156,26 @@ def render_hist(hist: dict[int, int], unit: str = "usecs") -> list[str]:
 
 
 def render(st: TraceStats, top: int = 20) -> str:
-    out = [f"span {st.span_ns / 1e9:.3f} s, {st.events} events, {st.lost} lost",
-           f"filter {st.filter_kind}; on-CPU time and busy% count {st.counted}", "", "CPU   busy%"]
+    out = [
+        f"span {st.span_ns / 1e9:.3f} s, {st.events} events, {st.lost} lost",
+        f"filter {st.filter_kind}; on-CPU time and busy% count {st.counted}",
+        "",
+        "CPU   busy%",
+    ]
     out += [f"{cpu:<5} {p:6.2f}" for cpu, p in sorted(st.cpu_busy_pct.items())]
-    out += ["", f"{'PID':>7} {'TGID':>7} {'COMM':<16} {'ON-CPU ms':>10} {'SWITCHES':>9} "
-            f"{'VOL':>8} {'INVOL':>8} {'RUNQ MAX us':>12}"]
+    out += [
+        "",
+        f"{'PID':>7} {'TGID':>7} {'COMM':<16} {'ON-CPU ms':>10} {'SWITCHES':>9} "
+        f"{'VOL':>8} {'INVOL':>8} {'RUNQ MAX us':>12}",
+    ]
     for t in sorted(st.tasks.values(), key=lambda t: -t.on_cpu_ns)[:top]:
-        out.append(f"{t.pid:>7} {t.tgid:>7} {t.comm:<16} {t.on_cpu_ns / 1e6:>10.3f} {t.switches:>9} "
-                   f"{t.voluntary:>8} {t.involuntary:>8} {t.runq_max_ns / 1000:>12.1f}")
+        out.append(
+            f"{t.pid:>7} {t.tgid:>7} {t.comm:<16} {t.on_cpu_ns / 1e6:>10.3f} {t.switches:>9} "
+            f"{t.voluntary:>8} {t.involuntary:>8} {t.runq_max_ns / 1000:>12.1f}"
+        )
     if len(st.tasks) > top:
         out.append(f"... {len(st.tasks) - top} more tasks (--json lists all)")
-    out += ["", f"run-queue latency (max {st.runq_max_ns / 1000:.1f} us):"] + render_hist(st.runq_hist_us)
+    out += ["", f"run-queue latency (max {st.runq_max_ns / 1000:.1f} us):"] + render_hist(
+        st.runq_hist_us
+    )
     return "\n".join(out)

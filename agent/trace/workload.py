@@ -3,6 +3,7 @@ byte over two pipes `rounds` times, so each blocks in read() (prev_state=S) once
 per round. Run as `python -m xhagent.trace.workload ROUNDS [--pin none|same|split]`; it prints
 `{"ping": PID, "pong": PID, "rounds": N, "elapsed_s": S}` (the loop's
 wall time) as JSON on stdout."""
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,13 @@ def ping_pong(rounds: int, pin: str = "none") -> dict:
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"pong process failed with status {status}")
-    return {"ping": os.getpid(), "pong": pid, "rounds": rounds, "pin": pin,
-            "elapsed_s": round(elapsed, 6)}
+    return {
+        "ping": os.getpid(),
+        "pong": pid,
+        "rounds": rounds,
+        "pin": pin,
+        "elapsed_s": round(elapsed, 6),
+    }
 
 
 PINS = ("none", "same", "split")
@@ -74,7 +80,10 @@ def main(argv: list[str]) -> int:
     elif len(argv) != 1:
         argv = []
     if not argv or not argv[0].isdigit():
-        print("usage: python -m xhagent.trace.workload ROUNDS [--pin none|same|split]", file=sys.stderr)
+        print(
+            "usage: python -m xhagent.trace.workload ROUNDS [--pin none|same|split]",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(ping_pong(int(argv[0]), pin)), flush=True)
     return 0

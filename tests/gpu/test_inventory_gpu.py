@@ -1,4 +1,5 @@
 """On a machine with an NVIDIA GPU: the inventory's GPU entries agree with nvidia-smi."""
+
 import ctypes.util
 import json
 import shutil
@@ -15,8 +16,12 @@ FIELDS = "index,uuid,name,memory.total,pci.bus_id,compute_cap"
 def smi():
     if not ctypes.util.find_library("nvidia-ml") or not shutil.which("nvidia-smi"):
         pytest.skip("no NVIDIA GPU driver (libnvidia-ml, nvidia-smi) on this machine")
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [[f.strip() for f in line.split(",")] for line in out.strip().splitlines()]
 
 
@@ -35,6 +40,7 @@ def test_gpus_match_nvidia_smi(smi, run_xhagent):
 
 def test_model_has_cuda_version(smi, run_xhagent):
     from xhagent import node_model as model
+
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
     (node,) = model.loads(res.stdout)

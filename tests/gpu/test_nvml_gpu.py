@@ -1,4 +1,5 @@
 """On a machine with an NVIDIA GPU: the doctor's NVML item agrees with nvidia-smi."""
+
 import ctypes.util
 import shutil
 import subprocess
@@ -12,8 +13,12 @@ pytestmark = pytest.mark.gpu
 def smi():
     if not ctypes.util.find_library("nvidia-ml") or not shutil.which("nvidia-smi"):
         pytest.skip("no NVIDIA GPU driver (libnvidia-ml, nvidia-smi) on this machine")
-    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return {"gpus": len(out), "driver": out[0]}
 
 

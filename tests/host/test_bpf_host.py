@@ -1,5 +1,6 @@
 """xhagent.bpf on this kernel, for real: tp_btf/sched_switch counting and streaming
 through a ring buffer, and SIGURG sent by a perf-event program."""
+
 import errno
 import os
 import signal

@@ -1,5 +1,6 @@
 """`bench cgroup-io`'s readers on this host: each starts inside its own group (no
 start-then-move), and they read for real. The io controller itself is the guest's."""
+
 import os
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from xhagent.cgroups.mounts import discover
 pytestmark = pytest.mark.host
 
 # Before its "go", a reader notes the group it is in at that moment, under dev.<pid>.
-WHERE = ("import os, sys\nwhere = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0]\n"
-         "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nsys.stdin.readline()\nprint(0)\n")
+WHERE = (
+    "import os, sys\nwhere = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0]\n"
+    "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nsys.stdin.readline()\nprint(0)\n"
+)
 
 
 @pytest.fixture

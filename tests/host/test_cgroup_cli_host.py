@@ -1,5 +1,6 @@
 """`xhagent cgroup` freeze, run and their stops on this host's cgroup2 tree, for real:
 nothing left frozen, no child left running, statuses passed on."""
+
 import json
 import os
 import signal
@@ -31,14 +32,19 @@ def sub():
 
     def cli(cmd, *args, **kw):
         return subprocess.run(argv(cmd, *args), capture_output=True, text=True, timeout=60, **kw)
+
     cli.argv, cli.root, cli.name, cli.g = argv, root, name, Cgroup(root / "g")
     yield cli
-    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
+    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [
+        root
+    ]:
         if path.exists():
             cg = Cgroup(path)
             cg.write("cgroup.freeze", "0")
             cg.remove(kill_first=True)
-    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
+    lock.lock_path(root, lock.LOCK_DIR).unlink(
+        missing_ok=True
+    )  # lock files are kept; this subtree is gone
 
 
 def wait_for(predicate, what, timeout=10.0):
@@ -78,7 +84,9 @@ def test_sigterm_at_any_moment_of_a_freeze_never_leaves_the_group_frozen_unless_
         # The real kernel confirms a freeze within about a millisecond, so most stops land after
         # the report; tests/unit/test_cgroup_cli.py stops a freeze that is never confirmed.
         for i in range(12):
-            proc = subprocess.Popen(sub.argv("freeze", "g"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                sub.argv("freeze", "g"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             # Right after the write, then a little later: before and after the confirmation.
             while proc.poll() is None and sub.g.read("cgroup.freeze").strip() != "1":
                 pass
@@ -88,10 +96,17 @@ def test_sigterm_at_any_moment_of_a_freeze_never_leaves_the_group_frozen_unless_
             assert "Traceback" not in err, err
             if "; now " in err:  # stopped in the command: it says the state it left, truly
                 assert ("frozen=1" in err.rsplit("now", 1)[-1]) == frozen(sub.g), err
-            if "freeze g: populated=1 frozen=1" not in out:  # stopped before it reported: thawed back
-                assert proc.returncode == 143 and "stopped by SIGTERM" in err and not frozen(sub.g), (proc.returncode, err)
+            if (
+                "freeze g: populated=1 frozen=1" not in out
+            ):  # stopped before it reported: thawed back
+                assert (
+                    proc.returncode == 143 and "stopped by SIGTERM" in err and not frozen(sub.g)
+                ), (proc.returncode, err)
             else:  # reported, then done, or stopped on its way out: as reported
-                assert proc.returncode in (0, 143, -signal.SIGTERM) and frozen(sub.g), (proc.returncode, err)
+                assert proc.returncode in (0, 143, -signal.SIGTERM) and frozen(sub.g), (
+                    proc.returncode,
+                    err,
+                )
             sub.g.thaw()
     finally:
         child.kill()
@@ -102,8 +117,12 @@ def test_freeze_thaw_kill_json(sub):
     child = busy_in(sub.g)
     res = sub("freeze", "g", "--json")
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout) == {"action": "freeze", "group": "g", "path": str(sub.g.path),
-                                      "events": {"populated": 1, "frozen": 1}}
+    assert json.loads(res.stdout) == {
+        "action": "freeze",
+        "group": "g",
+        "path": str(sub.g.path),
+        "events": {"populated": 1, "frozen": 1},
+    }
     assert json.loads(sub("thaw", "g", "--json").stdout)["events"]["frozen"] == 0
     assert json.loads(sub("kill", "g", "--json").stdout)["events"]["populated"] == 0
     assert child.wait(timeout=5) == -9
@@ -111,7 +130,9 @@ def test_freeze_thaw_kill_json(sub):
 
 def test_run_forwards_sigterm_and_sigint_and_reports_the_childs_status(sub):
     for sig in (signal.SIGTERM, signal.SIGINT):
-        proc = subprocess.Popen(sub.argv("run", "g", "--", "sleep", "60"), stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            sub.argv("run", "g", "--", "sleep", "60"), stderr=subprocess.PIPE, text=True
+        )
         wait_for(lambda: sub.g.procs(), "the child to join g")
         (pid,) = sub.g.procs()
         proc.send_signal(sig)
@@ -123,10 +144,16 @@ def test_run_forwards_sigterm_and_sigint_and_reports_the_childs_status(sub):
 
 
 def test_run_json_and_status_of_a_child_that_kills_itself(sub):
-    res = sub("run", "g", "--json", "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)")
+    res = sub(
+        "run", "g", "--json", "--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"
+    )
     assert res.returncode == 137
     out = json.loads(res.stdout)
-    assert out["exit_code"] == 137 and out["signal"] == "SIGKILL" and out["command"][0] == sys.executable
+    assert (
+        out["exit_code"] == 137
+        and out["signal"] == "SIGKILL"
+        and out["command"][0] == sys.executable
+    )
     res = sub("run", "g", "--json", "--", "sh", "-c", "exit 3")
     assert res.returncode == 3 and json.loads(res.stdout)["exit_code"] == 3
     res = sub("run", "g", "--json", "--", "sh", "-c", "exit 200")  # not a signal, though above 128
@@ -148,7 +175,9 @@ def test_run_under_a_frozen_parent_is_refused_even_with_thaw(sub):
     parent.freeze()
     try:
         res = sub("run", "g", "--thaw", "--", "true")
-        assert res.returncode == 1 and "g is frozen through a group above it" in res.stderr, res.stderr
+        assert res.returncode == 1 and "g is frozen through a group above it" in res.stderr, (
+            res.stderr
+        )
         assert not sub.g.procs()
     finally:
         parent.thaw()
@@ -164,7 +193,9 @@ def test_run_starts_the_command_inside_the_group(sub):
 def test_run_of_a_missing_command_names_it_and_leaves_nothing(sub):
     res = sub("run", "g", "--json", "--", "xh-no-such-command", "x")
     assert res.returncode == 1 and res.stdout == ""
-    assert res.stderr.strip() == "xhagent cgroup: xh-no-such-command: No such file or directory", res.stderr
+    assert res.stderr.strip() == "xhagent cgroup: xh-no-such-command: No such file or directory", (
+        res.stderr
+    )
     assert not sub.g.procs() and sub.g.events()["populated"] == 0
 
 
@@ -174,10 +205,15 @@ def test_run_with_an_empty_command_exits_2(sub):
 
 
 def test_subtree_is_accepted_after_the_subcommand_and_show_explains_itself(sub):
-    res = subprocess.run([str(XH), "cgroup", "show", "--subtree", sub.name], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(XH), "cgroup", "show", "--subtree", sub.name], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     assert "no controllers enabled for children" in res.stdout and "+ none" not in res.stdout
     assert "total=" in res.stdout and "µs" in res.stdout
-    res = subprocess.run([str(XH), "cgroup", "--subtree", "other.slice", "show", "--subtree", sub.name],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [str(XH), "cgroup", "--subtree", "other.slice", "show", "--subtree", sub.name],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2 and "differs" in res.stderr

@@ -1,4 +1,5 @@
 """Two writers on one subtree take turns; readers during their changes never fail."""
+
 import json
 import subprocess
 import sys
@@ -21,11 +22,15 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: %s}\n
 
 def policy(tmp_path, name, groups):
     """A policy of `groups` top-level groups, each with children, named after the policy."""
-    body = "".join(f"    - name: {name}{i}\n      children: [{{name: a}}, {{name: b}}, {{name: c}}]\n"
-                   for i in range(groups))
+    body = "".join(
+        f"    - name: {name}{i}\n      children: [{{name: a}}, {{name: b}}, {{name: c}}]\n"
+        for i in range(groups)
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(HEAD % name + body)
-    return path, {f"{name}{i}" for i in range(groups)} | {f"{name}{i}/{c}" for i in range(groups) for c in "abc"}
+    return path, {f"{name}{i}" for i in range(groups)} | {
+        f"{name}{i}/{c}" for i in range(groups) for c in "abc"
+    }
 
 
 @pytest.fixture
@@ -34,7 +39,9 @@ def subtree():
     root = Path(discover().unified.path) / name
     yield name, root
     remove_tree(root)
-    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
+    lock.lock_path(root, lock.LOCK_DIR).unlink(
+        missing_ok=True
+    )  # lock files are kept; this subtree is gone
 
 
 def tree(root):
@@ -42,7 +49,9 @@ def tree(root):
 
 
 def remove_tree(root):
-    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
+    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [
+        root
+    ]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
 
@@ -52,9 +61,15 @@ def test_two_pruning_applies_at_once_run_one_after_the_other(subtree, tmp_path):
     files = {"alpha": policy(tmp_path, "alpha", 6), "beta": policy(tmp_path, "beta", 6)}
     for _ in range(4):
         remove_tree(root)
-        procs = {n: subprocess.Popen([str(XH), "cgroup", "apply", "--subtree", name, "--prune", "--json",
-                                      "-f", str(f)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for n, (f, _) in files.items()}
+        procs = {
+            n: subprocess.Popen(
+                [str(XH), "cgroup", "apply", "--subtree", name, "--prune", "--json", "-f", str(f)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n, (f, _) in files.items()
+        }
         deleted = {}
         for n, p in procs.items():
             out, err = p.communicate(timeout=60)
@@ -75,11 +90,19 @@ def test_a_waiting_writer_says_whom_it_waits_for_and_no_wait_fails_fast(subtree,
     root.mkdir()
     (root / "g").mkdir()
     with SubtreeLock(root).acquire():
-        res = subprocess.run([str(XH), "cgroup", "freeze", "--subtree", name, "--no-wait", "g"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [str(XH), "cgroup", "freeze", "--subtree", name, "--no-wait", "g"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 1 and "--no-wait" in res.stderr
-        proc = subprocess.Popen([str(XH), "cgroup", "freeze", "--subtree", name, "g"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [str(XH), "cgroup", "freeze", "--subtree", name, "g"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(1.0)
         assert proc.poll() is None, "it waits while the lock is held"
     out, err = proc.communicate(timeout=30)
@@ -98,17 +121,25 @@ def test_show_json_during_applies_never_fails(subtree, tmp_path):
     def churn():
         files = [a, b]
         while not stop.is_set():
-            subprocess.run([str(XH), "cgroup", "apply", "--subtree", name, "--prune", "-f", str(files[0])],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                [str(XH), "cgroup", "apply", "--subtree", name, "--prune", "-f", str(files[0])],
+                capture_output=True,
+                timeout=60,
+            )
             files.reverse()
+
     writer = threading.Thread(target=churn)
     writer.start()
     try:
         deadline = time.monotonic() + 6
         shows = 0
         while time.monotonic() < deadline:
-            res = subprocess.run([str(XH), "cgroup", "show", "--subtree", name, "--json"],
-                                 capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                [str(XH), "cgroup", "show", "--subtree", name, "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if res.returncode == 1 and "no group <subtree>" in res.stderr:
                 continue  # before the first apply created the subtree
             assert res.returncode == 0, res.stderr

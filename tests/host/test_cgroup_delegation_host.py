@@ -1,4 +1,5 @@
 """Subtree discovery on this host's cgroup2 tree, and a delegated unit cgroup settled for real."""
+
 import json
 import os
 import subprocess
@@ -43,10 +44,14 @@ def unit():
     yield mount, cg, child
     child.kill()
     child.wait()
-    for path in sorted((p for p in cg.path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [cg.path]:
+    for path in sorted(
+        (p for p in cg.path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+    ) + [cg.path]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
-    lock.lock_path(cg.path, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this unit is gone
+    lock.lock_path(cg.path, lock.LOCK_DIR).unlink(
+        missing_ok=True
+    )  # lock files are kept; this unit is gone
 
 
 def test_a_delegated_unit_cgroup_is_found_and_its_process_moved_into_the_leaf(unit, tmp_path):
@@ -75,16 +80,24 @@ def test_a_delegated_unit_cgroup_is_found_and_its_process_moved_into_the_leaf(un
 
 def test_cli_plan_says_where_and_why(tmp_path):
     policy = tmp_path / "p.yaml"
-    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: where}\n"
-                      "spec:\n  groups:\n    - name: work\n")
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: where}\n"
+        "spec:\n  groups:\n    - name: work\n"
+    )
     xh = Path(sys.executable).with_name("xhagent")
     name = f"xhagent-test-{uuid.uuid4().hex[:8]}.slice"
-    res = subprocess.run([str(xh), "cgroup", "--subtree", name, "plan", "-f", str(policy), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [str(xh), "cgroup", "--subtree", name, "plan", "-f", str(policy), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     where = json.loads(res.stdout)["where"]
     assert where["how"] == "option" and name in where["why"] and where["subtree"].endswith(name)
-    res = subprocess.run([str(xh), "cgroup", "plan", "-f", str(policy)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [str(xh), "cgroup", "plan", "-f", str(policy)], capture_output=True, text=True, timeout=60
+    )
     expected = locate().placement
     assert res.returncode == 0, res.stderr
     assert f"  where: {expected.how}: {expected.why}" in res.stdout
@@ -95,18 +108,39 @@ def test_cli_apply_inside_a_delegated_unit_settles_then_creates_siblings(unit, t
     mount, cg, _ = unit
     os.setxattr(cg.path, "trusted.delegate", b"1")
     policy = tmp_path / "p.yaml"
-    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: unit}\n"
-                      "spec:\n  groups:\n    - name: work\n")
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: unit}\n"
+        "spec:\n  groups:\n    - name: work\n"
+    )
     xh = str(Path(sys.executable).with_name("xhagent"))
     # The CLI joins the unit cgroup before it starts, as a service's main process would be there.
-    join = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid())); "
-            "os.execv(sys.argv[2], sys.argv[2:])")
-    res = subprocess.run([sys.executable, "-c", join, str(cg.path), xh, "cgroup", "apply", "-f", str(policy), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    join = (
+        "import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid())); "
+        "os.execv(sys.argv[2], sys.argv[2:])"
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            join,
+            str(cg.path),
+            xh,
+            "cgroup",
+            "apply",
+            "-f",
+            str(policy),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["where"]["how"] == "delegated" and out["subtree"] == str(cg.path)
     assert f"into {cg.path / 'agent.leaf'}" in res.stderr
-    assert [a["kind"] for a in out["apply"]["applied"]] == ["create"] and (cg.path / "work").is_dir()
+    assert [a["kind"] for a in out["apply"]["applied"]] == ["create"] and (
+        cg.path / "work"
+    ).is_dir()
     # Every process of the unit went to the leaf (the sleeper too); the unit cgroup is an inner node now.
     assert cg.procs() == [] and Cgroup(cg.path / "agent.leaf").procs() == [unit[2].pid]

@@ -1,4 +1,5 @@
 """Freeze, thaw and kill on this host's cgroup2 tree, observed from the workload's side."""
+
 import os
 import select
 import subprocess

@@ -1,4 +1,5 @@
 """`xhagent cgroup` on this host's cgroup2 tree (hybrid: hugetlb only), for real."""
+
 import json
 import os
 import subprocess
@@ -34,14 +35,24 @@ def subtree(tmp_path):
     xh = Path(os.sys.executable).with_name("xhagent")
 
     def cli(*args, **kw):
-        return subprocess.run([str(xh), "cgroup", "--subtree", name, *args], capture_output=True, text=True,
-                              timeout=60, **kw)
+        return subprocess.run(
+            [str(xh), "cgroup", "--subtree", name, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            **kw,
+        )
+
     cli.root, cli.xh, cli.name = root, xh, name
     yield cli
-    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
+    for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [
+        root
+    ]:
         if path.exists():
             Cgroup(path).remove(kill_first=True)
-    lock.lock_path(root, lock.LOCK_DIR).unlink(missing_ok=True)  # lock files are kept; this subtree is gone
+    lock.lock_path(root, lock.LOCK_DIR).unlink(
+        missing_ok=True
+    )  # lock files are kept; this subtree is gone
 
 
 def usage(group):
@@ -63,8 +74,22 @@ def test_apply_run_freeze_thaw_kill_prune(subtree, tmp_path):
     assert (subtree.root / "work/busy").is_dir()
     assert "nothing to do" in subtree("apply", "-f", str(policy)).stdout  # idempotent
 
-    runner = subprocess.Popen([str(subtree.xh), "cgroup", "--subtree", subtree.name, "run", "work/busy", "--",
-                               os.sys.executable, "-c", BUSY], stderr=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(
+        [
+            str(subtree.xh),
+            "cgroup",
+            "--subtree",
+            subtree.name,
+            "run",
+            "work/busy",
+            "--",
+            os.sys.executable,
+            "-c",
+            BUSY,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     group = subtree.root / "work/busy"
     try:
         wait_for(lambda: Cgroup(group).procs(), "the busy process to join work/busy")
@@ -125,15 +150,21 @@ def test_the_kernels_depth_limit_is_a_plan_error_and_nothing_is_half_applied(sub
     for cmd in ("plan", "apply"):
         res = subtree(cmd, "-f", str(policy))
         assert res.returncode == 1, res.stdout + res.stderr
-        assert f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, whose cgroup.max.depth is 1" \
+        assert (
+            f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, whose cgroup.max.depth is 1"
             in res.stdout
+        )
     assert not (subtree.root / "work").exists()
 
 
-def test_the_shipped_example_on_a_node_without_its_device_is_unsupported_here_not_bad_input(subtree):
+def test_the_shipped_example_on_a_node_without_its_device_is_unsupported_here_not_bad_input(
+    subtree,
+):
     example = Path(__file__).resolve().parents[2] / "configs/examples/cgroup-policy.yaml"
     if Path("/sys/block/nvme0n1").exists():
         pytest.skip("this node has nvme0n1")
     res = subtree("plan", "-f", str(example))
     assert res.returncode == 1, res.stderr
-    assert "no block device 'nvme0n1' on this node" in res.stdout and "unsupported here" in res.stdout
+    assert (
+        "no block device 'nvme0n1' on this node" in res.stdout and "unsupported here" in res.stdout
+    )

@@ -1,6 +1,7 @@
 """Cgroup.spawn on this host's cgroup2 tree: the child is in the group from its first
 instruction, by clone3(CLONE_INTO_CGROUP) and by the forced fork-then-join fallback; errors
 come back with the errno and the path, reaped, with nothing left in the group."""
+
 import errno
 import os
 import signal
@@ -28,10 +29,13 @@ def within(seconds, fn, *args, **kw):
             result["value"] = fn(*args, **kw)
         except BaseException as exc:  # handed to the test's thread
             result["error"] = exc
+
     worker = threading.Thread(target=call, daemon=True)
     worker.start()
     worker.join(seconds)
-    assert not worker.is_alive(), f"{getattr(fn, '__name__', fn)} still running after {seconds}s: it hangs"
+    assert not worker.is_alive(), (
+        f"{getattr(fn, '__name__', fn)} still running after {seconds}s: it hangs"
+    )
     if "error" in result:
         raise result["error"]
     return result["value"]
@@ -104,15 +108,24 @@ def test_cwd_session_and_fds(group, method, tmp_path):
     leak_r, leak_w = os.pipe()
     try:
         script = "pwd; ls /proc/self/fd; echo sid=$(cut -d' ' -f6 /proc/self/stat) pid=$$"
-        code, text, _ = _run(group, ["sh", "-c", script], method, cwd=tmp_path, pass_fds=[keep_w],
-                             start_new_session=True, stdin=leak_r)
+        code, text, _ = _run(
+            group,
+            ["sh", "-c", script],
+            method,
+            cwd=tmp_path,
+            pass_fds=[keep_w],
+            start_new_session=True,
+            stdin=leak_r,
+        )
     finally:
         for fd in (keep_r, keep_w, leak_r, leak_w):
             os.close(fd)
     lines = text.splitlines()
     assert code == 0 and lines[0] == str(tmp_path)
     fds = {int(x) for x in lines[1:-1]}
-    assert keep_w in fds and leak_w not in fds and {0, 1, 2} <= fds  # one more: ls's own directory fd
+    assert (
+        keep_w in fds and leak_w not in fds and {0, 1, 2} <= fds
+    )  # one more: ls's own directory fd
     sid, pid = (x.split("=")[1] for x in lines[-1].split())
     assert sid == pid  # a session leader
 
@@ -122,8 +135,12 @@ def test_signal_dispositions_and_mask(group, method):
     # This process blocks SIGUSR1 and ignores SIGPIPE (Python does); SIGHUP ignored stays ignored.
     old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        code, text, _ = _run(group, ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"], method,
-                             sigmask={signal.SIGUSR1})
+        code, text, _ = _run(
+            group,
+            ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"],
+            method,
+            sigmask={signal.SIGUSR1},
+        )
     finally:
         signal.signal(signal.SIGHUP, old_hup)
     fields = dict(line.split(":\t") for line in text.splitlines())
@@ -137,7 +154,9 @@ def test_signal_dispositions_and_mask(group, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_missing_executable_is_an_error_naming_it_reaped_and_gone_from_the_group(group, method, tmp_path):
+def test_a_missing_executable_is_an_error_naming_it_reaped_and_gone_from_the_group(
+    group, method, tmp_path
+):
     before = set(os.listdir("/proc"))
     with pytest.raises(SpawnError) as info:
         group.spawn(["/nonexistent/xh-no-such-program", "arg"], method=method)
@@ -157,7 +176,9 @@ def test_a_missing_executable_is_an_error_naming_it_reaped_and_gone_from_the_gro
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "prog").symlink_to(plain)
-    with pytest.raises(SpawnError) as info:  # a PATH entry that lacks it is skipped; EACCES is the one told
+    with pytest.raises(
+        SpawnError
+    ) as info:  # a PATH entry that lacks it is skipped; EACCES is the one told
         group.spawn(["prog"], env={"PATH": f"/nonexistent:{bindir}:/usr/bin"}, method=method)
     assert info.value.errno == errno.EACCES and str(info.value) == "prog: Permission denied"
     assert group.events()["populated"] == 0
@@ -199,6 +220,7 @@ def test_a_group_removed_after_it_was_opened_is_a_clear_error(group, method, mon
     def pipe2_after_rmdir(flags):
         victim.remove()
         return real_pipe2(flags)
+
     monkeypatch.setattr(spawn_mod.os, "pipe2", pipe2_after_rmdir)
     with pytest.raises(CgroupError) as info:
         victim.spawn(["true"], method=method)
@@ -209,7 +231,9 @@ def test_a_group_removed_after_it_was_opened_is_a_clear_error(group, method, mon
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_its_exec(group, method):
+def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_its_exec(
+    group, method
+):
     group.freeze()
     try:
         r, w = os.pipe()
@@ -247,8 +271,13 @@ def test_an_exec_that_fails_after_a_thaw_is_raised_by_wait(group, method):
 
 
 def test_bad_arguments_are_refused_before_any_child(group):
-    for argv, kw in (([], {}), ([""], {}), (["a\0b"], {}), (["true"], {"env": {"A=B": "1"}}),
-                     (["true"], {"method": "vfork"})):
+    for argv, kw in (
+        ([], {}),
+        ([""], {}),
+        (["a\0b"], {}),
+        (["true"], {"env": {"A=B": "1"}}),
+        (["true"], {"method": "vfork"}),
+    ):
         with pytest.raises(ValueError):
             group.spawn(argv, **kw)
     assert group.events()["populated"] == 0
@@ -258,6 +287,7 @@ def test_a_stop_while_waiting_for_the_exec_leaves_no_child(group, monkeypatch):
     # e.g. Terminated raised by a handler during the wait: the child is killed and reaped
     def stopped(child, _group):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(spawn_mod, "_await_exec", stopped)
     before = set(os.listdir("/proc"))
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,5 @@
 """`xhagent doctor --json` on this host agrees with what the kernel says by other means."""
+
 import ctypes.util
 import json
 import os
@@ -12,7 +13,6 @@ import pytest
 
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover
-
 
 pytestmark = pytest.mark.host
 
@@ -30,10 +30,18 @@ def test_kernel_and_privileges(report):
 
 
 def test_io_uring_items(report):
-    for name in ("io_uring", "io_uring.sqpoll", "io_uring.registered_buffers",
-                 "io_uring.registered_files", "io_uring.o_direct", "io_uring.ops"):
+    for name in (
+        "io_uring",
+        "io_uring.sqpoll",
+        "io_uring.registered_buffers",
+        "io_uring.registered_files",
+        "io_uring.o_direct",
+        "io_uring.ops",
+    ):
         assert report[name]["ok"], (name, report[name])
-    assert {"READ", "WRITE", "OPENAT", "CLOSE", "STATX", "READ_FIXED"} <= set(report["io_uring.ops"]["ops"])
+    assert {"READ", "WRITE", "OPENAT", "CLOSE", "STATX", "READ_FIXED"} <= set(
+        report["io_uring.ops"]["ops"]
+    )
 
 
 def test_iopoll_reported_per_device_with_sysfs_value(report):
@@ -62,7 +70,9 @@ def test_cgroup_items_match_mountinfo(report):
     assert report["cgroup.mode"]["mode"] == hier.mode
     assert report["cgroup.mode"]["cgroup2"] == hier.unified.path
     controllers = Path(hier.unified.path, "cgroup.controllers").read_text().split()
-    assert report["cgroup.controllers"]["ok"] == {"cpu", "cpuset", "io", "memory", "pids"}.issubset(controllers)
+    assert report["cgroup.controllers"]["ok"] == {"cpu", "cpuset", "io", "memory", "pids"}.issubset(
+        controllers
+    )
     if not report["cgroup.controllers"]["ok"]:
         assert report["cgroup.controllers"]["available"] == controllers
     for name in ("cgroup.create", "cgroup.spawn", "cgroup.freeze", "cgroup.kill"):
@@ -109,8 +119,16 @@ def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_
     parent.mkdir(exist_ok=True)
     stale = Cgroup(parent / f"doctor-{_dead_pid()}").create()
     sleeper = subprocess.Popen(["sleep", "60"])
-    kept = [Cgroup(parent / name).create() for name in (f"doctor-{os.getpid()}", "doctor-x", "doctor-0",
-                                                          "doctor-9999999999", "doctor-01")]
+    kept = [
+        Cgroup(parent / name).create()
+        for name in (
+            f"doctor-{os.getpid()}",
+            "doctor-x",
+            "doctor-0",
+            "doctor-9999999999",
+            "doctor-01",
+        )
+    ]
     try:
         stale.add_proc(sleeper.pid)
         stale.freeze()  # as a SIGKILL during the freeze probe leaves it
@@ -136,16 +154,22 @@ def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_
 
 
 # `xhagent doctor` with only the cgroup probe: the seconds the others take are not needed here.
-CGROUP_DOCTOR = ("import sys\nimport xhagent.doctor as d\nfrom xhagent.doctor import cgroup_probe\n"
-                 "d._probes = lambda: [('cgroup', cgroup_probe.probe)]\nfrom xhagent.cli import main\n"
-                 "sys.argv = ['xhagent', 'doctor']\nmain()\n")
+CGROUP_DOCTOR = (
+    "import sys\nimport xhagent.doctor as d\nfrom xhagent.doctor import cgroup_probe\n"
+    "d._probes = lambda: [('cgroup', cgroup_probe.probe)]\nfrom xhagent.cli import main\n"
+    "sys.argv = ['xhagent', 'doctor']\nmain()\n"
+)
 
 
 def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
     parent = Path(discover().unified.path) / "xhagent.slice"
     for delay in (0.0, 0.002, 0.005, 0.01):
-        proc = subprocess.Popen([sys.executable, "-c", CGROUP_DOCTOR], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CGROUP_DOCTOR],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         group = parent / f"doctor-{proc.pid}"
         deadline = time.monotonic() + 60
         while not group.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -153,7 +177,9 @@ def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
         time.sleep(delay)
         members = Cgroup(group).procs() if group.exists() else []
         proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=15)[1]  # a sleep left running would hold stderr open for 30 s
+        err = proc.communicate(timeout=15)[
+            1
+        ]  # a sleep left running would hold stderr open for 30 s
         assert "Traceback" not in err, err
         assert proc.returncode in (0, 128 + signal.SIGTERM), err
         assert not group.exists()

@@ -1,4 +1,5 @@
 """This machine's inventory agrees with /proc/cpuinfo, lscpu and lsblk, and names NVML's absence."""
+
 import ctypes.util
 import json
 import shutil
@@ -22,8 +23,11 @@ def test_cpus_match_proc_cpuinfo_and_lscpu(inv):
     assert inv["cpu"]["online"] == processors
     if not shutil.which("lscpu"):
         pytest.skip("lscpu (util-linux) not installed")
-    rows = json.loads(subprocess.run(["lscpu", "-J", "-e=CPU,CORE,SOCKET,NODE"], capture_output=True,
-                                     text=True, check=True).stdout)["cpus"]
+    rows = json.loads(
+        subprocess.run(
+            ["lscpu", "-J", "-e=CPU,CORE,SOCKET,NODE"], capture_output=True, text=True, check=True
+        ).stdout
+    )["cpus"]
     ours = {c["id"]: c for c in inv["cpu"]["cpus"]}
     for row in rows:
         cpu = ours[int(row["cpu"])]
@@ -33,14 +37,23 @@ def test_cpus_match_proc_cpuinfo_and_lscpu(inv):
 
 
 def test_block_devices_match_lsblk(inv):
-    rows = json.loads(subprocess.run(["lsblk", "-J", "-d", "-b", "-o", "NAME,MAJ:MIN,SIZE,ROTA,SCHED"],
-                                     capture_output=True, text=True, check=True).stdout)["blockdevices"]
+    rows = json.loads(
+        subprocess.run(
+            ["lsblk", "-J", "-d", "-b", "-o", "NAME,MAJ:MIN,SIZE,ROTA,SCHED"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["blockdevices"]
     lsblk = {r["name"]: r for r in rows if int(r["size"]) > 0}
     ours = {d["name"]: d for d in inv["block"]}
     assert set(ours) == set(lsblk)
     for name, row in lsblk.items():
         assert (ours[name]["dev"], ours[name]["size_bytes"], ours[name]["rotational"]) == (
-            row["maj:min"], int(row["size"]), bool(row["rota"]))
+            row["maj:min"],
+            int(row["size"]),
+            bool(row["rota"]),
+        )
     if "vda" in ours:
         assert ours["vda"]["io_poll"] == 0
 
@@ -55,6 +68,7 @@ def test_nvml_unavailable_with_its_reason(inv):
 
 def test_model_loads_back(run_xhagent):
     from xhagent import node_model as model
+
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
     (node,) = model.loads(res.stdout, "<xhagent inventory --model>")

@@ -1,5 +1,6 @@
 """AsyncRing on this kernel: many coroutines on one ring, batched submissions, writes,
 read_files, errors, and close with I/O in flight."""
+
 import asyncio
 import errno
 import os
@@ -32,7 +33,7 @@ def test_many_coroutines_share_a_ring_and_submissions_batch(data_file):
             return got, ring.submits
 
     got, submits = asyncio.run(main())
-    assert all(g == data[o:o + 4096] for g, o in zip(got, offsets))
+    assert all(g == data[o : o + 4096] for g, o in zip(got, offsets))
     assert submits < len(offsets) / 10  # batched per loop iteration, not one per read
 
 
@@ -68,7 +69,10 @@ def test_read_files_on_the_async_ring(tmp_path):
         p = tmp_path / f"f{i}"
         p.write_bytes(os.urandom(i * 97))
         paths.append(p)
-    paths += [tmp_path, tmp_path / "missing"]  # the open succeeds and the read fails; the open fails
+    paths += [
+        tmp_path,
+        tmp_path / "missing",
+    ]  # the open succeeds and the read fails; the open fails
 
     async def main():
         async with AsyncRing(32, file_slots=8) as ring:
@@ -77,7 +81,11 @@ def test_read_files_on_the_async_ring(tmp_path):
 
     got = asyncio.run(main())
     assert got[:-2] == [p.read_bytes() for p in paths[:-2]]
-    assert isinstance(got[-2], OSError) and got[-2].errno == errno.EISDIR and got[-2].filename == str(tmp_path)
+    assert (
+        isinstance(got[-2], OSError)
+        and got[-2].errno == errno.EISDIR
+        and got[-2].filename == str(tmp_path)
+    )
     assert isinstance(got[-1], OSError) and got[-1].errno == errno.ENOENT
 
 

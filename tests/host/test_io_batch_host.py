@@ -2,6 +2,7 @@
 files and buffers, SQPOLL, EOF and short reads, errors with errno and path, close in flight.
 Streams (RwStream): successive batches through one C loop that keeps the queue full across
 them (a counter from C: the fewest ops in flight at any wait before the final drain)."""
+
 import errno
 import os
 import random
@@ -9,8 +10,17 @@ from array import array
 
 import pytest
 
-from xhagent.io import AlignedBuffer, BufferPool, Ring, RwStream, UringError, read_batch, read_many, write_batch
-from xhagent.io.ring import ffi, lib
+from xhagent.io import (
+    AlignedBuffer,
+    BufferPool,
+    Ring,
+    RwStream,
+    UringError,
+    read_batch,
+    read_many,
+    write_batch,
+)
+from xhagent.io.ring import ffi
 
 pytestmark = pytest.mark.host
 BLOCK = 4096
@@ -37,12 +47,14 @@ def test_stress_more_ops_than_entries_thousands_in_flight(data_file, fd):
     offsets = [rng.randrange(len(data) - BLOCK) for _ in range(20000)]  # unaligned too
     buf = bytearray(len(offsets) * BLOCK)
     with Ring(2048) as ring:
-        result = read_batch(ring, fd, offsets, BLOCK, buf, depth=2048, latencies=True, what=path).check()
+        result = read_batch(
+            ring, fd, offsets, BLOCK, buf, depth=2048, latencies=True, what=path
+        ).check()
         assert ring.pending == 0
     assert list(result.res) == [BLOCK] * len(offsets)
     view = memoryview(buf)
     for i, o in enumerate(offsets):
-        assert view[i * BLOCK:(i + 1) * BLOCK] == data[o:o + BLOCK], f"op {i} at {o}"
+        assert view[i * BLOCK : (i + 1) * BLOCK] == data[o : o + BLOCK], f"op {i} at {o}"
     assert all(0 < ns < 10**10 for ns in result.lat_ns)
 
 
@@ -54,7 +66,7 @@ def test_setup_flags_read_correctly(data_file, fd, flags):
     kw = {"sq_thread_idle_ms": 50} if "sqpoll" in flags else {}
     with Ring(16, flags, **kw) as ring:
         read_batch(ring, fd, offsets, BLOCK, buf).check()
-    assert bytes(buf) == data[:64 * BLOCK]
+    assert bytes(buf) == data[: 64 * BLOCK]
 
 
 def test_sqpoll_pinned_to_a_cpu(data_file, fd):
@@ -62,7 +74,7 @@ def test_sqpoll_pinned_to_a_cpu(data_file, fd):
     with Ring(8, ("sqpoll",), sq_thread_cpu=cpu, sq_thread_idle_ms=50) as ring:
         buf = bytearray(BLOCK)
         read_batch(ring, fd, [BLOCK], BLOCK, buf).check()
-    assert bytes(buf) == data_file[1][BLOCK:2 * BLOCK]
+    assert bytes(buf) == data_file[1][BLOCK : 2 * BLOCK]
 
 
 def test_eof_and_short_reads(tmp_path):
@@ -84,6 +96,7 @@ def test_short_reads_from_a_pipe_are_resubmitted_until_full():
         os.write(w, b"a" * 3000)  # a pipe read returns what is there: 3000 of 4096
         with Ring(4) as ring:
             import threading
+
             threading.Timer(0.2, os.write, (w, b"b" * 1096)).start()
             buf = bytearray(BLOCK)
             result = read_batch(ring, r, [0], BLOCK, buf)  # pipes ignore the offset (-1 too)
@@ -99,7 +112,7 @@ def test_write_batch_then_read_back(tmp_path):
     try:
         with Ring(32) as ring:
             offsets = list(range(255 * BLOCK, -1, -BLOCK))
-            src = b"".join(data[o:o + BLOCK] for o in offsets)
+            src = b"".join(data[o : o + BLOCK] for o in offsets)
             assert list(write_batch(ring, fd, offsets, BLOCK, src).check().res) == [BLOCK] * 256
             back = bytearray(len(data))
             read_batch(ring, fd, range(0, len(data), BLOCK), BLOCK, back).check()
@@ -116,7 +129,7 @@ def test_registered_files_and_pool_as_fixed_buffers(data_file, fd):
         index, view = pool.acquire()
         index2, view2 = pool.acquire()
         read_batch(ring, 0, [8 * BLOCK], BLOCK, view2, fixed_file=True, fixed_buffer=index2).check()
-        assert bytes(view2) == data[8 * BLOCK:9 * BLOCK] and bytes(view) == bytes(BLOCK)
+        assert bytes(view2) == data[8 * BLOCK : 9 * BLOCK] and bytes(view) == bytes(BLOCK)
         pool.release(index)
         with pytest.raises(ValueError):
             pool.release(index)
@@ -161,21 +174,23 @@ def test_offsets_array_used_as_is(data_file, fd):
     buf = bytearray(2 * BLOCK)
     with Ring(4) as ring:
         result = read_batch(ring, fd, offsets, BLOCK, buf)
-    assert result.offsets is offsets and bytes(buf) == data_file[1][:2 * BLOCK]
+    assert result.offsets is offsets and bytes(buf) == data_file[1][: 2 * BLOCK]
 
 
 # -- streams ----------------------------------------------------------------------------------
 def _check(result, buf, data):
     assert list(result.res) == [BLOCK] * len(result.offsets)
     for i, o in enumerate(result.offsets):
-        assert buf[i * BLOCK:(i + 1) * BLOCK] == data[o:o + BLOCK], f"op {i} at {o}"
+        assert buf[i * BLOCK : (i + 1) * BLOCK] == data[o : o + BLOCK], f"op {i} at {o}"
 
 
 def test_stream_keeps_the_queue_full_across_batches_and_every_byte_is_right(data_file, fd):
     path, data = data_file
     rng = random.Random(2)
     halves = [bytearray(128 * BLOCK), bytearray(128 * BLOCK)]
-    batches = [[rng.randrange(len(data) - BLOCK) for _ in range(128)] for _ in range(64)]  # unaligned too
+    batches = [
+        [rng.randrange(len(data) - BLOCK) for _ in range(128)] for _ in range(64)
+    ]  # unaligned too
     checked = 0
     with Ring(64) as ring:
         stream = RwStream(ring, fd, BLOCK, depth=32, latencies=True, what=path)
@@ -195,7 +210,9 @@ def test_stream_keeps_the_queue_full_across_batches_and_every_byte_is_right(data
     assert stream.min_inflight == 32 and stream.waits > 0
 
 
-def test_batches_smaller_than_the_depth_leave_the_queue_short_and_the_counter_says_so(data_file, fd):
+def test_batches_smaller_than_the_depth_leave_the_queue_short_and_the_counter_says_so(
+    data_file, fd
+):
     data = data_file[1]
     bufs = [bytearray(8 * BLOCK), bytearray(8 * BLOCK)]
     with Ring(64) as ring, RwStream(ring, fd, BLOCK, depth=32) as stream:
@@ -222,7 +239,9 @@ def test_stream_writes_then_reads_back(tmp_path):
             with RwStream(ring, fd, BLOCK, write=True, depth=16) as stream:
                 for k in range(8):  # each batch writes 64 blocks from its own slice of `data`
                     offsets = [(k * 64 + i) * BLOCK for i in range(64)]
-                    done = stream.feed(offsets, memoryview(data)[k * 64 * BLOCK:(k + 1) * 64 * BLOCK])
+                    done = stream.feed(
+                        offsets, memoryview(data)[k * 64 * BLOCK : (k + 1) * 64 * BLOCK]
+                    )
                     assert done is None or list(done.check().res) == [BLOCK] * 64
             assert stream.ops == 512
         assert os.pread(fd, len(data), 0) == data
@@ -263,7 +282,7 @@ def test_stream_with_registered_file_and_buffer(data_file, fd):
     with Ring(32) as ring, AlignedBuffer(64 * BLOCK) as buf:
         ring.register_files([fd])
         ring.register_buffers([buf.view])
-        halves = [buf.view[:32 * BLOCK], buf.view[32 * BLOCK:]]
+        halves = [buf.view[: 32 * BLOCK], buf.view[32 * BLOCK :]]
         stream = RwStream(ring, 0, BLOCK, depth=8, fixed_file=True, fixed_buffer=0)
         for k in range(10):
             done = stream.feed([((k * 32 + i) % 1024) * BLOCK for i in range(32)], halves[k % 2])
@@ -294,9 +313,11 @@ def test_sink_stream_gives_each_op_in_flight_a_slot_of_its_own(tmp_path):
             assert list(stream.finish().res) == [BLOCK] * 1000
             read, used = {o // BLOCK + 1 for o in batches[-1]}, 0
             for k in range(40):  # a used slot holds one whole block, last read by the last batch
-                block = slots.view[k * BLOCK:(k + 1) * BLOCK]
+                block = slots.view[k * BLOCK : (k + 1) * BLOCK]
                 number = int.from_bytes(block[:8], "little")
-                assert block == number.to_bytes(8, "little") * (BLOCK // 8) and (number in read or number == 0)
+                assert block == number.to_bytes(8, "little") * (BLOCK // 8) and (
+                    number in read or number == 0
+                )
                 used += number != 0
             assert used >= 32  # a slot for each op in flight
         assert stream.ops == 20 * 1000 and stream.min_inflight == 32
@@ -316,10 +337,11 @@ def test_sink_slots_are_not_shared_by_ops_in_flight():
             def writer():
                 for letter in b"abcd":
                     os.write(w, bytes([letter]) * BLOCK)
+
             threading.Timer(0.2, writer).start()
             stream.feed([0, 0, 0, 0], slots.view)
             assert list(stream.finish().res) == [BLOCK] * 4
-            chunks = sorted(bytes(slots.view[k * BLOCK:(k + 1) * BLOCK]) for k in range(4))
+            chunks = sorted(bytes(slots.view[k * BLOCK : (k + 1) * BLOCK]) for k in range(4))
         assert chunks == [bytes([c]) * BLOCK for c in b"abcd"]
     finally:
         os.close(r)

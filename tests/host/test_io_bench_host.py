@@ -1,5 +1,6 @@
 """`xhagent bench io` end to end on this host, in a very short run: every case and ratio is
 in the JSON, and bad input is a clear error."""
+
 import json
 import shutil
 
@@ -7,9 +8,20 @@ import pytest
 
 pytestmark = pytest.mark.host
 
-FILE_CASES = {f"files_{s}_{w}" for s in ("tree", "proc", "cgroupfs") for w in ("loop", "read_files", "uring", "syscalls")}
-CASES = {"pagecache_pread", "pagecache_engine_qd32", "pagecache_threadpool_qd32", "pagecache_asyncring_qd32",
-         "direct_pread", "direct_engine_qd1", "direct_engine_qd32"} | FILE_CASES
+FILE_CASES = {
+    f"files_{s}_{w}"
+    for s in ("tree", "proc", "cgroupfs")
+    for w in ("loop", "read_files", "uring", "syscalls")
+}
+CASES = {
+    "pagecache_pread",
+    "pagecache_engine_qd32",
+    "pagecache_threadpool_qd32",
+    "pagecache_asyncring_qd32",
+    "direct_pread",
+    "direct_engine_qd1",
+    "direct_engine_qd32",
+} | FILE_CASES
 
 
 def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
@@ -19,28 +31,55 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
     assert CASES <= set(report["cases"])
     for case in report["cases"].values():
         assert case["ops_per_s"] > 0 and 0 < case["p50_us"] <= case["p99_us"]
-    assert {"pagecache_engine_qd32_vs_pread", "pagecache_engine_qd32_vs_threadpool",
-            "pagecache_asyncring_vs_threadpool", "direct_engine_qd32_vs_pread",
-            "files_tree_read_files_vs_loop", "files_proc_read_files_vs_loop", "files_cgroupfs_uring_vs_loop",
-            "files_tree_syscalls_vs_loop"} <= set(report["ratios"])
+    assert {
+        "pagecache_engine_qd32_vs_pread",
+        "pagecache_engine_qd32_vs_threadpool",
+        "pagecache_asyncring_vs_threadpool",
+        "direct_engine_qd32_vs_pread",
+        "files_tree_read_files_vs_loop",
+        "files_proc_read_files_vs_loop",
+        "files_cgroupfs_uring_vs_loop",
+        "files_tree_syscalls_vs_loop",
+    } <= set(report["ratios"])
     # the tree in tmp (ext4) goes through io_uring; /proc and cgroupfs files by system calls
-    assert report["notes"]["files_tree"].endswith("read_files reads 0 with system calls, 1000 through io_uring")
-    assert ", 0 through io_uring" in report["notes"]["files_proc"] and ", 0 through" in report["notes"]["files_cgroupfs"]
+    assert report["notes"]["files_tree"].endswith(
+        "read_files reads 0 with system calls, 1000 through io_uring"
+    )
+    assert (
+        ", 0 through io_uring" in report["notes"]["files_proc"]
+        and ", 0 through" in report["notes"]["files_cgroupfs"]
+    )
     assert "io_poll" in report["notes"]["iopoll"]  # no polling device on this host: said so
     assert "page cache" in res.stderr  # progress
     # the engine cases are streams that kept their queue full; O_DIRECT with fixed file and buffers
-    for name, depth in (("pagecache_engine_qd32", 32), ("direct_engine_qd32", 32), ("direct_engine_qd1", 1)):
+    for name, depth in (
+        ("pagecache_engine_qd32", 32),
+        ("direct_engine_qd32", 32),
+        ("direct_engine_qd1", 1),
+    ):
         assert 1 <= report["cases"][name]["min_inflight"] <= depth
-    assert "plain buffer ops 0" in report["notes"]["direct"] and "fixed buffer ops 0" not in report["notes"]["direct"]
+    assert (
+        "plain buffer ops 0" in report["notes"]["direct"]
+        and "fixed buffer ops 0" not in report["notes"]["direct"]
+    )
     if shutil.which("fio"):  # fio as a peer: alternating runs, a ratio per pair
-        assert {"direct_fio_qd32", "pagecache_fio_psync"} <= set(report["cases"]) and "fio" not in report["notes"]
+        assert {"direct_fio_qd32", "pagecache_fio_psync"} <= set(
+            report["cases"]
+        ) and "fio" not in report["notes"]
         for ratio in ("direct_engine_qd32_vs_fio", "pagecache_engine_qd32_vs_fio_psync"):
             assert report["ratios"][ratio] > 0 and len(report["ratio_runs"][ratio]) == 3
         assert len(report["cases"]["direct_fio_qd32"]["runs_ops_per_s"]) == 3
     else:
-        assert "fio is not installed" in report["notes"]["fio"] and "direct_engine_qd32_vs_fio" not in report["ratios"]
+        assert (
+            "fio is not installed" in report["notes"]["fio"]
+            and "direct_engine_qd32_vs_fio" not in report["ratios"]
+        )
 
 
 def test_bench_io_missing_file_is_a_clear_error(run_xhagent):
     res = run_xhagent("bench", "io", "--file", "/nonexistent/disk")
-    assert res.returncode == 2 and "/nonexistent/disk: No such file or directory" in res.stderr and "Traceback" not in res.stderr
+    assert (
+        res.returncode == 2
+        and "/nonexistent/disk: No such file or directory" in res.stderr
+        and "Traceback" not in res.stderr
+    )

@@ -1,6 +1,7 @@
 """read_files on real cgroup-like trees, /proc and sysfs: every file's content, long files
 completed, an unreadable path that reports its own error while the rest succeed, and the
 same bytes whichever way (io_uring chains or system calls) a file is routed."""
+
 import errno
 import os
 from pathlib import Path
@@ -21,8 +22,18 @@ def tree(tmp_path):
     for g in range(30):
         d = tmp_path / f"job-{g}.scope"
         d.mkdir()
-        for name in ("cgroup.procs", "cpu.stat", "memory.stat", "io.stat", "cgroup.events", "pids.current",
-                     "memory.current", "cpu.weight", "memory.pressure", "cgroup.freeze"):
+        for name in (
+            "cgroup.procs",
+            "cpu.stat",
+            "memory.stat",
+            "io.stat",
+            "cgroup.events",
+            "pids.current",
+            "memory.current",
+            "cpu.weight",
+            "memory.pressure",
+            "cgroup.freeze",
+        ):
             p = d / name
             p.write_bytes(f"{name} {g}\n".encode() * (g % 4))  # some are empty
             paths.append(p)
@@ -41,19 +52,33 @@ def test_tree_contents_match(tree):
 def test_unreadable_paths_report_their_own_error(tree, tmp_path):
     paths = [tree[0], tmp_path / "missing", tree[1], tmp_path, tree[-1]]
     got = read_files(paths)
-    assert got[0] == tree[0].read_bytes() and got[2] == tree[1].read_bytes() and got[4] == b"e" * 4096
-    assert isinstance(got[1], OSError) and got[1].errno == errno.ENOENT and got[1].filename == str(tmp_path / "missing")
+    assert (
+        got[0] == tree[0].read_bytes() and got[2] == tree[1].read_bytes() and got[4] == b"e" * 4096
+    )
+    assert (
+        isinstance(got[1], OSError)
+        and got[1].errno == errno.ENOENT
+        and got[1].filename == str(tmp_path / "missing")
+    )
     assert isinstance(got[3], OSError) and got[3].errno == errno.EISDIR
 
 
 def test_proc_and_sysfs_pseudo_files():
     pid = os.getpid()
-    paths = [f"/proc/{pid}/stat", f"/proc/{pid}/status", "/proc/self/mountinfo", "/proc/meminfo",
-             "/sys/kernel/mm/transparent_hugepage/enabled", f"/proc/{pid}/cmdline"]
+    paths = [
+        f"/proc/{pid}/stat",
+        f"/proc/{pid}/status",
+        "/proc/self/mountinfo",
+        "/proc/meminfo",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        f"/proc/{pid}/cmdline",
+    ]
     got = read_files(paths)
     assert got[0].startswith(f"{pid} (".encode())
     assert b"\nPid:\t%d\n" % pid in got[1]
-    assert got[2] == Path("/proc/self/mountinfo").read_bytes() or got[2].count(b"\n") > 3  # self = reader
+    assert (
+        got[2] == Path("/proc/self/mountinfo").read_bytes() or got[2].count(b"\n") > 3
+    )  # self = reader
     assert got[3].startswith(b"MemTotal:") and got[4].endswith(b"\n")
     assert got[5] == Path(f"/proc/{pid}/cmdline").read_bytes()
 
@@ -87,20 +112,26 @@ def test_the_kernel_names_the_files_io_uring_would_punt(tmp_path):
     assert refuses_nowait("/sys/kernel/mm/transparent_hugepage/enabled") is True
     unified = discover().unified
     assert unified is not None and refuses_nowait(f"{unified.path}/cgroup.controllers") is True
-    assert refuses_nowait(str(tmp_path)) is None and refuses_nowait(str(tmp_path / "missing")) is None
+    assert (
+        refuses_nowait(str(tmp_path)) is None and refuses_nowait(str(tmp_path / "missing")) is None
+    )
 
 
 @pytest.mark.parametrize("via", ["auto", "uring", "syscalls"])
 def test_every_way_reads_the_same_bytes_and_errors(tree, via):
     pid = os.getpid()
     stable = [f"/proc/{pid}/cmdline", "/sys/kernel/mm/transparent_hugepage/enabled"]
-    paths = [str(p) for p in tree] + stable + ["/proc/999999999/stat", "/sys/kernel", str(tree[0]) + "/x"]
+    paths = (
+        [str(p) for p in tree]
+        + stable
+        + ["/proc/999999999/stat", "/sys/kernel", str(tree[0]) + "/x"]
+    )
     with FileReader(entries=16, slots=3, via=via) as reader:
         got = reader.read_files(paths)
         n = len(tree)
-        assert got[:n + 2] == [Path(p).read_bytes() for p in paths[:n + 2]]
-        assert [e.errno for e in got[n + 2:]] == [errno.ENOENT, errno.EISDIR, errno.ENOTDIR]
-        assert [e.filename for e in got[n + 2:]] == paths[n + 2:]
+        assert got[: n + 2] == [Path(p).read_bytes() for p in paths[: n + 2]]
+        assert [e.errno for e in got[n + 2 :]] == [errno.ENOENT, errno.EISDIR, errno.ENOTDIR]
+        assert [e.filename for e in got[n + 2 :]] == paths[n + 2 :]
         by_syscalls = {"auto": 4, "uring": 0, "syscalls": len(paths)}[via]  # /proc and /sys ones
         assert reader.stats == {"syscalls": by_syscalls, "uring": len(paths) - by_syscalls}
         assert reader.ring.pending == 0

@@ -1,4 +1,5 @@
 """preempt.bpf.o on this kernel: SIGURG per slice of on-CPU time, none while asleep."""
+
 import signal
 import threading
 import time
@@ -28,7 +29,11 @@ def spin(seconds: float) -> float:
 
 
 def test_tick_is_a_fraction_of_the_slice():
-    assert tick_ns(5_000_000) == 1_000_000 and tick_ns(100_000) == 50_000 and tick_ns(10**9) == 1_000_000
+    assert (
+        tick_ns(5_000_000) == 1_000_000
+        and tick_ns(100_000) == 50_000
+        and tick_ns(10**9) == 1_000_000
+    )
 
 
 def test_spinning_thread_gets_a_signal_per_slice(urg_count):

@@ -1,6 +1,7 @@
 """Scheduler tracing on this kernel: the ping-pong workload traced with
 `xhagent trace record -- COMMAND`, its exports, stats and heatmap, the raw_tp
 fallback, the cgroup filter, and agreement with perf where perf works."""
+
 import json
 import os
 import re
@@ -45,8 +46,14 @@ def test_pingpong_is_traced(pingpong):
     assert summary["records"] == len(tr) and summary["exit_code"] == 0
     assert tr.header.meta["filter"]["kind"] == "pids"
     ping, pong = work["ping"], work["pong"]
-    blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid in (ping, pong)
-               and e.prev_state & 1 and comm(e.prev_comm) == (PING if e.prev_pid == ping else PONG)]
+    blocked = [
+        e
+        for e in tr
+        if e.type == EV_SWITCH
+        and e.prev_pid in (ping, pong)
+        and e.prev_state & 1
+        and comm(e.prev_comm) == (PING if e.prev_pid == ping else PONG)
+    ]
     # each round blocks ping or pong in read() at least once (S: TASK_INTERRUPTIBLE)
     assert len(blocked) >= ROUNDS
     # the fork of pong was followed: its switches are in the trace
@@ -65,14 +72,20 @@ def test_exports(pingpong, tmp_path, run_xhagent):
         assert res.returncode == 0, res.stderr
     perf = (tmp_path / "perf").read_text().splitlines()
     assert len(perf) == len(TraceFile(path))
-    line = re.compile(rf"^ +{PING} +{work['ping']} \[\d{{3}}\] +\d+\.\d{{6}}: sched:sched_switch: "
-                      rf"prev_comm={PING} prev_pid={work['ping']} prev_prio=\d+ prev_state=S ==> "
-                      r"next_comm=\S+ next_pid=\d+ next_prio=\d+$")
+    line = re.compile(
+        rf"^ +{PING} +{work['ping']} \[\d{{3}}\] +\d+\.\d{{6}}: sched:sched_switch: "
+        rf"prev_comm={PING} prev_pid={work['ping']} prev_prio=\d+ prev_state=S ==> "
+        r"next_comm=\S+ next_pid=\d+ next_prio=\d+$"
+    )
     assert any(line.match(x) for x in perf)
     ftrace = (tmp_path / "ftrace").read_text().splitlines()
     assert ftrace[0] == "# tracer: nop"
-    assert any(re.match(rf"^ +{PONG}-{work['pong']} +\[\d{{3}}\] d\.\.2\. +\d+\.\d{{6}}: sched_switch: ", x)
-               for x in ftrace)
+    assert any(
+        re.match(
+            rf"^ +{PONG}-{work['pong']} +\[\d{{3}}\] d\.\.2\. +\d+\.\d{{6}}: sched_switch: ", x
+        )
+        for x in ftrace
+    )
     doc = json.loads((tmp_path / "chrome").read_text())
     assert {e["ph"] for e in doc["traceEvents"]} <= {"X", "M"}
     assert any(e["ph"] == "X" and e["args"]["tid"] == work["pong"] for e in doc["traceEvents"])
@@ -114,12 +127,21 @@ def test_raw_tp_fallback(tmp_path):
     finally:
         os.close(fd)
     from xhagent.trace.fmt import RECORD, Event
+
     events = [Event(*t) for t in RECORD.iter_unpack(path.read_bytes())]
     assert len(events) == written > 0
     with open("/proc/self/comm") as f:
         name = f.read().strip()  # threads inherit the process's comm
-    assert sum(e.type == EV_SWITCH and e.prev_pid == peer and comm(e.prev_comm) == name
-               and e.prev_state & 1 for e in events) >= 100
+    assert (
+        sum(
+            e.type == EV_SWITCH
+            and e.prev_pid == peer
+            and comm(e.prev_comm) == name
+            and e.prev_state & 1
+            for e in events
+        )
+        >= 100
+    )
 
 
 def first_mount(fstype: str) -> str | None:
@@ -148,8 +170,13 @@ def test_cgroup_filter(tmp_path):
         os.mkdir(inner)  # a descendant: the filter covers the subtree
         script = f'echo $$ > {inner}/cgroup.procs && exec "$@"'
         with open(tmp_path / "out", "w+") as out:
-            res = record(str(tmp_path / "cg.xht"), cgroup=cg, system_wide=True,
-                         command=["sh", "-c", script, "sh", *WORKLOAD[:-1], "300"], command_stdout=out)
+            res = record(
+                str(tmp_path / "cg.xht"),
+                cgroup=cg,
+                system_wide=True,
+                command=["sh", "-c", script, "sh", *WORKLOAD[:-1], "300"],
+                command_stdout=out,
+            )
             out.seek(0)
             work = json_lines(out.read())[0]
         assert res.lost == 0 and res.exit_code == 0
@@ -170,6 +197,7 @@ def test_cgroup_filter(tmp_path):
 
 def perf_missing() -> str | None:
     from xhagent.trace.bench import perf_missing as why
+
     return why()
 
 
@@ -181,12 +209,15 @@ def test_perf_agrees(tmp_path, run_xhagent):
 
     data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
     xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "-o", path, "--", *WORKLOAD]
-    res = subprocess.run(perf_command(shutil.which("perf"), data, xh), capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        perf_command(shutil.which("perf"), data, xh), capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     work = json_lines(res.stdout)[0]
     pids = {work["ping"], work["pong"]}
-    script = subprocess.run(["perf", "script", "-i", data], capture_output=True, text=True, check=True)
+    script = subprocess.run(
+        ["perf", "script", "-i", data], capture_output=True, text=True, check=True
+    )
     # Compare the switches *out of* ping and pong: on this kernel perf records no switch
     # out of the idle task of CPU 1 (swapper/1 -> task), which xhagent does see, so
     # counts that include idle->task switches differ by design, not by loss.
@@ -211,8 +242,9 @@ def test_record_json_keys_are_snake_case(pingpong):
 
 def start_record(*args) -> subprocess.Popen:
     exe = os.path.join(os.path.dirname(sys.executable), "xhagent")
-    return subprocess.Popen([exe, "trace", "record", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [exe, "trace", "record", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def released_child(rec: subprocess.Popen, name: str, timeout: float = 30) -> int:
@@ -269,10 +301,12 @@ def test_sigint_ends_a_recording_without_a_command_and_keeps_the_file(tmp_path):
 def test_bad_record_options_leave_an_existing_output_untouched(tmp_path, run_xhagent):
     out = tmp_path / "keep.xht"
     out.write_text("precious")
-    for args, message in [(("--pid", "4294967296"), "--pid 4294967296: out of range"),
-                          (("--cgroup", "/tmp"), "--cgroup /tmp: not a cgroup v2 directory"),
-                          (("--duration", "nan"), "--duration"),
-                          (("--", ""), "the command after -- is empty")]:
+    for args, message in [
+        (("--pid", "4294967296"), "--pid 4294967296: out of range"),
+        (("--cgroup", "/tmp"), "--cgroup /tmp: not a cgroup v2 directory"),
+        (("--duration", "nan"), "--duration"),
+        (("--", ""), "the command after -- is empty"),
+    ]:
         res = run_xhagent("trace", "record", "-o", str(out), *args)
         assert res.returncode == 2 and message in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
@@ -286,6 +320,8 @@ def test_a_cgroup_v1_directory_is_refused(run_xhagent, tmp_path):
     v1 = first_mount("cgroup")
     if v1 is None:
         pytest.skip("no cgroup v1 hierarchy on this host")
-    res = run_xhagent("trace", "record", "-o", str(tmp_path / "x"), "--cgroup", v1, "--duration", "1")
+    res = run_xhagent(
+        "trace", "record", "-o", str(tmp_path / "x"), "--cgroup", v1, "--duration", "1"
+    )
     assert res.returncode == 2 and f"--cgroup {v1}: not a cgroup v2 directory" in res.stderr
     assert os.listdir(tmp_path) == []

@@ -1,4 +1,5 @@
 """The raw `xhagent._uring` calls the engine is built on, each against this kernel."""
+
 import os
 import select
 import stat
@@ -40,8 +41,14 @@ def test_statx(tmp_path):
     path.write_bytes(b"x" * 1234)
     out = ffi.new("struct statx *")
     with Ring(4) as ring:
-        lib.io_uring_prep_statx(ring.sqe(), lib.AT_FDCWD, ffi.new("char[]", os.fsencode(path)),
-                                0, lib.STATX_BASIC_STATS, out)
+        lib.io_uring_prep_statx(
+            ring.sqe(),
+            lib.AT_FDCWD,
+            ffi.new("char[]", os.fsencode(path)),
+            0,
+            lib.STATX_BASIC_STATS,
+            out,
+        )
         assert ring.run(1)[0][1] == 0
     assert out.stx_size == 1234 and stat.S_ISREG(out.stx_mode)
 

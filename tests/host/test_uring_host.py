@@ -1,4 +1,5 @@
 """The liburing binding against this kernel: reads, registrations, errors with errno."""
+
 import errno
 import os
 

@@ -61,8 +61,9 @@ def _rmdir(path):
 
 
 def _load_pattern():
-    spec = importlib.util.spec_from_file_location("xhagent_vmtest_pattern",
-                                                  Path(__file__).with_name("pattern.py"))
+    spec = importlib.util.spec_from_file_location(
+        "xhagent_vmtest_pattern", Path(__file__).with_name("pattern.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

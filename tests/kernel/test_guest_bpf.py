@@ -1,5 +1,6 @@
 """Inside the guest VM (Debian's 6.1 kernel): the BPF objects built against the host's
 6.18 BTF load through CO-RE relocation, and tp_btf/sched_switch delivers events."""
+
 import os
 import platform
 

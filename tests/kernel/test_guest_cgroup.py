@@ -101,8 +101,11 @@ def test_io_weight_per_device_needs_io_cost(child, nvme_majmin, record_property)
     # agent reads io.weight back.
     try:
         (child / "io.weight").write_text(f"{nvme_majmin} 800")
-        before = "accepted, read back" if f"{nvme_majmin} 800" in io_weights(child) \
+        before = (
+            "accepted, read back"
+            if f"{nvme_majmin} 800" in io_weights(child)
             else "accepted, silently ignored"
+        )
     except OSError as exc:
         before = f"refused: {errno.errorcode.get(exc.errno, exc.errno)}"
     record_property("per_device_weight_before_io_cost", before)

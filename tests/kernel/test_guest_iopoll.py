@@ -1,5 +1,6 @@
 """Inside the guest: a polled (IOPOLL) O_DIRECT read of the emulated NVMe disk returns
 the bytes the harness wrote there, and the doctor reports what the guest can do."""
+
 from pathlib import Path
 
 import pytest

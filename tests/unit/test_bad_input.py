@@ -1,6 +1,7 @@
 """Every class of hostile or broken input, fed to every loader of the project: each must
 answer with a located message (FILE:LINE:COL, or FILE: for what is not a file at all),
 never a traceback, and must not take unbounded time or memory to do so."""
+
 import os
 import resource
 import time
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups.policy import load_policy
 from xhagent import node_model as inventory
+from xhagent.cgroups.policy import load_policy
 from xhagent.inventory.labels import load_config
 from xhagent.policy import documents
 from xhagent.sched import nodes as sched_nodes
@@ -19,9 +20,15 @@ from xhagent.spec import MAX_BYTES, SpecError
 HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\n"
 # A valid-looking start for each loader, so the bad part is reached, not a missing kind.
 LOADERS = {
-    "SchedulingPolicy": (documents.load, HEAD.format(kind="SchedulingPolicy") + "spec:\n  matchRules:\n"),
+    "SchedulingPolicy": (
+        documents.load,
+        HEAD.format(kind="SchedulingPolicy") + "spec:\n  matchRules:\n",
+    ),
     "Task": (documents.load, HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n"),
-    "policy validate": (documents.load_any, HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n"),
+    "policy validate": (
+        documents.load_any,
+        HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n",
+    ),
     "CgroupPolicy": (load_policy, HEAD.format(kind="CgroupPolicy") + "spec:\n  groups:\n"),
     "Workload": (workload.load, HEAD.format(kind="Workload") + "spec:\n  classes:\n"),
     "node file": (sched_nodes.load, "nodes:\n"),
@@ -33,7 +40,10 @@ ERRORS = (SpecError, documents.InputError, inventory.ModelError)
 
 def alias_bomb() -> str:
     lines = ["  - &a [x, x, x, x, x, x, x, x, x]"]
-    lines += [f"  - &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    lines += [
+        f"  - &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]"
+        for p, c in zip("abcdefgh", "bcdefghi")
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -58,7 +68,9 @@ BAD = {  # name -> bytes appended to the loader's start
 
 def check(loader, path: Path | str, where: str) -> str:
     """The loader's error message for `path`, after checking it is located and bounded."""
-    limit = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + 512 * 1024  # KiB: at most 512 MiB more
+    limit = (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + 512 * 1024
+    )  # KiB: at most 512 MiB more
     start = time.monotonic()
     with pytest.raises(ERRORS) as info:
         loader(path)
@@ -91,8 +103,10 @@ def test_what_is_not_a_regular_file_is_refused_by_name_without_reading_it(tmp_pa
     assert "No such file" in check(loader, tmp_path / "nope.yaml", f"{tmp_path / 'nope.yaml'}:")
 
 
-EMPTY = {"CgroupPolicy": "expected exactly one CgroupPolicy document, found 0",
-         "inventory node file": "empty document"}
+EMPTY = {
+    "CgroupPolicy": "expected exactly one CgroupPolicy document, found 0",
+    "inventory node file": "empty document",
+}
 
 
 @pytest.mark.parametrize("kind", [k for k in LOADERS if k != "agent config"])

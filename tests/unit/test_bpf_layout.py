@@ -2,6 +2,7 @@
 compiled object's BTF: every field name, offset, size and signedness of the record
 and map value structs, and every enum value (ebpf/<program>.h, XH_BTF_EXPORT).
 A drifted layout, on either side, is reported field by field."""
+
 import dataclasses
 import runpy
 import shutil
@@ -25,10 +26,12 @@ def _object(name: str) -> Path:
 
 
 def _programs() -> list[str]:
-    return sorted(p.name[:-len(".bpf.c")] for p in (ROOT / "ebpf").glob("*.bpf.c"))
+    return sorted(p.name[: -len(".bpf.c")] for p in (ROOT / "ebpf").glob("*.bpf.c"))
 
 
-@pytest.mark.parametrize("mirror", MIRRORS, ids=lambda m: f"{m.obj}:{','.join(m.enums) or m.records[0].c_name}")
+@pytest.mark.parametrize(
+    "mirror", MIRRORS, ids=lambda m: f"{m.obj}:{','.join(m.enums) or m.records[0].c_name}"
+)
 def test_python_layout_matches_the_objects_btf(mirror):
     assert mismatches(read_btf(_object(mirror.obj)), mirror) == []
 
@@ -50,9 +53,17 @@ def test_btf_reader_sees_the_record_as_c_lays_it_out():
     size, members = read_btf(_object("sched_trace")).structs["xh_sched_event"]
     assert size == 80
     by_name = {m.name: m for m in members}
-    assert (by_name["type"].offset, by_name["type"].size, by_name["type"].kind) == (12, 2, "unsigned")
+    assert (by_name["type"].offset, by_name["type"].size, by_name["type"].kind) == (
+        12,
+        2,
+        "unsigned",
+    )
     assert (by_name["prev_prio"].offset, by_name["prev_prio"].kind) == (32, "signed")
-    assert (by_name["next_comm"].offset, by_name["next_comm"].size, by_name["next_comm"].kind) == (64, 16, "array")
+    assert (by_name["next_comm"].offset, by_name["next_comm"].size, by_name["next_comm"].kind) == (
+        64,
+        16,
+        "array",
+    )
 
 
 def test_named_layouts_are_the_tuples_user_space_builds():
@@ -60,7 +71,10 @@ def test_named_layouts_are_the_tuples_user_space_builds():
     assert tuple(f.name for f in dataclasses.fields(preempt.ThreadState)) == preempt.STATE.names
     assert fmt.RECORD.format == "<QIHHIIIIiiII16s16s"  # the trace file format, unchanged
     offsets = {name: off for name, off, _, _ in fmt.RECORD.members()}
-    assert (fmt.OFF_CPU, fmt.OFF_TYPE) == (offsets["cpu"], offsets["type"])  # the reader's column checks
+    assert (fmt.OFF_CPU, fmt.OFF_TYPE) == (
+        offsets["cpu"],
+        offsets["type"],
+    )  # the reader's column checks
 
 
 def _altered(record: Record, **codes) -> Record:
@@ -73,20 +87,31 @@ def test_a_drifted_python_layout_is_detected():
     # a field widened: its size, and the offset of every later field, differ
     wide = mismatches(btf, Mirror("sched_trace", records=(_altered(rec, type="I"),)))
     assert "struct xh_sched_event: 80 bytes in C, 82 in Python" in wide
-    assert any(m.startswith("struct xh_sched_event.type: offset 12 size 2 in C, offset 12 size 4") for m in wide)
-    assert any(m.startswith("struct xh_sched_event.prev_pid: offset 16 size 4 in C, offset 18") for m in wide)
+    assert any(
+        m.startswith("struct xh_sched_event.type: offset 12 size 2 in C, offset 12 size 4")
+        for m in wide
+    )
+    assert any(
+        m.startswith("struct xh_sched_event.prev_pid: offset 16 size 4 in C, offset 18")
+        for m in wide
+    )
     # signedness
     assert mismatches(btf, Mirror("sched_trace", records=(_altered(rec, prev_prio="I"),))) == [
-        "struct xh_sched_event.prev_prio: signed in C, 'I' (unsigned) in Python"]
+        "struct xh_sched_event.prev_prio: signed in C, 'I' (unsigned) in Python"
+    ]
     # two fields of the same size swapped: sizes agree, names do not
     swapped = list(rec.fields)
     swapped[4], swapped[6] = swapped[6], swapped[4]
     drift = mismatches(btf, Mirror("sched_trace", records=(Record(rec.c_name, tuple(swapped)),)))
     assert any("fields" in m and "'next_pid', 'prev_tgid', 'prev_pid'" in m for m in drift)
-    assert "struct xh_sched_event.prev_pid: offset 16 size 4 in C, offset 24 size 4 in Python ('I')" in drift
+    assert (
+        "struct xh_sched_event.prev_pid: offset 16 size 4 in C, offset 24 size 4 in Python ('I')"
+        in drift
+    )
     # a struct the object does not have
     assert mismatches(btf, Mirror("sched_trace", records=(Record("xh_gone", (("a", "Q"),)),))) == [
-        "struct xh_gone: not in sched_trace.bpf.o's BTF"]
+        "struct xh_gone: not in sched_trace.bpf.o's BTF"
+    ]
 
 
 def test_a_drifted_enum_is_detected():
@@ -96,15 +121,19 @@ def test_a_drifted_enum_is_detected():
     del values["EV_FORK"]
     assert mismatches(btf, Mirror("sched_trace", enums={"xh_event_type": values})) == [
         "enum xh_event_type: EV_EXIT is 4 in C, 7 in Python",
-        "enum xh_event_type: EV_FORK is 5 in C, missing in Python"]
+        "enum xh_event_type: EV_FORK is 5 in C, missing in Python",
+    ]
     # only the array-size sentinel may be left out; an extra Python name is drift too
     extra = {**sched_trace.MIRROR.enums["xh_trace_cfg"], "CFG_RATE": 3}
     assert mismatches(btf, Mirror("sched_trace", enums={"xh_trace_cfg": extra})) == [
-        "enum xh_trace_cfg: CFG_RATE is missing in C, 3 in Python"]
+        "enum xh_trace_cfg: CFG_RATE is missing in C, 3 in Python"
+    ]
 
 
-@pytest.mark.skipif(shutil.which("clang") is None or shutil.which("llvm-strip") is None,
-                    reason="needs clang and llvm-strip (the BPF build tools)")
+@pytest.mark.skipif(
+    shutil.which("clang") is None or shutil.which("llvm-strip") is None,
+    reason="needs clang and llvm-strip (the BPF build tools)",
+)
 def test_a_drifted_c_header_is_detected(tmp_path):
     """The other side: sched_count.h with two fields swapped and an enumerator moved,
     compiled as the build does, no longer matches the Python mirror."""
@@ -114,15 +143,21 @@ def test_a_drifted_c_header_is_detected(tmp_path):
     shutil.copy(ROOT / "ebpf" / "sched_count.bpf.c", src)
     build["vmlinux_header"](src)  # generated by the build, kept beside the sources
     header = (src / "sched_count.h").read_text()
-    drifted = header.replace("\t__u32 prev_pid;", "\t__u32 PLACEHOLDER;").replace(
-        "\t__u32 next_pid;", "\t__u32 prev_pid;").replace("\t__u32 PLACEHOLDER;", "\t__u32 next_pid;")
+    drifted = (
+        header.replace("\t__u32 prev_pid;", "\t__u32 PLACEHOLDER;")
+        .replace("\t__u32 next_pid;", "\t__u32 prev_pid;")
+        .replace("\t__u32 PLACEHOLDER;", "\t__u32 next_pid;")
+    )
     drifted = drifted.replace("COUNT_SWITCHES, COUNT_DROPPED", "COUNT_DROPPED, COUNT_SWITCHES")
     assert drifted.count("next_pid") == header.count("next_pid") and drifted != header
     (src / "sched_count.h").write_text(drifted)
     out = tmp_path / "sched_count.bpf.o"
     build["compile_one"](src / "sched_count.bpf.c", out, src)
     drift = mismatches(read_btf(out), sched_count.MIRROR)
-    assert "struct switch_event.prev_pid: offset 16 size 4 in C, offset 12 size 4 in Python ('I')" in drift
+    assert (
+        "struct switch_event.prev_pid: offset 16 size 4 in C, offset 12 size 4 in Python ('I')"
+        in drift
+    )
     assert "enum xh_switch_count: COUNT_SWITCHES is 1 in C, 0 in Python" in drift
     # and the same source unaltered agrees
     (src / "sched_count.h").write_text(header)

@@ -1,4 +1,5 @@
 """Pure parts of xhagent.bpf: error text, record decoding, missing pieces."""
+
 import errno
 import struct
 import sys
@@ -12,18 +13,24 @@ from xhagent.bpf.sched_count import RECORD, Switch, decode_switches
 def test_format_error_names_errno_and_keeps_libbpf_tail():
     log = "libbpf: prog 'on_switch': failed to attach\nlibbpf: second line\n\n"
     text = format_error("attach tp_btf/sched_switch", -errno.EPERM, log)
-    assert text == ("attach tp_btf/sched_switch: -EPERM (Operation not permitted): "
-                    "libbpf: prog 'on_switch': failed to attach | second line")
+    assert text == (
+        "attach tp_btf/sched_switch: -EPERM (Operation not permitted): "
+        "libbpf: prog 'on_switch': failed to attach | second line"
+    )
 
 
 def test_format_error_without_log_and_kernel_names():
-    assert format_error("load x", errno.EOPNOTSUPP) == "load x: -EOPNOTSUPP (Operation not supported)"
+    assert (
+        format_error("load x", errno.EOPNOTSUPP) == "load x: -EOPNOTSUPP (Operation not supported)"
+    )
     # libbpf's private codes (enum libbpf_errno) get their names too
     assert format_error("open x", -4001).startswith("open x: -LIBBPF_ERRNO__FORMAT (")
 
 
 def test_format_error_truncates_a_huge_verifier_log_from_the_front():
-    log = "\n".join(f"{i}: insn" for i in range(2000)) + "\nprocessed 4 insns: R1 invalid mem access"
+    log = (
+        "\n".join(f"{i}: insn" for i in range(2000)) + "\nprocessed 4 insns: R1 invalid mem access"
+    )
     text = format_error("load x", -errno.EACCES, log)
     assert len(text) < 700
     assert text.endswith("R1 invalid mem access") and "..." in text
@@ -63,13 +70,19 @@ def test_doctor_reports_the_failed_step(monkeypatch):
     from xhagent.doctor import bpf_probe
 
     def refuse(**_):
-        raise BpfError(errno.EPERM, format_error("attach tp_btf/sched_switch", -errno.EPERM,
-                                                 "libbpf: prog 'on_switch': failed"))
+        raise BpfError(
+            errno.EPERM,
+            format_error(
+                "attach tp_btf/sched_switch", -errno.EPERM, "libbpf: prog 'on_switch': failed"
+            ),
+        )
 
     monkeypatch.setattr(sched_count, "SchedCount", refuse)
     items = bpf_probe._sched_switch()
     assert [i.name for i in items] == ["ebpf.tp_btf_sched_switch", "ebpf.ringbuf"]
     assert not any(i.ok for i in items)
-    assert items[0].reason == ("load and attach tp_btf/sched_switch (sched_count): attach "
-                               "tp_btf/sched_switch: -EPERM (Operation not permitted): libbpf: "
-                               "prog 'on_switch': failed")
+    assert items[0].reason == (
+        "load and attach tp_btf/sched_switch (sched_count): attach "
+        "tp_btf/sched_switch: -EPERM (Operation not permitted): libbpf: "
+        "prog 'on_switch': failed"
+    )

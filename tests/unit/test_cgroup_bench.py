@@ -1,5 +1,6 @@
 """`xhagent bench cgroup-io`: bad option values are refused before anything is touched, and a
 stop puts io.cost and the root's controllers back."""
+
 import os
 import signal
 from pathlib import Path
@@ -11,9 +12,19 @@ from xhagent import cgroup_bench
 from xhagent.cli import main
 
 
-@pytest.mark.parametrize("args", [["--seconds", "nan"], ["--seconds", "inf"], ["--seconds", "0"],
-                                  ["--threads", "0"], ["--threads", "100000"], ["--block", "0"],
-                                  ["--block", "1000"], ["--block", str(1 << 40)]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seconds", "nan"],
+        ["--seconds", "inf"],
+        ["--seconds", "0"],
+        ["--threads", "0"],
+        ["--threads", "100000"],
+        ["--block", "0"],
+        ["--block", "1000"],
+        ["--block", str(1 << 40)],
+    ],
+)
 def test_bad_option_values_exit_2(args):
     res = CliRunner().invoke(main, ["bench", "cgroup-io", *args])
     assert res.exit_code == 2, res.output
@@ -42,6 +53,7 @@ def test_a_stop_puts_io_cost_and_controllers_back(tmp_path, monkeypatch):
     def stopped(*args, **kw):
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("the stop did not end the run")
+
     monkeypatch.setattr(cgroup_bench, "_one_run", stopped)
     res = CliRunner().invoke(main, ["bench", "cgroup-io", "--device", device])
     assert res.exit_code == 128 + signal.SIGTERM, res.output

@@ -1,4 +1,5 @@
 """`xhagent cgroup` input errors: FILE:LINE:COL on stderr, exit 2, no traceback."""
+
 import os
 
 from click.testing import CliRunner
@@ -8,11 +9,16 @@ from xhagent.cli import main
 
 def test_bad_policy_exits_2_with_location(tmp_path):
     bad = tmp_path / "p.yaml"
-    bad.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n      cpu: {weight: 20000}\n")
+    bad.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n      cpu: {weight: 20000}\n"
+    )
     for cmd in ("plan", "apply"):
         res = CliRunner().invoke(main, ["cgroup", cmd, "-f", str(bad)])
         assert res.exit_code == 2, res.output
-        assert f"{bad}:6:21: spec.groups.0.cpu.weight: 20000 is not a valid weight (1..10000)" in res.output
+        assert (
+            f"{bad}:6:21: spec.groups.0.cpu.weight: 20000 is not a valid weight (1..10000)"
+            in res.output
+        )
         assert "Traceback" not in res.output
 
 
@@ -75,8 +81,12 @@ def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_p
 
     g = _fake_subtree(tmp_path, monkeypatch)
     policy = tmp_path / "p.yaml"
-    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n")
-    monkeypatch.setattr(cgroup_cli, "_plan", lambda *a, **k: Plan(actions=[Action("create", n) for n in "abc"]))
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n"
+    )
+    monkeypatch.setattr(
+        cgroup_cli, "_plan", lambda *a, **k: Plan(actions=[Action("create", n) for n in "abc"])
+    )
     done = []
 
     def run(action, sub, report):
@@ -84,6 +94,7 @@ def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_p
         if action.group == "b":
             os.kill(os.getpid(), signal.SIGTERM)  # held until this action is complete
         done.append(action.group)
+
     monkeypatch.setattr(state, "_run", run)
     res = CliRunner().invoke(main, ["cgroup", "apply", "-f", str(policy)])
     assert res.exit_code == 143, res.output
@@ -99,7 +110,10 @@ def test_locating_the_subtree_fails_with_a_message_not_a_traceback(monkeypatch):
 
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", "/sys/fs/cgroup/unit.service")
+
     monkeypatch.setattr(cgroup_cli, "locate", denied)
     res = CliRunner().invoke(main, ["cgroup", "show"])
     assert res.exit_code == 1 and res.exception.__class__ is SystemExit
-    assert "/sys/fs/cgroup/unit.service: Permission denied" in res.output and "Errno" not in res.output
+    assert (
+        "/sys/fs/cgroup/unit.service: Permission denied" in res.output and "Errno" not in res.output
+    )

@@ -1,4 +1,5 @@
 """Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on fake trees."""
+
 import errno
 import os
 
@@ -64,13 +65,19 @@ def test_explicit_choices_win():
         D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT), leaf="../x")
 
 
-@pytest.mark.parametrize("attrs, expected", [
-    ({"trusted.delegate": b"1"}, True),
-    ({"user.delegate": b"1"}, True),
-    ({"trusted.delegate": b"0", "user.delegate": b"1"}, False),  # trusted.* decides when present
-    ({}, False),
-    (None, None),  # the filesystem keeps no xattrs
-])
+@pytest.mark.parametrize(
+    "attrs, expected",
+    [
+        ({"trusted.delegate": b"1"}, True),
+        ({"user.delegate": b"1"}, True),
+        (
+            {"trusted.delegate": b"0", "user.delegate": b"1"},
+            False,
+        ),  # trusted.* decides when present
+        ({}, False),
+        (None, None),  # the filesystem keeps no xattrs
+    ],
+)
 def test_delegate_mark_follows_systemds_reading(monkeypatch, attrs, expected):
     def getxattr(path, name):
         if attrs is None:
@@ -78,6 +85,7 @@ def test_delegate_mark_follows_systemds_reading(monkeypatch, attrs, expected):
         if name not in attrs:
             raise OSError(errno.ENODATA, os.strerror(errno.ENODATA))
         return attrs[name]
+
     monkeypatch.setattr(D.os, "getxattr", getxattr)
     assert D.read_delegate_mark("/x") is expected
 
@@ -109,6 +117,7 @@ def test_discovery_reads_own_cgroup_and_its_mark(tree):
     def reader(path):
         seen.append(path)
         return path == root / UNIT
+
     p = D.discover_placement(root, proc_cgroup=proc, run_dir=run, reader=reader)
     assert (p.rel, p.how) == (UNIT, "delegated") and seen == [root / UNIT]
     run.mkdir()
@@ -131,7 +140,11 @@ def test_locate_binds_the_placement_and_hides_the_agents_leaf(tree):
         sub.resolve("agent.leaf/x")
     assert sub.resolve("web") == root / UNIT / "web"
     explicit = locate("ops.slice", hier, proc_cgroup=proc, run_dir=run, reader=lambda path: True)
-    assert (explicit.rel, explicit.placement.how, explicit.agent_leaf) == ("ops.slice", "option", "")
+    assert (explicit.rel, explicit.placement.how, explicit.agent_leaf) == (
+        "ops.slice",
+        "option",
+        "",
+    )
     with pytest.raises(ValueError):
         locate("../etc", hier)
 

@@ -4,6 +4,7 @@ The group here is a plain directory whose `cgroup.events` never says `frozen 1`,
 wait runs until its deadline or until a signal cuts it: the moment the real kernel makes
 too short to hit on purpose.
 """
+
 import os
 import signal
 import threading
@@ -26,7 +27,9 @@ def freeze_file(cg):
     return (cg.path / "cgroup.freeze").read_text()[0]
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0, MAX_TIMEOUT * 2, "2", True])
+@pytest.mark.parametrize(
+    "value", [float("nan"), float("inf"), -1.0, 0.0, MAX_TIMEOUT * 2, "2", True]
+)
 def test_bad_timeouts_are_refused_before_any_write(stuck, value):
     with pytest.raises(ValueError):
         check_timeout(value)

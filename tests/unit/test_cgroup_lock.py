@@ -1,4 +1,5 @@
 """The subtree lock: one holder, a waiter told whom it waits for, never a file outside its dir."""
+
 import os
 import stat
 import subprocess
@@ -41,8 +42,11 @@ with SubtreeLock(Path(sys.argv[1]), Path(sys.argv[2])).acquire():
 
 
 def test_no_wait_names_the_holder_and_a_waiter_gets_it_when_it_is_released(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, "/sys/fs/cgroup/x", str(tmp_path), "1.0"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, "/sys/fs/cgroup/x", str(tmp_path), "1.0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(LockBusy) as info:
@@ -56,4 +60,6 @@ def test_no_wait_names_the_holder_and_a_waiter_gets_it_when_it_is_released(tmp_p
     finally:
         holder.kill()
         holder.wait()
-    SubtreeLock(Path("/sys/fs/cgroup/y"), tmp_path).acquire(wait=False).release()  # another subtree: free
+    SubtreeLock(Path("/sys/fs/cgroup/y"), tmp_path).acquire(
+        wait=False
+    ).release()  # another subtree: free

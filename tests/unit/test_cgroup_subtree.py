@@ -1,4 +1,5 @@
 """Confinement to the agent's subtree, and the applier's report on a fake tree."""
+
 import os
 
 import pytest
@@ -14,7 +15,9 @@ def sub(tmp_path):
     return Subtree(tmp_path, "xhagent.slice")
 
 
-@pytest.mark.parametrize("name", ["..", "a/..", "../x", "/etc", "a//b", ".hidden", "cgroup.procs", "memory.max", "a b"])
+@pytest.mark.parametrize(
+    "name", ["..", "a/..", "../x", "/etc", "a//b", ".hidden", "cgroup.procs", "memory.max", "a b"]
+)
 def test_bad_group_paths_are_refused(sub, name):
     with pytest.raises(ValueError):
         sub.resolve(name)
@@ -36,8 +39,12 @@ def test_good_names():
 
 def test_apply_stops_at_the_first_refusal_and_reports_the_rest(sub):
     (sub.path / "a" / "cpu.weight").write_text("100\n")
-    actions = [Action("create", "b"), Action("write", "a", "cpu.weight", 400, 100, "loosen"),
-               Action("write", "b", "cpu.weight", 50, None, "loosen"), Action("create", "c")]
+    actions = [
+        Action("create", "b"),
+        Action("write", "a", "cpu.weight", 400, 100, "loosen"),
+        Action("write", "b", "cpu.weight", 50, None, "loosen"),
+        Action("create", "c"),
+    ]
     report = apply(Plan(actions=actions), sub)
     assert [a.group for a in report.applied] == ["b", "a"]
     assert (sub.path / "a" / "cpu.weight").read_text().strip() == "400"
@@ -49,7 +56,14 @@ def test_apply_stops_at_the_first_refusal_and_reports_the_rest(sub):
 def test_a_value_the_kernel_does_not_keep_is_a_refusal(sub):
     # A plain file keeps what it is given; a kernel that ignores a line reads back the old text.
     (sub.path / "a" / "io.weight").write_text("default 100\n")
-    report = apply(Plan(actions=[Action("write", "a", "io.weight", {"default": 200, "259:0": 800}, None, "loosen")]), sub)
+    report = apply(
+        Plan(
+            actions=[
+                Action("write", "a", "io.weight", {"default": 200, "259:0": 800}, None, "loosen")
+            ]
+        ),
+        sub,
+    )
     assert report.failed and "reads back" in report.failed[1]
 
 

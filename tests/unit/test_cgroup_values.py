@@ -1,4 +1,5 @@
 """Validators and kernel-text parsers of cgroup values."""
+
 import pytest
 
 from xhagent.cgroups import registry as R
@@ -8,7 +9,9 @@ from xhagent.cgroups.io_weight import bfq_weight, enforcer, io_cost_enabled
 
 def test_byte_sizes_with_suffixes_round_to_pages():
     assert v.bytes_or_max("4Gi") == 4 << 30
-    assert v.bytes_or_max("512M") == 512 * 10**6  # M is 10**6 here as in every file (a whole number of pages)
+    assert (
+        v.bytes_or_max("512M") == 512 * 10**6
+    )  # M is 10**6 here as in every file (a whole number of pages)
     assert v.bytes_or_max("4G") == 4 * 10**9 - 4 * 10**9 % 4096 == 3_999_997_952
     assert v.bytes_or_max("4GB", page_round=False) == 4 * 10**9
     assert v.bytes_or_max("max") == "max"
@@ -51,11 +54,14 @@ def test_weights_range():
 
 def test_keyed_files_parse():
     assert v.parse_weight_file("default 100\n259:0 800\n") == {"default": 100, "259:0": 800}
-    assert v.parse_nested_keyed("259:0 rbps=max wbps=1048576 riops=max wiops=max\n") == \
-        {"259:0": {"rbps": "max", "wbps": 1048576, "riops": "max", "wiops": "max"}}
+    assert v.parse_nested_keyed("259:0 rbps=max wbps=1048576 riops=max wiops=max\n") == {
+        "259:0": {"rbps": "max", "wbps": 1048576, "riops": "max", "wiops": "max"}
+    }
     assert v.parse_flat_keyed("populated 1\nfrozen 0\n") == {"populated": 1, "frozen": 0}
     assert R.IO_WEIGHT.format({"default": 500, "259:0": 800}) == ["default 500", "259:0 800"]
-    assert io_cost_enabled("259:0 enable=1 ctrl=auto rpct=0.00\n8:0 enable=0 ctrl=auto\n") == {"259:0"}
+    assert io_cost_enabled("259:0 enable=1 ctrl=auto rpct=0.00\n8:0 enable=0 ctrl=auto\n") == {
+        "259:0"
+    }
 
 
 def test_bfq_weight_scaled_as_systemd_does():

@@ -1,4 +1,5 @@
 """Every registered subcommand imports and shows its help."""
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -36,9 +37,16 @@ def test_version_names_the_build():
 
 def test_shell_completion_reaches_lazy_subcommands():
     # The README's completion line: bash asks the program itself for candidates.
-    res = CliRunner().invoke(cli.main, [], prog_name="xhagent",
-                             env={"_XHAGENT_COMPLETE": "bash_complete", "COMP_WORDS": "xhagent cgroup fr",
-                                  "COMP_CWORD": "2"})
+    res = CliRunner().invoke(
+        cli.main,
+        [],
+        prog_name="xhagent",
+        env={
+            "_XHAGENT_COMPLETE": "bash_complete",
+            "COMP_WORDS": "xhagent cgroup fr",
+            "COMP_CWORD": "2",
+        },
+    )
     assert res.output.split() == ["plain,freeze"]
 
 
@@ -50,6 +58,7 @@ def test_a_stop_by_signal_is_one_line_and_128_plus_n(monkeypatch, raised, code):
 
     def stopped(*_args, **_kwargs):
         raise raised() if raised is KeyboardInterrupt else Terminated(signal.SIGTERM)
+
     monkeypatch.setattr("xhagent.doctor.run_probes", stopped)
     res = CliRunner().invoke(cli.main, ["doctor"])
     assert res.exit_code == code, res.output

@@ -1,5 +1,6 @@
 """Every command that reads a file, fed every class of bad file: a message naming the file,
 exit 2, no traceback, in bounded time (10 s) and memory (1 GiB more address space)."""
+
 import resource
 import signal
 from contextlib import contextmanager
@@ -12,7 +13,8 @@ from xhagent.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
 
 BAD_FILES = {
     "missing": None,
@@ -29,14 +31,50 @@ BAD_FILES = {
 # Each command, with {} where the bad file goes.
 COMMANDS = {
     "policy validate": ["policy", "validate", "{}"],
-    "policy explain --task": ["policy", "explain", "--task", "{}", "--nodes", str(EXAMPLES / "nodes.yaml")],
-    "policy explain --policies": ["policy", "explain", "--task", str(EXAMPLES / "task-infer.yaml"),
-                                  "--policies", "{}", "--nodes", str(EXAMPLES / "nodes.yaml")],
-    "policy explain --nodes": ["policy", "explain", "--task", str(EXAMPLES / "task-infer.yaml"), "--nodes", "{}"],
-    "simulate --workload": ["simulate", "--workload", "{}", "--nodes", str(EXAMPLES / "workload-nodes-plain.yaml"),
-                            "--algorithm", "edf"],
-    "simulate --nodes": ["simulate", "--workload", str(EXAMPLES / "workload-mixed.yaml"), "--nodes", "{}",
-                         "--algorithm", "edf"],
+    "policy explain --task": [
+        "policy",
+        "explain",
+        "--task",
+        "{}",
+        "--nodes",
+        str(EXAMPLES / "nodes.yaml"),
+    ],
+    "policy explain --policies": [
+        "policy",
+        "explain",
+        "--task",
+        str(EXAMPLES / "task-infer.yaml"),
+        "--policies",
+        "{}",
+        "--nodes",
+        str(EXAMPLES / "nodes.yaml"),
+    ],
+    "policy explain --nodes": [
+        "policy",
+        "explain",
+        "--task",
+        str(EXAMPLES / "task-infer.yaml"),
+        "--nodes",
+        "{}",
+    ],
+    "simulate --workload": [
+        "simulate",
+        "--workload",
+        "{}",
+        "--nodes",
+        str(EXAMPLES / "workload-nodes-plain.yaml"),
+        "--algorithm",
+        "edf",
+    ],
+    "simulate --nodes": [
+        "simulate",
+        "--workload",
+        str(EXAMPLES / "workload-mixed.yaml"),
+        "--nodes",
+        "{}",
+        "--algorithm",
+        "edf",
+    ],
     "cgroup plan": ["cgroup", "plan", "-f", "{}"],
     "inventory --config": ["inventory", "--config", "{}"],
     "trace stats": ["trace", "stats", "{}"],
@@ -47,8 +85,11 @@ COMMANDS = {
 
 # Not bad input there: --policies takes a directory of policy files, and an empty agent
 # config means every default.
-VALID = {("policy explain --policies", "directory"), ("inventory --config", "empty"),
-         ("inventory --config", "only_comments")}
+VALID = {
+    ("policy explain --policies", "directory"),
+    ("inventory --config", "empty"),
+    ("inventory --config", "only_comments"),
+}
 
 
 @contextmanager
@@ -62,6 +103,7 @@ def bounded(seconds=10, extra_bytes=1 << 30):
 
     def timeout(*_):
         raise TimeoutError(f"still running after {seconds} s")
+
     old = signal.signal(signal.SIGALRM, timeout)
     signal.alarm(seconds)
     try:
@@ -87,8 +129,11 @@ def bad_file(request, tmp_path):
     return kind, str(path)
 
 
-@pytest.mark.parametrize("command,bad_file", [(c, k) for c in COMMANDS for k in BAD_FILES if (c, k) not in VALID],
-                         indirect=["bad_file"])
+@pytest.mark.parametrize(
+    "command,bad_file",
+    [(c, k) for c in COMMANDS for k in BAD_FILES if (c, k) not in VALID],
+    indirect=["bad_file"],
+)
 def test_bad_file_is_a_located_error(command, bad_file, tmp_path):
     kind, path = bad_file
     out = tmp_path / "out.svg"

@@ -1,4 +1,5 @@
 """The doctor's pure parts on small fake trees: parsing, classification, report, CLI."""
+
 import errno
 import json
 from pathlib import Path
@@ -8,12 +9,12 @@ from click.testing import CliRunner
 
 from xhagent import cli
 from xhagent.cgroups.mounts import classify, parse_mountinfo
+from xhagent.cpulist import parse_cpulist
 from xhagent.doctor import render, required_problems, run_probes
 from xhagent.doctor.iopoll_probe import block_devices
 from xhagent.doctor.report import fail, ok
-from xhagent.errors import errno_reason
-from xhagent.cpulist import parse_cpulist
 from xhagent.doctor.system_probe import decode_caps, effective_caps, numa_nodes
+from xhagent.errors import errno_reason
 
 HYBRID = """\
 30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
@@ -67,7 +68,9 @@ def test_block_devices_skip_empty_and_read_io_poll(tmp_path):
     _blockdev(tmp_path, "vda", "254:0", 1 << 29, 0)
     devs = block_devices(tmp_path)
     assert [(d.name, d.dev, d.io_poll, d.logical_block) for d in devs] == [
-        ("nvme0n1", "259:0", 1, 4096), ("vda", "254:0", 0, 512)]
+        ("nvme0n1", "259:0", 1, 4096),
+        ("vda", "254:0", 0, 512),
+    ]
 
 
 def test_mountinfo_hybrid():
@@ -89,7 +92,10 @@ def test_mountinfo_unified_legacy_none_and_escapes():
 
 def test_errno_reason_names_eopnotsupp():
     assert errno_reason(-errno.EOPNOTSUPP) == "-EOPNOTSUPP (Operation not supported)"
-    assert errno_reason(OSError(errno.EPERM, "x"), "open /dev/vda") == "open /dev/vda: -EPERM (Operation not permitted)"
+    assert (
+        errno_reason(OSError(errno.EPERM, "x"), "open /dev/vda")
+        == "open /dev/vda: -EPERM (Operation not permitted)"
+    )
 
 
 def test_report_json_shape_and_missing():
@@ -99,7 +105,10 @@ def test_report_json_shape_and_missing():
     assert doc["items"]["iopoll"] == {"ok": False, "reason": "no device polls", "devices": []}
     assert doc["missing"] == ["iopoll"] and doc["ok"] == ["io_uring"]
     assert required_problems(items, ["io_uring"]) == (0, [])
-    assert required_problems(items, ["io_uring", "iopoll"]) == (1, ["required item 'iopoll' is not ok: no device polls"])
+    assert required_problems(items, ["io_uring", "iopoll"]) == (
+        1,
+        ["required item 'iopoll' is not ok: no device polls"],
+    )
     table = render.table(items).splitlines()
     assert table[0].split() == ["ITEM", "OK", "DETAIL", "/", "REASON"]
     assert table[1].split()[:2] == ["io_uring", "ok"] and table[2].split()[:2] == ["iopoll", "NO"]
@@ -120,8 +129,10 @@ def test_a_probe_crashing_on_a_missing_file_says_which_without_an_errno_prefix()
         open("/sys/nonexistent/online")
 
     (item,) = run_probes([("system", broken)])
-    assert item.reason.startswith("probe crashed: FileNotFoundError: /sys/nonexistent/online: "
-                                  "-ENOENT (No such file or directory) (test_doctor_parsing.py:")
+    assert item.reason.startswith(
+        "probe crashed: FileNotFoundError: /sys/nonexistent/online: "
+        "-ENOENT (No such file or directory) (test_doctor_parsing.py:"
+    )
     assert "[Errno" not in item.reason
 
 
@@ -129,7 +140,9 @@ def test_a_probe_crashing_on_a_missing_file_says_which_without_an_errno_prefix()
 def fake_probes(monkeypatch):
     import xhagent.doctor as doctor
 
-    monkeypatch.setattr(doctor, "_probes", lambda: [("x", lambda: [ok("io_uring"), fail("iopoll", "io_poll=0")])])
+    monkeypatch.setattr(
+        doctor, "_probes", lambda: [("x", lambda: [ok("io_uring"), fail("iopoll", "io_poll=0")])]
+    )
 
 
 def test_cli_require_exit_codes(fake_probes):
@@ -155,8 +168,9 @@ def test_required_items_of_a_crashed_probe_are_not_ok_rather_than_unknown():
     items = [ok("io_uring"), fail("ebpf", "probe crashed: OSError: boom (x.py:1)")]
     assert required_problems(items, ["io_uring"]) == (0, [])
     code, problems = required_problems(items, ["ebpf.btf"])
-    assert code == 1 and problems == ["required item 'ebpf.btf' is not in the report: "
-                                      "ebpf: probe crashed: OSError: boom (x.py:1)"]
+    assert code == 1 and problems == [
+        "required item 'ebpf.btf' is not in the report: ebpf: probe crashed: OSError: boom (x.py:1)"
+    ]
     assert required_problems([ok("io_uring")], ["ebpf.btf"])[0] == 2
 
 
@@ -174,6 +188,7 @@ def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypat
             return [ok("io_uring")]
         finally:
             cleaned.append(True)
+
     monkeypatch.setattr(doctor, "_probes", lambda: [("x", stopped)])
     res = CliRunner().invoke(cli.main, ["doctor"])
     assert res.exit_code == 128 + signal.SIGTERM and "stopped by SIGTERM" in res.stderr
@@ -184,6 +199,7 @@ def test_errno_reason_is_the_one_format_libbpf_codes_included():
     # The cgroup writer, the BPF loader and the doctor all print an errno this way.
     from xhagent.bpf.loader import format_error
     from xhagent.errors import errno_name
+
     assert errno_name(-errno.EOPNOTSUPP) == "EOPNOTSUPP" and errno_name(99999) == "99999"
     assert format_error("load", -errno.EPERM) == "load: -EPERM (Operation not permitted)"
     assert format_error("load", -4007).startswith("load: -LIBBPF_ERRNO__VERIFY (")

@@ -4,6 +4,7 @@ embedded in the daemon) anywhere, without root and without the compiled extensio
 
 Each check runs a fresh interpreter, because this test process has imported everything.
 """
+
 import json
 import subprocess
 import sys
@@ -13,8 +14,14 @@ import pytest
 # The ground floor: modules every package may import, which import nothing of the agent's
 # packages but one another (and plain libraries such as yaml and click).
 GROUND_FLOOR = (
-    "xhagent.quantity", "xhagent.cpulist", "xhagent.errors", "xhagent.inputs", "xhagent.spec",
-    "xhagent.signals", "xhagent.cliparams", "xhagent.node_model",
+    "xhagent.quantity",
+    "xhagent.cpulist",
+    "xhagent.errors",
+    "xhagent.inputs",
+    "xhagent.spec",
+    "xhagent.signals",
+    "xhagent.cliparams",
+    "xhagent.node_model",
 )
 
 # What counts as kernel-facing (or node-facing), and why the core must not load it.
@@ -25,9 +32,9 @@ KERNEL_FACING = {
     "xhagent._uring": "compiled cffi extension over liburing; absent where it was not built",
     "xhagent.io": "io_uring, O_DIRECT and polled I/O on real devices",
     "xhagent.cgroups": "the cgroup library writes /sys/fs/cgroup; the core decides, the "
-                       "executor applies",
+    "executor applies",
     "xhagent.inventory": "discovery reads this machine's sysfs, procfs and NVML; the core takes "
-                         "the model (xhagent.node_model) instead",
+    "the model (xhagent.node_model) instead",
     "xhagent.trace": "the recorder attaches BPF programs; the format reader imports xhagent.bpf",
     "xhagent.mountinfo": "reads this machine's /proc/self/mountinfo",
     "pynvml": "talks to the NVIDIA driver",

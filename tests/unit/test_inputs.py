@@ -1,4 +1,5 @@
 """Named inputs: regular files and FIFOs only, read to a stated bound."""
+
 import os
 import threading
 
@@ -8,9 +9,11 @@ from xhagent.inputs import InputError, open_input, read_input
 
 
 def test_device_nodes_directories_and_missing_files_are_refused_by_name(tmp_path):
-    for path, what in [("/dev/zero", "is a character device, not a regular file"),
-                       (str(tmp_path), "is a directory, not a regular file"),
-                       (str(tmp_path / "nope"), "cannot read: No such file or directory")]:
+    for path, what in [
+        ("/dev/zero", "is a character device, not a regular file"),
+        (str(tmp_path), "is a directory, not a regular file"),
+        (str(tmp_path / "nope"), "cannot read: No such file or directory"),
+    ]:
         with pytest.raises(InputError) as info:
             read_input(path, 100)
         assert str(info.value) == f"{path}: {what}"
@@ -46,6 +49,7 @@ def test_an_endless_fifo_stops_at_the_limit(tmp_path):
                     w.write(b"y" * 65536)
         except BrokenPipeError:
             pass
+
     writer = threading.Thread(target=flood)
     writer.start()
     with pytest.raises(InputError, match="larger than 1,000,000 bytes"):

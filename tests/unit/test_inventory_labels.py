@@ -1,4 +1,5 @@
 """The agent config (--config) is validated as policies are, and cpu lists are bounded."""
+
 import sys
 from pathlib import Path
 
@@ -13,13 +14,16 @@ from xhagent.inventory.cli import inventory  # noqa: E402
 from xhagent.inventory.labels import ConfigError, parse_config  # noqa: E402
 
 
-@pytest.mark.parametrize("text, message", [
-    ("0-1000000000000000", "CPU 1000000000000000 is out of range: CPU ids are 0..8191"),
-    ("0-8192", "CPU 8192 is out of range: CPU ids are 0..8191"),
-    ("5-1", "range 5-1 is reversed"),
-    ("-3", "'-3' is not a CPU id or a range such as 0-3"),
-    ("0,x", "'x' is not a CPU id or a range such as 0-3"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0-1000000000000000", "CPU 1000000000000000 is out of range: CPU ids are 0..8191"),
+        ("0-8192", "CPU 8192 is out of range: CPU ids are 0..8191"),
+        ("5-1", "range 5-1 is reversed"),
+        ("-3", "'-3' is not a CPU id or a range such as 0-3"),
+        ("0,x", "'x' is not a CPU id or a range such as 0-3"),
+    ],
+)
 def test_cpulist_refuses_reversed_negative_and_huge_ids(text, message):
     with pytest.raises(ValueError) as err:
         parse_cpulist(text)
@@ -40,17 +44,23 @@ def test_every_config_error_at_once_located_with_did_you_mean():
     assert str(err.value).splitlines() == [
         "a.yaml:1:1: unknown field 'nodeNmae' (did you mean 'nodeName'?)",
         "a.yaml:2:16: labels.rack: label value must be a string, got a list",
-        "a.yaml:3:15: reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], got '5-1': "
+        'a.yaml:3:15: reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], got \'5-1\': '
         "range 5-1 is reversed",
     ]
 
 
-@pytest.mark.parametrize("value, message", [
-    ("-3", "a.yaml:1:15: reservedCpus: -3 is out of range 0..8191"),
-    ("[0, -2]", "a.yaml:1:19: reservedCpus.1: -2 is out of range 0..8191"),
-    ('"0-100000000000"', "a.yaml:1:15: reservedCpus: expected a cpu list such as \"0,64\" or \"0-1\" or [0, 64], "
-                         "got '0-100000000000': CPU 100000000000 is out of range: CPU ids are 0..8191"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("-3", "a.yaml:1:15: reservedCpus: -3 is out of range 0..8191"),
+        ("[0, -2]", "a.yaml:1:19: reservedCpus.1: -2 is out of range 0..8191"),
+        (
+            '"0-100000000000"',
+            'a.yaml:1:15: reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], '
+            "got '0-100000000000': CPU 100000000000 is out of range: CPU ids are 0..8191",
+        ),
+    ],
+)
 def test_negative_and_huge_reserved_cpus_are_refused(value, message):
     with pytest.raises(ConfigError) as err:
         parse_config(f"reservedCpus: {value}\n", "a.yaml")
@@ -68,14 +78,23 @@ def test_reserved_cpus_the_node_lacks_are_refused_naming_those_it_has(tmp_path, 
     cfg.write_text("labels: {rack: r1}\nreservedCpus: [0, 16, 40]\n")
     res = CliRunner().invoke(inventory, [*server_args, "--config", str(cfg), "--section", "labels"])
     assert res.exit_code == 2
-    assert res.stderr == (f"xhagent inventory: {cfg}:2:15: reservedCpus: CPUs 16,40 are not on this node, "
-                          "which has CPUs 0-15\n")
+    assert res.stderr == (
+        f"xhagent inventory: {cfg}:2:15: reservedCpus: CPUs 16,40 are not on this node, "
+        "which has CPUs 0-15\n"
+    )
     cfg.write_text("reservedCpus: 15\n")
-    assert CliRunner().invoke(inventory, [*server_args, "--config", str(cfg), "--section", "labels"]).exit_code == 0
+    assert (
+        CliRunner()
+        .invoke(inventory, [*server_args, "--config", str(cfg), "--section", "labels"])
+        .exit_code
+        == 0
+    )
 
 
 def test_sysfs_root_that_is_no_sysfs_tree_is_named(tmp_path):
     res = CliRunner().invoke(inventory, ["--sysfs-root", str(tmp_path)])
     assert res.exit_code == 2 and "Traceback" not in res.output
-    assert res.stderr == (f"xhagent inventory: {tmp_path} is not a sysfs tree: "
-                          f"{tmp_path}/devices/system/cpu/online is missing\n")
+    assert res.stderr == (
+        f"xhagent inventory: {tmp_path} is not a sysfs tree: "
+        f"{tmp_path}/devices/system/cpu/online is missing\n"
+    )

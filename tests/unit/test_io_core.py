@@ -1,5 +1,6 @@
 """The I/O engine's pure parts: read_files rounds, device polling from sysfs, O_DIRECT
 alignment, the benchmark's size parsing, summaries and ratios."""
+
 import errno
 import os
 
@@ -7,7 +8,16 @@ import pytest
 from click.testing import CliRunner
 
 from xhagent.io import bench
-from xhagent.io.bench import fio_argv, merge_runs, paired, parse_fio, parse_size, ratios, summarize, targets_met
+from xhagent.io.bench import (
+    fio_argv,
+    merge_runs,
+    paired,
+    parse_fio,
+    parse_size,
+    ratios,
+    summarize,
+    targets_met,
+)
 from xhagent.io.direct import alignment_problem, device_polls, logical_block
 from xhagent.io.files import GROWTH, FileRounds
 
@@ -43,7 +53,9 @@ def _sysfs(tmp_path, majmin, io_poll, partition=False, lbs=512):
     return tmp_path
 
 
-@pytest.mark.parametrize("io_poll,partition,expected", [(1, False, True), (0, False, False), (1, True, True)])
+@pytest.mark.parametrize(
+    "io_poll,partition,expected", [(1, False, True), (0, False, False), (1, True, True)]
+)
 def test_device_polls_reads_the_disk_queue(tmp_path, io_poll, partition, expected):
     root = _sysfs(tmp_path, "259:1", io_poll, partition, lbs=4096)
     dev = os.makedev(259, 1)
@@ -58,13 +70,25 @@ def test_alignment_problem_names_each_misaligned_part():
     assert "offset 100" in msg and "buffer address 8193" in msg and "length" not in msg
 
 
-@pytest.mark.parametrize("text,value", [("1G", 10**9), ("1Gi", 1 << 30), ("256M", 256 * 10**6), ("256Mi", 256 << 20),
-                                        ("64MiB", 64 << 20), ("2048K", 2048 * 10**3), ("2048Ki", 2 << 20)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("1G", 10**9),
+        ("1Gi", 1 << 30),
+        ("256M", 256 * 10**6),
+        ("256Mi", 256 << 20),
+        ("64MiB", 64 << 20),
+        ("2048K", 2048 * 10**3),
+        ("2048Ki", 2 << 20),
+    ],
+)
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["12X", "", "1K", "lots", "1M", "1000Ki", "16gb", "1.5", "9" * 400 + "G"])
+@pytest.mark.parametrize(
+    "text", ["12X", "", "1K", "lots", "1M", "1000Ki", "16gb", "1.5", "9" * 400 + "G"]
+)
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
         parse_size(text)
@@ -73,12 +97,21 @@ def test_parse_size_rejects(text):
 def test_summary_percentiles_and_ratios():
     s = summarize(1000, 0.5, list(range(1000, 101000, 100)))
     assert s["ops_per_s"] == 2000 and s["p50_us"] == 51.0 and s["p99_us"] == 100.0
-    cases = {"pagecache_pread": {"ops_per_s": 100, "p50_us": 1}, "pagecache_engine_qd32": {"ops_per_s": 150, "p50_us": 2},
-             "direct_engine_qd1": {"ops_per_s": 10, "p50_us": 40}, "direct_iopoll_qd1": {"ops_per_s": 12, "p50_us": 30}}
+    cases = {
+        "pagecache_pread": {"ops_per_s": 100, "p50_us": 1},
+        "pagecache_engine_qd32": {"ops_per_s": 150, "p50_us": 2},
+        "direct_engine_qd1": {"ops_per_s": 10, "p50_us": 40},
+        "direct_iopoll_qd1": {"ops_per_s": 12, "p50_us": 30},
+    }
     named = ratios(cases)
-    assert named == {"pagecache_engine_qd32_vs_pread": 1.5, "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": 0.75}
-    assert targets_met(named) == {"pagecache_engine_qd32_vs_pread": True,
-                                  "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": True}
+    assert named == {
+        "pagecache_engine_qd32_vs_pread": 1.5,
+        "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": 0.75,
+    }
+    assert targets_met(named) == {
+        "pagecache_engine_qd32_vs_pread": True,
+        "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": True,
+    }
 
 
 def test_bench_io_bad_size_is_a_clear_error():
@@ -97,8 +130,18 @@ FIO_JSON = """note: both iodepth >= 1 and synchronous I/O engine are selected, q
 def test_fio_argv_is_a_list_with_the_engine_s_parameters():
     argv = fio_argv("/data/a:b", direct=True, seconds=0.25, timed=False)
     assert argv[0] == "fio" and "--filename=/data/a\\:b" in argv and "--readonly" in argv
-    assert {"--ioengine=io_uring", "--iodepth=32", "--direct=1", "--fixedbufs", "--registerfiles", "--norandommap",
-            "--invalidate=0", "--runtime=250ms", "--bs=4096", "--gtod_reduce=1"} <= set(argv)
+    assert {
+        "--ioengine=io_uring",
+        "--iodepth=32",
+        "--direct=1",
+        "--fixedbufs",
+        "--registerfiles",
+        "--norandommap",
+        "--invalidate=0",
+        "--runtime=250ms",
+        "--bs=4096",
+        "--gtod_reduce=1",
+    } <= set(argv)
     psync = fio_argv("/f", direct=False, seconds=2, timed=True)
     assert "--ioengine=psync" in psync and "--direct=0" in psync and "--gtod_reduce=1" not in psync
 
@@ -110,28 +153,49 @@ def test_parse_fio_skips_notes_and_reads_ops_and_percentiles():
 
 
 def test_merge_runs_weighs_by_time_and_takes_median_latencies():
-    runs = [{"ops_per_s": 100.0, "ops": 100, "p50_us": 1, "p99_us": 5, "min_inflight": 32},
-            {"ops_per_s": 300.0, "ops": 300, "p50_us": 3, "p99_us": 7, "min_inflight": 30},
-            {"ops_per_s": 200.0, "ops": 200, "p50_us": 2, "p99_us": 9, "min_inflight": 32}]
+    runs = [
+        {"ops_per_s": 100.0, "ops": 100, "p50_us": 1, "p99_us": 5, "min_inflight": 32},
+        {"ops_per_s": 300.0, "ops": 300, "p50_us": 3, "p99_us": 7, "min_inflight": 30},
+        {"ops_per_s": 200.0, "ops": 200, "p50_us": 2, "p99_us": 9, "min_inflight": 32},
+    ]
     merged = merge_runs(runs)
-    assert merged["ops_per_s"] == 200.0 and merged["ops"] == 600 and merged["p50_us"] == 2 and merged["p99_us"] == 7
+    assert (
+        merged["ops_per_s"] == 200.0
+        and merged["ops"] == 600
+        and merged["p50_us"] == 2
+        and merged["p99_us"] == 7
+    )
     assert merged["min_inflight"] == 30 and merged["runs_ops_per_s"] == [100.0, 300.0, 200.0]
 
 
 def test_without_fio_the_bench_says_so_and_omits_the_peer(monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda name: None)
     cases, notes, pairs = {}, {}, {}
-    paired(lambda: {"ops_per_s": 5.0, "ops": 5, "p50_us": 1, "p99_us": 2}, lambda: pytest.fail("fio run"),
-           "direct_engine_qd32", "direct_fio_qd32", "direct_engine_qd32_vs_fio", cases, notes, pairs)
-    assert set(cases) == {"direct_engine_qd32"} and pairs == {} and "fio is not installed" in notes["fio"]
+    paired(
+        lambda: {"ops_per_s": 5.0, "ops": 5, "p50_us": 1, "p99_us": 2},
+        lambda: pytest.fail("fio run"),
+        "direct_engine_qd32",
+        "direct_fio_qd32",
+        "direct_engine_qd32_vs_fio",
+        cases,
+        notes,
+        pairs,
+    )
+    assert (
+        set(cases) == {"direct_engine_qd32"}
+        and pairs == {}
+        and "fio is not installed" in notes["fio"]
+    )
     assert "direct_engine_qd32_vs_fio" not in ratios(cases)
 
 
 def test_fio_runs_alternate_with_the_engine_and_a_failure_is_a_note(monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/fio")
     order = []
-    engine = (lambda: order.append("engine") or {"ops_per_s": 10.0, "ops": 10, "p50_us": 1, "p99_us": 2})
-    fio = (lambda: order.append("fio") or {"ops_per_s": 20.0, "ops": 20, "p50_us": 1, "p99_us": 2})
+    engine = lambda: (
+        order.append("engine") or {"ops_per_s": 10.0, "ops": 10, "p50_us": 1, "p99_us": 2}
+    )
+    fio = lambda: order.append("fio") or {"ops_per_s": 20.0, "ops": 20, "p50_us": 1, "p99_us": 2}
     cases, notes, pairs = {}, {}, {}
     paired(engine, fio, "e", "f", "e_vs_f", cases, notes, pairs)
     assert order[:4] == ["engine", "fio", "fio", "engine"] and len(order) == 2 * bench.FIO_PAIRS
@@ -139,6 +203,7 @@ def test_fio_runs_alternate_with_the_engine_and_a_failure_is_a_note(monkeypatch)
 
     def broken():
         raise OSError("fio exited 1: bad option")
+
     cases, notes = {}, {}
     paired(engine, broken, "e", "f", "e_vs_f", cases, notes, {})
     assert set(cases) == {"e"} and "fio failed" in notes["f"] and "bad option" in notes["f"]

@@ -1,5 +1,6 @@
 """read_files' routing, pure: the mount table's deepest prefix names a path's mount, the
 kernel is asked once per mount, and an answerless probe is asked again."""
+
 from xhagent import mountinfo
 from xhagent.io.nowait import Router
 
@@ -15,7 +16,12 @@ MOUNTINFO = """\
 def test_mountinfo_types_points_and_options():
     mounts = mountinfo.parse(MOUNTINFO + "garbage line without separator\n")
     assert [(m.path, m.fstype) for m in mounts] == [
-        ("/", "ext4"), ("/proc", "proc"), ("/sys", "sysfs"), ("/sys/fs/cgroup", "cgroup2"), ("/mnt/my disk", "xfs")]
+        ("/", "ext4"),
+        ("/proc", "proc"),
+        ("/sys", "sysfs"),
+        ("/sys/fs/cgroup", "cgroup2"),
+        ("/mnt/my disk", "xfs"),
+    ]
     assert mounts[3].options == ("rw", "nosuid", "nsdelegate")
 
 
@@ -35,8 +41,15 @@ def test_deepest_mount_point_wins_and_each_mount_is_asked_once():
     assert router.mount_point("/sys/kernel/mm") == "/sys"
     assert router.mount_point("/mnt/my disk/f") == "/mnt/my disk"
     assert router.mount_point("/sysfoo/x") == "/"  # a prefix of the name is not a parent
-    paths = ["/proc/1/stat", "/proc/2/stat", "/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/x/io.stat",
-             "/home/u/f", "/etc/hostname", "/proc/self/status"]
+    paths = [
+        "/proc/1/stat",
+        "/proc/2/stat",
+        "/sys/fs/cgroup/cpu.stat",
+        "/sys/fs/cgroup/x/io.stat",
+        "/home/u/f",
+        "/etc/hostname",
+        "/proc/self/status",
+    ]
     assert [router.punted(p) for p in paths] == [True, True, True, True, False, False, True]
     assert probe.asked == ["/proc/1/stat", "/sys/fs/cgroup/cpu.stat", "/home/u/f"]
     assert router.answers() == {"/proc": True, "/sys/fs/cgroup": True, "/": False}

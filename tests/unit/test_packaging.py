@@ -1,4 +1,5 @@
 """The wheel carries every package folder, under the one `xhagent` namespace."""
+
 import runpy
 import tomllib
 from pathlib import Path
@@ -18,7 +19,9 @@ def test_every_package_folder_is_listed_and_mapped():
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *rel)))
     # Data-only folders (BPF objects) are listed explicitly too, so their files ship.
-    assert found <= set(tool["packages"]), f"missing from [tool.setuptools] packages: {found - set(tool['packages'])}"
+    assert found <= set(tool["packages"]), (
+        f"missing from [tool.setuptools] packages: {found - set(tool['packages'])}"
+    )
     assert "xhagent.bpf.objects" in tool["packages"]
 
 

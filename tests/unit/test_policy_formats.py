@@ -1,4 +1,5 @@
 """SchedulingPolicy and Task files: the seed's example, located errors, parse -> dump -> parse."""
+
 import json
 from pathlib import Path
 
@@ -10,8 +11,18 @@ from hypothesis import strategies as st
 
 from xhagent.node_model import Version
 from xhagent.policy.cli import policy as policy_cli
-from xhagent.policy.policy import (Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology, choose,
-                                   dump_policy, parse_policy, tie_warnings)
+from xhagent.policy.policy import (
+    Constraints,
+    CpuConstraint,
+    GpuConstraint,
+    Policy,
+    Rule,
+    Topology,
+    choose,
+    dump_policy,
+    parse_policy,
+    tie_warnings,
+)
 from xhagent.policy.selector import Expression, Selector
 from xhagent.policy.task import Deadline, Requests, Task, dump_task, parse_task
 from xhagent.policy.units import format_instant, parse_instant_ns
@@ -22,9 +33,15 @@ GiB = 2**30
 
 SEED_POLICY = Policy(
     name="video-inference-strict",
-    rules=(Rule(Selector((("app", "video-ai-infer"),)), Constraints(
-        gpu=GpuConstraint(min_cuda_version=Version(12, 2), min_memory_gb=16),
-        topology=Topology(rack_affinity="same"))),),
+    rules=(
+        Rule(
+            Selector((("app", "video-ai-infer"),)),
+            Constraints(
+                gpu=GpuConstraint(min_cuda_version=Version(12, 2), min_memory_gb=16),
+                topology=Topology(rack_affinity="same"),
+            ),
+        ),
+    ),
     priority=95,
 )
 
@@ -43,56 +60,107 @@ def test_seed_policy_example_means_what_it_says():
 
 
 def test_issue_minimal_task_and_the_example_task():
-    t = task("{apiVersion: xh.scheduling/v1, kind: Task, metadata: {name: infer-1, labels: {app: video-ai-infer}},"
-             " spec: {deviceType: gpu, requests: {gpus: 1}}}")
+    t = task(
+        "{apiVersion: xh.scheduling/v1, kind: Task, metadata: {name: infer-1, labels: {app: video-ai-infer}},"
+        " spec: {deviceType: gpu, requests: {gpus: 1}}}"
+    )
     assert t == Task("infer-1", "gpu", (("app", "video-ai-infer"),), Requests(gpus=1))
     ex = task((EXAMPLES / "task-infer.yaml").read_text())
     assert ex.requests == Requests(cpus=4, memory=8 * GiB, gpus=1)
     assert ex.deadline == Deadline(33_000_000, relative=True)
-    assert ex.estimated_runtime_ns == 12_500_000 and ex.stream_id == 3 and ex.memory_layout == "NCHW@64B"
+    assert (
+        ex.estimated_runtime_ns == 12_500_000
+        and ex.stream_id == 3
+        and ex.memory_layout == "NCHW@64B"
+    )
 
 
 HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:\n"
 
 
-@pytest.mark.parametrize("kind,body,message", [
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
-     "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
-     "p.yaml:7:13: spec.priority: 101 is out of range 0..100"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-                         "        - topology: {rackAffinity: sme}\n",
-     "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: 'sme' is not one of same, spread "
-     "(did you mean 'same'?)"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-                         "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
-                         "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
-     "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: hardware.gpu.minCudaVersion "
-     "is already set at line 8"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-                         "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
-     "p.yaml:8:28: unknown field 'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
-     "(did you mean 'minCudaVersion'?)"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
-     "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values"),
-    ("SchedulingPolicy", "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
-     "p.yaml:7:15: spec.preemption: 'always' is not one of never, lower-priority, deadline-driven"),
-    ("Task", "  deviceType: gpu\n  numThreads: 4\n",
-     "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)"),
-    ("Task", "  deviceType: cpu\n  streamId: 1\n",
-     "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)"),
-    ("Task", "  deviceType: gpu\n  coreAssignment: [0, 1]\n",
-     "t.yaml:6:3: spec.coreAssignment is only for deviceType tpu (this task is gpu)"),
-    ("Task", "  deviceType: cpu\n  requests: {cpus: 2, gpus: 1}\n",
-     "t.yaml:6:23: spec.requests.gpus is only for deviceType gpu (this task is cpu)"),
-    ("Task", "  deviceType: cpu\n  deadline: 5 parsecs\n",
-     "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline (a duration such as 250ms or an RFC 3339 "
-     "time): expected a duration such as 250ms, 1.5s or 1h30m"),
-    ("Task", "  deviceType: fpga\n",
-     "t.yaml:5:15: spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"),
-    ("Task", "  deviceType: cpu\n  computeGraphHash: abc\n",
-     "t.yaml:6:21: spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits"),
-])
+@pytest.mark.parametrize(
+    "kind,body,message",
+    [
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
+            "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
+            "p.yaml:7:13: spec.priority: 101 is out of range 0..100",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+            "        - topology: {rackAffinity: sme}\n",
+            "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: 'sme' is not one of same, spread "
+            "(did you mean 'same'?)",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+            "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
+            "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
+            "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: hardware.gpu.minCudaVersion "
+            "is already set at line 8",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+            "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
+            "p.yaml:8:28: unknown field 'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
+            "(did you mean 'minCudaVersion'?)",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
+            "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values",
+        ),
+        (
+            "SchedulingPolicy",
+            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
+            "p.yaml:7:15: spec.preemption: 'always' is not one of never, lower-priority, deadline-driven",
+        ),
+        (
+            "Task",
+            "  deviceType: gpu\n  numThreads: 4\n",
+            "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)",
+        ),
+        (
+            "Task",
+            "  deviceType: cpu\n  streamId: 1\n",
+            "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)",
+        ),
+        (
+            "Task",
+            "  deviceType: gpu\n  coreAssignment: [0, 1]\n",
+            "t.yaml:6:3: spec.coreAssignment is only for deviceType tpu (this task is gpu)",
+        ),
+        (
+            "Task",
+            "  deviceType: cpu\n  requests: {cpus: 2, gpus: 1}\n",
+            "t.yaml:6:23: spec.requests.gpus is only for deviceType gpu (this task is cpu)",
+        ),
+        (
+            "Task",
+            "  deviceType: cpu\n  deadline: 5 parsecs\n",
+            "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline (a duration such as 250ms or an RFC 3339 "
+            "time): expected a duration such as 250ms, 1.5s or 1h30m",
+        ),
+        (
+            "Task",
+            "  deviceType: fpga\n",
+            "t.yaml:5:15: spec.deviceType: 'fpga' is not one of cpu, gpu, tpu",
+        ),
+        (
+            "Task",
+            "  deviceType: cpu\n  computeGraphHash: abc\n",
+            "t.yaml:6:21: spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits",
+        ),
+    ],
+)
 def test_errors_are_located(kind, body, message):
     with pytest.raises(SpecError) as info:
         (policy if kind == "SchedulingPolicy" else task)(HEAD.format(kind=kind) + body)
@@ -100,25 +168,38 @@ def test_errors_are_located(kind, body, message):
 
 
 def test_deadline_keeps_nanoseconds():
-    t = task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: '2026-11-29T17:00:00.123456789+08:00'\n")
+    t = task(
+        HEAD.format(kind="Task")
+        + "  deviceType: cpu\n  deadline: '2026-11-29T17:00:00.123456789+08:00'\n"
+    )
     assert t.deadline.relative is False
     assert t.deadline.ns % 10**9 == 123456789
     assert format_instant(t.deadline.ns) == "2026-11-29T09:00:00.123456789Z"
     rel = task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 1.000000001s\n")
-    assert rel.deadline == Deadline(1_000_000_001, relative=True) and rel.deadline.dump() == "1000000001ns"
+    assert (
+        rel.deadline == Deadline(1_000_000_001, relative=True)
+        and rel.deadline.dump() == "1000000001ns"
+    )
     assert parse_instant_ns("1970-01-01T00:00:01.5Z") == 1_500_000_000
 
 
 # ----------------------------------------------------------------- strategies
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
-object_names = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?", fullmatch=True).filter(lambda n: ".." not in n
-                                                                                             and ".-" not in n and "-." not in n)
+object_names = st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?", fullmatch=True).filter(
+    lambda n: ".." not in n and ".-" not in n and "-." not in n
+)
 values = st.from_regex(r"[a-z0-9][a-z0-9.-]{0,6}", fullmatch=True)
 label_sets = st.dictionaries(names, values, max_size=3).map(lambda d: tuple(sorted(d.items())))
 expressions = st.one_of(
     st.builds(Expression, names, st.just("Exists")),
-    st.builds(Expression, names, st.sampled_from(["In", "NotIn"]), st.lists(values, min_size=1, max_size=3).map(tuple)))
+    st.builds(
+        Expression,
+        names,
+        st.sampled_from(["In", "NotIn"]),
+        st.lists(values, min_size=1, max_size=3).map(tuple),
+    ),
+)
 selectors = st.builds(Selector, label_sets, st.lists(expressions, max_size=2).map(tuple))
 optional_selectors = st.none() | selectors
 sizes = st.integers(1, 2**44)
@@ -128,21 +209,38 @@ sizes = st.integers(1, 2**44)
 def constraints(draw):
     rack = draw(st.sampled_from([None, "same", "spread"]))
     return Constraints(
-        gpu=GpuConstraint(draw(st.none() | st.builds(Version, st.integers(0, 99), st.integers(0, 99))),
-                          draw(st.none() | st.integers(1, 1024)), draw(st.none() | st.integers(1, 16)),
-                          draw(st.none() | names)),
-        cpu=CpuConstraint(draw(st.none() | st.integers(1, 512)), draw(st.booleans()), draw(st.sampled_from([None, "single"]))),
+        gpu=GpuConstraint(
+            draw(st.none() | st.builds(Version, st.integers(0, 99), st.integers(0, 99))),
+            draw(st.none() | st.integers(1, 1024)),
+            draw(st.none() | st.integers(1, 16)),
+            draw(st.none() | names),
+        ),
+        cpu=CpuConstraint(
+            draw(st.none() | st.integers(1, 512)),
+            draw(st.booleans()),
+            draw(st.sampled_from([None, "single"])),
+        ),
         memory=draw(st.none() | sizes),
         io_class=draw(st.sampled_from([None, "rotational", "flash", "polled"])),
-        topology=Topology(rack, draw(optional_selectors) if rack else None, draw(st.none() | names),
-                          draw(st.sampled_from([None, "none", "preferred", "required"])),
-                          draw(optional_selectors), draw(optional_selectors)),
+        topology=Topology(
+            rack,
+            draw(optional_selectors) if rack else None,
+            draw(st.none() | names),
+            draw(st.sampled_from([None, "none", "preferred", "required"])),
+            draw(optional_selectors),
+            draw(optional_selectors),
+        ),
     )
 
 
 policies = st.builds(
-    Policy, object_names, st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
-    st.integers(0, 100), st.sampled_from(["never", "lower-priority", "deadline-driven"]), label_sets)
+    Policy,
+    object_names,
+    st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
+    st.integers(0, 100),
+    st.sampled_from(["never", "lower-priority", "deadline-driven"]),
+    label_sets,
+)
 
 
 @st.composite
@@ -151,17 +249,28 @@ def tasks(draw):
     gpu = device == "gpu"
     deadline = draw(st.none() | st.builds(Deadline, st.integers(1, 2**62), st.booleans()))
     return Task(
-        name=draw(object_names), device_type=device, labels=draw(label_sets),
-        requests=Requests(draw(st.none() | st.integers(0, 512)), draw(st.none() | sizes),
-                          draw(st.none() | st.integers(0, 16)) if gpu else None, draw(st.none() | sizes) if gpu else None),
-        deadline=deadline, priority=draw(st.none() | st.integers(0, 100)),
-        estimated_runtime_ns=draw(st.none() | st.integers(0, 2**60)), migratable=draw(st.none() | st.booleans()),
+        name=draw(object_names),
+        device_type=device,
+        labels=draw(label_sets),
+        requests=Requests(
+            draw(st.none() | st.integers(0, 512)),
+            draw(st.none() | sizes),
+            draw(st.none() | st.integers(0, 16)) if gpu else None,
+            draw(st.none() | sizes) if gpu else None,
+        ),
+        deadline=deadline,
+        priority=draw(st.none() | st.integers(0, 100)),
+        estimated_runtime_ns=draw(st.none() | st.integers(0, 2**60)),
+        migratable=draw(st.none() | st.booleans()),
         compute_graph_hash=draw(st.none() | st.from_regex(r"[0-9a-f]{64}", fullmatch=True)),
         memory_layout=draw(st.none() | st.sampled_from(["NCHW", "NHWC@64B", "row_major@4096B"])),
         num_threads=draw(st.none() | st.integers(1, 256)) if device == "cpu" else None,
         stream_id=draw(st.none() | st.integers(0, 1000)) if device != "cpu" else None,
-        core_assignment=draw(st.none() | st.lists(st.integers(0, 64), unique=True, max_size=4).map(tuple))
-        if device == "tpu" else None,
+        core_assignment=draw(
+            st.none() | st.lists(st.integers(0, 64), unique=True, max_size=4).map(tuple)
+        )
+        if device == "tpu"
+        else None,
     )
 
 
@@ -198,7 +307,7 @@ def test_highest_priority_matching_policy_wins(ps, labels):
     tied = sorted(p.name for p in matching if p.priority == top)
     assert m.policy.name == tied[0] and list(m.tied_with) == tied[1:]
     assert m.rule == next(r for r in m.policy.rules if r.selector.matches(dict(labels)))
-    if len(tied) > 1:   # a real tie is always among the validation warnings
+    if len(tied) > 1:  # a real tie is always among the validation warnings
         assert any(repr(tied[0]) in w and repr(tied[1]) in w for w in tie_warnings(ps))
 
 
@@ -210,7 +319,8 @@ def test_tie_warning_only_for_overlapping_equal_priorities():
     assert tie_warnings([a, c, d]) == []
     assert tie_warnings([a, b]) == [
         "policies 'a' and 'b' both have priority 60 and can match the same task (app=x / tier=gold); "
-        "'a' wins by name order"]
+        "'a' wins by name order"
+    ]
 
 
 def test_validate_command(tmp_path):
@@ -220,12 +330,23 @@ def test_validate_command(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(HEAD.format(kind="Task") + "  deviceTyp: cpu\n")
     runner = CliRunner()
-    res = runner.invoke(policy_cli, ["validate", str(good), str(twin), str(EXAMPLES / "task-infer.yaml"),
-                                     str(EXAMPLES / "nodes.yaml")])
+    res = runner.invoke(
+        policy_cli,
+        [
+            "validate",
+            str(good),
+            str(twin),
+            str(EXAMPLES / "task-infer.yaml"),
+            str(EXAMPLES / "nodes.yaml"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert f"{good}: ok (SchedulingPolicy video-inference-strict)" in res.output
     assert "node node-01, node node-02, node node-03, node node-04" in res.output
-    assert "warning: policies 'video-inference-strict' and 'video-twin' both have priority 95" in res.output
+    assert (
+        "warning: policies 'video-inference-strict' and 'video-twin' both have priority 95"
+        in res.output
+    )
     res = runner.invoke(policy_cli, ["validate", str(good), str(bad)])
     assert res.exit_code == 2
     assert f"{bad}:5:3: unknown field 'spec.deviceTyp' (did you mean 'deviceType'?)" in res.output
@@ -237,7 +358,10 @@ def test_validate_command(tmp_path):
 
 def test_unquoted_yaml_timestamp_is_refused_rather_than_truncated():
     with pytest.raises(SpecError, match=r"^t.yaml:6:13: spec.deadline: .* quote the time"):
-        task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29T17:00:00.123456789Z\n")
+        task(
+            HEAD.format(kind="Task")
+            + "  deviceType: cpu\n  deadline: 2026-11-29T17:00:00.123456789Z\n"
+        )
 
 
 # ------------------------------------------------------------- issue 11: bad input
@@ -269,7 +393,8 @@ def test_a_policy_with_four_mistakes_reports_all_four_in_file_order():
 
 def test_a_task_reports_every_mistake_and_missing_parts_once():
     text = HEAD.format(kind="Task").replace("apiVersion: xh.scheduling/v1", "apiVersion: v2") + (
-        "  deviceType: cpu\n  streamId: 1\n  requests: {cpus: -1, gpus: 1}\n  priority: x\n")
+        "  deviceType: cpu\n  streamId: 1\n  requests: {cpus: -1, gpus: 1}\n  priority: x\n"
+    )
     with pytest.raises(SpecError) as info:
         task(text)
     assert str(info.value).splitlines() == [
@@ -288,57 +413,106 @@ def test_a_task_reports_every_mistake_and_missing_parts_once():
     ]
 
 
-@pytest.mark.parametrize("name", ["a\x00b", "a\nb", "../etc", "a/b", "a..b", "Upper", "-x", "x-", "a b", "x" * 254,
-                                  "caf\u00e9", "a\tb", ""])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a\x00b",
+        "a\nb",
+        "../etc",
+        "a/b",
+        "a..b",
+        "Upper",
+        "-x",
+        "x-",
+        "a b",
+        "x" * 254,
+        "caf\u00e9",
+        "a\tb",
+        "",
+    ],
+)
 def test_names_outside_the_dns_1123_rule_are_refused(name):
     for kind, parse in (("SchedulingPolicy", policy), ("Task", task)):
-        body = "  matchRules: [{selector: {}}]\n" if kind == "SchedulingPolicy" else "  deviceType: cpu\n"
+        body = (
+            "  matchRules: [{selector: {}}]\n"
+            if kind == "SchedulingPolicy"
+            else "  deviceType: cpu\n"
+        )
         text = HEAD.format(kind=kind).replace("{name: x}", "{name: %s}" % json.dumps(name)) + body
-        with pytest.raises(SpecError, match=r"^.\.yaml:3:\d+: metadata.name: .* is not a valid name \(lowercase"):
+        with pytest.raises(
+            SpecError, match=r"^.\.yaml:3:\d+: metadata.name: .* is not a valid name \(lowercase"
+        ):
             parse(text)
 
 
 def test_names_of_the_dns_1123_rule_are_kept():
     for name in ["a", "video-inference-strict", "infer-1", "0a", "a.b-c.d", "x" * 253]:
-        assert task(HEAD.format(kind="Task").replace("{name: x}", f"{{name: {name}}}") + "  deviceType: cpu\n").name == name
+        assert (
+            task(
+                HEAD.format(kind="Task").replace("{name: x}", f"{{name: {name}}}")
+                + "  deviceType: cpu\n"
+            ).name
+            == name
+        )
 
 
 @pytest.mark.parametrize("offset", ["+99:99", "+24:00", "-23:60"])
 def test_a_deadline_offset_outside_a_day_is_refused(offset):
-    with pytest.raises(SpecError, match=rf"^t.yaml:6:13: spec.deadline: .* offset \{offset} is not a UTC offset"):
-        task(HEAD.format(kind="Task") + f"  deviceType: cpu\n  deadline: '2026-11-29T17:00:00{offset}'\n")
-    assert parse_instant_ns("2026-11-29T17:00:00-23:59") - parse_instant_ns("2026-11-29T17:00:00Z") == (23 * 60 + 59) * 60 * 10**9
+    with pytest.raises(
+        SpecError, match=rf"^t.yaml:6:13: spec.deadline: .* offset \{offset} is not a UTC offset"
+    ):
+        task(
+            HEAD.format(kind="Task")
+            + f"  deviceType: cpu\n  deadline: '2026-11-29T17:00:00{offset}'\n"
+        )
+    assert (
+        parse_instant_ns("2026-11-29T17:00:00-23:59") - parse_instant_ns("2026-11-29T17:00:00Z")
+        == (23 * 60 + 59) * 60 * 10**9
+    )
 
 
 def test_versions_are_read_as_written_not_as_yaml_floats():
-    rule = ("  matchRules:\n    - selector: {}\n      constraints:\n"
-            "        - hardware: {gpu: {minCudaVersion: %s}}\n")
+    rule = (
+        "  matchRules:\n    - selector: {}\n      constraints:\n"
+        "        - hardware: {gpu: {minCudaVersion: %s}}\n"
+    )
     for text in ("12.10", "'12.10'"):
         p = policy(HEAD.format(kind="SchedulingPolicy") + rule % text)
         assert p.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
     for bad in ("12", "1.2e1", "12.1.0", "true"):
-        with pytest.raises(SpecError, match=r"^p.yaml:8:\d+: .*minCudaVersion: .* is not a valid CUDA version"):
+        with pytest.raises(
+            SpecError, match=r"^p.yaml:8:\d+: .*minCudaVersion: .* is not a valid CUDA version"
+        ):
             policy(HEAD.format(kind="SchedulingPolicy") + rule % bad)
 
 
 def test_rack_peers_without_affinity_is_named_by_its_full_path():
     with pytest.raises(SpecError) as info:
-        policy(HEAD.format(kind="SchedulingPolicy") + "  matchRules:\n    - selector: {}\n      constraints:\n"
-               "        - topology: {rackPeers: {matchLabels: {app: a}}}\n")
-    assert str(info.value) == ("p.yaml:8:33: spec.matchRules.0.constraints.0.topology.rackPeers: "
-                               "needs rackAffinity (same or spread)")
+        policy(
+            HEAD.format(kind="SchedulingPolicy")
+            + "  matchRules:\n    - selector: {}\n      constraints:\n"
+            "        - topology: {rackPeers: {matchLabels: {app: a}}}\n"
+        )
+    assert str(info.value) == (
+        "p.yaml:8:33: spec.matchRules.0.constraints.0.topology.rackPeers: "
+        "needs rackAffinity (same or spread)"
+    )
 
 
 def test_messages_show_the_file_text_not_a_python_repr():
     with pytest.raises(SpecError) as info:
         task(HEAD.format(kind="Task") + "  deviceType: cpu\n  deadline: 2026-11-29\n")
-    assert str(info.value).startswith("t.yaml:6:13: spec.deadline: 2026-11-29 is not a valid deadline")
+    assert str(info.value).startswith(
+        "t.yaml:6:13: spec.deadline: 2026-11-29 is not a valid deadline"
+    )
     assert "datetime" not in str(info.value)
 
 
 def test_sizes_are_bounded():
     for size in ["9" * 400 + "GiB", "9" * 30 + "TiB", "9" * 30]:
-        with pytest.raises(SpecError, match=r"^t.yaml:6:\d+: .*(larger than 8 EiB|at most 64 bits)"):
+        with pytest.raises(
+            SpecError, match=r"^t.yaml:6:\d+: .*(larger than 8 EiB|at most 64 bits)"
+        ):
             task(HEAD.format(kind="Task") + f"  deviceType: cpu\n  requests: {{memory: {size}}}\n")
 
 
@@ -355,10 +529,16 @@ def test_every_example_validates_by_its_kind(sys_root):
     kinds = {}
     for path in sorted(EXAMPLES.glob("*.yaml")):
         kinds[path.name] = {describe_item(i).split(" ")[0] for i in load_any(path, sys_root)}
-    assert kinds == {"cgroup-policy.yaml": {"CgroupPolicy"}, "nodes.yaml": {"node"}, "task-infer.yaml": {"Task"},
-                     "video-inference-strict.yaml": {"SchedulingPolicy"}, "workload-hotcold.yaml": {"Workload"},
-                     "workload-inversion.yaml": {"Workload"}, "workload-mixed.yaml": {"Workload"},
-                     "workload-nodes-plain.yaml": {"node"}}
+    assert kinds == {
+        "cgroup-policy.yaml": {"CgroupPolicy"},
+        "nodes.yaml": {"node"},
+        "task-infer.yaml": {"Task"},
+        "video-inference-strict.yaml": {"SchedulingPolicy"},
+        "workload-hotcold.yaml": {"Workload"},
+        "workload-inversion.yaml": {"Workload"},
+        "workload-mixed.yaml": {"Workload"},
+        "workload-nodes-plain.yaml": {"node"},
+    }
     others = [str(p) for p in sorted(EXAMPLES.glob("*.yaml")) if p.name != "cgroup-policy.yaml"]
     res = CliRunner().invoke(policy_cli, ["validate", *others])
     assert res.exit_code == 0, res.output
@@ -369,25 +549,35 @@ def test_validate_reads_the_agent_config_and_reports_its_errors(tmp_path):
     from xhagent.policy.documents import load_any
 
     config = tmp_path / "agent.yaml"
-    config.write_text("nodeName: gpu-07\nlabels: {rack: r12}\nreservedCpus: \"0,64\"\n")
+    config.write_text('nodeName: gpu-07\nlabels: {rack: r12}\nreservedCpus: "0,64"\n')
     res = CliRunner().invoke(policy_cli, ["validate", str(config)])
-    assert res.exit_code == 0 and f"{config}: ok (agent config for node gpu-07)" in res.output, res.output
+    assert res.exit_code == 0 and f"{config}: ok (agent config for node gpu-07)" in res.output, (
+        res.output
+    )
     assert load_any(config)[0].reserved_cpus == (0, 64)
     config.write_text("nodeName: gpu-07\nreservedCpus: [x]\n")
     res = CliRunner().invoke(policy_cli, ["validate", str(config)])
-    assert res.exit_code == 2 and f"{config}:2:16: reservedCpus.0: expected an integer" in res.output, res.output
+    assert (
+        res.exit_code == 2 and f"{config}:2:16: reservedCpus.0: expected an integer" in res.output
+    ), res.output
 
 
 def test_validate_an_empty_or_kindless_file_is_an_error(tmp_path):
-    for text, message in [("", "1:1: empty file: expected a SchedulingPolicy, Task, CgroupPolicy or Workload"),
-                          ("# only a comment\n", "1:1: empty file: expected"),
-                          ("---\n---\n", "1:1: empty file: expected"),
-                          ("foo: 1\n", "1:1: no kind: expected a SchedulingPolicy"),
-                          ("[1, 2]\n", "1:1: expected a mapping: a SchedulingPolicy"),
-                          ("kind: Deployment\n", "1:7: kind: 'Deployment' is not one of SchedulingPolicy, Task, "
-                                                 "CgroupPolicy, Workload"),
-                          (HEAD.format(kind="Workload") + "  duration: 1s\n---\n" + HEAD.format(kind="Task"),
-                           "8:7: kind: a Workload file holds only Workload documents")]:
+    for text, message in [
+        ("", "1:1: empty file: expected a SchedulingPolicy, Task, CgroupPolicy or Workload"),
+        ("# only a comment\n", "1:1: empty file: expected"),
+        ("---\n---\n", "1:1: empty file: expected"),
+        ("foo: 1\n", "1:1: no kind: expected a SchedulingPolicy"),
+        ("[1, 2]\n", "1:1: expected a mapping: a SchedulingPolicy"),
+        (
+            "kind: Deployment\n",
+            "1:7: kind: 'Deployment' is not one of SchedulingPolicy, Task, CgroupPolicy, Workload",
+        ),
+        (
+            HEAD.format(kind="Workload") + "  duration: 1s\n---\n" + HEAD.format(kind="Task"),
+            "8:7: kind: a Workload file holds only Workload documents",
+        ),
+    ]:
         f = tmp_path / "f.yaml"
         f.write_text(text)
         res = CliRunner().invoke(policy_cli, ["validate", str(f)])
@@ -401,20 +591,32 @@ def test_validate_lists_the_errors_of_every_document_of_a_file_in_json(tmp_path)
     res = CliRunner().invoke(policy_cli, ["validate", str(f)])
     assert res.exit_code == 2
     assert [line.split(": ")[0] for line in res.output.splitlines()] == [
-        f"{f}:3:24", f"{f}:8:44", f"{f}:8:61", f"{f}:9:13", f"{f}:15:15"]
+        f"{f}:3:24",
+        f"{f}:8:44",
+        f"{f}:8:61",
+        f"{f}:9:13",
+        f"{f}:15:15",
+    ]
     res = CliRunner().invoke(policy_cli, ["validate", "--json", str(f)])
     report = json.loads(res.output)["files"][str(f)]
     assert report["ok"] is False and len(report["errors"]) == 5
-    assert report["errors"][4] == {"file": str(f), "line": 15, "col": 15,
-                                   "message": "spec.deviceType: 'fpga' is not one of cpu, gpu, tpu"}
+    assert report["errors"][4] == {
+        "file": str(f),
+        "line": 15,
+        "col": 15,
+        "message": "spec.deviceType: 'fpga' is not one of cpu, gpu, tpu",
+    }
 
 
 def test_validate_notes_a_cgroup_policy_device_this_node_lacks(tmp_path):
     policy = tmp_path / "io.yaml"
-    policy.write_text("apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: io}\nspec:\n"
-                      "  groups:\n    - name: a\n      io: {weight: 100, devices: {nosuchdisk9: 200}}\n")
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: io}\nspec:\n"
+        "  groups:\n    - name: a\n      io: {weight: 100, devices: {nosuchdisk9: 200}}\n"
+    )
     res = CliRunner().invoke(policy_cli, ["validate", "--json", str(policy)])
     assert res.exit_code == 0, res.output
     notes = json.loads(res.output)["files"][str(policy)]["notes"]
-    assert len(notes) == 1 and notes[0].startswith(f"{policy}:7:35: spec.groups.0.io.devices: no block device "
-                                                   "'nosuchdisk9' on this node")
+    assert len(notes) == 1 and notes[0].startswith(
+        f"{policy}:7:35: spec.groups.0.io.devices: no block device 'nosuchdisk9' on this node"
+    )

@@ -1,8 +1,16 @@
 """DWPS: the fragmentation metric as specified, threshold dynamics, victims by fit."""
+
 import pytest
 
-from xhagent.sched.dwps import (Allocation, Dwps, GpuMemory, Threshold, fragmentation, largest_block_fragmentation,
-                                rank_victims)
+from xhagent.sched.dwps import (
+    Allocation,
+    Dwps,
+    GpuMemory,
+    Threshold,
+    fragmentation,
+    largest_block_fragmentation,
+    rank_victims,
+)
 
 MiB = 1 << 20
 
@@ -12,9 +20,9 @@ def gpu(*allocs, total=100 * MiB):
 
 
 def test_f_as_specified_is_one_with_any_free_memory_and_zero_without():
-    assert fragmentation(gpu(("a", 0, 100))) == 0.0                     # no free block, total_free 0
-    assert fragmentation(gpu(("a", 0, 50))) == pytest.approx(1.0)       # one hole
-    dust = gpu(*[(f"a{i}", i * 10, 9) for i in range(10)])               # ten 1 MiB holes
+    assert fragmentation(gpu(("a", 0, 100))) == 0.0  # no free block, total_free 0
+    assert fragmentation(gpu(("a", 0, 50))) == pytest.approx(1.0)  # one hole
+    dust = gpu(*[(f"a{i}", i * 10, 9) for i in range(10)])  # ten 1 MiB holes
     assert fragmentation(dust) == pytest.approx(1.0)
     assert largest_block_fragmentation(gpu(("a", 0, 50))) == 0.0
     assert largest_block_fragmentation(dust) == pytest.approx(0.9)
@@ -53,13 +61,18 @@ def test_victims_ranked_by_fit_then_affinity_pinned_never():
 def test_decide_preempts_only_above_the_threshold_and_when_the_request_does_not_fit():
     g = gpu(("a", 0, 10, 0.3), ("b", 20, 70, 0.9))
     seed = Dwps(metric=fragmentation)
-    assert seed.decide(g, 10 * MiB) == []                          # fits in a hole already
-    assert [a.owner for a in seed.decide(g, 15 * MiB)] == ["a", "b"]  # F = 1 > 0.65; a leaves 20, b 90
-    strict = Dwps()                                                # 1 - 10/20 = 0.5 <= 0.65
+    assert seed.decide(g, 10 * MiB) == []  # fits in a hole already
+    assert [a.owner for a in seed.decide(g, 15 * MiB)] == [
+        "a",
+        "b",
+    ]  # F = 1 > 0.65; a leaves 20, b 90
+    strict = Dwps()  # 1 - 10/20 = 0.5 <= 0.65
     assert strict.decide(g, 15 * MiB) == []
     for _ in range(5):
-        strict.compaction(succeeded=False)                         # threshold 0.55: still above 0.5
+        strict.compaction(succeeded=False)  # threshold 0.55: still above 0.5
     assert strict.decide(g, 15 * MiB) == []
-    dusty = gpu(("a", 0, 10, 0.3), ("b", 13, 30), ("c", 46, 30), ("d", 79, 19))  # holes 3,3,3,2 -> 1-3/11
+    dusty = gpu(
+        ("a", 0, 10, 0.3), ("b", 13, 30), ("c", 46, 30), ("d", 79, 19)
+    )  # holes 3,3,3,2 -> 1-3/11
     # evicting a leaves 13 MiB (fit .92), d 24 (.5), b and c 36 (.33; equal affinity, by name)
     assert [a.owner for a in strict.decide(dusty, 12 * MiB)] == ["a", "d", "b", "c"]

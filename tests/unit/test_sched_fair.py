@@ -1,8 +1,15 @@
 """Fair share: vruntime by weight, newcomers start at the minimum, migrations cost by distance, TWFS."""
+
 import pytest
 
-from xhagent.sched.fair import (ACCEL_SLICE_NS, CPU_BASE_SLICE_NS, MIN_SLICE_NS, FairShare, distance,
-                                twfs_slice_ns)
+from xhagent.sched.fair import (
+    ACCEL_SLICE_NS,
+    CPU_BASE_SLICE_NS,
+    MIN_SLICE_NS,
+    FairShare,
+    distance,
+    twfs_slice_ns,
+)
 from xhagent.sched.job import Job, weight_of
 from xhagent.sched.simulator import NodeSpec, Simulation
 
@@ -45,7 +52,7 @@ def test_twfs_slices_cpu_by_load_accelerators_fixed_with_decaying_weight():
     cpu, gpu = Job("c"), Job("g", device="gpu")
     assert twfs_slice_ns(cpu, 1.0) == CPU_BASE_SLICE_NS
     assert twfs_slice_ns(cpu, 0.75) == int(CPU_BASE_SLICE_NS * (1 + -0.4150374992788438))
-    assert twfs_slice_ns(cpu, 0.5) == MIN_SLICE_NS   # the formula gives 0 here: clamped
+    assert twfs_slice_ns(cpu, 0.5) == MIN_SLICE_NS  # the formula gives 0 here: clamped
     assert twfs_slice_ns(cpu, 0.0) == MIN_SLICE_NS
     assert twfs_slice_ns(gpu, 0.1) == twfs_slice_ns(gpu, 1.0) == ACCEL_SLICE_NS
     fs = FairShare()
@@ -60,7 +67,10 @@ def test_twfs_slices_cpu_by_load_accelerators_fixed_with_decaying_weight():
 def test_fair_simulation_shares_by_weight():
     # Two long CPU jobs from time 0 on one CPU: by the time the lighter one finishes, the
     # heavier (2x weight) has had about twice the processor.
-    jobs = [Job("heavy", 0, 2_000_000_000, priority=60), Job("light", 0, 2_000_000_000, priority=50)]
+    jobs = [
+        Job("heavy", 0, 2_000_000_000, priority=60),
+        Job("light", 0, 2_000_000_000, priority=50),
+    ]
     out = Simulation(jobs, [NodeSpec("n", cpus=1)], "fair").run()
     first_done = min(r.finish_ns for r in out.records)
     ran = {"heavy": 0, "light": 0}

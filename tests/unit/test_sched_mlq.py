@@ -1,5 +1,7 @@
 """Multi-level queues: levels by affinity label; hot work never waits behind cold work."""
-from hypothesis import given, settings, strategies as st
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xhagent.sched.job import Job
 from xhagent.sched.mlq import Level, MultiLevel
@@ -7,7 +9,9 @@ from xhagent.sched.simulator import NodeSpec, Simulation
 
 
 def test_first_matching_labelled_level_wins_and_unlabelled_jobs_fall_back():
-    mlq = MultiLevel((Level("hot", {"tier": "hot"}), Level("normal"), Level("cold", {"tier": "cold"})))
+    mlq = MultiLevel(
+        (Level("hot", {"tier": "hot"}), Level("normal"), Level("cold", {"tier": "cold"}))
+    )
     assert mlq.name_of(Job("a", affinity={"tier": "hot", "zone": "z1"})) == "hot"
     assert mlq.name_of(Job("b", affinity={"tier": "cold"})) == "cold"
     assert mlq.name_of(Job("c", affinity={"tier": "warm"})) == "normal"
@@ -18,8 +22,15 @@ def test_first_matching_labelled_level_wins_and_unlabelled_jobs_fall_back():
 
 @st.composite
 def arrivals(draw, tier):
-    return [Job(f"{tier}{i}", draw(st.integers(0, 50)), draw(st.integers(1, 20)),
-                affinity={"tier": tier}) for i in range(draw(st.integers(1 if tier == "hot" else 0, 6)))]
+    return [
+        Job(
+            f"{tier}{i}",
+            draw(st.integers(0, 50)),
+            draw(st.integers(1, 20)),
+            affinity={"tier": tier},
+        )
+        for i in range(draw(st.integers(1 if tier == "hot" else 0, 6)))
+    ]
 
 
 @settings(max_examples=150, deadline=None)

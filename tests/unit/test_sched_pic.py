@@ -1,4 +1,5 @@
 """Priority-inversion compensation: the holder runs with the waiter's deadline, then its own."""
+
 from pathlib import Path
 
 from xhagent.sched import workload
@@ -49,7 +50,9 @@ def _inversion():
 def test_edf_lets_the_medium_job_delay_the_waiter_and_pic_does_not():
     jobs = _inversion()
     edf = {r.job.name: r for r in Simulation(jobs, [NodeSpec("n", cpus=1)], "edf").run().records}
-    pic = {r.job.name: r for r in Simulation(jobs, [NodeSpec("n", cpus=1)], "edf-pic").run().records}
+    pic = {
+        r.job.name: r for r in Simulation(jobs, [NodeSpec("n", cpus=1)], "edf-pic").run().records
+    }
     ms = 1_000_000
     assert edf["high"].finish_ns == 32 * ms and edf["high"].missed
     assert pic["low"].finish_ns == 10 * ms and pic["low"].preemptions == 0

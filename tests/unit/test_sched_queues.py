@@ -1,5 +1,7 @@
 """Queue disciplines: EDF is optimal where a schedule exists, priority order holds."""
-from hypothesis import given, settings, strategies as st
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xhagent.sched.job import Job
 from xhagent.sched.queues import Discipline, ReadyQueue, discipline
@@ -17,9 +19,17 @@ def job_sets(draw, deadlines=True, resources=()):
         runtime = draw(st.integers(1, 8))
         slack = draw(st.integers(0, 15))
         holds = frozenset(draw(st.sets(st.sampled_from(resources)))) if resources else frozenset()
-        jobs.append(Job(f"j{i}", arrival, runtime, arrival + runtime + slack if deadlines else None,
-                        priority=draw(st.integers(0, 100)), holds=holds,
-                        affinity={"tier": draw(st.sampled_from(["hot", "cold", "x"]))}))
+        jobs.append(
+            Job(
+                f"j{i}",
+                arrival,
+                runtime,
+                arrival + runtime + slack if deadlines else None,
+                priority=draw(st.integers(0, 100)),
+                holds=holds,
+                affinity={"tier": draw(st.sampled_from(["hot", "cold", "x"]))},
+            )
+        )
     return jobs
 
 
@@ -28,8 +38,12 @@ def feasible(jobs: list[Job]) -> bool:
     [t1, t2] the work that must fall inside it fits."""
     starts = {j.arrival_ns for j in jobs}
     ends = {j.deadline_ns for j in jobs}
-    return all(sum(j.runtime_ns for j in jobs if j.arrival_ns >= t1 and j.deadline_ns <= t2) <= t2 - t1
-               for t1 in starts for t2 in ends if t2 >= t1)
+    return all(
+        sum(j.runtime_ns for j in jobs if j.arrival_ns >= t1 and j.deadline_ns <= t2) <= t2 - t1
+        for t1 in starts
+        for t2 in ends
+        if t2 >= t1
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -53,7 +67,10 @@ def test_a_job_never_runs_while_a_higher_priority_job_waits(jobs):
 
 
 @settings(max_examples=100, deadline=None)
-@given(job_sets(resources=("bus", "lock")), st.sampled_from(["fifo", "priority", "edf", "edf-pic", "fair", "mlq"]))
+@given(
+    job_sets(resources=("bus", "lock")),
+    st.sampled_from(["fifo", "priority", "edf", "edf-pic", "fair", "mlq"]),
+)
 def test_every_algorithm_runs_every_job_for_exactly_its_runtime(jobs, algorithm):
     out = Simulation(jobs, [NodeSpec("n", cpus=2)], algorithm).run()
     ran = {}

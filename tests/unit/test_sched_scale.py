@@ -1,5 +1,6 @@
 """The simulator's cost per event does not grow with the number of slots: no event scans
 every slot, every running job or the whole node state (a 500-node file took minutes)."""
+
 import pytest
 
 from xhagent.sched import workload
@@ -52,7 +53,8 @@ def test_no_event_scans_every_slot_or_running_job(algorithm):
     sim.state._slots = _NoScanDict(sim.state._slots)
     out = sim.run()
     assert out.preemptions == reference.preemptions and [r.finish_ns for r in out.records] == [
-        r.finish_ns for r in reference.records]
+        r.finish_ns for r in reference.records
+    ]
     assert len(out.records) > 100 and (algorithm in ("fifo", "fair") or out.preemptions > 0)
 
 

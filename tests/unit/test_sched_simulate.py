@@ -1,4 +1,5 @@
 """Workload files, the simulator's reports, `xhagent simulate` and `bench sched` quality."""
+
 import json
 from pathlib import Path
 
@@ -35,14 +36,32 @@ def test_report_has_the_mixed_load_table():
     assert 0.7 < r["utilisation"]["gpu"] < 0.9 and 0.7 < r["utilisation"]["cpu"] < 0.9
 
 
-@pytest.mark.parametrize("text,where,message", [
-    ("kind: Workload\nspec:\n  classes:\n    - {name: a, rnutime: 5ms}\n", "4:17", "did you mean 'runtime'"),
-    ("kind: Workload\nspec:\n  classes:\n    - {name: a, runtime: 5 parsecs}\n", "4:26", "not a valid duration"),
-    ("kind: Workload\nspec:\n  classes: [{name: web}]\n  jobs:\n    - {runtime: 1ms, class: wbe}\n", "5:29",
-     "did you mean 'web'"),
-    ("kind: Workload\nspec:\n  classes:\n    - {name: a, priority: 101}\n", "4:27", "out of range"),
-    ("kind: Workload\nspec: {}\n", "2:7", "needs classes or jobs"),
-])
+@pytest.mark.parametrize(
+    "text,where,message",
+    [
+        (
+            "kind: Workload\nspec:\n  classes:\n    - {name: a, rnutime: 5ms}\n",
+            "4:17",
+            "did you mean 'runtime'",
+        ),
+        (
+            "kind: Workload\nspec:\n  classes:\n    - {name: a, runtime: 5 parsecs}\n",
+            "4:26",
+            "not a valid duration",
+        ),
+        (
+            "kind: Workload\nspec:\n  classes: [{name: web}]\n  jobs:\n    - {runtime: 1ms, class: wbe}\n",
+            "5:29",
+            "did you mean 'web'",
+        ),
+        (
+            "kind: Workload\nspec:\n  classes:\n    - {name: a, priority: 101}\n",
+            "4:27",
+            "out of range",
+        ),
+        ("kind: Workload\nspec: {}\n", "2:7", "needs classes or jobs"),
+    ],
+)
 def test_workload_errors_are_located(text, where, message):
     with pytest.raises(SpecError) as err:
         workload.loads(text, "w.yaml")
@@ -51,12 +70,24 @@ def test_workload_errors_are_located(text, where, message):
 
 def test_cli_json_and_text(tmp_path):
     runner = CliRunner()
-    res = runner.invoke(simulate_command, ["--workload", str(EXAMPLES / "workload-inversion.yaml"),
-                                           "--nodes", PLAIN_NODES, "--algorithm", "edf-pic", "--json"])
+    res = runner.invoke(
+        simulate_command,
+        [
+            "--workload",
+            str(EXAMPLES / "workload-inversion.yaml"),
+            "--nodes",
+            PLAIN_NODES,
+            "--algorithm",
+            "edf-pic",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["algorithm"] == "edf-pic" and report["deadline_miss_ratio"] == 0.0
-    res = runner.invoke(simulate_command, ["--workload", MIXED, "--nodes", INVENTORY_NODES, "--algorithm", "fair"])
+    res = runner.invoke(
+        simulate_command, ["--workload", MIXED, "--nodes", INVENTORY_NODES, "--algorithm", "fair"]
+    )
     assert res.exit_code == 0 and "video-infer" in res.stdout
 
 
@@ -124,45 +155,91 @@ def _cli(*args):
 
 def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path):
     inf_rate = tmp_path / "w.yaml"
-    inf_rate.write_text("kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000, runtime: 1ms}]\n")
+    inf_rate.write_text(
+        "kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000, runtime: 1ms}]\n"
+    )
     res = _cli("--workload", str(inf_rate), "--nodes", PLAIN_NODES, "--max-jobs", "1000")
     assert res.exit_code == 1, res.output
-    assert res.stderr == (f"xhagent simulate: {inf_rate}: the workload generates more than 1000 jobs (class a among"
-                          " them); lower its rates or duration, or raise --max-jobs\n")
+    assert res.stderr == (
+        f"xhagent simulate: {inf_rate}: the workload generates more than 1000 jobs (class a among"
+        " them); lower its rates or duration, or raise --max-jobs\n"
+    )
     res = _cli("--workload", MIXED, "--nodes", PLAIN_NODES, "--max-jobs", "10")
     assert res.exit_code == 1 and "more than 10 jobs" in res.stderr
     nodes = tmp_path / "n.yaml"
     nodes.write_text("nodes:\n" + "".join(f"  - {{name: n{i}, cpus: 1}}\n" for i in range(3)))
-    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes), "--max-nodes", "2")
-    assert res.exit_code == 1 and res.stderr == f"xhagent simulate: {nodes}: 3 nodes, more than --max-nodes 2\n"
-    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes), "--max-nodes", "3")
+    res = _cli(
+        "--workload",
+        str(EXAMPLES / "workload-inversion.yaml"),
+        "--nodes",
+        str(nodes),
+        "--max-nodes",
+        "2",
+    )
+    assert (
+        res.exit_code == 1
+        and res.stderr == f"xhagent simulate: {nodes}: 3 nodes, more than --max-nodes 2\n"
+    )
+    res = _cli(
+        "--workload",
+        str(EXAMPLES / "workload-inversion.yaml"),
+        "--nodes",
+        str(nodes),
+        "--max-nodes",
+        "3",
+    )
     assert res.exit_code == 0, res.output
-    nodes.write_text("nodes:\n" + "".join(f"  - {{name: n{i}, cpus: 4096, gpus: 64}}\n" for i in range(100)))
+    nodes.write_text(
+        "nodes:\n" + "".join(f"  - {{name: n{i}, cpus: 4096, gpus: 64}}\n" for i in range(100))
+    )
     res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes))
     assert res.exit_code == 1
-    assert res.stderr == f"xhagent simulate: {nodes}: 416000 CPUs, GPUs and TPUs in all, more than --max-slots 250000\n"
+    assert (
+        res.stderr
+        == f"xhagent simulate: {nodes}: 416000 CPUs, GPUs and TPUs in all, more than --max-slots 250000\n"
+    )
 
 
 def test_mlq_without_queues_warns_what_it_does_instead():
-    res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", PLAIN_NODES, "--algorithm", "mlq",
-               "--json")
+    res = _cli(
+        "--workload",
+        str(EXAMPLES / "workload-inversion.yaml"),
+        "--nodes",
+        PLAIN_NODES,
+        "--algorithm",
+        "mlq",
+        "--json",
+    )
     assert res.exit_code == 0
     assert "has no queues:, so mlq uses the default levels hot (affinity tier: hot)" in res.stderr
     assert json.loads(res.stdout)["algorithm"] == "mlq"
-    res = _cli("--workload", str(EXAMPLES / "workload-hotcold.yaml"), "--nodes", PLAIN_NODES, "--algorithm", "mlq")
+    res = _cli(
+        "--workload",
+        str(EXAMPLES / "workload-hotcold.yaml"),
+        "--nodes",
+        PLAIN_NODES,
+        "--algorithm",
+        "mlq",
+    )
     assert res.exit_code == 0 and "warning" not in res.stderr
 
 
 def test_algorithm_help_says_what_each_does():
     out = " ".join(_cli("--help").output.split())
-    for phrase in ("fifo: arrival order", "priority: higher priority first", "edf: earliest deadline first",
-                   "edf-pic: EDF where a job holding a resource", "fair: least priority-weighted run time",
-                   "mlq: the workload's queue levels"):
+    for phrase in (
+        "fifo: arrival order",
+        "priority: higher priority first",
+        "edf: earliest deadline first",
+        "edf-pic: EDF where a job holding a resource",
+        "fair: least priority-weighted run time",
+        "mlq: the workload's queue levels",
+    ):
         assert phrase in out
 
 
 def test_progress_only_after_a_second_and_on_stderr(monkeypatch):
     from xhagent.sched import simulate as sim
+
     clock = iter([100.0, 100.5, 101.2, 101.5, 103.3])
     monkeypatch.setattr(sim.time, "monotonic", lambda: next(clock))
     lines = []
@@ -171,12 +248,17 @@ def test_progress_only_after_a_second_and_on_stderr(monkeypatch):
     p(20, 100)
     p(30, 100)
     p(40, 100)
-    assert lines == ["xhagent simulate: 20 of 100 jobs done (20%), 1 s", "xhagent simulate: 40 of 100 jobs done (40%), 3 s"]
+    assert lines == [
+        "xhagent simulate: 20 of 100 jobs done (20%), 1 s",
+        "xhagent simulate: 40 of 100 jobs done (40%), 3 s",
+    ]
 
 
 def test_every_plain_nodes_error_at_once(tmp_path):
     nodes = tmp_path / "n.yaml"
-    nodes.write_text("nodes:\n  - {name: a, cpus: many, gpus: -1}\n  - {name: b, cpsu: 2}\n  - {name: c, cpus: 2}\n")
+    nodes.write_text(
+        "nodes:\n  - {name: a, cpus: many, gpus: -1}\n  - {name: b, cpsu: 2}\n  - {name: c, cpus: 2}\n"
+    )
     res = _cli("--workload", MIXED, "--nodes", str(nodes))
     assert res.exit_code == 2
     assert res.stderr.splitlines() == [
@@ -186,23 +268,44 @@ def test_every_plain_nodes_error_at_once(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("text, lines", [
-    ("kind: Workloda\nspce: 1\n", ["w.yaml:1:1: missing required field 'spec'",
-                                   "w.yaml:1:7: kind: expected Workload, got 'Workloda'",
-                                   "w.yaml:2:1: unknown field 'spce' (did you mean 'spec'?)"]),
-    ("kind: Workloda\nspec: 3\n", ["w.yaml:1:7: kind: expected Workload, got 'Workloda'",
-                                   "w.yaml:2:7: spec: expected a mapping, got an integer"]),
-    ("kind: Workload\nspec:\n  classes: [5, {name: a, rate: -1}]\n", [
-        "w.yaml:3:13: spec.classes.0: expected a mapping, got an integer",
-        "w.yaml:3:32: spec.classes.1.rate: -1 is out of range 0..1000000000"]),
-    ("kind: Workload\nspec:\n  classes: [{name: web, rate: -1}]\n  jobs:\n"
-     "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n    - {class: wbe, runtime: 1ms}\n", [
-         "w.yaml:3:31: spec.classes.0.rate: -1 is out of range 0..1000000000",
-         "w.yaml:5:29: spec.jobs.0.runtime: a runtime must be positive",
-         "w.yaml:5:44: spec.jobs.0.priority: 200 is out of range 0..100",
-         "w.yaml:5:61: spec.jobs.0.deviceType: 'fpga' is not one of cpu, gpu, tpu",
-         "w.yaml:6:15: spec.jobs.1.class: 'wbe' is not one of web (did you mean 'web'?)"]),
-])
+@pytest.mark.parametrize(
+    "text, lines",
+    [
+        (
+            "kind: Workloda\nspce: 1\n",
+            [
+                "w.yaml:1:1: missing required field 'spec'",
+                "w.yaml:1:7: kind: expected Workload, got 'Workloda'",
+                "w.yaml:2:1: unknown field 'spce' (did you mean 'spec'?)",
+            ],
+        ),
+        (
+            "kind: Workloda\nspec: 3\n",
+            [
+                "w.yaml:1:7: kind: expected Workload, got 'Workloda'",
+                "w.yaml:2:7: spec: expected a mapping, got an integer",
+            ],
+        ),
+        (
+            "kind: Workload\nspec:\n  classes: [5, {name: a, rate: -1}]\n",
+            [
+                "w.yaml:3:13: spec.classes.0: expected a mapping, got an integer",
+                "w.yaml:3:32: spec.classes.1.rate: -1 is out of range 0..1000000000",
+            ],
+        ),
+        (
+            "kind: Workload\nspec:\n  classes: [{name: web, rate: -1}]\n  jobs:\n"
+            "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n    - {class: wbe, runtime: 1ms}\n",
+            [
+                "w.yaml:3:31: spec.classes.0.rate: -1 is out of range 0..1000000000",
+                "w.yaml:5:29: spec.jobs.0.runtime: a runtime must be positive",
+                "w.yaml:5:44: spec.jobs.0.priority: 200 is out of range 0..100",
+                "w.yaml:5:61: spec.jobs.0.deviceType: 'fpga' is not one of cpu, gpu, tpu",
+                "w.yaml:6:15: spec.jobs.1.class: 'wbe' is not one of web (did you mean 'web'?)",
+            ],
+        ),
+    ],
+)
 def test_workload_structure_errors_are_collected_too(text, lines):
     with pytest.raises(SpecError) as err:
         workload.loads(text, "w.yaml")
@@ -214,4 +317,7 @@ def test_infinite_or_nan_rate_is_a_located_error_not_an_endless_run(tmp_path, va
     w = tmp_path / "w.yaml"
     w.write_text(f"kind: Workload\nspec:\n  classes: [{{name: a, rate: {value}, runtime: 1ms}}]\n")
     res = _cli("--workload", str(w), "--nodes", PLAIN_NODES)
-    assert res.exit_code == 2 and res.stderr == f"xhagent simulate: {w}:3:29: '{value}' is not a finite number\n"
+    assert (
+        res.exit_code == 2
+        and res.stderr == f"xhagent simulate: {w}:3:29: '{value}' is not a finite number\n"
+    )

@@ -1,10 +1,18 @@
 """Versioned snapshot: a decision made on a stale version never lands."""
+
 import threading
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from xhagent.sched.snapshot import Decision, InvalidDecision, NodeState, StaleSnapshot, decide_and_commit
+from xhagent.sched.snapshot import (
+    Decision,
+    InvalidDecision,
+    NodeState,
+    StaleSnapshot,
+    decide_and_commit,
+)
 
 SLOTS = ["s0", "s1", "s2"]
 
@@ -44,7 +52,11 @@ def test_a_stale_decision_is_recomputed_on_fresh_state():
         if len(calls) == 1:  # someone else takes the free slot meanwhile
             state.commit(Decision(place={"s1": "other"}), snap.version)
         free = [s for s, j in snap.slots.items() if j is None]
-        return Decision(place={free[0]: "new"}) if free else Decision(evict=("low",), place={"s0": "new"})
+        return (
+            Decision(place={free[0]: "new"})
+            if free
+            else Decision(evict=("low",), place={"s0": "new"})
+        )
 
     decision, version = decide_and_commit(state, decide)
     assert calls == [0, 1] and version == 2
@@ -58,8 +70,11 @@ def test_concurrent_deciders_never_share_a_victim():
 
     def preempt_one(name):
         def decide(snap):
-            slot, job = next((s, j) for s, j in sorted(snap.slots.items()) if j.startswith("victim"))
+            slot, job = next(
+                (s, j) for s, j in sorted(snap.slots.items()) if j.startswith("victim")
+            )
             return Decision(evict=(job,), place={slot: name})
+
         decision, _ = decide_and_commit(state, decide, attempts=100)
         taken.append(decision.evict[0])
 

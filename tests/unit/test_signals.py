@@ -1,4 +1,5 @@
 """Every stop takes the cleanup path: SIGTERM raises, held sections finish, children hear it."""
+
 import os
 import signal
 import subprocess
@@ -7,8 +8,13 @@ import time
 
 import pytest
 
-from xhagent.signals import (Terminated, forward_signals, signals_held, terminate_on_signals,
-                             wait_exit_code)
+from xhagent.signals import (
+    Terminated,
+    forward_signals,
+    signals_held,
+    terminate_on_signals,
+    wait_exit_code,
+)
 
 
 def test_sigterm_raises_terminated_and_finally_runs():

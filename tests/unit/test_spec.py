@@ -1,4 +1,5 @@
 """YAML with positions: every user error is FILE:LINE:COL: message."""
+
 import pytest
 
 from xhagent.spec import SpecError, did_you_mean, load_text
@@ -30,14 +31,21 @@ def test_unknown_field_points_at_the_key_with_a_suggestion():
     cpu = doc.root["spec"]["groups"][0]["cpu"]
     with pytest.raises(SpecError) as info:
         cpu.mapping({"weight", "idle", "max", "max.burst"})
-    assert str(info.value) == "p.yaml:8:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)"
+    assert (
+        str(info.value)
+        == "p.yaml:8:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)"
+    )
 
 
 def test_range_type_choice_and_missing_errors():
     doc = load_text(POLICY, "p.yaml")[1]
-    with pytest.raises(SpecError, match=r"^p.yaml:11:18: spec.priority: 150 is out of range 0..100$"):
+    with pytest.raises(
+        SpecError, match=r"^p.yaml:11:18: spec.priority: 150 is out of range 0..100$"
+    ):
         doc.root["spec"]["priority"].int(0, 100)
-    with pytest.raises(SpecError, match=r"^p.yaml:10:7: kind: 'Task' is not one of CgroupPolicy, SchedulingPolicy$"):
+    with pytest.raises(
+        SpecError, match=r"^p.yaml:10:7: kind: 'Task' is not one of CgroupPolicy, SchedulingPolicy$"
+    ):
         doc.root["kind"].str(["CgroupPolicy", "SchedulingPolicy"])
     with pytest.raises(SpecError, match=r"^p.yaml:11:7: missing required field 'spec.deadline'$"):
         doc.root["spec"]["deadline"].str()
@@ -55,7 +63,10 @@ def test_parse_locates_a_parser_error():
             raise ValueError("range goes backwards")
         return list(range(lo, hi + 1))
 
-    with pytest.raises(SpecError, match=r"^c.yaml:1:16: cpuset.cpus: '3-1' is not a valid cpu list: range goes backwards$"):
+    with pytest.raises(
+        SpecError,
+        match=r"^c.yaml:1:16: cpuset.cpus: '3-1' is not a valid cpu list: range goes backwards$",
+    ):
         doc.root["cpuset"]["cpus"].parse(cpus, "cpu list")
 
 
@@ -64,12 +75,17 @@ def test_syntax_error_and_duplicate_key():
         load_text("a: [1, 2\nb: 3\n", "bad.yaml")
     with pytest.raises(SpecError, match=r"^dup.yaml:2:1: duplicate key 'kind'$"):
         load_text("kind: Task\nkind: CgroupPolicy\n", "dup.yaml")
-    with pytest.raises(SpecError, match=r"^dup.yaml:2:1: duplicate key '2026-01-01'$"):  # not datetime.date(...)
+    with pytest.raises(
+        SpecError, match=r"^dup.yaml:2:1: duplicate key '2026-01-01'$"
+    ):  # not datetime.date(...)
         load_text("2026-01-01: a\n2026-01-01: b\n", "dup.yaml")
 
 
 def test_did_you_mean():
-    assert did_you_mean("minCudaVersoin", ["minCudaVersion", "minMemoryGB"]) == " (did you mean 'minCudaVersion'?)"
+    assert (
+        did_you_mean("minCudaVersoin", ["minCudaVersion", "minMemoryGB"])
+        == " (did you mean 'minCudaVersion'?)"
+    )
     assert did_you_mean("zzz", ["minCudaVersion"]) == ""
 
 
@@ -108,7 +124,9 @@ import time  # noqa: E402
 from xhagent.spec import MAX_BYTES, MAX_DEPTH, SpecErrors, load_file  # noqa: E402
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-    f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+    for p, c in zip("abcdefgh", "bcdefghi")
+)
 
 
 def test_an_alias_bomb_is_refused_at_the_first_alias_without_expanding():
@@ -116,28 +134,44 @@ def test_an_alias_bomb_is_refused_at_the_first_alias_without_expanding():
     with pytest.raises(SpecError) as info:
         load_text(ALIAS_BOMB, "bomb.yaml")
     assert time.monotonic() - start < 1
-    assert str(info.value) == "bomb.yaml:2:8: YAML aliases (*a) are not supported: write the value out"
+    assert (
+        str(info.value) == "bomb.yaml:2:8: YAML aliases (*a) are not supported: write the value out"
+    )
 
 
 def test_nesting_is_capped_with_a_location_not_a_recursion_error():
     load_text("[" * MAX_DEPTH + "]" * MAX_DEPTH, "ok.yaml")
-    with pytest.raises(SpecError, match=rf"^deep.yaml:1:{MAX_DEPTH + 1}: nested more than {MAX_DEPTH} levels deep$"):
+    with pytest.raises(
+        SpecError, match=rf"^deep.yaml:1:{MAX_DEPTH + 1}: nested more than {MAX_DEPTH} levels deep$"
+    ):
         load_text("[" * 5000 + "]" * 5000, "deep.yaml")
     with pytest.raises(SpecError, match=r"^deep.yaml:\d+:\d+: nested more than"):
         load_text("".join(" " * i + "a:\n" for i in range(700)), "deep.yaml")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("a: .nan\n", "b.yaml:1:4: '.nan' is not a finite number"),
-    ("a: [1, -.inf]\n", "b.yaml:1:8: '-.inf' is not a finite number"),
-    ("a: 1.0e+999\n", "b.yaml:1:4: '1.0e+999' is not a finite number"),
-    ("a: 18446744073709551616\n", "b.yaml:1:4: 18446744073709551616 is too large (at most 64 bits)"),
-    ("a: " + "9" * 400 + "\n", "b.yaml:1:4: " + "9" * 40 + "... is too large (at most 64 bits)"),
-    ("a: " + "9" * 5000 + "\n", "b.yaml:1:4: invalid value '" + "9" * 40 + "': "),
-    ("\nb: 2026-13-45\n", "b.yaml:2:4: invalid value '2026-13-45': month must be in 1..12"),
-    ("a: !!python/name:os.system x\n", "b.yaml:1:4: invalid value 'x': could not determine a constructor"),
-    ("a: b\n\x00\n", "b.yaml:2:1: not a text file (character U+0000 is not allowed)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a: .nan\n", "b.yaml:1:4: '.nan' is not a finite number"),
+        ("a: [1, -.inf]\n", "b.yaml:1:8: '-.inf' is not a finite number"),
+        ("a: 1.0e+999\n", "b.yaml:1:4: '1.0e+999' is not a finite number"),
+        (
+            "a: 18446744073709551616\n",
+            "b.yaml:1:4: 18446744073709551616 is too large (at most 64 bits)",
+        ),
+        (
+            "a: " + "9" * 400 + "\n",
+            "b.yaml:1:4: " + "9" * 40 + "... is too large (at most 64 bits)",
+        ),
+        ("a: " + "9" * 5000 + "\n", "b.yaml:1:4: invalid value '" + "9" * 40 + "': "),
+        ("\nb: 2026-13-45\n", "b.yaml:2:4: invalid value '2026-13-45': month must be in 1..12"),
+        (
+            "a: !!python/name:os.system x\n",
+            "b.yaml:1:4: invalid value 'x': could not determine a constructor",
+        ),
+        ("a: b\n\x00\n", "b.yaml:2:1: not a text file (character U+0000 is not allowed)"),
+    ],
+)
 def test_values_python_cannot_hold_or_should_not_are_located_errors(text, message):
     with pytest.raises(SpecError) as info:
         load_text(text, "b.yaml")
@@ -155,9 +189,11 @@ def test_files_are_read_bounded_utf8_and_only_when_regular_or_a_fifo(tmp_path):
         load_file(utf8)
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (MAX_BYTES + 1))
-    for path, message in [("/dev/zero", "/dev/zero:1:1: is a character device, not a regular file"),
-                          (tmp_path, f"{tmp_path}:1:1: is a directory, not a regular file"),
-                          (big, f"{big}:1:1: is larger than 4,194,304 bytes, the limit for a spec file")]:
+    for path, message in [
+        ("/dev/zero", "/dev/zero:1:1: is a character device, not a regular file"),
+        (tmp_path, f"{tmp_path}:1:1: is a directory, not a regular file"),
+        (big, f"{big}:1:1: is larger than 4,194,304 bytes, the limit for a spec file"),
+    ]:
         with pytest.raises(SpecError) as info:
             load_file(path)
         assert str(info.value) == message
@@ -187,7 +223,11 @@ def test_a_mapping_reports_every_unknown_and_missing_field_at_once():
 
 def test_numbers_keep_their_source_text_and_messages_show_it_not_a_repr():
     doc = load_text("v: 12.10\nq: '12.10'\nd: 2026-11-29\n", "v.yaml")[0]
-    assert doc.root["v"].value == 12.1 and doc.root["v"].text == "12.10" and doc.root["q"].text == "12.10"
+    assert (
+        doc.root["v"].value == 12.1
+        and doc.root["v"].text == "12.10"
+        and doc.root["q"].text == "12.10"
+    )
     assert doc.root["v"].parse(str, "version", as_written=True) == "12.10"
     with pytest.raises(SpecError) as info:
         doc.root["d"].parse(int, "count")
@@ -199,7 +239,11 @@ def test_numbers_keep_their_source_text_and_messages_show_it_not_a_repr():
 def test_every_value_no_loader_may_see_is_reported_at_once():
     with pytest.raises(SpecErrors) as info:
         load_text("a: .nan\nb: [1, .inf]\n---\nc: 2026-13-45\nd: ok\n", "v.yaml")
-    assert [line.split(": ")[0] for line in str(info.value).splitlines()] == ["v.yaml:1:4", "v.yaml:2:8", "v.yaml:4:4"]
+    assert [line.split(": ")[0] for line in str(info.value).splitlines()] == [
+        "v.yaml:1:4",
+        "v.yaml:2:8",
+        "v.yaml:4:4",
+    ]
 
 
 def test_a_huge_value_is_quoted_back_only_in_part():

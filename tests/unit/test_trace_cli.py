@@ -1,5 +1,6 @@
 """`xhagent trace` on files: bad input (options, trace files, output paths) is a message
 and exit 2, never a traceback; outputs land where asked, whole or not at all."""
+
 import json
 import os
 import re
@@ -43,8 +44,11 @@ def test_lost_events_are_reported(tmp_path):
 def test_not_a_trace(tmp_path):
     bad = tmp_path / "bad.xht"
     bad.write_text("hello")
-    for args in (("stats", str(bad)), ("export", str(bad), "--format", "perf", "-o", "-"),
-                 ("heatmap", str(bad), "-o", str(tmp_path / "h.svg"))):
+    for args in (
+        ("stats", str(bad)),
+        ("export", str(bad), "--format", "perf", "-o", "-"),
+        ("heatmap", str(bad), "-o", str(tmp_path / "h.svg")),
+    ):
         res = run(*args)
         assert res.exit_code == 2, res.output
         assert f"{bad}: not an xhagent trace" in res.stderr
@@ -93,14 +97,27 @@ def bad_trace_files(tmp_path):
 
     from xhagent.trace.fmt import Header
 
-    files = {"empty": (b"", "not an xhagent trace (only 0 bytes)"),
-             "garbage": (bytes(range(256)) * 20, "not an xhagent trace (bad magic at offset 0)"),
-             "meta_list": (trace_bytes(Header(0, [1])), "metadata at offset 48 is an array, not an object"),
-             "ncpus_float": (trace_bytes(Header(0, {"ncpus": 1.5})), "ncpus is a number, not an integer"),
-             "ncpus_huge": (trace_bytes(Header(0, {"ncpus": 10**9})), "ncpus 1000000000 is out of range"),
-             "type_99": (trace_bytes(events=[sample_events()[0]._replace(type=99)]),
-                         "record 0 at offset 4,144: unknown type 99"),
-             "cut": (trace_bytes()[:4200], "truncated: 0 of 13 declared records")}
+    files = {
+        "empty": (b"", "not an xhagent trace (only 0 bytes)"),
+        "garbage": (bytes(range(256)) * 20, "not an xhagent trace (bad magic at offset 0)"),
+        "meta_list": (
+            trace_bytes(Header(0, [1])),
+            "metadata at offset 48 is an array, not an object",
+        ),
+        "ncpus_float": (
+            trace_bytes(Header(0, {"ncpus": 1.5})),
+            "ncpus is a number, not an integer",
+        ),
+        "ncpus_huge": (
+            trace_bytes(Header(0, {"ncpus": 10**9})),
+            "ncpus 1000000000 is out of range",
+        ),
+        "type_99": (
+            trace_bytes(events=[sample_events()[0]._replace(type=99)]),
+            "record 0 at offset 4,144: unknown type 99",
+        ),
+        "cut": (trace_bytes()[:4200], "truncated: 0 of 13 declared records"),
+    }
     for name, (data, message) in files.items():
         (tmp_path / name).write_bytes(data)
         yield str(tmp_path / name), message
@@ -109,13 +126,18 @@ def bad_trace_files(tmp_path):
 
 def test_bad_trace_files_exit_2_with_the_file_named_for_every_reader(tmp_path):
     for path, message in bad_trace_files(tmp_path):
-        for args in (("stats", path), ("stats", path, "--json"),
-                     ("export", path, "--format", "perf", "-o", "-"),
-                     ("export", path, "--format", "chrome", "-o", str(tmp_path / "c.json")),
-                     ("heatmap", path, "-o", str(tmp_path / "h.png"))):
+        for args in (
+            ("stats", path),
+            ("stats", path, "--json"),
+            ("export", path, "--format", "perf", "-o", "-"),
+            ("export", path, "--format", "chrome", "-o", str(tmp_path / "c.json")),
+            ("heatmap", path, "-o", str(tmp_path / "h.png")),
+        ):
             res = run(*args)
             assert res.exit_code == 2, (args, res.output, res.exception)
-            assert res.stderr.startswith(f"xhagent trace: {path}") and message in res.stderr, res.stderr
+            assert res.stderr.startswith(f"xhagent trace: {path}") and message in res.stderr, (
+                res.stderr
+            )
             assert "Traceback" not in res.output and not isinstance(res.exception, MemoryError)
         assert not (tmp_path / "c.json").exists() and not (tmp_path / "h.png").exists()
 
@@ -124,14 +146,17 @@ def test_allow_truncated_reads_a_cut_trace_with_a_warning(tmp_path):
     from trace_samples import trace_bytes
 
     path = tmp_path / "cut.xht"
-    path.write_bytes(trace_bytes()[:-2 * 80 - 7])
+    path.write_bytes(trace_bytes()[: -2 * 80 - 7])
     res = run("stats", str(path), "--json")
     assert res.exit_code == 2 and "truncated: 10 of 13 declared records" in res.stderr
     assert "--allow-truncated reads what is there" in res.stderr
     res = run("stats", str(path), "--json", "--allow-truncated")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["events"] == 10
-    assert f"{path}: truncated: 10 of 13 declared records" in res.stderr and "reading the 10" in res.stderr
+    assert (
+        f"{path}: truncated: 10 of 13 declared records" in res.stderr
+        and "reading the 10" in res.stderr
+    )
 
 
 def test_an_unfinished_recording_is_read_with_a_warning(tmp_path):
@@ -152,13 +177,16 @@ def test_durations_and_bins_must_be_finite_and_positive(tmp_path, value):
     assert not (tmp_path / "x").exists() and not (tmp_path / "h.svg").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--pid", "4294967296"), "--pid 4294967296: out of range (1..4294967295)"),
-    (("--pid", "4194305000"), "--pid 4194305000: no such process"),
-    (("--cgroup", "/tmp"), "--cgroup /tmp: not a cgroup v2 directory (file system magic"),
-    (("--cgroup", "/nonexistent"), "--cgroup /nonexistent: not a directory"),
-    (("--", ""), "the command after -- is empty"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--pid", "4294967296"), "--pid 4294967296: out of range (1..4294967295)"),
+        (("--pid", "4194305000"), "--pid 4194305000: no such process"),
+        (("--cgroup", "/tmp"), "--cgroup /tmp: not a cgroup v2 directory (file system magic"),
+        (("--cgroup", "/nonexistent"), "--cgroup /nonexistent: not a directory"),
+        (("--", ""), "the command after -- is empty"),
+    ],
+)
 def test_record_refuses_bad_options_and_leaves_the_output_alone(tmp_path, args, message):
     out = tmp_path / "keep.xht"
     out.write_text("precious")
@@ -170,14 +198,18 @@ def test_record_refuses_bad_options_and_leaves_the_output_alone(tmp_path, args, 
 
 def test_outputs_that_are_not_regular_files_are_refused(tmp_path):
     path = sample(tmp_path)
-    for args in (("record", "-o", "/dev/null", "--duration", "1"),
-                 ("export", path, "--format", "perf", "-o", "/dev/null"),
-                 ("heatmap", path, "-o", str(tmp_path / "dir.svg"))):
+    for args in (
+        ("record", "-o", "/dev/null", "--duration", "1"),
+        ("export", path, "--format", "perf", "-o", "/dev/null"),
+        ("heatmap", path, "-o", str(tmp_path / "dir.svg")),
+    ):
         (tmp_path / "dir.svg").mkdir(exist_ok=True)
         res = run(*args)
         assert res.exit_code == 2, res.output
-        assert ("is a character device; the output must be a regular file" in res.stderr
-                or "dir.svg' is a directory" in res.output), res.output
+        assert (
+            "is a character device; the output must be a regular file" in res.stderr
+            or "dir.svg' is a directory" in res.output
+        ), res.output
     assert os.path.exists("/dev/null") and os.path.isdir(tmp_path / "dir.svg")
 
 
@@ -217,9 +249,17 @@ def test_export_to_a_full_stdout_is_a_message_not_a_traceback(tmp_path):
 
     exe = Path(sys.executable).with_name("xhagent")
     with open("/dev/full", "w") as full:
-        res = subprocess.run([str(exe), "trace", "export", sample(tmp_path), "--format", "perf", "-o", "-"],
-                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
-    assert res.returncode == 1 and res.stderr == "xhagent trace: standard output: No space left on device\n"
+        res = subprocess.run(
+            [str(exe), "trace", "export", sample(tmp_path), "--format", "perf", "-o", "-"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert (
+        res.returncode == 1
+        and res.stderr == "xhagent trace: standard output: No space left on device\n"
+    )
 
 
 def test_a_signal_while_exporting_leaves_no_temporary_file(tmp_path, monkeypatch):

@@ -4,18 +4,29 @@ import re
 
 from trace_samples import PID_FILTER, filtered_events, sample_events, sample_header
 
-from xhagent.trace.export import (chrome_events, ftrace_line, perf_line, state_str, write_chrome,
-                                  write_ftrace, write_perf)
+from xhagent.trace.export import (
+    chrome_events,
+    ftrace_line,
+    perf_line,
+    state_str,
+    write_chrome,
+    write_ftrace,
+    write_perf,
+)
 from xhagent.trace.fmt import TraceFile, write_trace
 
 # perf script's layout: comm (right-aligned 16), tid, [cpu], secs.usecs: sched:EVENT: payload
 PERF_LINE = re.compile(r"^ {0,15}\S.{0,15} +\d+ \[\d{3}\] +\d+\.\d{6}: sched:(\w+): (.*)$")
 # /sys/kernel/tracing/trace: TASK-PID [CPU] flags TIMESTAMP: EVENT: payload
-FTRACE_LINE = re.compile(r"^ *(.+)-(\d+) +\[(\d{3})\] [dN.][.Nn][.hHsS][0-9.][0-9.] +\d+\.\d{6}: (\w+): (.*)$")
+FTRACE_LINE = re.compile(
+    r"^ *(.+)-(\d+) +\[(\d{3})\] [dN.][.Nn][.hHsS][0-9.][0-9.] +\d+\.\d{6}: (\w+): (.*)$"
+)
 # the kernel's TP_printk for each event (tracefs events/sched/*/format)
 PAYLOAD = {
-    "sched_switch": re.compile(r"^prev_comm=.* prev_pid=\d+ prev_prio=-?\d+ prev_state=(R\+?|[SDTtXZPI](\|[SDTtXZPI])*\+?) "
-                               r"==> next_comm=.* next_pid=\d+ next_prio=-?\d+$"),
+    "sched_switch": re.compile(
+        r"^prev_comm=.* prev_pid=\d+ prev_prio=-?\d+ prev_state=(R\+?|[SDTtXZPI](\|[SDTtXZPI])*\+?) "
+        r"==> next_comm=.* next_pid=\d+ next_prio=-?\d+$"
+    ),
     "sched_wakeup": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
     "sched_wakeup_new": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
     "sched_process_exit": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ group_dead=(true|false)$"),
@@ -46,8 +57,10 @@ def test_perf_lines(tmp_path):
         m = PERF_LINE.match(line)
         assert m, line
         assert PAYLOAD[m.group(1)].match(m.group(2)), line
-    assert lines[3] == ("            ping   100 [000]     0.003000: sched:sched_switch: prev_comm=ping "
-                        "prev_pid=100 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120")
+    assert lines[3] == (
+        "            ping   100 [000]     0.003000: sched:sched_switch: prev_comm=ping "
+        "prev_pid=100 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120"
+    )
     assert lines[0].startswith("         swapper     0 [000]")
 
 
@@ -79,11 +92,17 @@ def test_chrome_trace(tmp_path):
     evs = doc["traceEvents"]
     assert {e["ph"] for e in evs} <= {"X", "M"}
     slices = [e for e in evs if e["ph"] == "X"]
-    named_threads = {(e["pid"], e["tid"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    named_threads = {
+        (e["pid"], e["tid"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     named_procs = {e["pid"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
     by_track: dict = {}
     for s in slices:
-        assert isinstance(s["ts"], (int, float)) and isinstance(s["dur"], (int, float)) and s["dur"] >= 0
+        assert (
+            isinstance(s["ts"], (int, float))
+            and isinstance(s["dur"], (int, float))
+            and s["dur"] >= 0
+        )
         assert (s["pid"], s["tid"]) in named_threads and s["pid"] in named_procs
         by_track.setdefault((s["pid"], s["tid"]), []).append(s)
     for track in by_track.values():
@@ -94,7 +113,9 @@ def test_chrome_trace(tmp_path):
     ping = [(s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 100]
     assert ping == [(1000.0, 2000.0), (6004.0, 2996.0)]
     # pong ran from 4 ms to 6 ms on CPU 1
-    assert [(s["tid"], s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 200] == [(1, 4000.0, 2000.0)]
+    assert [(s["tid"], s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 200] == [
+        (1, 4000.0, 2000.0)
+    ]
 
 
 def test_chrome_skips_runs_without_a_start():
@@ -112,5 +133,7 @@ def test_chrome_other_data_holds_json_values_not_python_reprs(tmp_path):
 
 def test_chrome_slices_under_a_filter_are_the_runs_stats_counts():
     slices = [e for e in chrome_events(filtered_events(), PID_FILTER) if e["ph"] == "X"]
-    assert [(s["args"]["tid"], s["ts"], s["dur"]) for s in slices] == [(100, 1000.0, 2000.0),
-                                                                        (100, 200000.0, 50000.0)]
+    assert [(s["args"]["tid"], s["ts"], s["dur"]) for s in slices] == [
+        (100, 1000.0, 2000.0),
+        (100, 200000.0, 50000.0),
+    ]

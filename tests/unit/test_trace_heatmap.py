@@ -5,8 +5,19 @@ import zlib
 import pytest
 from trace_samples import PID_FILTER, filtered_events, sample_events
 
-from xhagent.trace.heatmap import (FONT, MAX_CELLS, Canvas, _ticks, axis_name, busy_grid, colour,
-                                   layout_for, png, svg, title)
+from xhagent.trace.heatmap import (
+    FONT,
+    MAX_CELLS,
+    Canvas,
+    _ticks,
+    axis_name,
+    busy_grid,
+    colour,
+    layout_for,
+    png,
+    svg,
+    title,
+)
 
 
 def test_busy_grid():
@@ -39,9 +50,9 @@ def read_png(data: bytes):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, size = 8, b"", None
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        assert struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body)
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n : pos + 12 + n])[0] == zlib.crc32(kind + body)
         if kind == b"IHDR":
             size = struct.unpack(">II", body[:8])
         elif kind == b"IDAT":
@@ -50,7 +61,7 @@ def read_png(data: bytes):
     w, h = size
     raw = zlib.decompress(idat)
     assert len(raw) == h * (1 + 3 * w)
-    return w, h, [raw[y * (1 + 3 * w) + 1:(y + 1) * (1 + 3 * w)] for y in range(h)]
+    return w, h, [raw[y * (1 + 3 * w) + 1 : (y + 1) * (1 + 3 * w)] for y in range(h)]
 
 
 def test_png_shape_and_rows():
@@ -60,7 +71,7 @@ def test_png_shape_and_rows():
     assert (w, h) == lay.size(g)
 
     def pixel(x, y):
-        return tuple(rows[y][3 * x:3 * x + 3])
+        return tuple(rows[y][3 * x : 3 * x + 3])
 
     # one band per CPU: CPU 0 bin 0 is fully busy (dark), bin 2 idle (white)
     mid0 = lay.top + lay.cell_h // 2
@@ -84,7 +95,9 @@ def test_png_carries_the_svgs_title_axis_name_and_legend_unclipped():
     assert h >= 300  # was 128: two thin bands
 
     def inked(x0, y0, x1, y1):
-        return sum(rows[y][3 * x:3 * x + 3] == b"\0\0\0" for y in range(y0, y1) for x in range(x0, x1))
+        return sum(
+            rows[y][3 * x : 3 * x + 3] == b"\0\0\0" for y in range(y0, y1) for x in range(x0, x1)
+        )
 
     yb = lay.top + len(g.cpus) * lay.cell_h
     strings = [title(g), axis_name(g), "100% busy", "0%"] + [t for _, t in _ticks(g)]
@@ -95,8 +108,8 @@ def test_png_carries_the_svgs_title_axis_name_and_legend_unclipped():
     assert inked(0, lay.top, lay.left - 4, lay.top + lay.cell_h) > 20  # "CPU 0"
     # legend: the gradient from white to dark red, and its labels
     ly = yb + 48 + 5
-    assert rows[ly][3 * (lay.left + 30):3 * (lay.left + 31)] == bytes(colour(0))
-    assert rows[ly][3 * (lay.left + 129):3 * (lay.left + 130)] == bytes(colour(1))
+    assert rows[ly][3 * (lay.left + 30) : 3 * (lay.left + 31)] == bytes(colour(0))
+    assert rows[ly][3 * (lay.left + 129) : 3 * (lay.left + 130)] == bytes(colour(1))
     assert inked(lay.left + 130, yb + 48, w, yb + 58) > 50
     # tick labels, centred on their ticks, lie inside the image (the last one was cut)
     for i, label in _ticks(g):
@@ -108,7 +121,10 @@ def test_png_carries_the_svgs_title_axis_name_and_legend_unclipped():
 def test_the_svg_has_a_visible_title_and_axis_name():
     g = busy_grid(sample_events(), bin_ms=1, ncpus=2)
     doc = svg(g)
-    assert f'<text class="title" x="70" y="24" font-size="14" font-weight="bold">{title(g)}</text>' in doc
+    assert (
+        f'<text class="title" x="70" y="24" font-size="14" font-weight="bold">{title(g)}</text>'
+        in doc
+    )
     assert f">{axis_name(g)}</text>" in doc and title(g) == "CPU busy fraction, 1 ms bins"
 
 
@@ -117,5 +133,7 @@ def test_many_cpus_keep_the_grid_and_image_bounded():
     assert g.bins * len(g.cpus) <= MAX_CELLS
     lay = layout_for(g)
     assert lay.cell_h == 3 and lay.label_every() == 4
-    with pytest.raises(ValueError, match="too many .at most 122 for 8192 CPUs.; use a larger --bin-ms"):
+    with pytest.raises(
+        ValueError, match="too many .at most 122 for 8192 CPUs.; use a larger --bin-ms"
+    ):
         busy_grid(sample_events(), bin_ms=0.01, ncpus=8192)

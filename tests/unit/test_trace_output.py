@@ -1,5 +1,6 @@
 """Output files are replaced whole or not at all, and nothing this run did not create
 is ever removed."""
+
 import os
 import signal
 import stat
@@ -46,7 +47,9 @@ def test_a_signal_leaves_nothing_behind(tmp_path):
     assert path.read_bytes() == b"precious" and os.listdir(tmp_path) == ["keep"]
 
 
-@pytest.mark.parametrize("path, kind", [("/dev/null", "a character device"), ("/tmp", "a directory")])
+@pytest.mark.parametrize(
+    "path, kind", [("/dev/null", "a character device"), ("/tmp", "a directory")]
+)
 def test_what_is_not_a_regular_file_is_refused_and_left_alone(path, kind):
     before = os.stat(path)
     with pytest.raises(OutputError) as exc:

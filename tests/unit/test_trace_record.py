@@ -1,4 +1,5 @@
 """`trace record` without BPF: a stop before recording starts leaves nothing behind."""
+
 import os
 import signal
 

@@ -29,7 +29,9 @@ def test_stats_of_sample():
     assert round(st.cpu_busy_pct[0], 3) == round(100 * 4_996_000 / 9_000_000, 3)
     assert st.lost == 3
     doc = st.to_json()
-    assert [t["pid"] for t in doc["tasks"]][:3] == [300, 100, 200] and "raw_comm" not in doc["tasks"][0]
+    assert [t["pid"] for t in doc["tasks"]][:3] == [300, 100, 200] and "raw_comm" not in doc[
+        "tasks"
+    ][0]
     assert doc["runq_latency"]["hist_us"][0] == {"low": 512, "high": 1023, "count": 1}
 
 
@@ -78,8 +80,10 @@ def test_a_pid_filter_follows_forks_and_threads():
         switch(4 * ms, 1, 101, "child", S, 0, "swapper/1"),
         switch(5 * ms, 1, 0, "swapper/1", R, 300, "other"),
     ]
-    threads = [switch(6 * ms, 0, 0, "swapper/0", R, 102, "thr")._replace(next_tgid=100),
-               switch(7 * ms, 0, 102, "thr", S, 0, "swapper/0")._replace(prev_tgid=100)]
+    threads = [
+        switch(6 * ms, 0, 0, "swapper/0", R, 102, "thr")._replace(next_tgid=100),
+        switch(7 * ms, 0, 102, "thr", S, 0, "swapper/0")._replace(prev_tgid=100),
+    ]
     st = compute(events + threads, filt={"kind": "pids", "pids": [], "command_pid": 100})
     assert set(st.tasks) == {101, 102}  # 100 only forked; 300 is outside the filter
     assert st.tasks[101].on_cpu_ns == 2 * ms and st.tasks[102].on_cpu_ns == ms

@@ -28,14 +28,36 @@ pattern = _load("xhagent_tests_pattern", ROOT / "tests" / "kernel" / "pattern.py
 def test_defaults_run_the_kernel_suite():
     args = vmtest.parse_args([])
     assert (args.memory, args.cpus, args.timeout) == ("2G", 2, 900.0)
-    assert args.command == [".venv/bin/python", "-m", "pytest", "-m", "kernel",
-                            "-p", "no:cacheprovider", "tests/kernel"]
+    assert args.command == [
+        ".venv/bin/python",
+        "-m",
+        "pytest",
+        "-m",
+        "kernel",
+        "-p",
+        "no:cacheprovider",
+        "tests/kernel",
+    ]
     assert args.guest is None
 
 
 def test_command_after_double_dash_is_kept_verbatim():
-    args = vmtest.parse_args(["--memory", "512M", "--cpus", "1", "--timeout", "30",
-                              "--", "sh", "-c", "exit 7", "--", "--memory"])
+    args = vmtest.parse_args(
+        [
+            "--memory",
+            "512M",
+            "--cpus",
+            "1",
+            "--timeout",
+            "30",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+            "--",
+            "--memory",
+        ]
+    )
     assert (args.memory, args.cpus, args.timeout) == ("512M", 1, 30.0)
     assert args.command == ["sh", "-c", "exit 7", "--", "--memory"]
 
@@ -45,15 +67,18 @@ def test_default_command_is_a_fresh_list():
     assert vmtest.parse_args([]).command == vmtest.DEFAULT_COMMAND
 
 
-@pytest.mark.parametrize("argv", [
-    ["--"],
-    ["--memory", "lots"],
-    ["--memory", "2T"],
-    ["--cpus", "0"],
-    ["--cpus", "two"],
-    ["--timeout", "-1"],
-    ["true"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--"],
+        ["--memory", "lots"],
+        ["--memory", "2T"],
+        ["--cpus", "0"],
+        ["--cpus", "two"],
+        ["--timeout", "-1"],
+        ["true"],
+    ],
+)
 def test_bad_invocations_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         vmtest.parse_args(argv)
@@ -77,31 +102,48 @@ def test_setup_failure_is_a_harness_error():
         vmtest.parse_status(text)
 
 
-@pytest.mark.parametrize("text", [
-    "", "7", "[]", "{not json",
-    json.dumps({"stage": "command"}),
-    json.dumps({"stage": "command", "returncode": "7"}),
-    json.dumps({"stage": "command", "returncode": 256}),
-    json.dumps({"stage": "other", "returncode": 0}),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "7",
+        "[]",
+        "{not json",
+        json.dumps({"stage": "command"}),
+        json.dumps({"stage": "command", "returncode": "7"}),
+        json.dumps({"stage": "command", "returncode": 256}),
+        json.dumps({"stage": "other", "returncode": 0}),
+    ],
+)
 def test_unreadable_status_is_a_harness_error(text):
     with pytest.raises(vmtest.HarnessError, match="unreadable guest status"):
         vmtest.parse_status(text)
 
 
-@pytest.mark.parametrize("line, summary", [
-    ("============================== 8 passed in 0.91s ===============================\n",
-     "8 passed in 0.91s"),
-    ("===== 1 failed, 3 passed, 2 skipped in 12.34s =====\r\n",
-     "1 failed, 3 passed, 2 skipped in 12.34s"),
-    ("\x1b[32m======= \x1b[32m\x1b[1m5 passed\x1b[0m\x1b[32m in 3s\x1b[0m\x1b[32m =======\x1b[0m\n",
-     "5 passed in 3s"),
-    ("============================ no tests ran in 0.01s =============================",
-     "no tests ran in 0.01s"),
-    ("=========================== short test summary info ============================", None),
-    ("============================= test session starts ==============================", None),
-    ("8 passed in 0.91s", None),
-])
+@pytest.mark.parametrize(
+    "line, summary",
+    [
+        (
+            "============================== 8 passed in 0.91s ===============================\n",
+            "8 passed in 0.91s",
+        ),
+        (
+            "===== 1 failed, 3 passed, 2 skipped in 12.34s =====\r\n",
+            "1 failed, 3 passed, 2 skipped in 12.34s",
+        ),
+        (
+            "\x1b[32m======= \x1b[32m\x1b[1m5 passed\x1b[0m\x1b[32m in 3s\x1b[0m\x1b[32m =======\x1b[0m\n",
+            "5 passed in 3s",
+        ),
+        (
+            "============================ no tests ran in 0.01s =============================",
+            "no tests ran in 0.01s",
+        ),
+        ("=========================== short test summary info ============================", None),
+        ("============================= test session starts ==============================", None),
+        ("8 passed in 0.91s", None),
+    ],
+)
 def test_summary_line(line, summary):
     assert vmtest.summary_line(line) == summary
 
@@ -110,10 +152,16 @@ def test_vng_command_line(tmp_path):
     args = vmtest.parse_args(["--memory", "1G", "--cpus", "3", "--", "true"])
     cmd = vmtest.vng_command(Path("/v/vng"), Path("/k/boot/vmlinuz-6.1.0-57-amd64"), tmp_path, args)
     assert cmd[:3] == ["/v/vng", "--run", "/k/boot/vmlinuz-6.1.0-57-amd64"]
-    for flag in (["--disable-kvm"], ["--force-9p"], ["--memory", "1G"], ["--cpus", "3"],
-                 ["--append", "cgroup_no_v1=all"], ["--append", "nvme.poll_queues=1"],
-                 ["--rwdir", str(tmp_path)]):
-        assert any(cmd[i:i + len(flag)] == flag for i in range(len(cmd))), flag
+    for flag in (
+        ["--disable-kvm"],
+        ["--force-9p"],
+        ["--memory", "1G"],
+        ["--cpus", "3"],
+        ["--append", "cgroup_no_v1=all"],
+        ["--append", "nvme.poll_queues=1"],
+        ["--rwdir", str(tmp_path)],
+    ):
+        assert any(cmd[i : i + len(flag)] == flag for i in range(len(cmd))), flag
     qemu = [a for a in cmd if a.startswith("--qemu-opts=")]
     assert len(qemu) == 1
     assert f"file={tmp_path / 'nvme.img'}" in qemu[0] and "-device nvme," in qemu[0]
@@ -132,8 +180,12 @@ def test_pattern_expected_reads(tmp_path):
     pattern.write_image(image)
     assert image.stat().st_size == pattern.DISK_SIZE
     with image.open("rb") as disk:
-        for offset, length in [(0, 4096), (4096, 8192), (pattern.SIZE - 100, 4096),
-                               (pattern.DISK_SIZE - 4096, 4096)]:
+        for offset, length in [
+            (0, 4096),
+            (4096, 8192),
+            (pattern.SIZE - 100, 4096),
+            (pattern.DISK_SIZE - 4096, 4096),
+        ]:
             disk.seek(offset)
             assert disk.read(length) == pattern.expected(offset, length), (offset, length)
 
@@ -151,6 +203,8 @@ def test_kvm_only_with_hardware_virtualisation(tmp_path, monkeypatch):
     (tmp_path / "kvm_intel").mkdir()
     assert vmtest.hardware_kvm(tmp_path)
     args = vmtest.parse_args(["--", "true"])
-    assert "--disable-kvm" not in vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args, kvm=True)
+    assert "--disable-kvm" not in vmtest.vng_command(
+        Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args, kvm=True
+    )
     monkeypatch.setattr(vmtest.os, "access", lambda path, mode: False)
     assert not vmtest.hardware_kvm(tmp_path)

@@ -1,4 +1,5 @@
 """Synthetic traces for the trace unit tests: two CPUs, two ping-pong tasks."""
+
 from xhagent.trace.fmt import EV_EXIT, EV_FORK, EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, Event, Header
 
 S, R, PREEMPTED = 1, 0, 0x100
@@ -9,12 +10,28 @@ def c(name: str) -> bytes:
 
 
 def switch(ts, cpu, prev, prev_comm, state, nxt, next_comm, prio=120):
-    return Event(ts, cpu, EV_SWITCH, 0, prev, prev, nxt, nxt, prio if prev else 120, prio if nxt else 120,
-                 state, 0, c(prev_comm), c(next_comm))
+    return Event(
+        ts,
+        cpu,
+        EV_SWITCH,
+        0,
+        prev,
+        prev,
+        nxt,
+        nxt,
+        prio if prev else 120,
+        prio if nxt else 120,
+        state,
+        0,
+        c(prev_comm),
+        c(next_comm),
+    )
 
 
 def wakeup(ts, cpu, waker, waker_comm, pid, name, target, kind=EV_WAKEUP):
-    return Event(ts, cpu, kind, 0, waker, waker, pid, pid, 120, 120, 0, target, c(waker_comm), c(name))
+    return Event(
+        ts, cpu, kind, 0, waker, waker, pid, pid, 120, 120, 0, target, c(waker_comm), c(name)
+    )
 
 
 def sample_events() -> list[Event]:
@@ -25,9 +42,9 @@ def sample_events() -> list[Event]:
         switch(1 * ms + 500, 1, 0, "swapper/1", R, 300, "busy"),
         wakeup(2 * ms, 0, 100, "ping", 200, "pong", 1),
         switch(3 * ms, 0, 100, "ping", S, 0, "swapper/0"),
-        switch(4 * ms, 1, 300, "busy", PREEMPTED, 200, "pong"),   # 2 ms run-queue wait
+        switch(4 * ms, 1, 300, "busy", PREEMPTED, 200, "pong"),  # 2 ms run-queue wait
         wakeup(5 * ms, 1, 200, "pong", 100, "ping", 0),
-        switch(6 * ms, 1, 200, "pong", S | 0x2, 300, "busy"),       # S|D, for the flags
+        switch(6 * ms, 1, 200, "pong", S | 0x2, 300, "busy"),  # S|D, for the flags
         switch(6 * ms + 4000, 0, 0, "swapper/0", R, 100, "ping"),  # 1 ms 4 us wait
         Event(7 * ms, 0, EV_FORK, 0, 100, 100, 101, 101, 120, 120, 0, 0, c("ping"), c("ping")),
         wakeup(7 * ms + 10, 0, 100, "ping", 101, "ping", 1, EV_WAKEUP_NEW),
@@ -38,12 +55,15 @@ def sample_events() -> list[Event]:
 
 
 def sample_header() -> Header:
-    return Header(clock_offset_ns=1_700_000_000_000_000_000,
-                  meta={"filter": {"kind": "all"}, "hostname": "h", "kernel": "6.18", "ncpus": 2})
+    return Header(
+        clock_offset_ns=1_700_000_000_000_000_000,
+        meta={"filter": {"kind": "all"}, "hostname": "h", "kernel": "6.18", "ncpus": 2},
+    )
 
 
-def trace_bytes(header: Header | None = None, events: list[Event] | None = None,
-                complete: bool = True) -> bytes:
+def trace_bytes(
+    header: Header | None = None, events: list[Event] | None = None, complete: bool = True
+) -> bytes:
     """A trace file's bytes; `header.meta` may be any JSON value (to craft bad files)."""
     from xhagent.trace.fmt import RECORD
 

@@ -6,6 +6,7 @@ server(root): a 2-socket NUMA server, 4 cores x 2 SMT threads per socket (Linux 
 gpu_box(root): the same server with 8 NVIDIA GPUs on PCIe (0-3 on node 0, 4-7 on node 1).
 FakeNvml: pynvml functions with values and errors as NVML returns them.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ from xhagent.cpulist import parse_cpulist
 
 SOCKETS, CORES, SMT = 2, 4, 2
 NCPU = SOCKETS * CORES * SMT
-GPU_BUS = [f"0000:{b:02x}:00.0" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb)]
+GPU_BUS = [f"0000:{b:02x}:00.0" for b in (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)]
 
 
 def put(path: Path, value) -> None:
@@ -58,10 +59,12 @@ def server(root: Path, online: str = f"0-{NCPU - 1}") -> tuple[Path, Path]:
         put(t / "die_id", 0)
         put(t / "core_id", core)
         put(t / "thread_siblings_list", cl(siblings))
-        caches = [(1, "Data", "48K", socket * CORES + core, siblings),
-                  (1, "Instruction", "32K", socket * CORES + core, siblings),
-                  (2, "Unified", "2048K", socket * CORES + core, siblings),
-                  (3, "Unified", "32768K", socket, cpus_of(socket))]
+        caches = [
+            (1, "Data", "48K", socket * CORES + core, siblings),
+            (1, "Instruction", "32K", socket * CORES + core, siblings),
+            (2, "Unified", "2048K", socket * CORES + core, siblings),
+            (3, "Unified", "32768K", socket, cpus_of(socket)),
+        ]
         for i, (level, kind, size, cid, shared) in enumerate(caches):
             put(d / f"cache/index{i}/level", level)
             put(d / f"cache/index{i}/type", kind)
@@ -73,19 +76,29 @@ def server(root: Path, online: str = f"0-{NCPU - 1}") -> tuple[Path, Path]:
     for n in range(SOCKETS):
         put(node / f"node{n}/cpulist", cl(cpus_of(n)))
         put(node / f"node{n}/distance", " ".join("10" if m == n else "21" for m in range(SOCKETS)))
-        put(node / f"node{n}/meminfo", f"Node {n} MemTotal:       {64 << 20} kB\nNode {n} MemFree:        {60 << 20} kB\n"
-                                       f"Node {n} MemUsed:         {4 << 20} kB")
-    put(proc / "meminfo", f"MemTotal:       {128 << 20} kB\nMemFree:        {120 << 20} kB\n"
-                          f"MemAvailable:   {124 << 20} kB\nHugePages_Total:       0")
-    put(proc / "self/status", f"Name:\txhagent\nCpus_allowed:\tffff\nCpus_allowed_list:\t0-{NCPU - 1}")
+        put(
+            node / f"node{n}/meminfo",
+            f"Node {n} MemTotal:       {64 << 20} kB\nNode {n} MemFree:        {60 << 20} kB\n"
+            f"Node {n} MemUsed:         {4 << 20} kB",
+        )
+    put(
+        proc / "meminfo",
+        f"MemTotal:       {128 << 20} kB\nMemFree:        {120 << 20} kB\n"
+        f"MemAvailable:   {124 << 20} kB\nHugePages_Total:       0",
+    )
+    put(
+        proc / "self/status",
+        f"Name:\txhagent\nCpus_allowed:\tffff\nCpus_allowed_list:\t0-{NCPU - 1}",
+    )
     for size, total, free in (("2048kB", 512, 500), ("1048576kB", 4, 4)):
         put(sys_ / f"kernel/mm/hugepages/hugepages-{size}/nr_hugepages", total)
         put(sys_ / f"kernel/mm/hugepages/hugepages-{size}/free_hugepages", free)
     blk = sys_ / "block"
     for name, dev, size, rot, poll, sched, lbs, numa in (
-            ("loop0", "7:0", 0, 0, 0, "none", 512, None),
-            ("nvme0n1", "259:0", 7501476528, 0, 1, "[none] mq-deadline", 4096, 1),
-            ("sda", "8:0", 3907029168, 1, 0, "none [mq-deadline] bfq", 512, 0)):
+        ("loop0", "7:0", 0, 0, 0, "none", 512, None),
+        ("nvme0n1", "259:0", 7501476528, 0, 1, "[none] mq-deadline", 4096, 1),
+        ("sda", "8:0", 3907029168, 1, 0, "none [mq-deadline] bfq", 512, 0),
+    ):
         put(blk / name / "dev", dev)
         put(blk / name / "size", size)
         put(blk / name / "queue/rotational", rot)
@@ -95,12 +108,14 @@ def server(root: Path, online: str = f"0-{NCPU - 1}") -> tuple[Path, Path]:
         if numa is not None:
             put(blk / name / "device/numa_node", numa)
     put(sys_ / "module/nvme/parameters/poll_queues", 4)
-    pci(sys_, "0000:00:00.0", 0x060000, 0x8086, 0x09a2, 0, None, None)
-    pci(sys_, "0000:5e:00.0", 0x010802, 0x144d, 0xa824, 1, "nvme", ("16.0 GT/s PCIe", 4))
+    pci(sys_, "0000:00:00.0", 0x060000, 0x8086, 0x09A2, 0, None, None)
+    pci(sys_, "0000:5e:00.0", 0x010802, 0x144D, 0xA824, 1, "nvme", ("16.0 GT/s PCIe", 4))
     return sys_, proc
 
 
-def pci(sys_: Path, addr: str, klass: int, vendor: int, device: int, numa: int, driver, link) -> None:
+def pci(
+    sys_: Path, addr: str, klass: int, vendor: int, device: int, numa: int, driver, link
+) -> None:
     d = sys_ / "bus/pci/devices" / addr
     put(d / "class", f"0x{klass:06x}")
     put(d / "vendor", f"0x{vendor:04x}")
@@ -118,27 +133,38 @@ def pci(sys_: Path, addr: str, klass: int, vendor: int, device: int, numa: int, 
 def gpu_box(root: Path) -> tuple[Path, Path]:
     sys_, proc = server(root)
     for i, addr in enumerate(GPU_BUS):
-        pci(sys_, addr, 0x030200, 0x10de, 0x2330, i // 4, "nvidia", ("32.0 GT/s PCIe", 16))
+        pci(sys_, addr, 0x030200, 0x10DE, 0x2330, i // 4, "nvidia", ("32.0 GT/s PCIe", 16))
     return sys_, proc
 
 
 def err(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)  # NVMLError.__new__ picks the subclass, e.g. NVMLError_NotSupported
+    return pynvml.NVMLError(
+        code
+    )  # NVMLError.__new__ picks the subclass, e.g. NVMLError_NotSupported
 
 
 class FakeNvml:
     """Installs itself over pynvml's functions (monkeypatch). `islands`: lists of GPU indices
     fully meshed over NVLink with `links_per_peer` links each; None: PCIe cards without NVLink."""
 
-    def __init__(self, monkeypatch, count=8, islands=((0, 1, 2, 3), (4, 5, 6, 7)), links_per_peer=2,
-                 name="NVIDIA H100 80GB HBM3", init_error: int | None = None):
+    def __init__(
+        self,
+        monkeypatch,
+        count=8,
+        islands=((0, 1, 2, 3), (4, 5, 6, 7)),
+        links_per_peer=2,
+        name="NVIDIA H100 80GB HBM3",
+        init_error: int | None = None,
+    ):
         self.count, self.name, self.init_error = count, name, init_error
         self.links: dict[int, list[str]] = {i: [] for i in range(count)}
         for island in islands or ():
             for g in island:
                 for p in island:
                     if p != g:
-                        self.links[g] += [GPU_BUS[p].replace("0000:", "00000000:").upper()] * links_per_peer
+                        self.links[g] += [
+                            GPU_BUS[p].replace("0000:", "00000000:").upper()
+                        ] * links_per_peer
         self.nvlink = islands is not None
         for attr in dir(self):
             if attr.startswith("nvml"):
@@ -179,14 +205,20 @@ class FakeNvml:
         return (9, 0)
 
     def nvmlDeviceGetPciInfo(self, h):
-        return SimpleNamespace(busId=GPU_BUS[h.index].replace("0000:", "00000000:").upper().encode())
+        return SimpleNamespace(
+            busId=GPU_BUS[h.index].replace("0000:", "00000000:").upper().encode()
+        )
 
     def nvmlDeviceGetNvLinkState(self, h, link):
         if not self.nvlink:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if link >= 18:
             raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return pynvml.NVML_FEATURE_ENABLED if link < len(self.links[h.index]) else pynvml.NVML_FEATURE_DISABLED
+        return (
+            pynvml.NVML_FEATURE_ENABLED
+            if link < len(self.links[h.index])
+            else pynvml.NVML_FEATURE_DISABLED
+        )
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
         return SimpleNamespace(busId=self.links[h.index][link])
