@@ -1,0 +1,2 @@
+"""The agent daemon (`xhagent run`): durable task state, the workload shim, the executor
+that runs tasks in cgroup leaves, and the gRPC API it serves."""
