@@ -18,7 +18,7 @@ from .signals import Terminated
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
     "bench": "xhagent.cli:bench",
-    "cgroup": "xhagent.cgroup_cli:cgroup",
+    "cgroup": "xhagent.cgroups.cli:cgroup",
     "inventory": "xhagent.inventory.cli:inventory",
     "policy": "xhagent.policy.cli:policy",
     "simulate": "xhagent.sched.simulate:simulate_command",
@@ -26,7 +26,7 @@ COMMANDS = {
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
-    "cgroup-io": "xhagent.cgroup_bench:bench_cgroup_io",
+    "cgroup-io": "xhagent.cgroups.bench:bench_cgroup_io",
     "io": "xhagent.io.bench:bench_io",
     "sched": "xhagent.sched.bench:bench_sched",
     "trace": "xhagent.trace.bench:bench_trace",

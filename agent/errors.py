@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["errno_name", "errno_reason"]
+__all__ = ["KernelError", "errno_name", "errno_reason"]
 
 
 def errno_name(code: int) -> str:
@@ -28,3 +28,19 @@ def errno_reason(
     code = abs(err.errno or 0) if isinstance(err, OSError) else abs(err)
     reason = f"-{name or errno_name(code)} ({text or os.strerror(code)})"
     return f"{what}: {reason}" if what else reason
+
+
+class KernelError(OSError):
+    """Base of the agent's OSErrors (cgroup, io_uring, BPF): `errno` is the kernel's, and
+    `str()` is the message as the agent words it, `FILENAME: STRERROR` (or the message
+    alone), without Python's `[Errno N]` prefix and quotes."""
+
+    @classmethod
+    def from_errno(cls, code: int, what: str, **kw) -> KernelError:
+        """`what: -ENAME (text)` for a kernel return value or errno of either sign."""
+        return cls(abs(code), errno_reason(code, **kw), what)
+
+    def __str__(self) -> str:
+        if self.strerror is None:
+            return super().__str__()
+        return f"{self.filename}: {self.strerror}" if self.filename else self.strerror

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import errno_reason
+from ..errors import KernelError, errno_reason
 from ..signals import TERMINATING, signals_held
 from . import registry as R
 from .registry import CgroupFile
@@ -30,11 +30,8 @@ if TYPE_CHECKING:
 MAX_TIMEOUT = 3600.0  # seconds; a wait on the kernel longer than an hour is a mistake
 
 
-class CgroupError(OSError):
+class CgroupError(KernelError):
     """A cgroup write or wait failed; the message names the file, the value and the errno."""
-
-    def __str__(self) -> str:  # the message alone: no "[Errno N]" prefix in front of it
-        return self.strerror or super().__str__()
 
 
 def check_timeout(value: Any, what: str = "timeout") -> float:

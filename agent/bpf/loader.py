@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import errno_reason
+from ..errors import KernelError, errno_reason
 from .layout import EXPORT_SECTION
 
 OBJECTS = Path(__file__).resolve().with_name("objects")
@@ -21,7 +21,7 @@ PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
 
 
-class BpfError(OSError):
+class BpfError(KernelError):
     """OSError(errno, "STEP: -ENAME (strerror): libbpf: LOG")."""
 
 

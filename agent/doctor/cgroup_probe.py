@@ -3,7 +3,10 @@ create a group, start a process inside it, freeze it and kill it (done for real 
 throwaway `sleep`, started inside the group by `Cgroup.spawn`: the item `cgroup.spawn` says
 which way this kernel allows, clone3(CLONE_INTO_CGROUP) or the fork-then-join fallback).
 
-The probe group is `xhagent.slice/doctor-<pid>`. However the doctor ends (an error, SIGINT,
+The probe group is `doctor-<pid>` in the agent's subtree, found by `cgroups.subtree.locate()`
+as `xhagent cgroup` and the daemon find it (the systemd unit cgroup delegated to the agent,
+else `xhagent.slice`): the doctor proves the place the agent would write, and its items say
+which place and why (`where`). However the doctor ends (an error, SIGINT,
 SIGTERM, SIGHUP: the command turns them into exceptions) the sleep is killed and the group
 thawed and removed, in a section signals cannot cut. Only SIGKILL can leave one behind: each
 run first removes the `doctor-<pid>` groups whose pid no longer exists (nothing else).
@@ -21,7 +24,7 @@ from ..cgroups import Cgroup, CgroupError, Spawned
 from ..cgroups import registry as R
 from ..cgroups.mounts import discover
 from ..cgroups.spawn import spawn_method, spawn_method_reason
-from ..cgroups.subtree import DEFAULT_SUBTREE
+from ..cgroups.subtree import Subtree, locate
 from ..signals import signals_held
 from .report import Item, fail, ok
 
@@ -29,7 +32,7 @@ from .report import Item, fail, ok
 WANTED = ("cpu", "cpuset", "io", "memory", "pids")
 # cgroup v1 names of the same controllers, where they differ.
 V1_NAMES = {"io": "blkio"}
-PROBE_PARENT = DEFAULT_SUBTREE
+LIFECYCLE = ("cgroup.create", "cgroup.spawn", "cgroup.freeze", "cgroup.kill")
 
 
 def _controllers_item(root: Cgroup, v1: tuple[str, ...]) -> Item:
@@ -96,10 +99,15 @@ def remove_stale(parent: Path) -> list[str]:
     return removed
 
 
-def _lifecycle_items(root: Path) -> list[Item]:
-    """Create <root>/xhagent.slice/doctor-<pid>, start a sleep inside it, freeze, thaw, kill,
-    remove; the parent is removed again if the probe created it and nothing else uses it."""
-    parent = Cgroup(root / PROBE_PARENT)
+def _where(sub: Subtree) -> dict[str, str]:
+    return {"where": str(sub.path), **({"how": sub.placement.how} if sub.placement else {})}
+
+
+def _lifecycle_items(sub: Subtree) -> list[Item]:
+    """Create <subtree>/doctor-<pid>, start a sleep inside it, freeze, thaw, kill, remove; the
+    subtree's directory is removed again if the probe created it and nothing else uses it."""
+    parent = sub.root
+    where = _where(sub)
     stale = remove_stale(parent.path)
     group = Cgroup(parent.path / f"doctor-{os.getpid()}")
     made_parent = False
@@ -113,16 +121,18 @@ def _lifecycle_items(root: Path) -> list[Item]:
         group.create()
     except CgroupError as exc:
         _remove_parent(parent, made_parent)
-        return [
-            fail("cgroup.create", str(exc)),
-            fail("cgroup.spawn", "no probe group: " + str(exc)),
-            fail("cgroup.freeze", "no probe group: " + str(exc)),
-            fail("cgroup.kill", "no probe group: " + str(exc)),
+        return [fail("cgroup.create", str(exc), **where)] + [
+            fail(n, "no probe group: " + str(exc)) for n in LIFECYCLE[1:]
         ]
     sleeper = None
     try:
         items = [
-            ok("cgroup.create", path=str(group.path), **({"stale_removed": stale} if stale else {}))
+            ok(
+                "cgroup.create",
+                path=str(group.path),
+                **where,
+                **({"stale_removed": stale} if stale else {}),
+            )
         ]
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -210,18 +220,15 @@ def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
     ]
     if hier.unified is None:
         reason = f"no cgroup2 mount (mode {hier.mode})"
-        return items + [
-            fail(n, reason)
-            for n in (
-                "cgroup.v2",
-                "cgroup.controllers",
-                "cgroup.create",
-                "cgroup.spawn",
-                "cgroup.freeze",
-                "cgroup.kill",
-            )
-        ]
+        return items + [fail(n, reason) for n in ("cgroup.v2", "cgroup.controllers", *LIFECYCLE)]
     root = Cgroup(hier.unified.path)
     items.append(ok("cgroup.v2", path=str(root.path)))
     items.append(_controllers_item(root, hier.v1_controllers))
-    return items + _lifecycle_items(root.path)
+    try:
+        sub = locate(hierarchy=hier)
+    except (CgroupError, ValueError) as exc:  # DelegationError: systemd delegated nothing
+        return items + [fail(n, f"no place the agent may write: {exc}") for n in LIFECYCLE]
+    except OSError as exc:  # reading /proc/self/cgroup or a delegate mark
+        why = f"locating the agent's subtree: {exc.filename or ''}: {exc.strerror}"
+        return items + [fail(n, why) for n in LIFECYCLE]
+    return items + _lifecycle_items(sub)

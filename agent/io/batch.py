@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..errors import errno_reason
 from .ring import Ring, UringError, ffi, lib
 
 
@@ -277,7 +278,7 @@ class RwStream:
             raise (
                 MemoryError("RwStream: no memory for the batch")
                 if err == -_errno.ENOMEM
-                else RuntimeError(f"RwStream: batch refused ({os.strerror(-err)})")
+                else RuntimeError(errno_reason(err, "RwStream: batch refused"))
             )
         if ops is not None:
             self._live.append(ops)

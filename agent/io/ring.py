@@ -8,9 +8,9 @@ Completions are reaped in bulk through `xh_reap` (C); a negative `res` becomes a
 from __future__ import annotations
 
 import errno as _errno
-import os
 
 from .. import _uring
+from ..errors import KernelError
 from .buffers import PAGE, aligned_buffer  # noqa: F401  (re-exported: ring.aligned_buffer)
 
 ffi, lib = _uring.ffi, _uring.lib
@@ -26,13 +26,12 @@ SETUP_FLAGS = {
 }
 
 
-class UringError(OSError):
+class UringError(KernelError):
     """An io_uring call or completion failed; `errno` is the kernel's, `filename` what it was on."""
 
     @classmethod
     def from_res(cls, res: int, what: str) -> UringError:
-        code = -res if res < 0 else res
-        return cls(code, os.strerror(code), what)
+        return cls.from_errno(res, what)
 
 
 def _check(res: int, what: str) -> int:

@@ -84,8 +84,8 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     after --duration or on Ctrl-C/SIGTERM; the file is finished either way."""
     from ..bpf.loader import BpfError
     from ..bpf.sched_trace import TRACEPOINTS
+    from ..outputs import OutputError, OutputFile
     from ..signals import Terminated
-    from .output import OutputError, OutputFile
     from .recorder import check_cgroup, check_pid
     from .recorder import record as do_record
 
@@ -172,8 +172,8 @@ ALLOW_TRUNCATED = click.option(
 
 def _write(output: str, write) -> None:
     """Run write(fd) into OUTPUT, replacing it only when all is written (output.py)."""
+    from ..outputs import OutputError, atomic_output
     from ..signals import Terminated, terminate_on_signals
-    from .output import OutputError, atomic_output
 
     try:
         with terminate_on_signals(), atomic_output(output) as out:  # a stop removes the temporary
@@ -188,7 +188,7 @@ def _write(output: str, write) -> None:
 
 def _check_output(output: str) -> None:
     """Refuse an unusable -o before the trace is read."""
-    from .output import OutputError, OutputFile
+    from ..outputs import OutputError, OutputFile
 
     try:
         OutputFile.check(output)
@@ -275,8 +275,8 @@ def stats(file, as_json, top, allow_truncated) -> None:
 @ALLOW_TRUNCATED
 def heatmap(file, output, bin_ms, allow_truncated) -> None:
     """CPUs x time bins coloured by busy fraction, as SVG or PNG."""
+    from ..outputs import write_all
     from . import heatmap as hm
-    from .output import write_all
 
     kind = os.path.splitext(output)[1].lower()
     if kind not in (".svg", ".png"):

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..outputs import atomic_output
 from ..signals import TERMINATING, forward_signals, terminate_on_signals
 from .fmt import Header, clock_offset_ns, finish_header, write_header
-from .output import atomic_output
 
 # Waits for one byte on fd argv[1], then becomes the command (same pid).
 GATE = (

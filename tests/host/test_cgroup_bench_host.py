@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent import cgroup_bench
+from xhagent.cgroups import bench as cgroup_bench
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover
 

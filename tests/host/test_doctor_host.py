@@ -186,3 +186,30 @@ def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
         for pid in members:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_the_probe_uses_the_place_locate_finds_and_says_so(monkeypatch):
+    from xhagent.cgroups.delegation import DelegationError, Placement
+    from xhagent.cgroups.subtree import Subtree
+    from xhagent.doctor import cgroup_probe
+
+    mount = Path(discover().unified.path)
+    rel = f"xhagent-doctor-test-{os.getpid()}.slice"
+    placement = Placement(rel, "option", "given by the test")
+    monkeypatch.setattr(cgroup_probe, "locate", lambda **k: Subtree(mount, rel, placement))
+    items = {i.name: i for i in cgroup_probe.probe()}
+    create = items["cgroup.create"]
+    assert create.ok, create
+    assert create.detail["where"] == str(mount / rel) and create.detail["how"] == "option"
+    assert create.detail["path"] == str(mount / rel / f"doctor-{os.getpid()}")
+    assert items["cgroup.kill"].ok
+    assert not (mount / rel).exists()  # made for the probe, removed after it
+
+    def refused(**k):
+        raise DelegationError("systemd manages the cgroup2 tree and delegated none of it")
+
+    monkeypatch.setattr(cgroup_probe, "locate", refused)
+    items = {i.name: i for i in cgroup_probe.probe()}
+    for name in cgroup_probe.LIFECYCLE:
+        assert not items[name].ok
+        assert "no place the agent may write: systemd manages" in items[name].reason

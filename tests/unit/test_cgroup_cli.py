@@ -32,7 +32,7 @@ def test_missing_file_and_run_without_command(tmp_path):
 def _fake_subtree(tmp_path, monkeypatch):
     """The CLI bound to a plain directory laid out as a subtree with one group `g` whose
     freeze the 'kernel' never confirms."""
-    from xhagent import cgroup_cli
+    from xhagent.cgroups import cli as cgroup_cli
     from xhagent.cgroups import lock
     from xhagent.cgroups.subtree import Subtree
 
@@ -75,8 +75,7 @@ def test_no_wait_fails_at_once_when_another_holds_the_lock(tmp_path, monkeypatch
 def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_path, monkeypatch):
     import signal
 
-    from xhagent import cgroup_cli
-    from xhagent.cgroups import state
+    from xhagent.cgroups import enact, state
     from xhagent.cgroups.reconcile import Action, Plan
 
     g = _fake_subtree(tmp_path, monkeypatch)
@@ -85,7 +84,7 @@ def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_p
         "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n"
     )
     monkeypatch.setattr(
-        cgroup_cli, "_plan", lambda *a, **k: Plan(actions=[Action("create", n) for n in "abc"])
+        enact, "plan_policy", lambda *a, **k: Plan(actions=[Action("create", n) for n in "abc"])
     )
     done = []
 
@@ -106,7 +105,7 @@ def test_a_stop_during_apply_lands_between_actions_and_says_how_far_it_got(tmp_p
 def test_locating_the_subtree_fails_with_a_message_not_a_traceback(monkeypatch):
     import errno
 
-    from xhagent import cgroup_cli
+    from xhagent.cgroups import cli as cgroup_cli
 
     def denied(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", "/sys/fs/cgroup/unit.service")

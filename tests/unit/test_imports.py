@@ -22,6 +22,7 @@ GROUND_FLOOR = (
     "xhagent.signals",
     "xhagent.cliparams",
     "xhagent.node_model",
+    "xhagent.outputs",
 )
 
 # What counts as kernel-facing (or node-facing), and why the core must not load it.
@@ -84,3 +85,23 @@ def test_the_ground_floor_imports_only_the_ground_floor(module):
 def test_the_check_sees_a_kernel_facing_import():
     # The probe itself: importing the doctor is caught, through its package prefix.
     assert "xhagent.doctor" in kernel_facing(loaded_after("xhagent.doctor.report"))
+
+
+def test_the_cgroup_library_imports_no_doctor_discovery_or_cli():
+    # Its CLI and bench included: they use the library, the ground floor and the io engine
+    # (batched stats reads), so `xhagent.cgroups` is usable on its own.
+    loaded = loaded_after(walk=("xhagent.cgroups",))
+    forbidden = (
+        "xhagent.doctor",
+        "xhagent.inventory",
+        "xhagent.cli",
+        "xhagent.policy",
+        "xhagent.sched",
+        "xhagent.trace",
+        "xhagent.bpf",
+        "xhagent.daemon",
+    )
+    assert [
+        n for n in loaded if n in forbidden or n.startswith(tuple(f + "." for f in forbidden))
+    ] == []
+    assert "xhagent.cgroups.cli" in loaded and "xhagent.cgroups.bench" in loaded

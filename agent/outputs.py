@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..signals import signals_held
+from .signals import signals_held
 
 _KINDS = {
     stat.S_IFDIR: "a directory",

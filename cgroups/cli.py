@@ -18,23 +18,22 @@ from typing import Any
 
 import click
 
-from .cgroups import CgroupError, SpawnError
-from .cgroups import registry as R
-from .cgroups.delegation import pending, settle
-from .cgroups.group import MAX_TIMEOUT
-from .cgroups.io_weight import device_names
-from .cgroups.lock import SubtreeLock
-from .cgroups.mounts import discover
-from .cgroups.policy import Policy, load_policy
-from .cgroups.reconcile import Options, Plan
-from .cgroups.reconcile import plan as make_plan
-from .cgroups.state import ApplyReport, read_actual, read_group, vanished
-from .cgroups.state import apply as apply_plan
-from .cgroups.stats import read_stats
-from .cgroups.subtree import Subtree, locate
-from .cliparams import FiniteFloat
-from .signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
-from .spec import SpecError
+from ..cliparams import FiniteFloat
+from ..signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
+from ..spec import SpecError
+from . import registry as R
+from .delegation import pending, settle
+from .enact import Outcome, apply_policy, plan_policy
+from .group import MAX_TIMEOUT, CgroupError
+from .io_weight import device_names
+from .lock import SubtreeLock
+from .mounts import discover
+from .policy import Policy, load_policy
+from .reconcile import Options, Plan
+from .spawn import SpawnError
+from .state import read_group, vanished
+from .stats import read_stats
+from .subtree import Subtree, locate
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -55,25 +54,33 @@ def _settle(sub: Subtree) -> None:
     """In a delegated unit cgroup the agent first moves itself into its leaf (before anything
     enables controllers or starts processes there); done under the subtree's lock."""
     if sub.agent_leaf:
-        moved = settle(sub.mount, sub.placement)
-        if moved:
-            click.echo(
-                f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
-                f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)",
-                err=True,
-            )
+        _report_settled(sub, settle(sub.mount, sub.placement))
 
 
-def _lock(sub: Subtree, no_wait: bool) -> SubtreeLock:
-    def waiting(pid: int | None) -> None:
+def _report_settled(sub: Subtree, moved: list[int]) -> None:
+    if moved:
         click.echo(
-            f"xhagent cgroup: waiting for the lock held by {f'pid {pid}' if pid else 'another process'} "
+            f"xhagent cgroup: moved pids {' '.join(map(str, moved))} into "
+            f"{sub.path / sub.agent_leaf} (no processes in the delegated unit cgroup itself)",
+            err=True,
+        )
+
+
+def _waiting(sub: Subtree):
+    def waiting(pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "another process"
+        click.echo(
+            f"xhagent cgroup: waiting for the lock held by {holder} "
             f"on {sub.path} ({SubtreeLock(sub.path).path})",
             err=True,
         )
 
+    return waiting
+
+
+def _lock(sub: Subtree, no_wait: bool) -> SubtreeLock:
     try:
-        return SubtreeLock(sub.path).acquire(wait=not no_wait, on_wait=waiting)
+        return SubtreeLock(sub.path).acquire(wait=not no_wait, on_wait=_waiting(sub))
     except CgroupError as exc:
         _fail(str(exc))
 
@@ -111,7 +118,8 @@ _SUBTREE_HELP = (
 @click.option(
     "--delegated/--not-delegated",
     default=None,
-    help="Whether this process's own cgroup is delegated to it [default: systemd's delegate xattr says].",
+    help="Whether this process's own cgroup is delegated to it "
+    "[default: systemd's delegate xattr says].",
 )
 @click.pass_context
 def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
@@ -151,7 +159,8 @@ def _policy_options(fn):
     fn = click.option(
         "--enable-io-cost",
         is_flag=True,
-        help="Enable io.cost in the cgroup2 root's io.cost.qos for devices given per-device weights.",
+        help="Enable io.cost in the cgroup2 root's io.cost.qos for devices given "
+        "per-device weights.",
     )(fn)
     fn = click.option(
         "--own-root",
@@ -182,14 +191,9 @@ def _load(path: str) -> Policy:
 
 def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Plan:
     try:
-        actual = read_actual(sub, policy, ctx.obj["hierarchy"])
-        root = actual.groups.get("")
-        if root and sub.agent_leaf:  # plan as apply will see it: the agent moved into its leaf
-            moving = set(pending(sub.mount, sub.placement))
-            root.procs = [p for p in root.procs if p not in moving]
+        return plan_policy(policy, sub, Options(**opts), ctx.obj["hierarchy"])
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
-    return make_plan(policy, actual, Options(**opts))
 
 
 def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
@@ -228,6 +232,13 @@ def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
         click.echo(f"  undeclared: {u} (--prune removes it when empty)")
 
 
+def _print_plan_or_json(policy: Policy, sub: Subtree, p: Plan, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
+    else:
+        _print_plan(policy, sub, p)
+
+
 def _print_where(sub: Subtree) -> None:
     if sub.placement:
         click.echo(f"  where: {sub.placement.how}: {sub.placement.why}")
@@ -252,10 +263,7 @@ def plan(ctx: click.Context, path: str, as_json: bool, **opts: bool) -> None:
     policy = _load(path)
     sub = _subtree(ctx)
     p = _plan(ctx, sub, policy, **opts)
-    if as_json:
-        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
-    else:
-        _print_plan(policy, sub, p)
+    _print_plan_or_json(policy, sub, p, as_json)
     sys.exit(1 if p.errors else 0)
 
 
@@ -272,30 +280,33 @@ def apply(
     sub = _subtree(ctx)
     if dry_run:
         p = _plan(ctx, sub, policy, **opts)
-        click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2)) if as_json else _print_plan(
-            policy, sub, p
-        )
+        _print_plan_or_json(policy, sub, p, as_json)
         sys.exit(1 if p.errors else 0)
-    with _lock(sub, no_wait):  # planned and applied against a tree nobody else changes meanwhile
-        try:
-            _settle(sub)
-        except CgroupError as exc:
-            _fail(str(exc))
-        p = _plan(ctx, sub, policy, **opts)
-        if p.errors:
-            click.echo(
-                json.dumps(_plan_dict(policy, sub, p), indent=2)
-            ) if as_json else _print_plan(policy, sub, p)
-            _fail("nothing applied: the policy cannot be applied on this node")
-        report = ApplyReport()
-        try:
-            apply_plan(p, sub, report)
-        except Terminated as exc:  # between two actions: say how far it got
-            for a in report.applied:
-                click.echo(f"  applied: {a.describe()}")
-            for a in report.not_applied:
-                click.echo(f"  not applied: {a.describe()}")
-            _fail(f"{exc} after {len(report.applied)} of {len(p.actions)} actions", exc.exit_code)
+    outcome = Outcome(Plan())
+    try:
+        apply_policy(
+            policy,
+            sub,
+            Options(**opts),
+            ctx.obj["hierarchy"],
+            wait=not no_wait,
+            on_wait=_waiting(sub),
+            outcome=outcome,
+        )
+    except (CgroupError, ValueError) as exc:
+        _fail(str(exc))
+    except Terminated as exc:  # between two actions: say how far it got
+        for a in outcome.report.applied:
+            click.echo(f"  applied: {a.describe()}")
+        for a in outcome.report.not_applied:
+            click.echo(f"  not applied: {a.describe()}")
+        done, total = len(outcome.report.applied), len(outcome.plan.actions)
+        _fail(f"{exc} after {done} of {total} actions", exc.exit_code)
+    p, report = outcome.plan, outcome.report
+    if not outcome.applied:
+        _print_plan_or_json(policy, sub, p, as_json)
+        _fail("nothing applied: the policy cannot be applied on this node")
+    _report_settled(sub, outcome.settled)
     if as_json:
         click.echo(
             json.dumps(
@@ -367,7 +378,7 @@ def show(ctx: click.Context, group: str, as_json: bool) -> None:
         rels = [group] + [r for r in sub.walk() if not group or r.startswith(group + "/")]
         cgs = [sub.group(r) for r in rels]
         out = {}
-        for rel, cg, st in zip(rels, cgs, read_stats(cgs)):
+        for rel, cg, st in zip(rels, cgs, read_stats(cgs), strict=True):
             shown = _show_group(cg, st)
             if shown is not None:
                 out[rel or "."] = shown
@@ -518,7 +529,8 @@ def run(
         if asked or cg.events().get("frozen"):  # ... or through a group above it
             if not thaw_first:
                 _fail(
-                    f"{group} is frozen: a command started there would not run (pass --thaw to thaw it first)"
+                    f"{group} is frozen: a command started there would not run "
+                    "(pass --thaw to thaw it first)"
                 )
             if not asked:
                 _fail(f"{group} is frozen through a group above it: --thaw thaws only {group}")

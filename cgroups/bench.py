@@ -18,22 +18,25 @@ from pathlib import Path
 
 import click
 
-from .cgroups import Cgroup, CgroupError, Spawned
-from .cgroups import registry as R
-from .cgroups.io_weight import io_cost_enabled, resolve_device, scheduler
-from .cgroups.policy import load_policy_text
-from .cgroups.reconcile import Options, plan
-from .cgroups.state import apply, read_actual
-from .cgroups.subtree import locate
-from .cliparams import FiniteFloat
-from .signals import Terminated, signals_held, terminate_on_signals
+from ..cliparams import FiniteFloat
+from ..signals import Terminated, signals_held, terminate_on_signals
+from . import registry as R
+from .enact import apply_policy
+from .group import Cgroup, CgroupError
+from .io_weight import io_cost_enabled, resolve_device, scheduler
+from .policy import load_policy_text
+from .reconcile import Options
+from .spawn import Spawned
+from .subtree import locate
 
 # Each reader is a process (its own cgroup member) with THREADS threads of blocking
 # O_DIRECT reads, so every group keeps several requests in flight.
 READER = r"""
 import os, sys, threading, time
 from xhagent.io import aligned_buffer
-dev, size, block, threads, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+dev = sys.argv[1]
+size, block, threads = (int(a) for a in sys.argv[2:5])
+seconds = float(sys.argv[5])
 sys.stdin.readline()  # go: every reader is up (each started inside its own group)
 done = [0] * threads
 deadline = time.monotonic() + seconds
@@ -50,7 +53,10 @@ for t in ts: t.start()
 for t in ts: t.join()
 print(sum(done))
 """
-HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: bench-cgroup-io}\nspec:\n  groups:\n"
+HEAD = (
+    "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\n"
+    "metadata: {name: bench-cgroup-io}\nspec:\n  groups:\n"
+)
 
 
 def _policy(device: str, weights: list[int]) -> str:
@@ -222,9 +228,9 @@ def _bench(device: str, seconds: float, block: int, threads: int) -> None:
     out["device_model"] = model_file.read_text().strip() if model_file.exists() else None
     if out["device_model"] and "QEMU" in out["device_model"]:
         out["note"] = (
-            "emulated disk: the emulator's CPU, not a device queue, is the bottleneck; io.cost still "
-            "throttles by weight, but a group's share is floored by what its own reader can issue, "
-            "so small weights get more than their share"
+            "emulated disk: the emulator's CPU, not a device queue, is the bottleneck; "
+            "io.cost still throttles by weight, but a group's share is floored by what its own "
+            "reader can issue, so small weights get more than their share"
         )
     click.echo(json.dumps(out, indent=2))
 
@@ -241,10 +247,10 @@ def _one_run(
     enable_cost: bool = True,
 ) -> dict:
     policy = load_policy_text(_policy(device, weights), "<bench>")
-    p = plan(policy, read_actual(sub, policy), Options(own_root=True, enable_io_cost=enable_cost))
+    outcome = apply_policy(policy, sub, Options(own_root=True, enable_io_cost=enable_cost))
+    p, report = outcome.plan, outcome.report
     if p.errors:
         raise RuntimeError("; ".join(p.errors))
-    report = apply(p, sub)
     if report.failed:
         raise CgroupError(0, f"{report.failed[0].describe()}: {report.failed[1]}")
     out["enforcer"] = {dev: e.name for dev, e in p.enforcers.items()} or out.get("enforcer")
