@@ -148,11 +148,10 @@ def parse_task(doc: Document, require_command: bool = False) -> Task:
     spec, fields = doc.root["spec"], {}
     if spec.present and spec.fields(SPEC_FIELDS, required={"deviceType"}):
         fields = {**_spec(spec), **parse_exec(spec)}
-    task = Task(name=name, labels=labels, **fields)
-    if require_command and spec.present:
-        doc.attempt(lambda: _require_command(task, doc.root))
+    if require_command and isinstance(spec.value, dict):
+        doc.attempt(lambda: _require_command(spec))
     doc.errors.raise_if_any()
-    return task
+    return Task(name=name, labels=labels, **fields)
 
 
 def _spec(spec: Cursor) -> dict[str, Any]:

@@ -300,11 +300,11 @@ def parse_enforce(cur: Cursor) -> tuple[str, ...]:
     return tuple(controllers)
 
 
-def require_command(task: Task, cur: Cursor) -> None:
-    """Refuse a task that cannot run: its `spec.command` is missing. `cur` is the document's
-    root, for the error's position (see `parse_task(..., require_command=True)`)."""
-    if task.command is None:
-        spec = cur["spec"]
+def require_command(spec: Cursor) -> None:
+    """Refuse a Task that cannot run: `spec` (the document's `spec`) has no `command`.
+    Placement reads no command, so only the daemon asks for it (`parse_task(...,
+    require_command=True)`); the error is located at `spec:`."""
+    if spec.present and not spec["command"].present:
         raise spec.error(
             "missing required field 'spec.command' (the argv to run, such as [sh, -c, 'echo hi'])"
         )
