@@ -15,12 +15,20 @@ database when the task starts, not when the file is read: the file describes the
 the node it happens to be validated on, so an unknown user fails the start, not the file.
 The same holds for `workingDir` (it must exist at start) and for `class` (the CgroupPolicy
 gives a class its cpu.weight and io.weight; a class it does not know is the start's error).
+Without `user` a task runs as the agent's own user. `command` is exec'd as it is, through no
+shell unless it names one.
+
+Bounds, so that what parses can be handed to execve: `command` has at least one argument,
+none empty, each at most 4096 bytes and all together at most 128 KiB (each with its NUL);
+`env` at most 1024 variables named `[A-Za-z_][A-Za-z0-9_]*`; no NUL anywhere; `workingDir`
+absolute and at most 4096 bytes; user and group names at most 32 characters, ids at most
+2**32 - 2; `class` a DNS-1123 label (at most 63).
 
 `restartPolicy`: `Never` (default) runs the command once. `OnFailure` starts it again after a
 non-zero exit or a death by signal, at most `maxRestarts` times (0..1000, default 3); the
-n-th restart (n = 0, 1, ...) waits `backoff * 2**n` (default 1s), at most 5m
-(`RestartPolicy.delay_ns`). A task preempted with `kill` has not failed: it is requeued, and
-that is not counted as a restart.
+n-th restart (n = 0, 1, ...) waits `backoff * 2**n`, at most 5m (`RestartPolicy.delay_ns`);
+`backoff` is 1ns..5m, default 1s. A task preempted with `kill` has not failed: it is
+requeued, and that is not counted as a restart.
 
 `preemption` says how a higher-priority task may take this one's place: `freeze` (default,
 for every class) stops it with `cgroup.freeze` and thaws it later, keeping its memory;
