@@ -110,7 +110,7 @@ class RestartPolicy:
 
     def delay_ns(self, restarts: int) -> int:
         """How long to wait before restart number `restarts` (0 for the first)."""
-        # The shift is bounded: past 2**40 times any backoff the cap has long been reached.
+        # A bounded shift: even a 1ns backoff passes the 5m cap within 40 doublings.
         return min(self.backoff_ns << min(restarts, 40), BACKOFF_CAP_NS)
 
     def dump(self) -> str | dict[str, Any]:
@@ -343,7 +343,8 @@ def _c_string(cur: Cursor, limit: int, what: str, allow_empty: bool = True) -> s
     """A string that can be handed to execve: no NUL, at most `limit` bytes of UTF-8."""
     value = cur.value
     if value is None:
-        raise cur.error(f'{cur.where}: expected a string, got null (write "" for an empty one)')
+        hint = ' (write "" for an empty one)' if allow_empty else ""
+        raise cur.error(f"{cur.where}: expected a string, got null{hint}")
     if not isinstance(value, str):
         try:
             cur.str()

@@ -186,6 +186,7 @@ def test_command_and_env_bounds_are_inclusive():
             "6:19: spec.command.1: an argument cannot contain a NUL character",
         ),
         ("  command: [echo, [a]]\n", "6:19: spec.command.1: expected a string, got a list"),
+        ("  command: [echo, ~]\n", "6:19: spec.command.1: expected a string, got null"),
         (
             f"  command: [{'x' * (MAX_ARG_BYTES + 1)}]\n",
             "6:13: spec.command.0: an argument of 4,097 bytes, more than 4,096",
