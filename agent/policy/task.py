@@ -4,18 +4,29 @@
     kind: Task
     metadata: {name: infer-1, labels: {app: video-ai-infer}}
     spec:
-      deviceType: gpu                      # cpu | gpu | tpu
+      deviceType: gpu                 # cpu | gpu | tpu
       requests: {cpus: 4, memory: 8GiB, gpus: 1, gpuMemory: 16GiB}
-      deadline: 250ms                      # relative to submission, or 2026-11-29T17:00:00.000000001Z
-      priority: 80                         # 0..100; default: the winning policy's priority
+      deadline: 250ms                 # after submission, or 2026-11-29T17:00:00.000000001Z
+      priority: 80                    # 0..100; default: the winning policy's priority
       estimatedRuntime: 40ms
       migratable: true
       computeGraphHash: <64 hex digits, SHA-256>
       memoryLayout: NCHW@64B
-      streamId: 3                          # gpu and tpu only; numThreads: cpu only; coreAssignment: tpu only
+      streamId: 3                     # gpu, tpu only; numThreads: cpu; coreAssignment: tpu
+      command: [python3, serve.py, --stream, "7"]   # argv; required to run
+      env: {MODEL: resnet50, BATCH: "8"}
+      workingDir: /srv/infer
+      user: infer:video               # resolved when the task starts
+      class: latency                  # default batch
+      restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 500ms}
+      preemption: kill                # freeze (default) | kill | never
+      enforce: [cpuset, memory]
 
 `requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
-`minMemoryGB`) each GPU is taken whole.
+`minMemoryGB`) each GPU is taken whole. The fields from `command` on say how the task runs
+(`xhagent.policy.task_exec` has their rules and defaults); placement reads none of them, so
+a Task file for `policy explain` may leave them out, and `command` is required only where
+the task is to run (`parse_task(doc, require_command=True)`).
 """
 
 from __future__ import annotations
@@ -26,8 +37,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..quantity import format_size, parse_size
-from ..spec import Cursor, Document, SpecError
+from ..spec import Cursor, Document
 from .policy import API_VERSION, parse_header, parse_metadata
+from .task_exec import (
+    DEFAULT_CLASS,
+    DEFAULT_PREEMPTION,
+    EXEC_FIELDS,
+    RestartPolicy,
+    RunAs,
+    dump_exec,
+    key_error,
+    parse_exec,
+)
+from .task_exec import require_command as _require_command
 from .units import format_duration, format_instant, parse_duration_ns, parse_instant_ns
 
 DEVICE_TYPES = ("cpu", "gpu", "tpu")
@@ -74,6 +96,15 @@ class Task:
     num_threads: int | None = None
     stream_id: int | None = None
     core_assignment: tuple[int, ...] | None = None
+    # How it runs (task_exec): None or () where the file leaves a field out.
+    command: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    working_dir: str | None = None
+    user: RunAs | None = None
+    task_class: str = DEFAULT_CLASS
+    restart_policy: RestartPolicy = RestartPolicy()
+    preemption: str = DEFAULT_PREEMPTION
+    enforce: tuple[str, ...] = ()
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -104,17 +135,21 @@ SPEC_FIELDS = {
     "computeGraphHash",
     "memoryLayout",
     *DEVICE_FIELDS,
+    *EXEC_FIELDS,
 }
 
 
-def parse_task(doc: Document) -> Task:
-    """A Task; every error of the document at once (SpecErrors)."""
+def parse_task(doc: Document, require_command: bool = False) -> Task:
+    """A Task; every error of the document at once (SpecErrors). `require_command`: the task
+    is to run, so a missing `spec.command` is one of those errors."""
     if not parse_header(doc):
         doc.errors.raise_if_any()
     name, labels = parse_metadata(doc.root)
     spec, fields = doc.root["spec"], {}
     if spec.present and spec.fields(SPEC_FIELDS, required={"deviceType"}):
-        fields = _spec(spec)
+        fields = {**_spec(spec), **parse_exec(spec)}
+    if require_command and isinstance(spec.value, dict):
+        doc.attempt(lambda: _require_command(spec))
     doc.errors.raise_if_any()
     return Task(name=name, labels=labels, **fields)
 
@@ -130,7 +165,7 @@ def _spec(spec: Cursor) -> dict[str, Any]:
         for name, devices in DEVICE_FIELDS.items():
             if spec[name].present and device not in devices:
                 doc.errors.add(
-                    _key_error(
+                    key_error(
                         spec,
                         name,
                         f"spec.{name} is only for deviceType {' or '.join(devices)} "
@@ -179,7 +214,7 @@ def _requests(req: Cursor, device: str | None) -> Requests:
     for name in GPU_REQUESTS:
         if req[name].present and device is not None and device != "gpu":
             doc.errors.add(
-                _key_error(
+                key_error(
                     req,
                     name,
                     f"spec.requests.{name} is only for deviceType gpu (this task is {device})",
@@ -207,11 +242,6 @@ def _cores(cur: Cursor) -> tuple[int, ...] | None:
     if len(set(cores)) != len(cores):
         raise cur.error(f"{cur.where}: a core is listed twice")
     return cores
-
-
-def _key_error(cur: Cursor, key: str, message: str):
-    pos = cur.doc.positions.get((*cur.path, key, "<key>")) or cur.doc.position((*cur.path, key))
-    return SpecError(cur.doc.file, *pos, message)
 
 
 def dump_task(t: Task) -> dict[str, Any]:
@@ -247,6 +277,7 @@ def dump_task(t: Task) -> dict[str, Any]:
         ("coreAssignment", list(t.core_assignment) if t.core_assignment is not None else None),
     )
     spec.update({k: v for k, v in optional if v is not None})
+    spec.update(dump_exec(t))
     return {"apiVersion": API_VERSION, "kind": "Task", "metadata": meta, "spec": spec}
 
 

@@ -532,6 +532,7 @@ def test_every_example_validates_by_its_kind(sys_root):
     assert kinds == {
         "cgroup-policy.yaml": {"CgroupPolicy"},
         "nodes.yaml": {"node"},
+        "task-hello.yaml": {"Task"},
         "task-infer.yaml": {"Task"},
         "video-inference-strict.yaml": {"SchedulingPolicy"},
         "workload-hotcold.yaml": {"Workload"},
