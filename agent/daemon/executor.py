@@ -1,0 +1,138 @@
+"""The daemon's hands: task leaves in the agent's subtree, and the shims that run workloads.
+
+Layout under the subtree (every path through `Subtree.resolve`, so nothing is written
+outside it):
+
+    <subtree>/tasks/<id>   one leaf per task: its workload's process tree, its limits
+    <subtree>/shims        the shims (outside the task leaves: `cgroup.kill` of a task
+                           leaves its shim alive to record the status)
+    <state>/tasks/<id>/    the shim's records (`started`, `exit`) and the task's output
+
+At `prepare()` the controllers the node has are enabled for the task leaves; the ones it
+lacks are reported with the reason (`missing`), for the tasks' `unenforced` lists.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+from ..cgroups import Cgroup, CgroupError
+from ..cgroups import registry as R
+from ..cgroups.subtree import Subtree
+from . import shim
+from .leaf import CONTROLLERS, LeafPlan
+
+TASKS = "tasks"
+SHIMS = "shims"
+
+
+class Executor:
+    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int):
+        self.sub = sub
+        self.runs = state_dir / "tasks"
+        self.log_cap = log_cap
+        self.missing: dict[str, str] = {}
+
+    # -- setup ----------------------------------------------------------------------------
+    def prepare(self) -> dict[str, str]:
+        """Create `tasks` and `shims`, enable what the node has for the task leaves; returns
+        (and keeps) the controllers that cannot be enforced, each with why."""
+        self.runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root = self.sub.ensure()
+        tasks = self.sub.group(TASKS).create(exist_ok=True)
+        self.sub.group(SHIMS).create(exist_ok=True)
+        available = set(root.controllers())
+        self.missing = {
+            c: f"the {c} controller is not available in cgroup2 at {root.path}"
+            for c in CONTROLLERS
+            if c not in available
+        }
+        wanted = [c for c in CONTROLLERS if c in available]
+        for group in (root, tasks):
+            enabled = set(group.subtree_control())
+            todo = [c for c in wanted if c not in enabled]
+            if not todo:
+                continue
+            try:
+                group.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in todo))
+            except CgroupError as exc:  # e.g. EBUSY: processes in a group that is not a leaf
+                for c in todo:
+                    self.missing[c] = f"enabling {c} in {group.path}: {exc}"
+                wanted = [c for c in wanted if c not in todo]
+        return self.missing
+
+    # -- one task ---------------------------------------------------------------------------
+    def leaf(self, task_id: str) -> Cgroup:
+        return self.sub.group(f"{TASKS}/{task_id}")
+
+    def run_dir(self, task_id: str) -> Path:
+        return self.runs / task_id
+
+    def start(
+        self,
+        task_id: str,
+        plan: LeafPlan,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> shim.ShimStarted:
+        """Create the leaf with its limits, then start the shim, which starts the workload
+        inside the leaf. A failure leaves no leaf behind."""
+        leaf = self.leaf(task_id)
+        run_dir = self.run_dir(task_id)
+        run_dir.mkdir(mode=0o750, exist_ok=True)
+        leaf.create(exist_ok=True)
+        try:
+            for f, value in plan.settings:
+                leaf.set(f, value)
+            return shim.start_shim(
+                run_dir,
+                leaf,
+                self.sub.group(SHIMS),
+                argv,
+                env,
+                cwd=cwd,
+                uid=uid,
+                gid=gid,
+                log_cap=self.log_cap,
+            )
+        except BaseException:
+            self.remove_leaf(task_id)
+            raise
+
+    def status(self, task_id: str) -> shim.ShimStatus:
+        return shim.read_status(self.run_dir(task_id))
+
+    def kill(self, task_id: str, timeout: float = 2.0) -> None:
+        """SIGKILL the task's processes (thawed first: a frozen task dies only once thawed)."""
+        leaf = self.leaf(task_id)
+        if not leaf.path.is_dir():
+            return
+        if leaf.read(R.FREEZE.name).strip() == "1":
+            leaf.thaw(timeout)
+        if leaf.events().get("populated"):
+            leaf.kill(timeout)
+
+    def remove_leaf(self, task_id: str) -> None:
+        leaf = self.leaf(task_id)
+        try:
+            leaf.remove(kill_first=True)
+        except CgroupError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+
+    def leaves(self) -> list[str]:
+        """Task ids that have a leaf now."""
+        base = self.sub.resolve(TASKS)
+        try:
+            return sorted(p.name for p in base.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def forget(self, task_id: str) -> None:
+        """Remove a finished task's records and output (on `delete`, never on its own)."""
+        shutil.rmtree(self.run_dir(task_id), ignore_errors=True)

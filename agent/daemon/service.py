@@ -1,0 +1,201 @@
+"""The `xhagent.v1.Agent` service: each RPC turned into a call on the Agent and back.
+
+Status codes (api.abort_*): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
+NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
+already ended, the store full, a policy held by a file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from .. import __version__
+from .api import abort_invalid, abort_not_found, abort_refused
+from .core import Agent, InvalidTask, Refused
+from .policies import PolicyError, PolicySet
+from .store import StoreError, TaskRecord
+from .v1 import agent_pb2 as pb
+from .v1 import agent_pb2_grpc
+
+WATCH_POLL_S = 1.0  # a Watch stream waits for new events this long before checking the client
+LOG_CHUNK = 64 * 1024
+
+
+def task_message(rec: TaskRecord) -> pb.Task:
+    placed = rec.placement or {}
+    msg = pb.Task(
+        id=rec.id,
+        name=rec.name,
+        state=rec.state.value,
+        reasons=[_reason(r) for r in rec.reasons],
+        node=placed.get("node", ""),
+        cpus=placed.get("cpus", []),
+        gpus=[str(g) for g in placed.get("gpus", [])],
+        error=rec.error or "",
+        created_ns=rec.created_ns,
+        started_ns=rec.started_ns or 0,
+        ended_ns=rec.ended_ns or 0,
+        attempt=rec.attempt,
+        unenforced=[
+            pb.Unenforced(limit=u["setting"], reason=u["reason"]) for u in rec.unenforced or []
+        ],
+    )
+    if rec.exit_code is not None:
+        msg.exit_code = rec.exit_code
+    if rec.signal is not None:
+        msg.signal = rec.signal
+    return msg
+
+
+def _reason(text: str) -> pb.Reason:
+    kind, _, detail = text.partition(": ")
+    node = detail.split(" ", 1)[0] if detail else ""
+    return pb.Reason(kind=kind, node=node, detail=text)
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    def __init__(self, agent: Agent, policies: PolicySet, info: dict):
+        self.agent = agent
+        self.policies = policies
+        self.info = info  # socket, state_dir, metrics_addr for Health
+        self.started = time.monotonic()
+
+    def _task(self, task_id: str, context) -> TaskRecord:
+        rec = self.agent.get(task_id)
+        if rec is None:
+            abort_not_found(context, f"no task {task_id}")
+        return rec
+
+    def Submit(self, request, context):
+        try:
+            recs = self.agent.submit(
+                request.source, request.file_name or "<submitted>", request.idempotency_key
+            )
+        except InvalidTask as exc:
+            abort_invalid(context, str(exc))
+        except StoreError as exc:
+            abort_refused(context, str(exc))
+        return pb.SubmitResponse(tasks=[task_message(r) for r in recs])
+
+    def Get(self, request, context):
+        return pb.GetResponse(task=task_message(self._task(request.id, context)))
+
+    def List(self, request, context):
+        recs = self.agent.list(list(request.states), request.all, request.limit or 1000)
+        return pb.ListResponse(tasks=[task_message(r) for r in recs])
+
+    def Cancel(self, request, context):
+        try:
+            return pb.CancelResponse(task=task_message(self.agent.cancel(request.id)))
+        except KeyError:
+            abort_not_found(context, f"no task {request.id}")
+        except Refused as exc:
+            abort_refused(context, str(exc))
+
+    def Watch(self, request, context) -> Iterator[pb.Event]:
+        since = request.since_seq if request.HasField("since_seq") else self.agent.last_seq()
+        while context.is_active():
+            events = self.agent.wait_events(since, request.task_id or None, WATCH_POLL_S)
+            for ev in events:
+                since = ev.seq
+                yield pb.Event(
+                    seq=ev.seq,
+                    ts_ns=ev.ts_ns,
+                    task_id=ev.task_id or "",
+                    kind=ev.kind,
+                    message=ev.message,
+                    detail_json=json.dumps(ev.detail or {}),
+                )
+
+    def Logs(self, request, context) -> Iterator[pb.LogChunk]:
+        self._task(request.id, context)
+        streams = {
+            pb.LOG_STREAM_STDOUT: ["stdout"],
+            pb.LOG_STREAM_STDERR: ["stderr"],
+        }.get(request.stream, ["stdout", "stderr"])
+        offsets = {name: request.offset for name in streams}
+        run_dir = self.agent.executor.run_dir(request.id)
+        kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
+        while context.is_active():
+            sent = False
+            for name in streams:
+                try:
+                    with open(run_dir / name, "rb") as f:
+                        f.seek(offsets[name])
+                        data = f.read(LOG_CHUNK)
+                except FileNotFoundError:
+                    data = b""
+                if data:
+                    yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
+                    offsets[name] += len(data)
+                    sent = True
+            if sent:
+                continue
+            if not request.follow or self.agent.ended(request.id):
+                return
+            self.agent.wait_change(0.5)
+
+    def ApplyPolicy(self, request, context):
+        try:
+            infos = self.policies.apply(request.source, request.file_name or "<applied>")
+        except PolicyError as exc:
+            (abort_invalid if exc.invalid else abort_refused)(context, str(exc))
+        self.agent.wake()
+        return pb.ApplyPolicyResponse(policies=[pb.PolicyInfo(**i) for i in infos])
+
+    def RemovePolicy(self, request, context):
+        try:
+            info = self.policies.remove(request.kind, request.name)
+        except KeyError:
+            abort_not_found(context, f"no {request.kind or 'policy'} {request.name}")
+        except PolicyError as exc:
+            abort_refused(context, str(exc))
+        self.agent.wake()
+        return pb.RemovePolicyResponse(removed=pb.PolicyInfo(**info))
+
+    def ListPolicies(self, request, context):
+        return pb.ListPoliciesResponse(policies=[pb.PolicyInfo(**i) for i in self.policies.list()])
+
+    def Explain(self, request, context):
+        try:
+            ex = self.agent.explain(request.id)
+        except KeyError:
+            abort_not_found(context, f"no task {request.id}")
+        doc = ex.as_dict()
+        return pb.ExplainResponse(
+            verdicts=[
+                pb.NodeVerdict(
+                    node=node,
+                    fits=v["feasible"],
+                    reason=v.get("reason", ""),
+                    kind=v.get("kind", ""),
+                    score=v.get("score", 0.0),
+                )
+                for node, v in doc["nodes"].items()
+            ],
+            pending=doc["pending"],
+            policy=doc["policy"] or "",
+            detail_json=json.dumps(doc),
+        )
+
+    def Inventory(self, request, context):
+        return pb.InventoryResponse(json=json.dumps(self.agent.node.to_json()))
+
+    def Health(self, request, context):
+        return pb.HealthResponse(
+            status="serving",
+            version=__version__,
+            pid=os.getpid(),
+            uptime_s=time.monotonic() - self.started,
+            socket=str(self.info.get("socket", "")),
+            state_dir=str(self.info.get("state_dir", "")),
+            metrics_addr=str(self.info.get("metrics_addr", "")),
+        )
+
+
+__all__ = ["AgentService", "task_message", "grpc"]
