@@ -248,11 +248,10 @@ static long long now_ns(clockid_t clock)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Field 22 of /proc/PID/stat ("self" for PID 0), or -1. The command (field 2) may hold spaces
- * and parentheses: fields are counted from its last ')'. */
-static long long start_time(pid_t pid)
+/* /proc/PID/stat ("self" for PID 0), NUL-terminated in buf; 0, or -1. */
+static int read_stat(pid_t pid, char *buf, size_t size)
 {
-    char path[64], buf[1024];
+    char path[64];
     if (pid)
         snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     else
@@ -260,15 +259,62 @@ static long long start_time(pid_t pid)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
+    ssize_t n = read(fd, buf, size - 1);
     close(fd);
     if (n <= 0)
         return -1;
     buf[n] = 0;
+    return 0;
+}
+
+/* Field 22 (start time), or -1. The command (field 2) may hold spaces and parentheses:
+ * fields are counted from its last ')'. */
+static long long start_time(pid_t pid)
+{
+    char buf[1024];
+    if (read_stat(pid, buf, sizeof buf) < 0)
+        return -1;
     char *p = strrchr(buf, ')');
     for (int field = 2; p && field < 22; field++)
         p = strchr(p + 1, ' ');
     return p ? strtoll(p + 1, NULL, 10) : -1;
+}
+
+/* Field 2 (the command name, at most 15 bytes) into out; 0, or -1. */
+static int comm_of(pid_t pid, char *out, size_t size)
+{
+    char buf[1024];
+    if (read_stat(pid, buf, sizeof buf) < 0)
+        return -1;
+    char *a = strchr(buf, '('), *b = strrchr(buf, ')');
+    if (!a || !b || b < a)
+        return -1;
+    snprintf(out, size, "%.*s", (int)(b - a - 1), a + 1);
+    return 0;
+}
+
+/* After the report pipe closed empty: 1 when the child exec'd, 0 when it died before (killed
+ * at birth: some kernels, this one among them, SIGKILL every clone3(CLONE_INTO_CGROUP) child
+ * of a group that was once cgroup.kill'd). The pipe closes at the exec and at an exit alike;
+ * the name tells them apart once either is complete: the exec renames the child, and a death
+ * leaves a zombie with the shim's name. */
+static int exec_confirmed(pid_t pid, const char *prog)
+{
+    char own[64], its[64];
+    const char *base = strrchr(prog, '/');
+    base = base ? base + 1 : prog;
+    if (comm_of(0, own, sizeof own) < 0 || !strncmp(base, own, 15))
+        return 1;  /* cannot tell: the exit record will say what happened */
+    for (int i = 0; i < 2000; i++) {  /* both states are microseconds away; 1 s at most */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (comm_of(pid, its, sizeof its) < 0 || strcmp(its, own))
+            return 1;
+        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid)
+            return 0;
+        usleep(500);
+    }
+    return 1;
 }
 
 /* 0 when cgroup.events says `populated 0`, 1 otherwise (also when it cannot be read). */
@@ -547,6 +593,17 @@ int main(int argc, char **argv)
         default:
             die(stage, e, "%s %s: %s", stage, cmd[0], strerror(e));
         }
+    }
+    if (!exec_confirmed(child_pid, cmd[0])) {
+        siginfo_t si;
+        reap_blocking(&si);
+        int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
+        die(how, ECANCELED, "%s into %s: %s was killed by signal %d before its exec%s", how, cgroup,
+            cmd[0], sig,
+            use_clone3 && sig == SIGKILL
+                ? " (some kernels kill every clone3 child of a group that was once cgroup.kill'd:"
+                  " start in a fresh leaf, or with --method fork)"
+                : "");
     }
     /* the agent's directory is not held busy for the workload's lifetime */
     if (chdir("/") < 0)

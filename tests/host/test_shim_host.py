@@ -122,6 +122,20 @@ def test_a_failed_start_is_an_exit_record_and_an_error(
     assert task.events()["populated"] == 0 and shim_leaf.events()["populated"] == 0
 
 
+def test_a_child_killed_before_its_exec_is_a_failed_start_not_a_run(run, leaves):
+    # This kernel (6.18) SIGKILLs every clone3(CLONE_INTO_CGROUP) child of a group that was
+    # once cgroup.kill'd, before it runs an instruction: the report pipe closes as on an exec.
+    leaves[0].write("cgroup.kill", "1")
+    with pytest.raises(ShimError, match="true was killed by signal 9 before its exec .*fresh leaf"):
+        run(["true"], method="clone3")
+
+
+def test_the_fork_way_runs_in_a_leaf_once_killed(run, leaves):
+    leaves[0].write("cgroup.kill", "1")
+    s, task_dir = run(["true"], method="fork")
+    assert wait_exit(task_dir).exit_code == 0
+
+
 def test_the_shim_outlives_its_starter(leaves, tmp_path):
     task, shim_leaf = leaves
     helper = f"""
