@@ -12,6 +12,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdint.h>
@@ -169,6 +170,10 @@ static void child(const struct xh_spawn_req *r)
         sigaddset(&mask, r->mask[i]);
     if (sigprocmask(SIG_SETMASK, &mask, NULL) < 0)
         report(fd, XH_STAGE_SIGNALS, errno);
+
+    /* groups first: once the uid is dropped, setgroups/setgid are no longer allowed */
+    if (r->set_ids && (setgroups(0, NULL) < 0 || setgid(r->gid) < 0 || setuid(r->uid) < 0))
+        report(fd, XH_STAGE_IDS, errno);
 
     /* the first error that is not "not here" is the one to report (as CPython's subprocess) */
     int saved = 0;

@@ -16,6 +16,10 @@ struct xh_spawn_req {
     int32_t new_session;       /* setsid() in the child */
     const int32_t *mask;       /* the child's signal mask, as signal numbers */
     int32_t nmask;
+    int32_t set_ids;           /* 1: drop supplementary groups, then setgid(gid), setuid(uid) (0: as is,
+                                  so a request that does not name these fields keeps the caller's ids) */
+    uint32_t uid;
+    uint32_t gid;
 };
 
 struct xh_spawn_err {
@@ -30,6 +34,7 @@ struct xh_spawn_err {
 #define XH_STAGE_SESSION 4
 #define XH_STAGE_SIGNALS 5
 #define XH_STAGE_EXEC 6
+#define XH_STAGE_IDS 7          /* runs just before the exec: numbered last so that 1..6 keep their meaning */
 
 /* The child's pid (> 0), or -errno when no child was made. *pidfd: its pidfd (clone3 way), else -1. */
 int32_t xh_spawn(const struct xh_spawn_req *req, int32_t *pidfd);

@@ -1,6 +1,9 @@
-"""The wheel carries every package folder, under the one `xhagent` namespace."""
+"""The wheel carries every package folder, under the one `xhagent` namespace, and the
+workload shim executable."""
 
 import runpy
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -31,3 +34,22 @@ def test_ebpf_build_names_the_debian_package_of_a_missing_tool(monkeypatch):
     for tool, package in (("clang", "clang"), ("bpftool", "bpftool"), ("llvm-strip", "llvm")):
         with pytest.raises(SystemExit, match=f"install the Debian package `{package}`"):
             build["_tool"](tool)
+
+
+def test_the_shim_executable_ships_as_package_data_and_stays_out_of_git():
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "xhagent-shim" in tool["package-data"]["xhagent.daemon"]
+    assert "xhagent.daemon" in tool["packages"]
+    assert "/agent/daemon/xhagent-shim" in (ROOT / ".gitignore").read_text().splitlines()
+    build = runpy.run_path(str(ROOT / "native" / "shim_build.py"))
+    assert build["SHIM"] == ROOT / "agent" / "daemon" / "xhagent-shim"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_shim_compiles_without_warnings(tmp_path):
+    build = runpy.run_path(str(ROOT / "native" / "shim_build.py"))
+    out = tmp_path / "xhagent-shim"
+    assert build["build_shim"](out, extra_flags=("-Werror",))
+    assert not build["build_shim"](out)  # up to date: not rebuilt
+    res = subprocess.run([out], capture_output=True, text=True)
+    assert res.returncode == 2 and "usage: xhagent-shim --dir TASKDIR" in res.stderr

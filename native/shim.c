@@ -1,0 +1,692 @@
+/* shim.c: xhagent-shim, the supervisor of one workload (the containerd-shim pattern).
+ *
+ *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--cwd DIR]
+ *                [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
+ *
+ * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
+ * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR, waits for it and writes
+ * its end into TASKDIR/exit. The workload is this process's child, not the agent's, so its
+ * status survives the agent's death: a restarted agent reads TASKDIR instead of waiting.
+ *
+ * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
+ *                   "spawn_method":"clone3"|"fork","started_ns":N}
+ * TASKDIR/exit     {"exit_code":N | "signal":N,"core_dumped":B, "ended_ns":N,
+ *                   "stdout_dropped":N,"stderr_dropped":N}
+ *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
+ * Each is one line of JSON, written to NAME.tmp, fsynced, renamed, and the directory fsynced:
+ * a crash leaves either no file or a whole one. start_time fields are field 22 of
+ * /proc/PID/stat (clock ticks since boot): with the pid they name one process, never a reuse.
+ *
+ * Exit status: 0 once `exit` holds the workload's end; 1 when `exit` holds an error (or could
+ * not be written); 2 for a bad command line (before TASKDIR is known: stderr only).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "spawn_glue.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+#define DEFAULT_LOG_CAP (16ULL << 20)
+/* After the workload ends, how long a process that still holds its stdout or stderr (a
+ * background grandchild) may delay the exit record: its later output is not worth an agent
+ * that cannot learn the status. */
+#define DRAIN_GRACE_MS 2000
+/* Reads per pipe once the grace is over: a writer that keeps going must not keep us here. */
+#define FINAL_READS 16
+
+extern char **environ;
+
+static char iobuf[65536];
+static int task_fd = -1;  /* TASKDIR */
+static int log_fd = -1;   /* TASKDIR/shim.log, opened on the first message */
+static pid_t child_pid = -1;
+static int child_pidfd = -1;
+
+struct sink {
+    const char *name;  /* the file in TASKDIR */
+    int in;            /* read end of the workload's pipe; -1 once at EOF */
+    int out;           /* the file */
+    unsigned long long size, cap, dropped;
+    int write_errno;   /* the first failed write (later output is counted as dropped) */
+};
+
+/* ---- messages and records ------------------------------------------------------------- */
+
+__attribute__((format(printf, 1, 2)))
+static void note(const char *fmt, ...)
+{
+    static char line[8192];
+    int n = snprintf(line, sizeof line, "xhagent-shim[%d]: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2)
+        n = sizeof line - 2;
+    line[n++] = '\n';
+    if (log_fd < 0 && task_fd >= 0)
+        log_fd = openat(task_fd, "shim.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
+                        0640);
+    /* best effort by nature: there is nowhere further to report a failed report */
+    if (write(log_fd >= 0 ? log_fd : STDERR_FILENO, line, n) < 0)
+        return;
+}
+
+struct json {
+    char s[8192];
+    size_t n;
+};
+
+static void jraw(struct json *j, const char *t)
+{
+    size_t len = strlen(t);
+    if (j->n + len < sizeof j->s) {
+        memcpy(j->s + j->n, t, len);
+        j->n += len;
+    }
+}
+
+static void jkey(struct json *j, const char *key)
+{
+    jraw(j, j->n ? ",\"" : "{\"");
+    jraw(j, key);
+    jraw(j, "\":");
+}
+
+static void jint(struct json *j, const char *key, long long v)
+{
+    char num[32];
+    snprintf(num, sizeof num, "%lld", v);
+    jkey(j, key);
+    jraw(j, num);
+}
+
+static void jstr(struct json *j, const char *key, const char *v)
+{
+    jkey(j, key);
+    jraw(j, "\"");
+    /* room is kept for the closing quote and the rest of the record: a long value is cut */
+    for (const unsigned char *p = (const unsigned char *)v; *p && j->n < sizeof j->s - 256; p++) {
+        char esc[8];
+        if (*p == '"' || *p == '\\') {
+            esc[0] = '\\', esc[1] = (char)*p, esc[2] = 0;
+        } else if (*p < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", *p);
+        } else {
+            esc[0] = (char)*p, esc[1] = 0;
+        }
+        jraw(j, esc);
+    }
+    jraw(j, "\"");
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. */
+static int write_record(const char *name, struct json *j)
+{
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    jraw(j, "}\n");
+    const char *step = "open", *what = tmp;
+    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd >= 0 && (step = "write", write_all(fd, j->s, j->n) == 0)
+        && (step = "fsync", fsync(fd) == 0)) {
+        close(fd);
+        fd = -1;
+        step = "rename to", what = name;
+        if (renameat(task_fd, tmp, task_fd, name) == 0
+            && (step = "fsync the directory after", fsync(task_fd) == 0))
+            return 0;
+    }
+    int err = errno;
+    if (fd >= 0)
+        close(fd);
+    note("%s %s: %s", step, what, strerror(err));
+    errno = err;
+    return -1;
+}
+
+static void reap_blocking(siginfo_t *si)
+{
+    memset(si, 0, sizeof *si);
+    while (waitid(P_PID, (id_t)child_pid, si, WEXITED) < 0 && errno == EINTR)
+        ;
+    child_pid = -1;
+}
+
+/* The end of everything that cannot go on: a workload still running is killed (it would run
+ * unsupervised, its end unrecorded), and `exit` says why. */
+__attribute__((noreturn, format(printf, 3, 4)))
+static void die(const char *stage, int err, const char *fmt, ...)
+{
+    static char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    note("%s", msg);
+    if (child_pid > 0) {
+        siginfo_t si;
+        if (child_pidfd < 0 || syscall(SYS_pidfd_send_signal, child_pidfd, SIGKILL, NULL, 0) < 0)
+            kill(child_pid, SIGKILL);  /* not reaped yet: the pid is still ours */
+        reap_blocking(&si);
+    }
+    if (task_fd >= 0) {
+        struct json j = {.n = 0};
+        jstr(&j, "error", stage);
+        jint(&j, "errno", err);
+        jstr(&j, "message", msg);
+        write_record("exit", &j);
+    }
+    exit(1);
+}
+
+__attribute__((noreturn))
+static void usage(const char *why)
+{
+    fprintf(stderr,
+            "xhagent-shim: %s\nusage: xhagent-shim --dir TASKDIR --cgroup CGROUPDIR "
+            "[--log-cap BYTES] [--cwd DIR] [--uid N --gid N] [--method clone3|fork] "
+            "-- PROG [ARGS...]\n",
+            why);
+    exit(2);
+}
+
+static unsigned long long number(const char *opt, const char *s, unsigned long long max)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *s == '-' || *end || errno || v > max) {
+        static char why[256];
+        snprintf(why, sizeof why, "%s: not a number from 0 to %llu: %.64s", opt, max, s);
+        usage(why);
+    }
+    return v;
+}
+
+/* ---- clocks and /proc ----------------------------------------------------------------- */
+
+static long long now_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* /proc/PID/stat ("self" for PID 0), NUL-terminated in buf; 0, or -1. */
+static int read_stat(pid_t pid, char *buf, size_t size)
+{
+    char path[64];
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    return 0;
+}
+
+/* Field 22 (start time), or -1. The command (field 2) may hold spaces and parentheses:
+ * fields are counted from its last ')'. */
+static long long start_time(pid_t pid)
+{
+    char buf[1024];
+    if (read_stat(pid, buf, sizeof buf) < 0)
+        return -1;
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 22; field++)
+        p = strchr(p + 1, ' ');
+    return p ? strtoll(p + 1, NULL, 10) : -1;
+}
+
+/* Field 2 (the command name, at most 15 bytes) into out; 0, or -1. */
+static int comm_of(pid_t pid, char *out, size_t size)
+{
+    char buf[1024];
+    if (read_stat(pid, buf, sizeof buf) < 0)
+        return -1;
+    char *a = strchr(buf, '('), *b = strrchr(buf, ')');
+    if (!a || !b || b < a)
+        return -1;
+    snprintf(out, size, "%.*s", (int)(b - a - 1), a + 1);
+    return 0;
+}
+
+/* After the report pipe closed empty: 1 when the child exec'd, 0 when it died before (killed
+ * at birth: some kernels, this one among them, SIGKILL every clone3(CLONE_INTO_CGROUP) child
+ * of a group that was once cgroup.kill'd). The pipe closes at the exec and at an exit alike;
+ * the name tells them apart once either is complete: the exec renames the child, and a death
+ * leaves a zombie with the shim's name. */
+static int exec_confirmed(pid_t pid, const char *prog)
+{
+    char own[64], its[64];
+    const char *base = strrchr(prog, '/');
+    base = base ? base + 1 : prog;
+    if (comm_of(0, own, sizeof own) < 0 || !strncmp(base, own, 15))
+        return 1;  /* cannot tell: the exit record will say what happened */
+    for (int i = 0; i < 2000; i++) {  /* both states are microseconds away; 1 s at most */
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (comm_of(pid, its, sizeof its) < 0 || strcmp(its, own))
+            return 1;
+        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid)
+            return 0;
+        usleep(500);
+    }
+    return 1;
+}
+
+/* 0 when cgroup.events says `populated 0`, 1 otherwise (also when it cannot be read). */
+static int populated(int events_fd)
+{
+    char buf[256];
+    if (events_fd < 0 || lseek(events_fd, 0, SEEK_SET) < 0)
+        return 1;
+    ssize_t n = read(events_fd, buf, sizeof buf - 1);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    char *p = strstr(buf, "populated ");
+    return !(p && (p == buf || p[-1] == '\n') && p[10] == '0');
+}
+
+/* ---- output --------------------------------------------------------------------------- */
+
+static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap)
+{
+    struct stat st;
+    s->name = name;
+    s->in = in;
+    s->cap = cap;
+    s->out = openat(task_fd, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (s->out < 0)
+        die("log", errno, "open %s: %s", name, strerror(errno));
+    if (fstat(s->out, &st) < 0)
+        die("log", errno, "fstat %s: %s", name, strerror(errno));
+    s->size = (unsigned long long)st.st_size;  /* a file already there counts against the cap */
+}
+
+/* One read from the pipe into the file: 1 when data came, 0 when there is none now (or EOF,
+ * after which s->in is -1). Beyond the cap, data is still read, so the writer never blocks. */
+static int pump(struct sink *s)
+{
+    if (s->in < 0)
+        return 0;
+    ssize_t n = read(s->in, iobuf, sizeof iobuf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (n <= 0) {
+        if (n < 0)
+            note("read the workload's %s: %s", s->name, strerror(errno));
+        close(s->in);
+        s->in = -1;
+        return 0;
+    }
+    unsigned long long keep = s->size >= s->cap ? 0 : s->cap - s->size;
+    if (keep > (unsigned long long)n)
+        keep = (unsigned long long)n;
+    if (keep && !s->write_errno && write_all(s->out, iobuf, keep) < 0) {
+        s->write_errno = errno;
+        note("write %s: %s (further output is dropped)", s->name, strerror(errno));
+    }
+    if (s->write_errno)
+        keep = 0;
+    s->size += keep;
+    s->dropped += (unsigned long long)n - keep;
+    return 1;
+}
+
+static void pump_final(struct sink *s)
+{
+    for (int i = 0; i < FINAL_READS && pump(s); i++)
+        ;
+    if (s->in >= 0)
+        close(s->in);
+    s->in = -1;
+}
+
+/* ---- signals -------------------------------------------------------------------------- */
+
+/* SIGTERM goes on to the workload; SIGHUP and SIGINT are read and dropped. They are blocked
+ * rather than ignored because an ignored signal stays ignored across exec, and the workload
+ * must get the default dispositions. SIGCHLD wakes the loop where there is no pidfd. */
+static int signals_setup(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        die("signals", errno, "sigprocmask: %s", strerror(errno));
+    /* spawn_glue puts SIGPIPE back to its default in the child */
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
+        die("signals", errno, "ignore SIGPIPE: %s", strerror(errno));
+    int fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (fd < 0)
+        die("signals", errno, "signalfd: %s", strerror(errno));
+    return fd;
+}
+
+static void signals_read(int fd)
+{
+    struct signalfd_siginfo si;
+    while (read(fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo != SIGTERM || child_pid < 0)
+            continue;
+        if (child_pidfd >= 0
+                ? syscall(SYS_pidfd_send_signal, child_pidfd, SIGTERM, NULL, 0) < 0
+                : kill(child_pid, SIGTERM) < 0)
+            if (errno != ESRCH)
+                note("forward SIGTERM to %d: %s", (int)child_pid, strerror(errno));
+    }
+}
+
+/* ---- start ---------------------------------------------------------------------------- */
+
+static const char *const stage_names[] = {
+    [XH_STAGE_JOIN] = "join", [XH_STAGE_FDS] = "fds",         [XH_STAGE_CWD] = "cwd",
+    [XH_STAGE_SESSION] = "session", [XH_STAGE_SIGNALS] = "signals", [XH_STAGE_EXEC] = "exec",
+    [XH_STAGE_IDS] = "ids",
+};
+
+/* PROG as execvp finds it: itself when it names a path, else each directory of PATH. */
+static const char **candidates(const char *prog)
+{
+    static const char *single[2];
+    if (strchr(prog, '/')) {
+        single[0] = prog;
+        return single;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/bin:/usr/bin";  /* glibc's execvp default */
+    size_t count = 2;
+    for (const char *p = path; *p; p++)
+        count += *p == ':';
+    const char **list = calloc(count, sizeof *list);
+    if (!list)
+        die("start", errno, "exec %s: %s", prog, strerror(errno));
+    size_t i = 0;
+    for (const char *p = path;; p++) {
+        const char *end = strchrnul(p, ':');
+        char *full;
+        int len = (int)(end - p);
+        if (asprintf(&full, "%.*s%s%s", len, p, len ? "/" : "", prog) < 0)
+            die("start", ENOMEM, "exec %s: %s", prog, strerror(ENOMEM));
+        list[i++] = full;
+        if (!*end)
+            break;
+        p = end;
+    }
+    return list;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
+    unsigned long long cap = DEFAULT_LOG_CAP;
+    long long uid = -1, gid = -1;
+    int i;
+
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--"))
+            break;
+        if (i + 1 >= argc)
+            usage(a[0] == '-' ? "an option without its value" : "no `--` before the command");
+        const char *v = argv[++i];
+        if (!strcmp(a, "--dir"))
+            dir = v;
+        else if (!strcmp(a, "--cgroup"))
+            cgroup = v;
+        else if (!strcmp(a, "--cwd"))
+            cwd = v;
+        else if (!strcmp(a, "--log-cap"))
+            cap = number(a, v, ~0ULL);
+        else if (!strcmp(a, "--uid"))
+            uid = (long long)number(a, v, UINT32_MAX - 1);
+        else if (!strcmp(a, "--gid"))
+            gid = (long long)number(a, v, UINT32_MAX - 1);
+        else if (!strcmp(a, "--method"))
+            method = v;
+        else
+            usage("unknown option");
+    }
+    if (i >= argc - 1)
+        usage("no command after `--`");
+    if (!dir || !cgroup)
+        usage("--dir and --cgroup are required");
+    if ((uid < 0) != (gid < 0))
+        usage("--uid and --gid go together");
+    if (method && strcmp(method, "clone3") && strcmp(method, "fork"))
+        usage("--method is clone3 or fork");
+    char **cmd = argv + i + 1;
+
+    task_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (task_fd < 0) {
+        fprintf(stderr, "xhagent-shim: open %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    int sig_fd = signals_setup();
+
+    int cg_fd = open(cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cg_fd < 0)
+        die("cgroup", errno, "open %s: %s", cgroup, strerror(errno));
+    int use_clone3 = method ? method[0] == 'c' : xh_clone3_cgroup_probe() == 0;
+    int procs_fd = -1;
+    if (!use_clone3 && (procs_fd = openat(cg_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC)) < 0)
+        die("cgroup", errno, "open %s/cgroup.procs: %s", cgroup, strerror(errno));
+    int events_fd = openat(cg_fd, "cgroup.events", O_RDONLY | O_CLOEXEC);  /* -1: grace only */
+
+    int out_pipe[2], err_pipe[2], report[2];
+    int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_fd < 0)
+        die("start", errno, "open /dev/null: %s", strerror(errno));
+    if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0
+        || pipe2(report, O_CLOEXEC) < 0)
+        die("start", errno, "pipe: %s", strerror(errno));
+    struct sink out = {0}, err = {0};
+    sink_open(&out, "stdout", out_pipe[0], cap);
+    sink_open(&err, "stderr", err_pipe[0], cap);
+
+    struct xh_spawn_req req = {
+        .use_clone3 = use_clone3,
+        .cgroup_fd = use_clone3 ? cg_fd : -1,
+        .procs_fd = procs_fd,
+        .err_fd = report[1],
+        .paths = candidates(cmd[0]),
+        .argv = cmd,
+        .envp = environ,
+        .cwd = cwd,
+        .stdio = {null_fd, out_pipe[1], err_pipe[1]},
+        .keep = NULL,
+        .nkeep = 0,
+        .new_session = 1,  /* its own process group: signals to the shim's group miss it */
+        .mask = NULL,
+        .nmask = 0,
+        .set_ids = uid >= 0,
+        .uid = (uint32_t)(uid < 0 ? 0 : uid),
+        .gid = (uint32_t)(gid < 0 ? 0 : gid),
+    };
+    int32_t pidfd = -1;
+    int32_t pid = xh_spawn(&req, &pidfd);
+    const char *how = use_clone3 ? "clone3" : "fork";
+    if (pid < 0)
+        die(how, -pid, "%s into %s: %s", how, cgroup, strerror(-pid));
+    child_pid = pid;
+    child_pidfd = pidfd;
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    close(report[1]);
+    close(null_fd);
+    close(cg_fd);
+    if (procs_fd >= 0)
+        close(procs_fd);
+
+    /* The report pipe closes at the exec, or brings the step that failed. (A frozen group
+     * holds the child before its exec, and us here, until it is thawed.) */
+    struct xh_spawn_err failed;
+    ssize_t n;
+    while ((n = read(report[0], &failed, sizeof failed)) < 0 && errno == EINTR)
+        ;
+    close(report[0]);
+    if (n != 0) {
+        siginfo_t si;
+        reap_blocking(&si);
+        if (n != (ssize_t)sizeof failed)
+            die("start", n < 0 ? errno : EIO, "start %s: the child's report was cut short", cmd[0]);
+        int e = failed.err;
+        const char *stage = failed.stage > 0 && failed.stage <= XH_STAGE_IDS
+                                ? stage_names[failed.stage] : "start";
+        switch (failed.stage) {
+        case XH_STAGE_EXEC:
+            die(stage, e, "exec %s: %s", cmd[0], strerror(e));
+        case XH_STAGE_CWD:
+            die(stage, e, "cwd %s: %s", cwd, strerror(e));
+        case XH_STAGE_JOIN:
+            die(stage, e, "join %s/cgroup.procs: %s", cgroup, strerror(e));
+        case XH_STAGE_IDS:
+            die(stage, e, "ids uid %lld gid %lld: %s", uid, gid, strerror(e));
+        default:
+            die(stage, e, "%s %s: %s", stage, cmd[0], strerror(e));
+        }
+    }
+    if (!exec_confirmed(child_pid, cmd[0])) {
+        siginfo_t si;
+        reap_blocking(&si);
+        int sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
+        die(how, ECANCELED, "%s into %s: %s was killed by signal %d before its exec%s", how, cgroup,
+            cmd[0], sig,
+            use_clone3 && sig == SIGKILL
+                ? " (some kernels kill every clone3 child of a group that was once cgroup.kill'd:"
+                  " start in a fresh leaf, or with --method fork)"
+                : "");
+    }
+    /* the agent's directory is not held busy for the workload's lifetime */
+    if (chdir("/") < 0)
+        note("chdir /: %s", strerror(errno));
+    if (child_pidfd < 0)  /* the fork way: no pidfd from clone; SIGCHLD serves where this fails */
+        child_pidfd = (int)syscall(SYS_pidfd_open, child_pid, 0);
+    if (fcntl(out.in, F_SETFL, O_NONBLOCK) < 0 || fcntl(err.in, F_SETFL, O_NONBLOCK) < 0)
+        die("start", errno, "pipe: %s", strerror(errno));
+
+    struct json j = {.n = 0};
+    jint(&j, "shim_pid", getpid());
+    jint(&j, "shim_start_time", start_time(0));
+    jint(&j, "pid", child_pid);
+    jint(&j, "start_time", start_time(child_pid));  /* unreaped: /proc/PID is there */
+    jstr(&j, "spawn_method", how);
+    jint(&j, "started_ns", now_ns(CLOCK_REALTIME));
+    if (write_record("started", &j) < 0)
+        die("record", errno, "write %s/started: %s", dir, strerror(errno));
+
+    /* Supervise: output, the workload's end, signals, all in one poll. */
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    while (child_pid > 0) {
+        struct pollfd p[4] = {
+            {out.in, POLLIN, 0}, {err.in, POLLIN, 0}, {child_pidfd, POLLIN, 0}, {sig_fd, POLLIN, 0},
+        };
+        if (poll(p, 4, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            die("poll", errno, "poll: %s", strerror(errno));
+        }
+        if (p[0].revents)
+            pump(&out);
+        if (p[1].revents)
+            pump(&err);
+        if (p[3].revents)
+            signals_read(sig_fd);
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)child_pid, &si, WEXITED | WNOHANG) < 0 && errno != EINTR)
+            die("wait", errno, "waitid %d: %s", (int)child_pid, strerror(errno));
+        if (si.si_pid == child_pid)
+            child_pid = -1;
+    }
+    long long ended = now_ns(CLOCK_REALTIME);
+    if (child_pidfd >= 0)
+        close(child_pidfd);
+    child_pidfd = -1;
+
+    /* Drain: to EOF, unless the output is held open by processes that outlive the workload;
+     * an empty group means no writer is left there, and the grace bounds the rest. */
+    long long deadline = now_ns(CLOCK_MONOTONIC) + DRAIN_GRACE_MS * 1000000LL;
+    while (out.in >= 0 || err.in >= 0) {
+        long long left_ms = (deadline - now_ns(CLOCK_MONOTONIC)) / 1000000LL;
+        if (left_ms <= 0 || !populated(events_fd))
+            break;
+        struct pollfd p[4] = {
+            {out.in, POLLIN, 0}, {err.in, POLLIN, 0}, {events_fd, POLLPRI, 0}, {sig_fd, POLLIN, 0},
+        };
+        if (poll(p, 4, (int)left_ms) < 0 && errno != EINTR)
+            die("poll", errno, "poll: %s", strerror(errno));
+        if (p[0].revents)
+            pump(&out);
+        if (p[1].revents)
+            pump(&err);
+        if (p[3].revents)
+            signals_read(sig_fd);
+    }
+    pump_final(&out);
+    pump_final(&err);
+    if (fsync(out.out) < 0 || fsync(err.out) < 0)
+        note("fsync the output: %s", strerror(errno));
+
+    j.n = 0;
+    if (si.si_code == CLD_EXITED) {
+        jint(&j, "exit_code", si.si_status);
+    } else {
+        jint(&j, "signal", si.si_status);
+        jraw(&j, si.si_code == CLD_DUMPED ? ",\"core_dumped\":true" : ",\"core_dumped\":false");
+    }
+    jint(&j, "ended_ns", ended);
+    jint(&j, "stdout_dropped", (long long)out.dropped);
+    jint(&j, "stderr_dropped", (long long)err.dropped);
+    if (write_record("exit", &j) < 0)
+        return 1;
+    return 0;
+}

@@ -1,0 +1,261 @@
+"""The workload shim (xhagent-shim) on this host's cgroup2 tree: the workload runs in the task's
+leaf and the shim beside it; its output, its end and a failed start land in the task directory
+as whole records, and the shim outlives whoever started it."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from xhagent.cgroups import Cgroup
+from xhagent.cgroups.mounts import discover
+from xhagent.daemon import shim as shim_mod
+from xhagent.daemon.shim import ShimError, process_alive, read_status, start_shim
+
+pytestmark = pytest.mark.host
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
+LONG = ["sleep", "30"]
+
+
+@pytest.fixture
+def leaves(group):
+    """(task leaf, shim leaf) under the scratch group; emptied and removed afterwards. Fresh
+    leaves each time: a leaf once cgroup.kill'd SIGKILLs every later clone3 child on 6.18."""
+    task, shim = Cgroup(group.path / "task").create(), Cgroup(group.path / "shim").create()
+    yield task, shim
+    for leaf in (task, shim):
+        leaf.remove(kill_first=True)
+
+
+@pytest.fixture
+def run(leaves, tmp_path):
+    """start(argv, **kw) -> ShimStarted in a fresh task directory; every shim reaped at the end."""
+    task, shim_leaf = leaves
+    started = []
+
+    def start(argv, **kw):
+        task_dir = tmp_path / f"task{len(started)}"
+        task_dir.mkdir()
+        kw.setdefault("env", ENV)
+        s = start_shim(task_dir, task, shim_leaf, argv, **kw)
+        started.append(s)
+        return s, task_dir
+
+    yield start
+    for s in started:
+        s.process.kill()
+        s.process.wait()
+
+
+def wait_exit(task_dir, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while (status := read_status(task_dir)).exit is None:
+        assert time.monotonic() < deadline, f"no exit record in {task_dir} after {timeout}s"
+        time.sleep(0.01)
+    return status.exit
+
+
+def own_line(text):
+    return [line for line in text.splitlines() if line.startswith("0::")]
+
+
+def rel(group):
+    return "0::/" + str(group.path.relative_to(discover().unified.path))
+
+
+@pytest.mark.parametrize("method", ["clone3", "fork"])
+def test_output_status_and_groups(run, leaves, method):
+    task, shim_leaf = leaves
+    # $PPID is the shim: the workload reports both groups
+    script = "echo out; echo err >&2; cat /proc/self/cgroup /proc/$PPID/cgroup; exit 3"
+    s, task_dir = run(["sh", "-c", script], method=method)
+    end = wait_exit(task_dir)
+    assert s.process.wait(5) == 0
+    assert (end.exit_code, end.signal, end.error) == (3, None, None)
+    assert (end.stdout_dropped, end.stderr_dropped) == (0, 0)
+    assert s.spawn_method == method and s.shim_pid == s.process.pid and s.pid != s.shim_pid
+    out = (task_dir / "stdout").read_text()
+    assert out.startswith("out\n")
+    assert own_line(out) == [rel(task), rel(shim_leaf)]
+    assert (task_dir / "stderr").read_text() == "err\n"
+    assert (task_dir / "stdout").stat().st_mode & 0o777 == 0o640
+    assert abs(end.ended_ns - time.time_ns()) < 60e9 and end.ended_ns >= s.started_ns
+    assert sorted(p.name for p in task_dir.iterdir()) == ["exit", "started", "stderr", "stdout"]
+
+
+def test_cgroup_kill_is_reported_as_signal_9(run, leaves):
+    s, task_dir = run(LONG)
+    assert process_alive(s.pid, s.start_time)
+    leaves[0].kill()
+    end = wait_exit(task_dir)
+    assert (end.signal, end.exit_code, end.core_dumped) == (9, None, False)
+    assert s.process.wait(5) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, kw, stage, err, message",
+    [
+        (["/bin/nope"], {}, "exec", errno.ENOENT, "exec /bin/nope: No such file or directory"),
+        (["no-such-command-xh"], {}, "exec", errno.ENOENT, "exec no-such-command-xh: No such"),
+        (["true"], {"cwd": "/nonexistent"}, "cwd", errno.ENOENT, "cwd /nonexistent: No such"),
+        (["./data"], {}, "exec", errno.EACCES, "exec ./data: Permission denied"),
+    ],
+)
+def test_a_failed_start_is_an_exit_record_and_an_error(
+    leaves, tmp_path, argv, kw, stage, err, message
+):
+    task, shim_leaf = leaves
+    (tmp_path / "data").write_text("not a program\n")  # 0644: not executable even by root
+    kw.setdefault("cwd", tmp_path)
+    with pytest.raises(ShimError, match=message) as caught:
+        start_shim(tmp_path, task, shim_leaf, argv, ENV, **kw)
+    assert caught.value.errno == err
+    status = read_status(tmp_path)
+    assert status.started is None
+    assert (status.exit.error, status.exit.errno) == (stage, err)
+    assert status.exit.message.startswith(message)
+    assert task.events()["populated"] == 0 and shim_leaf.events()["populated"] == 0
+
+
+def test_a_child_killed_before_its_exec_is_a_failed_start_not_a_run(run, leaves):
+    # This kernel (6.18) SIGKILLs every clone3(CLONE_INTO_CGROUP) child of a group that was
+    # once cgroup.kill'd, before it runs an instruction: the report pipe closes as on an exec.
+    leaves[0].write("cgroup.kill", "1")
+    with pytest.raises(ShimError, match="true was killed by signal 9 before its exec .*fresh leaf"):
+        run(["true"], method="clone3")
+
+
+def test_the_fork_way_runs_in_a_leaf_once_killed(run, leaves):
+    leaves[0].write("cgroup.kill", "1")
+    s, task_dir = run(["true"], method="fork")
+    assert wait_exit(task_dir).exit_code == 0
+
+
+def test_the_shim_outlives_its_starter(leaves, tmp_path):
+    task, shim_leaf = leaves
+    helper = f"""
+import json, sys, time
+from xhagent.cgroups import Cgroup
+from xhagent.daemon.shim import start_shim
+s = start_shim({str(tmp_path)!r}, Cgroup({str(task.path)!r}), Cgroup({str(shim_leaf.path)!r}),
+               ["sh", "-c", "sleep 2; exit 7"], {ENV!r})
+print(json.dumps([s.shim_pid, s.shim_start_time]), flush=True)
+time.sleep(60)
+"""
+    starter = subprocess.Popen([sys.executable, "-c", helper], stdout=subprocess.PIPE)
+    try:
+        shim_pid, shim_start = json.loads(starter.stdout.readline())
+    finally:
+        starter.kill()
+        starter.wait()
+        starter.stdout.close()
+    assert read_status(tmp_path).exit is None  # the workload still sleeps
+    assert process_alive(shim_pid, shim_start)
+    end = wait_exit(tmp_path)
+    assert (end.exit_code, end.error) == (7, None)
+    deadline = time.monotonic() + 5  # then it ends, reaped by whoever adopted it
+    while process_alive(shim_pid, shim_start):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_output_beyond_the_cap_is_counted_and_never_blocks_the_workload(run):
+    s, task_dir = run(["head", "-c", str(1 << 20), "/dev/zero"], log_cap=64 << 10)
+    end = wait_exit(task_dir)
+    assert end.exit_code == 0
+    assert (task_dir / "stdout").stat().st_size == 64 << 10
+    assert end.stdout_dropped == (1 << 20) - (64 << 10)
+    assert end.stderr_dropped == 0
+
+
+def test_a_grandchild_holding_stdout_does_not_hold_the_exit_record(run, leaves):
+    t0 = time.monotonic()
+    s, task_dir = run(["sh", "-c", "echo before; sleep 30 & exit 0"])
+    end = wait_exit(task_dir)
+    took = time.monotonic() - t0
+    assert end.exit_code == 0 and took < 5, f"exit record after {took:.1f}s"
+    assert (task_dir / "stdout").read_text() == "before\n"
+    assert s.process.wait(5) == 0
+    assert leaves[0].events()["populated"] == 1  # the sleep is still there (the fixture kills it)
+
+
+def test_sigterm_to_the_shim_reaches_the_workload(run):
+    s, task_dir = run(LONG)
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+        os.kill(s.shim_pid, sig)  # ignored: neither the shim nor the workload ends
+    time.sleep(0.2)
+    assert read_status(task_dir).exit is None and s.process.poll() is None
+    s.process.terminate()
+    end = wait_exit(task_dir)
+    assert end.signal == signal.SIGTERM
+    assert s.process.wait(5) == 0
+
+
+def _status_field(pid, name):
+    with open(f"/proc/{pid}/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith(name + ":"))
+
+
+def test_the_shim_is_small_and_the_workload_gets_a_clean_signal_state(run):
+    s, task_dir = run(LONG)
+    rss_kib = int(_status_field(s.shim_pid, "VmRSS").split()[0])
+    print(f"\nxhagent-shim VmRSS while supervising: {rss_kib} kB")
+    assert rss_kib < 1024
+    # the shim blocks SIGTERM/SIGHUP/SIGINT and ignores SIGPIPE; none of that is inherited
+    for name in ("SigBlk", "SigIgn"):
+        assert int(_status_field(s.pid, name), 16) == 0, name
+
+
+def test_uid_and_gid(run):
+    s, task_dir = run(["sh", "-c", "id -u; id -g; id -G"], uid=65534, gid=65534)
+    assert wait_exit(task_dir).exit_code == 0
+    assert (task_dir / "stdout").read_text() == "65534\n65534\n65534\n"
+
+
+def _start_time(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def test_process_alive_guards_against_dead_and_reused_pids():
+    child = subprocess.Popen(LONG)
+    try:
+        start = _start_time(child.pid)
+        assert process_alive(child.pid, start)
+        assert not process_alive(child.pid, start + 1)  # same pid, another process
+        child.kill()
+        time.sleep(0.1)
+        assert not process_alive(child.pid, start)  # a zombie has ended
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_alive(child.pid, start)
+
+
+def test_read_status_tolerates_missing_records_and_refuses_malformed_ones(tmp_path):
+    assert read_status(tmp_path) == shim_mod.ShimStatus(None, None)
+    (tmp_path / "exit").write_text('{"exit_code": 0, "surprise": 1}\n')
+    with pytest.raises(ValueError, match="malformed shim record"):
+        read_status(tmp_path)
+    (tmp_path / "exit").write_text('{"exit_code": 0, "ended_')
+    with pytest.raises(ValueError, match=f"{tmp_path}/exit: malformed"):
+        read_status(tmp_path)
+
+
+def test_a_task_directory_serves_once(run, leaves, tmp_path):
+    s, task_dir = run(["true"])
+    wait_exit(task_dir)
+    with pytest.raises(ShimError, match="exists: a task directory serves once"):
+        start_shim(task_dir, *leaves, ["true"], ENV)
+
+
+def test_a_missing_binary_names_its_path_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(shim_mod, "SHIM", tmp_path / "xhagent-shim")
+    with pytest.raises(FileNotFoundError, match="xhagent-shim: .*rebuild with make setup"):
+        shim_mod.shim_path()
