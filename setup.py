@@ -1,11 +1,15 @@
-"""Build hooks that pyproject.toml cannot express: the cffi extensions and the BPF objects.
+"""Build hooks that pyproject.toml cannot express: the cffi extensions, the BPF objects and
+the gRPC modules.
 
 `pip install .` and `pip install -e .` both run build_py, which compiles every
-`ebpf/*.bpf.c` into `agent/bpf/objects/` (package data) before the package is
-collected; cffi's setuptools integration builds `xhagent._uring`, `xhagent._bpf` and `xhagent._spawn`.
+`ebpf/*.bpf.c` into `agent/bpf/objects/` (package data) and every `agent/**/*.proto` into
+`*_pb2.py` / `*_pb2_grpc.py` beside it before the package is collected; cffi's setuptools
+integration builds `xhagent._uring`, `xhagent._bpf` and `xhagent._spawn`.
 """
 
 import runpy
+import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -14,10 +18,44 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 
 
+def build_grpc_modules():
+    """protoc (from grpcio-tools) over every `.proto` under agent/.
+
+    The include root maps `xhagent` to `agent`, as pyproject's package-dir does, so that
+    agent/daemon/v1/agent.proto compiles as xhagent/daemon/v1/agent.proto and the generated
+    `_pb2_grpc` imports `from xhagent.daemon.v1 import agent_pb2` without any edit. protoc
+    writes under that virtual name, so it writes into a scratch folder; a module is replaced
+    only when its text changed, which keeps mtimes (and bytecode) of an unchanged build.
+    """
+    try:
+        from grpc_tools import protoc
+    except ImportError:
+        raise SystemExit(
+            "grpc build: grpc_tools not found: install grpcio-tools into the build's Python "
+            "(.venv/bin/pip install grpcio-tools; the editable install has no build isolation)"
+        ) from None
+    agent = HERE / "agent"
+    protos = sorted(agent.rglob("*.proto"))
+    # The well-known types (google/protobuf/*.proto) ship inside grpc_tools.
+    wkt = Path(protoc.__file__).with_name("_proto")
+    with tempfile.TemporaryDirectory() as out:
+        args = ["protoc", f"-I{wkt}", f"-Ixhagent={agent}", f"--python_out={out}"]
+        args += [f"--grpc_python_out={out}", *map(str, protos)]
+        if protoc.main(args) != 0:
+            raise SystemExit(f"grpc build: protoc failed on {', '.join(map(str, protos))}")
+        for made in sorted((Path(out) / "xhagent").rglob("*.py")):
+            target = agent / made.relative_to(Path(out) / "xhagent")
+            if not target.exists() or target.read_bytes() != made.read_bytes():
+                tmp = target.with_suffix(".tmp")
+                shutil.copyfile(made, tmp)
+                tmp.replace(target)
+
+
 class build_py_with_bpf(build_py):
     def run(self):
         ebpf = runpy.run_path(str(HERE / "ebpf" / "build.py"))
         ebpf["build_all"](HERE / "ebpf", HERE / "agent" / "bpf" / "objects")
+        build_grpc_modules()
         super().run()
 
 
