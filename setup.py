@@ -10,6 +10,8 @@ integration builds `xhagent._uring`, `xhagent._bpf` and `xhagent._spawn`.
 import runpy
 import shutil
 import tempfile
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from setuptools import setup
@@ -27,13 +29,24 @@ def build_grpc_modules():
     writes under that virtual name, so it writes into a scratch folder; a module is replaced
     only when its text changed, which keeps mtimes (and bytecode) of an unchanged build.
     """
+    # setuptools (>= 71, imported above) puts its vendored packaging on sys.path.
+    from packaging.requirements import Requirement
+
+    # Another protoc would make modules that demand other grpcio/protobuf versions than the
+    # wheel's dependencies name; without build isolation nothing else checks the pin.
+    requires = tomllib.loads((HERE / "pyproject.toml").read_text())["build-system"]["requires"]
+    pin = Requirement(next(r for r in requires if r.startswith("grpcio-tools")))
     try:
         from grpc_tools import protoc
-    except ImportError:
+
+        found = version("grpcio-tools")
+    except (ImportError, PackageNotFoundError):
+        found = None
+    if found is None or found not in pin.specifier:
         raise SystemExit(
-            "grpc build: grpc_tools not found: install grpcio-tools into the build's Python "
-            "(.venv/bin/pip install grpcio-tools; the editable install has no build isolation)"
-        ) from None
+            f"grpc build: {pin} is needed, found {found or 'none'}: "
+            f".venv/bin/pip install '{pin}' (the editable install has no build isolation)"
+        )
     agent = HERE / "agent"
     protos = sorted(agent.rglob("*.proto"))
     # The well-known types (google/protobuf/*.proto) ship inside grpc_tools.

@@ -4,6 +4,12 @@ service there (`bind`), and the client the CLI uses (`connect`).
 The contract is `v1/agent.proto` (package `xhagent.v1`). This module is plumbing only:
 what each RPC does is the daemon's servicer, which aborts with `abort_invalid`,
 `abort_refused` and `abort_not_found` so that every client sees the same status codes.
+
+    server = bind(servicer, resolve_socket(socket_option))    # the daemon
+    server.stop(grace=5).wait()
+
+    with connect(resolve_socket(socket_option)) as agent:      # a CLI command
+        print(agent.Health(HealthRequest()).status)            # ApiError: print, exit_code
 """
 
 from __future__ import annotations
