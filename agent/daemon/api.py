@@ -24,10 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
-import grpc
+# The daemon forks (task starts, helpers) while grpc's threads run; grpc's fork handlers
+# cannot help a server then, and log a line for every fork. Read once, when grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from ..errors import errno_reason
-from .v1 import agent_pb2_grpc
+import grpc  # noqa: E402
+
+from ..errors import errno_reason  # noqa: E402
+from .v1 import agent_pb2_grpc  # noqa: E402
 
 __all__ = [
     "DEFAULT_SOCKET",

@@ -259,3 +259,33 @@ def test_message_limits_admit_a_4_mib_document(sock, served):
         client.ApplyPolicy(pb.ApplyPolicyRequest(source="x" * (4 * 2**20), file_name="big.yaml"))
     # It reached the servicer (whose answer is the cut-down source), not a transport limit.
     assert err.value.code == "INVALID_ARGUMENT"
+
+
+FORKING_AGENT = """
+import os, sys
+from xhagent.daemon.api import bind, connect
+from xhagent.daemon.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
+class Servicer(pb_grpc.AgentServicer):
+    def Health(self, request, context):
+        return pb.HealthResponse(status="ok")
+server = bind(Servicer(), sys.argv[1], group=sys.argv[2])
+with connect(sys.argv[1]) as client:
+    client.Health(pb.HealthRequest())
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+server.stop(None)
+"""
+
+
+def test_an_agent_that_forks_logs_nothing_for_it(sock):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    run = subprocess.run(
+        [sys.executable, "-c", FORKING_AGENT, str(sock), NO_GROUP],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (run.returncode, run.stderr) == (0, "")
