@@ -49,14 +49,14 @@ __all__ = [
 
 DEFAULT_SOCKET = "/run/xhagent/xhagent.sock"
 SOCKET_ENV = "XHAGENT_SOCKET"
-# A request carries YAML of at most 4 MiB (the project's input bound) plus a few fields. The
-# servicer checks the YAML's bound and answers with a position; the transport's limit sits
-# just above it so that a 4 MiB document gets that answer, not RESOURCE_EXHAUSTED.
+# A request carries YAML of at most 4 MiB (the project's input bound) plus a few fields: the
+# transport's limit sits just above the bound, so that a document at the bound still fits
+# with the rest of its request; the bound itself is the input readers' and the servicer's.
 MAX_REQUEST_BYTES = 4 * 2**20 + 64 * 2**10
 # Responses are the agent's own (task lists, inventory JSON) and may be larger.
 MAX_RESPONSE_BYTES = 64 * 2**20
 # Details travel in a header that grpc refuses past 16 KiB, percent-encoding non-ASCII bytes
-# (x3): 4 KiB of UTF-8 always fits, and holds the README's 20 error lines.
+# (x3): 4 KiB of UTF-8 always fits, and holds the README's first 20 error lines as a rule.
 MAX_DETAILS_BYTES = 4096
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 
