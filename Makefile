@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMPS := .cache/stamps
 
-NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py)
+NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py agent/daemon/v1/*.proto)
 
 .PHONY: run test setup deps guest-kernel test-host test-kernel clean
 
@@ -26,7 +26,7 @@ deps:
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel cffi
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel cffi 'grpcio-tools>=1.85.1,<1.86'
 
 # An editable install builds xhagent._uring, xhagent._bpf and the BPF objects in place.
 $(STAMPS)/install: $(BIN)/python $(NATIVE_SOURCES) | deps
