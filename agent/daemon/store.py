@@ -1,0 +1,659 @@
+"""The agent's durable state: tasks, events, policy versions and intents in one SQLite file.
+
+    store = Store.open(Path("/var/lib/xhagent"))
+    task = store.submit(name="infer-1", kind="gpu", source=text, source_file="t.yaml",
+                        spec=spec, idempotency_key=key)
+    with store.atomic():                     # intent, committed before it is acted on
+        store.transition(task.id, TaskState.STARTING, expect=TaskState.PENDING, placement=p)
+        intent = store.begin_intent(task.id, "start", {"cgroup": leaf})
+    ...start the shim...                     # effect
+    with store.atomic():                     # outcome
+        store.finish_intent(intent, "ok")
+        store.transition(task.id, TaskState.RUNNING, expect=TaskState.STARTING, cgroup=leaf)
+
+After a restart, `open_intents()` is what was begun and not known to be finished: the agent
+completes or rolls back each one from what the kernel shows (the leaf, its processes).
+
+One agent per state dir: an exclusive flock on `STATE_DIR/lock` (the holder's pid inside),
+dropped by the kernel however the holder exits. Every method is one transaction; `atomic()`
+makes several one. A file that is not ours, fails its quick check or comes from a newer
+xhagent is refused and left as it is. When the disk is full the transaction is rolled back
+and `StoreFull` raised: nothing committed before is lost and the next call works once there
+is space again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import store_schema as schema
+from .lifecycle import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
+from .store_schema import Event, Intent, PolicyRecord, TaskRecord
+
+__all__ = [
+    "ACTIONS",
+    "Conflict",
+    "Event",
+    "Intent",
+    "NotFound",
+    "PolicyRecord",
+    "Store",
+    "StoreError",
+    "StoreFull",
+    "TaskRecord",
+    "format_task_id",
+    "parse_task_id",
+]
+
+DB_NAME, LOCK_NAME = "state.db", "lock"
+MAX_DOCUMENT = 1 << 20  # bytes of one Task or policy document, and of its parsed JSON
+MAX_JSON = 1 << 20  # bytes of reasons, placement, args, detail as JSON
+MAX_NAME = 253  # task and policy names (a DNS name's length, as Kubernetes has it)
+MAX_SHORT = 4096  # file names, messages, errors, outcomes: cut beyond this (display only)
+MAX_TASKS_PAGE, MAX_PAGE_BYTES = 1000, 16 << 20  # list_tasks: rows, and bytes of documents
+MAX_EVENTS_PAGE = 10_000
+MAX_ACTIVE_POLICIES = 1000  # the scheduler holds all of them in memory
+KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
+ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf"})
+TASK_FIELDS = frozenset(
+    {"reasons", "placement", "cgroup", "attempt", "exit_code", "signal", "error"}
+    | {"started_ns", "ended_ns"}
+)
+# Crockford's base32, lower case: no i, l, o, u to misread when typed.
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+ID_DIGITS = 7  # 34 billion submissions before an id grows a digit and stops sorting
+
+
+class StoreError(Exception):
+    """One line naming the file or the task; never a traceback for an expected failure."""
+
+
+class StoreFull(StoreError):
+    """The state dir has no space: the change was rolled back, the store remains usable."""
+
+
+class Conflict(StoreError):
+    """A compare-and-set lost: the task is not in the state the caller expected."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+def format_task_id(seq: int) -> str:
+    digits = []
+    while seq or len(digits) < ID_DIGITS:
+        seq, d = divmod(seq, 32)
+        digits.append(ALPHABET[d])
+    return "t" + "".join(reversed(digits))
+
+
+def parse_task_id(task_id: str) -> int:
+    """The submission number of an id; ValueError for a string no id has."""
+    if not (task_id[:1] == "t" and 1 < len(task_id) <= 14 and set(task_id[1:]) <= set(ALPHABET)):
+        raise ValueError(f"{task_id!r} is not a task id (t and base32 digits)")
+    seq = 0
+    for c in task_id[1:]:
+        seq = seq * 32 + ALPHABET.index(c)
+    return seq
+
+
+# -- checks on what callers hand in: bounded, JSON, one clear line each ----------------------
+
+
+def _text(value: Any, what: str, limit: int, *, cut: bool = False, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty):
+        raise StoreError(f"{what} must be a {'' if empty else 'non-empty '}string")
+    if len(value.encode("utf-8", "surrogatepass")) <= limit:
+        return value
+    if cut:  # messages are for reading; quoting a workload's whole output helps no one
+        return value[: limit // 4 - 1] + "…"
+    raise StoreError(f"{what} is {len(value.encode())} bytes, more than the limit of {limit}")
+
+
+def _json(value: Any, what: str, limit: int = MAX_JSON) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} cannot be stored as JSON: {exc}") from None
+    if len(text.encode()) > limit:
+        raise StoreError(f"{what} is {len(text.encode())} bytes of JSON, more than {limit}")
+    return text
+
+
+def _reasons(reasons: Any) -> list[dict]:
+    """Dicts or placement Reasons (kind, node, detail) as dicts with at least a kind."""
+    out = []
+    for r in reasons:
+        if isinstance(r, Mapping):
+            d = dict(r)
+        elif dataclasses.is_dataclass(r) and not isinstance(r, type):
+            d = dataclasses.asdict(r)
+        else:
+            d = {}
+        if not isinstance(d.get("kind"), str) or not d["kind"]:
+            raise StoreError(f"a Pending reason needs a kind: {d!r:.200}")
+        out.append(d)
+    return out
+
+
+def _field_values(fields: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(fields) - TASK_FIELDS
+    if unknown:
+        raise TypeError(f"transition() got unknown fields: {', '.join(sorted(unknown))}")
+    out = dict(fields)
+    if "reasons" in out:
+        out["reasons"] = _json(_reasons(out["reasons"]), "reasons")
+    if out.get("placement") is not None:
+        out["placement"] = _json(out["placement"], "placement")
+    for key in ("cgroup", "error"):
+        if out.get(key) is not None:
+            out[key] = _text(out[key], key, MAX_SHORT, cut=key == "error")
+    return out
+
+
+# -- opening: lock, refuse what is not ours, migrate ----------------------------------------
+
+
+def _lock(state_dir: Path) -> int:
+    path = state_dir / LOCK_NAME
+    try:
+        # O_CLOEXEC: a workload the agent starts must not inherit the lock and outlive it.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StoreError(f"lock file {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            pid = os.pread(fd, 32, 0).decode().strip()
+        except (OSError, UnicodeDecodeError):
+            pid = ""
+        os.close(fd)
+        who = f"pid {pid}" if pid.isdigit() else "another process"
+        raise StoreError(f"state dir {state_dir} is in use by {who} (lock {path})") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # a full disk: the lock holds all the same, only the holder's pid goes unsaid
+    return fd
+
+
+def _existing_version(db: Path) -> int:
+    """The schema version of an existing file, read without changing a byte of it; 0 when
+    there is none yet. Refuses a file that is not ours or that a newer xhagent wrote."""
+    try:
+        st = os.stat(db)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise StoreError(f"{db}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{db} is not a regular file: move it away")
+    if st.st_size == 0:
+        return 0
+
+    def not_ours(why: str) -> StoreError:
+        return StoreError(
+            f"{db} is not an xhagent state database ({why}): move it away or restore a backup"
+        )
+
+    try:
+        # Read-only: a read-write connection would checkpoint a leftover WAL into the file
+        # when it closes, and this file may belong to someone else or to a newer xhagent.
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{db}: cannot open: {exc}") from None
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != schema.APPLICATION_ID and (app_id or tables):
+            raise not_ours(f"application_id {app_id:#x}" if app_id else "another program's tables")
+        if version > schema.latest():
+            raise StoreError(
+                f"{db} has schema version {version}, newer than this xhagent's "
+                f"{schema.latest()}: run a newer xhagent, or move the file away"
+            )
+        problems = conn.execute("PRAGMA quick_check(3)").fetchall()
+        if problems != [("ok",)]:
+            text = "; ".join(p[0] for p in problems).replace("*** in database main ***", "")
+            raise not_ours("quick_check: " + " ".join(text.split())[:300])
+        return version
+    except sqlite3.DatabaseError as exc:
+        raise not_ours(str(exc)) from None
+    finally:
+        conn.close()
+
+
+def _full_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    # IOERR_SHMSIZE: the WAL index could not grow, which on tmpfs means no space either.
+    return code in (sqlite3.SQLITE_FULL, getattr(sqlite3, "SQLITE_IOERR_SHMSIZE", 4874)) or (
+        code is None and "full" in str(exc)
+    )
+
+
+class Store:
+    """Open with `Store.open(state_dir)`; `close()` (or `with`) releases the file and lock."""
+
+    def __init__(self, state_dir: Path, conn: sqlite3.Connection, lock_fd: int, **opts: Any):
+        self.state_dir, self.path = state_dir, state_dir / DB_NAME
+        self._conn: sqlite3.Connection | None = conn
+        self._lock_fd = lock_fd
+        self._clock: Callable[[], int] = opts.get("clock") or time.time_ns
+        self.keep_events: int = opts.get("keep_events") or KEEP_EVENTS
+        self.keep_intents: int = opts.get("keep_intents") or KEEP_INTENTS
+        self._mutex = threading.RLock()  # the daemon's threads share one connection
+        self._depth = 0
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: Path,
+        *,
+        keep_events: int = KEEP_EVENTS,
+        keep_intents: int = KEEP_INTENTS,
+        clock: Callable[[], int] | None = None,
+    ) -> Store:
+        state_dir = Path(state_dir)
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"state dir {state_dir}: {exc.strerror}") from None
+        fd = _lock(state_dir)
+        db = state_dir / DB_NAME
+        conn = None
+        try:
+            version = _existing_version(db)
+            conn = sqlite3.connect(db, timeout=10.0, isolation_level=None, check_same_thread=False)
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+                raise StoreError(f"{db}: this file system cannot hold a WAL-mode database")
+            # FULL: WAL's NORMAL survives kill -9 (the OS has the write), but power loss
+            # could undo the last commits, and a submission acknowledged must outlive that.
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            schema.migrate(conn, version)
+            return cls(
+                state_dir, conn, fd, clock=clock, keep_events=keep_events, keep_intents=keep_intents
+            )
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            os.close(fd)
+            if isinstance(exc, sqlite3.Error):
+                raise _error(exc, db, state_dir, "opening the state database") from None
+            raise
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+                os.close(self._lock_fd)  # drops the flock: the next agent may start
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def atomic(self, what: str = "update") -> Iterator[sqlite3.Connection]:
+        """One transaction for everything inside, however many methods it calls."""
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield conn
+                finally:
+                    self._depth -= 1
+                return
+            self._depth = 1
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the connection drops the transaction when it cannot go on
+                if isinstance(exc, sqlite3.Error):
+                    raise _error(exc, self.path, self.state_dir, what) from None
+                raise
+            finally:
+                self._depth = 0
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            if self._conn is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise _error(exc, self.path, self.state_dir, "reading") from None
+
+    def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None) -> Event:
+        now = self._clock()
+        message = _text(message, "event message", MAX_SHORT, cut=True, empty=True)
+        args = (now, task_id, _text(kind, "event kind", MAX_NAME), message)
+        cur = c.execute(
+            "INSERT INTO events (ts_ns, task_id, kind, message, detail) VALUES (?, ?, ?, ?, ?)",
+            (*args, _json(detail or {}, "event detail")),
+        )
+        seq = cur.lastrowid
+        # Pruning every 1% of the window keeps each insert's cost flat: the window may
+        # hold up to 1% more than keep_events between two prunes.
+        if seq > self.keep_events and seq % max(1, min(1000, self.keep_events // 100)) == 0:
+            c.execute("DELETE FROM events WHERE seq <= ?", (seq - self.keep_events,))
+        return Event(seq, *args, detail or {})
+
+    def _task(self, c: sqlite3.Connection, task_id: str) -> TaskRecord | None:
+        row = c.execute(
+            f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+        ).fetchone()
+        return None if row is None else TaskRecord.from_row(row)
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        name: str,
+        kind: str,
+        source: str,
+        source_file: str,
+        spec: Any,
+        idempotency_key: str | None = None,
+        reasons: Collection[Any] = (),
+    ) -> TaskRecord:
+        """A new Pending task and its Submitted event. The same idempotency key again gets
+        the task it first made (a client retrying after a lost reply), or Conflict when it
+        comes with another document."""
+        name = _text(name, "task name", MAX_NAME)
+        row = (
+            name,
+            _text(kind, "task kind", MAX_NAME),
+            _text(source, f"task {name}: its document", MAX_DOCUMENT),
+            _text(source_file, "task file name", MAX_SHORT, cut=True),
+            _json(spec, f"task {name}: its spec", MAX_DOCUMENT),
+            _json(_reasons(reasons), "reasons"),
+        )
+        if idempotency_key is not None:
+            idempotency_key = _text(idempotency_key, "idempotency key", MAX_NAME)
+        with self.atomic(f"submitting task {name}") as c:
+            if idempotency_key is not None:
+                got = c.execute(
+                    f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE idempotency_key = ?",
+                    (idempotency_key,),
+                ).fetchone()
+                if got is not None:
+                    task = TaskRecord.from_row(got)
+                    if task.source != source:
+                        raise Conflict(
+                            f"idempotency key {idempotency_key!r} was used for task {task.id} "
+                            "with another document"
+                        )
+                    return task
+            last = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'tasks'").fetchone()
+            seq = (last[0] if last else 0) + 1
+            task_id, now = format_task_id(seq), self._clock()
+            c.execute(
+                "INSERT INTO tasks (seq, id, name, kind, source, source_file, spec, reasons, "
+                "state, created_ns, updated_ns, idempotency_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (seq, task_id, *row, TaskState.PENDING.value, now, now, idempotency_key),
+            )
+            self._event(c, task_id, "Submitted", f"{name} from {row[3]}")
+            return self._task(c, task_id)
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        with self._read() as c:
+            return self._task(c, task_id)
+
+    def list_tasks(
+        self,
+        states: Collection[TaskState] | None = None,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Tasks in submission order, after the id `after`: at most `limit` (at most
+        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id."""
+        where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+        if states is not None:
+            states = [TaskState(s).value for s in states]
+            where.append(f"state IN ({', '.join('?' * len(states))})")
+            args += states
+        limit = max(1, min(limit, MAX_TASKS_PAGE))
+        out, size = [], 0
+        with self._read() as c:
+            for row in c.execute(
+                f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE {' AND '.join(where)} "
+                "ORDER BY seq LIMIT ?",
+                (*args, limit),
+            ):
+                task = TaskRecord.from_row(row)
+                size += len(task.source) + len(row[-1])
+                if out and size > MAX_PAGE_BYTES:
+                    break
+                out.append(task)
+        return out
+
+    def transition(
+        self,
+        task_id: str,
+        to: TaskState,
+        *,
+        expect: TaskState | Collection[TaskState] | None = None,
+        note: str = "",
+        **fields: Any,
+    ) -> TaskRecord:
+        """Compare-and-set: moves the task to `to` when it is in `expect` (any state when
+        None) and the lifecycle allows it, sets `fields`, and records the transition as an
+        event, all in one transaction. Entering Pending gives the placement and cgroup back,
+        Starting counts an attempt, Running stamps started_ns, an end stamps ended_ns,
+        unless `fields` says otherwise."""
+        to = TaskState(to)
+        values = _field_values(fields)
+        with self.atomic(f"task {task_id} -> {to}") as c:
+            row = c.execute(
+                "SELECT state, placement, attempt FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no task {task_id}")
+            old = TaskState(row[0])
+            if expect is not None:
+                allowed = (
+                    {TaskState(expect)} if isinstance(expect, str) else set(map(TaskState, expect))
+                )
+                if old not in allowed:
+                    want = " or ".join(sorted(s.value for s in allowed))
+                    raise Conflict(f"task {task_id} is {old}, expected {want}")
+            check_transition(old, to, task_id)
+            now = self._clock()
+            if to is TaskState.PENDING:
+                values.setdefault("placement", None)
+                values.setdefault("cgroup", None)
+            if to is TaskState.STARTING:
+                values.setdefault("attempt", row[2] + 1)
+            if to is TaskState.RUNNING and old is TaskState.STARTING:
+                values.setdefault("started_ns", now)
+            if to in TERMINAL:
+                values.setdefault("ended_ns", now)
+            if to in NEEDS_PLACEMENT and values.get("placement", row[1]) is None:
+                raise StoreError(f"task {task_id}: {to} needs a placement")
+            values |= {"state": to.value, "updated_ns": now}
+            c.execute(
+                f"UPDATE tasks SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
+                (*values.values(), task_id),
+            )
+            message = f"{old} -> {to}" + (f": {note}" if note else "")
+            self._event(c, task_id, "Transition", message, {"from": old.value, "to": to.value})
+            return self._task(c, task_id)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def add_event(
+        self, kind: str, message: str, *, task_id: str | None = None, detail: Any = None
+    ) -> Event:
+        with self.atomic(f"recording event {kind}") as c:
+            return self._event(c, task_id, kind, message, detail)
+
+    def events(
+        self, since_seq: int = 0, *, task_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE)."""
+        where, args = "seq > ?", [since_seq]
+        if task_id is not None:
+            where, args = where + " AND task_id = ?", [*args, task_id]
+        limit = max(1, min(limit, MAX_EVENTS_PAGE))
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {Event.COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [Event.from_row(r) for r in rows]
+
+    def last_event_seq(self) -> int:
+        """Where a watcher that wants only what happens from now on starts."""
+        with self._read() as c:
+            return c.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+
+    # -- intents: what was begun, so that a restarted agent can finish or undo it ---------
+
+    def begin_intent(self, task_id: str, action: str, args: Any = None) -> int:
+        if action not in ACTIONS:
+            raise StoreError(f"unknown intent {action!r} (one of {', '.join(sorted(ACTIONS))})")
+        text = _json(args or {}, f"{action} arguments")
+        with self.atomic(f"recording {action} of task {task_id}") as c:
+            if c.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
+                raise NotFound(f"no task {task_id}")
+            return c.execute(
+                "INSERT INTO intents (task_id, action, args, created_ns) VALUES (?, ?, ?, ?)",
+                (task_id, action, text, self._clock()),
+            ).lastrowid
+
+    def finish_intent(self, intent_id: int, outcome: str) -> Intent:
+        outcome = _text(outcome, "intent outcome", MAX_SHORT, cut=True)
+        with self.atomic(f"finishing intent {intent_id}") as c:
+            done = c.execute(
+                "UPDATE intents SET done_ns = ?, outcome = ? WHERE id = ? AND done_ns IS NULL",
+                (self._clock(), outcome, intent_id),
+            ).rowcount
+            row = c.execute(
+                f"SELECT {Intent.COLUMNS} FROM intents WHERE id = ?", (intent_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no intent {intent_id}")
+            if not done:
+                raise Conflict(f"intent {intent_id} was already finished: {row[-1]}")
+            if intent_id > self.keep_intents and intent_id % 100 == 0:
+                c.execute(
+                    "DELETE FROM intents WHERE done_ns IS NOT NULL AND id <= ?",
+                    (intent_id - self.keep_intents,),
+                )
+            return Intent.from_row(row)
+
+    def open_intents(self, limit: int = 1000) -> list[Intent]:
+        """Begun, not finished, oldest first: what a restarted agent completes or undoes."""
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {Intent.COLUMNS} FROM intents WHERE done_ns IS NULL ORDER BY id LIMIT ?",
+                (max(1, limit),),
+            ).fetchall()
+        return [Intent.from_row(r) for r in rows]
+
+    # -- policies: every applied version kept; the active one is the newest not removed ---
+
+    def put_policy(self, kind: str, name: str, source: str, file: str) -> int:
+        """The version now active: a new one, or the active one when `source` is unchanged
+        (applying the same file twice is not a change)."""
+        kind, name = _text(kind, "policy kind", MAX_NAME), _text(name, "policy name", MAX_NAME)
+        source = _text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
+        file = _text(file, "policy file name", MAX_SHORT, cut=True)
+        with self.atomic(f"applying {kind} {name}") as c:
+            active = c.execute(
+                "SELECT version, source FROM policies WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL ORDER BY version DESC LIMIT 1",
+                (kind, name),
+            ).fetchone()
+            if active and active[1] == source:
+                return active[0]
+            if active is None and self._active_count(c) >= MAX_ACTIVE_POLICIES:
+                raise StoreError(f"{kind} {name} refused: {MAX_ACTIVE_POLICIES} policies active")
+            (last,) = c.execute(
+                "SELECT coalesce(max(version), 0) FROM policies WHERE kind = ? AND name = ?",
+                (kind, name),
+            ).fetchone()
+            c.execute(
+                "INSERT INTO policies (kind, name, version, source, file, applied_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (kind, name, last + 1, source, file, self._clock()),
+            )
+            self._event(c, None, "PolicyApplied", f"{kind} {name} version {last + 1} from {file}")
+            return last + 1
+
+    def remove_policy(self, kind: str, name: str) -> int:
+        """Removes the active version (and any older one with it); returns its number."""
+        with self.atomic(f"removing {kind} {name}") as c:
+            (version,) = c.execute(
+                "SELECT max(version) FROM policies WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL",
+                (kind, name),
+            ).fetchone()
+            if version is None:
+                raise NotFound(f"no active {kind} {name}")
+            c.execute(
+                "UPDATE policies SET removed_ns = ? WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL",
+                (self._clock(), kind, name),
+            )
+            self._event(c, None, "PolicyRemoved", f"{kind} {name} version {version}")
+            return version
+
+    def active_policies(self, kind: str | None = None) -> list[PolicyRecord]:
+        where, args = ("AND p.kind = ?", (kind,)) if kind else ("", ())
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {', '.join('p.' + col for col in PolicyRecord.COLUMNS.split(', '))} "
+                "FROM policies p WHERE p.removed_ns IS NULL "
+                f"{where} AND p.version = (SELECT max(version) FROM policies q "
+                "WHERE q.kind = p.kind AND q.name = p.name) ORDER BY p.kind, p.name",
+                args,
+            ).fetchall()
+        return [PolicyRecord.from_row(r) for r in rows]
+
+    def _active_count(self, c: sqlite3.Connection) -> int:
+        return c.execute(
+            "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
+        ).fetchone()[0]
+
+
+def _error(exc: sqlite3.Error, db: Path, state_dir: Path, what: str) -> StoreError:
+    if _full_error(exc):
+        return StoreFull(
+            f"{state_dir} is full: {what} was refused and rolled back; nothing recorded before "
+            "is lost (free space there and try again)"
+        )
+    return StoreError(f"{db}: {what}: {exc}")
