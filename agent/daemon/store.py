@@ -285,6 +285,12 @@ class Store:
             # could undo the last commits, and a submission acknowledged must outlive that.
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
+            # Each commit appends ~10 pages to the WAL, and the default checkpoint waits for
+            # 1000 (4 MiB): a small state dir would fill with stale copies of pages long
+            # before the data itself fills it. Checkpoint every 64 pages, and give a WAL
+            # that a big transaction grew back down to 1 MiB after it.
+            conn.execute("PRAGMA wal_autocheckpoint = 64")
+            conn.execute(f"PRAGMA journal_size_limit = {1 << 20}")
             schema.migrate(conn, version)
             return cls(
                 state_dir, conn, fd, clock=clock, keep_events=keep_events, keep_intents=keep_intents
