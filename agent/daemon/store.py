@@ -249,15 +249,26 @@ def _full_error(exc: sqlite3.Error) -> bool:
 class Store:
     """Open with `Store.open(state_dir)`; `close()` (or `with`) releases the file and lock."""
 
-    def __init__(self, state_dir: Path, conn: sqlite3.Connection, lock_fd: int, **opts: Any):
+    def __init__(
+        self,
+        state_dir: Path,
+        conn: sqlite3.Connection,
+        lock_fd: int,
+        *,
+        keep_events: int = KEEP_EVENTS,
+        keep_intents: int = KEEP_INTENTS,
+        clock: Callable[[], int] | None = None,
+    ):
+        if keep_events < 1 or keep_intents < 1:
+            raise ValueError("keep_events and keep_intents must be at least 1")
         self.state_dir, self.path = state_dir, state_dir / DB_NAME
         self._conn: sqlite3.Connection | None = conn
         self._lock_fd = lock_fd
-        self._clock: Callable[[], int] = opts.get("clock") or time.time_ns
-        self.keep_events: int = opts.get("keep_events") or KEEP_EVENTS
-        self.keep_intents: int = opts.get("keep_intents") or KEEP_INTENTS
+        self._clock: Callable[[], int] = clock or time.time_ns
+        self.keep_events, self.keep_intents = keep_events, keep_intents
         self._mutex = threading.RLock()  # the daemon's threads share one connection
         self._depth = 0
+        self._doomed = False  # a statement failed inside atomic(): only a rollback is left
 
     @classmethod
     def open(
@@ -319,23 +330,38 @@ class Store:
     # -- transactions ---------------------------------------------------------------------
 
     @contextmanager
-    def atomic(self, what: str = "update") -> Iterator[sqlite3.Connection]:
-        """One transaction for everything inside, however many methods it calls."""
+    def atomic(self) -> Iterator[None]:
+        """One transaction for every method called inside: all of it is committed, or
+        none of it when anything raises."""
+        with self._tx("update"):
+            yield
+
+    @contextmanager
+    def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
         with self._mutex:
             conn = self._conn
             if conn is None:
                 raise StoreError(f"{self.path}: the store is closed")
             if self._depth:
+                # SQLite may end the whole transaction on an error (SQLITE_FULL does): a
+                # caller that caught it inside atomic() must not go on in autocommit mode.
+                if self._doomed:
+                    raise StoreError(f"{self.path}: {what}: an earlier error ended this update")
                 self._depth += 1
                 try:
                     yield conn
+                except sqlite3.Error as exc:
+                    self._doomed = True
+                    raise _error(exc, self.path, self.state_dir, what) from None
                 finally:
                     self._depth -= 1
                 return
-            self._depth = 1
+            self._depth, self._doomed = 1, False
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 yield conn
+                if self._doomed:
+                    raise StoreError(f"{self.path}: {what}: an error inside ended this update")
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:
@@ -347,7 +373,7 @@ class Store:
                     raise _error(exc, self.path, self.state_dir, what) from None
                 raise
             finally:
-                self._depth = 0
+                self._depth, self._doomed = 0, False
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -359,8 +385,8 @@ class Store:
             except sqlite3.Error as exc:
                 raise _error(exc, self.path, self.state_dir, "reading") from None
 
-    def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None) -> Event:
-        now = self._clock()
+    def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None, now=None) -> Event:
+        now = now or self._clock()
         message = _text(message, "event message", MAX_SHORT, cut=True, empty=True)
         args = (now, task_id, _text(kind, "event kind", MAX_NAME), message)
         cur = c.execute(
@@ -407,7 +433,7 @@ class Store:
         )
         if idempotency_key is not None:
             idempotency_key = _text(idempotency_key, "idempotency key", MAX_NAME)
-        with self.atomic(f"submitting task {name}") as c:
+        with self._tx(f"submitting task {name}") as c:
             if idempotency_key is not None:
                 got = c.execute(
                     f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE idempotency_key = ?",
@@ -430,7 +456,7 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (seq, task_id, *row, TaskState.PENDING.value, now, now, idempotency_key),
             )
-            self._event(c, task_id, "Submitted", f"{name} from {row[3]}")
+            self._event(c, task_id, "Submitted", f"{name} from {row[3]}", now=now)
             return self._task(c, task_id)
 
     def get(self, task_id: str) -> TaskRecord | None:
@@ -446,7 +472,10 @@ class Store:
     ) -> list[TaskRecord]:
         """Tasks in submission order, after the id `after`: at most `limit` (at most
         MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id."""
-        where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+        try:
+            where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
         if states is not None:
             states = [TaskState(s).value for s in states]
             where.append(f"state IN ({', '.join('?' * len(states))})")
@@ -477,12 +506,13 @@ class Store:
     ) -> TaskRecord:
         """Compare-and-set: moves the task to `to` when it is in `expect` (any state when
         None) and the lifecycle allows it, sets `fields`, and records the transition as an
-        event, all in one transaction. Entering Pending gives the placement and cgroup back,
-        Starting counts an attempt, Running stamps started_ns, an end stamps ended_ns,
-        unless `fields` says otherwise."""
+        event, all in one transaction. Unless `fields` says otherwise: entering Pending gives
+        the placement and cgroup back, leaving it clears the reasons, Starting counts an
+        attempt and clears the last one's outcome, Running stamps started_ns, an end
+        ended_ns."""
         to = TaskState(to)
         values = _field_values(fields)
-        with self.atomic(f"task {task_id} -> {to}") as c:
+        with self._tx(f"task {task_id} -> {to}") as c:
             row = c.execute(
                 "SELECT state, placement, attempt FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
@@ -501,8 +531,12 @@ class Store:
             if to is TaskState.PENDING:
                 values.setdefault("placement", None)
                 values.setdefault("cgroup", None)
-            if to is TaskState.STARTING:
+            else:
+                values.setdefault("reasons", "[]")  # they say why a task waits; it no longer does
+            if to is TaskState.STARTING:  # a new attempt: the last one's end is in the events
                 values.setdefault("attempt", row[2] + 1)
+                for key in ("exit_code", "signal", "error", "started_ns", "ended_ns"):
+                    values.setdefault(key, None)
             if to is TaskState.RUNNING and old is TaskState.STARTING:
                 values.setdefault("started_ns", now)
             if to in TERMINAL:
@@ -515,7 +549,13 @@ class Store:
                 (*values.values(), task_id),
             )
             message = f"{old} -> {to}" + (f": {note}" if note else "")
-            self._event(c, task_id, "Transition", message, {"from": old.value, "to": to.value})
+            detail = {"from": old.value, "to": to.value}
+            detail |= {k: fields[k] for k in ("exit_code", "signal", "attempt") if k in fields}
+            if "error" in fields:
+                detail["error"] = values["error"]
+            if isinstance(fields.get("placement"), Mapping) and "node" in fields["placement"]:
+                detail["node"] = fields["placement"]["node"]
+            self._event(c, task_id, "Transition", message, detail, now=now)
             return self._task(c, task_id)
 
     # -- events ---------------------------------------------------------------------------
@@ -523,7 +563,9 @@ class Store:
     def add_event(
         self, kind: str, message: str, *, task_id: str | None = None, detail: Any = None
     ) -> Event:
-        with self.atomic(f"recording event {kind}") as c:
+        with self._tx(f"recording event {kind}") as c:
+            if task_id is not None and self._task(c, task_id) is None:
+                raise NotFound(f"no task {task_id}")
             return self._event(c, task_id, kind, message, detail)
 
     def events(
@@ -552,7 +594,7 @@ class Store:
         if action not in ACTIONS:
             raise StoreError(f"unknown intent {action!r} (one of {', '.join(sorted(ACTIONS))})")
         text = _json(args or {}, f"{action} arguments")
-        with self.atomic(f"recording {action} of task {task_id}") as c:
+        with self._tx(f"recording {action} of task {task_id}") as c:
             if c.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
                 raise NotFound(f"no task {task_id}")
             return c.execute(
@@ -562,7 +604,7 @@ class Store:
 
     def finish_intent(self, intent_id: int, outcome: str) -> Intent:
         outcome = _text(outcome, "intent outcome", MAX_SHORT, cut=True)
-        with self.atomic(f"finishing intent {intent_id}") as c:
+        with self._tx(f"finishing intent {intent_id}") as c:
             done = c.execute(
                 "UPDATE intents SET done_ns = ?, outcome = ? WHERE id = ? AND done_ns IS NULL",
                 (self._clock(), outcome, intent_id),
@@ -598,7 +640,7 @@ class Store:
         kind, name = _text(kind, "policy kind", MAX_NAME), _text(name, "policy name", MAX_NAME)
         source = _text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
         file = _text(file, "policy file name", MAX_SHORT, cut=True)
-        with self.atomic(f"applying {kind} {name}") as c:
+        with self._tx(f"applying {kind} {name}") as c:
             active = c.execute(
                 "SELECT version, source FROM policies WHERE kind = ? AND name = ? "
                 "AND removed_ns IS NULL ORDER BY version DESC LIMIT 1",
@@ -622,7 +664,7 @@ class Store:
 
     def remove_policy(self, kind: str, name: str) -> int:
         """Removes the active version (and any older one with it); returns its number."""
-        with self.atomic(f"removing {kind} {name}") as c:
+        with self._tx(f"removing {kind} {name}") as c:
             (version,) = c.execute(
                 "SELECT max(version) FROM policies WHERE kind = ? AND name = ? "
                 "AND removed_ns IS NULL",

@@ -134,7 +134,11 @@ def test_a_run_records_fields_and_a_restart_goes_back_to_pending(store):
         {"kind": "BackOff", "detail": "restart 2 after exit code 1", "until_ns": 5},
     )
     again = store.transition(t.id, S.STARTING, placement={"node": "n2"})
-    assert again.attempt == 2
+    assert again.attempt == 2 and again.reasons == () and again.exit_code is None
+    assert again.started_ns is None and again.placement == {"node": "n2"}
+    last = store.events(task_id=t.id)[-2:]
+    assert last[0].detail == {"from": "Running", "to": "Pending", "exit_code": 1}
+    assert last[1].detail == {"from": "Pending", "to": "Starting", "node": "n2"}
     with pytest.raises(StoreError, match="needs a kind"):
         store.transition(t.id, S.PENDING, reasons=[{"detail": "no kind"}])
 
@@ -206,6 +210,26 @@ def test_atomic_rolls_back_everything_inside(store):
         store.begin_intent(t.id, "start")
         raise RuntimeError("the shim failed before the commit")
     assert store.get(t.id) == t and store.open_intents() == [] and store.last_event_seq() == seq
+
+
+def test_an_error_inside_atomic_ends_the_whole_update(store, monkeypatch):
+    from xhagent.daemon.store_schema import TaskRecord
+
+    t = submit(store)
+    seq = store.last_event_seq()
+    with pytest.raises(StoreError, match="an error inside ended this update"), store.atomic():
+        store.add_event("Note", "before", task_id=t.id)
+        with monkeypatch.context() as m:
+            m.setattr(TaskRecord, "COLUMNS", "no_such_column")
+            with pytest.raises(StoreError, match="no such column"):
+                submit(store, "x")  # SQLite may have ended the transaction here
+        with pytest.raises(StoreError, match="an earlier error ended this update"):
+            store.add_event("Note", "after", task_id=t.id)
+    assert store.last_event_seq() == seq and len(store.list_tasks()) == 1
+    with pytest.raises(NotFound, match="no task t0000999"):
+        store.add_event("Note", "for no one", task_id="t0000999")
+    with pytest.raises(StoreError, match="'bogus' is not a task id"):
+        store.list_tasks(after="bogus")
 
 
 def test_policy_versions_and_removal(store):
