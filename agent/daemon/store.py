@@ -24,12 +24,8 @@ is space again.
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
-import json
 import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -39,6 +35,32 @@ from typing import Any
 
 from . import store_schema as schema
 from .lifecycle import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
+from .store_checks import (
+    ACTIONS,
+    DB_NAME,
+    KEEP_EVENTS,
+    KEEP_INTENTS,
+    MAX_ACTIVE_POLICIES,
+    MAX_DOCUMENT,
+    MAX_EVENTS_PAGE,
+    MAX_NAME,
+    MAX_PAGE_BYTES,
+    MAX_SHORT,
+    MAX_TASKS_PAGE,
+    Conflict,
+    NotFound,
+    StoreError,
+    StoreFull,
+    existing_version,
+    field_values,
+    format_task_id,
+    json_text,
+    lock_state_dir,
+    parse_task_id,
+    reasons_of,
+    store_error,
+    text,
+)
 from .store_schema import Event, Intent, PolicyRecord, TaskRecord
 
 __all__ = [
@@ -55,195 +77,6 @@ __all__ = [
     "format_task_id",
     "parse_task_id",
 ]
-
-DB_NAME, LOCK_NAME = "state.db", "lock"
-MAX_DOCUMENT = 1 << 20  # bytes of one Task or policy document, and of its parsed JSON
-MAX_JSON = 1 << 20  # bytes of reasons, placement, args, detail as JSON
-MAX_NAME = 253  # task and policy names (a DNS name's length, as Kubernetes has it)
-MAX_SHORT = 4096  # file names, messages, errors, outcomes: cut beyond this (display only)
-MAX_TASKS_PAGE, MAX_PAGE_BYTES = 1000, 16 << 20  # list_tasks: rows, and bytes of documents
-MAX_EVENTS_PAGE = 10_000
-MAX_ACTIVE_POLICIES = 1000  # the scheduler holds all of them in memory
-KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
-ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf"})
-TASK_FIELDS = frozenset(
-    {"reasons", "placement", "cgroup", "attempt", "exit_code", "signal", "error"}
-    | {"started_ns", "ended_ns"}
-)
-# Crockford's base32, lower case: no i, l, o, u to misread when typed.
-ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-ID_DIGITS = 7  # 34 billion submissions before an id grows a digit and stops sorting
-
-
-class StoreError(Exception):
-    """One line naming the file or the task; never a traceback for an expected failure."""
-
-
-class StoreFull(StoreError):
-    """The state dir has no space: the change was rolled back, the store remains usable."""
-
-
-class Conflict(StoreError):
-    """A compare-and-set lost: the task is not in the state the caller expected."""
-
-
-class NotFound(StoreError):
-    pass
-
-
-def format_task_id(seq: int) -> str:
-    digits = []
-    while seq or len(digits) < ID_DIGITS:
-        seq, d = divmod(seq, 32)
-        digits.append(ALPHABET[d])
-    return "t" + "".join(reversed(digits))
-
-
-def parse_task_id(task_id: str) -> int:
-    """The submission number of an id; ValueError for a string no id has."""
-    if not (task_id[:1] == "t" and 1 < len(task_id) <= 14 and set(task_id[1:]) <= set(ALPHABET)):
-        raise ValueError(f"{task_id!r} is not a task id (t and base32 digits)")
-    seq = 0
-    for c in task_id[1:]:
-        seq = seq * 32 + ALPHABET.index(c)
-    return seq
-
-
-# -- checks on what callers hand in: bounded, JSON, one clear line each ----------------------
-
-
-def _text(value: Any, what: str, limit: int, *, cut: bool = False, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not value and not empty):
-        raise StoreError(f"{what} must be a {'' if empty else 'non-empty '}string")
-    if len(value.encode("utf-8", "surrogatepass")) <= limit:
-        return value
-    if cut:  # messages are for reading; quoting a workload's whole output helps no one
-        return value[: limit // 4 - 1] + "…"
-    raise StoreError(f"{what} is {len(value.encode())} bytes, more than the limit of {limit}")
-
-
-def _json(value: Any, what: str, limit: int = MAX_JSON) -> str:
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} cannot be stored as JSON: {exc}") from None
-    if len(text.encode()) > limit:
-        raise StoreError(f"{what} is {len(text.encode())} bytes of JSON, more than {limit}")
-    return text
-
-
-def _reasons(reasons: Any) -> list[dict]:
-    """Dicts or placement Reasons (kind, node, detail) as dicts with at least a kind."""
-    out = []
-    for r in reasons:
-        if isinstance(r, Mapping):
-            d = dict(r)
-        elif dataclasses.is_dataclass(r) and not isinstance(r, type):
-            d = dataclasses.asdict(r)
-        else:
-            d = {}
-        if not isinstance(d.get("kind"), str) or not d["kind"]:
-            raise StoreError(f"a Pending reason needs a kind: {d!r:.200}")
-        out.append(d)
-    return out
-
-
-def _field_values(fields: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(fields) - TASK_FIELDS
-    if unknown:
-        raise TypeError(f"transition() got unknown fields: {', '.join(sorted(unknown))}")
-    out = dict(fields)
-    if "reasons" in out:
-        out["reasons"] = _json(_reasons(out["reasons"]), "reasons")
-    if out.get("placement") is not None:
-        out["placement"] = _json(out["placement"], "placement")
-    for key in ("cgroup", "error"):
-        if out.get(key) is not None:
-            out[key] = _text(out[key], key, MAX_SHORT, cut=key == "error")
-    return out
-
-
-# -- opening: lock, refuse what is not ours, migrate ----------------------------------------
-
-
-def _lock(state_dir: Path) -> int:
-    path = state_dir / LOCK_NAME
-    try:
-        # O_CLOEXEC: a workload the agent starts must not inherit the lock and outlive it.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise StoreError(f"lock file {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            pid = os.pread(fd, 32, 0).decode().strip()
-        except (OSError, UnicodeDecodeError):
-            pid = ""
-        os.close(fd)
-        who = f"pid {pid}" if pid.isdigit() else "another process"
-        raise StoreError(f"state dir {state_dir} is in use by {who} (lock {path})") from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass  # a full disk: the lock holds all the same, only the holder's pid goes unsaid
-    return fd
-
-
-def _existing_version(db: Path) -> int:
-    """The schema version of an existing file, read without changing a byte of it; 0 when
-    there is none yet. Refuses a file that is not ours or that a newer xhagent wrote."""
-    try:
-        st = os.stat(db)
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise StoreError(f"{db}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{db} is not a regular file: move it away")
-    if st.st_size == 0:
-        return 0
-
-    def not_ours(why: str) -> StoreError:
-        return StoreError(
-            f"{db} is not an xhagent state database ({why}): move it away or restore a backup"
-        )
-
-    try:
-        # Read-only: a read-write connection would checkpoint a leftover WAL into the file
-        # when it closes, and this file may belong to someone else or to a newer xhagent.
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{db}: cannot open: {exc}") from None
-    try:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != schema.APPLICATION_ID and (app_id or tables):
-            raise not_ours(f"application_id {app_id:#x}" if app_id else "another program's tables")
-        if version > schema.latest():
-            raise StoreError(
-                f"{db} has schema version {version}, newer than this xhagent's "
-                f"{schema.latest()}: run a newer xhagent, or move the file away"
-            )
-        problems = conn.execute("PRAGMA quick_check(3)").fetchall()
-        if problems != [("ok",)]:
-            text = "; ".join(p[0] for p in problems).replace("*** in database main ***", "")
-            raise not_ours("quick_check: " + " ".join(text.split())[:300])
-        return version
-    except sqlite3.DatabaseError as exc:
-        raise not_ours(str(exc)) from None
-    finally:
-        conn.close()
-
-
-def _full_error(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    # IOERR_SHMSIZE: the WAL index could not grow, which on tmpfs means no space either.
-    return code in (sqlite3.SQLITE_FULL, getattr(sqlite3, "SQLITE_IOERR_SHMSIZE", 4874)) or (
-        code is None and "full" in str(exc)
-    )
 
 
 class Store:
@@ -284,11 +117,11 @@ class Store:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"state dir {state_dir}: {exc.strerror}") from None
-        fd = _lock(state_dir)
+        fd = lock_state_dir(state_dir)
         db = state_dir / DB_NAME
         conn = None
         try:
-            version = _existing_version(db)
+            version = existing_version(db)
             conn = sqlite3.connect(db, timeout=10.0, isolation_level=None, check_same_thread=False)
             if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
                 raise StoreError(f"{db}: this file system cannot hold a WAL-mode database")
@@ -311,7 +144,7 @@ class Store:
                 conn.close()
             os.close(fd)
             if isinstance(exc, sqlite3.Error):
-                raise _error(exc, db, state_dir, "opening the state database") from None
+                raise store_error(exc, db, state_dir, "opening the state database") from None
             raise
 
     def close(self) -> None:
@@ -352,7 +185,7 @@ class Store:
                     yield conn
                 except sqlite3.Error as exc:
                     self._doomed = True
-                    raise _error(exc, self.path, self.state_dir, what) from None
+                    raise store_error(exc, self.path, self.state_dir, what) from None
                 finally:
                     self._depth -= 1
                 return
@@ -370,7 +203,7 @@ class Store:
                     except sqlite3.Error:
                         pass  # the connection drops the transaction when it cannot go on
                 if isinstance(exc, sqlite3.Error):
-                    raise _error(exc, self.path, self.state_dir, what) from None
+                    raise store_error(exc, self.path, self.state_dir, what) from None
                 raise
             finally:
                 self._depth, self._doomed = 0, False
@@ -383,15 +216,15 @@ class Store:
             try:
                 yield self._conn
             except sqlite3.Error as exc:
-                raise _error(exc, self.path, self.state_dir, "reading") from None
+                raise store_error(exc, self.path, self.state_dir, "reading") from None
 
     def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None, now=None) -> Event:
         now = now or self._clock()
-        message = _text(message, "event message", MAX_SHORT, cut=True, empty=True)
-        args = (now, task_id, _text(kind, "event kind", MAX_NAME), message)
+        message = text(message, "event message", MAX_SHORT, cut=True, empty=True)
+        args = (now, task_id, text(kind, "event kind", MAX_NAME), message)
         cur = c.execute(
             "INSERT INTO events (ts_ns, task_id, kind, message, detail) VALUES (?, ?, ?, ?, ?)",
-            (*args, _json(detail or {}, "event detail")),
+            (*args, json_text(detail or {}, "event detail")),
         )
         seq = cur.lastrowid
         # Pruning every 1% of the window keeps each insert's cost flat: the window may
@@ -422,17 +255,17 @@ class Store:
         """A new Pending task and its Submitted event. The same idempotency key again gets
         the task it first made (a client retrying after a lost reply), or Conflict when it
         comes with another document."""
-        name = _text(name, "task name", MAX_NAME)
+        name = text(name, "task name", MAX_NAME)
         row = (
             name,
-            _text(kind, "task kind", MAX_NAME),
-            _text(source, f"task {name}: its document", MAX_DOCUMENT),
-            _text(source_file, "task file name", MAX_SHORT, cut=True),
-            _json(spec, f"task {name}: its spec", MAX_DOCUMENT),
-            _json(_reasons(reasons), "reasons"),
+            text(kind, "task kind", MAX_NAME),
+            text(source, f"task {name}: its document", MAX_DOCUMENT),
+            text(source_file, "task file name", MAX_SHORT, cut=True),
+            json_text(spec, f"task {name}: its spec", MAX_DOCUMENT),
+            json_text(reasons_of(reasons), "reasons"),
         )
         if idempotency_key is not None:
-            idempotency_key = _text(idempotency_key, "idempotency key", MAX_NAME)
+            idempotency_key = text(idempotency_key, "idempotency key", MAX_NAME)
         with self._tx(f"submitting task {name}") as c:
             if idempotency_key is not None:
                 got = c.execute(
@@ -511,7 +344,7 @@ class Store:
         attempt and clears the last one's outcome, Running stamps started_ns, an end
         ended_ns."""
         to = TaskState(to)
-        values = _field_values(fields)
+        values = field_values(fields)
         with self._tx(f"task {task_id} -> {to}") as c:
             row = c.execute(
                 "SELECT state, placement, attempt FROM tasks WHERE id = ?", (task_id,)
@@ -593,17 +426,17 @@ class Store:
     def begin_intent(self, task_id: str, action: str, args: Any = None) -> int:
         if action not in ACTIONS:
             raise StoreError(f"unknown intent {action!r} (one of {', '.join(sorted(ACTIONS))})")
-        text = _json(args or {}, f"{action} arguments")
+        encoded = json_text(args or {}, f"{action} arguments")
         with self._tx(f"recording {action} of task {task_id}") as c:
             if c.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
                 raise NotFound(f"no task {task_id}")
             return c.execute(
                 "INSERT INTO intents (task_id, action, args, created_ns) VALUES (?, ?, ?, ?)",
-                (task_id, action, text, self._clock()),
+                (task_id, action, encoded, self._clock()),
             ).lastrowid
 
     def finish_intent(self, intent_id: int, outcome: str) -> Intent:
-        outcome = _text(outcome, "intent outcome", MAX_SHORT, cut=True)
+        outcome = text(outcome, "intent outcome", MAX_SHORT, cut=True)
         with self._tx(f"finishing intent {intent_id}") as c:
             done = c.execute(
                 "UPDATE intents SET done_ns = ?, outcome = ? WHERE id = ? AND done_ns IS NULL",
@@ -637,9 +470,9 @@ class Store:
     def put_policy(self, kind: str, name: str, source: str, file: str) -> int:
         """The version now active: a new one, or the active one when `source` is unchanged
         (applying the same file twice is not a change)."""
-        kind, name = _text(kind, "policy kind", MAX_NAME), _text(name, "policy name", MAX_NAME)
-        source = _text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
-        file = _text(file, "policy file name", MAX_SHORT, cut=True)
+        kind, name = text(kind, "policy kind", MAX_NAME), text(name, "policy name", MAX_NAME)
+        source = text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
+        file = text(file, "policy file name", MAX_SHORT, cut=True)
         with self._tx(f"applying {kind} {name}") as c:
             active = c.execute(
                 "SELECT version, source FROM policies WHERE kind = ? AND name = ? "
@@ -696,12 +529,3 @@ class Store:
         return c.execute(
             "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
         ).fetchone()[0]
-
-
-def _error(exc: sqlite3.Error, db: Path, state_dir: Path, what: str) -> StoreError:
-    if _full_error(exc):
-        return StoreFull(
-            f"{state_dir} is full: {what} was refused and rolled back; nothing recorded before "
-            "is lost (free space there and try again)"
-        )
-    return StoreError(f"{db}: {what}: {exc}")

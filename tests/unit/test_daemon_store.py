@@ -260,7 +260,15 @@ def test_inputs_are_bounded(store):
         store.submit(name="nan", kind="cpu", source="x", source_file="n", spec={"x": float("nan")})
     with pytest.raises(StoreError, match="task name must be a non-empty string"):
         store.submit(name="", kind="cpu", source="x", source_file="n", spec={})
+    with pytest.raises(StoreError, match="task name is not valid UTF-8"):
+        store.submit(name="\udc80", kind="cpu", source="x", source_file="n", spec={})
+    with pytest.raises(StoreError, match="its spec is not valid UTF-8"):
+        store.submit(name="s", kind="cpu", source="x", source_file="n", spec={"\udc80": 1})
     t = submit(store)
+    with pytest.raises(StoreError, match="exit_code must be a 64-bit integer or None, not 1844"):
+        store.transition(t.id, S.FAILED, exit_code=2**64)
+    with pytest.raises(StoreError, match="attempt must be a 64-bit integer or None, not '1'"):
+        store.transition(t.id, S.FAILED, attempt="1")
     long = store.transition(t.id, S.FAILED, error="e" * 100_000).error
     assert len(long.encode()) <= 4096 and long.endswith("…")
     assert store.list_tasks() == [store.get(t.id)]
