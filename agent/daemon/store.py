@@ -220,6 +220,8 @@ class Store:
 
     def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None, now=None) -> Event:
         now = now or self._clock()
+        if detail is not None and not isinstance(detail, Mapping):
+            raise StoreError(f"event detail must be a mapping, not {type(detail).__name__}")
         message = text(message, "event message", MAX_SHORT, cut=True, empty=True)
         args = (now, task_id, text(kind, "event kind", MAX_NAME), message)
         cur = c.execute(
@@ -426,6 +428,8 @@ class Store:
     def begin_intent(self, task_id: str, action: str, args: Any = None) -> int:
         if action not in ACTIONS:
             raise StoreError(f"unknown intent {action!r} (one of {', '.join(sorted(ACTIONS))})")
+        if args is not None and not isinstance(args, Mapping):
+            raise StoreError(f"{action} arguments must be a mapping, not {type(args).__name__}")
         encoded = json_text(args or {}, f"{action} arguments")
         with self._tx(f"recording {action} of task {task_id}") as c:
             if c.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:

@@ -50,6 +50,8 @@ def test_a_full_state_dir_refuses_submissions_and_recovers(small_tmpfs):
         assert [t.id for t in store.list_tasks(limit=1000)] == acked
         assert store.get(acked[-1]).state is TaskState.PENDING
         assert all(t.idempotency_key != f"k{full_at}" for t in store.list_tasks(limit=1000))
+        last = store.events(store.last_event_seq() - 1)
+        assert [(e.kind, e.task_id) for e in last] == [("Submitted", acked[-1])]
         with pytest.raises(StoreFull):
             submit(store, full_at)
 

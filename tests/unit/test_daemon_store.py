@@ -228,6 +228,10 @@ def test_an_error_inside_atomic_ends_the_whole_update(store, monkeypatch):
     assert store.last_event_seq() == seq and len(store.list_tasks()) == 1
     with pytest.raises(NotFound, match="no task t0000999"):
         store.add_event("Note", "for no one", task_id="t0000999")
+    with pytest.raises(StoreError, match="event detail must be a mapping, not list"):
+        store.add_event("Note", "odd", detail=[1])
+    with pytest.raises(StoreError, match="kill arguments must be a mapping, not str"):
+        store.begin_intent(t.id, "kill", "9")
     with pytest.raises(StoreError, match="'bogus' is not a task id"):
         store.list_tasks(after="bogus")
 
