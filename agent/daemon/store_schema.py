@@ -1,0 +1,235 @@
+"""The state database's tables, their migrations, and the records read from them.
+
+`PRAGMA user_version` is the schema version: the number of `MIGRATIONS` steps applied.
+Version N+1 is one more function appended to the list; the store applies each missing step
+in its own transaction, so a migration interrupted by kill -9 leaves the previous version
+whole. Steps are never edited once released: a database in the field has run them.
+
+`PRAGMA application_id` marks the file as ours, so that another program's SQLite file left
+in the state dir is refused instead of being taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .lifecycle import TaskState
+
+APPLICATION_ID = 0x78686167  # "xhag"
+
+Step = Callable[[sqlite3.Connection], None]
+
+
+def sql(*statements: str) -> Step:
+    """A step made of plain statements (executescript would commit; these run in the step's
+    transaction)."""
+
+    def step(conn: sqlite3.Connection) -> None:
+        for s in statements:
+            conn.execute(s)
+
+    return step
+
+
+V1 = sql(
+    """CREATE TABLE tasks (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- submission order; never reused
+        id TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        source TEXT NOT NULL,
+        source_file TEXT NOT NULL,
+        spec TEXT NOT NULL,                     -- JSON
+        state TEXT NOT NULL,
+        reasons TEXT NOT NULL DEFAULT '[]',     -- JSON: [{kind, node, detail, ...}]
+        placement TEXT,                         -- JSON: {node, cpus, gpus, ...}
+        cgroup TEXT,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        exit_code INTEGER,
+        signal INTEGER,
+        error TEXT,
+        created_ns INTEGER NOT NULL,
+        started_ns INTEGER,
+        ended_ns INTEGER,
+        updated_ns INTEGER NOT NULL,
+        idempotency_key TEXT UNIQUE
+    )""",
+    "CREATE INDEX tasks_state ON tasks (state, seq)",
+    "CREATE INDEX tasks_name ON tasks (name)",
+    """CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts_ns INTEGER NOT NULL,
+        task_id TEXT REFERENCES tasks (id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX events_task ON events (task_id, seq)",
+    """CREATE TABLE policies (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        file TEXT NOT NULL,
+        applied_ns INTEGER NOT NULL,
+        removed_ns INTEGER,
+        PRIMARY KEY (kind, name, version)
+    )""",
+    """CREATE TABLE intents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_id TEXT NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
+        action TEXT NOT NULL,
+        args TEXT NOT NULL DEFAULT '{}',
+        created_ns INTEGER NOT NULL,
+        done_ns INTEGER,
+        outcome TEXT
+    )""",
+    # Only the open ones are looked up after a restart; the finished ones stay for history.
+    "CREATE INDEX intents_open ON intents (id) WHERE done_ns IS NULL",
+)
+
+MIGRATIONS: list[Step] = [V1]
+
+
+def latest() -> int:
+    return len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection, have: int) -> None:
+    """Apply each step past `have`, one transaction each (the caller's connection is in
+    autocommit mode)."""
+    for version in range(have + 1, latest() + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version - 1](conn)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: str
+    name: str
+    kind: str
+    state: TaskState
+    reasons: tuple[dict, ...]
+    placement: dict | None
+    cgroup: str | None
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    error: str | None
+    created_ns: int
+    started_ns: int | None
+    ended_ns: int | None
+    updated_ns: int
+    idempotency_key: str | None
+    source: str
+    source_file: str
+    spec: dict
+
+    COLUMNS = (
+        "id, name, kind, state, reasons, placement, cgroup, attempt, exit_code, signal, error, "
+        "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, source, source_file, spec"
+    )
+
+    @classmethod
+    def from_row(cls, row: Sequence) -> TaskRecord:
+        (id_, name, kind, state, reasons, placement, *rest) = row
+        *middle, source, source_file, spec = rest
+        return cls(
+            id_,
+            name,
+            kind,
+            TaskState(state),
+            tuple(json.loads(reasons)),
+            _loads(placement),
+            *middle,
+            source,
+            source_file,
+            json.loads(spec),
+        )
+
+    def to_json(self, source: bool = True) -> dict:
+        """snake_case keys, JSON values; without the document text when `source` is false."""
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["reasons"] = list(self.reasons)
+        if not source:
+            del d["source"]
+        return d
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    ts_ns: int
+    task_id: str | None
+    kind: str
+    message: str
+    detail: dict
+
+    COLUMNS = "seq, ts_ns, task_id, kind, message, detail"
+
+    @classmethod
+    def from_row(cls, row: Sequence) -> Event:
+        return cls(*row[:5], json.loads(row[5]))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Intent:
+    id: int
+    task_id: str
+    action: str
+    args: dict
+    created_ns: int
+    done_ns: int | None
+    outcome: str | None
+
+    COLUMNS = "id, task_id, action, args, created_ns, done_ns, outcome"
+
+    @classmethod
+    def from_row(cls, row: Sequence) -> Intent:
+        return cls(row[0], row[1], row[2], json.loads(row[3]), *row[4:])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PolicyRecord:
+    kind: str
+    name: str
+    version: int
+    source: str
+    file: str
+    applied_ns: int
+    removed_ns: int | None
+
+    COLUMNS = "kind, name, version, source, file, applied_ns, removed_ns"
+
+    @classmethod
+    def from_row(cls, row: Sequence) -> PolicyRecord:
+        return cls(*row)
+
+    def to_json(self) -> dict:
+        return asdict(self)
