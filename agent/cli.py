@@ -17,11 +17,21 @@ from .signals import Terminated
 
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
+    "apply": "xhagent.daemon.cli:apply",
     "bench": "xhagent.cli:bench",
+    "cancel": "xhagent.daemon.cli:cancel",
     "cgroup": "xhagent.cgroups.cli:cgroup",
+    "delete": "xhagent.daemon.cli:delete",
+    "events": "xhagent.daemon.cli:events",
+    "explain": "xhagent.daemon.cli:explain",
+    "get": "xhagent.daemon.cli:get",
     "inventory": "xhagent.inventory.cli:inventory",
+    "logs": "xhagent.daemon.cli:logs",
     "policy": "xhagent.policy.cli:policy",
+    "ps": "xhagent.daemon.cli:ps",
+    "run": "xhagent.daemon.cli:run",
     "simulate": "xhagent.sched.simulate:simulate_command",
+    "submit": "xhagent.daemon.cli:submit",
     "trace": "xhagent.trace.cli:trace",
 }
 # `xhagent bench NAME`, likewise.

@@ -1,17 +1,17 @@
 """The agent's scheduler loop: tasks from submission to their exit status.
 
 One `Agent` owns the store, the executor and the placement state. Every public method and
-every loop step runs under one lock, so there is a single writer and these invariants hold
-between steps (a restart re-establishes them in `recover()`):
+every loop step runs under one lock, so there is a single writer, and between steps:
 
-- a task in Starting, Running or Frozen has its placement in `cluster`, and no other does;
-- every transition is committed before it is acted on: `start` is an intent in the store
-  before the leaf exists; the outcome is committed when known;
-- a task leaf exists only for a task in Starting, Running or Frozen (others are removed).
+- a task in Starting, Running or Frozen holds its placement in `cluster`; no other does;
+- every action is committed before it is taken: a start is an intent in the store and a
+  Starting task before its leaf exists; the outcome is committed when known;
+- a task leaf exists only for a task in Starting, Running or Frozen.
 
+`recover()` re-establishes them after a restart, whatever point a kill -9 interrupted.
 The loop wakes on a submission, a cancel, a policy change, a shim's exit (its pidfd) or a
-second's timeout, and then: collects exits, starts what fits, keeps the rest Pending with
-their reasons.
+second's timeout; a step collects exits, then starts what fits in priority order (EDF
+within a priority) and keeps the rest Pending with a reason per node.
 """
 
 from __future__ import annotations
@@ -28,18 +28,20 @@ from dataclasses import dataclass, replace
 
 from ..node_model import Node
 from ..policy.explanation import Explanation, explain
-from ..policy.placement import Demand, decide_demand
+from ..policy.placement import Candidate, Demand, Reason, decide_demand
 from ..policy.policy import choose
 from ..policy.state import Allocation, Cluster
 from ..policy.task import Task
+from ..spec import SpecError
 from .executor import Executor
 from .leaf import class_weights, enforcement_reason, plan_leaf
+from .lifecycle import BACKOFF, NEEDS_PLACEMENT, TERMINAL
 from .lifecycle import TaskState as S
-from .store import Store, TaskRecord
+from .shim import ShimStatus, process_alive
+from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
-
-ACTIVE = (S.STARTING, S.RUNNING, S.FROZEN)
+MAX_PENDING_SCAN = 1000  # tasks placed per step at most; the rest wait for the next step
 
 
 class InvalidTask(ValueError):
@@ -47,13 +49,14 @@ class InvalidTask(ValueError):
 
 
 class Refused(RuntimeError):
-    """The request is valid but cannot be done now (a finished task cancelled, ...)."""
+    """The request is valid but cannot be done (a task that already ended, ...)."""
 
 
 @dataclass
-class Running:
+class Supervised:
     shim_pid: int
-    pidfd: int | None  # readable when the shim exits; None: polled each second
+    pidfd: int | None  # readable when the shim exits; None: found by the second's poll
+    process: object | None = None  # our child's Spawned (reaped when it ends); None: adopted
 
 
 class Agent:
@@ -69,35 +72,39 @@ class Agent:
         self.store = store
         self.executor = executor
         self.node = node
-        self.parse_tasks = parse_tasks  # (source, file name) -> Tasks, InvalidTask if bad
+        self.parse_tasks = parse_tasks  # (source, file name) -> Tasks; InvalidTask when bad
         self.policies = policies  # the SchedulingPolicies in force now
         self.clock = clock
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)  # notified after every step
+        self.changed = threading.Condition(self.lock)  # notified after every change
         self.cluster = Cluster.of([node])
-        self.tasks: dict[str, Task] = {}  # parsed spec of every non-terminal task
-        self.running: dict[str, Running] = {}
+        self.tasks: dict[str, Task] = {}  # the parsed spec of every task not yet ended
+        self.supervised: dict[str, Supervised] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = False
 
-    # -- requests ---------------------------------------------------------------------------
+    # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
         tasks = self.parse_tasks(source, file_name)
         with self.lock:
             out = []
-            for i, task in enumerate(tasks):
-                rec = self.store.submit(
-                    name=task.name,
-                    source=source,
-                    file_name=file_name,
-                    spec={"document": i},
-                    idempotency_key=f"{key}#{i}" if key else None,
-                )
-                if rec.state == S.PENDING and rec.id not in self.tasks:
-                    self.tasks[rec.id] = task
-                out.append(rec)
+            with self.store.atomic():  # all of a file's tasks, or none
+                for i, task in enumerate(tasks):
+                    out.append(
+                        self.store.submit(
+                            name=task.name,
+                            kind="Task",
+                            source=source,
+                            source_file=file_name,
+                            spec={"document": i},
+                            idempotency_key=f"{key}#{i}" if key else None,
+                        )
+                    )
+            for rec, task in zip(out, tasks, strict=True):
+                if rec.state not in TERMINAL:
+                    self.tasks.setdefault(rec.id, task)
             self.wake()
             return out
 
@@ -105,22 +112,29 @@ class Agent:
         with self.lock:
             return self.store.get(task_id)
 
+    def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
+        wanted = [S(s) for s in states] or (None if all_ else [s for s in S if s not in TERMINAL])
+        with self.lock:
+            return self.store.list_tasks(wanted, limit=min(limit, 1000))
+
+    def ended(self, task_id: str) -> bool:
+        rec = self.get(task_id)
+        return rec is None or rec.state in TERMINAL
+
     def cancel(self, task_id: str) -> TaskRecord:
         with self.lock:
             rec = self.store.get(task_id)
             if rec is None:
                 raise KeyError(task_id)
-            if rec.state in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
-                raise Refused(f"task {task_id} already ended ({rec.state.value})")
-            if rec.state in ACTIVE:
-                intent = self.store.begin_intent(task_id, "kill", {})
+            if rec.state in TERMINAL:
+                raise Refused(f"task {task_id} already ended ({rec.state})")
+            if rec.state in NEEDS_PLACEMENT:
+                intent = self.store.begin_intent(task_id, "kill")
                 self.executor.kill(task_id)
-                status = self._wait_exit(task_id, 2.0)
-                rec = self._finish(rec, status, cancelled=True)
-                self.store.finish_intent(intent, "done")
+                rec = self._finish(rec, self._wait_exit(rec, 3.0), cancelled=True)
+                self.store.finish_intent(intent, "killed")
             else:
-                rec = self.store.transition(task_id, S.CANCELLED, expect=rec.state,
-                                            ended_ns=self.clock())
+                rec = self.store.transition(task_id, S.CANCELLED, expect=S.PENDING)
                 self.tasks.pop(task_id, None)
             self.changed.notify_all()
             return rec
@@ -133,80 +147,100 @@ class Agent:
             task = self.tasks.get(task_id) or self._task_of(rec)
             return explain(replace(task, name=task_id), self.policies(), self.cluster)
 
-    # -- restart ----------------------------------------------------------------------------
+    def last_seq(self) -> int:
+        with self.lock:
+            return self.store.last_event_seq()
+
+    def wait_events(self, since: int, task_id: str | None, timeout: float) -> list[Event]:
+        """Events after `since`, waiting up to `timeout` for the first."""
+        with self.lock:
+            events = self.store.events(since, task_id=task_id, limit=1000)
+            if not events and timeout > 0:
+                self.changed.wait(timeout)
+                events = self.store.events(since, task_id=task_id, limit=1000)
+            return events
+
+    def wait_change(self, timeout: float) -> None:
+        with self.lock:
+            self.changed.wait(timeout)
+
+    # -- restart ------------------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
-        """After a start (or a kill -9 at any point): finish or roll back half-done actions,
-        re-adopt the workloads still running, record those that ended meanwhile, and
-        remove leaves no task owns. Returns counts for the log."""
-        counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphans": 0}
+        """Finish or roll back what a kill -9 interrupted, re-adopt the workloads that still
+        run, record those that ended meanwhile with their real status, and remove leaves
+        no task owns. Returns counts for the log."""
+        counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0}
         with self.lock:
             for intent in self.store.open_intents():
                 rec = self.store.get(intent.task_id)
                 if intent.action == "start" and rec is not None and rec.state == S.STARTING:
-                    status = self.executor.status(rec.id)
+                    status = self.executor.status(rec.id, rec.attempt)
                     if status.started is None and status.exit is None:
                         # The shim never said it started: nothing of the workload runs.
-                        self.executor.kill(rec.id)
                         self.executor.remove_leaf(rec.id)
-                        self.store.transition(rec.id, S.PENDING, expect=S.STARTING,
-                                              reasons=[], placement=None)
+                        self.store.transition(
+                            rec.id,
+                            S.PENDING,
+                            expect=S.STARTING,
+                            note="start rolled back after a restart",
+                        )
                         counts["rolled_back"] += 1
                 self.store.finish_intent(intent.id, "recovered")
-            for rec in self.store.list_tasks(states=list(ACTIVE), limit=100_000):
-                task = self.tasks.setdefault(rec.id, self._task_of(rec))
-                status = self.executor.status(rec.id)
-                placed = rec.placement or {}
-                alloc = Allocation(rec.id, placed.get("node", self.node.name),
-                                   tuple(placed.get("cpus", ())) if placed.get("exclusive") else (),
-                                   placed.get("memory", 0))
-                self.cluster.commit(alloc)
+            for rec in self._all(NEEDS_PLACEMENT):
+                self.tasks.setdefault(rec.id, self._task_of(rec))
+                self.cluster.commit(_allocation(rec))
+                status = self.executor.status(rec.id, rec.attempt)
                 if status.exit is not None:
-                    self._finish(rec, status, cancelled=False)
-                    counts["ended"] += 1
-                elif status.started and status.alive():
-                    if rec.state == S.STARTING:
-                        self.store.transition(rec.id, S.RUNNING, expect=S.STARTING,
-                                              started_ns=status.started["started_ns"],
-                                              pid=status.started["workload_pid"])
-                    self._watch(rec.id, status.started["shim_pid"])
-                    counts["adopted"] += 1
-                else:  # the shim is gone without a record: its workload cannot be supervised
-                    self.executor.kill(rec.id)
                     self._finish(rec, status)
                     counts["ended"] += 1
-                del task
-            live = {r.id for r in self.store.list_tasks(states=list(ACTIVE), limit=100_000)}
+                elif status.started is not None and process_alive(
+                    status.started.shim_pid, status.started.shim_start_time
+                ):
+                    if rec.state == S.STARTING:
+                        rec = self.store.transition(rec.id, S.RUNNING, expect=S.STARTING)
+                    self._supervise(rec.id, status.started.shim_pid, None)
+                    counts["adopted"] += 1
+                else:  # the shim died without a record: its workload cannot be supervised
+                    self.executor.kill(rec.id)
+                    self._finish(rec, status, lost=True)
+                    counts["ended"] += 1
+            live = {r.id for r in self._all(NEEDS_PLACEMENT)}
             for task_id in self.executor.leaves():
                 if task_id not in live:
                     self.executor.remove_leaf(task_id)
-                    counts["orphans"] += 1
-            for rec in self.store.list_tasks(states=[S.PENDING], limit=100_000):
+                    counts["orphan_leaves"] += 1
+            for rec in self._all([S.PENDING]):
                 self.tasks.setdefault(rec.id, self._task_of(rec))
         return counts
 
-    # -- the loop ---------------------------------------------------------------------------
+    def _all(self, states) -> list[TaskRecord]:
+        out, after = [], None
+        while True:
+            page = self.store.list_tasks(list(states), after=after, limit=1000)
+            out += page
+            if len(page) < 1000:
+                return out
+            after = page[-1].id
+
+    # -- the loop -----------------------------------------------------------------------------
     def wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
-            pass  # already awake
+            pass  # a wake-up is pending already
 
     def stop(self) -> None:
         self._stopping = True
         self.wake()
 
     def run(self) -> None:
-        """Step until `stop()`; exceptions of a step are logged and the loop goes on."""
+        """Step until `stop()`; a step that fails is logged and the loop goes on."""
         while not self._stopping:
             for key, _ in self._selector.select(timeout=1.0):
                 if key.data is None:
-                    try:
-                        while os.read(self._wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    _drain(self._wake_r)
             if self._stopping:
-                break
+                return
             try:
                 self.step()
             except Exception:
@@ -218,113 +252,127 @@ class Agent:
             self._place_pending()
             self.changed.notify_all()
 
-    # -- exits ------------------------------------------------------------------------------
+    # -- exits ----------------------------------------------------------------------------------
     def _collect_exits(self) -> None:
-        for task_id in list(self.running):
-            status = self.executor.status(task_id)
-            if status.exit is None:
-                continue
+        for task_id in list(self.supervised):
             rec = self.store.get(task_id)
-            if rec is not None and rec.state in ACTIVE:
+            if rec is None or rec.state not in NEEDS_PLACEMENT:
+                continue
+            status = self.executor.status(task_id, rec.attempt)
+            if status.exit is not None:
                 self._finish(rec, status)
 
-    def _wait_exit(self, task_id: str, timeout: float):
+    def _wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
         deadline = time.monotonic() + timeout
-        status = self.executor.status(task_id)
-        while status.exit is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-            status = self.executor.status(task_id)
-        return status
+        while True:
+            status = self.executor.status(rec.id, rec.attempt)
+            if status.exit is not None or time.monotonic() > deadline:
+                return status
+            time.sleep(0.005)
 
-    def _finish(self, rec: TaskRecord, status, cancelled: bool = False) -> TaskRecord:
-        """Record how the workload ended, release its placement and leaf, restart it if its
-        policy says so."""
-        ex = status.exit or {}
-        code, sig, error = ex.get("exit_code"), ex.get("signal"), ex.get("message")
-        oom = self._oom_kills(rec.id)
+    def _finish(
+        self, rec: TaskRecord, status: ShimStatus, cancelled: bool = False, lost: bool = False
+    ) -> TaskRecord:
+        """Record how the workload ended, give back its placement and leaf, and queue it
+        again (BackOff) when its restart policy says so."""
+        ex = status.exit
+        code = ex.exit_code if ex else None
+        sig = ex.signal if ex else None
+        if ex is None:
+            error = (
+                "the workload's supervisor (shim) ended without a record"
+                if lost
+                else "no exit status was recorded"
+            )
+        else:
+            error = ex.message
+        oom = self.executor.oom_kills(rec.id)
         self._release(rec.id)
         self.executor.remove_leaf(rec.id)
-        now = self.clock()
+        fields = {"exit_code": code, "signal": sig, "error": error}
+        if oom:
+            fields["error"] = "OOMKilled: the task reached its memory.max"
+        task = self.tasks.get(rec.id)
         if cancelled:
             state = S.CANCELLED
-        elif code == 0:
+        elif code == 0 and not oom:
             state = S.SUCCEEDED
+        elif task is not None and self._may_restart(task, rec):
+            delay = task.restart_policy.delay_ns(rec.attempt - 1)
+            reason = {
+                "kind": BACKOFF,
+                "node": "",
+                "detail": f"restart {rec.attempt} of "
+                f"{task.restart_policy.max_restarts} in {delay / 1e9:g}s",
+            }
+            return self.store.transition(
+                rec.id,
+                S.PENDING,
+                expect=rec.state,
+                reasons=[reason],
+                ended_ns=self.clock(),
+                **fields,
+            )
         else:
             state = S.FAILED
-        reasons = ["OOMKilled: the task's memory.max was reached"] if oom else []
-        rec = self.store.transition(
-            rec.id, state, expect=rec.state, exit_code=code, signal=sig,
-            error=error or (None if status.exit else "the workload ended without a status"),
-            reasons=reasons, ended_ns=now,
-        )
-        task = self.tasks.get(rec.id)
-        if state == S.FAILED and task is not None and self._may_restart(task, rec):
-            rec = self.store.transition(rec.id, S.PENDING, expect=S.FAILED,
-                                        attempt=rec.attempt + 1)
-        elif state != S.PENDING:
-            self.tasks.pop(rec.id, None)
-        return rec
+        self.tasks.pop(rec.id, None)
+        return self.store.transition(rec.id, state, expect=rec.state, **fields)
 
     def _may_restart(self, task: Task, rec: TaskRecord) -> bool:
         policy = task.restart_policy
-        return policy.policy == "OnFailure" and rec.attempt < policy.max_restarts
+        return policy.policy == "OnFailure" and rec.attempt <= policy.max_restarts
 
     def _backoff_over(self, task: Task, rec: TaskRecord, now: int) -> bool:
         if rec.attempt == 0 or rec.ended_ns is None:
             return True
         return now >= rec.ended_ns + task.restart_policy.delay_ns(rec.attempt - 1)
 
-    def _oom_kills(self, task_id: str) -> int:
-        leaf = self.executor.leaf(task_id)
-        try:
-            return int(leaf.get_events_file("memory.events").get("oom_kill", 0))
-        except Exception:
-            return 0
-
-    # -- placement ----------------------------------------------------------------------------
+    # -- placement --------------------------------------------------------------------------------
     def _place_pending(self) -> None:
         now = self.clock()
-        pending = self.store.list_tasks(states=[S.PENDING], limit=10_000)
         policies = self.policies()
-        order = sorted(pending, key=lambda r: self._order_key(r, policies))
-        for rec in order:
-            task = self.tasks.get(rec.id)
-            if task is None:
-                task = self.tasks[rec.id] = self._task_of(rec)
+        pending = self.store.list_tasks([S.PENDING], limit=MAX_PENDING_SCAN)
+        keyed = []
+        for rec in pending:
+            try:
+                task = self.tasks.get(rec.id) or self.tasks.setdefault(rec.id, self._task_of(rec))
+            except InvalidTask as exc:  # a document this version no longer reads
+                self.store.transition(rec.id, S.FAILED, expect=S.PENDING, error=str(exc))
+                continue
+            keyed.append((self._order_key(rec, task, policies), rec, task))
+        for _, rec, task in sorted(keyed, key=lambda k: k[0]):
             if not self._backoff_over(task, rec, now):
                 continue
             why = enforcement_reason(task.enforce, self.executor.missing)
             if why:
-                self._keep_pending(rec, [why])
+                self._keep_pending(
+                    rec, [{"kind": "EnforcementUnavailable", "node": self.node.name, "detail": why}]
+                )
                 continue
-            match = choose(policies, task.label_map)
-            demand = Demand.of(task, match)
+            demand = Demand.of(task, choose(policies, task.label_map))
             if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
                 demand = replace(demand, cpus=0)
             decision = decide_demand(rec.id, demand, self.cluster)
             if decision.pending:
-                self._keep_pending(rec, [str(r) for r in decision.reasons])
-                continue
-            self._start(rec, task, decision.placed)
+                self._keep_pending(rec, list(decision.reasons))
+            else:
+                self._start(rec, task, decision.placed)
 
-    def _order_key(self, rec: TaskRecord, policies) -> tuple:
-        task = self.tasks.get(rec.id) or self._task_of(rec)
+    def _order_key(self, rec: TaskRecord, task: Task, policies) -> tuple:
         priority = task.priority
         if priority is None:
             match = choose(policies, task.label_map)
             priority = match.policy.priority if match.policy else 50
         deadline = task.deadline.at(rec.created_ns) if task.deadline else 1 << 63
-        return (-priority, deadline, rec.created_ns)
+        return (-priority, deadline, rec.id)
 
-    def _keep_pending(self, rec: TaskRecord, reasons: list[str]) -> None:
-        if list(rec.reasons) != reasons:
-            self.store.transition(rec.id, S.PENDING, expect=S.PENDING, reasons=reasons)
+    def _keep_pending(self, rec: TaskRecord, reasons: list) -> None:
+        as_dicts = [r if isinstance(r, dict) else _reason_dict(r) for r in reasons]
+        if [dict(r) for r in rec.reasons] != as_dicts:
+            self.store.transition(rec.id, S.PENDING, expect=S.PENDING, reasons=as_dicts)
 
-    def _start(self, rec: TaskRecord, task: Task, placed) -> None:
+    def _start(self, rec: TaskRecord, task: Task, placed: Candidate) -> None:
         cpus = placed.cpus or self._shared_cpus()
-        alloc = Allocation(rec.id, placed.node, placed.cpus, placed.memory, placed.gpus)
-        placement = {"node": placed.node, "cpus": list(cpus), "exclusive": bool(placed.cpus),
-                     "memory": placed.memory, "gpus": [g.index for g in placed.gpus]}
         plan = plan_leaf(
             cpus=cpus,
             mems=self._mems_of(cpus),
@@ -332,52 +380,81 @@ class Agent:
             weights=class_weights(task.task_class),
             missing=self.executor.missing,
         )
-        intent = self.store.begin_intent(rec.id, "start", placement)
-        rec = self.store.transition(
-            rec.id, S.STARTING, expect=S.PENDING, placement=placement, reasons=[],
-            unenforced=[u.to_json() for u in plan.unenforced],
-        )
-        self.cluster.commit(alloc)
+        placement = {
+            "node": placed.node,
+            "cpus": list(cpus),
+            "exclusive": bool(placed.cpus),
+            "memory": placed.memory,
+            "gpus": [self._gpu_uuid(g.index) for g in placed.gpus],
+            "unenforced": [u.to_json() for u in plan.unenforced],
+        }
+        leaf = self.executor.leaf(rec.id)
+        with self.store.atomic():
+            intent = self.store.begin_intent(rec.id, "start", {"node": placed.node})
+            rec = self.store.transition(
+                rec.id, S.STARTING, expect=S.PENDING, placement=placement, cgroup=str(leaf.path)
+            )
+        self.cluster.commit(_allocation(rec))
         env = dict(task.env)
         if placed.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(self._gpu_uuid(g.index) for g in placed.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(placement["gpus"])
         try:
+            uid, gid = resolve_run_as(task.user) if task.user else (None, None)
             started = self.executor.start(
-                rec.id, plan, list(task.command), env, task.working_dir, *self._ids(task)
+                rec.id,
+                rec.attempt,
+                plan,
+                list(task.command or ()),
+                env,
+                task.working_dir,
+                uid,
+                gid,
             )
-        except Exception as exc:  # the workload could not start: its own error, not the agent's
+        except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
             self._release(rec.id)
-            self.store.transition(rec.id, S.FAILED, expect=S.STARTING, error=str(exc),
-                                  ended_ns=self.clock())
-            self.store.finish_intent(intent, "failed")
+            with self.store.atomic():
+                self.store.transition(rec.id, S.FAILED, expect=S.STARTING, error=str(exc))
+                self.store.finish_intent(intent, "failed")
             self.tasks.pop(rec.id, None)
             return
-        self.store.transition(rec.id, S.RUNNING, expect=S.STARTING, started_ns=self.clock(),
-                              pid=started.workload_pid)
-        self.store.finish_intent(intent, "done")
-        self._watch(rec.id, started.shim_pid)
+        with self.store.atomic():
+            self.store.transition(
+                rec.id, S.RUNNING, expect=S.STARTING, started_ns=started.started_ns
+            )
+            self.store.finish_intent(intent, "started")
+        self._supervise(rec.id, started.shim_pid, started.process)
 
     def _release(self, task_id: str) -> None:
         try:
             self.cluster.release(task_id)
         except KeyError:
             pass
-        running = self.running.pop(task_id, None)
-        if running and running.pidfd is not None:
-            self._selector.unregister(running.pidfd)
-            os.close(running.pidfd)
+        sup = self.supervised.pop(task_id, None)
+        if sup is None:
+            return
+        if sup.pidfd is not None:
+            self._selector.unregister(sup.pidfd)
+            os.close(sup.pidfd)
+        if sup.process is not None:  # our child: reap it (it exits right after its record)
+            try:
+                sup.process.wait(timeout=2.0)
+            except Exception:
+                log.warning(
+                    "shim %d of task %s did not exit after its record", sup.shim_pid, task_id
+                )
 
-    def _watch(self, task_id: str, shim_pid: int) -> None:
+    def _supervise(self, task_id: str, shim_pid: int, process) -> None:
         try:
             pidfd = os.pidfd_open(shim_pid)
             self._selector.register(pidfd, selectors.EVENT_READ, task_id)
-        except OSError:  # gone already, or no pidfd here: the second's poll finds the exit
+        except OSError:  # gone already: the next step finds its record
             pidfd = None
-        self.running[task_id] = Running(shim_pid, pidfd)
+        self.supervised[task_id] = Supervised(shim_pid, pidfd, process)
 
     def _shared_cpus(self) -> tuple[int, ...]:
         held = {c for _, a in self.cluster.placed() for c in a.cpus}
-        return tuple(c for c in self.node.cpus if c not in held) or tuple(self.node.cpus)
+        cpus = self.node.allocatable_cpus
+        return tuple(c for c in cpus if c not in held) or cpus
 
     def _mems_of(self, cpus: Iterable[int]) -> list[int]:
         want = set(cpus)
@@ -386,19 +463,34 @@ class Agent:
     def _gpu_uuid(self, index: int) -> str:
         for g in self.node.gpus:
             if g.index == index:
-                return g.uuid or str(index)
+                return getattr(g, "uuid", None) or str(index)
         return str(index)
 
-    def _ids(self, task: Task) -> tuple[int | None, int | None]:
-        return resolve_run_as(task.user) if task.user else (None, None)
-
     def _task_of(self, rec: TaskRecord) -> Task:
-        return self.parse_tasks(rec.source, rec.file_name)[rec.spec["document"]]
+        return self.parse_tasks(rec.source, rec.source_file)[rec.spec["document"]]
+
+
+def _allocation(rec: TaskRecord) -> Allocation:
+    placed = rec.placement or {}
+    cpus = tuple(placed.get("cpus", ())) if placed.get("exclusive") else ()
+    return Allocation(rec.id, placed.get("node", ""), cpus, placed.get("memory", 0))
+
+
+def _reason_dict(r: Reason) -> dict:
+    return {"kind": r.kind, "node": r.node, "detail": str(r)}
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def resolve_run_as(run_as) -> tuple[int, int]:
-    """(uid, gid) of a Task's `user`, resolved now (at start, as the README says); a name
-    this node does not know is the task's error (it fails to start), not the agent's."""
+    """(uid, gid) of a Task's `user`, resolved when it starts (as the README says); a name
+    this node does not know is the task's failure, not the agent's."""
     user, group = run_as.user, run_as.group
     if isinstance(user, int):
         uid, gid = user, user
@@ -416,3 +508,6 @@ def resolve_run_as(run_as) -> tuple[int, int]:
         except KeyError:
             raise ValueError(f"group {group!r}: no such group on this node") from None
     return uid, gid
+
+
+__all__ = ["Agent", "InvalidTask", "Refused", "SpecError"]

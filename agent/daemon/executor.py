@@ -6,7 +6,8 @@ outside it):
     <subtree>/tasks/<id>   one leaf per task: its workload's process tree, its limits
     <subtree>/shims        the shims (outside the task leaves: `cgroup.kill` of a task
                            leaves its shim alive to record the status)
-    <state>/tasks/<id>/    the shim's records (`started`, `exit`) and the task's output
+    <state>/tasks/<id>/<attempt>/   the shim's records (`started`, `exit`) and the
+                                    attempt's output (`stdout`, `stderr`)
 
 At `prepare()` the controllers the node has are enabled for the task leaves; the ones it
 lacks are reported with the reason (`missing`), for the tasks' `unenforced` lists.
@@ -15,7 +16,6 @@ lacks are reported with the reason (`missing`), for the tasks' `unenforced` list
 from __future__ import annotations
 
 import errno
-import shutil
 from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
@@ -67,12 +67,13 @@ class Executor:
     def leaf(self, task_id: str) -> Cgroup:
         return self.sub.group(f"{TASKS}/{task_id}")
 
-    def run_dir(self, task_id: str) -> Path:
-        return self.runs / task_id
+    def run_dir(self, task_id: str, attempt: int) -> Path:
+        return self.runs / task_id / str(attempt)
 
     def start(
         self,
         task_id: str,
+        attempt: int,
         plan: LeafPlan,
         argv: list[str],
         env: dict[str, str],
@@ -83,9 +84,11 @@ class Executor:
         """Create the leaf with its limits, then start the shim, which starts the workload
         inside the leaf. A failure leaves no leaf behind."""
         leaf = self.leaf(task_id)
-        run_dir = self.run_dir(task_id)
-        run_dir.mkdir(mode=0o750, exist_ok=True)
-        leaf.create(exist_ok=True)
+        run_dir = self.run_dir(task_id, attempt)
+        run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
+        # children of a group that was once written to cgroup.kill (see shim.py).
+        leaf.create()
         try:
             for f, value in plan.settings:
                 leaf.set(f, value)
@@ -104,8 +107,16 @@ class Executor:
             self.remove_leaf(task_id)
             raise
 
-    def status(self, task_id: str) -> shim.ShimStatus:
-        return shim.read_status(self.run_dir(task_id))
+    def status(self, task_id: str, attempt: int) -> shim.ShimStatus:
+        return shim.read_status(self.run_dir(task_id, attempt))
+
+    def oom_kills(self, task_id: str) -> int:
+        """memory.events oom_kill of the task's leaf (0 without the memory controller)."""
+        leaf = self.leaf(task_id)
+        try:
+            return int(leaf.get(R.MEMORY_EVENTS).get("oom_kill", 0))
+        except (CgroupError, OSError, ValueError):
+            return 0
 
     def kill(self, task_id: str, timeout: float = 2.0) -> None:
         """SIGKILL the task's processes (thawed first: a frozen task dies only once thawed)."""
@@ -132,7 +143,3 @@ class Executor:
             return sorted(p.name for p in base.iterdir() if p.is_dir())
         except FileNotFoundError:
             return []
-
-    def forget(self, task_id: str) -> None:
-        """Remove a finished task's records and output (on `delete`, never on its own)."""
-        shutil.rmtree(self.run_dir(task_id), ignore_errors=True)

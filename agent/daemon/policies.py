@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inputs import InputError, read_input
-from ..spec import SpecError, load_text
+from ..spec import SpecError, load_text, read_text
 from .store import Store
 
 SUFFIXES = (".yaml", ".yml")
@@ -118,10 +117,9 @@ class PolicySet:
                     changed = True
                 continue
             try:
-                text = read_input(str(path))
-                loaded = parse_source(text, str(path))
+                loaded = parse_source(read_text(path), str(path))
                 self._check_names(loaded, origin=name)
-            except (InputError, PolicyError) as exc:
+            except (SpecError, PolicyError) as exc:
                 kept = "the previous version stays in force" if name in self.files else "ignored"
                 self.report("PolicyRejected", f"{exc} ({kept})")
                 continue
@@ -182,7 +180,9 @@ class PolicySet:
         """One definition per (kind, name): across files, and between files and the API."""
         for item in loaded:
             for file, items in self.files.items():
-                if file != origin and any(i.kind == item.kind and i.name == item.name for i in items):
+                if file != origin and any(
+                    i.kind == item.kind and i.name == item.name for i in items
+                ):
                     raise PolicyError(
                         f"{item.file_name}: {item.kind} {item.name} is already defined by "
                         f"{self.directory / file if self.directory else file}",

@@ -32,7 +32,10 @@ def task_message(rec: TaskRecord) -> pb.Task:
         id=rec.id,
         name=rec.name,
         state=rec.state.value,
-        reasons=[_reason(r) for r in rec.reasons],
+        reasons=[
+            pb.Reason(kind=r.get("kind", ""), node=r.get("node", ""), detail=r.get("detail", ""))
+            for r in rec.reasons
+        ],
         node=placed.get("node", ""),
         cpus=placed.get("cpus", []),
         gpus=[str(g) for g in placed.get("gpus", [])],
@@ -42,7 +45,8 @@ def task_message(rec: TaskRecord) -> pb.Task:
         ended_ns=rec.ended_ns or 0,
         attempt=rec.attempt,
         unenforced=[
-            pb.Unenforced(limit=u["setting"], reason=u["reason"]) for u in rec.unenforced or []
+            pb.Unenforced(limit=u["setting"], reason=u["reason"])
+            for u in placed.get("unenforced", [])
         ],
     )
     if rec.exit_code is not None:
@@ -50,12 +54,6 @@ def task_message(rec: TaskRecord) -> pb.Task:
     if rec.signal is not None:
         msg.signal = rec.signal
     return msg
-
-
-def _reason(text: str) -> pb.Reason:
-    kind, _, detail = text.partition(": ")
-    node = detail.split(" ", 1)[0] if detail else ""
-    return pb.Reason(kind=kind, node=node, detail=text)
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
@@ -100,7 +98,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Watch(self, request, context) -> Iterator[pb.Event]:
         since = request.since_seq if request.HasField("since_seq") else self.agent.last_seq()
         while context.is_active():
-            events = self.agent.wait_events(since, request.task_id or None, WATCH_POLL_S)
+            wait = WATCH_POLL_S if request.follow else 0.0
+            events = self.agent.wait_events(since, request.task_id or None, wait)
+            if not events and not request.follow:
+                return
             for ev in events:
                 since = ev.seq
                 yield pb.Event(
@@ -113,13 +114,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 )
 
     def Logs(self, request, context) -> Iterator[pb.LogChunk]:
-        self._task(request.id, context)
+        rec = self._task(request.id, context)
         streams = {
             pb.LOG_STREAM_STDOUT: ["stdout"],
             pb.LOG_STREAM_STDERR: ["stderr"],
         }.get(request.stream, ["stdout", "stderr"])
         offsets = {name: request.offset for name in streams}
-        run_dir = self.agent.executor.run_dir(request.id)
+        run_dir = self.agent.executor.run_dir(request.id, max(rec.attempt, 1))
         kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
         while context.is_active():
             sent = False

@@ -1,0 +1,197 @@
+"""`xhagent run`: the parts put together, in the order that keeps every promise.
+
+1. the state dir's lock and database (a second agent on it is refused before anything);
+2. the cgroup subtree (`locate()`), the agent moved into its leaf when it is delegated one;
+3. the task leaves' controllers (what the node cannot enforce is said once, here);
+4. policies from the directory, CgroupPolicies reconciled;
+5. `recover()`: the tasks of the last run re-adopted or finished;
+6. the socket, then the loop.
+
+SIGTERM and SIGINT stop serving and leave workloads running (their shims record them);
+SIGHUP re-reads the policy directory. The loop runs in its own thread; the main thread
+waits for signals and the policy directory's changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cgroups.delegation import settle
+from ..cgroups.enact import apply_policy
+from ..cgroups.lock import SubtreeLock
+from ..cgroups.reconcile import Options
+from ..cgroups.subtree import locate
+from ..node_model import Node
+from . import api
+from .core import Agent
+from .executor import Executor
+from .policies import PolicySet
+from .service import AgentService
+from .store import Store
+from .submission import parse_submission
+from .watch import DirectoryWatch
+
+log = logging.getLogger("xhagent")
+DEFAULT_POLICIES = Path("/etc/xhagent/policies.d")
+DEFAULT_LOG_CAP = 16 << 20
+
+
+@dataclass
+class Settings:
+    state_dir: Path
+    socket: Path
+    policies_dir: Path | None
+    node: Node
+    subtree: str | None = None
+    log_cap: int = DEFAULT_LOG_CAP
+    extra: dict = field(default_factory=dict)
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/xhagent")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(base) / "xhagent"
+
+
+class Daemon:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.store: Store | None = None
+        self.server = None
+        self.agent: Agent | None = None
+        self.watch: DirectoryWatch | None = None
+        self._thread: threading.Thread | None = None
+
+    def report(self, kind: str, message: str, task_id: str | None = None) -> None:
+        log.info("%s: %s", kind, message)
+        if self.store is not None:
+            self.store.add_event(kind, message, task_id=task_id)
+
+    def start(self) -> None:
+        s = self.settings
+        self.store = Store.open(s.state_dir)
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        s = self.settings
+        sub = locate(s.subtree)
+        with SubtreeLock(sub.path).acquire():
+            if sub.agent_leaf:
+                moved = settle(sub.mount, sub.placement)
+                if moved:
+                    self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
+            executor = Executor(sub, s.state_dir, s.log_cap)
+            missing = executor.prepare()
+        self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")
+        for controller, why in sorted(missing.items()):
+            self.report("NotEnforced", f"{controller}: {why}; tasks run without its limits")
+        policies = PolicySet(s.policies_dir, self.store, time.time_ns, self.report)
+        policies.reload()
+        self._reconcile(policies, sub)
+        self.agent = Agent(self.store, executor, s.node, parse_submission, policies.scheduling)
+        counts = self.agent.recover()
+        self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
+        info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}
+        self.server = api.bind(AgentService(self.agent, policies, info), s.socket)
+        self.policies = policies
+        self.sub = sub
+        if s.policies_dir is not None and s.policies_dir.is_dir():
+            self.watch = DirectoryWatch(s.policies_dir)
+        self._thread = threading.Thread(target=self.agent.run, name="xhagent-loop", daemon=True)
+        self._thread.start()
+        self.agent.wake()
+        self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
+
+    def _reconcile(self, policies: PolicySet, sub) -> None:
+        for policy in policies.cgroup():
+            try:
+                out = apply_policy(policy, sub, Options())
+            except (OSError, ValueError) as exc:
+                self.report("CgroupPolicyNotApplied", f"{policy.name}: {exc}")
+                continue
+            if not out.applied:
+                self.report(
+                    "CgroupPolicyNotApplied", f"{policy.name}: " + "; ".join(out.plan.errors)
+                )
+            elif out.report.failed:
+                action, why = out.report.failed
+                self.report("CgroupPolicyNotApplied", f"{policy.name}: {action.describe()}: {why}")
+            else:
+                self.report(
+                    "CgroupPolicyApplied", f"{policy.name}: {len(out.report.applied)} changes"
+                )
+
+    def reload(self, names=None) -> None:
+        if self.policies.reload(names):
+            self._reconcile(self.policies, self.sub)
+            self.agent.wake()
+
+    def serve_forever(self) -> None:
+        """Until SIGTERM or SIGINT (main thread only)."""
+        got: list[int] = []
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        old_fd = signal.set_wakeup_fd(w)
+        handlers = {
+            sig: signal.signal(sig, lambda n, _f: got.append(n))
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
+        sel = selectors.DefaultSelector()
+        sel.register(r, selectors.EVENT_READ)
+        if self.watch is not None:
+            sel.register(self.watch, selectors.EVENT_READ)
+        try:
+            while True:
+                for key, _ in sel.select(timeout=5.0):
+                    if key.fileobj is self.watch:
+                        self.reload(self.watch.changes())
+                    else:
+                        try:
+                            os.read(r, 4096)
+                        except BlockingIOError:
+                            pass
+                while got:
+                    sig = got.pop(0)
+                    if sig == signal.SIGHUP:
+                        self.report("Reload", "SIGHUP: re-reading the policy directory")
+                        self.reload(None)
+                    else:
+                        self.report(
+                            "Stopping", f"{signal.Signals(sig).name}: workloads keep running"
+                        )
+                        return
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
+            sel.close()
+            os.close(r)
+            os.close(w)
+
+    def close(self) -> None:
+        """Stop serving and the loop; workloads keep running under their shims."""
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
+            self.server = None
+        if self.agent is not None:
+            self.agent.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None

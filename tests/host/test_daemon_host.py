@@ -1,0 +1,211 @@
+"""`xhagent run` on this host: real processes in real cgroup leaves, a real socket, SQLite on
+disk; the CLI clients against it. Each test gets its own agent (state dir, socket, subtree)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xhagent.cgroups import Cgroup
+from xhagent.cgroups.mounts import discover
+
+pytestmark = pytest.mark.host
+
+XHAGENT = Path(sys.executable).with_name("xhagent")
+
+
+def task_file(tmp: Path, name: str, command: list[str], extra: str = "") -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: Task\n"
+        f"metadata: {{name: {name}}}\n"
+        f"spec:\n  deviceType: cpu\n  command: {json.dumps(command)}\n{extra}"
+    )
+    return path
+
+
+class Agent:
+    def __init__(self, tmp: Path, subtree: str):
+        self.tmp, self.subtree = tmp, subtree
+        self.state = tmp / "state"
+        self.socket = tmp / "run" / "agent.sock"
+        self.policies = tmp / "policies.d"
+        self.policies.mkdir(exist_ok=True)
+        self.proc: subprocess.Popen | None = None
+        self.log = tmp / "agent.log"
+
+    def start(self) -> None:
+        args = [str(XHAGENT), "run", "--state-dir", str(self.state), "--socket", str(self.socket),
+                "--subtree", self.subtree, "--policies-dir", str(self.policies)]
+        self.proc = subprocess.Popen(args, stderr=open(self.log, "ab"), stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.cli("ps").returncode == 0:
+                return
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.1)
+        raise AssertionError("the agent did not serve: " + self.log.read_text())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=15)
+
+    def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(XHAGENT), *args, "--socket", str(self.socket)],
+                             capture_output=True, text=True, timeout=60)
+        if check:
+            assert res.returncode == 0, res.stderr
+        return res
+
+    def task(self, task_id: str) -> dict:
+        return json.loads(self.cli("get", task_id, "--json", check=True).stdout)
+
+    def wait(self, task_id: str, states=("Succeeded", "Failed", "Cancelled"), timeout=15.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            t = self.task(task_id)
+            if t["state"] in states or time.monotonic() > deadline:
+                return t
+            time.sleep(0.05)
+
+    def submit(self, path: Path) -> str:
+        out = self.cli("submit", str(path), check=True).stdout.split()
+        return out[0]
+
+
+def _remove_tree(path: Path) -> None:
+    if not path.is_dir():
+        return
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        cg = Cgroup(child)
+        cg.write("cgroup.freeze", "0")
+        if cg.events().get("populated"):
+            cg.kill()
+        child.rmdir()
+    path.rmdir()
+
+
+@pytest.fixture
+def agent(tmp_path):
+    subtree = f"xhagent-daemon-test-{os.getpid()}-{tmp_path.name[-12:]}.slice"
+    a = Agent(tmp_path, subtree)
+    a.start()
+    yield a
+    if a.proc.poll() is None:
+        a.stop()
+    _remove_tree(Path(discover().unified.path) / subtree)
+
+
+def test_a_command_runs_in_its_leaf_and_its_exit_status_and_output_are_kept(agent, tmp_path):
+    script = "cat /proc/self/cgroup; echo to-stderr >&2; exit 3"
+    tid = agent.submit(task_file(tmp_path, "three", ["sh", "-c", script]))
+    t = agent.wait(tid)
+    assert t["state"] == "Failed" and t["exit_code"] == 3, t
+    out = agent.cli("logs", tid, "--stream", "stdout", check=True).stdout
+    assert out.strip().endswith(f"/{agent.subtree}/tasks/{tid}")  # ran inside its own leaf
+    assert agent.cli("logs", tid, "--stream", "stderr", check=True).stderr == "to-stderr\n"
+    leaf = Path(discover().unified.path) / agent.subtree / "tasks" / tid
+    assert not leaf.exists()  # removed once the workload ended
+    # the node cannot enforce the limits here: the task says which, and why
+    assert {u["limit"].split("=")[0] for u in t["unenforced"]} >= {"cpu.weight", "io.weight"}
+
+
+def test_cancel_kills_the_task_and_removes_its_leaf(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "sleeper", ["sleep", "300"]))
+    assert agent.wait(tid, ("Running",))["state"] == "Running"
+    res = agent.cli("cancel", tid, check=True)
+    assert "Cancelled" in res.stdout
+    t = agent.task(tid)
+    assert t["state"] == "Cancelled" and t["signal"] == signal.SIGKILL
+    assert not (Path(discover().unified.path) / agent.subtree / "tasks" / tid).exists()
+    again = agent.cli("cancel", tid)
+    assert again.returncode == 1 and "already ended" in again.stderr
+
+
+def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: bad}\n"
+        "spec:\n  deviceType: cpu\n  command: [true]\n  restartPolicy: Sometimes\n"
+    )
+    res = agent.cli("submit", str(bad))
+    assert res.returncode == 2, res.stderr
+    assert f"{bad}:6:" in res.stderr and "command" in res.stderr
+    assert f"{bad}:7:" in res.stderr and "restartPolicy" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert json.loads(agent.cli("ps", "--all", "--json", check=True).stdout) == []
+
+
+def test_a_task_that_cannot_fit_stays_pending_with_a_reason(agent, tmp_path):
+    big = task_file(tmp_path, "big", ["true"], "  requests: {cpus: 4096}\n")
+    tid = agent.submit(big)
+    t = agent.wait(tid, ("Pending",))
+    time.sleep(0.5)
+    t = agent.task(tid)
+    assert t["state"] == "Pending"
+    assert [r["kind"] for r in t["reasons"]] == ["InsufficientCPU"], t
+    res = agent.cli("explain", tid, check=True)
+    assert "InsufficientCPU" in res.stdout
+    agent.cli("cancel", tid, check=True)
+
+
+def test_a_policy_file_change_is_applied_and_a_bad_one_keeps_the_previous(agent, tmp_path):
+    good = (
+        "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: p}\n"
+        "spec:\n  priority: 70\n  matchRules:\n    - selector: {matchLabels: {app: x}}\n"
+    )
+    (agent.policies / "p.yaml").write_text(good)
+    deadline = time.monotonic() + 5
+    while "PolicyLoaded" not in agent.cli("events", "--since", "0").stdout:
+        assert time.monotonic() < deadline, agent.cli("events", "--since", "0").stdout
+        time.sleep(0.1)
+    (agent.policies / "p.yaml").write_text(good.replace("priority: 70", "priority: 700"))
+    deadline = time.monotonic() + 5
+    while "PolicyRejected" not in (ev := agent.cli("events", "--since", "0").stdout):
+        assert time.monotonic() < deadline, ev
+        time.sleep(0.1)
+    rejected = next(line for line in ev.splitlines() if "PolicyRejected" in line)
+    assert f"{agent.policies / 'p.yaml'}:5:13" in rejected and "previous version stays" in rejected
+
+
+def test_workloads_outlive_a_killed_agent_and_report_their_real_status(agent, tmp_path):
+    quick = agent.submit(task_file(tmp_path, "quick", ["sh", "-c", "sleep 1; exit 7"]))
+    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", "sleep 4; echo done"]))
+    assert agent.wait(quick, ("Running",))["state"] == "Running"
+    assert agent.wait(slow, ("Running",))["state"] == "Running"
+    agent.stop(signal.SIGKILL)
+    time.sleep(1.5)  # `quick` ends while no agent runs
+    agent.start()
+    t = agent.wait(quick)
+    assert t["state"] == "Failed" and t["exit_code"] == 7, t
+    assert agent.task(slow)["state"] == "Running"  # re-adopted, still supervised
+    t = agent.wait(slow)
+    assert t["state"] == "Succeeded", t
+    assert agent.cli("logs", slow, check=True).stdout == "done\n"
+    recovered = [line for line in agent.cli("events", "--since", "0").stdout.splitlines()
+                 if "Recovered" in line]
+    assert "adopted=1 ended=1" in recovered[-1], recovered
+
+
+def test_sigterm_leaves_workloads_running_and_exits_0(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "keep", ["sleep", "3"]))
+    assert agent.wait(tid, ("Running",))["state"] == "Running"
+    assert agent.stop() == 0
+    leaf = Cgroup(Path(discover().unified.path) / agent.subtree / "tasks" / tid)
+    assert leaf.events()["populated"] == 1  # still running without its agent
+    agent.start()
+    assert agent.wait(tid)["state"] == "Succeeded"
+
+
+def test_on_failure_restarts_with_backoff_then_fails(agent, tmp_path):
+    extra = "  restartPolicy: {policy: OnFailure, maxRestarts: 2, backoff: 100ms}\n"
+    tid = agent.submit(task_file(tmp_path, "flaky", ["sh", "-c", "exit 1"], extra))
+    t = agent.wait(tid, timeout=20)
+    assert t["state"] == "Failed" and t["attempt"] == 3, t
+    kinds = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
+    assert kinds.count("Running -> Pending") == 2
