@@ -25,7 +25,7 @@ from .cgroups.group import MAX_TIMEOUT
 from .cgroups.io_weight import device_names
 from .cgroups.lock import SubtreeLock
 from .cgroups.mounts import discover
-from .cgroups.policy import Policy, load_policy
+from .cgroups.policy import CgroupPolicy, load_policy
 from .cgroups.reconcile import Options, Plan
 from .cgroups.reconcile import plan as make_plan
 from .cgroups.state import ApplyReport, read_actual, read_group, vanished
@@ -173,14 +173,14 @@ def _policy_options(fn):
     )(fn)
 
 
-def _load(path: str) -> Policy:
+def _load(path: str) -> CgroupPolicy:
     try:
         return load_policy(path)
     except SpecError as exc:
         _fail(str(exc), 2)
 
 
-def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Plan:
+def _plan(ctx: click.Context, sub: Subtree, policy: CgroupPolicy, **opts: bool) -> Plan:
     try:
         actual = read_actual(sub, policy, ctx.obj["hierarchy"])
         root = actual.groups.get("")
@@ -192,7 +192,7 @@ def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Pla
     return make_plan(policy, actual, Options(**opts))
 
 
-def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
+def _plan_dict(policy: CgroupPolicy, sub: Subtree, p: Plan) -> dict[str, Any]:
     names = device_names()
     return {
         "policy": policy.name,
@@ -210,7 +210,7 @@ def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
     }
 
 
-def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
+def _print_plan(policy: CgroupPolicy, sub: Subtree, p: Plan) -> None:
     names = device_names()
     click.echo(f"policy {policy.name or policy.file} -> {sub.path}")
     _print_where(sub)

@@ -16,7 +16,7 @@ from . import io_weight
 from . import registry as R
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy
-from .policy import Policy
+from .policy import CgroupPolicy
 from .reconcile import ROOT, Action, Actual, ActualGroup, Limit, Plan
 from .subtree import Subtree, systemd_manages_root
 
@@ -71,7 +71,7 @@ def read_limits(sub: Subtree) -> list[Limit]:
 
 
 def read_actual(
-    sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None, sys_root: Path = Path("/sys")
+    sub: Subtree, policy: CgroupPolicy, hierarchy: Hierarchy | None = None, sys_root: Path = Path("/sys")
 ) -> Actual:
     top = sub.top
     support = R.Support(top.path)

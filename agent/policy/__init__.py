@@ -4,7 +4,7 @@ with typed Pending reasons, and the pending queue that re-evaluates on policy ch
 from .documents import InputError, Inputs, load, load_all
 from .explanation import Explanation, explain
 from .placement import Candidate, Decision, Demand, Reason, decide, decide_demand, evaluate
-from .policy import Match, Policy, choose, dump_policy, parse_policy, tie_warnings
+from .policy import Match, SchedulingPolicy, choose, dump_policy, parse_policy, tie_warnings
 from .queue import Pending, PendingQueue
 from .state import Allocation, Cluster, GpuShare, NodeState
 from .task import Deadline, Task, dump_task, parse_task
@@ -24,8 +24,8 @@ __all__ = [
     "NodeState",
     "Pending",
     "PendingQueue",
-    "Policy",
     "Reason",
+    "SchedulingPolicy",
     "Task",
     "choose",
     "decide",

@@ -12,7 +12,7 @@ from ..cpulist import format_cpulist
 from ..quantity import human
 from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
 from .explanation import explain as explain_task
-from .policy import Policy, tie_warnings
+from .policy import SchedulingPolicy, tie_warnings
 from .state import Cluster
 from .task import Task
 
@@ -48,7 +48,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
             if not as_json:
                 click.echo(str(exc), err=True)
             continue
-        policies += [i for i in items if isinstance(i, Policy)]
+        policies += [i for i in items if isinstance(i, SchedulingPolicy)]
         names = [describe_item(i) for i in items]
         # A well-formed CgroupPolicy may name devices this node lacks: the file is valid,
         # `cgroup plan` refuses it here (exit 1), so say so without failing the file.
@@ -130,9 +130,9 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
     for path in policy_paths:
         if path.is_dir():
             for f in policy_files(path):
-                inputs.policies += [i for i in load(f) if isinstance(i, Policy)]
+                inputs.policies += [i for i in load(f) if isinstance(i, SchedulingPolicy)]
         else:
-            found = [i for i in load(path) if isinstance(i, Policy)]
+            found = [i for i in load(path) if isinstance(i, SchedulingPolicy)]
             if not found:
                 raise InputError(f"{path}: no kind: SchedulingPolicy document in it")
             inputs.policies += found

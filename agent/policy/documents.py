@@ -16,7 +16,7 @@ from typing import Any, Union
 
 from .. import node_model as inventory
 from ..spec import Document, ErrorList, SpecError, load_text, read_text
-from .policy import Policy, parse_policy
+from .policy import SchedulingPolicy, parse_policy
 from .task import Task, parse_task
 
 KINDS = {"SchedulingPolicy": parse_policy, "Task": parse_task}
@@ -26,7 +26,7 @@ EXPECTED = (
     "a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
     "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)"
 )
-Item = Union[Policy, Task, inventory.Node]
+Item = Union[SchedulingPolicy, Task, inventory.Node]
 
 
 class InputError(ValueError):
@@ -46,12 +46,12 @@ class InputError(ValueError):
 
 @dataclass
 class Inputs:
-    policies: list[Policy] = field(default_factory=list)
+    policies: list[SchedulingPolicy] = field(default_factory=list)
     tasks: list[Task] = field(default_factory=list)
     nodes: list[inventory.Node] = field(default_factory=list)
 
     def add(self, item: Item) -> None:
-        {Policy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(
+        {SchedulingPolicy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(
             item
         )
 
@@ -184,7 +184,7 @@ def _located(exc: SpecError) -> list[SpecError]:
 
 def describe_item(item: Any) -> str:
     """`SchedulingPolicy video-inference-strict`, `node node-01`, ... for reports."""
-    from ..cgroups.policy import Policy as CgroupPolicy  # here: sched imports this package
+    from ..cgroups.policy import CgroupPolicy  # here: sched imports this package
     from ..inventory.labels import AgentConfig
     from ..sched.simulator import NodeSpec
     from ..sched.workload import Workload
@@ -192,7 +192,7 @@ def describe_item(item: Any) -> str:
     if isinstance(item, AgentConfig):
         return f"agent config for node {item.node_name}"
     kinds = (
-        (Policy, "SchedulingPolicy"),
+        (SchedulingPolicy, "SchedulingPolicy"),
         (Task, "Task"),
         (CgroupPolicy, "CgroupPolicy"),
         (Workload, "Workload"),

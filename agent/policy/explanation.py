@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..quantity import human
 from .placement import Candidate, Decision, Demand, Reason, decision_of, evaluate_nodes
-from .policy import Match, Policy, choose
+from .policy import Match, SchedulingPolicy, choose
 from .state import Cluster
 from .task import Task
 
@@ -48,7 +48,7 @@ class Explanation:
         }
 
 
-def explain(task: Task, policies: Iterable[Policy], cluster: Cluster) -> Explanation:
+def explain(task: Task, policies: Iterable[SchedulingPolicy], cluster: Cluster) -> Explanation:
     """Where `task` would be placed on `cluster` under `policies`, and every node's verdict."""
     match = choose(policies, task.label_map)
     demand = Demand.of(task, match)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .placement import Decision, Demand, decide_demand
-from .policy import DEFAULT_PRIORITY, Match, Policy, choose
+from .policy import DEFAULT_PRIORITY, Match, SchedulingPolicy, choose
 from .state import Allocation, Cluster
 from .task import Task
 
@@ -47,7 +47,7 @@ class Pending:
 @dataclass
 class PendingQueue:
     cluster: Cluster
-    policies: dict[str, Policy] = field(default_factory=dict)
+    policies: dict[str, SchedulingPolicy] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     _heap: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
@@ -84,7 +84,7 @@ class PendingQueue:
         return sorted(self.pending.values(), key=Pending.key)
 
     # -- policies
-    def apply_policy(self, policy: Policy) -> dict[str, Decision]:
+    def apply_policy(self, policy: SchedulingPolicy) -> dict[str, Decision]:
         self.policies[policy.name] = policy
         return self.reevaluate()
 

@@ -15,8 +15,8 @@ from xhagent.policy.policy import (
     Constraints,
     CpuConstraint,
     GpuConstraint,
-    Policy,
     Rule,
+    SchedulingPolicy,
     Topology,
     choose,
     dump_policy,
@@ -31,7 +31,7 @@ from xhagent.spec import SpecError, load_text
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 GiB = 2**30
 
-SEED_POLICY = Policy(
+SEED_POLICY = SchedulingPolicy(
     name="video-inference-strict",
     rules=(
         Rule(
@@ -46,7 +46,7 @@ SEED_POLICY = Policy(
 )
 
 
-def policy(text: str) -> Policy:
+def policy(text: str) -> SchedulingPolicy:
     return parse_policy(load_text(text, "p.yaml")[0])
 
 
@@ -234,7 +234,7 @@ def constraints(draw):
 
 
 policies = st.builds(
-    Policy,
+    SchedulingPolicy,
     object_names,
     st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
     st.integers(0, 100),
@@ -312,10 +312,10 @@ def test_highest_priority_matching_policy_wins(ps, labels):
 
 
 def test_tie_warning_only_for_overlapping_equal_priorities():
-    a = Policy("a", (Rule(Selector((("app", "x"),))),), priority=60)
-    b = Policy("b", (Rule(Selector((("tier", "gold"),))),), priority=60)
-    c = Policy("c", (Rule(Selector((("app", "y"),))),), priority=60)
-    d = Policy("d", (Rule(Selector((("app", "x"),))),), priority=70)
+    a = SchedulingPolicy("a", (Rule(Selector((("app", "x"),))),), priority=60)
+    b = SchedulingPolicy("b", (Rule(Selector((("tier", "gold"),))),), priority=60)
+    c = SchedulingPolicy("c", (Rule(Selector((("app", "y"),))),), priority=60)
+    d = SchedulingPolicy("d", (Rule(Selector((("app", "x"),))),), priority=70)
     assert tie_warnings([a, c, d]) == []
     assert tie_warnings([a, b]) == [
         "policies 'a' and 'b' both have priority 60 and can match the same task (app=x / tier=gold); "

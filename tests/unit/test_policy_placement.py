@@ -321,7 +321,7 @@ def test_scoring_prefers_one_l3_numa_local_gpus_and_one_nvlink_island():
 
 
 def test_policy_change_reevaluates_every_pending_task_at_once():
-    from xhagent.policy.policy import Constraints, GpuConstraint, Policy, Rule
+    from xhagent.policy.policy import Constraints, GpuConstraint, Rule, SchedulingPolicy
 
     cluster = Cluster.of([make_node("node-01", numa=((8, 8),), gpus=[("12.0", 24, 24, 0, ())])])
     q = PendingQueue(cluster)
@@ -330,7 +330,7 @@ def test_policy_change_reevaluates_every_pending_task_at_once():
             Task(f"t{i}", "gpu", (("app", "video-ai-infer"),), Requests(gpus=1, gpu_memory=GiB))
         )
     assert all(not d.pending for d in q.reevaluate().values())
-    strict = Policy(
+    strict = SchedulingPolicy(
         "strict",
         (
             Rule(
