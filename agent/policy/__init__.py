@@ -3,10 +3,10 @@ with typed Pending reasons, and the pending queue that re-evaluates on policy ch
 
 from .documents import InputError, Inputs, load, load_all
 from .explanation import Explanation, explain
-from .placement import Candidate, Decision, Demand, Reason, decide, decide_demand, evaluate
+from .placement import Candidate, Demand, PlacementDecision, Reason, decide, decide_demand, evaluate
 from .policy import Match, SchedulingPolicy, choose, dump_policy, parse_policy, tie_warnings
 from .queue import Pending, PendingQueue
-from .state import Allocation, Cluster, GpuShare, NodeState
+from .state import Allocation, Cluster, GpuShare, NodeResources
 from .task import Deadline, Task, dump_task, parse_task
 
 __all__ = [
@@ -14,16 +14,16 @@ __all__ = [
     "Candidate",
     "Cluster",
     "Deadline",
-    "Decision",
     "Demand",
     "Explanation",
     "GpuShare",
     "InputError",
     "Inputs",
     "Match",
-    "NodeState",
+    "NodeResources",
     "Pending",
     "PendingQueue",
+    "PlacementDecision",
     "Reason",
     "SchedulingPolicy",
     "Task",

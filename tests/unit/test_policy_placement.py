@@ -716,7 +716,8 @@ def test_explain_gives_a_placed_task_a_verdict_for_every_node():
         ("node-04", "InsufficientGPUHardware"),
     ]
     assert all(v.node == n for n, v in ex.verdicts.items())
-    assert ex.decision.reasons == ()  # the Decision keeps reasons only when Pending; explain, all
+    # the PlacementDecision keeps reasons only when Pending; explain, all
+    assert ex.decision.reasons == ()
     record = ex.as_dict()
     assert record["nodes"]["node-02"] == {"feasible": True, "score": ex.decision.placed.score}
     assert record["nodes"]["node-03"]["reason"] == (
