@@ -24,7 +24,7 @@ from .cgroups.delegation import pending, settle
 from .cgroups.group import MAX_TIMEOUT
 from .cgroups.io_weight import device_names
 from .cgroups.lock import SubtreeLock
-from .cgroups.mounts import discover
+from .cgroups.mounts import discover_hierarchy
 from .cgroups.policy import CgroupPolicy, load_policy
 from .cgroups.reconcile import Options, Plan
 from .cgroups.reconcile import plan as make_plan
@@ -116,7 +116,7 @@ _SUBTREE_HELP = (
 @click.pass_context
 def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
     """cgroup v2 groups under the agent's subtree, driven by CgroupPolicy files."""
-    ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover()}
+    ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover_hierarchy()}
 
 
 def _late_subtree(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:

@@ -6,7 +6,7 @@ Usable on its own as `xhagent.cgroups`.
 
 from .delegation import AGENT_LEAF, DelegationError, Placement  # noqa: E402 - builds on .subtree
 from .group import Cgroup, CgroupError
-from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover, fs_magic, parse_mountinfo
+from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover_hierarchy, fs_magic, parse_mountinfo
 from .policy import CgroupPolicy, load_policy, load_policy_text
 from .reconcile import Actual, Options, Plan, plan
 from .spawn import Spawned, SpawnError, spawn_method
@@ -32,7 +32,7 @@ __all__ = [
     "Spawned",
     "Subtree",
     "apply",
-    "discover",
+    "discover_hierarchy",
     "fs_magic",
     "load_policy",
     "load_policy_text",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .group import Cgroup, CgroupError
-from .mounts import Hierarchy, discover
+from .mounts import Hierarchy, discover_hierarchy
 
 if TYPE_CHECKING:
     from .delegation import Placement
@@ -146,7 +146,7 @@ def locate(
     owns the tree and delegated nothing to the agent)."""
     from .delegation import discover_placement  # it builds on this module
 
-    hier = hierarchy or discover()
+    hier = hierarchy or discover_hierarchy()
     if hier.unified is None:
         raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
     mount = Path(hier.unified.path)

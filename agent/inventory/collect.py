@@ -29,7 +29,7 @@ class Inventory:
 SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "block", "labels")
 
 
-def discover(
+def discover_node(
     roots: Roots = Roots(),
     config: AgentConfig | None = None,
     *,

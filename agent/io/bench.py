@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from .. import quantity
-from ..cgroups.mounts import discover
+from ..cgroups.mounts import discover_hierarchy
 from ..cliparams import FiniteFloat
 from .aio import AsyncRing
 from .batch import RwStream
@@ -606,7 +606,7 @@ def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, 
 
 def _cgroupfs_files(limit: int = 1000) -> list[str]:
     """Readable files of the live cgroup2 tree: what the agent reads every period."""
-    unified = discover().unified
+    unified = discover_hierarchy().unified
     if unified is None:
         return []
     out: list[str] = []

@@ -146,10 +146,10 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
 
 
 def _this_node():
-    from ..inventory import build_model, discover
+    from ..inventory import build_model, discover_node
 
     try:
-        return build_model(discover())
+        return build_model(discover_node())
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InputError(

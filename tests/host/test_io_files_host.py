@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xhagent import mountinfo
-from xhagent.cgroups import discover
+from xhagent.cgroups import discover_hierarchy
 from xhagent.io import FileReader, read_file_loop, read_files
 from xhagent.io.nowait import Router, refuses_nowait
 
@@ -110,7 +110,7 @@ def test_the_kernel_names_the_files_io_uring_would_punt(tmp_path):
     assert refuses_nowait(str(own)) is {"ext4": False, "xfs": False, "btrfs": False}[fstype]
     assert refuses_nowait("/proc/self/stat") is True
     assert refuses_nowait("/sys/kernel/mm/transparent_hugepage/enabled") is True
-    unified = discover().unified
+    unified = discover_hierarchy().unified
     assert unified is not None and refuses_nowait(f"{unified.path}/cgroup.controllers") is True
     assert (
         refuses_nowait(str(tmp_path)) is None and refuses_nowait(str(tmp_path / "missing")) is None
