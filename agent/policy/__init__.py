@@ -1,7 +1,7 @@
 """The pure scheduling core's front half: XSL policies, the unified TaskSpec, placement
 with typed Pending reasons, and the pending queue that re-evaluates on policy changes."""
 
-from .documents import InputError, Inputs, load, load_all
+from .documents import InputError, Inputs, load_all, load_items
 from .explanation import Explanation, explain
 from .placement import Candidate, Demand, PlacementDecision, Reason, decide, decide_demand, evaluate
 from .policy import Match, SchedulingPolicy, choose, dump_policy, parse_policy, tie_warnings
@@ -34,8 +34,8 @@ __all__ = [
     "dump_task",
     "evaluate",
     "explain",
-    "load",
     "load_all",
+    "load_items",
     "parse_policy",
     "parse_task",
     "tie_warnings",

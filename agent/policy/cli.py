@@ -10,7 +10,15 @@ import click
 
 from ..cpulist import format_cpulist
 from ..quantity import human
-from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
+from .documents import (
+    InputError,
+    Inputs,
+    describe_item,
+    load_all,
+    load_any,
+    load_items,
+    policy_files,
+)
 from .explanation import explain as explain_task
 from .policy import SchedulingPolicy, tie_warnings
 from .state import Cluster
@@ -123,16 +131,16 @@ def explain(
 
 def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
     inputs = Inputs()
-    tasks = load(task_file)
+    tasks = load_items(task_file)
     inputs.tasks = [t for t in tasks if isinstance(t, Task)]
     if not inputs.tasks:
         raise InputError(f"{task_file}: no kind: Task document in it")
     for path in policy_paths:
         if path.is_dir():
             for f in policy_files(path):
-                inputs.policies += [i for i in load(f) if isinstance(i, SchedulingPolicy)]
+                inputs.policies += [i for i in load_items(f) if isinstance(i, SchedulingPolicy)]
         else:
-            found = [i for i in load(path) if isinstance(i, SchedulingPolicy)]
+            found = [i for i in load_items(path) if isinstance(i, SchedulingPolicy)]
             if not found:
                 raise InputError(f"{path}: no kind: SchedulingPolicy document in it")
             inputs.policies += found

@@ -51,9 +51,9 @@ class Inputs:
     nodes: list[inventory.Node] = field(default_factory=list)
 
     def add(self, item: Item) -> None:
-        {SchedulingPolicy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(
-            item
-        )
+        {SchedulingPolicy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[
+            type(item)
+        ].append(item)
 
 
 @dataclass
@@ -122,7 +122,7 @@ def _parse_scheduling(f: File) -> list[Item]:
     return out
 
 
-def load(path: str | Path) -> list[Item]:
+def load_items(path: str | Path) -> list[Item]:
     """What the scheduling core reads from one file: policies, tasks and (inventory-format)
     nodes. Files of other kinds give nothing; InputError has every problem of the file."""
     f = read(path)
@@ -131,7 +131,7 @@ def load(path: str | Path) -> list[Item]:
         lambda: (
             _parse_scheduling(f)
             if f.kind == "scheduling"
-            else inventory.loads(f.text, f.path)
+            else inventory.load_nodes_text(f.text, f.path)
             if f.kind == "nodes"
             else []
         ),
@@ -151,18 +151,18 @@ def load_any(path: str | Path, sys_root: Path = Path("/sys")) -> list[Any]:
 
             return [load_policy_text(f.text, f.path, sys_root)]
         if f.kind == "Workload":
-            from ..sched.workload import loads
+            from ..sched.workload import load_workload_text
 
-            return [loads(f.text, f.path)]
+            return [load_workload_text(f.text, f.path)]
         if f.kind == "plain-nodes":
-            from ..sched.nodes import loads
+            from ..sched.nodes import load_node_specs_text
 
-            return list(loads(f.text, f.path))
+            return list(load_node_specs_text(f.text, f.path))
         if f.kind == "config":
             from ..inventory.labels import parse_config
 
             return [parse_config(f.text, f.path)]
-        return list(inventory.loads(f.text, f.path))
+        return list(inventory.load_nodes_text(f.text, f.path))
 
     return _guarded(f, parse)
 
@@ -205,7 +205,7 @@ def describe_item(item: Any) -> str:
 def load_all(paths) -> Inputs:
     inputs = Inputs()
     for path in paths:
-        for item in load(path):
+        for item in load_items(path):
             inputs.add(item)
     return inputs
 

@@ -66,7 +66,7 @@ def _mean(values) -> float:
 
 
 def edf_vs_fifo() -> dict:
-    w = workload.loads(MIXED, "<bench:mixed>")
+    w = workload.load_workload_text(MIXED, "<bench:mixed>")
     fifo, edf = _runs(w, NODES, "fifo"), _runs(w, NODES, "edf")
     fifo_miss = _mean(r["deadline_miss_ratio"] for r in fifo)
     edf_miss = _mean(r["deadline_miss_ratio"] for r in edf)
@@ -84,7 +84,7 @@ def edf_vs_fifo() -> dict:
 
 
 def pic_vs_edf() -> dict:
-    w = workload.loads(INVERSION, "<bench:inversion>")
+    w = workload.load_workload_text(INVERSION, "<bench:inversion>")
     edf, pic = _runs(w, NODES_INVERSION, "edf"), _runs(w, NODES_INVERSION, "edf-pic")
     waiter = lambda runs: _mean(r["classes"]["critical"]["error_rate"] for r in runs)  # noqa: E731
     overall = lambda runs: _mean(r["deadline_miss_ratio"] for r in runs)  # noqa: E731
@@ -102,7 +102,7 @@ def pic_vs_edf() -> dict:
 
 def simulator_speed() -> dict:
     """Jobs simulated per second (informational: wall-clock, so it varies with the machine's load)."""
-    w = workload.loads(MIXED, "<bench:mixed>")
+    w = workload.load_workload_text(MIXED, "<bench:mixed>")
     jobs = w.generate(1, {"cpu": 2})
     start = time.perf_counter()
     Simulation(jobs, NODES, "edf").run()

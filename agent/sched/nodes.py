@@ -80,7 +80,7 @@ def _is_plain(docs) -> bool:
     return isinstance(entries, list) and any(isinstance(n, dict) and "cpus" in n for n in entries)
 
 
-def load(path: str | Path) -> list[NodeSpec]:
+def load_node_specs(path: str | Path) -> list[NodeSpec]:
     """Nodes from either format. Errors read FILE:LINE:COL: message, every error of the file
     at once, as SpecError (plain format) or the inventory's ModelError."""
     docs = load_file(path)
@@ -91,7 +91,7 @@ def load(path: str | Path) -> list[NodeSpec]:
     return [from_inventory(n) for n in inventory.from_documents(docs, str(path))]
 
 
-def loads(text: str, file: str = "<string>") -> list[NodeSpec]:
+def load_node_specs_text(text: str, file: str = "<string>") -> list[NodeSpec]:
     docs = load_text(text, file)
     if not docs:
         raise SpecError(file, 1, 1, "empty file: expected `nodes: [...]`")

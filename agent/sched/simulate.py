@@ -62,13 +62,13 @@ def simulate(
 ) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
     input, Refused past a cap."""
-    w = workload_model.load(workload_path)
+    w = workload_model.load_workload(workload_path)
     if algorithm == "mlq" and w.levels is None:
         warn(
             f"xhagent simulate: warning: {workload_path} has no queues:, so mlq uses the default levels "
             "hot (affinity tier: hot), normal (every other job), cold (tier: cold)"
         )
-    nodes = node_model.load(nodes_path)
+    nodes = node_model.load_node_specs(nodes_path)
     if len(nodes) > max_nodes:
         raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
     slots = sum(n.cpus + n.gpus + n.tpus for n in nodes)

@@ -390,14 +390,14 @@ def parse(doc_root: Cursor) -> Workload:
     return w
 
 
-def load(path: str | Path) -> Workload:
+def load_workload(path: str | Path) -> Workload:
     docs = load_file(path)
     if not docs:
         raise SpecError(str(path), 1, 1, "empty file: expected a Workload document")
     return parse(docs[0].root)
 
 
-def loads(text: str, file: str = "<string>") -> Workload:
+def load_workload_text(text: str, file: str = "<string>") -> Workload:
     docs = load_text(text, file)
     if not docs:
         raise SpecError(file, 1, 1, "empty file: expected a Workload document")

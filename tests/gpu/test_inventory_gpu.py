@@ -43,5 +43,5 @@ def test_model_has_cuda_version(smi, run_xhagent):
 
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
-    (node,) = model.loads(res.stdout)
+    (node,) = model.load_nodes_text(res.stdout)
     assert len(node.gpus) == len(smi) and node.gpus[0].cuda_driver_version.major >= 10

@@ -10,7 +10,7 @@ DOC = textwrap.dedent(m.__doc__.split("::", 1)[1].split("Only `name`")[0])
 
 
 def test_docstring_example_loads_and_round_trips():
-    (node,) = m.loads(DOC, "doc.yaml")
+    (node,) = m.load_nodes_text(DOC, "doc.yaml")
     assert node.name == "gpu-07"
     assert node.labels.rack == "r12" and node.labels.extra == {"pool": "training"}
     assert node.allocatable_cpus == (1, 64, 65)
@@ -22,8 +22,8 @@ def test_docstring_example_loads_and_round_trips():
     assert node.gpus[0].cuda_driver_version == (12, 4)
     assert node.islands() == {0: (0, 1)}
     assert node.io[0].io_class == "polled" and node.io[0].size_bytes == 3_840_000_000_000
-    assert m.loads(m.dumps_yaml(node)) == [node]
-    assert m.loads(m.dumps_json([node, m.Node("other")])) == [node, m.Node("other")]
+    assert m.load_nodes_text(m.dumps_yaml(node)) == [node]
+    assert m.load_nodes_text(m.dumps_json([node, m.Node("other")])) == [node, m.Node("other")]
     assert m.Node.from_dict(node.to_dict()) == node
 
 
@@ -84,13 +84,13 @@ def test_islands_are_computed_from_peers():
 )
 def test_bad_models_name_file_line_col_and_path(text, message):
     with pytest.raises(m.ModelError) as info:
-        m.loads(text, "f.yaml")
+        m.load_nodes_text(text, "f.yaml")
     assert message in str(info.value)
 
 
 def test_load_missing_file(tmp_path):
     with pytest.raises(m.ModelError, match="nope.yaml:1:1: cannot read: No such file or directory"):
-        m.load(tmp_path / "nope.yaml")
+        m.load_nodes(tmp_path / "nope.yaml")
 
 
 def test_sizes_and_versions():
@@ -132,5 +132,5 @@ def test_sizes_and_versions():
 )
 def test_every_model_error_at_once_located(text, lines):
     with pytest.raises(m.ModelError) as info:
-        m.loads(text, "f.yaml")
+        m.load_nodes_text(text, "f.yaml")
     assert str(info.value).splitlines() == lines

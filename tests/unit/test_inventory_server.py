@@ -135,7 +135,7 @@ def test_model_groups_numa_l3_cores_and_keeps_reserved_out(server, no_nvml):
         ("nvme0n1", "polled", 1),
         ("sda", "rotational", 0),
     ]
-    assert model.loads(model.dumps_yaml(node)) == [node]
+    assert model.load_nodes_text(model.dumps_yaml(node)) == [node]
 
 
 def test_model_reserving_one_sibling_breaks_the_core(server, no_nvml):

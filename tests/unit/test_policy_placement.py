@@ -11,10 +11,9 @@ from click.testing import CliRunner
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from xhagent.node_model import Node, Version
-from xhagent.node_model import load as load_nodes
+from xhagent.node_model import Node, Version, load_nodes
 from xhagent.policy.cli import policy as policy_cli
-from xhagent.policy.documents import load
+from xhagent.policy.documents import load_items
 from xhagent.policy.explanation import explain
 from xhagent.policy.placement import Demand, Peers, Reason, decide_demand, evaluate, evaluate_nodes
 from xhagent.policy.policy import IO_CLASSES
@@ -92,8 +91,8 @@ L4 = ("12.4", 24, 24, 0, ())
 
 def test_seed_example_reasons_and_placement():
     nodes = load_nodes(EXAMPLES / "nodes.yaml")
-    (policy,) = load(EXAMPLES / "video-inference-strict.yaml")
-    (t,) = load(EXAMPLES / "task-infer.yaml")
+    (policy,) = load_items(EXAMPLES / "video-inference-strict.yaml")
+    (t,) = load_items(EXAMPLES / "task-infer.yaml")
     q = PendingQueue(Cluster.of(nodes))
     q.submit(t)
     assert q.reevaluate()["infer-1"].placed.node in (
@@ -664,12 +663,12 @@ def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(
         .replace('computeCapability: "9.0"', "computeCapability: 9.10")
     )
     assert {g.cuda_driver_version for n in load_nodes(nodes) for g in n.gpus} >= {Version(12, 10)}
-    assert {g.compute_capability for n in load(nodes) for g in n.gpus} >= {Version(9, 10)}
+    assert {g.compute_capability for n in load_items(nodes) for g in n.gpus} >= {Version(9, 10)}
     strict = tmp_path / "strict.yaml"
     strict.write_text(
         (EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', policy_cuda)
     )
-    (policy,) = load(strict)
+    (policy,) = load_items(strict)
     assert policy.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
     res = CliRunner().invoke(
         policy_cli,
@@ -692,12 +691,12 @@ def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(
 
 
 def explain_example(strict_text=None, tmp_path=None):
-    policies = load(EXAMPLES / "video-inference-strict.yaml")
+    policies = load_items(EXAMPLES / "video-inference-strict.yaml")
     if strict_text is not None:
         path = tmp_path / "strict.yaml"
         path.write_text(strict_text)
-        policies = load(path)
-    (task,) = load(EXAMPLES / "task-infer.yaml")
+        policies = load_items(path)
+    (task,) = load_items(EXAMPLES / "task-infer.yaml")
     return explain(task, policies, Cluster.of(load_nodes(EXAMPLES / "nodes.yaml")))
 
 

@@ -177,7 +177,7 @@ def test_cgroup_policy(text, value, tmp_path):
 
 @pytest.mark.parametrize("text,value", SIXTEEN)
 def test_node_file(text, value):
-    (node,) = model.loads(
+    (node,) = model.load_nodes_text(
         f"name: n\nmemory: {{total: {text}, available: {text}}}\n"
         f"io: [{{name: sda, dev: '8:0', sizeBytes: {text}}}]\n",
         "n.yaml",
@@ -219,7 +219,7 @@ def test_the_bound_is_located_in_every_file_kind(tmp_path):
     with pytest.raises(
         model.ModelError, match=r"^n\.yaml:2:17: memory\.total: .*larger than 8 EiB"
     ):
-        model.loads(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
+        model.load_nodes_text(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
 
 
 def test_explain_shows_what_the_task_file_said(tmp_path):

@@ -44,7 +44,7 @@ spec:
 @pytest.mark.parametrize("algorithm", ["fifo", "priority", "edf", "edf-pic", "fair", "mlq"])
 def test_no_event_scans_every_slot_or_running_job(algorithm):
     nodes = [NodeSpec(f"n{i}", cpus=4, gpus=1, numa_nodes=2) for i in range(20)]
-    w = workload.loads(SATURATED)
+    w = workload.load_workload_text(SATURATED)
     jobs = w.generate(1, {"cpu": 80, "gpu": 20})
     reference = Simulation(jobs, nodes, algorithm, levels=w.levels).run()
     sim = Simulation(jobs, nodes, algorithm, levels=w.levels)

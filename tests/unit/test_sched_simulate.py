@@ -64,7 +64,7 @@ def test_report_has_the_mixed_load_table():
 )
 def test_workload_errors_are_located(text, where, message):
     with pytest.raises(SpecError) as err:
-        workload.loads(text, "w.yaml")
+        workload.load_workload_text(text, "w.yaml")
     assert str(err.value).startswith(f"w.yaml:{where}: ") and message in str(err.value)
 
 
@@ -138,7 +138,7 @@ spec:
 
 def test_every_workload_error_at_once_in_file_order():
     with pytest.raises(SpecError) as err:
-        workload.loads(BAD_WORKLOAD, "w.yaml")
+        workload.load_workload_text(BAD_WORKLOAD, "w.yaml")
     assert str(err.value).splitlines() == [
         "w.yaml:3:13: spec.duration: 'forever' is not a valid duration: expected a duration such as 250ms, 1.5s or 1h30m",
         "w.yaml:5:23: spec.classes.0.rate: -1 is out of range 0..1000000000",
@@ -308,7 +308,7 @@ def test_every_plain_nodes_error_at_once(tmp_path):
 )
 def test_workload_structure_errors_are_collected_too(text, lines):
     with pytest.raises(SpecError) as err:
-        workload.loads(text, "w.yaml")
+        workload.load_workload_text(text, "w.yaml")
     assert str(err.value).splitlines() == lines
 
 
