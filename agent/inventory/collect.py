@@ -12,7 +12,7 @@ from .labels import AgentConfig
 from .memory import MemoryInfo, read_memory
 from .numa import NumaInfo, read_numa
 from .pci import PciDevice, PciIds, read_pci
-from .sysfs import Roots
+from .sysfs import LIVE_ROOTS, Roots
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "block", "labels")
 
 
 def discover_node(
-    roots: Roots = Roots(),
+    roots: Roots = LIVE_ROOTS,
     config: AgentConfig | None = None,
     *,
     gpus: bool = True,
