@@ -96,11 +96,12 @@ class Version(NamedTuple):
         return f"{self.major}.{self.minor}"
 
 
-PathPart = Union[str, int]
+PathPart = str | int
 
 
 class ModelError(ValueError):
-    """A bad resource model: `where` (FILE:LINE:COL or FILE), the path of the value, what is wrong."""
+    """A bad resource model: `where` (FILE:LINE:COL or FILE), the path of the value, what is
+    wrong."""
 
     def __init__(self, path: Sequence[PathPart], message: str, where: str = ""):
         self.path = tuple(path)
@@ -536,7 +537,8 @@ def _parse_dataclass(
         and f.default_factory is dataclasses.MISSING
     ]
     values = _all(errors, calls)
-    kwargs = {known[key].name: value for key, value in zip(raw, values)}
+    # Every call succeeded (an unknown or missing key raises above): one value per key.
+    kwargs = {known[key].name: value for key, value in zip(raw, values, strict=True)}
     try:
         return cls(**kwargs)
     except ModelError as exc:
@@ -569,7 +571,8 @@ def nodes_from_data(data: Any, errors: list[ModelError] | None = None) -> list[N
         _check(
             data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION,
             ("version",),
-            f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}",
+            f"unsupported version {data.get('version')!r}; "
+            f"this agent reads version {SCHEMA_VERSION}",
         )
         _check(
             isinstance(data["nodes"], list),

@@ -95,7 +95,10 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
     "policy_paths",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="A policy file or a directory of them (repeatable); other kinds in a directory are skipped.",
+    help=(
+        "A policy file or a directory of them (repeatable); "
+        "other kinds in a directory are skipped."
+    ),
 )
 @click.option(
     "--nodes",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from .. import node_model as inventory
 from ..spec import Document, ErrorList, SpecError, load_text, read_text
@@ -26,7 +26,7 @@ EXPECTED = (
     "a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
     "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)"
 )
-Item = Union[SchedulingPolicy, Task, inventory.Node]
+Item = SchedulingPolicy | Task | inventory.Node
 
 
 class InputError(ValueError):
@@ -94,7 +94,7 @@ def _kind_of(docs: list[Document]) -> str:
     errors.raise_if_any()
     other = [k for k in kinds if k in OTHER_KINDS]
     if other and len(set(kinds)) > 1:
-        at = next(d for d, k in zip(docs, kinds) if k != other[0])
+        at = next(d for d, k in zip(docs, kinds, strict=True) if k != other[0])
         raise at.root["kind"].error(f"kind: a {other[0]} file holds only {other[0]} documents")
     return other[0] if other else "scheduling"
 

@@ -303,7 +303,8 @@ def _numa_choices(
     return Reason(
         "NUMAAffinityUnsatisfiable",
         n,
-        f"{n} has at most {most} free CPUs on one NUMA node, task needs {d.cpus} on a single NUMA node",
+        f"{n} has at most {most} free CPUs on one NUMA node, "
+        f"task needs {d.cpus} on a single NUMA node",
     )
 
 

@@ -87,7 +87,10 @@ class SchedulingPolicy:
 # `-` and `.`, starting and ending alphanumeric, at most 253 characters. A name reaches
 # messages, JSON and (later) file and cgroup names: no `/`, `..`, spaces or control characters.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-NAME_RULE = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"
+NAME_RULE = (
+    "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
+    "at most 253"
+)
 
 
 def parse_name(cur: Cursor) -> str:
@@ -357,7 +360,8 @@ def tie_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
             if pairs:
                 ra, rb = pairs[0]
                 out.append(
-                    f"policies {a.name!r} and {b.name!r} both have priority {a.priority} and can match the "
+                    f"policies {a.name!r} and {b.name!r} both have priority {a.priority} "
+                    "and can match the "
                     f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order"
                 )
     return out
