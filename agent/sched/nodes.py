@@ -35,15 +35,15 @@ def parse(root: Cursor) -> list[NodeSpec]:
         with doc.collecting():
             c.mapping(NODE_FIELDS, required={"name"})
         fields = {}
-        for key, read in (
-            ("name", lambda: c["name"].str()),
-            ("cpus", lambda: c["cpus"].int(0, 4096, default=1)),
-            ("gpus", lambda: c["gpus"].int(0, 64, default=0)),
-            ("tpus", lambda: c["tpus"].int(0, 64, default=0)),
-            ("numa_nodes", lambda: c["numaNodes"].int(1, 64, default=1)),
+        for key, name, read in (
+            ("name", "name", lambda f: f.str()),
+            ("cpus", "cpus", lambda f: f.int(0, 4096, default=1)),
+            ("gpus", "gpus", lambda f: f.int(0, 64, default=0)),
+            ("tpus", "tpus", lambda f: f.int(0, 64, default=0)),
+            ("numa_nodes", "numaNodes", lambda f: f.int(1, 64, default=1)),
         ):
             with doc.collecting():
-                fields[key] = read()
+                fields[key] = read(c[name])
         if doc.errors.total != before:
             continue
         node = NodeSpec(**fields)

@@ -11,8 +11,10 @@
         - name: interactive
           deviceType: cpu      # cpu | gpu | tpu
           rate: 40             # Poisson arrivals per second (0: explicit jobs only)
-          runtime: {distribution: exponential, mean: 5ms}   # constant{value} uniform{min,max} lognormal{mean,sigma}
-          deadlineSlack: {min: 2, max: 4}   # deadline = arrival + runtime x U(min, max); or deadline: 50ms
+          # runtime: constant{value} | uniform{min,max} | exponential{mean} | lognormal{mean,sigma}
+          runtime: {distribution: exponential, mean: 5ms}
+          deadlineSlack: {min: 2, max: 4}  # deadline = arrival + runtime x U(min, max)
+                                           # (or, instead, deadline: 50ms)
           priority: 80         # or {values: [20, 80], weights: [3, 1]}
           resources: [pcie]    # exclusive, held while the job is unfinished
           affinity: {tier: hot}
@@ -24,8 +26,8 @@
         - {name: bulk}
 
 Durations are written as in Task files (`250ms`, `1.5s`, `1h30m`; a bare number is
-seconds). Generation is deterministic: each class draws from its own `random.Random` seeded with
-the run's seed and the class name.
+seconds). Generation is deterministic: each class draws from its own `random.Random` seeded
+with the run's seed and the class name.
 """
 
 from __future__ import annotations
