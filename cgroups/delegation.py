@@ -89,14 +89,16 @@ def decide_placement(
             else ""
         )
         raise DelegationError(
-            f"systemd manages this cgroup tree and this process's cgroup /{rel} is not delegated to it{unread}: "
-            "set Delegate=yes on the agent's unit (its cgroup then becomes the agent's subtree), or pass "
-            "--subtree PATH naming a cgroup delegated to the agent"
+            f"systemd manages this cgroup tree and this process's cgroup /{rel} "
+            f"is not delegated to it{unread}: "
+            "set Delegate=yes on the agent's unit (its cgroup then becomes the agent's subtree), "
+            "or pass --subtree PATH naming a cgroup delegated to the agent"
         )
     return Placement(
         DEFAULT_SUBTREE,
         "default",
-        f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} under the cgroup2 root",
+        f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} "
+        "under the cgroup2 root",
     )
 
 

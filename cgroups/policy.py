@@ -70,7 +70,9 @@ def load_policy(path: str | Path, sys_root: Path = Path("/sys")) -> CgroupPolicy
     return _one(load_file(path), str(path), sys_root)
 
 
-def load_policy_text(text: str, file: str = "<string>", sys_root: Path = Path("/sys")) -> CgroupPolicy:
+def load_policy_text(
+    text: str, file: str = "<string>", sys_root: Path = Path("/sys")
+) -> CgroupPolicy:
     return _one(load_text(text, file), file, sys_root)
 
 
@@ -136,7 +138,9 @@ def _group(c: Cursor, parent: str, policy: CgroupPolicy, sys_root: Path, depth: 
         _group(child, path if name is not None else f"{parent}/?", policy, sys_root, depth + 1)
 
 
-def _section(c: Cursor, section: str, spec: GroupSpec, policy: CgroupPolicy, sys_root: Path) -> None:
+def _section(
+    c: Cursor, section: str, spec: GroupSpec, policy: CgroupPolicy, sys_root: Path
+) -> None:
     sec = c[section]
     if not sec.fields((*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
         return
@@ -169,7 +173,11 @@ def _section(c: Cursor, section: str, spec: GroupSpec, policy: CgroupPolicy, sys
 
 
 def _per_device(
-    c: Cursor, spec: GroupSpec, policy: CgroupPolicy, value_of: Callable[[Cursor], Any], sys_root: Path
+    c: Cursor,
+    spec: GroupSpec,
+    policy: CgroupPolicy,
+    value_of: Callable[[Cursor], Any],
+    sys_root: Path,
 ) -> dict[str, Any]:
     out = {}
     for dev, value in c.items():

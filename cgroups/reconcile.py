@@ -91,7 +91,10 @@ class Action:
     def describe(self) -> str:
         where = "<cgroup2 root>" if self.group == ROOT else (self.group or "<subtree>")
         if self.kind == "write":
-            return f"write {where} {self.file} = {_show(self.value)} (was {_show(self.old)}; {self.phase})"
+            return (
+                f"write {where} {self.file} = {_show(self.value)} "
+                f"(was {_show(self.old)}; {self.phase})"
+            )
         if self.kind == "enable":
             return f"enable {where} +{' +'.join(self.value)}"
         if self.kind == "io-cost":
@@ -317,7 +320,9 @@ def _io_enforcement(
     return desired
 
 
-def _writes(policy: CgroupPolicy, desired: dict[str, dict[str, Any]], actual: Actual, out: Plan) -> None:
+def _writes(
+    policy: CgroupPolicy, desired: dict[str, dict[str, Any]], actual: Actual, out: Plan
+) -> None:
     loosen, tighten = [], []
     for g in policy.groups:
         have = actual.groups.get(g.path)

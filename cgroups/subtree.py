@@ -93,7 +93,8 @@ class Subtree:
             check_group_path(group)
             if self.agent_leaf and group.split("/")[0] == self.agent_leaf:
                 raise ValueError(
-                    f"{group!r}: {self.agent_leaf} holds the agent's own processes, not a managed group"
+                    f"{group!r}: {self.agent_leaf} holds the agent's own processes, "
+                    "not a managed group"
                 )
         target = self.path / group if group else self.path
         real_base = Path(os.path.realpath(self.path))
