@@ -142,5 +142,6 @@ def test_cli_apply_inside_a_delegated_unit_settles_then_creates_siblings(unit, t
     assert [a["kind"] for a in out["apply"]["applied"]] == ["create"] and (
         cg.path / "work"
     ).is_dir()
-    # Every process of the unit went to the leaf (the sleeper too); the unit cgroup is an inner node now.
+    # Every process of the unit went to the leaf (the sleeper too); the unit cgroup is an inner
+    # node now.
     assert cg.procs() == [] and Cgroup(cg.path / "agent.leaf").procs() == [unit[2].pid]

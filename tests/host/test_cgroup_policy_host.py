@@ -151,8 +151,8 @@ def test_the_kernels_depth_limit_is_a_plan_error_and_nothing_is_half_applied(sub
         res = subtree(cmd, "-f", str(policy))
         assert res.returncode == 1, res.stdout + res.stderr
         assert (
-            f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, whose cgroup.max.depth is 1"
-            in res.stdout
+            f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, "
+            "whose cgroup.max.depth is 1" in res.stdout
         )
     assert not (subtree.root / "work").exists()
 

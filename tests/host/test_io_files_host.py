@@ -89,7 +89,7 @@ def test_many_proc_stat_files_and_reuse_of_one_reader():
         for _ in range(3):
             got = reader.read_files(paths)
             ref = read_file_loop(paths)
-            for p, g, r in zip(paths, got, ref):
+            for p, g, r in zip(paths, got, ref, strict=True):
                 if isinstance(r, bytes) and isinstance(g, bytes):
                     # the pid is stable between the two reads (a kworker's comm is not)
                     assert g.split(b" (")[0] == r.split(b" (")[0] == p.split("/")[2].encode(), p

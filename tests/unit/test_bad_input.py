@@ -45,7 +45,7 @@ def alias_bomb() -> str:
     lines = ["  - &a [x, x, x, x, x, x, x, x, x]"]
     lines += [
         f"  - &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]"
-        for p, c in zip("abcdefgh", "bcdefghi")
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
     ]
     return "\n".join(lines) + "\n"
 

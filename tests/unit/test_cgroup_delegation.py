@@ -1,4 +1,5 @@
-"""Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on fake trees."""
+"""Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on
+fake trees."""
 
 import errno
 import os
@@ -92,7 +93,8 @@ def test_delegate_mark_follows_systemds_reading(monkeypatch, attrs, expected):
 
 @pytest.fixture
 def tree(tmp_path):
-    """A fake cgroup2 root with a systemd-style unit cgroup, a /proc/self/cgroup file and no /run/systemd/system."""
+    """A fake cgroup2 root with a systemd-style unit cgroup, a /proc/self/cgroup file and no
+    /run/systemd/system."""
     root = tmp_path / "cgroup"
     (root / UNIT).mkdir(parents=True)
     proc = tmp_path / "proc-cgroup"

@@ -49,7 +49,8 @@ def test_islands_are_computed_from_peers():
     "text, message",
     [
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1, 'a']}]}]}]\n",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1, 'a']}]}]}]\n",
             "f.yaml:2:67: numa.0.l3.0.cores.0.cpus.1: expected an integer, got a string",
         ),
         (
@@ -59,7 +60,8 @@ def test_islands_are_computed_from_peers():
         ("name: [x\n", "f.yaml:2:1: invalid YAML: expected ',' or ']'"),
         ("nodes: [{name: a}, {name: a}]", "f.yaml:1:8: nodes: duplicate node name a"),
         (
-            "name: x\nreservedCpus: [0]\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]",
+            "name: x\nreservedCpus: [0]\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]",
             "f.yaml:2:15: reservedCpus: cpus [0] are both reserved and allocatable",
         ),
         ("", "f.yaml:1:1: empty document"),
@@ -77,7 +79,9 @@ def test_islands_are_computed_from_peers():
         ),
         ("version: 2\nnodes: []", "f.yaml:1:10: version: unsupported version 2"),
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1], siblings: [0]}]}]}]",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: "
+            "[{id: 0, package: 0, cpus: [1], siblings: [0]}]}]}]",
             "numa.0.l3.0.cores.0.cpus: cpus [1] are not among siblings [0]",
         ),
     ],
@@ -113,19 +117,25 @@ def test_sizes_and_versions():
             ],
         ),
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: "
+            "[{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n",
             ["f.yaml:2:64: 1000000000000000000000000000000 is too large (at most 64 bits)"],
         ),
         # every error at once, in file order; a 400-digit size; no Python repr of a date
         (
             "nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "GiB}\n  foo: 1\n"
-            "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
+            "- name: y\n"
+            "  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
             "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n",
             [
-                "f.yaml:3:19: nodes.0.memory.total: size 99999999999999999999... (403 characters) is larger than 8 EiB",
-                "f.yaml:4:8: nodes.0.foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
+                "f.yaml:3:19: nodes.0.memory.total: size 99999999999999999999... "
+                "(403 characters) is larger than 8 EiB",
+                "f.yaml:4:8: nodes.0.foo: unknown key; "
+                "expected one of name, labels, reservedCpus, numa, memory, gpus, io",
                 "f.yaml:6:18: nodes.1.gpus.0.index: -1 is out of range 0..9223372036854775807",
-                "f.yaml:6:53: nodes.1.gpus.0.memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",
+                "f.yaml:6:53: nodes.1.gpus.0.memoryTotal: "
+                "expected a size such as 4096, 512MiB or 64GiB, got a date",
             ],
         ),
     ],

@@ -159,7 +159,8 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             replace(GPU_DEMAND, gpus=2),
             make_node("n1", gpus=[L4, ("12.4", 24, 12.5, 0, ())]),
             (),
-            "InsufficientGPUMemory: n1 has 1 GPUs with 16 GiB free, task needs 2 (next best: GPU 1 has 12.5 GiB free)",
+            "InsufficientGPUMemory: n1 has 1 GPUs with 16 GiB free, task needs 2 "
+            "(next best: GPU 1 has 12.5 GiB free)",
         ),
         (
             replace(GPU_DEMAND, gpu_memory=None),
@@ -201,14 +202,15 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             Demand("cpu", cpus=6, numa_single=True),
             make_node("n1", numa=((2,), (2,))),
             (),
-            "NUMAAffinityUnsatisfiable: n1 has at most 4 free CPUs on one NUMA node, task needs 6 on a single NUMA node",
+            "NUMAAffinityUnsatisfiable: n1 has at most 4 free CPUs on one NUMA node, "
+            "task needs 6 on a single NUMA node",
         ),
         (
             Demand("gpu", cpus=2, gpus=1, numa_affinity="required"),
             make_node("n1", numa=((2,), (2,)), gpus=[("12.4", 24, 24, 1, ())]),
             [Allocation("o", "n1", (2, 3, 6), 0)],
-            "NUMAAffinityUnsatisfiable: n1 has no NUMA node with 2 free CPUs and 1 usable GPUs local to it "
-            "(at most 4 CPUs, 1 GPUs on one NUMA node)",
+            "NUMAAffinityUnsatisfiable: n1 has no NUMA node with 2 free CPUs and 1 usable GPUs "
+            "local to it (at most 4 CPUs, 1 GPUs on one NUMA node)",
         ),
         (
             Demand("cpu", cpus=1, zone="z1"),
@@ -245,16 +247,20 @@ def two_racks(*allocs):
             Demand("cpu", cpus=1, rack_affinity="same", rack_peers=SENSOR),
             [Allocation("cam", "n1", (0,), 0, labels=(("app", "sensor"),))],
             {
-                "n2": "RackAffinityUnsatisfiable: n2 is in rack r2, tasks matching app=sensor run in rack r1",
-                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, tasks matching app=sensor run in rack r1",
+                "n2": "RackAffinityUnsatisfiable: n2 is in rack r2, "
+                "tasks matching app=sensor run in rack r1",
+                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, "
+                "tasks matching app=sensor run in rack r1",
             },
         ),
         (
             Demand("cpu", cpus=1, rack_affinity="spread", rack_peers=SENSOR),
             [Allocation("cam", "n1", (0,), 0, labels=(("app", "sensor"),))],
             {
-                "n1": "RackAffinityUnsatisfiable: n1 rack r1 already runs a task matching app=sensor, task needs a rack of its own",
-                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, task needs a rack of its own",
+                "n1": "RackAffinityUnsatisfiable: n1 rack r1 already runs a task "
+                "matching app=sensor, task needs a rack of its own",
+                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, "
+                "task needs a rack of its own",
             },
         ),
         (
@@ -295,7 +301,8 @@ def test_scoring_prefers_one_l3_numa_local_gpus_and_one_nvlink_island():
             ("12.4", 80, 80, 1, (2,)),
         ],
     )
-    # GPU 0 taken; the task wants 2 GPUs: the island {2,3} (NUMA 1) holds both, so its CPUs go to NUMA 1.
+    # GPU 0 taken; the task wants 2 GPUs: the island {2,3} (NUMA 1) holds both, so its CPUs go
+    # to NUMA 1.
     cluster = Cluster.of([node], [Allocation("o", "n1", (), 0, (GpuShare(0, 80 * GiB, True),))])
     d = decide_demand("t", Demand("gpu", cpus=4, gpus=2), cluster).placed
     assert [g.index for g in d.gpus] == [2, 3]

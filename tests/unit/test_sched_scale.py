@@ -33,10 +33,12 @@ spec:
   duration: 200ms
   utilisation: 1.2
   classes:
-    - {name: a, rate: 100, runtime: {distribution: exponential, mean: 5ms}, deadlineSlack: {min: 1, max: 4},
-       priority: {values: [20, 80], weights: [1, 1]}, affinity: {tier: hot}}
+    - {name: a, rate: 100, runtime: {distribution: exponential, mean: 5ms},
+       deadlineSlack: {min: 1, max: 4}, priority: {values: [20, 80], weights: [1, 1]},
+       affinity: {tier: hot}}
     - {name: r, rate: 2, runtime: 3ms, resources: [bus], deadline: 20ms}
-    - {name: b, rate: 100, runtime: {distribution: exponential, mean: 8ms}, deadlineSlack: {min: 2, max: 6}}
+    - {name: b, rate: 100, runtime: {distribution: exponential, mean: 8ms},
+       deadlineSlack: {min: 2, max: 6}}
     - {name: g, deviceType: gpu, rate: 20, runtime: 20ms, deadline: 30ms}
 """
 
