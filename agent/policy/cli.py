@@ -96,8 +96,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
     multiple=True,
     type=click.Path(path_type=Path),
     help=(
-        "A policy file or a directory of them (repeatable); "
-        "other kinds in a directory are skipped."
+        "A policy file or a directory of them (repeatable); other kinds in a directory are skipped."
     ),
 )
 @click.option(
