@@ -6,7 +6,7 @@ it) both import it.
 
 Built from the inventory (`xhagent.inventory.build_model`) or loaded from YAML/JSON so the
 simulator and tests can describe a node this machine is not. All classes are frozen and
-validated on construction; `from_dict` / `load` report errors with the path of the bad
+validated on construction; `from_dict` / `load_nodes` report errors with the path of the bad
 value (and FILE:LINE:COL for files). Sizes are bytes (ints); in files they may also be
 written as `64GiB`, `512MiB`, `3.84TB`, by the one rule of `xhagent.quantity` (`16G` is
 16 * 10**9 bytes, `16Gi` 16 * 2**30). Versions are `"MAJOR.MINOR"` strings in files and
@@ -96,11 +96,12 @@ class Version(NamedTuple):
         return f"{self.major}.{self.minor}"
 
 
-PathPart = Union[str, int]
+PathPart = str | int
 
 
 class ModelError(ValueError):
-    """A bad resource model: `where` (FILE:LINE:COL or FILE), the path of the value, what is wrong."""
+    """A bad resource model: `where` (FILE:LINE:COL or FILE), the path of the value, what is
+    wrong."""
 
     def __init__(self, path: Sequence[PathPart], message: str, where: str = ""):
         self.path = tuple(path)
@@ -536,7 +537,8 @@ def _parse_dataclass(
         and f.default_factory is dataclasses.MISSING
     ]
     values = _all(errors, calls)
-    kwargs = {known[key].name: value for key, value in zip(raw, values)}
+    # Every call succeeded (an unknown or missing key raises above): one value per key.
+    kwargs = {known[key].name: value for key, value in zip(raw, values, strict=True)}
     try:
         return cls(**kwargs)
     except ModelError as exc:
@@ -569,7 +571,8 @@ def nodes_from_data(data: Any, errors: list[ModelError] | None = None) -> list[N
         _check(
             data.get("version", SCHEMA_VERSION) == SCHEMA_VERSION,
             ("version",),
-            f"unsupported version {data.get('version')!r}; this agent reads version {SCHEMA_VERSION}",
+            f"unsupported version {data.get('version')!r}; "
+            f"this agent reads version {SCHEMA_VERSION}",
         )
         _check(
             isinstance(data["nodes"], list),
@@ -584,7 +587,7 @@ def nodes_from_data(data: Any, errors: list[ModelError] | None = None) -> list[N
     return [_parse(Node, data, (), errors)]
 
 
-def loads(text: str, source: str = "<string>") -> list[Node]:
+def load_nodes_text(text: str, source: str = "<string>") -> list[Node]:
     """YAML (JSON is YAML) text -> nodes. ModelError reads one SOURCE:LINE:COL line per error."""
     try:
         docs = load_text(text, source)
@@ -635,7 +638,7 @@ def _versions_as_written(doc: Document) -> None:
             parent[path[-1]] = text
 
 
-def load(path: str | Path) -> list[Node]:
+def load_nodes(path: str | Path) -> list[Node]:
     try:
         docs = load_file(path)
     except SpecError as exc:

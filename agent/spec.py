@@ -67,7 +67,8 @@ class SpecErrors(SpecError):
         lines = [str(e) for e in errors[: self.SHOWN]]
         if self.total > len(lines):
             lines.append(
-                f"{first.file}: {self.total} errors in all, {self.total - len(lines)} more not shown"
+                f"{first.file}: {self.total} errors in all, "
+                f"{self.total - len(lines)} more not shown"
             )
         self.args = ("\n".join(lines),)
 
@@ -336,9 +337,7 @@ class Cursor:
         return Cursor(self.doc, (*self.path, key), MISSING)
 
     # -- structure ------------------------------------------------------------------
-    def mapping(
-        self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()
-    ) -> Cursor:
+    def mapping(self, allowed: Iterable[str] | None = None, required: Iterable[str] = ()) -> Cursor:
         """Check this is a mapping with only `allowed` keys and every `required` one; every
         unknown or missing field is reported at once (SpecErrors)."""
         if not isinstance(self.value, dict):

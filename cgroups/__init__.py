@@ -6,8 +6,8 @@ Usable on its own as `xhagent.cgroups`.
 
 from .delegation import AGENT_LEAF, DelegationError, Placement  # noqa: E402 - builds on .subtree
 from .group import Cgroup, CgroupError
-from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover, fs_magic, parse_mountinfo
-from .policy import Policy, load_policy, load_policy_text
+from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover_hierarchy, fs_magic, parse_mountinfo
+from .policy import CgroupPolicy, load_policy, load_policy_text
 from .reconcile import Actual, Options, Plan, plan
 from .spawn import Spawned, SpawnError, spawn_method
 from .state import ApplyReport, apply, read_actual
@@ -27,12 +27,12 @@ __all__ = [
     "Mount",
     "Options",
     "Plan",
-    "Policy",
+    "CgroupPolicy",
     "SpawnError",
     "Spawned",
     "Subtree",
     "apply",
-    "discover",
+    "discover_hierarchy",
     "fs_magic",
     "load_policy",
     "load_policy_text",

@@ -27,8 +27,8 @@ from .enact import Outcome, apply_policy, plan_policy
 from .group import MAX_TIMEOUT, CgroupError
 from .io_weight import device_names
 from .lock import SubtreeLock
-from .mounts import discover
-from .policy import Policy, load_policy
+from .mounts import discover_hierarchy
+from .policy import CgroupPolicy, load_policy
 from .reconcile import Options, Plan
 from .spawn import SpawnError
 from .state import read_group, vanished
@@ -124,7 +124,7 @@ _SUBTREE_HELP = (
 @click.pass_context
 def cgroup(ctx: click.Context, subtree: str | None, delegated: bool | None) -> None:
     """cgroup v2 groups under the agent's subtree, driven by CgroupPolicy files."""
-    ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover()}
+    ctx.obj = {"subtree": subtree, "delegated": delegated, "hierarchy": discover_hierarchy()}
 
 
 def _late_subtree(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -182,21 +182,21 @@ def _policy_options(fn):
     )(fn)
 
 
-def _load(path: str) -> Policy:
+def _load(path: str) -> CgroupPolicy:
     try:
         return load_policy(path)
     except SpecError as exc:
         _fail(str(exc), 2)
 
 
-def _plan(ctx: click.Context, sub: Subtree, policy: Policy, **opts: bool) -> Plan:
+def _plan(ctx: click.Context, sub: Subtree, policy: CgroupPolicy, **opts: bool) -> Plan:
     try:
         return plan_policy(policy, sub, Options(**opts), ctx.obj["hierarchy"])
     except (CgroupError, ValueError) as exc:
         _fail(str(exc))
 
 
-def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
+def _plan_dict(policy: CgroupPolicy, sub: Subtree, p: Plan) -> dict[str, Any]:
     names = device_names()
     return {
         "policy": policy.name,
@@ -214,7 +214,7 @@ def _plan_dict(policy: Policy, sub: Subtree, p: Plan) -> dict[str, Any]:
     }
 
 
-def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
+def _print_plan(policy: CgroupPolicy, sub: Subtree, p: Plan) -> None:
     names = device_names()
     click.echo(f"policy {policy.name or policy.file} -> {sub.path}")
     _print_where(sub)
@@ -232,7 +232,7 @@ def _print_plan(policy: Policy, sub: Subtree, p: Plan) -> None:
         click.echo(f"  undeclared: {u} (--prune removes it when empty)")
 
 
-def _print_plan_or_json(policy: Policy, sub: Subtree, p: Plan, as_json: bool) -> None:
+def _print_plan_or_json(policy: CgroupPolicy, sub: Subtree, p: Plan, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_plan_dict(policy, sub, p), indent=2))
     else:

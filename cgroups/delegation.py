@@ -9,7 +9,7 @@ else, when systemd manages the tree, nothing outside the agent's own cgroup may 
 written (systemd owns the root and every cgroup it did not delegate); else the default
 `xhagent.slice` under the cgroup2 root.
 
-`decide` is the pure rule (tested on plain data); `discover_placement` gathers the facts
+`decide_placement` is the pure rule (tested on plain data); `discover_placement` gathers the facts
 from /proc, /run and the xattrs; `settle` moves the agent into its leaf.
 """
 
@@ -47,7 +47,7 @@ class Placement:
         return {"how": self.how, "why": self.why, "agent_leaf": self.leaf}
 
 
-def decide(
+def decide_placement(
     own: str,
     systemd: bool,
     mark: Callable[[str], bool | None],
@@ -89,14 +89,16 @@ def decide(
             else ""
         )
         raise DelegationError(
-            f"systemd manages this cgroup tree and this process's cgroup /{rel} is not delegated to it{unread}: "
-            "set Delegate=yes on the agent's unit (its cgroup then becomes the agent's subtree), or pass "
-            "--subtree PATH naming a cgroup delegated to the agent"
+            f"systemd manages this cgroup tree and this process's cgroup /{rel} "
+            f"is not delegated to it{unread}: "
+            "set Delegate=yes on the agent's unit (its cgroup then becomes the agent's subtree), "
+            "or pass --subtree PATH naming a cgroup delegated to the agent"
         )
     return Placement(
         DEFAULT_SUBTREE,
         "default",
-        f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} under the cgroup2 root",
+        f"no systemd manages the cgroup2 tree: the default {DEFAULT_SUBTREE} "
+        "under the cgroup2 root",
     )
 
 
@@ -131,13 +133,13 @@ def discover_placement(
     reader: Callable[[Path], bool | None] = read_delegate_mark,
 ) -> Placement:
     if subtree is not None:
-        return decide("/", False, lambda rel: False, subtree, delegated, leaf)
+        return decide_placement("/", False, lambda rel: False, subtree, delegated, leaf)
 
     def mark(rel: str) -> bool | None:
         # A cgroup outside this mount (another cgroup namespace's view) is nobody's delegation here.
         return reader(mount / rel) if rel and (mount / rel).is_dir() else False
 
-    return decide(
+    return decide_placement(
         own_cgroup(proc_cgroup), under_systemd(mount, run_dir), mark, None, delegated, leaf
     )
 

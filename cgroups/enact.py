@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .delegation import pending, settle
 from .lock import SubtreeLock
 from .mounts import Hierarchy
-from .policy import Policy
+from .policy import CgroupPolicy
 from .reconcile import Options, Plan, plan
 from .state import ApplyReport, apply, read_actual
 from .subtree import Subtree
@@ -31,7 +31,7 @@ class Outcome:
 
 
 def plan_policy(
-    policy: Policy, sub: Subtree, options: Options, hierarchy: Hierarchy | None = None
+    policy: CgroupPolicy, sub: Subtree, options: Options, hierarchy: Hierarchy | None = None
 ) -> Plan:
     """What applying would do; reads the tree, writes nothing. The agent's processes still in
     a delegated unit cgroup are planned as already moved to its leaf (apply moves them first)."""
@@ -44,7 +44,7 @@ def plan_policy(
 
 
 def apply_policy(
-    policy: Policy,
+    policy: CgroupPolicy,
     sub: Subtree,
     options: Options,
     hierarchy: Hierarchy | None = None,

@@ -110,5 +110,6 @@ def enforcer(
         majmin,
         NONE,
         f"per-device weight not enforced: device not enabled in io.cost.qos "
-        f"(pass --enable-io-cost where the agent owns the cgroup2 root) and scheduler is {sched or 'unknown'}",
+        f"(pass --enable-io-cost where the agent owns the cgroup2 root) "
+        f"and scheduler is {sched or 'unknown'}",
     )

@@ -97,7 +97,7 @@ def fs_magic(path: str | os.PathLike) -> int:
     return buf.f_type & 0xFFFFFFFF
 
 
-def discover(mountinfo: str | os.PathLike = "/proc/self/mountinfo") -> Hierarchy:
+def discover_hierarchy(mountinfo: str | os.PathLike = "/proc/self/mountinfo") -> Hierarchy:
     """The cgroup hierarchies of this mount namespace; a cgroup2 entry whose statfs magic
     is not CGROUP2_SUPER_MAGIC (a stale or faked mount) is dropped."""
     mounts = []

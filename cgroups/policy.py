@@ -51,7 +51,7 @@ class GroupSpec:
 
 
 @dataclass
-class Policy:
+class CgroupPolicy:
     name: str
     file: str
     groups: list[GroupSpec]  # parents before children
@@ -66,15 +66,17 @@ class Policy:
         return need
 
 
-def load_policy(path: str | Path, sys_root: Path = Path("/sys")) -> Policy:
+def load_policy(path: str | Path, sys_root: Path = Path("/sys")) -> CgroupPolicy:
     return _one(load_file(path), str(path), sys_root)
 
 
-def load_policy_text(text: str, file: str = "<string>", sys_root: Path = Path("/sys")) -> Policy:
+def load_policy_text(
+    text: str, file: str = "<string>", sys_root: Path = Path("/sys")
+) -> CgroupPolicy:
     return _one(load_text(text, file), file, sys_root)
 
 
-def _one(docs: list[Document], file: str, sys_root: Path) -> Policy:
+def _one(docs: list[Document], file: str, sys_root: Path) -> CgroupPolicy:
     policies = [d for d in docs if isinstance(d.value, dict) and d.value.get("kind") == KIND]
     if len(policies) != 1:
         where = docs[0].root if docs else None
@@ -91,7 +93,7 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> Policy:
     name = ""
     if meta.present and meta.fields({"name", "labels", "annotations"}):
         name = doc.attempt(lambda: meta["name"].str(default=""), "")
-    policy = Policy(name, file, [])
+    policy = CgroupPolicy(name, file, [])
     spec = root["spec"]
     items = doc.attempt(lambda: spec.mapping({"groups"}, required={"groups"})["groups"].seq(), [])
     for item in items:
@@ -105,7 +107,7 @@ def _loc(c: Cursor) -> str:
     return f"{c.doc.file}:{line}:{col}"
 
 
-def _group(c: Cursor, parent: str, policy: Policy, sys_root: Path, depth: int) -> None:
+def _group(c: Cursor, parent: str, policy: CgroupPolicy, sys_root: Path, depth: int) -> None:
     """One group and its children; each field's error is collected and the rest still read."""
     out = policy.groups
     if not c.fields(GROUP_FIELDS, required={"name"}):
@@ -136,7 +138,9 @@ def _group(c: Cursor, parent: str, policy: Policy, sys_root: Path, depth: int) -
         _group(child, path if name is not None else f"{parent}/?", policy, sys_root, depth + 1)
 
 
-def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root: Path) -> None:
+def _section(
+    c: Cursor, section: str, spec: GroupSpec, policy: CgroupPolicy, sys_root: Path
+) -> None:
     sec = c[section]
     if not sec.fields((*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
         return
@@ -169,7 +173,11 @@ def _section(c: Cursor, section: str, spec: GroupSpec, policy: Policy, sys_root:
 
 
 def _per_device(
-    c: Cursor, spec: GroupSpec, policy: Policy, value_of: Callable[[Cursor], Any], sys_root: Path
+    c: Cursor,
+    spec: GroupSpec,
+    policy: CgroupPolicy,
+    value_of: Callable[[Cursor], Any],
+    sys_root: Path,
 ) -> dict[str, Any]:
     out = {}
     for dev, value in c.items():
@@ -182,7 +190,7 @@ def _per_device(
     return out
 
 
-def _device(c: Cursor, dev: str, policy: Policy, sys_root: Path) -> str | None:
+def _device(c: Cursor, dev: str, policy: CgroupPolicy, sys_root: Path) -> str | None:
     """MAJ:MIN of `dev`; None, noted in `policy.absent`, for a device this node lacks (the file
     is fine: the node is not); a name that cannot be a device is a file error."""
     pos = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)

@@ -1,4 +1,4 @@
-"""Desired tree (a Policy) against actual tree (read from the kernel) -> ordered actions.
+"""Desired tree (a CgroupPolicy) against actual tree (read from the kernel) -> ordered actions.
 
 The planner is pure: it sees the kernel only through an `Actual` snapshot, so plans and
 their ordering are tested on plain data. Order of a plan:
@@ -21,7 +21,7 @@ from typing import Any
 
 from . import io_weight
 from . import registry as R
-from .policy import Policy
+from .policy import CgroupPolicy
 
 ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable and io-cost go there
 SUBTREE = ""  # the subtree's own directory
@@ -91,7 +91,10 @@ class Action:
     def describe(self) -> str:
         where = "<cgroup2 root>" if self.group == ROOT else (self.group or "<subtree>")
         if self.kind == "write":
-            return f"write {where} {self.file} = {_show(self.value)} (was {_show(self.old)}; {self.phase})"
+            return (
+                f"write {where} {self.file} = {_show(self.value)} "
+                f"(was {_show(self.old)}; {self.phase})"
+            )
         if self.kind == "enable":
             return f"enable {where} +{' +'.join(self.value)}"
         if self.kind == "io-cost":
@@ -134,7 +137,7 @@ class Plan:
         return [a for a in self.writes if a.old is not None]
 
 
-def plan(policy: Policy, actual: Actual, options: Options = Options()) -> Plan:
+def plan(policy: CgroupPolicy, actual: Actual, options: Options = Options()) -> Plan:
     out = Plan()
     _check_support(policy, actual, out)
     _check_limits(policy, actual, out)
@@ -152,7 +155,7 @@ def plan(policy: Policy, actual: Actual, options: Options = Options()) -> Plan:
     return out
 
 
-def _check_support(policy: Policy, actual: Actual, out: Plan) -> None:
+def _check_support(policy: CgroupPolicy, actual: Actual, out: Plan) -> None:
     for controller, groups in policy.controllers().items():
         if controller not in actual.root_controllers:
             held = (
@@ -181,7 +184,7 @@ def _check_support(policy: Policy, actual: Actual, out: Plan) -> None:
                 )
 
 
-def _check_limits(policy: Policy, actual: Actual, out: Plan) -> None:
+def _check_limits(policy: CgroupPolicy, actual: Actual, out: Plan) -> None:
     """What would make `apply` fail half-way and can be known now: devices this node lacks,
     the kernel's depth and descendant limits, path lengths, names taken by the agent."""
     out.errors += [f"{a} (not on this node: unsupported here)" for a in policy.absent]
@@ -226,7 +229,7 @@ def _ancestors(path: str) -> list[str]:
     return [SUBTREE] + ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _controllers(policy: Policy, actual: Actual, options: Options, out: Plan) -> None:
+def _controllers(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) -> None:
     need: dict[str, set[str]] = {}  # group -> controllers its subtree_control must hold
     for controller, groups in policy.controllers().items():
         for g in groups:
@@ -263,7 +266,7 @@ def _controllers(policy: Policy, actual: Actual, options: Options, out: Plan) ->
 
 
 def _io_enforcement(
-    policy: Policy, actual: Actual, options: Options, out: Plan
+    policy: CgroupPolicy, actual: Actual, options: Options, out: Plan
 ) -> dict[str, dict[str, Any]]:
     """Desired settings per group, with per-device io weights kept only where something
     enforces them (io.cost, or BFQ through io.bfq.weight); the rest become warnings."""
@@ -317,7 +320,9 @@ def _io_enforcement(
     return desired
 
 
-def _writes(policy: Policy, desired: dict[str, dict[str, Any]], actual: Actual, out: Plan) -> None:
+def _writes(
+    policy: CgroupPolicy, desired: dict[str, dict[str, Any]], actual: Actual, out: Plan
+) -> None:
     loosen, tighten = [], []
     for g in policy.groups:
         have = actual.groups.get(g.path)
@@ -339,7 +344,7 @@ def _writes(policy: Policy, desired: dict[str, dict[str, Any]], actual: Actual, 
     out.actions += [a for *_, a in sorted(tighten, key=lambda t: (-t[0], -t[1]))]
 
 
-def _prune(policy: Policy, actual: Actual, options: Options, out: Plan) -> None:
+def _prune(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) -> None:
     declared = {g.path for g in policy.groups}
     leaves = {f"{p}/{options.leaf}" if p else options.leaf for p in [SUBTREE, *declared]}
     extra = [p for p in actual.groups if p not in declared and p != SUBTREE and p not in leaves]

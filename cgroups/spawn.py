@@ -122,7 +122,10 @@ class Spawned:
         self._cwd = cwd
 
     def __repr__(self) -> str:
-        return f"Spawned(pid={self.pid}, method={self.method!r}, group={self.group!r}, returncode={self.returncode})"
+        return (
+            f"Spawned(pid={self.pid}, method={self.method!r}, group={self.group!r}, "
+            f"returncode={self.returncode})"
+        )
 
     @property
     def started(self) -> bool:

@@ -16,7 +16,7 @@ from . import io_weight
 from . import registry as R
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy
-from .policy import Policy
+from .policy import CgroupPolicy
 from .reconcile import ROOT, Action, Actual, ActualGroup, Limit, Plan
 from .subtree import Subtree, systemd_manages_root
 
@@ -71,7 +71,10 @@ def read_limits(sub: Subtree) -> list[Limit]:
 
 
 def read_actual(
-    sub: Subtree, policy: Policy, hierarchy: Hierarchy | None = None, sys_root: Path = Path("/sys")
+    sub: Subtree,
+    policy: CgroupPolicy,
+    hierarchy: Hierarchy | None = None,
+    sys_root: Path = Path("/sys"),
 ) -> Actual:
     top = sub.top
     support = R.Support(top.path)
@@ -168,7 +171,8 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
             if action.value not in io_weight.io_cost_enabled(sub.top.read(R.IO_COST_QOS.name)):
                 raise CgroupError(
                     0,
-                    f"{sub.top.path / R.IO_COST_QOS.name}: {action.value} enable=1 did not read back",
+                    f"{sub.top.path / R.IO_COST_QOS.name}: "
+                    f"{action.value} enable=1 did not read back",
                 )
         else:
             raise ValueError(f"{action.kind} is not allowed at the cgroup2 root")

@@ -47,7 +47,7 @@ def read_stats(
     wanted = [(i, f, g.path / f.name) for i, g in enumerate(groups) for f in files]
     raw = read_many([p for *_, p in wanted])
     out: list[dict[str, Any]] = [{} for _ in groups]
-    for (i, f, _), data in zip(wanted, raw):
+    for (i, f, _), data in zip(wanted, raw, strict=True):  # one result per path
         if data is not None:
             out[i][f.name] = f.parse(data.decode())
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .group import Cgroup, CgroupError
-from .mounts import Hierarchy, discover
+from .mounts import Hierarchy, discover_hierarchy
 
 if TYPE_CHECKING:
     from .delegation import Placement
@@ -93,7 +93,8 @@ class Subtree:
             check_group_path(group)
             if self.agent_leaf and group.split("/")[0] == self.agent_leaf:
                 raise ValueError(
-                    f"{group!r}: {self.agent_leaf} holds the agent's own processes, not a managed group"
+                    f"{group!r}: {self.agent_leaf} holds the agent's own processes, "
+                    "not a managed group"
                 )
         target = self.path / group if group else self.path
         real_base = Path(os.path.realpath(self.path))
@@ -146,7 +147,7 @@ def locate(
     owns the tree and delegated nothing to the agent)."""
     from .delegation import discover_placement  # it builds on this module
 
-    hier = hierarchy or discover()
+    hier = hierarchy or discover_hierarchy()
     if hier.unified is None:
         raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
     mount = Path(hier.unified.path)

@@ -33,7 +33,8 @@ def _tool(name):
     path = shutil.which(name)
     if path is None:
         _fail(
-            f"`{name}` not found: install the Debian package `{NEEDS[name]}` (apt-get install {NEEDS[name]})"
+            f"`{name}` not found: install the Debian package `{NEEDS[name]}` "
+            f"(apt-get install {NEEDS[name]})"
         )
     return path
 

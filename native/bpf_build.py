@@ -23,9 +23,11 @@ struct bpf_object *bpf_object__open_file(const char *path, const struct bpf_obje
 int bpf_object__load(struct bpf_object *obj);
 void bpf_object__close(struct bpf_object *obj);
 const char *bpf_object__name(const struct bpf_object *obj);
-struct bpf_program *bpf_object__find_program_by_name(const struct bpf_object *obj, const char *name);
+struct bpf_program *bpf_object__find_program_by_name(const struct bpf_object *obj,
+    const char *name);
 struct bpf_map *bpf_object__find_map_by_name(const struct bpf_object *obj, const char *name);
-struct bpf_program *bpf_object__next_program(const struct bpf_object *obj, struct bpf_program *prog);
+struct bpf_program *bpf_object__next_program(const struct bpf_object *obj,
+    struct bpf_program *prog);
 struct bpf_map *bpf_object__next_map(const struct bpf_object *obj, const struct bpf_map *map);
 
 /* programs */
@@ -35,7 +37,8 @@ int bpf_program__fd(const struct bpf_program *prog);
 int bpf_program__set_autoload(struct bpf_program *prog, bool autoload);
 bool bpf_program__autoload(const struct bpf_program *prog);
 struct bpf_link *bpf_program__attach(const struct bpf_program *prog);
-struct bpf_link *bpf_program__attach_raw_tracepoint(const struct bpf_program *prog, const char *tp_name);
+struct bpf_link *bpf_program__attach_raw_tracepoint(const struct bpf_program *prog,
+    const char *tp_name);
 struct bpf_link *bpf_program__attach_perf_event(const struct bpf_program *prog, int pfd);
 int bpf_link__destroy(struct bpf_link *link);
 int bpf_link__fd(const struct bpf_link *link);

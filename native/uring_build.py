@@ -66,7 +66,8 @@ struct statx { uint32_t stx_mask; uint32_t stx_blksize; uint64_t stx_attributes;
                uint64_t stx_size; uint64_t stx_blocks; ...; };
 struct io_uring_sqe { uint8_t opcode; uint8_t flags; uint64_t user_data; ...; };
 struct io_uring_cqe { uint64_t user_data; int32_t res; uint32_t flags; ...; };
-struct io_uring_params { uint32_t sq_entries; uint32_t cq_entries; uint32_t flags; uint32_t sq_thread_cpu;
+struct io_uring_params { uint32_t sq_entries; uint32_t cq_entries; uint32_t flags;
+    uint32_t sq_thread_cpu;
                          uint32_t sq_thread_idle; uint32_t features; uint32_t wq_fd; ...; };
 struct io_uring { int ring_fd; unsigned flags; unsigned features; ...; };
 struct io_uring_probe { uint8_t last_op; uint8_t ops_len; ...; };
@@ -80,24 +81,34 @@ struct io_uring_sqe *io_uring_get_sqe(struct io_uring *ring);
 void io_uring_sqe_set_data64(struct io_uring_sqe *sqe, uint64_t data);
 void io_uring_sqe_set_flags(struct io_uring_sqe *sqe, unsigned flags);
 void io_uring_prep_nop(struct io_uring_sqe *sqe);
-void io_uring_prep_read(struct io_uring_sqe *sqe, int fd, void *buf, unsigned nbytes, uint64_t offset);
-void io_uring_prep_write(struct io_uring_sqe *sqe, int fd, const void *buf, unsigned nbytes, uint64_t offset);
-void io_uring_prep_readv(struct io_uring_sqe *sqe, int fd, const struct iovec *iovecs, unsigned nr_vecs, uint64_t offset);
-void io_uring_prep_writev(struct io_uring_sqe *sqe, int fd, const struct iovec *iovecs, unsigned nr_vecs, uint64_t offset);
-void io_uring_prep_read_fixed(struct io_uring_sqe *sqe, int fd, void *buf, unsigned nbytes, uint64_t offset, int buf_index);
-void io_uring_prep_write_fixed(struct io_uring_sqe *sqe, int fd, const void *buf, unsigned nbytes, uint64_t offset, int buf_index);
-void io_uring_prep_openat(struct io_uring_sqe *sqe, int dfd, const char *path, int flags, mode_t mode);
-void io_uring_prep_openat_direct(struct io_uring_sqe *sqe, int dfd, const char *path, int flags, mode_t mode, unsigned file_index);
+void io_uring_prep_read(struct io_uring_sqe *sqe, int fd, void *buf, unsigned nbytes,
+    uint64_t offset);
+void io_uring_prep_write(struct io_uring_sqe *sqe, int fd, const void *buf, unsigned nbytes,
+    uint64_t offset);
+void io_uring_prep_readv(struct io_uring_sqe *sqe, int fd, const struct iovec *iovecs,
+    unsigned nr_vecs, uint64_t offset);
+void io_uring_prep_writev(struct io_uring_sqe *sqe, int fd, const struct iovec *iovecs,
+    unsigned nr_vecs, uint64_t offset);
+void io_uring_prep_read_fixed(struct io_uring_sqe *sqe, int fd, void *buf, unsigned nbytes,
+    uint64_t offset, int buf_index);
+void io_uring_prep_write_fixed(struct io_uring_sqe *sqe, int fd, const void *buf,
+    unsigned nbytes, uint64_t offset, int buf_index);
+void io_uring_prep_openat(struct io_uring_sqe *sqe, int dfd, const char *path, int flags,
+    mode_t mode);
+void io_uring_prep_openat_direct(struct io_uring_sqe *sqe, int dfd, const char *path, int flags,
+    mode_t mode, unsigned file_index);
 void io_uring_prep_close(struct io_uring_sqe *sqe, int fd);
 void io_uring_prep_close_direct(struct io_uring_sqe *sqe, unsigned file_index);
-void io_uring_prep_statx(struct io_uring_sqe *sqe, int dfd, const char *path, int flags, unsigned mask, struct statx *statxbuf);
+void io_uring_prep_statx(struct io_uring_sqe *sqe, int dfd, const char *path, int flags,
+    unsigned mask, struct statx *statxbuf);
 void io_uring_prep_cancel64(struct io_uring_sqe *sqe, uint64_t user_data, int flags);
 
 int io_uring_submit(struct io_uring *ring);
 int io_uring_submit_and_wait(struct io_uring *ring, unsigned wait_nr);
 int io_uring_wait_cqe(struct io_uring *ring, struct io_uring_cqe **cqe_ptr);
 int io_uring_wait_cqe_nr(struct io_uring *ring, struct io_uring_cqe **cqe_ptr, unsigned wait_nr);
-int io_uring_wait_cqe_timeout(struct io_uring *ring, struct io_uring_cqe **cqe_ptr, struct __kernel_timespec *ts);
+int io_uring_wait_cqe_timeout(struct io_uring *ring, struct io_uring_cqe **cqe_ptr,
+    struct __kernel_timespec *ts);
 int io_uring_peek_cqe(struct io_uring *ring, struct io_uring_cqe **cqe_ptr);
 unsigned io_uring_peek_batch_cqe(struct io_uring *ring, struct io_uring_cqe **cqes, unsigned count);
 void io_uring_cqe_seen(struct io_uring *ring, struct io_uring_cqe *cqe);
@@ -106,10 +117,12 @@ unsigned io_uring_sq_ready(const struct io_uring *ring);
 unsigned io_uring_sq_space_left(const struct io_uring *ring);
 unsigned io_uring_cq_ready(const struct io_uring *ring);
 
-int io_uring_register_buffers(struct io_uring *ring, const struct iovec *iovecs, unsigned nr_iovecs);
+int io_uring_register_buffers(struct io_uring *ring, const struct iovec *iovecs,
+    unsigned nr_iovecs);
 int io_uring_unregister_buffers(struct io_uring *ring);
 int io_uring_register_files(struct io_uring *ring, const int *files, unsigned nr_files);
-int io_uring_register_files_update(struct io_uring *ring, unsigned off, const int *files, unsigned nr_files);
+int io_uring_register_files_update(struct io_uring *ring, unsigned off, const int *files,
+    unsigned nr_files);
 int io_uring_unregister_files(struct io_uring *ring);
 int io_uring_register_eventfd(struct io_uring *ring, int fd);
 int io_uring_unregister_eventfd(struct io_uring *ring);
@@ -127,7 +140,8 @@ unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsig
 #define XH_OP_READ ...
 #define XH_OP_WRITE ...
 struct xh_batch {
-    uint32_t n; uint32_t depth; uint8_t opcode; uint8_t retry_short; uint8_t fixed_file; int32_t buf_index;
+    uint32_t n; uint32_t depth; uint8_t opcode; uint8_t retry_short; uint8_t fixed_file;
+    int32_t buf_index;
     int32_t fd; const int32_t *fds; const uint64_t *offsets; uint32_t len; const uint32_t *lens;
     char *base; uint64_t stride; char *const *bufs; int64_t *res; uint32_t *lat_ns;
     uint32_t next; uint32_t left; uint64_t *start;
@@ -135,7 +149,8 @@ struct xh_batch {
 int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
 #define XH_STREAM_LIVE ...
 struct xh_stream {
-    uint32_t depth; uint32_t submit_batch; uint32_t inflight; uint32_t min_inflight; uint64_t waits; uint64_t ops;
+    uint32_t depth; uint32_t submit_batch; uint32_t inflight; uint32_t min_inflight;
+    uint64_t waits; uint64_t ops;
     int32_t err; ...;
 };
 void xh_stream_init(struct xh_stream *s, uint32_t depth);
@@ -148,7 +163,8 @@ struct xh_files {
 int xh_read_files(struct io_uring *ring, struct xh_files *f);
 int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,
                uint64_t user_data, unsigned sqe_flags);
-int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
+int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf,
+    unsigned len,
                        uint64_t user_data_base);
 """
 )
@@ -170,7 +186,8 @@ if shutil.which("cc") is None and shutil.which("gcc") is None:
 
 ffibuilder.set_source(
     "xhagent._uring",
-    "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n"
+    "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n"
+    "#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n"
     '#include "uring_glue.h"\n',
     # setuptools insists on paths relative to the project root (the cwd of a build).
     sources=[os.path.relpath(HERE / "uring_glue.c")],

@@ -104,7 +104,7 @@ def task_json(msg) -> dict:
 )
 def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) -> None:
     """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
-    from ..inventory import build_model, discover
+    from ..inventory import build_model, discover_node
     from ..inventory.labels import ConfigError, check_reserved, load_config
     from .api import BindError, resolve_socket
     from .daemon import DEFAULT_POLICIES, Daemon, Settings, default_state_dir
@@ -113,7 +113,7 @@ def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) 
     _logging(log_format)
     try:
         config = load_config(config_path)
-        inv = discover(config=config)
+        inv = discover_node(config=config)
         check_reserved(config, [c.id for c in inv.cpu.cpus])
         node = build_model(inv)
     except ConfigError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError, Spawned
 from ..cgroups import registry as R
-from ..cgroups.mounts import discover
+from ..cgroups.mounts import discover_hierarchy
 from ..cgroups.spawn import spawn_method, spawn_method_reason
 from ..cgroups.subtree import Subtree, locate
 from ..signals import signals_held
@@ -208,7 +208,7 @@ def _remove_parent(parent: Cgroup, made_parent: bool) -> None:
 
 
 def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
-    hier = discover(mountinfo)
+    hier = discover_hierarchy(mountinfo)
     v1 = sorted({m.path for m in hier.mounts if m.fstype == "cgroup"})
     items = [
         ok(

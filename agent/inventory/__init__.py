@@ -2,7 +2,7 @@
 devices, labels); `build_model` turns what it found into the resource model the scheduling
 core consumes (`xhagent.node_model`, which lives on the ground floor).
 
-`from xhagent.inventory import discover, build_model`; readers take a `Roots` so a
+`from xhagent.inventory import discover_node, build_model`; readers take a `Roots` so a
 recorded sysfs/procfs tree can stand in for the live one.
 """
 
@@ -13,11 +13,11 @@ from .sysfs import Roots
 
 def __getattr__(name: str):
     # Lazy, so `xhagent.doctor` can import `inventory.block` without the rest.
-    if name in ("discover", "build_model", "Inventory", "SECTIONS"):
+    if name in ("discover_node", "build_model", "Inventory", "SECTIONS"):
         from . import collect
 
         return getattr(collect, name)
     raise AttributeError(name)
 
 
-__all__ = ["Roots", "discover", "build_model", "Inventory", "SECTIONS"]
+__all__ = ["Roots", "discover_node", "build_model", "Inventory", "SECTIONS"]

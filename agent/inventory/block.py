@@ -1,4 +1,5 @@
-"""Block devices with a medium, as sysfs describes them (the one reader; `xhagent doctor` uses it too)."""
+"""Block devices with a medium, as sysfs describes them (the one reader; `xhagent doctor` uses
+it too)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import errno_reason
-from .sysfs import Roots, integer, text
+from .sysfs import LIVE_ROOTS, Roots, integer, text
 
 # Devices that are not hardware queues a task's IO class could map to.
 VIRTUAL = re.compile(r"(loop|ram|zram)\d+$")
@@ -93,5 +94,5 @@ def block_devices(sys_root: Path = Path("/sys"), dev_root: Path | None = None) -
     return devices
 
 
-def read_block(roots: Roots = Roots()) -> list[BlockDevice]:
+def read_block(roots: Roots = LIVE_ROOTS) -> list[BlockDevice]:
     return block_devices(roots.sys, roots.dev)

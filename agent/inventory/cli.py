@@ -65,7 +65,7 @@ def inventory(
 ) -> None:
     """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), block devices and labels."""
     from .. import node_model as model
-    from .collect import build_model, discover
+    from .collect import build_model, discover_node
     from .labels import ConfigError, check_reserved, load_config
     from .render import as_dict, section_text, tree
 
@@ -82,7 +82,9 @@ def inventory(
             err=True,
         )
         sys.exit(2 if sysfs_root != Path("/sys") else 1)
-    inv = discover(Roots(sysfs_root, procfs_root, dev_root), config, gpus=section in (None, "gpu"))
+    inv = discover_node(
+        Roots(sysfs_root, procfs_root, dev_root), config, gpus=section in (None, "gpu")
+    )
     try:
         check_reserved(config, [c.id for c in inv.cpu.cpus])
     except ConfigError as exc:

@@ -12,7 +12,7 @@ from .labels import AgentConfig
 from .memory import MemoryInfo, read_memory
 from .numa import NumaInfo, read_numa
 from .pci import PciDevice, PciIds, read_pci
-from .sysfs import Roots
+from .sysfs import LIVE_ROOTS, Roots
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class Inventory:
 SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "block", "labels")
 
 
-def discover(
-    roots: Roots = Roots(),
+def discover_node(
+    roots: Roots = LIVE_ROOTS,
     config: AgentConfig | None = None,
     *,
     gpus: bool = True,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..cpulist import parse_cpulist
 from ..quantity import kernel_size
-from .sysfs import Roots, cpulist, integer, text
+from .sysfs import LIVE_ROOTS, Roots, cpulist, integer, text
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def allowed_cpus(proc_root: Path) -> tuple[int, ...]:
     return ()
 
 
-def read_cpus(roots: Roots = Roots(), reserved: tuple[int, ...] = ()) -> CpuInventory:
+def read_cpus(roots: Roots = LIVE_ROOTS, reserved: tuple[int, ...] = ()) -> CpuInventory:
     base = roots.sys / "devices/system/cpu"
     online = set(cpulist(base / "online"))
     possible = cpulist(base / "present") or sorted(online)

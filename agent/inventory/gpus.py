@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..node_model import Version, nvlink_islands
 from .pci import pci_numa_node
-from .sysfs import Roots
+from .sysfs import LIVE_ROOTS, Roots
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _peer_links(remotes: dict[int, list[str]], by_bus: dict[str, int]) -> dict[i
     return links
 
 
-def read_gpus(roots: Roots = Roots()) -> GpuInventory:
+def read_gpus(roots: Roots = LIVE_ROOTS) -> GpuInventory:
     try:
         import pynvml as nvml
     except ImportError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sysfs import Roots, integer, text
+from .sysfs import LIVE_ROOTS, Roots, integer, text
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def meminfo(body: str) -> dict[str, int]:
     return out
 
 
-def read_memory(roots: Roots = Roots()) -> MemoryInfo:
+def read_memory(roots: Roots = LIVE_ROOTS) -> MemoryInfo:
     mem = meminfo(text(roots.proc / "meminfo") or "")
     pages = []
     hp = roots.sys / "kernel/mm/hugepages"

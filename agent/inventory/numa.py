@@ -1,4 +1,5 @@
-"""NUMA nodes: CPUs, memory total/free, SLIT distances (sysfs); one node 0 where the kernel has none."""
+"""NUMA nodes: CPUs, memory total/free, SLIT distances (sysfs); one node 0 where the kernel
+has none."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .memory import meminfo
-from .sysfs import Roots, cpulist, text
+from .sysfs import LIVE_ROOTS, Roots, cpulist, text
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ def _node_meminfo(path: Path) -> dict[str, int]:
     return meminfo(body)
 
 
-def read_numa(roots: Roots = Roots()) -> list[NumaInfo]:
+def read_numa(roots: Roots = LIVE_ROOTS) -> list[NumaInfo]:
     base = roots.sys / "devices/system/node"
     ids = cpulist(base / "online")
     if not ids:
@@ -43,7 +44,9 @@ def read_numa(roots: Roots = Roots()) -> list[NumaInfo]:
                 tuple(cpulist(d / "cpulist")),
                 mem.get("MemTotal", 0),
                 mem.get("MemFree", 0),
-                dict(zip(ids, distances)),
+                # A missing or short distance row (a partial recorded tree) leaves those
+                # distances unknown rather than failing the inventory.
+                dict(zip(ids, distances, strict=False)),
             )
         )
     return nodes

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sysfs import Roots, integer, text
+from .sysfs import LIVE_ROOTS, Roots, integer, text
 
 PCI_IDS = (
     Path("/usr/share/misc/pci.ids"),
@@ -78,7 +78,7 @@ def _width(value: int | None) -> int | None:
     return value if value and value < 64 else None
 
 
-def read_pci(roots: Roots = Roots(), ids: PciIds | None = None) -> list[PciDevice]:
+def read_pci(roots: Roots = LIVE_ROOTS, ids: PciIds | None = None) -> list[PciDevice]:
     base = roots.sys / "bus/pci/devices"
     if not base.is_dir():
         return []

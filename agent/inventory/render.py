@@ -110,7 +110,8 @@ def _attached(inv: Inventory, node: int | None, indent: str) -> list[str]:
         if g.numa_node == node:
             peers = ",".join(str(p) for p in g.nvlink_links) or "-"
             lines.append(
-                f"{indent}GPU {g.index} {g.name} ({human(g.memory_total)}, cc {g.compute_capability}, "
+                f"{indent}GPU {g.index} {g.name} ({human(g.memory_total)}, "
+                f"cc {g.compute_capability}, "
                 f"{g.pci_bus_id}, NVLink peers {peers}, island {islands[g.index]})"
             )
     for d in inv.block:
@@ -143,7 +144,8 @@ def tree(inv: Inventory) -> str:
         out.append(f"  Package {pkg}")
         for node in nodes:
             out.append(
-                f"    NUMANode {node.id} ({human(node.memory_total)}, free {human(node.memory_free)})"
+                f"    NUMANode {node.id} ({human(node.memory_total)}, "
+                f"free {human(node.memory_free)})"
             )
             out += _cpu_lines(inv, list(node.cpus), "      ")
             out += _attached(inv, node.id, "      ")

@@ -1,4 +1,5 @@
-"""Small readers of sysfs/procfs files under a root, so a recorded tree can stand in for /sys and /proc."""
+"""Small readers of sysfs/procfs files under a root, so a recorded tree can stand in for /sys
+and /proc."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from ..cpulist import parse_cpulist
 
-__all__ = ["Roots", "text", "integer", "cpulist"]
+__all__ = ["LIVE_ROOTS", "Roots", "text", "integer", "cpulist"]
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,10 @@ class Roots:
     sys: Path = Path("/sys")
     proc: Path = Path("/proc")
     dev: Path = Path("/dev")
+
+
+# This machine's own trees: the readers' default. Frozen, so one instance serves every call.
+LIVE_ROOTS = Roots()
 
 
 def text(path: Path, default: str | None = None) -> str | None:

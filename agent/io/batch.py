@@ -78,7 +78,8 @@ class _Ops:
         if mem.nbytes < (slots or len(offs)) * length:
             need = f"{slots} slots" if slots else f"{len(offs)} ops"
             raise ValueError(
-                f"buffer holds {mem.nbytes} bytes, {need} of {length} need {(slots or len(offs)) * length}"
+                f"buffer holds {mem.nbytes} bytes, {need} of {length} "
+                f"need {(slots or len(offs)) * length}"
             )
         if only is not None:
             offs = array("Q", (offs[i] for i in only))
@@ -312,7 +313,8 @@ def write_batch(ring: Ring, fd: int, offsets, length: int, buf, **kw) -> BatchRe
 def read_many(
     path: str, offsets: Sequence[int], length: int, *, ring: Ring | None = None
 ) -> list[bytes]:
-    """Convenience: the bytes at each offset of `path` (short at EOF); errors raise with the path."""
+    """Convenience: the bytes at each offset of `path` (short at EOF); errors raise with the
+    path."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     own = ring is None
     ring = ring or Ring(64)

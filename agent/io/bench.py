@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from .. import quantity
-from ..cgroups.mounts import discover
+from ..cgroups.mounts import discover_hierarchy
 from ..cliparams import FiniteFloat
 from .aio import AsyncRing
 from .batch import RwStream
@@ -248,7 +248,10 @@ def parse_fio(text: str) -> dict:
         raise ValueError(f"fio job error {job['error']}")
     read = job["read"]
     pct = read.get("clat_ns", {}).get("percentile") or {}
-    us = lambda key: round(pct[key] / 1000, 2) if key in pct else None
+
+    def us(key: str) -> float | None:
+        return round(pct[key] / 1000, 2) if key in pct else None
+
     return {
         "ops_per_s": round(read["iops"], 1),
         "ops": read["total_ios"],
@@ -301,14 +304,14 @@ def paired(
     if shutil.which("fio") is None:
         cases[name] = engine()
         notes["fio"] = (
-            "fio is not installed (Debian package fio, tools/setup-deps): fio cases and ratios omitted"
+            "fio is not installed (Debian package fio, tools/setup-deps): "
+            "fio cases and ratios omitted"
         )
         return
     mine, theirs = [], []
     try:
-        for i in range(
-            FIO_PAIRS
-        ):  # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
+        # engine, fio, fio, engine, ...: a drift (caches warming) favours neither
+        for i in range(FIO_PAIRS):
             if i % 2:
                 theirs.append(fio())
                 mine.append(engine())
@@ -322,7 +325,7 @@ def paired(
     cases[name], cases[peer] = merge_runs(mine), merge_runs(theirs)
     pairs[ratio] = [
         round(m["ops_per_s"] / t["ops_per_s"], 3) if t["ops_per_s"] else None
-        for m, t in zip(mine, theirs)
+        for m, t in zip(mine, theirs, strict=True)  # one of each per pair
     ]
 
 
@@ -538,12 +541,15 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
                         else ""
                     )
                 )
-                engine = lambda qd=qd: stream_loop(
-                    lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
-                    buf.view,
-                    _offsets(rng, span, 1 << 18),
-                    seconds,
-                )
+
+                def engine(qd: int = qd) -> dict:
+                    return stream_loop(
+                        lambda lat: interrupt.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
+                        buf.view,
+                        _offsets(rng, span, 1 << 18),
+                        seconds,
+                    )
+
                 if qd == QD:
                     paired(
                         engine,
@@ -571,7 +577,7 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
             for qd in (1, QD):
                 progress(f"O_DIRECT: engine QD{qd} (IOPOLL ring, sink stream)")
                 cases[f"direct_iopoll_qd{qd}"] = stream_loop(
-                    lambda lat: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
+                    lambda lat, qd=qd: polled.stream(BLOCK, depth=qd, latencies=lat, slots=SLOTS),
                     buf.view,
                     offsets,
                     seconds,
@@ -606,7 +612,7 @@ def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, 
 
 def _cgroupfs_files(limit: int = 1000) -> list[str]:
     """Readable files of the live cgroup2 tree: what the agent reads every period."""
-    unified = discover().unified
+    unified = discover_hierarchy().unified
     if unified is None:
         return []
     out: list[str] = []
@@ -675,7 +681,8 @@ def _check_room(nbytes: int) -> None:
     free = fs.f_bavail * fs.f_frsize
     if nbytes > free // 2:
         raise click.BadParameter(
-            f"{quantity.human(nbytes)} is more than half of the {quantity.human(free)} free in {tmp}",
+            f"{quantity.human(nbytes)} is more than half of the {quantity.human(free)} "
+            f"free in {tmp}",
             param_hint="--size",
         )
 
@@ -692,7 +699,10 @@ def _check_room(nbytes: int) -> None:
     "--size",
     default="256Mi",
     show_default=True,
-    help="Size of the temp data file: 256Mi = 256 * 2**20 bytes, 256M = 256 * 10**6, as in every file.",
+    help=(
+        "Size of the temp data file: 256Mi = 256 * 2**20 bytes, "
+        "256M = 256 * 10**6, as in every file."
+    ),
 )
 @click.option(
     "--seconds",
@@ -706,7 +716,7 @@ def bench_io(as_json: bool, file: str | None, size: str, seconds: float) -> None
     try:
         nbytes = parse_size(size)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--size")
+        raise click.BadParameter(str(exc), param_hint="--size") from exc
     if file:
         _check_source(file)
     else:

@@ -61,7 +61,8 @@ def _ring(entries: int) -> Ring:
 
 
 class DirectFile:
-    """`path` opened O_DIRECT; `poll` is "auto" (the device decides), True (try; fall back) or False.
+    """`path` opened O_DIRECT; `poll` is "auto" (the device decides), True (try; fall back)
+    or False.
 
     The file is registered with its rings (fixed file) and buffers given to
     register_buffers() become fixed buffers, where the ring allows: a refused registration

@@ -48,7 +48,7 @@ def _flags(names: tuple[str, ...] | list[str]) -> int:
         except KeyError:
             raise ValueError(
                 f"unknown io_uring setup flag {name!r}; known: {', '.join(sorted(SETUP_FLAGS))}"
-            )
+            ) from None
     return value
 
 

@@ -1,12 +1,12 @@
 """The pure scheduling core's front half: XSL policies, the unified TaskSpec, placement
 with typed Pending reasons, and the pending queue that re-evaluates on policy changes."""
 
-from .documents import InputError, Inputs, load, load_all
+from .documents import InputError, Inputs, load_all, load_items
 from .explanation import Explanation, explain
-from .placement import Candidate, Decision, Demand, Reason, decide, decide_demand, evaluate
-from .policy import Match, Policy, choose, dump_policy, parse_policy, tie_warnings
+from .placement import Candidate, Demand, PlacementDecision, Reason, decide, decide_demand, evaluate
+from .policy import Match, SchedulingPolicy, choose, dump_policy, parse_policy, tie_warnings
 from .queue import Pending, PendingQueue
-from .state import Allocation, Cluster, GpuShare, NodeState
+from .state import Allocation, Cluster, GpuShare, NodeResources
 from .task import Deadline, Task, dump_task, parse_task
 
 __all__ = [
@@ -14,18 +14,18 @@ __all__ = [
     "Candidate",
     "Cluster",
     "Deadline",
-    "Decision",
     "Demand",
     "Explanation",
     "GpuShare",
     "InputError",
     "Inputs",
     "Match",
-    "NodeState",
+    "NodeResources",
     "Pending",
     "PendingQueue",
-    "Policy",
+    "PlacementDecision",
     "Reason",
+    "SchedulingPolicy",
     "Task",
     "choose",
     "decide",
@@ -34,8 +34,8 @@ __all__ = [
     "dump_task",
     "evaluate",
     "explain",
-    "load",
     "load_all",
+    "load_items",
     "parse_policy",
     "parse_task",
     "tie_warnings",

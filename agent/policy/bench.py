@@ -17,7 +17,7 @@ import time
 from ..node_model import Node, Version
 from ..quantity import GiB
 from .placement import decide_demand
-from .policy import Constraints, CpuConstraint, GpuConstraint, Policy, Rule, Topology
+from .policy import Constraints, CpuConstraint, GpuConstraint, Rule, SchedulingPolicy, Topology
 from .queue import PendingQueue
 from .selector import Selector
 from .state import Cluster
@@ -107,9 +107,9 @@ def half_full_cluster(rng: random.Random) -> Cluster:
     return cluster
 
 
-def strict_policy() -> Policy:
+def strict_policy() -> SchedulingPolicy:
     """The seed policy's shape on the benchmark's labels, with a CPU constraint added."""
-    return Policy(
+    return SchedulingPolicy(
         "bench-strict",
         (
             Rule(

@@ -10,9 +10,17 @@ import click
 
 from ..cpulist import format_cpulist
 from ..quantity import human
-from .documents import InputError, Inputs, describe_item, load, load_all, load_any, policy_files
+from .documents import (
+    InputError,
+    Inputs,
+    describe_item,
+    load_all,
+    load_any,
+    load_items,
+    policy_files,
+)
 from .explanation import explain as explain_task
-from .policy import Policy, tie_warnings
+from .policy import SchedulingPolicy, tie_warnings
 from .state import Cluster
 from .task import Task
 
@@ -48,7 +56,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
             if not as_json:
                 click.echo(str(exc), err=True)
             continue
-        policies += [i for i in items if isinstance(i, Policy)]
+        policies += [i for i in items if isinstance(i, SchedulingPolicy)]
         names = [describe_item(i) for i in items]
         # A well-formed CgroupPolicy may name devices this node lacks: the file is valid,
         # `cgroup plan` refuses it here (exit 1), so say so without failing the file.
@@ -87,7 +95,9 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
     "policy_paths",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="A policy file or a directory of them (repeatable); other kinds in a directory are skipped.",
+    help=(
+        "A policy file or a directory of them (repeatable); other kinds in a directory are skipped."
+    ),
 )
 @click.option(
     "--nodes",
@@ -123,16 +133,16 @@ def explain(
 
 def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
     inputs = Inputs()
-    tasks = load(task_file)
+    tasks = load_items(task_file)
     inputs.tasks = [t for t in tasks if isinstance(t, Task)]
     if not inputs.tasks:
         raise InputError(f"{task_file}: no kind: Task document in it")
     for path in policy_paths:
         if path.is_dir():
             for f in policy_files(path):
-                inputs.policies += [i for i in load(f) if isinstance(i, Policy)]
+                inputs.policies += [i for i in load_items(f) if isinstance(i, SchedulingPolicy)]
         else:
-            found = [i for i in load(path) if isinstance(i, Policy)]
+            found = [i for i in load_items(path) if isinstance(i, SchedulingPolicy)]
             if not found:
                 raise InputError(f"{path}: no kind: SchedulingPolicy document in it")
             inputs.policies += found
@@ -146,10 +156,10 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
 
 
 def _this_node():
-    from ..inventory import build_model, discover
+    from ..inventory import build_model, discover_node
 
     try:
-        return build_model(discover())
+        return build_model(discover_node())
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InputError(

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from .. import node_model as inventory
 from ..spec import Document, ErrorList, SpecError, load_text, read_text
-from .policy import Policy, parse_policy
+from .policy import SchedulingPolicy, parse_policy
 from .task import Task, parse_task
 
 KINDS = {"SchedulingPolicy": parse_policy, "Task": parse_task}
@@ -26,7 +26,7 @@ EXPECTED = (
     "a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
     "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)"
 )
-Item = Union[Policy, Task, inventory.Node]
+Item = SchedulingPolicy | Task | inventory.Node
 
 
 class InputError(ValueError):
@@ -46,14 +46,14 @@ class InputError(ValueError):
 
 @dataclass
 class Inputs:
-    policies: list[Policy] = field(default_factory=list)
+    policies: list[SchedulingPolicy] = field(default_factory=list)
     tasks: list[Task] = field(default_factory=list)
     nodes: list[inventory.Node] = field(default_factory=list)
 
     def add(self, item: Item) -> None:
-        {Policy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[type(item)].append(
-            item
-        )
+        {SchedulingPolicy: self.policies, Task: self.tasks, inventory.Node: self.nodes}[
+            type(item)
+        ].append(item)
 
 
 @dataclass
@@ -94,7 +94,7 @@ def _kind_of(docs: list[Document]) -> str:
     errors.raise_if_any()
     other = [k for k in kinds if k in OTHER_KINDS]
     if other and len(set(kinds)) > 1:
-        at = next(d for d, k in zip(docs, kinds) if k != other[0])
+        at = next(d for d, k in zip(docs, kinds, strict=True) if k != other[0])
         raise at.root["kind"].error(f"kind: a {other[0]} file holds only {other[0]} documents")
     return other[0] if other else "scheduling"
 
@@ -122,7 +122,7 @@ def _parse_scheduling(f: File) -> list[Item]:
     return out
 
 
-def load(path: str | Path) -> list[Item]:
+def load_items(path: str | Path) -> list[Item]:
     """What the scheduling core reads from one file: policies, tasks and (inventory-format)
     nodes. Files of other kinds give nothing; InputError has every problem of the file."""
     f = read(path)
@@ -131,7 +131,7 @@ def load(path: str | Path) -> list[Item]:
         lambda: (
             _parse_scheduling(f)
             if f.kind == "scheduling"
-            else inventory.loads(f.text, f.path)
+            else inventory.load_nodes_text(f.text, f.path)
             if f.kind == "nodes"
             else []
         ),
@@ -151,18 +151,18 @@ def load_any(path: str | Path, sys_root: Path = Path("/sys")) -> list[Any]:
 
             return [load_policy_text(f.text, f.path, sys_root)]
         if f.kind == "Workload":
-            from ..sched.workload import loads
+            from ..sched.workload import load_workload_text
 
-            return [loads(f.text, f.path)]
+            return [load_workload_text(f.text, f.path)]
         if f.kind == "plain-nodes":
-            from ..sched.nodes import loads
+            from ..sched.nodes import load_node_specs_text
 
-            return list(loads(f.text, f.path))
+            return list(load_node_specs_text(f.text, f.path))
         if f.kind == "config":
             from ..inventory.labels import parse_config
 
             return [parse_config(f.text, f.path)]
-        return list(inventory.loads(f.text, f.path))
+        return list(inventory.load_nodes_text(f.text, f.path))
 
     return _guarded(f, parse)
 
@@ -184,7 +184,7 @@ def _located(exc: SpecError) -> list[SpecError]:
 
 def describe_item(item: Any) -> str:
     """`SchedulingPolicy video-inference-strict`, `node node-01`, ... for reports."""
-    from ..cgroups.policy import Policy as CgroupPolicy  # here: sched imports this package
+    from ..cgroups.policy import CgroupPolicy  # here: sched imports this package
     from ..inventory.labels import AgentConfig
     from ..sched.simulator import NodeSpec
     from ..sched.workload import Workload
@@ -192,7 +192,7 @@ def describe_item(item: Any) -> str:
     if isinstance(item, AgentConfig):
         return f"agent config for node {item.node_name}"
     kinds = (
-        (Policy, "SchedulingPolicy"),
+        (SchedulingPolicy, "SchedulingPolicy"),
         (Task, "Task"),
         (CgroupPolicy, "CgroupPolicy"),
         (Workload, "Workload"),
@@ -205,7 +205,7 @@ def describe_item(item: Any) -> str:
 def load_all(paths) -> Inputs:
     inputs = Inputs()
     for path in paths:
-        for item in load(path):
+        for item in load_items(path):
             inputs.add(item)
     return inputs
 

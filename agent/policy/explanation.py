@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..quantity import human
-from .placement import Candidate, Decision, Demand, Reason, decision_of, evaluate_nodes
-from .policy import Match, Policy, choose
+from .placement import Candidate, Demand, PlacementDecision, Reason, decision_of, evaluate_nodes
+from .policy import Match, SchedulingPolicy, choose
 from .state import Cluster
 from .task import Task
 
@@ -23,7 +23,7 @@ class Explanation:
     task: Task
     match: Match  # the winning policy and rule (None: defaults)
     demand: Demand
-    decision: Decision  # placed, or Pending with a reason per node
+    decision: PlacementDecision  # placed, or Pending with a reason per node
     verdicts: dict[str, Candidate | Reason]  # every node, in the cluster's order
 
     @property
@@ -48,7 +48,7 @@ class Explanation:
         }
 
 
-def explain(task: Task, policies: Iterable[Policy], cluster: Cluster) -> Explanation:
+def explain(task: Task, policies: Iterable[SchedulingPolicy], cluster: Cluster) -> Explanation:
     """Where `task` would be placed on `cluster` under `policies`, and every node's verdict."""
     match = choose(policies, task.label_map)
     demand = Demand.of(task, match)

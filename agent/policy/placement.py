@@ -21,7 +21,7 @@ from ..node_model import Version
 from ..quantity import human
 from .policy import IO_CLASSES, Match, min_gpu_memory
 from .selector import Selector
-from .state import Allocation, Cluster, GpuShare, GpuState, NodeState
+from .state import Allocation, Cluster, GpuShare, GpuState, NodeResources
 from .task import Task
 
 DEFAULT_CPUS = 1
@@ -105,7 +105,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Decision:
+class PlacementDecision:
     task: str
     placed: Candidate | None
     reasons: tuple[Reason, ...]  # one per node when not placed
@@ -116,11 +116,11 @@ class Decision:
         return self.placed is None
 
 
-def decide(task: Task, match: Match, cluster: Cluster) -> Decision:
+def decide(task: Task, match: Match, cluster: Cluster) -> PlacementDecision:
     return decide_demand(task.name, Demand.of(task, match), cluster)
 
 
-def decide_demand(name: str, demand: Demand, cluster: Cluster) -> Decision:
+def decide_demand(name: str, demand: Demand, cluster: Cluster) -> PlacementDecision:
     return decision_of(name, evaluate_nodes(demand, cluster), cluster.version)
 
 
@@ -132,7 +132,9 @@ def evaluate_nodes(demand: Demand, cluster: Cluster) -> dict[str, Candidate | Re
     return {name: evaluate(demand, st, peers) for name, st in cluster.nodes.items()}
 
 
-def decision_of(name: str, verdicts: dict[str, Candidate | Reason], version: int) -> Decision:
+def decision_of(
+    name: str, verdicts: dict[str, Candidate | Reason], version: int
+) -> PlacementDecision:
     """The best-scoring candidate (ties: the first node name); Pending with every node's
     reason when no node can take the task."""
     best: Candidate | None = None
@@ -143,14 +145,14 @@ def decision_of(name: str, verdicts: dict[str, Candidate | Reason], version: int
         elif best is None or (out.score, best.node) > (best.score, out.node):
             best = out
     if best is not None:
-        return Decision(name, best, (), version)
-    return Decision(name, None, tuple(reasons), version)
+        return PlacementDecision(name, best, (), version)
+    return PlacementDecision(name, None, tuple(reasons), version)
 
 
 # --------------------------------------------------------------------------- filter
 
 
-def evaluate(d: Demand, st: NodeState, peers: Peers | None = None) -> Candidate | Reason:
+def evaluate(d: Demand, st: NodeResources, peers: Peers | None = None) -> Candidate | Reason:
     n = st.name
     if d.device_type == "tpu":
         return Reason("InsufficientTPUHardware", n, f"{n} has no TPU")
@@ -187,7 +189,7 @@ def evaluate(d: Demand, st: NodeState, peers: Peers | None = None) -> Candidate 
     return max((_place(d, st, units, gpus, numa) for numa in numas), key=lambda c: c.score)
 
 
-def _suitable_gpus(d: Demand, st: NodeState) -> list[GpuState] | Reason:
+def _suitable_gpus(d: Demand, st: NodeResources) -> list[GpuState] | Reason:
     n = st.name
     if not st.gpus:
         return Reason("InsufficientGPUHardware", n, f"{n} has no GPU")
@@ -222,7 +224,7 @@ def _fits(d: Demand, g: GpuState) -> bool:
 
 
 def _gpu_memory_reason(
-    d: Demand, st: NodeState, suitable: list[GpuState], fitting: list[GpuState]
+    d: Demand, st: NodeResources, suitable: list[GpuState], fitting: list[GpuState]
 ) -> Reason:
     n = st.name
     if d.gpu_memory is None:
@@ -254,7 +256,7 @@ def _v(v) -> str:
 Units = list[tuple[int, list[tuple[int, ...]], int]]
 
 
-def _cpu_units(d: Demand, st: NodeState) -> Units:
+def _cpu_units(d: Demand, st: NodeResources) -> Units:
     """Free CPUs grouped per L3 domain; with smtExclusive the unit is a whole free core."""
     free = st.free_cpus
     out = []
@@ -269,7 +271,7 @@ def _cpu_units(d: Demand, st: NodeState) -> Units:
 
 
 def _numa_choices(
-    d: Demand, st: NodeState, units: Units, gpus: list[GpuState]
+    d: Demand, st: NodeResources, units: Units, gpus: list[GpuState]
 ) -> list[int | None] | Reason:
     """NUMA nodes to try (None: any mix); a Reason when single-NUMA placement is impossible."""
     per_numa = {numa: 0 for numa in st.numa_ids}
@@ -301,7 +303,8 @@ def _numa_choices(
     return Reason(
         "NUMAAffinityUnsatisfiable",
         n,
-        f"{n} has at most {most} free CPUs on one NUMA node, task needs {d.cpus} on a single NUMA node",
+        f"{n} has at most {most} free CPUs on one NUMA node, "
+        f"task needs {d.cpus} on a single NUMA node",
     )
 
 
@@ -309,7 +312,7 @@ def _numa_choices(
 
 
 def _place(
-    d: Demand, st: NodeState, units: Units, gpus: list[GpuState], numa: int | None
+    d: Demand, st: NodeResources, units: Units, gpus: list[GpuState], numa: int | None
 ) -> Candidate:
     if numa is not None and d.numa_affinity == "required":
         gpus = [g for g in gpus if g.numa == numa]
@@ -429,7 +432,7 @@ class Peers:
             }
         return self._racks[sel]
 
-    def check(self, d: Demand, st: NodeState) -> Reason | None:
+    def check(self, d: Demand, st: NodeResources) -> Reason | None:
         n = st.name
         if d.rack_affinity and d.rack_peers is not None:
             racks = self.racks(d.rack_peers)

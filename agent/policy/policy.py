@@ -70,7 +70,7 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Policy:
+class SchedulingPolicy:
     name: str
     rules: tuple[Rule, ...]
     priority: int = DEFAULT_PRIORITY
@@ -87,7 +87,10 @@ class Policy:
 # `-` and `.`, starting and ending alphanumeric, at most 253 characters. A name reaches
 # messages, JSON and (later) file and cgroup names: no `/`, `..`, spaces or control characters.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-NAME_RULE = "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253"
+NAME_RULE = (
+    "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
+    "at most 253"
+)
 
 
 def parse_name(cur: Cursor) -> str:
@@ -121,7 +124,7 @@ def parse_header(doc: Document) -> bool:
     return True
 
 
-def parse_policy(doc: Document) -> Policy:
+def parse_policy(doc: Document) -> SchedulingPolicy:
     """A SchedulingPolicy; every error of the document at once (SpecErrors)."""
     if not parse_header(doc):
         doc.errors.raise_if_any()
@@ -144,7 +147,7 @@ def parse_policy(doc: Document) -> Policy:
             lambda: spec["preemption"].str(PREEMPTION, default="lower-priority")
         )
     doc.errors.raise_if_any()
-    return Policy(
+    return SchedulingPolicy(
         name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels
     )
 
@@ -256,7 +259,7 @@ def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:
 # ------------------------------------------------------------------------- dumping
 
 
-def dump_policy(p: Policy) -> dict[str, Any]:
+def dump_policy(p: SchedulingPolicy) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": p.name}
     if p.labels:
         meta["labels"] = dict(p.labels)
@@ -314,7 +317,7 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Match:
-    policy: Policy | None
+    policy: SchedulingPolicy | None
     rule: Rule | None
     tied_with: tuple[str, ...] = ()  # equal-priority policies that also matched
 
@@ -323,9 +326,9 @@ class Match:
         return self.rule.constraints if self.rule else Constraints()
 
 
-def choose(policies: Iterable[Policy], labels: Mapping[str, str]) -> Match:
+def choose(policies: Iterable[SchedulingPolicy], labels: Mapping[str, str]) -> Match:
     """The highest-priority policy with a rule matching `labels` (ties: first by name)."""
-    best: list[tuple[Policy, Rule]] = []
+    best: list[tuple[SchedulingPolicy, Rule]] = []
     for p in policies:
         rule = p.rule_for(labels)
         if rule is None:
@@ -340,7 +343,7 @@ def choose(policies: Iterable[Policy], labels: Mapping[str, str]) -> Match:
     return Match(best[0][0], best[0][1], tuple(p.name for p, _ in best[1:]))
 
 
-def tie_warnings(policies: Iterable[Policy]) -> list[str]:
+def tie_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
     """Pairs of equal-priority policies whose rules can match the same task."""
     ps = sorted(policies, key=lambda p: p.name)
     out = []
@@ -357,7 +360,8 @@ def tie_warnings(policies: Iterable[Policy]) -> list[str]:
             if pairs:
                 ra, rb = pairs[0]
                 out.append(
-                    f"policies {a.name!r} and {b.name!r} both have priority {a.priority} and can match the "
+                    f"policies {a.name!r} and {b.name!r} both have priority {a.priority} "
+                    "and can match the "
                     f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order"
                 )
     return out

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .placement import Decision, Demand, decide_demand
-from .policy import DEFAULT_PRIORITY, Match, Policy, choose
+from .placement import Demand, PlacementDecision, decide_demand
+from .policy import DEFAULT_PRIORITY, Match, SchedulingPolicy, choose
 from .state import Allocation, Cluster
 from .task import Task
 
@@ -28,7 +28,7 @@ class Pending:
     seq: int
     match: Match = Match(None, None)
     demand: Demand | None = None
-    decision: Decision | None = None
+    decision: PlacementDecision | None = None
 
     @property
     def priority(self) -> int:
@@ -47,7 +47,7 @@ class Pending:
 @dataclass
 class PendingQueue:
     cluster: Cluster
-    policies: dict[str, Policy] = field(default_factory=dict)
+    policies: dict[str, SchedulingPolicy] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     _heap: list = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
@@ -84,20 +84,20 @@ class PendingQueue:
         return sorted(self.pending.values(), key=Pending.key)
 
     # -- policies
-    def apply_policy(self, policy: Policy) -> dict[str, Decision]:
+    def apply_policy(self, policy: SchedulingPolicy) -> dict[str, PlacementDecision]:
         self.policies[policy.name] = policy
         return self.reevaluate()
 
-    def remove_policy(self, name: str) -> dict[str, Decision]:
+    def remove_policy(self, name: str) -> dict[str, PlacementDecision]:
         self.policies.pop(name)
         return self.reevaluate()
 
-    def reevaluate(self) -> dict[str, Decision]:
+    def reevaluate(self) -> dict[str, PlacementDecision]:
         """Every pending task against the current policies and node state, at once."""
         policies = list(self.policies.values())
         matches: dict[tuple, Match] = {}
         demands: dict[tuple, Demand] = {}
-        decided: dict[Demand, Decision] = {}
+        decided: dict[Demand, PlacementDecision] = {}
         out = {}
         for name, p in self.pending.items():
             task = p.task
@@ -112,7 +112,7 @@ class PendingQueue:
             if decision is None:
                 decision = decided[demand] = decide_demand(name, demand, self.cluster)
             p.match, p.demand = match, demand
-            p.decision = out[name] = Decision(
+            p.decision = out[name] = PlacementDecision(
                 name, decision.placed, decision.reasons, decision.version
             )
         self._heap = [(p.key(), name) for name, p in self.pending.items()]
@@ -125,13 +125,15 @@ class PendingQueue:
         A demand that did not fit stays unfit for the rest of the pass (placing only
         takes resources away), unless it depends on where other tasks run."""
         placed = []
-        unfit: dict[Demand, Decision] = {}
+        unfit: dict[Demand, PlacementDecision] = {}
         for p in self.ordered():
             d = p.demand
             known = unfit.get(d)
             decision = known if known is not None else decide_demand(p.task.name, d, self.cluster)
             if decision.placed is None:
-                p.decision = Decision(p.task.name, None, decision.reasons, decision.version)
+                p.decision = PlacementDecision(
+                    p.task.name, None, decision.reasons, decision.version
+                )
                 if not d.needs_peers:
                     unfit[d] = decision
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..spec import Cursor
@@ -90,11 +91,11 @@ def parse_selector(cur: Cursor) -> Selector:
     doc, labels = cur.doc, []
     if cur["matchLabels"].present and cur["matchLabels"].fields():
         for key, value in cur["matchLabels"].items():
-            if (v := doc.attempt(lambda: _label_value(value))) is not None:
+            if (v := doc.attempt(partial(_label_value, value))) is not None:
                 labels.append((str(key), v))
     exprs = []
     for item in doc.attempt(lambda: cur["matchExpressions"].seq(default=[]), ()):
-        if (e := doc.attempt(lambda: _expression(item))) is not None:
+        if (e := doc.attempt(partial(_expression, item))) is not None:
             exprs.append(e)
     return Selector(tuple(sorted(labels)), tuple(exprs))
 

@@ -1,7 +1,7 @@
 """What is free right now: the inventory's node model plus the allocations made on it.
 
 `node_model.Node` describes a node as discovered (frozen); the scheduler needs the
-same node minus what it has handed out. `NodeState` keeps the handed-out part and answers
+same node minus what it has handed out. `NodeResources` keeps the handed-out part and answers
 "free CPUs on this L3 domain", "free memory on GPU 3"; `Cluster` holds the nodes, the
 placed tasks (for rack and node affinity) and a version that every change bumps, so a
 decision can say which state it was computed on.
@@ -59,7 +59,9 @@ class GpuState:
         return 0 if self.whole else self.base_free - self.reserved
 
 
-class NodeState:
+class NodeResources:
+    """One node's resources as placement sees them: the model minus what is handed out."""
+
     def __init__(self, node: Node):
         self.node = node
         self.name = node.name
@@ -120,13 +122,13 @@ class NodeState:
 
 @dataclass
 class Cluster:
-    nodes: dict[str, NodeState] = field(default_factory=dict)
+    nodes: dict[str, NodeResources] = field(default_factory=dict)
     version: int = 0
     where: dict[str, str] = field(default_factory=dict)  # task -> node
 
     @classmethod
     def of(cls, nodes: Iterable[Node], allocations: Iterable[Allocation] = ()) -> Cluster:
-        c = cls({n.name: NodeState(n) for n in nodes})
+        c = cls({n.name: NodeResources(n) for n in nodes})
         for a in allocations:
             c.commit(a)
         return c
@@ -143,7 +145,7 @@ class Cluster:
         self.version += 1
         return a
 
-    def placed(self) -> Iterable[tuple[NodeState, Allocation]]:
+    def placed(self) -> Iterable[tuple[NodeResources, Allocation]]:
         for st in self.nodes.values():
             for a in st.tasks.values():
                 yield st, a

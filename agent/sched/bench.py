@@ -28,8 +28,10 @@ spec:
   duration: 20s
   utilisation: 0.8
   classes:
-    - {name: interactive, rate: 50, runtime: {distribution: exponential, mean: 5ms}, deadlineSlack: {min: 1.5, max: 3}}
-    - {name: batch, rate: 10, runtime: {distribution: exponential, mean: 40ms}, deadlineSlack: {min: 5, max: 20}}
+    - {name: interactive, rate: 50, runtime: {distribution: exponential, mean: 5ms},
+       deadlineSlack: {min: 1.5, max: 3}}
+    - {name: batch, rate: 10, runtime: {distribution: exponential, mean: 40ms},
+       deadlineSlack: {min: 5, max: 20}}
 """
 
 # A low-priority bulk job holds the bus for 30 ms; critical jobs need the bus; medium
@@ -41,9 +43,11 @@ metadata: {name: priority-inversion}
 spec:
   duration: 30s
   classes:
-    - {name: bulk, rate: 5, runtime: 30ms, priority: 10, resources: [bus], deadlineSlack: {min: 10, max: 20}}
+    - {name: bulk, rate: 5, runtime: 30ms, priority: 10, resources: [bus],
+       deadlineSlack: {min: 10, max: 20}}
     - {name: critical, rate: 5, runtime: 2ms, priority: 90, resources: [bus], deadline: 50ms}
-    - {name: medium, rate: 60, runtime: {distribution: exponential, mean: 8ms}, deadlineSlack: {min: 3, max: 6}}
+    - {name: medium, rate: 60, runtime: {distribution: exponential, mean: 8ms},
+       deadlineSlack: {min: 3, max: 6}}
 """
 NODES_INVERSION = [NodeSpec("sim-node", cpus=1)]
 
@@ -66,7 +70,7 @@ def _mean(values) -> float:
 
 
 def edf_vs_fifo() -> dict:
-    w = workload.loads(MIXED, "<bench:mixed>")
+    w = workload.load_workload_text(MIXED, "<bench:mixed>")
     fifo, edf = _runs(w, NODES, "fifo"), _runs(w, NODES, "edf")
     fifo_miss = _mean(r["deadline_miss_ratio"] for r in fifo)
     edf_miss = _mean(r["deadline_miss_ratio"] for r in edf)
@@ -84,7 +88,7 @@ def edf_vs_fifo() -> dict:
 
 
 def pic_vs_edf() -> dict:
-    w = workload.loads(INVERSION, "<bench:inversion>")
+    w = workload.load_workload_text(INVERSION, "<bench:inversion>")
     edf, pic = _runs(w, NODES_INVERSION, "edf"), _runs(w, NODES_INVERSION, "edf-pic")
     waiter = lambda runs: _mean(r["classes"]["critical"]["error_rate"] for r in runs)  # noqa: E731
     overall = lambda runs: _mean(r["deadline_miss_ratio"] for r in runs)  # noqa: E731
@@ -101,8 +105,9 @@ def pic_vs_edf() -> dict:
 
 
 def simulator_speed() -> dict:
-    """Jobs simulated per second (informational: wall-clock, so it varies with the machine's load)."""
-    w = workload.loads(MIXED, "<bench:mixed>")
+    """Jobs simulated per second (informational: wall-clock, so it varies with the machine's
+    load)."""
+    w = workload.load_workload_text(MIXED, "<bench:mixed>")
     jobs = w.generate(1, {"cpu": 2})
     start = time.perf_counter()
     Simulation(jobs, NODES, "edf").run()
@@ -137,11 +142,13 @@ def bench_sched(as_json: bool) -> None:
         return
     q, p = results["edf_vs_fifo"], results["pic_vs_edf"]
     click.echo(
-        f"EDF vs FIFO at {q['utilisation']:.0%}: miss {q['edf_miss_ratio']:.4f} vs {q['fifo_miss_ratio']:.4f}"
+        f"EDF vs FIFO at {q['utilisation']:.0%}: miss {q['edf_miss_ratio']:.4f} "
+        f"vs {q['fifo_miss_ratio']:.4f}"
         f" = {q['edf_over_fifo']:.3f}x (target <= 0.5)  {'ok' if q['ok'] else 'FAIL'}"
     )
     click.echo(
-        f"EDF-PIC vs EDF, jobs waiting on a held resource: miss {p['edf_pic_critical_miss_ratio']:.4f}"
+        f"EDF-PIC vs EDF, jobs waiting on a held resource: "
+        f"miss {p['edf_pic_critical_miss_ratio']:.4f}"
         f" vs {p['edf_critical_miss_ratio']:.4f}  {'ok' if p['ok'] else 'FAIL'}"
     )
     click.echo(f"simulator: {results['simulator_speed']['jobs_per_s']:.0f} jobs/s")

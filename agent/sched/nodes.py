@@ -35,15 +35,15 @@ def parse(root: Cursor) -> list[NodeSpec]:
         with doc.collecting():
             c.mapping(NODE_FIELDS, required={"name"})
         fields = {}
-        for key, read in (
-            ("name", lambda: c["name"].str()),
-            ("cpus", lambda: c["cpus"].int(0, 4096, default=1)),
-            ("gpus", lambda: c["gpus"].int(0, 64, default=0)),
-            ("tpus", lambda: c["tpus"].int(0, 64, default=0)),
-            ("numa_nodes", lambda: c["numaNodes"].int(1, 64, default=1)),
+        for key, name, read in (
+            ("name", "name", lambda f: f.str()),
+            ("cpus", "cpus", lambda f: f.int(0, 4096, default=1)),
+            ("gpus", "gpus", lambda f: f.int(0, 64, default=0)),
+            ("tpus", "tpus", lambda f: f.int(0, 64, default=0)),
+            ("numa_nodes", "numaNodes", lambda f: f.int(1, 64, default=1)),
         ):
             with doc.collecting():
-                fields[key] = read()
+                fields[key] = read(c[name])
         if doc.errors.total != before:
             continue
         node = NodeSpec(**fields)
@@ -80,7 +80,7 @@ def _is_plain(docs) -> bool:
     return isinstance(entries, list) and any(isinstance(n, dict) and "cpus" in n for n in entries)
 
 
-def load(path: str | Path) -> list[NodeSpec]:
+def load_node_specs(path: str | Path) -> list[NodeSpec]:
     """Nodes from either format. Errors read FILE:LINE:COL: message, every error of the file
     at once, as SpecError (plain format) or the inventory's ModelError."""
     docs = load_file(path)
@@ -91,7 +91,7 @@ def load(path: str | Path) -> list[NodeSpec]:
     return [from_inventory(n) for n in inventory.from_documents(docs, str(path))]
 
 
-def loads(text: str, file: str = "<string>") -> list[NodeSpec]:
+def load_node_specs_text(text: str, file: str = "<string>") -> list[NodeSpec]:
     docs = load_text(text, file)
     if not docs:
         raise SpecError(file, 1, 1, "empty file: expected `nodes: [...]`")

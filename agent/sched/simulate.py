@@ -43,7 +43,8 @@ class Progress:
         if now >= self.next:
             self.next = now + self.every_s
             self.echo(
-                f"xhagent simulate: {finished} of {total} jobs done ({finished / max(total, 1):.0%}), "
+                f"xhagent simulate: {finished} of {total} "
+                f"jobs done ({finished / max(total, 1):.0%}), "
                 f"{now - self.start:.0f} s"
             )
 
@@ -62,13 +63,14 @@ def simulate(
 ) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
     input, Refused past a cap."""
-    w = workload_model.load(workload_path)
+    w = workload_model.load_workload(workload_path)
     if algorithm == "mlq" and w.levels is None:
         warn(
-            f"xhagent simulate: warning: {workload_path} has no queues:, so mlq uses the default levels "
+            f"xhagent simulate: warning: {workload_path} has no queues:, "
+            "so mlq uses the default levels "
             "hot (affinity tier: hot), normal (every other job), cold (tier: cold)"
         )
-    nodes = node_model.load(nodes_path)
+    nodes = node_model.load_node_specs(nodes_path)
     if len(nodes) > max_nodes:
         raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
     slots = sum(n.cpus + n.gpus + n.tpus for n in nodes)
@@ -91,7 +93,10 @@ def simulate(
 
 def render(report: dict) -> str:
     lines = [
-        f"workload {report['workload']}  algorithm {report['algorithm']}  seed {report['seed']}  jobs {report['jobs']}",
+        (
+            f"workload {report['workload']}  algorithm {report['algorithm']}  "
+            f"seed {report['seed']}  jobs {report['jobs']}"
+        ),
         f"deadline-miss ratio  {report['deadline_miss_ratio']:.4f}",
         "waiting ms           "
         + "  ".join(f"{k} {v:.3f}" for k, v in report["waiting_ms"].items()),
@@ -99,7 +104,10 @@ def render(report: dict) -> str:
         "utilisation          "
         + "  ".join(f"{d} {u:.1%}" for d, u in report["utilisation"].items()),
         "",
-        f"{'class':<16}{'jobs':>7}{'p95 ms':>10}{'SLA p95':>10}{'errors':>9}{'SLA err':>9}{'SLA viol.':>11}  ok",
+        (
+            f"{'class':<16}{'jobs':>7}{'p95 ms':>10}{'SLA p95':>10}"
+            f"{'errors':>9}{'SLA err':>9}{'SLA viol.':>11}  ok"
+        ),
     ]
     for name, c in report["classes"].items():
         sla_p95 = "-" if c["sla_p95_latency_ms"] is None else f"{c['sla_p95_latency_ms']:.1f}"

@@ -5,7 +5,7 @@ its device type and takes its `holds` resources when it is first dispatched, kee
 until it completes. Events are arrivals, completions and, for time-sliced algorithms,
 slice ends; after each batch of same-time events the ready queues are drained onto free
 slots, and preemptive algorithms displace the worst-keyed running job when a waiting one
-keys strictly better. Slot changes are committed through `snapshot.NodeState`, so the
+keys strictly better. Slot changes are committed through `snapshot.VersionedSlots`, so the
 simulator exercises the same compare-and-set path the agent uses. Nothing is random here:
 the same jobs give the same outcome.
 """
@@ -22,7 +22,7 @@ from .job import Job
 from .mlq import MultiLevel
 from .pic import ResourceTable
 from .queues import ReadyQueue, discipline, worst_first
-from .snapshot import Decision, NodeState
+from .snapshot import PreemptionDecision, VersionedSlots
 
 
 class SimulationError(ValueError):
@@ -185,7 +185,7 @@ class Simulation:
         # per device) nor fair share's least vruntime (best first) needs a scan of them all.
         self.victims = {d: ReadyQueue(worst_first(self.discipline)) for d in devices}
         self.least_running = ReadyQueue(self.discipline)
-        self.state = NodeState({s.id: None for s in self.slots})
+        self.state = VersionedSlots({s.id: None for s in self.slots})
         self.by_id = {s.id: s for s in self.slots}
         self.records = {j.name: JobRecord(j) for j in jobs}
         self.remaining = {j.name: j.runtime_ns for j in jobs}
@@ -276,7 +276,7 @@ class Simulation:
         if self.discipline.time_sliced:
             self.fair.charge(job, ran)
         self.token[job.name] = self.token.get(job.name, 0) + 1
-        self.state.commit(Decision(evict=(job.name,)), self.state.version)
+        self.state.commit(PreemptionDecision(evict=(job.name,)), self.state.version)
         return self.by_id[slot_id]
 
     def _start(self, job: Job, slot: Slot) -> None:
@@ -290,7 +290,7 @@ class Simulation:
             if self.discipline.time_sliced:
                 self.fair.migrate(job, previous, slot.place)
         self.last_place[job.name] = slot.place
-        self.state.commit(Decision(place={slot.id: job.name}), self.state.version)
+        self.state.commit(PreemptionDecision(place={slot.id: job.name}), self.state.version)
         self.running[slot.id] = (job, self.now)
         self.slot_of[job.name] = slot.id
         self.busy[job.device] += 1

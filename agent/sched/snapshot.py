@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 
 @dataclass(frozen=True)
-class Decision:
+class PreemptionDecision:
     """Slot changes: `evict` names jobs to take off their slots, `place` maps slot -> job."""
 
     evict: tuple[str, ...] = ()
@@ -40,7 +40,9 @@ class InvalidDecision(ValueError):
     pass
 
 
-class NodeState:
+class VersionedSlots:
+    """A node's slots (slot -> job) under a version that every commit moves on."""
+
     def __init__(self, slots: Mapping[str, str | None]):
         self._slots = dict(slots)
         self._slot_of = {job: slot for slot, job in self._slots.items() if job is not None}
@@ -55,7 +57,7 @@ class NodeState:
     def version(self) -> int:
         return self._version
 
-    def commit(self, decision: Decision, expected_version: int) -> int:
+    def commit(self, decision: PreemptionDecision, expected_version: int) -> int:
         """Apply `decision` if the node is still at `expected_version`; the new version.
         Raises StaleSnapshot (nothing applied) otherwise, InvalidDecision if it does not fit.
         Costs the size of the decision, not of the node: the simulator commits every start
@@ -88,8 +90,8 @@ class NodeState:
 
 
 def decide_and_commit(
-    state: NodeState, decide: Callable[[Snapshot], Decision], attempts: int = 8
-) -> tuple[Decision, int]:
+    state: VersionedSlots, decide: Callable[[Snapshot], PreemptionDecision], attempts: int = 8
+) -> tuple[PreemptionDecision, int]:
     """Compute on a snapshot and commit; recompute on a fresh one when it went stale."""
     for _ in range(attempts):
         snap = state.snapshot()

@@ -11,8 +11,10 @@
         - name: interactive
           deviceType: cpu      # cpu | gpu | tpu
           rate: 40             # Poisson arrivals per second (0: explicit jobs only)
-          runtime: {distribution: exponential, mean: 5ms}   # constant{value} uniform{min,max} lognormal{mean,sigma}
-          deadlineSlack: {min: 2, max: 4}   # deadline = arrival + runtime x U(min, max); or deadline: 50ms
+          # runtime: constant{value} | uniform{min,max} | exponential{mean} | lognormal{mean,sigma}
+          runtime: {distribution: exponential, mean: 5ms}
+          deadlineSlack: {min: 2, max: 4}  # deadline = arrival + runtime x U(min, max)
+                                           # (or, instead, deadline: 50ms)
           priority: 80         # or {values: [20, 80], weights: [3, 1]}
           resources: [pcie]    # exclusive, held while the job is unfinished
           affinity: {tier: hot}
@@ -24,8 +26,8 @@
         - {name: bulk}
 
 Durations are written as in Task files (`250ms`, `1.5s`, `1h30m`; a bare number is
-seconds). Generation is deterministic: each class draws from its own `random.Random` seeded with
-the run's seed and the class name.
+seconds). Generation is deterministic: each class draws from its own `random.Random` seeded
+with the run's seed and the class name.
 """
 
 from __future__ import annotations
@@ -390,14 +392,14 @@ def parse(doc_root: Cursor) -> Workload:
     return w
 
 
-def load(path: str | Path) -> Workload:
+def load_workload(path: str | Path) -> Workload:
     docs = load_file(path)
     if not docs:
         raise SpecError(str(path), 1, 1, "empty file: expected a Workload document")
     return parse(docs[0].root)
 
 
-def loads(text: str, file: str = "<string>") -> Workload:
+def load_workload_text(text: str, file: str = "<string>") -> Workload:
     docs = load_text(text, file)
     if not docs:
         raise SpecError(file, 1, 1, "empty file: expected a Workload document")

@@ -181,9 +181,10 @@ class TraceFile:
     """A trace opened for reading: `header`, `len()`, iteration over Event tuples.
 
     A regular file is mapped, not read, so that memory does not grow with its size before
-    the records are used; a FIFO or `-` is read, up to MAX_STREAMED bytes. Everything a reader relies on is checked here, so that a bad file is
-    one TraceFormatError naming the file (and the offset or record), never a traceback:
-    the header, the metadata's types, every record's type and CPU, and the record count.
+    the records are used; a FIFO or `-` is read, up to MAX_STREAMED bytes. Everything a
+    reader relies on is checked here, so that a bad file is one TraceFormatError naming the
+    file (and the offset or record), never a traceback: the header, the metadata's types,
+    every record's type and CPU, and the record count.
     A complete file with fewer records than it declares was cut: refused unless
     `allow_truncated`. A file whose recorder died (complete flag 0) has no count to check
     against; it is read with a warning in `warnings`."""

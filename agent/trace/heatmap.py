@@ -9,6 +9,7 @@ import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 from .fmt import Event
 from .intervals import Selection, runs
@@ -76,11 +77,17 @@ def busy_grid(
 def colour(f: float) -> tuple[int, int, int]:
     """White (idle) through orange to dark red (busy)."""
     stops = ((0.0, (255, 255, 255)), (0.5, (253, 141, 60)), (1.0, (128, 0, 38)))
-    for (f0, c0), (f1, c1) in zip(stops, stops[1:]):
+    for (f0, c0), (f1, c1) in pairwise(stops):
         if f <= f1:
             t = (f - f0) / (f1 - f0)
-            return tuple(round(a + (b - a) * t) for a, b in zip(c0, c1))
+            return tuple(round(a + (b - a) * t) for a, b in zip(c0, c1, strict=True))
     return stops[-1][1]
+
+
+def hex_colour(f: float) -> str:
+    """`colour(f)` as SVG writes it: rrggbb."""
+    r, g, b = colour(f)
+    return f"{r:02x}{g:02x}{b:02x}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,10 @@ def svg(grid: Grid) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
         f"<title>{title(grid)}</title>",
-        f'<text class="title" x="{x0}" y="24" font-size="14" font-weight="bold">{title(grid)}</text>',
+        (
+            f'<text class="title" x="{x0}" y="24" font-size="14" font-weight="bold">'
+            f"{title(grid)}</text>"
+        ),
     ]
     for r, cpu in enumerate(grid.cpus):
         y = y0 + r * ch
@@ -156,7 +166,7 @@ def svg(grid: Grid) -> str:
         for i, f in enumerate(grid.busy[r]):
             out.append(
                 f'<rect class="cell" x="{x0 + i * cw}" y="{y}" width="{cw}" height="{ch}" '
-                f'fill="#{"%02x%02x%02x" % colour(f)}"><title>{f * 100:.0f}%</title></rect>'
+                f'fill="#{hex_colour(f)}"><title>{f * 100:.0f}%</title></rect>'
             )
         out.append("</g>")
     yb = y0 + len(grid.cpus) * ch
@@ -171,13 +181,13 @@ def svg(grid: Grid) -> str:
     out.append(
         '<defs><linearGradient id="busy">'
         + "".join(
-            f'<stop offset="{k * 10}%" stop-color="#{"%02x%02x%02x" % colour(k / 10)}"/>'
-            for k in range(11)
+            f'<stop offset="{k * 10}%" stop-color="#{hex_colour(k / 10)}"/>' for k in range(11)
         )
         + "</linearGradient></defs>"
     )
     out.append(
-        f'<rect class="legend" x="{lx}" y="{ly}" width="100" height="10" fill="url(#busy)" stroke="black"/>'
+        f'<rect class="legend" x="{lx}" y="{ly}" width="100" height="10" '
+        'fill="url(#busy)" stroke="black"/>'
     )
     out.append(f'<text x="{lx - 4}" y="{ly + 9}" text-anchor="end">0%</text>')
     out.append(f'<text x="{lx + 104}" y="{ly + 9}">100% busy</text>')

@@ -31,7 +31,7 @@ def test_gpus_match_nvidia_smi(smi, run_xhagent):
     gpu = json.loads(res.stdout)["gpu"]
     assert gpu["nvml"]["available"], gpu["nvml"]
     assert len(gpu["gpus"]) == len(smi)
-    for ours, (index, uuid, name, mem_mib, bus, cc) in zip(gpu["gpus"], smi):
+    for ours, (index, uuid, name, mem_mib, bus, cc) in zip(gpu["gpus"], smi, strict=True):
         assert (ours["index"], ours["uuid"], ours["name"]) == (int(index), uuid, name)
         assert ours["memory_total"] // (1 << 20) == int(mem_mib)
         assert ours["pci_bus_id"] == bus.lower()[4:]  # nvidia-smi: 00000000:18:00.0
@@ -43,5 +43,5 @@ def test_model_has_cuda_version(smi, run_xhagent):
 
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
-    (node,) = model.loads(res.stdout)
+    (node,) = model.load_nodes_text(res.stdout)
     assert len(node.gpus) == len(smi) and node.gpus[0].cuda_driver_version.major >= 10

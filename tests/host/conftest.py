@@ -3,7 +3,7 @@ import os
 import pytest
 
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def group():
     """A fresh group in this host's cgroup2 tree; thawed, emptied and removed afterwards."""
-    root = discover().unified
+    root = discover_hierarchy().unified
     assert root is not None, "this host has a cgroup2 mount"
     cg = Cgroup(os.path.join(root.path, f"xhagent-test-{os.getpid()}")).create()
     yield cg

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import bench as cgroup_bench
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups import bench as cgroup_bench
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -21,7 +21,7 @@ WHERE = (
 
 @pytest.fixture
 def groups():
-    root = Path(discover().unified.path)
+    root = Path(discover_hierarchy().unified.path)
     made = [Cgroup(root / f"xhagent-bench-test-{os.getpid()}-{i}").create() for i in range(2)]
     yield made
     for cg in made:
@@ -34,7 +34,7 @@ def test_each_reader_is_in_its_group_before_it_is_told_to_go(groups, tmp_path, m
     base = tmp_path / "notes"
     assert cgroup_bench._readers(groups, str(base), 4096, 512, 1, 1.0) == [0.0, 0.0]
     seen = sorted(p.read_text().strip() for p in tmp_path.glob("notes.*"))
-    unified = discover().unified.path
+    unified = discover_hierarchy().unified.path
     assert seen == sorted(f"0::/{cg.path.relative_to(unified)}" for cg in groups)
     assert all(cg.events()["populated"] == 0 for cg in groups)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups import Cgroup, lock
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -24,7 +24,7 @@ XH = Path(sys.executable).with_name("xhagent")
 def sub():
     """A throwaway subtree with one group `g`; the CLI bound to it; all removed afterwards."""
     name = f"xhagent-test-{uuid.uuid4().hex[:8]}.slice"
-    root = Path(discover().unified.path) / name
+    root = Path(discover_hierarchy().unified.path) / name
     (root / "g").mkdir(parents=True)
 
     def argv(cmd, *args):
@@ -187,7 +187,7 @@ def test_run_starts_the_command_inside_the_group(sub):
     res = sub("run", "g", "--", "cat", "/proc/self/cgroup")
     assert res.returncode == 0, res.stderr
     own = [line for line in res.stdout.splitlines() if line.startswith("0::")]
-    assert own == ["0::/" + str(sub.g.path.relative_to(discover().unified.path))]
+    assert own == ["0::/" + str(sub.g.path.relative_to(discover_hierarchy().unified.path))]
 
 
 def test_run_of_a_missing_command_names_it_and_leaves_nothing(sub):

@@ -12,7 +12,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups.lock import SubtreeLock
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -36,7 +36,7 @@ def policy(tmp_path, name, groups):
 @pytest.fixture
 def subtree():
     name = f"xhagent-test-{uuid.uuid4().hex[:8]}.slice"
-    root = Path(discover().unified.path) / name
+    root = Path(discover_hierarchy().unified.path) / name
     yield name, root
     remove_tree(root)
     lock.lock_path(root, lock.LOCK_DIR).unlink(

@@ -11,14 +11,14 @@ import pytest
 
 from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups import delegation as D
-from xhagent.cgroups.mounts import discover, own_cgroup
+from xhagent.cgroups.mounts import discover_hierarchy, own_cgroup
 from xhagent.cgroups.subtree import locate
 
 pytestmark = pytest.mark.host
 
 
 def test_discovery_agrees_with_proc_and_mountinfo():
-    mount = Path(discover().unified.path)
+    mount = Path(discover_hierarchy().unified.path)
     own = own_cgroup()  # the 0:: line of /proc/self/cgroup
     systemd = (mount / "init.scope").is_dir() or Path("/run/systemd/system").is_dir()
     marked = own != "/" and D.read_delegate_mark(mount / own.strip("/"))
@@ -37,7 +37,7 @@ def test_discovery_agrees_with_proc_and_mountinfo():
 @pytest.fixture
 def unit():
     """A unit-like cgroup with a sleeping process in it; removed with everything below it."""
-    mount = Path(discover().unified.path)
+    mount = Path(discover_hierarchy().unified.path)
     cg = Cgroup(mount / f"xhagent-test-{uuid.uuid4().hex[:8]}.service").create()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     cg.add_proc(child.pid)
@@ -101,7 +101,7 @@ def test_cli_plan_says_where_and_why(tmp_path):
     expected = locate().placement
     assert res.returncode == 0, res.stderr
     assert f"  where: {expected.how}: {expected.why}" in res.stdout
-    assert not (Path(discover().unified.path) / name).exists()  # plan writes nothing
+    assert not (Path(discover_hierarchy().unified.path) / name).exists()  # plan writes nothing
 
 
 def test_cli_apply_inside_a_delegated_unit_settles_then_creates_siblings(unit, tmp_path):
@@ -142,5 +142,6 @@ def test_cli_apply_inside_a_delegated_unit_settles_then_creates_siblings(unit, t
     assert [a["kind"] for a in out["apply"]["applied"]] == ["create"] and (
         cg.path / "work"
     ).is_dir()
-    # Every process of the unit went to the leaf (the sleeper too); the unit cgroup is an inner node now.
+    # Every process of the unit went to the leaf (the sleeper too); the unit cgroup is an inner
+    # node now.
     assert cg.procs() == [] and Cgroup(cg.path / "agent.leaf").procs() == [unit[2].pid]

@@ -12,7 +12,11 @@ from xhagent.cgroups import CgroupError
 
 pytestmark = pytest.mark.host
 
-TICKER = "import sys, time\nwhile True:\n    sys.stdout.write('t'); sys.stdout.flush(); time.sleep(0.005)\n"
+TICKER = (
+    "import sys, time\n"
+    "while True:\n"
+    "    sys.stdout.write('t'); sys.stdout.flush(); time.sleep(0.005)\n"
+)
 
 
 def _ticks(fd, seconds):

@@ -11,7 +11,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup, lock
 from xhagent.cgroups import registry as R
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -31,7 +31,7 @@ spec:
 def subtree(tmp_path):
     """A throwaway subtree name and the CLI bound to it; everything removed afterwards."""
     name = f"xhagent-test-{uuid.uuid4().hex[:8]}.slice"
-    root = Path(discover().unified.path) / name
+    root = Path(discover_hierarchy().unified.path) / name
     xh = Path(os.sys.executable).with_name("xhagent")
 
     def cli(*args, **kw):
@@ -121,7 +121,7 @@ def test_apply_run_freeze_thaw_kill_prune(subtree, tmp_path):
 
 
 def test_cpu_and_io_settings_are_reported_unsupported_and_nothing_is_applied(subtree, tmp_path):
-    if {"cpu", "io"} <= set(Cgroup(discover().unified.path).controllers()):
+    if {"cpu", "io"} <= set(Cgroup(discover_hierarchy().unified.path).controllers()):
         pytest.skip("this host's cgroup2 has cpu and io: the hybrid host case does not apply")
     policy = tmp_path / "p.yaml"
     policy.write_text(POLICY + "      cpu: {weight: 400}\n      io: {weight: 500}\n")
@@ -151,8 +151,8 @@ def test_the_kernels_depth_limit_is_a_plan_error_and_nothing_is_half_applied(sub
         res = subtree(cmd, "-f", str(policy))
         assert res.returncode == 1, res.stdout + res.stderr
         assert (
-            f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, whose cgroup.max.depth is 1"
-            in res.stdout
+            f"{policy}:7:25: group work/busy would be 2 levels below {subtree.root}, "
+            "whose cgroup.max.depth is 1" in res.stdout
         )
     assert not (subtree.root / "work").exists()
 

@@ -12,7 +12,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup, CgroupError, SpawnError, spawn_method
 from xhagent.cgroups import spawn as spawn_mod
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.signals import signals_held
 
 pytestmark = pytest.mark.host
@@ -58,7 +58,7 @@ def _own_line(text):
 
 
 def _rel(group):
-    return "0::/" + str(group.path.relative_to(discover().unified.path))
+    return "0::/" + str(group.path.relative_to(discover_hierarchy().unified.path))
 
 
 def test_this_kernel_takes_clone3_into_cgroup():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -40,8 +40,18 @@ class Agent:
         self.log = tmp / "agent.log"
 
     def start(self) -> None:
-        args = [str(XHAGENT), "run", "--state-dir", str(self.state), "--socket", str(self.socket),
-                "--subtree", self.subtree, "--policies-dir", str(self.policies)]
+        args = [
+            str(XHAGENT),
+            "run",
+            "--state-dir",
+            str(self.state),
+            "--socket",
+            str(self.socket),
+            "--subtree",
+            self.subtree,
+            "--policies-dir",
+            str(self.policies),
+        ]
         self.proc = subprocess.Popen(args, stderr=open(self.log, "ab"), stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -56,8 +66,12 @@ class Agent:
         return self.proc.wait(timeout=15)
 
     def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-        res = subprocess.run([str(XHAGENT), *args, "--socket", str(self.socket)],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [str(XHAGENT), *args, "--socket", str(self.socket)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check:
             assert res.returncode == 0, res.stderr
         return res
@@ -98,7 +112,7 @@ def agent(tmp_path):
     yield a
     if a.proc.poll() is None:
         a.stop()
-    _remove_tree(Path(discover().unified.path) / subtree)
+    _remove_tree(Path(discover_hierarchy().unified.path) / subtree)
 
 
 def test_a_command_runs_in_its_leaf_and_its_exit_status_and_output_are_kept(agent, tmp_path):
@@ -109,7 +123,7 @@ def test_a_command_runs_in_its_leaf_and_its_exit_status_and_output_are_kept(agen
     out = agent.cli("logs", tid, "--stream", "stdout", check=True).stdout
     assert out.strip().endswith(f"/{agent.subtree}/tasks/{tid}")  # ran inside its own leaf
     assert agent.cli("logs", tid, "--stream", "stderr", check=True).stderr == "to-stderr\n"
-    leaf = Path(discover().unified.path) / agent.subtree / "tasks" / tid
+    leaf = Path(discover_hierarchy().unified.path) / agent.subtree / "tasks" / tid
     assert not leaf.exists()  # removed once the workload ended
     # the node cannot enforce the limits here: the task says which, and why
     assert {u["limit"].split("=")[0] for u in t["unenforced"]} >= {"cpu.weight", "io.weight"}
@@ -122,7 +136,7 @@ def test_cancel_kills_the_task_and_removes_its_leaf(agent, tmp_path):
     assert "Cancelled" in res.stdout
     t = agent.task(tid)
     assert t["state"] == "Cancelled" and t["signal"] == signal.SIGKILL
-    assert not (Path(discover().unified.path) / agent.subtree / "tasks" / tid).exists()
+    assert not (Path(discover_hierarchy().unified.path) / agent.subtree / "tasks" / tid).exists()
     again = agent.cli("cancel", tid)
     assert again.returncode == 1 and "already ended" in again.stderr
 
@@ -187,8 +201,11 @@ def test_workloads_outlive_a_killed_agent_and_report_their_real_status(agent, tm
     t = agent.wait(slow)
     assert t["state"] == "Succeeded", t
     assert agent.cli("logs", slow, check=True).stdout == "done\n"
-    recovered = [line for line in agent.cli("events", "--since", "0").stdout.splitlines()
-                 if "Recovered" in line]
+    recovered = [
+        line
+        for line in agent.cli("events", "--since", "0").stdout.splitlines()
+        if "Recovered" in line
+    ]
     assert "adopted=1 ended=1" in recovered[-1], recovered
 
 
@@ -196,7 +213,7 @@ def test_sigterm_leaves_workloads_running_and_exits_0(agent, tmp_path):
     tid = agent.submit(task_file(tmp_path, "keep", ["sleep", "3"]))
     assert agent.wait(tid, ("Running",))["state"] == "Running"
     assert agent.stop() == 0
-    leaf = Cgroup(Path(discover().unified.path) / agent.subtree / "tasks" / tid)
+    leaf = Cgroup(Path(discover_hierarchy().unified.path) / agent.subtree / "tasks" / tid)
     assert leaf.events()["populated"] == 1  # still running without its agent
     agent.start()
     assert agent.wait(tid)["state"] == "Succeeded"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -66,7 +66,7 @@ def test_polled_read_of_a_regular_file_is_refused(report):
 
 
 def test_cgroup_items_match_mountinfo(report):
-    hier = discover()
+    hier = discover_hierarchy()
     assert report["cgroup.mode"]["mode"] == hier.mode
     assert report["cgroup.mode"]["cgroup2"] == hier.unified.path
     controllers = Path(hier.unified.path, "cgroup.controllers").read_text().split()
@@ -114,7 +114,7 @@ def _dead_pid():
 
 
 def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_xhagent):
-    parent = Path(discover().unified.path) / "xhagent.slice"
+    parent = Path(discover_hierarchy().unified.path) / "xhagent.slice"
     made = not parent.exists()
     parent.mkdir(exist_ok=True)
     stale = Cgroup(parent / f"doctor-{_dead_pid()}").create()
@@ -162,7 +162,7 @@ CGROUP_DOCTOR = (
 
 
 def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
-    parent = Path(discover().unified.path) / "xhagent.slice"
+    parent = Path(discover_hierarchy().unified.path) / "xhagent.slice"
     for delay in (0.0, 0.002, 0.005, 0.01):
         proc = subprocess.Popen(
             [sys.executable, "-c", CGROUP_DOCTOR],
@@ -193,7 +193,7 @@ def test_the_probe_uses_the_place_locate_finds_and_says_so(monkeypatch):
     from xhagent.cgroups.subtree import Subtree
     from xhagent.doctor import cgroup_probe
 
-    mount = Path(discover().unified.path)
+    mount = Path(discover_hierarchy().unified.path)
     rel = f"xhagent-doctor-test-{os.getpid()}.slice"
     placement = Placement(rel, "option", "given by the test")
     monkeypatch.setattr(cgroup_probe, "locate", lambda **k: Subtree(mount, rel, placement))

@@ -71,5 +71,5 @@ def test_model_loads_back(run_xhagent):
 
     res = run_xhagent("inventory", "--model")
     assert res.returncode == 0, res.stderr
-    (node,) = model.loads(res.stdout, "<xhagent inventory --model>")
+    (node,) = model.load_nodes_text(res.stdout, "<xhagent inventory --model>")
     assert node.allocatable_cpus and node.memory.total > 0

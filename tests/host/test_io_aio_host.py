@@ -33,7 +33,7 @@ def test_many_coroutines_share_a_ring_and_submissions_batch(data_file):
             return got, ring.submits
 
     got, submits = asyncio.run(main())
-    assert all(g == data[o : o + 4096] for g, o in zip(got, offsets))
+    assert all(g == data[o : o + 4096] for g, o in zip(got, offsets, strict=True))
     assert submits < len(offsets) / 10  # batched per loop iteration, not one per read
 
 

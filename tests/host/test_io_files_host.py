@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xhagent import mountinfo
-from xhagent.cgroups import discover
+from xhagent.cgroups import discover_hierarchy
 from xhagent.io import FileReader, read_file_loop, read_files
 from xhagent.io.nowait import Router, refuses_nowait
 
@@ -89,7 +89,7 @@ def test_many_proc_stat_files_and_reuse_of_one_reader():
         for _ in range(3):
             got = reader.read_files(paths)
             ref = read_file_loop(paths)
-            for p, g, r in zip(paths, got, ref):
+            for p, g, r in zip(paths, got, ref, strict=True):
                 if isinstance(r, bytes) and isinstance(g, bytes):
                     # the pid is stable between the two reads (a kworker's comm is not)
                     assert g.split(b" (")[0] == r.split(b" (")[0] == p.split("/")[2].encode(), p
@@ -110,7 +110,7 @@ def test_the_kernel_names_the_files_io_uring_would_punt(tmp_path):
     assert refuses_nowait(str(own)) is {"ext4": False, "xfs": False, "btrfs": False}[fstype]
     assert refuses_nowait("/proc/self/stat") is True
     assert refuses_nowait("/sys/kernel/mm/transparent_hugepage/enabled") is True
-    unified = discover().unified
+    unified = discover_hierarchy().unified
     assert unified is not None and refuses_nowait(f"{unified.path}/cgroup.controllers") is True
     assert (
         refuses_nowait(str(tmp_path)) is None and refuses_nowait(str(tmp_path / "missing")) is None

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups.mounts import discover
+from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.daemon import shim as shim_mod
 from xhagent.daemon.shim import ShimError, process_alive, read_status, start_shim
 
@@ -65,7 +65,7 @@ def own_line(text):
 
 
 def rel(group):
-    return "0::/" + str(group.path.relative_to(discover().unified.path))
+    return "0::/" + str(group.path.relative_to(discover_hierarchy().unified.path))
 
 
 @pytest.mark.parametrize("method", ["clone3", "fork"])

@@ -177,7 +177,8 @@ def test_freeze_timeout_thaws_back(node, nvme_device):
             "-c",
             (
                 "import mmap, os, sys\nsys.stdin.readline()\nbuf = mmap.mmap(-1, 1 << 20)\n"
-                f"fd = os.open('{nvme_device}', os.O_RDONLY | os.O_DIRECT)\nprint('reading', flush=True)\n"
+                f"fd = os.open('{nvme_device}', os.O_RDONLY | os.O_DIRECT)\n"
+                "print('reading', flush=True)\n"
                 "while True: os.preadv(fd, [buf], 0)\n"
             ),
         ],

@@ -21,13 +21,16 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\n"
 # A valid-looking start for each loader, so the bad part is reached, not a missing kind.
 LOADERS = {
     "SchedulingPolicy": (
-        documents.load,
+        documents.load_items,
         HEAD.format(kind="SchedulingPolicy") + "spec:\n  matchRules:\n",
     ),
-    "Task": (documents.load, HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n"),
+    "Task": (
+        documents.load_items,
+        HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n",
+    ),
     # The argv: a list whose items reach execve, so every bad item must stop here.
     "Task command": (
-        documents.load,
+        documents.load_items,
         HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  command:\n",
     ),
     "policy validate": (
@@ -35,9 +38,9 @@ LOADERS = {
         HEAD.format(kind="Task") + "spec:\n  deviceType: cpu\n  requests:\n",
     ),
     "CgroupPolicy": (load_policy, HEAD.format(kind="CgroupPolicy") + "spec:\n  groups:\n"),
-    "Workload": (workload.load, HEAD.format(kind="Workload") + "spec:\n  classes:\n"),
-    "node file": (sched_nodes.load, "nodes:\n"),
-    "inventory node file": (inventory.load, "name: n1\nlabels:\n"),
+    "Workload": (workload.load_workload, HEAD.format(kind="Workload") + "spec:\n  classes:\n"),
+    "node file": (sched_nodes.load_node_specs, "nodes:\n"),
+    "inventory node file": (inventory.load_nodes, "name: n1\nlabels:\n"),
     "agent config": (load_config, "nodeName: n1\nlabels:\n"),
 }
 ERRORS = (SpecError, documents.InputError, inventory.ModelError)

@@ -10,7 +10,8 @@ from xhagent.cli import main
 def test_bad_policy_exits_2_with_location(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text(
-        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n    - name: a\n      cpu: {weight: 20000}\n"
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nspec:\n  groups:\n"
+        "    - name: a\n      cpu: {weight: 20000}\n"
     )
     for cmd in ("plan", "apply"):
         res = CliRunner().invoke(main, ["cgroup", cmd, "-f", str(bad)])

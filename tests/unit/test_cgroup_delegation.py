@@ -1,4 +1,5 @@
-"""Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on fake trees."""
+"""Discovery of the agent's subtree: explicit path, systemd delegation, or the default, on
+fake trees."""
 
 import errno
 import os
@@ -18,51 +19,51 @@ def marks(*delegated, unreadable=False):
 
 
 def test_without_systemd_the_default_slice_under_the_root():
-    p = D.decide("/", systemd=False, mark=marks())
+    p = D.decide_placement("/", systemd=False, mark=marks())
     assert (p.rel, p.how, p.leaf) == ("xhagent.slice", "default", "")
     assert "no systemd" in p.why
 
 
 def test_a_delegated_unit_cgroup_is_the_subtree_and_the_agent_gets_a_leaf():
-    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT))
+    p = D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(UNIT))
     assert (p.rel, p.how, p.leaf) == (UNIT, "delegated", "agent.leaf")
     assert "trusted.delegate" in p.why
 
 
 def test_after_the_move_the_leaf_is_recognised_as_the_agents_own():
-    p = D.decide(f"/{UNIT}/agent.leaf", systemd=True, mark=marks(UNIT))
+    p = D.decide_placement(f"/{UNIT}/agent.leaf", systemd=True, mark=marks(UNIT))
     assert (p.rel, p.leaf) == (UNIT, "agent.leaf")
     # A leaf name under an undelegated parent is nothing special.
     with pytest.raises(D.DelegationError):
-        D.decide(f"/{UNIT}/agent.leaf", systemd=True, mark=marks())
+        D.decide_placement(f"/{UNIT}/agent.leaf", systemd=True, mark=marks())
 
 
 def test_under_systemd_an_undelegated_cgroup_is_refused_with_what_to_do():
     with pytest.raises(D.DelegationError) as info:
-        D.decide("/user.slice/user-0.slice/session-3.scope", systemd=True, mark=marks())
+        D.decide_placement("/user.slice/user-0.slice/session-3.scope", systemd=True, mark=marks())
     msg = str(info.value)
     assert "/user.slice/user-0.slice/session-3.scope is not delegated" in msg
     assert "Delegate=yes" in msg and "--subtree" in msg and "cannot be read" not in msg
     with pytest.raises(D.DelegationError, match="cannot be read"):
-        D.decide(f"/{UNIT}", systemd=True, mark=marks(unreadable=True))
+        D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(unreadable=True))
 
 
 def test_a_marked_cgroup_is_delegated_without_systemd_too():
-    assert D.decide(f"/{UNIT}", systemd=False, mark=marks(UNIT)).how == "delegated"
+    assert D.decide_placement(f"/{UNIT}", systemd=False, mark=marks(UNIT)).how == "delegated"
 
 
 def test_explicit_choices_win():
-    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(), subtree="/ops/agent.slice")
+    p = D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(), subtree="/ops/agent.slice")
     assert (p.rel, p.how, p.leaf) == ("ops/agent.slice", "option", "")
     # --delegated where systemd sets no mark (a user manager, an old systemd, no xattrs).
-    p = D.decide(f"/{UNIT}", systemd=True, mark=marks(unreadable=True), delegated=True)
+    p = D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(unreadable=True), delegated=True)
     assert (p.rel, p.how, p.why.count("--delegated")) == (UNIT, "delegated", 1)
     with pytest.raises(D.DelegationError):
-        D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT), delegated=False)
+        D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(UNIT), delegated=False)
     with pytest.raises(D.DelegationError, match="cgroup2 root"):
-        D.decide("/", systemd=False, mark=marks(), delegated=True)
+        D.decide_placement("/", systemd=False, mark=marks(), delegated=True)
     with pytest.raises(ValueError, match="not a group name|letters"):
-        D.decide(f"/{UNIT}", systemd=True, mark=marks(UNIT), leaf="../x")
+        D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(UNIT), leaf="../x")
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,8 @@ def test_delegate_mark_follows_systemds_reading(monkeypatch, attrs, expected):
 
 @pytest.fixture
 def tree(tmp_path):
-    """A fake cgroup2 root with a systemd-style unit cgroup, a /proc/self/cgroup file and no /run/systemd/system."""
+    """A fake cgroup2 root with a systemd-style unit cgroup, a /proc/self/cgroup file and no
+    /run/systemd/system."""
     root = tmp_path / "cgroup"
     (root / UNIT).mkdir(parents=True)
     proc = tmp_path / "proc-cgroup"
@@ -152,5 +154,5 @@ def test_locate_binds_the_placement_and_hides_the_agents_leaf(tree):
 def test_walk_skips_the_agent_leaf_and_systemds_control_group(tmp_path):
     for name in ("agent.leaf", ".control", "web", "web/api"):
         (tmp_path / "unit" / name).mkdir(parents=True)
-    placement = D.decide("/unit", systemd=True, mark=marks("unit"))
+    placement = D.decide_placement("/unit", systemd=True, mark=marks("unit"))
     assert Subtree(tmp_path, "unit", placement).walk() == ["web", "web/api"]

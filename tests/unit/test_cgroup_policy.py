@@ -51,11 +51,13 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
         ),
         (
             "    - name: a\n      io: {weight: 0}\n",
-            "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): 0 is out of range 1..10000",
+            "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): "
+            "0 is out of range 1..10000",
         ),
         (
             "    - name: a\n      cpuset: {cpus: 3-1}\n",
-            "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: range 3-1 goes backwards",
+            "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: "
+            "range 3-1 goes backwards",
         ),
         (
             "    - name: a\n      io: {devices: {a/b: 800}}\n",
@@ -69,7 +71,8 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
         ),
         (
             "    - name: a\n      memory: {max: 4gb}\n",
-            "p.yaml:7:21: spec.groups.0.memory.max: '4gb' is not a valid limit: expected a size such as 512Mi, 4Gi or max, "
+            "p.yaml:7:21: spec.groups.0.memory.max: '4gb' is not a valid limit: "
+            "expected a size such as 512Mi, 4Gi or max, "
             "got '4gb' (units: k M G T P E, Ki Mi Gi Ti Pi Ei, optionally with B; case matters)",
         ),
         (
@@ -82,11 +85,13 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
         ),
         (
             "    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
-            "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 (the kernel refuses it)",
+            "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 "
+            "(the kernel refuses it)",
         ),
         (
             "    - name: ../etc\n",
-            "p.yaml:6:13: spec.groups.0.name: '../etc' is not a valid group name: '../etc': a group name is letters, digits and _ . @ - (not starting with . @ or -)",
+            "p.yaml:6:13: spec.groups.0.name: '../etc' is not a valid group name: '../etc': "
+            "a group name is letters, digits and _ . @ - (not starting with . @ or -)",
         ),
         ("    - name: a\n    - name: a\n", "p.yaml:7:13: group 'a' is declared twice"),
         (

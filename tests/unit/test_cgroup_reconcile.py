@@ -273,7 +273,8 @@ def test_what_apply_would_hit_half_way_is_a_plan_error(sys_root):
     )
     assert got.actions == []
     assert got.errors == [
-        "p.yaml:7:46: group a/b/c would be 3 levels below /sys/fs/cgroup/x.slice, whose cgroup.max.depth is 2",
+        "p.yaml:7:46: group a/b/c would be 3 levels below /sys/fs/cgroup/x.slice, "
+        "whose cgroup.max.depth is 2",
         "3 new groups below /sys/fs/cgroup/x.slice would make 11; its cgroup.max.descendants is 10",
     ]
     long = policy(

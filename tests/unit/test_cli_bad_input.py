@@ -13,7 +13,7 @@ from xhagent.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
 )
 
 BAD_FILES = {

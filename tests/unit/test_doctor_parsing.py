@@ -16,15 +16,24 @@ from xhagent.doctor.report import fail, ok
 from xhagent.doctor.system_probe import decode_caps, effective_caps, numa_nodes
 from xhagent.errors import errno_reason
 
-HYBRID = """\
-30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
-31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
-32 30 0:28 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:11 - cgroup cgroup rw,xattr,name=systemd
-33 30 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:12 - cgroup cgroup rw,cpu,cpuacct
-34 30 0:30 / /sys/fs/cgroup/blkio rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,blkio
-35 22 0:5 / /proc rw,nosuid,nodev,noexec,relatime shared:14 - proc proc rw
-"""
-UNIFIED = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+# /proc/self/mountinfo lines; the long ones are split before " - " (then fs type, source,
+# super options).
+HYBRID = (
+    "30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755\n"
+    "31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10"
+    " - cgroup2 cgroup2 rw,nsdelegate\n"
+    "32 30 0:28 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:11"
+    " - cgroup cgroup rw,xattr,name=systemd\n"
+    "33 30 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:12"
+    " - cgroup cgroup rw,cpu,cpuacct\n"
+    "34 30 0:30 / /sys/fs/cgroup/blkio rw,nosuid,nodev,noexec,relatime shared:13"
+    " - cgroup cgroup rw,blkio\n"
+    "35 22 0:5 / /proc rw,nosuid,nodev,noexec,relatime shared:14 - proc proc rw\n"
+)
+UNIFIED = (
+    "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4"
+    " - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+)
 LEGACY = "33 30 0:29 / /sys/fs/cgroup/memory rw,relatime shared:12 - cgroup cgroup rw,memory\n"
 
 

@@ -44,7 +44,8 @@ def test_every_config_error_at_once_located_with_did_you_mean():
     assert str(err.value).splitlines() == [
         "a.yaml:1:1: unknown field 'nodeNmae' (did you mean 'nodeName'?)",
         "a.yaml:2:16: labels.rack: label value must be a string, got a list",
-        'a.yaml:3:15: reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], got \'5-1\': '
+        'a.yaml:3:15: reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], '
+        "got '5-1': "
         "range 5-1 is reversed",
     ]
 

@@ -10,7 +10,7 @@ DOC = textwrap.dedent(m.__doc__.split("::", 1)[1].split("Only `name`")[0])
 
 
 def test_docstring_example_loads_and_round_trips():
-    (node,) = m.loads(DOC, "doc.yaml")
+    (node,) = m.load_nodes_text(DOC, "doc.yaml")
     assert node.name == "gpu-07"
     assert node.labels.rack == "r12" and node.labels.extra == {"pool": "training"}
     assert node.allocatable_cpus == (1, 64, 65)
@@ -22,8 +22,8 @@ def test_docstring_example_loads_and_round_trips():
     assert node.gpus[0].cuda_driver_version == (12, 4)
     assert node.islands() == {0: (0, 1)}
     assert node.io[0].io_class == "polled" and node.io[0].size_bytes == 3_840_000_000_000
-    assert m.loads(m.dumps_yaml(node)) == [node]
-    assert m.loads(m.dumps_json([node, m.Node("other")])) == [node, m.Node("other")]
+    assert m.load_nodes_text(m.dumps_yaml(node)) == [node]
+    assert m.load_nodes_text(m.dumps_json([node, m.Node("other")])) == [node, m.Node("other")]
     assert m.Node.from_dict(node.to_dict()) == node
 
 
@@ -49,7 +49,8 @@ def test_islands_are_computed_from_peers():
     "text, message",
     [
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1, 'a']}]}]}]\n",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1, 'a']}]}]}]\n",
             "f.yaml:2:67: numa.0.l3.0.cores.0.cpus.1: expected an integer, got a string",
         ),
         (
@@ -59,7 +60,8 @@ def test_islands_are_computed_from_peers():
         ("name: [x\n", "f.yaml:2:1: invalid YAML: expected ',' or ']'"),
         ("nodes: [{name: a}, {name: a}]", "f.yaml:1:8: nodes: duplicate node name a"),
         (
-            "name: x\nreservedCpus: [0]\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]",
+            "name: x\nreservedCpus: [0]\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]",
             "f.yaml:2:15: reservedCpus: cpus [0] are both reserved and allocatable",
         ),
         ("", "f.yaml:1:1: empty document"),
@@ -77,20 +79,22 @@ def test_islands_are_computed_from_peers():
         ),
         ("version: 2\nnodes: []", "f.yaml:1:10: version: unsupported version 2"),
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1], siblings: [0]}]}]}]",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: "
+            "[{id: 0, package: 0, cpus: [1], siblings: [0]}]}]}]",
             "numa.0.l3.0.cores.0.cpus: cpus [1] are not among siblings [0]",
         ),
     ],
 )
 def test_bad_models_name_file_line_col_and_path(text, message):
     with pytest.raises(m.ModelError) as info:
-        m.loads(text, "f.yaml")
+        m.load_nodes_text(text, "f.yaml")
     assert message in str(info.value)
 
 
 def test_load_missing_file(tmp_path):
     with pytest.raises(m.ModelError, match="nope.yaml:1:1: cannot read: No such file or directory"):
-        m.load(tmp_path / "nope.yaml")
+        m.load_nodes(tmp_path / "nope.yaml")
 
 
 def test_sizes_and_versions():
@@ -113,24 +117,30 @@ def test_sizes_and_versions():
             ],
         ),
         (
-            "name: x\nnuma: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n",
+            "name: x\n"
+            "numa: [{id: 0, l3: [{id: 0, cores: "
+            "[{id: 0, package: 0, cpus: [1000000000000000000000000000000]}]}]}]\n",
             ["f.yaml:2:64: 1000000000000000000000000000000 is too large (at most 64 bits)"],
         ),
         # every error at once, in file order; a 400-digit size; no Python repr of a date
         (
             "nodes:\n- name: x\n  memory: {total: " + "9" * 400 + "GiB}\n  foo: 1\n"
-            "- name: y\n  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
+            "- name: y\n"
+            "  gpus: [{index: -1, uuid: u, name: n, memoryTotal: 2024-01-01, memoryFree: 1,\n"
             "          cudaDriverVersion: '12.4', computeCapability: '9.0'}]\n",
             [
-                "f.yaml:3:19: nodes.0.memory.total: size 99999999999999999999... (403 characters) is larger than 8 EiB",
-                "f.yaml:4:8: nodes.0.foo: unknown key; expected one of name, labels, reservedCpus, numa, memory, gpus, io",
+                "f.yaml:3:19: nodes.0.memory.total: size 99999999999999999999... "
+                "(403 characters) is larger than 8 EiB",
+                "f.yaml:4:8: nodes.0.foo: unknown key; "
+                "expected one of name, labels, reservedCpus, numa, memory, gpus, io",
                 "f.yaml:6:18: nodes.1.gpus.0.index: -1 is out of range 0..9223372036854775807",
-                "f.yaml:6:53: nodes.1.gpus.0.memoryTotal: expected a size such as 4096, 512MiB or 64GiB, got a date",
+                "f.yaml:6:53: nodes.1.gpus.0.memoryTotal: "
+                "expected a size such as 4096, 512MiB or 64GiB, got a date",
             ],
         ),
     ],
 )
 def test_every_model_error_at_once_located(text, lines):
     with pytest.raises(m.ModelError) as info:
-        m.loads(text, "f.yaml")
+        m.load_nodes_text(text, "f.yaml")
     assert str(info.value).splitlines() == lines

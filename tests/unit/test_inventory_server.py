@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
 
 from xhagent import node_model as model  # noqa: E402
-from xhagent.inventory import Roots, build_model, discover  # noqa: E402
+from xhagent.inventory import Roots, build_model, discover_node  # noqa: E402
 from xhagent.inventory.cpus import read_cpus  # noqa: E402
 from xhagent.inventory.gpus import read_gpus  # noqa: E402
 from xhagent.inventory.labels import AgentConfig, ConfigError, parse_config  # noqa: E402
@@ -47,7 +47,7 @@ def test_cpu_topology_and_cache_sharing(server):
 
 def test_offline_cpu_is_listed_but_not_allocatable(tmp_path, no_nvml):
     sys_, proc = fakes.server(tmp_path, online="0-12,14-15")
-    inv = discover(Roots(sys_, proc, tmp_path), AgentConfig("n"))
+    inv = discover_node(Roots(sys_, proc, tmp_path), AgentConfig("n"))
     assert [c.id for c in inv.cpu.cpus if not c.online] == [13]
     node = build_model(inv)
     assert 13 not in node.allocatable_cpus
@@ -56,7 +56,7 @@ def test_offline_cpu_is_listed_but_not_allocatable(tmp_path, no_nvml):
 
 
 def test_numa_memory_hugepages_and_block(server, no_nvml):
-    inv = discover(server, AgentConfig("n"))
+    inv = discover_node(server, AgentConfig("n"))
     assert [(n.id, n.cpus, n.distances) for n in inv.numa] == [
         (0, (0, 1, 2, 3, 8, 9, 10, 11), {0: 10, 1: 21}),
         (1, (4, 5, 6, 7, 12, 13, 14, 15), {0: 21, 1: 10}),
@@ -115,7 +115,7 @@ def test_model_groups_numa_l3_cores_and_keeps_reserved_out(server, no_nvml):
     config = parse_config(
         'nodeName: s1\nlabels: {rack: r1, zone: z1, pool: batch}\nreservedCpus: "0,8"\n', "a.yaml"
     )
-    node = build_model(discover(server, config))
+    node = build_model(discover_node(server, config))
     assert node.name == "s1" and node.labels.as_dict() == {
         "rack": "r1",
         "zone": "z1",
@@ -135,11 +135,11 @@ def test_model_groups_numa_l3_cores_and_keeps_reserved_out(server, no_nvml):
         ("nvme0n1", "polled", 1),
         ("sda", "rotational", 0),
     ]
-    assert model.loads(model.dumps_yaml(node)) == [node]
+    assert model.load_nodes_text(model.dumps_yaml(node)) == [node]
 
 
 def test_model_reserving_one_sibling_breaks_the_core(server, no_nvml):
-    node = build_model(discover(server, AgentConfig("n", reserved_cpus=(8,))))
+    node = build_model(discover_node(server, AgentConfig("n", reserved_cpus=(8,))))
     core0 = node.numa[0].l3[0].cores[0]
     assert (core0.cpus, core0.siblings, core0.whole) == ((0,), (0, 8), False)
 
@@ -147,7 +147,7 @@ def test_model_reserving_one_sibling_breaks_the_core(server, no_nvml):
 def test_eight_gpu_box_nvlink_islands(tmp_path, monkeypatch):
     sys_, proc = fakes.gpu_box(tmp_path)
     fakes.FakeNvml(monkeypatch)
-    inv = discover(Roots(sys_, proc, tmp_path), AgentConfig("dgx"))
+    inv = discover_node(Roots(sys_, proc, tmp_path), AgentConfig("dgx"))
     gpu = inv.gpu
     assert (
         gpu.available and gpu.driver_version == "550.54.15" and gpu.cuda_driver_version == (12, 4)
@@ -229,7 +229,7 @@ def test_cli_on_recorded_tree(server, no_nvml, tmp_path):
             "nvlink_matrix": [],
         }
     }
-    assert set(as_dict(discover(server, AgentConfig("n")))) == {
+    assert set(as_dict(discover_node(server, AgentConfig("n")))) == {
         "cpu",
         "numa",
         "memory",

@@ -121,9 +121,11 @@ def test_bench_io_bad_size_is_a_clear_error():
     assert res.exit_code == 2 and "--size" in res.output and "Traceback" not in res.output
 
 
-FIO_JSON = """note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1
-{"fio version": "fio-3.33", "jobs": [{"jobname": "xhagent-bench", "error": 0, "read": {"iops": 1000.5,
- "total_ios": 2001, "runtime": 2000, "clat_ns": {"percentile": {"50.000000": 1500, "99.000000": 9000}}}}]}
+FIO_JSON = """\
+note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1
+{"fio version": "fio-3.33", "jobs": [{"jobname": "xhagent-bench", "error": 0,
+ "read": {"iops": 1000.5, "total_ios": 2001, "runtime": 2000,
+ "clat_ns": {"percentile": {"50.000000": 1500, "99.000000": 9000}}}}]}
 """
 
 
@@ -192,10 +194,15 @@ def test_without_fio_the_bench_says_so_and_omits_the_peer(monkeypatch):
 def test_fio_runs_alternate_with_the_engine_and_a_failure_is_a_note(monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/fio")
     order = []
-    engine = lambda: (
-        order.append("engine") or {"ops_per_s": 10.0, "ops": 10, "p50_us": 1, "p99_us": 2}
-    )
-    fio = lambda: order.append("fio") or {"ops_per_s": 20.0, "ops": 20, "p50_us": 1, "p99_us": 2}
+
+    def engine():
+        order.append("engine")
+        return {"ops_per_s": 10.0, "ops": 10, "p50_us": 1, "p99_us": 2}
+
+    def fio():
+        order.append("fio")
+        return {"ops_per_s": 20.0, "ops": 20, "p50_us": 1, "p99_us": 2}
+
     cases, notes, pairs = {}, {}, {}
     paired(engine, fio, "e", "f", "e_vs_f", cases, notes, pairs)
     assert order[:4] == ["engine", "fio", "fio", "engine"] and len(order) == 2 * bench.FIO_PAIRS

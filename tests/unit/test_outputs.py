@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from xhagent.signals import Terminated, terminate_on_signals
 from xhagent.outputs import OutputError, atomic_output, write_all
+from xhagent.signals import Terminated, terminate_on_signals
 
 
 def test_a_new_file_appears_only_when_complete(tmp_path):

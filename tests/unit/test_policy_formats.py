@@ -15,8 +15,8 @@ from xhagent.policy.policy import (
     Constraints,
     CpuConstraint,
     GpuConstraint,
-    Policy,
     Rule,
+    SchedulingPolicy,
     Topology,
     choose,
     dump_policy,
@@ -31,7 +31,7 @@ from xhagent.spec import SpecError, load_text
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 GiB = 2**30
 
-SEED_POLICY = Policy(
+SEED_POLICY = SchedulingPolicy(
     name="video-inference-strict",
     rules=(
         Rule(
@@ -46,7 +46,7 @@ SEED_POLICY = Policy(
 )
 
 
-def policy(text: str) -> Policy:
+def policy(text: str) -> SchedulingPolicy:
     return parse_policy(load_text(text, "p.yaml")[0])
 
 
@@ -61,7 +61,8 @@ def test_seed_policy_example_means_what_it_says():
 
 def test_issue_minimal_task_and_the_example_task():
     t = task(
-        "{apiVersion: xh.scheduling/v1, kind: Task, metadata: {name: infer-1, labels: {app: video-ai-infer}},"
+        "{apiVersion: xh.scheduling/v1, kind: Task, "
+        "metadata: {name: infer-1, labels: {app: video-ai-infer}},"
         " spec: {deviceType: gpu, requests: {gpus: 1}}}"
     )
     assert t == Task("infer-1", "gpu", (("app", "video-ai-infer"),), Requests(gpus=1))
@@ -84,7 +85,8 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
         (
             "SchedulingPolicy",
             "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
-            "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)",
+            "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' "
+            "(did you mean 'constraints'?)",
         ),
         (
             "SchedulingPolicy",
@@ -95,33 +97,37 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
             "SchedulingPolicy",
             "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
             "        - topology: {rackAffinity: sme}\n",
-            "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: 'sme' is not one of same, spread "
-            "(did you mean 'same'?)",
+            "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: "
+            "'sme' is not one of same, spread (did you mean 'same'?)",
         ),
         (
             "SchedulingPolicy",
             "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
             "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
             "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
-            "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: hardware.gpu.minCudaVersion "
-            "is already set at line 8",
+            "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: "
+            "hardware.gpu.minCudaVersion is already set at line 8",
         ),
         (
             "SchedulingPolicy",
             "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
             "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
-            "p.yaml:8:28: unknown field 'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
+            "p.yaml:8:28: unknown field "
+            "'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
             "(did you mean 'minCudaVersion'?)",
         ),
         (
             "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
-            "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: operator Exists takes no values",
+            "  matchRules:\n"
+            "    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
+            "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: "
+            "operator Exists takes no values",
         ),
         (
             "SchedulingPolicy",
             "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
-            "p.yaml:7:15: spec.preemption: 'always' is not one of never, lower-priority, deadline-driven",
+            "p.yaml:7:15: spec.preemption: "
+            "'always' is not one of never, lower-priority, deadline-driven",
         ),
         (
             "Task",
@@ -146,8 +152,9 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
         (
             "Task",
             "  deviceType: cpu\n  deadline: 5 parsecs\n",
-            "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline (a duration such as 250ms or an RFC 3339 "
-            "time): expected a duration such as 250ms, 1.5s or 1h30m",
+            "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline "
+            "(a duration such as 250ms or an RFC 3339 time): "
+            "expected a duration such as 250ms, 1.5s or 1h30m",
         ),
         (
             "Task",
@@ -157,7 +164,8 @@ HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:
         (
             "Task",
             "  deviceType: cpu\n  computeGraphHash: abc\n",
-            "t.yaml:6:21: spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits",
+            "t.yaml:6:21: spec.computeGraphHash: "
+            "expected a SHA-256 digest, 64 lowercase hex digits",
         ),
     ],
 )
@@ -234,7 +242,7 @@ def constraints(draw):
 
 
 policies = st.builds(
-    Policy,
+    SchedulingPolicy,
     object_names,
     st.lists(st.builds(Rule, selectors, constraints()), min_size=1, max_size=3).map(tuple),
     st.integers(0, 100),
@@ -312,14 +320,14 @@ def test_highest_priority_matching_policy_wins(ps, labels):
 
 
 def test_tie_warning_only_for_overlapping_equal_priorities():
-    a = Policy("a", (Rule(Selector((("app", "x"),))),), priority=60)
-    b = Policy("b", (Rule(Selector((("tier", "gold"),))),), priority=60)
-    c = Policy("c", (Rule(Selector((("app", "y"),))),), priority=60)
-    d = Policy("d", (Rule(Selector((("app", "x"),))),), priority=70)
+    a = SchedulingPolicy("a", (Rule(Selector((("app", "x"),))),), priority=60)
+    b = SchedulingPolicy("b", (Rule(Selector((("tier", "gold"),))),), priority=60)
+    c = SchedulingPolicy("c", (Rule(Selector((("app", "y"),))),), priority=60)
+    d = SchedulingPolicy("d", (Rule(Selector((("app", "x"),))),), priority=70)
     assert tie_warnings([a, c, d]) == []
     assert tie_warnings([a, b]) == [
-        "policies 'a' and 'b' both have priority 60 and can match the same task (app=x / tier=gold); "
-        "'a' wins by name order"
+        "policies 'a' and 'b' both have priority 60 and can match the same task "
+        "(app=x / tier=gold); 'a' wins by name order"
     ]
 
 
@@ -384,9 +392,11 @@ def test_a_policy_with_four_mistakes_reports_all_four_in_file_order():
         policy(FOUR_MISTAKES)
     assert str(info.value).splitlines() == [
         "p.yaml:3:24: unknown field 'metadata.labell' (did you mean 'labels'?)",
-        "p.yaml:8:44: spec.matchRules.0.constraints.0.hardware.gpu.minCudaVersion: 'twelve' is not a valid "
-        "CUDA version: expected a version MAJOR.MINOR such as \"12.4\", got 'twelve'",
-        "p.yaml:8:61: spec.matchRules.0.constraints.0.hardware.gpu.count: 0 is out of range 1..1024",
+        "p.yaml:8:44: spec.matchRules.0.constraints.0.hardware.gpu.minCudaVersion: "
+        "'twelve' is not a valid CUDA version: expected a version MAJOR.MINOR such as \"12.4\", "
+        "got 'twelve'",
+        "p.yaml:8:61: spec.matchRules.0.constraints.0.hardware.gpu.count: "
+        "0 is out of range 1..1024",
         "p.yaml:9:13: spec.priority: 101 is out of range 0..100",
     ]
 
@@ -438,7 +448,7 @@ def test_names_outside_the_dns_1123_rule_are_refused(name):
             if kind == "SchedulingPolicy"
             else "  deviceType: cpu\n"
         )
-        text = HEAD.format(kind=kind).replace("{name: x}", "{name: %s}" % json.dumps(name)) + body
+        text = HEAD.format(kind=kind).replace("{name: x}", f"{{name: {json.dumps(name)}}}") + body
         with pytest.raises(
             SpecError, match=r"^.\.yaml:3:\d+: metadata.name: .* is not a valid name \(lowercase"
         ):

@@ -11,10 +11,9 @@ from click.testing import CliRunner
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from xhagent.node_model import Node, Version
-from xhagent.node_model import load as load_nodes
+from xhagent.node_model import Node, Version, load_nodes
 from xhagent.policy.cli import policy as policy_cli
-from xhagent.policy.documents import load
+from xhagent.policy.documents import load_items
 from xhagent.policy.explanation import explain
 from xhagent.policy.placement import Demand, Peers, Reason, decide_demand, evaluate, evaluate_nodes
 from xhagent.policy.policy import IO_CLASSES
@@ -92,8 +91,8 @@ L4 = ("12.4", 24, 24, 0, ())
 
 def test_seed_example_reasons_and_placement():
     nodes = load_nodes(EXAMPLES / "nodes.yaml")
-    (policy,) = load(EXAMPLES / "video-inference-strict.yaml")
-    (t,) = load(EXAMPLES / "task-infer.yaml")
+    (policy,) = load_items(EXAMPLES / "video-inference-strict.yaml")
+    (t,) = load_items(EXAMPLES / "task-infer.yaml")
     q = PendingQueue(Cluster.of(nodes))
     q.submit(t)
     assert q.reevaluate()["infer-1"].placed.node in (
@@ -160,7 +159,8 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             replace(GPU_DEMAND, gpus=2),
             make_node("n1", gpus=[L4, ("12.4", 24, 12.5, 0, ())]),
             (),
-            "InsufficientGPUMemory: n1 has 1 GPUs with 16 GiB free, task needs 2 (next best: GPU 1 has 12.5 GiB free)",
+            "InsufficientGPUMemory: n1 has 1 GPUs with 16 GiB free, task needs 2 "
+            "(next best: GPU 1 has 12.5 GiB free)",
         ),
         (
             replace(GPU_DEMAND, gpu_memory=None),
@@ -202,14 +202,15 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             Demand("cpu", cpus=6, numa_single=True),
             make_node("n1", numa=((2,), (2,))),
             (),
-            "NUMAAffinityUnsatisfiable: n1 has at most 4 free CPUs on one NUMA node, task needs 6 on a single NUMA node",
+            "NUMAAffinityUnsatisfiable: n1 has at most 4 free CPUs on one NUMA node, "
+            "task needs 6 on a single NUMA node",
         ),
         (
             Demand("gpu", cpus=2, gpus=1, numa_affinity="required"),
             make_node("n1", numa=((2,), (2,)), gpus=[("12.4", 24, 24, 1, ())]),
             [Allocation("o", "n1", (2, 3, 6), 0)],
-            "NUMAAffinityUnsatisfiable: n1 has no NUMA node with 2 free CPUs and 1 usable GPUs local to it "
-            "(at most 4 CPUs, 1 GPUs on one NUMA node)",
+            "NUMAAffinityUnsatisfiable: n1 has no NUMA node with 2 free CPUs and 1 usable GPUs "
+            "local to it (at most 4 CPUs, 1 GPUs on one NUMA node)",
         ),
         (
             Demand("cpu", cpus=1, zone="z1"),
@@ -246,16 +247,20 @@ def two_racks(*allocs):
             Demand("cpu", cpus=1, rack_affinity="same", rack_peers=SENSOR),
             [Allocation("cam", "n1", (0,), 0, labels=(("app", "sensor"),))],
             {
-                "n2": "RackAffinityUnsatisfiable: n2 is in rack r2, tasks matching app=sensor run in rack r1",
-                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, tasks matching app=sensor run in rack r1",
+                "n2": "RackAffinityUnsatisfiable: n2 is in rack r2, "
+                "tasks matching app=sensor run in rack r1",
+                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, "
+                "tasks matching app=sensor run in rack r1",
             },
         ),
         (
             Demand("cpu", cpus=1, rack_affinity="spread", rack_peers=SENSOR),
             [Allocation("cam", "n1", (0,), 0, labels=(("app", "sensor"),))],
             {
-                "n1": "RackAffinityUnsatisfiable: n1 rack r1 already runs a task matching app=sensor, task needs a rack of its own",
-                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, task needs a rack of its own",
+                "n1": "RackAffinityUnsatisfiable: n1 rack r1 already runs a task "
+                "matching app=sensor, task needs a rack of its own",
+                "n3": "RackAffinityUnsatisfiable: n3 has no rack label, "
+                "task needs a rack of its own",
             },
         ),
         (
@@ -296,7 +301,8 @@ def test_scoring_prefers_one_l3_numa_local_gpus_and_one_nvlink_island():
             ("12.4", 80, 80, 1, (2,)),
         ],
     )
-    # GPU 0 taken; the task wants 2 GPUs: the island {2,3} (NUMA 1) holds both, so its CPUs go to NUMA 1.
+    # GPU 0 taken; the task wants 2 GPUs: the island {2,3} (NUMA 1) holds both, so its CPUs go
+    # to NUMA 1.
     cluster = Cluster.of([node], [Allocation("o", "n1", (), 0, (GpuShare(0, 80 * GiB, True),))])
     d = decide_demand("t", Demand("gpu", cpus=4, gpus=2), cluster).placed
     assert [g.index for g in d.gpus] == [2, 3]
@@ -321,7 +327,7 @@ def test_scoring_prefers_one_l3_numa_local_gpus_and_one_nvlink_island():
 
 
 def test_policy_change_reevaluates_every_pending_task_at_once():
-    from xhagent.policy.policy import Constraints, GpuConstraint, Policy, Rule
+    from xhagent.policy.policy import Constraints, GpuConstraint, Rule, SchedulingPolicy
 
     cluster = Cluster.of([make_node("node-01", numa=((8, 8),), gpus=[("12.0", 24, 24, 0, ())])])
     q = PendingQueue(cluster)
@@ -330,7 +336,7 @@ def test_policy_change_reevaluates_every_pending_task_at_once():
             Task(f"t{i}", "gpu", (("app", "video-ai-infer"),), Requests(gpus=1, gpu_memory=GiB))
         )
     assert all(not d.pending for d in q.reevaluate().values())
-    strict = Policy(
+    strict = SchedulingPolicy(
         "strict",
         (
             Rule(
@@ -664,12 +670,12 @@ def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(
         .replace('computeCapability: "9.0"', "computeCapability: 9.10")
     )
     assert {g.cuda_driver_version for n in load_nodes(nodes) for g in n.gpus} >= {Version(12, 10)}
-    assert {g.compute_capability for n in load(nodes) for g in n.gpus} >= {Version(9, 10)}
+    assert {g.compute_capability for n in load_items(nodes) for g in n.gpus} >= {Version(9, 10)}
     strict = tmp_path / "strict.yaml"
     strict.write_text(
         (EXAMPLES / "video-inference-strict.yaml").read_text().replace('"12.2"', policy_cuda)
     )
-    (policy,) = load(strict)
+    (policy,) = load_items(strict)
     assert policy.rules[0].constraints.gpu.min_cuda_version == Version(12, 10)
     res = CliRunner().invoke(
         policy_cli,
@@ -692,12 +698,12 @@ def test_unquoted_versions_mean_what_they_say_in_policies_and_node_files(
 
 
 def explain_example(strict_text=None, tmp_path=None):
-    policies = load(EXAMPLES / "video-inference-strict.yaml")
+    policies = load_items(EXAMPLES / "video-inference-strict.yaml")
     if strict_text is not None:
         path = tmp_path / "strict.yaml"
         path.write_text(strict_text)
-        policies = load(path)
-    (task,) = load(EXAMPLES / "task-infer.yaml")
+        policies = load_items(path)
+    (task,) = load_items(EXAMPLES / "task-infer.yaml")
     return explain(task, policies, Cluster.of(load_nodes(EXAMPLES / "nodes.yaml")))
 
 
@@ -716,7 +722,8 @@ def test_explain_gives_a_placed_task_a_verdict_for_every_node():
         ("node-04", "InsufficientGPUHardware"),
     ]
     assert all(v.node == n for n, v in ex.verdicts.items())
-    assert ex.decision.reasons == ()  # the Decision keeps reasons only when Pending; explain, all
+    # the PlacementDecision keeps reasons only when Pending; explain, all
+    assert ex.decision.reasons == ()
     record = ex.as_dict()
     assert record["nodes"]["node-02"] == {"feasible": True, "score": ex.decision.placed.score}
     assert record["nodes"]["node-03"]["reason"] == (

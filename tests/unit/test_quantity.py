@@ -130,7 +130,10 @@ def test_kernel_text_is_binary_and_only_kernel_text():
 
 
 def test_the_module_is_ground_floor():
-    code = "import sys, xhagent.quantity; print(sorted(m for m in sys.modules if m.startswith('xhagent')))"
+    code = (
+        "import sys, xhagent.quantity; "
+        "print(sorted(m for m in sys.modules if m.startswith('xhagent')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
@@ -177,7 +180,7 @@ def test_cgroup_policy(text, value, tmp_path):
 
 @pytest.mark.parametrize("text,value", SIXTEEN)
 def test_node_file(text, value):
-    (node,) = model.loads(
+    (node,) = model.load_nodes_text(
         f"name: n\nmemory: {{total: {text}, available: {text}}}\n"
         f"io: [{{name: sda, dev: '8:0', sizeBytes: {text}}}]\n",
         "n.yaml",
@@ -219,11 +222,12 @@ def test_the_bound_is_located_in_every_file_kind(tmp_path):
     with pytest.raises(
         model.ModelError, match=r"^n\.yaml:2:17: memory\.total: .*larger than 8 EiB"
     ):
-        model.loads(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
+        model.load_nodes_text(f"name: n\nmemory: {{total: {big}}}\n", "n.yaml")
 
 
 def test_explain_shows_what_the_task_file_said(tmp_path):
-    # 15 GiB free (16.1 * 10**9 bytes): a 16G task fits, a 16Gi task does not, and each is told in its unit.
+    # 15 GiB free (16.1 * 10**9 bytes): a 16G task fits, a 16Gi task does not, and each is told
+    # in its unit.
     (tmp_path / "n.yaml").write_text(
         "name: n\nmemory: {total: 15Gi, available: 15Gi}\n"
         "numa: [{id: 0, l3: [{id: 0, cores: [{id: 0, package: 0, cpus: [0]}]}]}]\n"

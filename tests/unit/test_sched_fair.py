@@ -1,4 +1,5 @@
-"""Fair share: vruntime by weight, newcomers start at the minimum, migrations cost by distance, TWFS."""
+"""Fair share: vruntime by weight, newcomers start at the minimum, migrations cost by distance,
+TWFS."""
 
 import pytest
 

@@ -43,7 +43,7 @@ def test_boost_is_the_earliest_waiter_and_follows_chains():
 
 
 def _inversion():
-    w = workload.load(EXAMPLES / "workload-inversion.yaml")
+    w = workload.load_workload(EXAMPLES / "workload-inversion.yaml")
     return w.generate(1, {"cpu": 1})
 
 

@@ -33,10 +33,12 @@ spec:
   duration: 200ms
   utilisation: 1.2
   classes:
-    - {name: a, rate: 100, runtime: {distribution: exponential, mean: 5ms}, deadlineSlack: {min: 1, max: 4},
-       priority: {values: [20, 80], weights: [1, 1]}, affinity: {tier: hot}}
+    - {name: a, rate: 100, runtime: {distribution: exponential, mean: 5ms},
+       deadlineSlack: {min: 1, max: 4}, priority: {values: [20, 80], weights: [1, 1]},
+       affinity: {tier: hot}}
     - {name: r, rate: 2, runtime: 3ms, resources: [bus], deadline: 20ms}
-    - {name: b, rate: 100, runtime: {distribution: exponential, mean: 8ms}, deadlineSlack: {min: 2, max: 6}}
+    - {name: b, rate: 100, runtime: {distribution: exponential, mean: 8ms},
+       deadlineSlack: {min: 2, max: 6}}
     - {name: g, deviceType: gpu, rate: 20, runtime: 20ms, deadline: 30ms}
 """
 
@@ -44,7 +46,7 @@ spec:
 @pytest.mark.parametrize("algorithm", ["fifo", "priority", "edf", "edf-pic", "fair", "mlq"])
 def test_no_event_scans_every_slot_or_running_job(algorithm):
     nodes = [NodeSpec(f"n{i}", cpus=4, gpus=1, numa_nodes=2) for i in range(20)]
-    w = workload.loads(SATURATED)
+    w = workload.load_workload_text(SATURATED)
     jobs = w.generate(1, {"cpu": 80, "gpu": 20})
     reference = Simulation(jobs, nodes, algorithm, levels=w.levels).run()
     sim = Simulation(jobs, nodes, algorithm, levels=w.levels)

@@ -50,7 +50,8 @@ def test_report_has_the_mixed_load_table():
             "not a valid duration",
         ),
         (
-            "kind: Workload\nspec:\n  classes: [{name: web}]\n  jobs:\n    - {runtime: 1ms, class: wbe}\n",
+            "kind: Workload\nspec:\n  classes: [{name: web}]\n"
+            "  jobs:\n    - {runtime: 1ms, class: wbe}\n",
             "5:29",
             "did you mean 'web'",
         ),
@@ -64,7 +65,7 @@ def test_report_has_the_mixed_load_table():
 )
 def test_workload_errors_are_located(text, where, message):
     with pytest.raises(SpecError) as err:
-        workload.loads(text, "w.yaml")
+        workload.load_workload_text(text, "w.yaml")
     assert str(err.value).startswith(f"w.yaml:{where}: ") and message in str(err.value)
 
 
@@ -138,9 +139,10 @@ spec:
 
 def test_every_workload_error_at_once_in_file_order():
     with pytest.raises(SpecError) as err:
-        workload.loads(BAD_WORKLOAD, "w.yaml")
+        workload.load_workload_text(BAD_WORKLOAD, "w.yaml")
     assert str(err.value).splitlines() == [
-        "w.yaml:3:13: spec.duration: 'forever' is not a valid duration: expected a duration such as 250ms, 1.5s or 1h30m",
+        "w.yaml:3:13: spec.duration: 'forever' is not a valid duration: "
+        "expected a duration such as 250ms, 1.5s or 1h30m",
         "w.yaml:5:23: spec.classes.0.rate: -1 is out of range 0..1000000000",
         "w.yaml:6:17: unknown field 'spec.classes.1.rnutime' (did you mean 'runtime'?)",
         "w.yaml:6:67: spec.classes.1.priority.weights: at least one weight must be positive",
@@ -156,7 +158,8 @@ def _cli(*args):
 def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path):
     inf_rate = tmp_path / "w.yaml"
     inf_rate.write_text(
-        "kind: Workload\nspec:\n  duration: 1h\n  classes: [{name: a, rate: 1000000000, runtime: 1ms}]\n"
+        "kind: Workload\nspec:\n  duration: 1h\n"
+        "  classes: [{name: a, rate: 1000000000, runtime: 1ms}]\n"
     )
     res = _cli("--workload", str(inf_rate), "--nodes", PLAIN_NODES, "--max-jobs", "1000")
     assert res.exit_code == 1, res.output
@@ -195,8 +198,8 @@ def test_job_and_node_caps_refuse_with_exit_1_and_the_flags_raise_them(tmp_path)
     res = _cli("--workload", str(EXAMPLES / "workload-inversion.yaml"), "--nodes", str(nodes))
     assert res.exit_code == 1
     assert (
-        res.stderr
-        == f"xhagent simulate: {nodes}: 416000 CPUs, GPUs and TPUs in all, more than --max-slots 250000\n"
+        res.stderr == f"xhagent simulate: {nodes}: 416000 CPUs, GPUs and TPUs in all, "
+        f"more than --max-slots 250000\n"
     )
 
 
@@ -257,7 +260,8 @@ def test_progress_only_after_a_second_and_on_stderr(monkeypatch):
 def test_every_plain_nodes_error_at_once(tmp_path):
     nodes = tmp_path / "n.yaml"
     nodes.write_text(
-        "nodes:\n  - {name: a, cpus: many, gpus: -1}\n  - {name: b, cpsu: 2}\n  - {name: c, cpus: 2}\n"
+        "nodes:\n  - {name: a, cpus: many, gpus: -1}\n"
+        "  - {name: b, cpsu: 2}\n  - {name: c, cpus: 2}\n"
     )
     res = _cli("--workload", MIXED, "--nodes", str(nodes))
     assert res.exit_code == 2
@@ -295,7 +299,8 @@ def test_every_plain_nodes_error_at_once(tmp_path):
         ),
         (
             "kind: Workload\nspec:\n  classes: [{name: web, rate: -1}]\n  jobs:\n"
-            "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n    - {class: wbe, runtime: 1ms}\n",
+            "    - {class: web, runtime: 0ms, priority: 200, deviceType: fpga}\n"
+            "    - {class: wbe, runtime: 1ms}\n",
             [
                 "w.yaml:3:31: spec.classes.0.rate: -1 is out of range 0..1000000000",
                 "w.yaml:5:29: spec.jobs.0.runtime: a runtime must be positive",
@@ -308,7 +313,7 @@ def test_every_plain_nodes_error_at_once(tmp_path):
 )
 def test_workload_structure_errors_are_collected_too(text, lines):
     with pytest.raises(SpecError) as err:
-        workload.loads(text, "w.yaml")
+        workload.load_workload_text(text, "w.yaml")
     assert str(err.value).splitlines() == lines
 
 

@@ -125,7 +125,7 @@ from xhagent.spec import MAX_BYTES, MAX_DEPTH, SpecErrors, load_file  # noqa: E4
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
-    for p, c in zip("abcdefgh", "bcdefghi")
+    for p, c in zip("abcdefgh", "bcdefghi", strict=True)
 )
 
 

@@ -24,7 +24,8 @@ FTRACE_LINE = re.compile(
 # the kernel's TP_printk for each event (tracefs events/sched/*/format)
 PAYLOAD = {
     "sched_switch": re.compile(
-        r"^prev_comm=.* prev_pid=\d+ prev_prio=-?\d+ prev_state=(R\+?|[SDTtXZPI](\|[SDTtXZPI])*\+?) "
+        r"^prev_comm=.* prev_pid=\d+ prev_prio=-?\d+ "
+        r"prev_state=(R\+?|[SDTtXZPI](\|[SDTtXZPI])*\+?) "
         r"==> next_comm=.* next_pid=\d+ next_prio=-?\d+$"
     ),
     "sched_wakeup": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
@@ -107,7 +108,7 @@ def test_chrome_trace(tmp_path):
         by_track.setdefault((s["pid"], s["tid"]), []).append(s)
     for track in by_track.values():
         track.sort(key=lambda s: s["ts"])
-        for a, b in zip(track, track[1:]):
+        for a, b in zip(track, track[1:], strict=False):  # neighbours
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-9
     # ping ran on CPU 0 from 1 ms to 3 ms, then from 6.004 ms to its exit at 9 ms
     ping = [(s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 100]

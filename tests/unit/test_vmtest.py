@@ -132,7 +132,8 @@ def test_unreadable_status_is_a_harness_error(text):
             "1 failed, 3 passed, 2 skipped in 12.34s",
         ),
         (
-            "\x1b[32m======= \x1b[32m\x1b[1m5 passed\x1b[0m\x1b[32m in 3s\x1b[0m\x1b[32m =======\x1b[0m\n",
+            "\x1b[32m======= \x1b[32m\x1b[1m5 passed\x1b[0m"
+            "\x1b[32m in 3s\x1b[0m\x1b[32m =======\x1b[0m\n",
             "5 passed in 3s",
         ),
         (
