@@ -10,11 +10,13 @@ NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c nati
 
 .PHONY: run test setup deps guest-kernel test-host test-kernel clean
 
+# The agent in the foreground, state under .cache/; Ctrl-C stops it (workloads keep running).
 run: setup
-	$(BIN)/xhagent doctor
+	$(BIN)/xhagent run --state-dir .cache/agent-state
 
 test: setup
 	@rc=0; \
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . || rc=$$?; \
 	$(BIN)/python -m pytest -m "not kernel" tests || rc=$$?; \
 	tools/vmtest || rc=$$?; \
 	exit $$rc

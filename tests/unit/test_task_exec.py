@@ -95,7 +95,7 @@ def test_existing_task_files_parse_as_before():
 
 def test_the_example_runs_a_real_command():
     path = EXAMPLES / "task-hello.yaml"
-    (t,) = documents.load(path)
+    (t,) = documents.load_items(path)
     assert t.command[:2] == ("sh", "-c") and "sleep 2" in t.command[2]
     assert t.working_dir == "/tmp" and t.task_class == "batch" and dict(t.env)["REPEAT"] == "1"
     assert t.restart_policy == RestartPolicy("OnFailure", 2, 2 * S)
