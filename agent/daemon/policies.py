@@ -93,10 +93,10 @@ class PolicySet:
         self.files: dict[str, list[Loaded]] = {}  # file name -> what it holds in force
         self.applied: dict[tuple[str, str], Loaded] = {}
         for rec in store.active_policies():
-            loaded = parse_source(rec.source, rec.file_name)
+            loaded = parse_source(rec.source, rec.file)
             for item in loaded:
                 self.applied[(item.kind, item.name)] = Loaded(
-                    item.kind, item.name, item.value, rec.file_name, rec.version, rec.applied_ns
+                    item.kind, item.name, item.value, rec.file, rec.version, rec.applied_ns
                 )
 
     # -- the directory ------------------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""The daemon's pure parts: a leaf's limits, submissions, the policy set, the directory watch."""
+
+import os
+
+import pytest
+
+from xhagent.cgroups import registry as R
+from xhagent.daemon.core import InvalidTask
+from xhagent.daemon.leaf import class_weights, enforcement_reason, plan_leaf
+from xhagent.daemon.policies import PolicyError, PolicySet, parse_source
+from xhagent.daemon.store import Store
+from xhagent.daemon.submission import parse_submission
+from xhagent.daemon.watch import DirectoryWatch
+
+TASK = "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {{name: {name}}}\nspec:\n{spec}"
+POLICY = (
+    "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {{name: {name}}}\n"
+    "spec:\n  priority: {priority}\n  matchRules:\n    - selector: {{matchLabels: {{app: x}}}}\n"
+)
+
+
+# -- leaf limits -------------------------------------------------------------------------------
+def test_a_leaf_gets_its_placement_request_and_class():
+    plan = plan_leaf(cpus=[3, 2], mems=[0], memory=1 << 30, weights=(1000, 1000), missing={})
+    assert [(f, v) for f, v in plan.settings] == [
+        (R.CPUSET_CPUS, "2-3"),
+        (R.CPUSET_MEMS, "0"),
+        (R.MEMORY_MAX, 1 << 30),
+        (R.CPU_WEIGHT, 1000),
+        (R.IO_WEIGHT, {"default": 1000}),
+    ]
+    assert plan.unenforced == ()
+
+
+def test_what_the_node_cannot_enforce_is_listed_with_the_reason_never_dropped():
+    missing = {"memory": "no memory controller", "io": "no io controller"}
+    plan = plan_leaf(cpus=[0], mems=[0], memory=5000, weights=(100, 10), missing=missing)
+    assert [f.name for f, _ in plan.settings] == ["cpuset.cpus", "cpuset.mems", "cpu.weight"]
+    assert [str(u) for u in plan.unenforced] == [
+        "memory.max=5000: no memory controller",
+        "io.weight=10: no io controller",
+    ]
+    assert enforcement_reason(["cpu"], missing) is None
+    why = enforcement_reason(["memory", "cpu"], missing)
+    assert why.startswith("EnforcementUnavailable:") and "memory: no memory controller" in why
+
+
+def test_classes_map_to_weights_and_an_unknown_one_names_the_known():
+    assert class_weights("latency") == (1000, 1000) and class_weights("batch") == (100, 100)
+    with pytest.raises(KeyError, match="defined: batch, besteffort, latency"):
+        class_weights("urgent")
+
+
+# -- submissions -------------------------------------------------------------------------------
+def test_a_submission_needs_a_command_and_a_known_class_and_says_where(tmp_path):
+    text = TASK.format(name="a", spec="  deviceType: cpu\n  class: urgent\n") + (
+        "---\n" + TASK.format(name="b", spec="  deviceType: cpu\n  command: [true]\n")
+    )
+    with pytest.raises(InvalidTask) as info:
+        parse_submission(text, "t.yaml")
+    # every error of the file, each where it is
+    assert str(info.value).splitlines() == [
+        "t.yaml:5:3: missing required field 'spec.command' (the argv to run, such as "
+        "[sh, -c, 'echo hi'])",
+        't.yaml:13:13: spec.command.0: expected a string, got a boolean (quote it: "true")',
+    ]
+    assert parse_submission(
+        TASK.format(name="ok", spec="  deviceType: cpu\n  command: [x]\n"), "t.yaml"
+    )[0].command == ("x",)
+    with pytest.raises(
+        InvalidTask, match=r"^t.yaml:2:7: kind: 'SchedulingPolicy' is not one of Task"
+    ):
+        parse_submission(POLICY.format(name="p", priority=1), "t.yaml")
+
+
+def test_a_class_the_agent_does_not_define_is_refused_at_its_position():
+    text = TASK.format(name="a", spec="  deviceType: cpu\n  command: [x]\n  class: urgent\n")
+    with pytest.raises(InvalidTask, match=r"^t.yaml:7:10: spec.class: 'urgent' is not a class"):
+        parse_submission(text, "t.yaml")
+
+
+# -- policies ----------------------------------------------------------------------------------
+def test_parse_source_reads_both_kinds_and_refuses_anything_else():
+    (p,) = parse_source(POLICY.format(name="p", priority=60), "p.yaml")
+    assert (p.kind, p.name, p.value.priority) == ("SchedulingPolicy", "p", 60)
+    cg = (
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: c}\n"
+        "spec:\n  groups:\n    - name: a\n      cpu: {weight: 200}\n"
+    )
+    (c,) = parse_source(cg, "c.yaml")
+    assert (c.kind, c.name) == ("CgroupPolicy", "c")
+    with pytest.raises(PolicyError, match=r"^p.yaml:5:13: spec.priority: 700 is out of range"):
+        parse_source(POLICY.format(name="p", priority=700), "p.yaml")
+    with pytest.raises(PolicyError, match="Task"):
+        parse_source(TASK.format(name="t", spec="  deviceType: cpu\n"), "t.yaml")
+
+
+@pytest.fixture
+def policies(tmp_path):
+    store = Store.open(tmp_path / "state")
+    seen: list[tuple[str, str]] = []
+    directory = tmp_path / "policies.d"
+    directory.mkdir()
+    ps = PolicySet(directory, store, lambda: 1, lambda kind, msg: seen.append((kind, msg)))
+    yield ps, directory, seen, store
+    store.close()
+
+
+def test_a_bad_file_keeps_its_previous_version_in_force(policies):
+    ps, directory, seen, _ = policies
+    (directory / "p.yaml").write_text(POLICY.format(name="p", priority=60))
+    (directory / "notes.txt").write_text("not a policy")
+    assert ps.reload() is True
+    assert [p.priority for p in ps.scheduling()] == [60]
+    (directory / "p.yaml").write_text(POLICY.format(name="p", priority=700))
+    assert ps.reload({"p.yaml"}) is False
+    assert [p.priority for p in ps.scheduling()] == [60]
+    kind, message = seen[-1]
+    assert kind == "PolicyRejected" and f"{directory / 'p.yaml'}:5:13" in message
+    assert "previous version stays in force" in message
+    (directory / "p.yaml").unlink()
+    assert ps.reload({"p.yaml"}) is True and ps.scheduling() == []
+
+
+def test_one_definition_per_name_across_files_and_the_api(policies):
+    ps, directory, seen, store = policies
+    (directory / "a.yaml").write_text(POLICY.format(name="p", priority=60))
+    (directory / "b.yaml").write_text(POLICY.format(name="p", priority=70))
+    ps.reload()
+    assert [p.priority for p in ps.scheduling()] == [60]
+    assert "already defined by" in seen[-1][1]
+    with pytest.raises(PolicyError, match="already defined by") as info:
+        ps.apply(POLICY.format(name="p", priority=80), "api.yaml")
+    assert not info.value.invalid
+    (info_,) = ps.apply(POLICY.format(name="q", priority=80), "api.yaml")
+    assert info_["version"] == 1 and {p.name for p in ps.scheduling()} == {"p", "q"}
+    # kept in the store: a new set (a restarted agent) has it
+    again = PolicySet(directory, store, lambda: 1, lambda *a: None)
+    assert [p.name for p in again.scheduling()] == ["q"]
+    with pytest.raises(PolicyError, match="remove the file"):
+        ps.remove("SchedulingPolicy", "p")
+    assert ps.remove("", "q")["name"] == "q"
+    with pytest.raises(KeyError):
+        ps.remove("", "q")
+
+
+# -- the directory watch -------------------------------------------------------------------------
+def test_the_watch_reports_whole_files(tmp_path):
+    with DirectoryWatch(tmp_path) as watch:
+        assert watch.changes() == set()
+        (tmp_path / "a.yaml").write_text("x")
+        tmp = tmp_path / ".b.yaml.tmp"
+        tmp.write_text("y")
+        os.rename(tmp, tmp_path / "b.yaml")
+        (tmp_path / "a.yaml").unlink()
+        assert {"a.yaml", "b.yaml"} <= watch.changes()
+        assert watch.changes() == set()
+    with pytest.raises(OSError, match="watching"):
+        DirectoryWatch(tmp_path / "missing")
