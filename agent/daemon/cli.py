@@ -104,10 +104,10 @@ def task_json(msg) -> dict:
 )
 def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) -> None:
     """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
+    from ..config import ConfigError, check_reserved, load_config
     from ..inventory import build_model, discover_node
-    from ..inventory.labels import ConfigError, check_reserved, load_config
     from .api import BindError, resolve_socket
-    from .daemon import DEFAULT_POLICIES, Daemon, Settings, default_state_dir
+    from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
     from .store import StoreError
 
     _logging(log_format)
@@ -118,12 +118,16 @@ def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) 
         node = build_model(inv)
     except ConfigError as exc:
         _fail(str(exc), 2)
+    policies_dir = policies_dir or config.policies_dir
+    if policies_dir is None and DEFAULT_POLICIES.is_dir():
+        policies_dir = DEFAULT_POLICIES
     settings = Settings(
-        state_dir=state_dir or default_state_dir(),
-        socket=resolve_socket(socket_path),
-        policies_dir=policies_dir or (DEFAULT_POLICIES if DEFAULT_POLICIES.is_dir() else None),
+        state_dir=state_dir or config.state_dir or default_state_dir(),
+        socket=resolve_socket(socket_path or (str(config.socket) if config.socket else None)),
+        policies_dir=policies_dir,
         node=node,
-        subtree=subtree,
+        subtree=subtree or config.subtree,
+        log_cap=config.log_cap or DEFAULT_LOG_CAP,
     )
     daemon = Daemon(settings)
     try:

@@ -65,8 +65,8 @@ def inventory(
 ) -> None:
     """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), block devices and labels."""
     from .. import node_model as model
+    from ..config import ConfigError, check_reserved, load_config
     from .collect import build_model, discover_node
-    from .labels import ConfigError, check_reserved, load_config
     from .render import as_dict, section_text, tree
 
     try:

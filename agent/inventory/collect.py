@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import node_model as model
+from ..config import AgentConfig
 from .block import BlockDevice, read_block
 from .cpus import CpuInventory, read_cpus
 from .gpus import GpuInventory, read_gpus
-from .labels import AgentConfig
 from .memory import MemoryInfo, read_memory
 from .numa import NumaInfo, read_numa
 from .pci import PciDevice, PciIds, read_pci

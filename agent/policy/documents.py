@@ -21,7 +21,7 @@ from .task import Task, parse_task
 
 KINDS = {"SchedulingPolicy": parse_policy, "Task": parse_task}
 OTHER_KINDS = ("CgroupPolicy", "Workload")  # read by their own loaders
-CONFIG_KEYS = {"nodeName", "labels", "reservedCpus"}
+CONFIG_KEYS = {"nodeName", "labels", "reservedCpus", "stateDir", "socket", "policiesDir"}
 EXPECTED = (
     "a SchedulingPolicy, Task, CgroupPolicy or Workload document, a node model "
     "(nodes: [...] or one node with a name) or an agent config (nodeName, labels, reservedCpus)"
@@ -159,7 +159,7 @@ def load_any(path: str | Path, sys_root: Path = Path("/sys")) -> list[Any]:
 
             return list(load_node_specs_text(f.text, f.path))
         if f.kind == "config":
-            from ..inventory.labels import parse_config
+            from ..config import parse_config
 
             return [parse_config(f.text, f.path)]
         return list(inventory.load_nodes_text(f.text, f.path))
@@ -185,7 +185,7 @@ def _located(exc: SpecError) -> list[SpecError]:
 def describe_item(item: Any) -> str:
     """`SchedulingPolicy video-inference-strict`, `node node-01`, ... for reports."""
     from ..cgroups.policy import CgroupPolicy  # here: sched imports this package
-    from ..inventory.labels import AgentConfig
+    from ..config import AgentConfig
     from ..sched.simulator import NodeSpec
     from ..sched.workload import Workload
 

@@ -226,3 +226,70 @@ def test_on_failure_restarts_with_backoff_then_fails(agent, tmp_path):
     assert t["state"] == "Failed" and t["attempt"] == 3, t
     kinds = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
     assert kinds.count("Running -> Pending") == 2
+
+
+def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, tmp_path):
+    """200 submissions, the agent SIGKILLed 20 times meanwhile (workloads ending while it is
+    down); checked against the submitter's own record."""
+    import random
+    import threading
+
+    from xhagent.daemon.api import ApiError, connect
+    from xhagent.daemon.v1 import agent_pb2 as pb
+
+    rng = random.Random(7)
+    acked: dict[int, str] = {}  # submission -> task id, as the submitter was told
+    done = threading.Event()
+
+    def source(i: int) -> str:
+        script = f"sleep 0.{i % 3}; exit {i % 4}"
+        return task_file(tmp_path, f"burst-{i}", ["sh", "-c", script]).read_text()
+
+    def submitter():
+        client = None
+        for i in range(200):
+            while True:
+                try:
+                    client = client or connect(agent.socket, timeout=5)
+                    reply = client.Submit(
+                        pb.SubmitRequest(
+                            source=source(i),
+                            file_name=f"burst-{i}.yaml",
+                            idempotency_key=f"burst-{i}",
+                        )
+                    )
+                    acked[i] = reply.tasks[0].id
+                    break
+                except ApiError:  # the agent is down: retry with the same key
+                    client = None
+                    time.sleep(0.02)
+        done.set()
+
+    thread = threading.Thread(target=submitter)
+    thread.start()
+    kills = 0
+    while kills < 20:
+        time.sleep(rng.uniform(0.05, 0.4))
+        agent.stop(signal.SIGKILL)
+        kills += 1
+        time.sleep(rng.uniform(0.0, 0.3))  # workloads end while no agent runs
+        agent.start()
+    thread.join(timeout=120)
+    assert done.is_set() and len(acked) == 200
+
+    deadline = time.monotonic() + 60
+    while True:
+        tasks = json.loads(agent.cli("ps", "--all", "--json", check=True).stdout)
+        if all(t["state"] in ("Succeeded", "Failed") for t in tasks) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    by_id = {t["id"]: t for t in tasks}
+    assert len(tasks) == 200 and len(by_id) == 200  # each once, no duplicate
+    for i, task_id in acked.items():
+        t = by_id[task_id]
+        assert t["name"] == f"burst-{i}"
+        want = i % 4
+        assert (t["state"], t.get("exit_code")) == ("Succeeded" if want == 0 else "Failed", want), t
+    base = Path(discover_hierarchy().unified.path) / agent.subtree
+    assert [p.name for p in (base / "tasks").iterdir()] == []  # no orphaned leaf
+    assert Cgroup(base / "shims").events()["populated"] == 0  # no shim left behind

@@ -11,7 +11,7 @@ import pytest
 
 from xhagent import node_model as inventory
 from xhagent.cgroups.policy import load_policy
-from xhagent.inventory.labels import load_config
+from xhagent.config import load_config
 from xhagent.policy import documents
 from xhagent.sched import nodes as sched_nodes
 from xhagent.sched import workload

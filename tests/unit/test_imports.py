@@ -23,6 +23,7 @@ GROUND_FLOOR = (
     "xhagent.cliparams",
     "xhagent.node_model",
     "xhagent.outputs",
+    "xhagent.config",
 )
 
 # What counts as kernel-facing (or node-facing), and why the core must not load it.

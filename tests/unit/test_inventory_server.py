@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
 
 from xhagent import node_model as model  # noqa: E402
+from xhagent.config import AgentConfig, ConfigError, parse_config  # noqa: E402
 from xhagent.inventory import Roots, build_model, discover_node  # noqa: E402
 from xhagent.inventory.cpus import read_cpus  # noqa: E402
 from xhagent.inventory.gpus import read_gpus  # noqa: E402
-from xhagent.inventory.labels import AgentConfig, ConfigError, parse_config  # noqa: E402
 from xhagent.inventory.pci import PciIds, read_pci  # noqa: E402
 from xhagent.inventory.render import as_dict, nvlink_matrix, tree  # noqa: E402
 

@@ -1,9 +1,16 @@
-"""The agent config's inventory part: node labels and CPUs reserved for the system.
+"""The agent config, /etc/xhagent/agent.yaml: the node's name, labels and reserved CPUs
+(what discovery adds to the node model), and where the daemon keeps and serves things.
 
-    # /etc/xhagent/agent.yaml
     nodeName: gpu-07            # default: the host name
     labels: {rack: r12, zone: z1, pool: training}
     reservedCpus: "0,64"        # kernel cpu-list syntax, or a list of ints
+    stateDir: /var/lib/xhagent  # tasks, events, outputs (SQLite and files)
+    socket: /run/xhagent/xhagent.sock
+    policiesDir: /etc/xhagent/policies.d
+    subtree: xhagent.slice      # default: discovered (the delegated unit cgroup)
+    logCap: 16Mi                # per task output stream
+
+Ground floor: every package may read it; `xhagent run`'s options override the file.
 
 Validated as policies are: an unknown field is an error (with a did-you-mean), every error
 of the file is reported at once, each `FILE:LINE:COL: message`; reserved CPUs must be
@@ -17,12 +24,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cpulist import MAX_CPUS, format_cpulist, parse_cpulist
-from ..node_model import Labels, ModelError, format_path
-from ..spec import Cursor, SpecError, load_file, load_text
+from .cpulist import MAX_CPUS, format_cpulist, parse_cpulist
+from .node_model import Labels, ModelError, format_path
+from .quantity import parse_size
+from .spec import Cursor, SpecError, load_file, load_text
 
 DEFAULT_CONFIG = Path("/etc/xhagent/agent.yaml")
-FIELDS = ("nodeName", "labels", "reservedCpus")
+FIELDS = (
+    "nodeName",
+    "labels",
+    "reservedCpus",
+    "stateDir",
+    "socket",
+    "policiesDir",
+    "subtree",
+    "logCap",
+)
+PATHS = {"stateDir": "state_dir", "socket": "socket", "policiesDir": "policies_dir"}
+MAX_LOG_CAP = 1 << 40
 
 
 class ConfigError(ModelError):
@@ -38,6 +57,11 @@ class AgentConfig:
     node_name: str = field(default_factory=socket.gethostname)
     labels: Labels = field(default_factory=Labels, hash=False)
     reserved_cpus: tuple[int, ...] = ()
+    state_dir: Path | None = None
+    socket: Path | None = None
+    policies_dir: Path | None = None
+    subtree: str | None = None
+    log_cap: int | None = None
     source: str | None = None
     reserved_at: str = field(default="", compare=False)  # FILE:LINE:COL of reservedCpus
 
@@ -81,7 +105,7 @@ def _config(docs, source: str) -> AgentConfig:
     doc = docs[0]
     root = doc.root
     if not isinstance(root.value, dict):
-        raise ConfigError.of(root.error("expected a mapping with nodeName, labels, reservedCpus"))
+        raise ConfigError.of(root.error(f"expected a mapping with {', '.join(FIELDS)}"))
     values: dict = {}
     with doc.collecting():
         root.mapping(FIELDS)
@@ -95,11 +119,38 @@ def _config(docs, source: str) -> AgentConfig:
         if root["reservedCpus"].present:
             values["reserved_cpus"] = _reserved(root["reservedCpus"])
             values["reserved_at"] = "{}:{}:{}".format(source, *doc.position(("reservedCpus",)))
+    for key, attr in PATHS.items():
+        with doc.collecting():
+            if root[key].present:
+                values[attr] = _absolute(root[key])
+    with doc.collecting():
+        if root["subtree"].present:
+            values["subtree"] = root["subtree"].str()
+    with doc.collecting():
+        if root["logCap"].present:
+            values["log_cap"] = _size(root["logCap"])
     try:
         doc.errors.raise_if_any()
     except SpecError as exc:
         raise ConfigError.of(exc) from None
     return AgentConfig(**values, source=source)
+
+
+def _absolute(c: Cursor) -> Path:
+    text = c.str()
+    if not text.startswith("/") or "\0" in text:
+        raise c.error(f"{c.path[-1]}: expected an absolute path, got {text!r}")
+    return Path(text)
+
+
+def _size(c: Cursor) -> int:
+    try:
+        value = parse_size(c.value)
+    except ValueError as exc:
+        raise c.error(f"logCap: {exc}") from None
+    if not 0 < value <= MAX_LOG_CAP:
+        raise c.error(f"logCap: {value} is out of range 1..{MAX_LOG_CAP}")
+    return value
 
 
 def check_reserved(config: AgentConfig, cpus: Iterable[int]) -> None:

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
 
+from xhagent.config import ConfigError, parse_config  # noqa: E402
 from xhagent.cpulist import format_cpulist, parse_cpulist  # noqa: E402
 from xhagent.inventory.cli import inventory  # noqa: E402
-from xhagent.inventory.labels import ConfigError, parse_config  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -99,3 +99,24 @@ def test_sysfs_root_that_is_no_sysfs_tree_is_named(tmp_path):
         f"xhagent inventory: {tmp_path} is not a sysfs tree: "
         f"{tmp_path}/devices/system/cpu/online is missing\n"
     )
+
+
+def test_the_daemon_fields_are_read_and_checked_with_positions():
+    cfg = parse_config(
+        "stateDir: /srv/xh\nsocket: /run/x/x.sock\npoliciesDir: /etc/x/p.d\n"
+        "subtree: xh.slice\nlogCap: 1Mi\n",
+        "agent.yaml",
+    )
+    assert (cfg.state_dir, cfg.socket, cfg.policies_dir) == (
+        Path("/srv/xh"),
+        Path("/run/x/x.sock"),
+        Path("/etc/x/p.d"),
+    )
+    assert (cfg.subtree, cfg.log_cap) == ("xh.slice", 1 << 20)
+    with pytest.raises(ConfigError) as info:
+        parse_config("stateDir: relative/dir\nlogCap: 0\nsokcet: /x\n", "agent.yaml")
+    assert str(info.value).splitlines() == [
+        "agent.yaml:1:11: stateDir: expected an absolute path, got 'relative/dir'",
+        "agent.yaml:2:9: logCap: 0 is out of range 1..1099511627776",
+        "agent.yaml:3:1: unknown field 'sokcet' (did you mean 'socket'?)",
+    ]
