@@ -36,6 +36,7 @@ COMMANDS = {
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
+    "agent": "xhagent.daemon.bench:bench_agent",
     "cgroup-io": "xhagent.cgroups.bench:bench_cgroup_io",
     "io": "xhagent.io.bench:bench_io",
     "sched": "xhagent.sched.bench:bench_sched",

@@ -548,6 +548,7 @@ int main(int argc, char **argv)
         .mask = NULL,
         .nmask = 0,
         .set_ids = uid >= 0,
+        .reset_ignored = 1, /* whatever ignored what in the agent's world, the workload starts clean */
         .uid = (uint32_t)(uid < 0 ? 0 : uid),
         .gid = (uint32_t)(gid < 0 ? 0 : gid),
     };

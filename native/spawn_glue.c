@@ -148,15 +148,15 @@ static void child(const struct xh_spawn_req *r)
         report(fd, XH_STAGE_SESSION, errno);
 
     /* The parent's handlers must not run here: each caught signal back to its default; and
-     * SIGPIPE, SIGXFSZ, which the Python runtime ignores, too (as subprocess does). Ignored
-     * signals stay ignored (nohup). Then the mask asked for. */
+     * SIGPIPE, SIGXFSZ, which the Python runtime ignores, too (as subprocess does). Other
+     * ignored signals stay ignored (nohup), unless reset_ignored. Then the mask asked for. */
     for (int s = 1; s < NSIG; s++) {
         struct sigaction sa;
         if (s == SIGKILL || s == SIGSTOP || sigaction(s, NULL, &sa) < 0)
             continue;
         int ignored = sa.sa_handler == SIG_IGN && !(sa.sa_flags & SA_SIGINFO);
         int deflt = sa.sa_handler == SIG_DFL && !(sa.sa_flags & SA_SIGINFO);
-        if (deflt || (ignored && s != SIGPIPE && s != SIGXFSZ))
+        if (deflt || (ignored && !r->reset_ignored && s != SIGPIPE && s != SIGXFSZ))
             continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = SIG_DFL;

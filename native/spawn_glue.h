@@ -20,6 +20,8 @@ struct xh_spawn_req {
                                   so a request that does not name these fields keeps the caller's ids) */
     uint32_t uid;
     uint32_t gid;
+    int32_t reset_ignored;     /* 1: signals the caller ignores go back to their default too
+                                  (a supervisor's workload starts clean); 0: they stay ignored */
 };
 
 struct xh_spawn_err {

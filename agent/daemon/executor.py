@@ -91,7 +91,8 @@ class Executor:
         leaf.create()
         try:
             for f, value in plan.settings:
-                leaf.set(f, value)
+                if not (f.optional and not leaf.has(f)):
+                    leaf.set(f, value)
             return shim.start_shim(
                 run_dir,
                 leaf,

@@ -75,11 +75,15 @@ def plan_leaf(
             wanted.append(("cpuset", R.CPUSET_MEMS, format_cpulist(mems)))
     if memory:
         wanted.append(("memory", R.MEMORY_MAX, memory))
+        # a limit the task could swap past is no limit (where the kernel has swap at all)
+        wanted.append(("memory", R.MEMORY_SWAP_MAX, 0))
     wanted.append(("cpu", R.CPU_WEIGHT, cpu_weight))
     wanted.append(("io", R.IO_WEIGHT, {"default": io_weight}))
     settings, unenforced = [], []
     for controller, f, value in wanted:
         if controller in missing:
+            if f is R.MEMORY_SWAP_MAX:  # said once, by memory.max
+                continue
             shown = value["default"] if isinstance(value, dict) else value
             unenforced.append(Unenforced(controller, f"{f.name}={shown}", missing[controller]))
         else:

@@ -13,6 +13,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
+from xhagent.daemon.local import LocalAgent
 
 pytestmark = pytest.mark.host
 
@@ -29,41 +30,8 @@ def task_file(tmp: Path, name: str, command: list[str], extra: str = "") -> Path
     return path
 
 
-class Agent:
-    def __init__(self, tmp: Path, subtree: str):
-        self.tmp, self.subtree = tmp, subtree
-        self.state = tmp / "state"
-        self.socket = tmp / "run" / "agent.sock"
-        self.policies = tmp / "policies.d"
-        self.policies.mkdir(exist_ok=True)
-        self.proc: subprocess.Popen | None = None
-        self.log = tmp / "agent.log"
-
-    def start(self) -> None:
-        args = [
-            str(XHAGENT),
-            "run",
-            "--state-dir",
-            str(self.state),
-            "--socket",
-            str(self.socket),
-            "--subtree",
-            self.subtree,
-            "--policies-dir",
-            str(self.policies),
-        ]
-        self.proc = subprocess.Popen(args, stderr=open(self.log, "ab"), stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.cli("ps").returncode == 0:
-                return
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.1)
-        raise AssertionError("the agent did not serve: " + self.log.read_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=15)
+class Agent(LocalAgent):
+    """The daemon under test, with the CLI as its client."""
 
     def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
         res = subprocess.run(
@@ -88,31 +56,16 @@ class Agent:
             time.sleep(0.05)
 
     def submit(self, path: Path) -> str:
-        out = self.cli("submit", str(path), check=True).stdout.split()
-        return out[0]
-
-
-def _remove_tree(path: Path) -> None:
-    if not path.is_dir():
-        return
-    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        cg = Cgroup(child)
-        cg.write("cgroup.freeze", "0")
-        if cg.events().get("populated"):
-            cg.kill()
-        child.rmdir()
-    path.rmdir()
+        return self.cli("submit", str(path), check=True).stdout.split()[0]
 
 
 @pytest.fixture
 def agent(tmp_path):
-    subtree = f"xhagent-daemon-test-{os.getpid()}-{tmp_path.name[-12:]}.slice"
-    a = Agent(tmp_path, subtree)
+    a = Agent(tmp_path, f"xhagent-daemon-test-{os.getpid()}-{tmp_path.name[-12:]}.slice")
     a.start()
     yield a
-    if a.proc.poll() is None:
-        a.stop()
-    _remove_tree(Path(discover_hierarchy().unified.path) / subtree)
+    a.stop()
+    a.remove_subtree()
 
 
 def test_a_command_runs_in_its_leaf_and_its_exit_status_and_output_are_kept(agent, tmp_path):
@@ -291,5 +244,5 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
         want = i % 4
         assert (t["state"], t.get("exit_code")) == ("Succeeded" if want == 0 else "Failed", want), t
     base = Path(discover_hierarchy().unified.path) / agent.subtree
-    assert [p.name for p in (base / "tasks").iterdir()] == []  # no orphaned leaf
+    assert [p.name for p in (base / "tasks").iterdir() if p.is_dir()] == []  # no orphan leaf
     assert Cgroup(base / "shims").events()["populated"] == 0  # no shim left behind

@@ -202,7 +202,14 @@ def _status_field(pid, name):
 
 
 def test_the_shim_is_small_and_the_workload_gets_a_clean_signal_state(run):
-    s, task_dir = run(LONG)
+    # an ignored signal in the agent's world (nohup, a parent's choice) reaches the shim
+    # through the cgroup library's spawn, and stops there
+    old = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        s, task_dir = run(LONG)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert int(_status_field(s.shim_pid, "SigIgn"), 16) & (1 << (signal.SIGUSR1 - 1))
     rss_kib = int(_status_field(s.shim_pid, "VmRSS").split()[0])
     print(f"\nxhagent-shim VmRSS while supervising: {rss_kib} kB")
     assert rss_kib < 1024

@@ -26,6 +26,7 @@ def test_a_leaf_gets_its_placement_request_and_class():
         (R.CPUSET_CPUS, "2-3"),
         (R.CPUSET_MEMS, "0"),
         (R.MEMORY_MAX, 1 << 30),
+        (R.MEMORY_SWAP_MAX, 0),
         (R.CPU_WEIGHT, 1000),
         (R.IO_WEIGHT, {"default": 1000}),
     ]
