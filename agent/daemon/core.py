@@ -30,7 +30,8 @@ from ..node_model import Node
 from ..policy.explanation import Explanation, explain
 from ..policy.placement import Candidate, Demand, Reason, decide_demand
 from ..policy.policy import choose
-from ..policy.state import Allocation, Cluster
+from ..policy.preemption import NO_DEADLINE, Standing, choose_victims
+from ..policy.state import Allocation, Cluster, GpuShare
 from ..policy.task import Task
 from ..spec import SpecError
 from .executor import Executor
@@ -84,6 +85,7 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = False
+        self._late: set[str] = set()  # tasks whose missed deadline was reported
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
@@ -185,6 +187,9 @@ class Agent:
                             note="start rolled back after a restart",
                         )
                         counts["rolled_back"] += 1
+                elif intent.action == "kill" and rec is not None and rec.state in NEEDS_PLACEMENT:
+                    self._complete_kill(rec, (intent.args or {}).get("preempted_by"))
+                    counts["ended"] += 1
                 self.store.finish_intent(intent.id, "recovered")
             for rec in self._all(NEEDS_PLACEMENT):
                 self.tasks.setdefault(rec.id, self._task_of(rec))
@@ -198,6 +203,8 @@ class Agent:
                 ):
                     if rec.state == S.STARTING:
                         rec = self.store.transition(rec.id, S.RUNNING, expect=S.STARTING)
+                    # a freeze or thaw cut half-way: the kernel is made to match the record
+                    self.executor.set_frozen(rec.id, rec.state == S.FROZEN)
                     self._supervise(rec.id, status.started.shim_pid, None)
                     counts["adopted"] += 1
                 else:  # the shim died without a record: its workload cannot be supervised
@@ -212,6 +219,21 @@ class Agent:
             for rec in self._all([S.PENDING]):
                 self.tasks.setdefault(rec.id, self._task_of(rec))
         return counts
+
+    def _complete_kill(self, rec: TaskRecord, preempted_by: str | None) -> None:
+        """A kill the last run had started: a preemption requeues, a cancel cancels."""
+        self.executor.kill(rec.id)
+        status = self._wait_exit(rec, 3.0)
+        if not preempted_by:
+            self._finish(rec, status, cancelled=True)
+            return
+        self.executor.remove_leaf(rec.id)
+        reason = {
+            "kind": "Preempted",
+            "node": self.node.name,
+            "detail": f"preempted by {preempted_by}",
+        }
+        self.store.transition(rec.id, S.PENDING, expect=rec.state, reasons=[reason])
 
     def _all(self, states) -> list[TaskRecord]:
         out, after = [], None
@@ -249,7 +271,9 @@ class Agent:
     def step(self) -> None:
         with self.lock:
             self._collect_exits()
+            self._thaw_frozen()
             self._place_pending()
+            self._note_deadlines()
             self.changed.notify_all()
 
     # -- exits ----------------------------------------------------------------------------------
@@ -316,6 +340,7 @@ class Agent:
         else:
             state = S.FAILED
         self.tasks.pop(rec.id, None)
+        self._late.discard(rec.id)
         return self.store.transition(rec.id, state, expect=rec.state, **fields)
 
     def _may_restart(self, task: Task, rec: TaskRecord) -> bool:
@@ -353,18 +378,142 @@ class Agent:
             if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
                 demand = replace(demand, cpus=0)
             decision = decide_demand(rec.id, demand, self.cluster)
-            if decision.pending:
+            placed = decision.placed or self._preempt_for(rec, task, demand, policies)
+            if placed is None:
                 self._keep_pending(rec, list(decision.reasons))
             else:
-                self._start(rec, task, decision.placed)
+                self._start(rec, task, placed)
 
     def _order_key(self, rec: TaskRecord, task: Task, policies) -> tuple:
+        priority, deadline = self._standing(rec, task, policies)
+        return (-priority, deadline, rec.id)
+
+    def _standing(self, rec: TaskRecord, task: Task, policies) -> tuple[int, int]:
+        """(priority, deadline in ns since the epoch) of a task: its own priority, else its
+        winning policy's, else 50."""
         priority = task.priority
         if priority is None:
             match = choose(policies, task.label_map)
             priority = match.policy.priority if match.policy else 50
-        deadline = task.deadline.at(rec.created_ns) if task.deadline else 1 << 63
-        return (-priority, deadline, rec.id)
+        deadline = task.deadline.at(rec.created_ns) if task.deadline else NO_DEADLINE
+        return priority, deadline
+
+    def _note_deadlines(self) -> None:
+        """A task still waiting or running past its deadline is an event, once per run of
+        the agent (a restart may say it again)."""
+        now = self.clock()
+        for task_id, task in self.tasks.items():
+            if task.deadline is None or task_id in self._late:
+                continue
+            rec = self.store.get(task_id)
+            if rec is None or rec.state in TERMINAL:
+                continue
+            due = task.deadline.at(rec.created_ns)
+            if now > due:
+                self._late.add(task_id)
+                late_ms = (now - due) / 1e6
+                self.store.add_event(
+                    "DeadlineMissed",
+                    f"{rec.state} {late_ms:.0f} ms past its deadline",
+                    task_id=task_id,
+                    detail={"deadline_ns": due, "state": rec.state.value},
+                )
+
+    # -- preemption ---------------------------------------------------------------------------
+    def _preempt_for(self, rec: TaskRecord, task: Task, demand: Demand, policies):
+        """Freeze or kill the victims the core chooses so that `rec` fits; where it goes, or
+        None (nothing to preempt, or a victim could not be stopped: then nothing changed
+        for the preemptor, and the victims stopped so far stay stopped until thawed)."""
+        match = choose(policies, task.label_map)
+        rule = match.policy.preemption if match.policy else "lower-priority"
+        priority, deadline = self._standing(rec, task, policies)
+        running = []
+        for other in self.store.list_tasks([S.RUNNING], limit=1000):
+            held = self.cluster.nodes[self.node.name].tasks.get(other.id)
+            other_task = self.tasks.get(other.id)
+            if held is None or other_task is None or not held.cpus and not held.gpus:
+                continue  # holds nothing a placement could take (a shared task)
+            p, d = self._standing(other, other_task, policies)
+            running.append(Standing(held, p, d, other_task.preemption, other.started_ns or 0))
+        plan = choose_victims(
+            rec.id,
+            demand,
+            self.cluster,
+            running,
+            rule=rule,
+            priority=priority,
+            deadline_ns=deadline,
+        )
+        if plan is None:
+            return None
+        for victim in plan.victims:
+            if not self._stop_victim(victim, rec.id):
+                return None
+        decision = decide_demand(rec.id, demand, self.cluster)
+        return decision.placed
+
+    def _stop_victim(self, victim: Standing, preemptor: str) -> bool:
+        task_id = victim.allocation.task
+        rec = self.store.get(task_id)
+        why = f"preempted by {preemptor}"
+        if victim.mode == "freeze":
+            intent = self.store.begin_intent(task_id, "freeze", {"preempted_by": preemptor})
+            try:
+                self.executor.leaf(task_id).freeze(timeout=2.0)  # thaws back on failure
+            except (OSError, ValueError) as exc:
+                self.store.finish_intent(intent, f"failed: {exc}")
+                self.store.add_event("PreemptionFailed", f"{why}: {exc}", task_id=task_id)
+                return False
+            self.cluster.release(task_id)
+            self.cluster.commit(replace(victim.allocation, cpus=()))
+            with self.store.atomic():
+                self.store.transition(task_id, S.FROZEN, expect=S.RUNNING, note=why)
+                self.store.finish_intent(intent, "frozen")
+            return True
+        intent = self.store.begin_intent(task_id, "kill", {"preempted_by": preemptor})
+        self.executor.kill(task_id)
+        status = self._wait_exit(rec, 3.0)
+        self._release(task_id)
+        self.executor.remove_leaf(task_id)
+        ex = status.exit
+        reason = {"kind": "Preempted", "node": self.node.name, "detail": why}
+        with self.store.atomic():
+            self.store.transition(
+                task_id,
+                S.PENDING,
+                expect=S.RUNNING,
+                reasons=[reason],
+                note=why,
+                exit_code=ex.exit_code if ex else None,
+                signal=ex.signal if ex else None,
+            )
+            self.store.finish_intent(intent, "killed")
+        return True
+
+    def _thaw_frozen(self) -> None:
+        """A frozen task resumes once its CPUs are free again, highest priority first."""
+        frozen = self.store.list_tasks([S.FROZEN], limit=1000)
+        policies = self.policies()
+        for rec in sorted(frozen, key=lambda r: self._order_key(r, self.tasks[r.id], policies)):
+            whole = _allocation(replace(rec, state=S.RUNNING))
+            self.cluster.release(rec.id)
+            try:
+                self.cluster.commit(whole)
+            except ValueError:  # still held by its preemptor or another task
+                self.cluster.commit(_allocation(rec))
+                continue
+            intent = self.store.begin_intent(rec.id, "thaw")
+            try:
+                self.executor.leaf(rec.id).thaw(timeout=2.0)
+            except (OSError, ValueError) as exc:
+                self.cluster.release(rec.id)
+                self.cluster.commit(_allocation(rec))
+                self.store.finish_intent(intent, f"failed: {exc}")
+                self.store.add_event("ThawFailed", str(exc), task_id=rec.id)
+                continue
+            with self.store.atomic():
+                self.store.transition(rec.id, S.RUNNING, expect=S.FROZEN, note="resumed")
+                self.store.finish_intent(intent, "thawed")
 
     def _keep_pending(self, rec: TaskRecord, reasons: list) -> None:
         as_dicts = [r if isinstance(r, dict) else _reason_dict(r) for r in reasons]
@@ -386,6 +535,7 @@ class Agent:
             "exclusive": bool(placed.cpus),
             "memory": placed.memory,
             "gpus": [self._gpu_uuid(g.index) for g in placed.gpus],
+            "gpu_shares": [[g.index, g.memory, g.whole] for g in placed.gpus],
             "unenforced": [u.to_json() for u in plan.unenforced],
         }
         leaf = self.executor.leaf(rec.id)
@@ -471,9 +621,12 @@ class Agent:
 
 
 def _allocation(rec: TaskRecord) -> Allocation:
+    """What the task holds: a frozen one keeps its memory and GPUs, not its CPUs."""
     placed = rec.placement or {}
-    cpus = tuple(placed.get("cpus", ())) if placed.get("exclusive") else ()
-    return Allocation(rec.id, placed.get("node", ""), cpus, placed.get("memory", 0))
+    exclusive = placed.get("exclusive") and rec.state != S.FROZEN
+    cpus = tuple(placed.get("cpus", ())) if exclusive else ()
+    shares = tuple(GpuShare(i, m, w) for i, m, w in placed.get("gpu_shares", ()))
+    return Allocation(rec.id, placed.get("node", ""), cpus, placed.get("memory", 0), shares)
 
 
 def _reason_dict(r: Reason) -> dict:

@@ -129,6 +129,14 @@ class Executor:
         if leaf.events().get("populated"):
             leaf.kill(timeout)
 
+    def set_frozen(self, task_id: str, frozen: bool, timeout: float = 2.0) -> None:
+        """Freeze or thaw the leaf to match the task's record (after a restart)."""
+        leaf = self.leaf(task_id)
+        if not leaf.path.is_dir():
+            return
+        if (leaf.read(R.FREEZE.name).strip() == "1") != frozen:
+            leaf.freeze(timeout) if frozen else leaf.thaw(timeout)
+
     def remove_leaf(self, task_id: str) -> None:
         leaf = self.leaf(task_id)
         try:

@@ -185,7 +185,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
 
     def Inventory(self, request, context):
-        return pb.InventoryResponse(json=json.dumps(self.agent.node.to_json()))
+        return pb.InventoryResponse(json=json.dumps(self.agent.node.to_dict()))
 
     def Health(self, request, context):
         return pb.HealthResponse(

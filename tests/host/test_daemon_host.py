@@ -246,3 +246,57 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
     base = Path(discover_hierarchy().unified.path) / agent.subtree
     assert [p.name for p in (base / "tasks").iterdir() if p.is_dir()] == []  # no orphan leaf
     assert Cgroup(base / "shims").events()["populated"] == 0  # no shim left behind
+
+
+@pytest.mark.parametrize("mode", ["freeze", "kill"])
+def test_a_higher_priority_task_preempts_a_lower_one_which_resumes_after(agent, tmp_path, mode):
+    cpus = len(agent_cpus(agent))
+    low = agent.submit(
+        task_file(
+            tmp_path,
+            "low",
+            ["sh", "-c", "sleep 2; echo low-done"],
+            f"  requests: {{cpus: {cpus}}}\n  priority: 10\n  preemption: {mode}\n",
+        )
+    )
+    assert agent.wait(low, ("Running",))["state"] == "Running"
+    high = agent.submit(
+        task_file(tmp_path, "high", ["sleep", "1"], "  requests: {cpus: 1}\n  priority: 90\n")
+    )
+    assert agent.wait(high, ("Running",))["state"] == "Running"
+    t = agent.task(low)
+    leaf = agent.subtree_path / "tasks" / low
+    if mode == "freeze":
+        assert t["state"] == "Frozen", t
+        assert Cgroup(leaf).events()["frozen"] == 1  # the kernel holds it still
+    else:
+        # killed and requeued: waiting for its CPUs again, with nothing left running
+        assert t["state"] == "Pending" and not leaf.exists(), t
+        assert {r["kind"] for r in t["reasons"]} <= {"Preempted", "InsufficientCPU"}, t
+    assert agent.wait(high)["state"] == "Succeeded"
+    done = agent.wait(low, timeout=30)
+    assert done["state"] == "Succeeded", done
+    assert agent.cli("logs", low, check=True).stdout == "low-done\n"
+    events = agent.cli("events", "--task", low, "--since", "0", check=True).stdout
+    if mode == "freeze":
+        assert "Running -> Frozen: preempted by " + high in events
+        assert "Frozen -> Running: resumed" in events
+    else:
+        assert "Running -> Pending: preempted by " + high in events
+
+
+def agent_cpus(agent) -> list[int]:
+    with agent.client() as c:
+        from xhagent.daemon.v1 import agent_pb2 as pb
+
+        inv = json.loads(c.Inventory(pb.InventoryRequest()).json)
+    return [
+        cpu for n in inv["numa"] for d in n["l3"] for core in d["cores"] for cpu in core["cpus"]
+    ]
+
+
+def test_a_missed_deadline_is_an_event(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "late", ["sleep", "1.5"], "  deadline: 300ms\n"))
+    assert agent.wait(tid)["state"] == "Succeeded"
+    events = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
+    assert "DeadlineMissed: Running" in events and "ms past its deadline" in events
