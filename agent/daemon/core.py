@@ -278,11 +278,10 @@ class Agent:
 
     # -- exits ----------------------------------------------------------------------------------
     def _collect_exits(self) -> None:
-        for task_id in list(self.supervised):
-            rec = self.store.get(task_id)
-            if rec is None or rec.state not in NEEDS_PLACEMENT:
-                continue
-            status = self.executor.status(task_id, rec.attempt)
+        # From the records, not from what is supervised: an end that could not be committed
+        # (the disk was full) is found again at the next step.
+        for rec in self._all([S.RUNNING]):
+            status = self.executor.status(rec.id, rec.attempt)
             if status.exit is not None:
                 self._finish(rec, status)
 
@@ -464,11 +463,15 @@ class Agent:
                 self.store.finish_intent(intent, f"failed: {exc}")
                 self.store.add_event("PreemptionFailed", f"{why}: {exc}", task_id=task_id)
                 return False
+            try:
+                with self.store.atomic():
+                    self.store.transition(task_id, S.FROZEN, expect=S.RUNNING, note=why)
+                    self.store.finish_intent(intent, "frozen")
+            except BaseException:  # not recorded: never leave it frozen
+                self.executor.set_frozen(task_id, False)
+                raise
             self.cluster.release(task_id)
             self.cluster.commit(replace(victim.allocation, cpus=()))
-            with self.store.atomic():
-                self.store.transition(task_id, S.FROZEN, expect=S.RUNNING, note=why)
-                self.store.finish_intent(intent, "frozen")
             return True
         intent = self.store.begin_intent(task_id, "kill", {"preempted_by": preemptor})
         self.executor.kill(task_id)

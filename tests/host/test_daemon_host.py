@@ -300,3 +300,34 @@ def test_a_missed_deadline_is_an_event(agent, tmp_path):
     assert agent.wait(tid)["state"] == "Succeeded"
     events = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
     assert "DeadlineMissed: Running" in events and "ms past its deadline" in events
+
+
+def test_a_full_state_dir_refuses_submissions_loses_nothing_and_recovers(tmp_path):
+    state = tmp_path / "small"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=640k", "tmpfs", str(state)], check=True)
+    a = Agent(tmp_path, f"xhagent-daemon-full-{os.getpid()}.slice")
+    a.state = state / "state"
+    try:
+        a.start()
+        acked, refused = [], None
+        for i in range(400):
+            res = a.cli("submit", str(task_file(tmp_path, f"t{i}", ["true"])))
+            if res.returncode != 0:
+                refused = res
+                break
+            acked.append(res.stdout.split()[0])
+        assert refused is not None, "the tmpfs never filled"
+        assert refused.returncode == 1 and "full" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        listed = {t["id"] for t in json.loads(a.cli("ps", "--all", "--json", check=True).stdout)}
+        assert set(acked) <= listed and len(listed) == len(acked)  # nothing acknowledged lost
+        subprocess.run(["mount", "-o", "remount,size=32m", str(state)], check=True)
+        again = a.submit(task_file(tmp_path, "after", ["true"]))
+        assert a.wait(again)["state"] == "Succeeded"
+        ended = [a.wait(t)["state"] for t in acked]
+        assert all(s in ("Succeeded", "Failed") for s in ended), ended
+    finally:
+        a.stop()
+        a.remove_subtree()
+        subprocess.run(["umount", "-l", str(state)], check=False)
