@@ -1,4 +1,5 @@
-"""The agent's scheduler loop: tasks from submission to their exit status.
+"""The agent's scheduler loop: tasks from submission to their exit status (restart:
+recovery.py; preemption: preempting.py).
 
 One `Agent` owns the store, the executor and the placement state. Every public method and
 every loop step runs under one lock, so there is a single writer, and between steps:
@@ -16,10 +17,8 @@ within a priority) and keeps the rest Pending with a reason per node.
 
 from __future__ import annotations
 
-import grp
 import logging
 import os
-import pwd
 import selectors
 import threading
 import time
@@ -30,15 +29,17 @@ from ..node_model import Node
 from ..policy.explanation import Explanation, explain
 from ..policy.placement import Candidate, Demand, Reason, decide_demand
 from ..policy.policy import choose
-from ..policy.preemption import NO_DEADLINE, Standing, choose_victims
-from ..policy.state import Allocation, Cluster, GpuShare
+from ..policy.preemption import NO_DEADLINE
+from ..policy.state import Cluster
 from ..policy.task import Task
 from ..spec import SpecError
-from .executor import Executor
+from .executor import Executor, resolve_run_as
+from .holdings import allocation_of
 from .leaf import class_weights, enforcement_reason, plan_leaf
 from .lifecycle import BACKOFF, NEEDS_PLACEMENT, TERMINAL
 from .lifecycle import TaskState as S
-from .shim import ShimStatus, process_alive
+from .preempting import preempt_for, thaw_frozen
+from .shim import ShimStatus
 from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
@@ -133,7 +134,7 @@ class Agent:
             if rec.state in NEEDS_PLACEMENT:
                 intent = self.store.begin_intent(task_id, "kill")
                 self.executor.kill(task_id)
-                rec = self._finish(rec, self._wait_exit(rec, 3.0), cancelled=True)
+                rec = self.finish(rec, self.wait_exit(rec, 3.0), cancelled=True)
                 self.store.finish_intent(intent, "killed")
             else:
                 rec = self.store.transition(task_id, S.CANCELLED, expect=S.PENDING)
@@ -146,7 +147,7 @@ class Agent:
             rec = self.store.get(task_id)
             if rec is None:
                 raise KeyError(task_id)
-            task = self.tasks.get(task_id) or self._task_of(rec)
+            task = self.tasks.get(task_id) or self.task_of(rec)
             return explain(replace(task, name=task_id), self.policies(), self.cluster)
 
     def last_seq(self) -> int:
@@ -168,74 +169,12 @@ class Agent:
 
     # -- restart ------------------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
-        """Finish or roll back what a kill -9 interrupted, re-adopt the workloads that still
-        run, record those that ended meanwhile with their real status, and remove leaves
-        no task owns. Returns counts for the log."""
-        counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0}
-        with self.lock:
-            for intent in self.store.open_intents():
-                rec = self.store.get(intent.task_id)
-                if intent.action == "start" and rec is not None and rec.state == S.STARTING:
-                    status = self.executor.status(rec.id, rec.attempt)
-                    if status.started is None and status.exit is None:
-                        # The shim never said it started: nothing of the workload runs.
-                        self.executor.remove_leaf(rec.id)
-                        self.store.transition(
-                            rec.id,
-                            S.PENDING,
-                            expect=S.STARTING,
-                            note="start rolled back after a restart",
-                        )
-                        counts["rolled_back"] += 1
-                elif intent.action == "kill" and rec is not None and rec.state in NEEDS_PLACEMENT:
-                    self._complete_kill(rec, (intent.args or {}).get("preempted_by"))
-                    counts["ended"] += 1
-                self.store.finish_intent(intent.id, "recovered")
-            for rec in self._all(NEEDS_PLACEMENT):
-                self.tasks.setdefault(rec.id, self._task_of(rec))
-                self.cluster.commit(_allocation(rec))
-                status = self.executor.status(rec.id, rec.attempt)
-                if status.exit is not None:
-                    self._finish(rec, status)
-                    counts["ended"] += 1
-                elif status.started is not None and process_alive(
-                    status.started.shim_pid, status.started.shim_start_time
-                ):
-                    if rec.state == S.STARTING:
-                        rec = self.store.transition(rec.id, S.RUNNING, expect=S.STARTING)
-                    # a freeze or thaw cut half-way: the kernel is made to match the record
-                    self.executor.set_frozen(rec.id, rec.state == S.FROZEN)
-                    self._supervise(rec.id, status.started.shim_pid, None)
-                    counts["adopted"] += 1
-                else:  # the shim died without a record: its workload cannot be supervised
-                    self.executor.kill(rec.id)
-                    self._finish(rec, status, lost=True)
-                    counts["ended"] += 1
-            live = {r.id for r in self._all(NEEDS_PLACEMENT)}
-            for task_id in self.executor.leaves():
-                if task_id not in live:
-                    self.executor.remove_leaf(task_id)
-                    counts["orphan_leaves"] += 1
-            for rec in self._all([S.PENDING]):
-                self.tasks.setdefault(rec.id, self._task_of(rec))
-        return counts
+        """See recovery.recover."""
+        from .recovery import recover
 
-    def _complete_kill(self, rec: TaskRecord, preempted_by: str | None) -> None:
-        """A kill the last run had started: a preemption requeues, a cancel cancels."""
-        self.executor.kill(rec.id)
-        status = self._wait_exit(rec, 3.0)
-        if not preempted_by:
-            self._finish(rec, status, cancelled=True)
-            return
-        self.executor.remove_leaf(rec.id)
-        reason = {
-            "kind": "Preempted",
-            "node": self.node.name,
-            "detail": f"preempted by {preempted_by}",
-        }
-        self.store.transition(rec.id, S.PENDING, expect=rec.state, reasons=[reason])
+        return recover(self)
 
-    def _all(self, states) -> list[TaskRecord]:
+    def records(self, states) -> list[TaskRecord]:
         out, after = [], None
         while True:
             page = self.store.list_tasks(list(states), after=after, limit=1000)
@@ -271,7 +210,7 @@ class Agent:
     def step(self) -> None:
         with self.lock:
             self._collect_exits()
-            self._thaw_frozen()
+            thaw_frozen(self)
             self._place_pending()
             self._note_deadlines()
             self.changed.notify_all()
@@ -280,12 +219,12 @@ class Agent:
     def _collect_exits(self) -> None:
         # From the records, not from what is supervised: an end that could not be committed
         # (the disk was full) is found again at the next step.
-        for rec in self._all([S.RUNNING]):
+        for rec in self.records([S.RUNNING]):
             status = self.executor.status(rec.id, rec.attempt)
             if status.exit is not None:
-                self._finish(rec, status)
+                self.finish(rec, status)
 
-    def _wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
+    def wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
         deadline = time.monotonic() + timeout
         while True:
             status = self.executor.status(rec.id, rec.attempt)
@@ -293,7 +232,7 @@ class Agent:
                 return status
             time.sleep(0.005)
 
-    def _finish(
+    def finish(
         self, rec: TaskRecord, status: ShimStatus, cancelled: bool = False, lost: bool = False
     ) -> TaskRecord:
         """Record how the workload ended, give back its placement and leaf, and queue it
@@ -310,7 +249,7 @@ class Agent:
         else:
             error = ex.message
         oom = self.executor.oom_kills(rec.id)
-        self._release(rec.id)
+        self.release(rec.id)
         self.executor.remove_leaf(rec.id)
         fields = {"exit_code": code, "signal": sig, "error": error}
         if oom:
@@ -359,11 +298,11 @@ class Agent:
         keyed = []
         for rec in pending:
             try:
-                task = self.tasks.get(rec.id) or self.tasks.setdefault(rec.id, self._task_of(rec))
+                task = self.tasks.get(rec.id) or self.tasks.setdefault(rec.id, self.task_of(rec))
             except InvalidTask as exc:  # a document this version no longer reads
                 self.store.transition(rec.id, S.FAILED, expect=S.PENDING, error=str(exc))
                 continue
-            keyed.append((self._order_key(rec, task, policies), rec, task))
+            keyed.append((self.order_key(rec, task, policies), rec, task))
         for _, rec, task in sorted(keyed, key=lambda k: k[0]):
             if not self._backoff_over(task, rec, now):
                 continue
@@ -377,17 +316,17 @@ class Agent:
             if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
                 demand = replace(demand, cpus=0)
             decision = decide_demand(rec.id, demand, self.cluster)
-            placed = decision.placed or self._preempt_for(rec, task, demand, policies)
+            placed = decision.placed or preempt_for(self, rec, task, demand, policies)
             if placed is None:
                 self._keep_pending(rec, list(decision.reasons))
             else:
                 self._start(rec, task, placed)
 
-    def _order_key(self, rec: TaskRecord, task: Task, policies) -> tuple:
-        priority, deadline = self._standing(rec, task, policies)
+    def order_key(self, rec: TaskRecord, task: Task, policies) -> tuple:
+        priority, deadline = self.standing(rec, task, policies)
         return (-priority, deadline, rec.id)
 
-    def _standing(self, rec: TaskRecord, task: Task, policies) -> tuple[int, int]:
+    def standing(self, rec: TaskRecord, task: Task, policies) -> tuple[int, int]:
         """(priority, deadline in ns since the epoch) of a task: its own priority, else its
         winning policy's, else 50."""
         priority = task.priority
@@ -418,106 +357,6 @@ class Agent:
                     detail={"deadline_ns": due, "state": rec.state.value},
                 )
 
-    # -- preemption ---------------------------------------------------------------------------
-    def _preempt_for(self, rec: TaskRecord, task: Task, demand: Demand, policies):
-        """Freeze or kill the victims the core chooses so that `rec` fits; where it goes, or
-        None (nothing to preempt, or a victim could not be stopped: then nothing changed
-        for the preemptor, and the victims stopped so far stay stopped until thawed)."""
-        match = choose(policies, task.label_map)
-        rule = match.policy.preemption if match.policy else "lower-priority"
-        priority, deadline = self._standing(rec, task, policies)
-        running = []
-        for other in self.store.list_tasks([S.RUNNING], limit=1000):
-            held = self.cluster.nodes[self.node.name].tasks.get(other.id)
-            other_task = self.tasks.get(other.id)
-            if held is None or other_task is None or not held.cpus and not held.gpus:
-                continue  # holds nothing a placement could take (a shared task)
-            p, d = self._standing(other, other_task, policies)
-            running.append(Standing(held, p, d, other_task.preemption, other.started_ns or 0))
-        plan = choose_victims(
-            rec.id,
-            demand,
-            self.cluster,
-            running,
-            rule=rule,
-            priority=priority,
-            deadline_ns=deadline,
-        )
-        if plan is None:
-            return None
-        for victim in plan.victims:
-            if not self._stop_victim(victim, rec.id):
-                return None
-        decision = decide_demand(rec.id, demand, self.cluster)
-        return decision.placed
-
-    def _stop_victim(self, victim: Standing, preemptor: str) -> bool:
-        task_id = victim.allocation.task
-        rec = self.store.get(task_id)
-        why = f"preempted by {preemptor}"
-        if victim.mode == "freeze":
-            intent = self.store.begin_intent(task_id, "freeze", {"preempted_by": preemptor})
-            try:
-                self.executor.leaf(task_id).freeze(timeout=2.0)  # thaws back on failure
-            except (OSError, ValueError) as exc:
-                self.store.finish_intent(intent, f"failed: {exc}")
-                self.store.add_event("PreemptionFailed", f"{why}: {exc}", task_id=task_id)
-                return False
-            try:
-                with self.store.atomic():
-                    self.store.transition(task_id, S.FROZEN, expect=S.RUNNING, note=why)
-                    self.store.finish_intent(intent, "frozen")
-            except BaseException:  # not recorded: never leave it frozen
-                self.executor.set_frozen(task_id, False)
-                raise
-            self.cluster.release(task_id)
-            self.cluster.commit(replace(victim.allocation, cpus=()))
-            return True
-        intent = self.store.begin_intent(task_id, "kill", {"preempted_by": preemptor})
-        self.executor.kill(task_id)
-        status = self._wait_exit(rec, 3.0)
-        self._release(task_id)
-        self.executor.remove_leaf(task_id)
-        ex = status.exit
-        reason = {"kind": "Preempted", "node": self.node.name, "detail": why}
-        with self.store.atomic():
-            self.store.transition(
-                task_id,
-                S.PENDING,
-                expect=S.RUNNING,
-                reasons=[reason],
-                note=why,
-                exit_code=ex.exit_code if ex else None,
-                signal=ex.signal if ex else None,
-            )
-            self.store.finish_intent(intent, "killed")
-        return True
-
-    def _thaw_frozen(self) -> None:
-        """A frozen task resumes once its CPUs are free again, highest priority first."""
-        frozen = self.store.list_tasks([S.FROZEN], limit=1000)
-        policies = self.policies()
-        for rec in sorted(frozen, key=lambda r: self._order_key(r, self.tasks[r.id], policies)):
-            whole = _allocation(replace(rec, state=S.RUNNING))
-            self.cluster.release(rec.id)
-            try:
-                self.cluster.commit(whole)
-            except ValueError:  # still held by its preemptor or another task
-                self.cluster.commit(_allocation(rec))
-                continue
-            intent = self.store.begin_intent(rec.id, "thaw")
-            try:
-                self.executor.leaf(rec.id).thaw(timeout=2.0)
-            except (OSError, ValueError) as exc:
-                self.cluster.release(rec.id)
-                self.cluster.commit(_allocation(rec))
-                self.store.finish_intent(intent, f"failed: {exc}")
-                self.store.add_event("ThawFailed", str(exc), task_id=rec.id)
-                continue
-            with self.store.atomic():
-                self.store.transition(rec.id, S.RUNNING, expect=S.FROZEN, note="resumed")
-                self.store.finish_intent(intent, "thawed")
-
     def _keep_pending(self, rec: TaskRecord, reasons: list) -> None:
         as_dicts = [r if isinstance(r, dict) else _reason_dict(r) for r in reasons]
         if [dict(r) for r in rec.reasons] != as_dicts:
@@ -547,7 +386,7 @@ class Agent:
             rec = self.store.transition(
                 rec.id, S.STARTING, expect=S.PENDING, placement=placement, cgroup=str(leaf.path)
             )
-        self.cluster.commit(_allocation(rec))
+        self.cluster.commit(allocation_of(rec))
         env = dict(task.env)
         if placed.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(placement["gpus"])
@@ -564,7 +403,7 @@ class Agent:
                 gid,
             )
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
-            self._release(rec.id)
+            self.release(rec.id)
             with self.store.atomic():
                 self.store.transition(rec.id, S.FAILED, expect=S.STARTING, error=str(exc))
                 self.store.finish_intent(intent, "failed")
@@ -575,9 +414,9 @@ class Agent:
                 rec.id, S.RUNNING, expect=S.STARTING, started_ns=started.started_ns
             )
             self.store.finish_intent(intent, "started")
-        self._supervise(rec.id, started.shim_pid, started.process)
+        self.supervise(rec.id, started.shim_pid, started.process)
 
-    def _release(self, task_id: str) -> None:
+    def release(self, task_id: str) -> None:
         try:
             self.cluster.release(task_id)
         except KeyError:
@@ -596,7 +435,7 @@ class Agent:
                     "shim %d of task %s did not exit after its record", sup.shim_pid, task_id
                 )
 
-    def _supervise(self, task_id: str, shim_pid: int, process) -> None:
+    def supervise(self, task_id: str, shim_pid: int, process) -> None:
         try:
             pidfd = os.pidfd_open(shim_pid)
             self._selector.register(pidfd, selectors.EVENT_READ, task_id)
@@ -619,17 +458,8 @@ class Agent:
                 return getattr(g, "uuid", None) or str(index)
         return str(index)
 
-    def _task_of(self, rec: TaskRecord) -> Task:
+    def task_of(self, rec: TaskRecord) -> Task:
         return self.parse_tasks(rec.source, rec.source_file)[rec.spec["document"]]
-
-
-def _allocation(rec: TaskRecord) -> Allocation:
-    """What the task holds: a frozen one keeps its memory and GPUs, not its CPUs."""
-    placed = rec.placement or {}
-    exclusive = placed.get("exclusive") and rec.state != S.FROZEN
-    cpus = tuple(placed.get("cpus", ())) if exclusive else ()
-    shares = tuple(GpuShare(i, m, w) for i, m, w in placed.get("gpu_shares", ()))
-    return Allocation(rec.id, placed.get("node", ""), cpus, placed.get("memory", 0), shares)
 
 
 def _reason_dict(r: Reason) -> dict:
@@ -642,28 +472,6 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
-
-
-def resolve_run_as(run_as) -> tuple[int, int]:
-    """(uid, gid) of a Task's `user`, resolved when it starts (as the README says); a name
-    this node does not know is the task's failure, not the agent's."""
-    user, group = run_as.user, run_as.group
-    if isinstance(user, int):
-        uid, gid = user, user
-    else:
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            raise ValueError(f"user {user!r}: no such user on this node") from None
-        uid, gid = entry.pw_uid, entry.pw_gid
-    if isinstance(group, int):
-        gid = group
-    elif group is not None:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise ValueError(f"group {group!r}: no such group on this node") from None
-    return uid, gid
 
 
 __all__ = ["Agent", "InvalidTask", "Refused", "SpecError"]

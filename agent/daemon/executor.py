@@ -16,6 +16,8 @@ lacks are reported with the reason (`missing`), for the tasks' `unenforced` list
 from __future__ import annotations
 
 import errno
+import grp
+import pwd
 from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
@@ -152,3 +154,25 @@ class Executor:
             return sorted(p.name for p in base.iterdir() if p.is_dir())
         except FileNotFoundError:
             return []
+
+
+def resolve_run_as(run_as) -> tuple[int, int]:
+    """(uid, gid) of a Task's `user`, resolved when it starts (as the README says); a name
+    this node does not know is the task's failure, not the agent's."""
+    user, group = run_as.user, run_as.group
+    if isinstance(user, int):
+        uid, gid = user, user
+    else:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"user {user!r}: no such user on this node") from None
+        uid, gid = entry.pw_uid, entry.pw_gid
+    if isinstance(group, int):
+        gid = group
+    elif group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"group {group!r}: no such group on this node") from None
+    return uid, gid
