@@ -8,15 +8,20 @@
         - name: latency-critical
           io: {weight: 500, devices: {nvme0n1: 800}}
           children: [{name: web}]
+      classes:                      # the agent's task classes (Task spec.class)
+        - {name: latency, cpu: {weight: 1000}, io: {weight: 1000}}
 
 Every field maps onto one registry file (registry.BY_POLICY); `io.devices` adds
 per-device lines to io.weight and `io.max` is per device. Errors are FILE:LINE:COL, all of
 a file's at once. A device this node does not have is not an error in the file: the policy
-keeps it in `absent` and `plan` refuses it as unsupported here.
+keeps it in `absent` and `plan` refuses it as unsupported here. `classes` give the agent's
+task classes their cpu.weight and io.weight (100 each when not given); a file holds groups,
+classes or both.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,8 @@ IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
 GROUP_FIELDS = ("name", *R.POLICY_SECTIONS, "children")
 WHAT = {"weight": "weight (1..10000)", "max": "limit", "cpus": "cpu list", "mems": "node list"}
 MAX_NESTING = 32  # levels of groups in one policy; deeper is a mistake (and recursion)
+CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DEFAULT_WEIGHT = 100  # the kernel's
 
 
 @dataclass
@@ -56,6 +63,7 @@ class CgroupPolicy:
     file: str
     groups: list[GroupSpec]  # parents before children
     absent: list[str] = field(default_factory=list)  # "FILE:LINE:COL: devices this node lacks"
+    classes: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> cpu, io weight
 
     def controllers(self) -> dict[str, list[str]]:
         """controller -> groups whose settings need it."""
@@ -95,11 +103,46 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> CgroupPolicy:
         name = doc.attempt(lambda: meta["name"].str(default=""), "")
     policy = CgroupPolicy(name, file, [])
     spec = root["spec"]
-    items = doc.attempt(lambda: spec.mapping({"groups"}, required={"groups"})["groups"].seq(), [])
+    items, classes = [], []
+    if doc.attempt(lambda: spec.mapping({"groups", "classes"}), None) is not None:
+        if not spec["groups"].present and not spec["classes"].present:
+            doc.errors.add(spec.error("spec: expected groups, classes or both"))
+        items = doc.attempt(lambda: spec["groups"].seq(default=[]), [])
+        classes = doc.attempt(lambda: spec["classes"].seq(default=[]), [])
     for item in items:
         _group(item, "", policy, sys_root, 1)
+    for item in classes:
+        _class(item, policy)
     doc.errors.raise_if_any()
     return policy
+
+
+def _class(c: Cursor, policy: CgroupPolicy) -> None:
+    """A task class: its name (a DNS-1123 label, as Task spec.class) and weights."""
+    if not c.fields({"name", "cpu", "io"}, required={"name"}):
+        return
+    name = c.doc.attempt(lambda: _class_name(c["name"], policy))
+    weights = []
+    for section in ("cpu", "io"):
+        sec = c[section]
+        weight = DEFAULT_WEIGHT
+        if sec.present and sec.fields({"weight"}) and sec["weight"].present:
+            weight = c.doc.attempt(lambda s=sec: s["weight"].parse(v.weight, WHAT["weight"]))
+        weights.append(weight)
+    if name is not None:
+        policy.classes[name] = (weights[0], weights[1])
+
+
+def _class_name(c: Cursor, policy: CgroupPolicy) -> str:
+    name = c.str()
+    if not CLASS_NAME.fullmatch(name):
+        raise c.error(
+            f"name: {name!r} is not a class name (lowercase letters, digits and '-', "
+            "at most 63, starting and ending with a letter or digit)"
+        )
+    if name in policy.classes:
+        raise c.error(f"class {name!r} is declared twice")
+    return name
 
 
 def _loc(c: Cursor) -> str:

@@ -35,7 +35,7 @@ from ..policy.task import Task
 from ..spec import SpecError
 from .executor import Executor, resolve_run_as
 from .holdings import allocation_of
-from .leaf import class_weights, enforcement_reason, plan_leaf
+from .leaf import CLASS_WEIGHTS, DEFAULT_WEIGHT, class_weights, enforcement_reason, plan_leaf
 from .lifecycle import BACKOFF, NEEDS_PLACEMENT, TERMINAL
 from .lifecycle import TaskState as S
 from .preempting import preempt_for, thaw_frozen
@@ -67,15 +67,18 @@ class Agent:
         store: Store,
         executor: Executor,
         node: Node,
-        parse_tasks: Callable[[str, str], list[Task]],
+        parse_tasks: Callable[..., list[Task]],
         policies: Callable[[], list],
+        classes: Callable[[], dict] = lambda: dict(CLASS_WEIGHTS),
         clock: Callable[[], int] = time.time_ns,
     ):
         self.store = store
         self.executor = executor
         self.node = node
-        self.parse_tasks = parse_tasks  # (source, file name) -> Tasks; InvalidTask when bad
+        # (source, file name, classes or None) -> Tasks; InvalidTask when bad
+        self.parse_tasks = parse_tasks
         self.policies = policies  # the SchedulingPolicies in force now
+        self.classes = classes  # task class -> (cpu.weight, io.weight), in force now
         self.clock = clock
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified after every change
@@ -90,7 +93,7 @@ class Agent:
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
-        tasks = self.parse_tasks(source, file_name)
+        tasks = self.parse_tasks(source, file_name, self.classes())
         with self.lock:
             out = []
             with self.store.atomic():  # all of a file's tasks, or none
@@ -364,12 +367,19 @@ class Agent:
 
     def _start(self, rec: TaskRecord, task: Task, placed: Candidate) -> None:
         cpus = placed.cpus or self._shared_cpus()
+        missing = dict(self.executor.missing)
+        try:
+            weights = class_weights(task.task_class, self.classes())
+        except KeyError as exc:  # its class was removed since it was submitted: said, not hidden
+            weights = (DEFAULT_WEIGHT, DEFAULT_WEIGHT)
+            for controller in ("cpu", "io"):
+                missing.setdefault(controller, f"{exc.args[0]}: the default weight applies")
         plan = plan_leaf(
             cpus=cpus,
             mems=self._mems_of(cpus),
             memory=task.requests.memory,
-            weights=class_weights(task.task_class),
-            missing=self.executor.missing,
+            weights=weights,
+            missing=missing,
         )
         placement = {
             "node": placed.node,
@@ -459,7 +469,7 @@ class Agent:
         return str(index)
 
     def task_of(self, rec: TaskRecord) -> Task:
-        return self.parse_tasks(rec.source, rec.source_file)[rec.spec["document"]]
+        return self.parse_tasks(rec.source, rec.source_file, None)[rec.spec["document"]]
 
 
 def _reason_dict(r: Reason) -> dict:

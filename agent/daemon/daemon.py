@@ -100,7 +100,9 @@ class Daemon:
         policies = PolicySet(s.policies_dir, self.store, time.time_ns, self.report)
         policies.reload()
         self._reconcile(policies, sub)
-        self.agent = Agent(self.store, executor, s.node, parse_submission, policies.scheduling)
+        self.agent = Agent(
+            self.store, executor, s.node, parse_submission, policies.scheduling, policies.classes
+        )
         counts = self.agent.recover()
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
         info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}

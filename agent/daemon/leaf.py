@@ -24,6 +24,7 @@ CLASS_WEIGHTS: dict[str, tuple[int, int]] = {
     "besteffort": (10, 10),
 }
 CONTROLLERS = ("cpu", "cpuset", "io", "memory", "pids")
+DEFAULT_WEIGHT = 100
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,14 @@ def class_weights(name: str, classes: Mapping[str, tuple[int, int]] = CLASS_WEIG
         raise KeyError(
             f"class {name!r} is not defined (defined: {', '.join(sorted(classes))})"
         ) from None
+
+
+def class_table(policies: Iterable[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """The built-in classes, then each CgroupPolicy's (a later one wins a name)."""
+    table = dict(CLASS_WEIGHTS)
+    for classes in policies:
+        table.update(classes)
+    return table
 
 
 def plan_leaf(

@@ -170,6 +170,12 @@ class PolicySet:
     def cgroup(self) -> list:
         return [item.value for item in self.all() if item.kind == "CgroupPolicy"]
 
+    def classes(self) -> dict[str, tuple[int, int]]:
+        """Task class -> (cpu.weight, io.weight): built in, then the CgroupPolicies'."""
+        from .leaf import class_table
+
+        return class_table(p.classes for p in self.cgroup())
+
     def _file_holding(self, kind: str, name: str) -> str | None:
         for file, items in self.files.items():
             if any(i.kind == kind and i.name == name for i in items):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from ..policy.task import Task, parse_task
 from ..spec import ErrorList, SpecError, load_text
 from .core import InvalidTask
-from .leaf import CLASS_WEIGHTS
 
 
-def parse_submission(source: str, file_name: str) -> list[Task]:
+def parse_submission(
+    source: str, file_name: str, classes: Collection[str] | None = None
+) -> list[Task]:
     """The Tasks of `source`; InvalidTask with every FILE:LINE:COL error of it. A task to run
-    needs `spec.command`, a class the agent defines, and a name unique in the file."""
+    needs `spec.command` and, when `classes` is given (a new submission; not when a stored
+    one is read again), a class the agent defines."""
     try:
         docs = [d for d in load_text(source, file_name) if d.value is not None]
         if not docs:
@@ -20,11 +24,11 @@ def parse_submission(source: str, file_name: str) -> list[Task]:
             with errors.collecting():
                 doc.root.mapping(required={"kind"})["kind"].str(["Task"])
                 task = parse_task(doc, require_command=True)
-                if task.task_class not in CLASS_WEIGHTS:
+                if classes is not None and task.task_class not in classes:
                     raise doc.error(
                         ("spec", "class"),
                         f"spec.class: {task.task_class!r} is not a class this agent defines "
-                        f"({', '.join(sorted(CLASS_WEIGHTS))})",
+                        f"({', '.join(sorted(classes))})",
                     )
                 tasks.append(task)
         errors.raise_if_any()

@@ -331,3 +331,22 @@ def test_a_full_state_dir_refuses_submissions_loses_nothing_and_recovers(tmp_pat
         a.stop()
         a.remove_subtree()
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_a_cgroup_policy_defines_the_classes_tasks_run_in(agent, tmp_path):
+    task = task_file(tmp_path, "b", ["true"], "  class: bulk\n")
+    res = agent.cli("submit", str(task))
+    assert res.returncode == 2 and "spec.class: 'bulk' is not a class this agent" in res.stderr
+    (agent.policies / "classes.yaml").write_text(
+        "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: classes}\n"
+        "spec:\n  classes:\n    - {name: bulk, cpu: {weight: 7}, io: {weight: 3}}\n"
+    )
+    deadline = time.monotonic() + 5
+    while (res := agent.cli("submit", str(task))).returncode != 0:
+        assert time.monotonic() < deadline, res.stderr
+        time.sleep(0.1)
+    t = agent.wait(res.stdout.split()[0])
+    assert t["state"] == "Succeeded"
+    # this host enforces neither weight, and says so with the class's values
+    limits = {u["limit"] for u in t["unenforced"]}
+    assert {"cpu.weight=7", "io.weight=3"} <= limits, limits

@@ -160,3 +160,28 @@ def test_nesting_is_capped_with_a_located_error(sys_root):
         load(deep, sys_root)
     assert f"groups nest deeper than {MAX_NESTING} levels" in str(info.value)
     assert len(str(info.value).splitlines()) == 1
+
+
+def test_task_classes_with_their_weights_and_every_error_located():
+    head = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: c}\nspec:\n"
+    good = head + (
+        "  classes:\n    - {name: latency, cpu: {weight: 1000}, io: {weight: 900}}\n"
+        "    - {name: bulk}\n"
+    )
+    p = load_policy_text(good, "c.yaml")
+    assert p.classes == {"latency": (1000, 900), "bulk": (100, 100)} and p.groups == []
+    bad = head + (
+        "  classes:\n    - {name: Latency, cpu: {weight: 0}}\n"
+        "    - {name: bulk, ram: 3}\n    - {name: bulk}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_policy_text(bad, "c.yaml")
+    assert [line.split(": ")[0] for line in str(info.value).splitlines()] == [
+        "c.yaml:6:14",
+        "c.yaml:6:37",
+        "c.yaml:7:20",
+        "c.yaml:8:14",
+    ]
+    assert "is declared twice" in str(info.value)
+    with pytest.raises(SpecError, match=r"^c.yaml:4:7: spec: expected groups, classes or both"):
+        load_policy_text(head.replace("spec:\n", "spec: {}\n"), "c.yaml")

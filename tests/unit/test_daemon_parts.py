@@ -77,7 +77,17 @@ def test_a_submission_needs_a_command_and_a_known_class_and_says_where(tmp_path)
 def test_a_class_the_agent_does_not_define_is_refused_at_its_position():
     text = TASK.format(name="a", spec="  deviceType: cpu\n  command: [x]\n  class: urgent\n")
     with pytest.raises(InvalidTask, match=r"^t.yaml:7:10: spec.class: 'urgent' is not a class"):
-        parse_submission(text, "t.yaml")
+        parse_submission(text, "t.yaml", {"batch", "latency"})
+    # a stored task read again is not refused for a class removed since
+    assert parse_submission(text, "t.yaml")[0].task_class == "urgent"
+
+
+def test_cgroup_policies_add_and_override_classes():
+    from xhagent.daemon.leaf import class_table
+
+    table = class_table([{"bulk": (7, 8)}, {"latency": (500, 400), "bulk": (9, 9)}])
+    assert table["bulk"] == (9, 9) and table["latency"] == (500, 400)
+    assert table["batch"] == (100, 100)
 
 
 # -- policies ----------------------------------------------------------------------------------
