@@ -104,7 +104,7 @@ class Agent:
                             kind="Task",
                             source=source,
                             source_file=file_name,
-                            spec={"document": i},
+                            spec=_summary(i, task, choose(self.policies(), task.label_map)),
                             idempotency_key=f"{key}#{i}" if key else None,
                         )
                     )
@@ -470,6 +470,23 @@ class Agent:
 
     def task_of(self, rec: TaskRecord) -> Task:
         return self.parse_tasks(rec.source, rec.source_file, None)[rec.spec["document"]]
+
+
+def _summary(document: int, task: Task, match) -> dict:
+    """What `get` and `ps` show of a task without reading its document again (the policy
+    and priority as they were at submission); the document itself (`document`: its index
+    in the submitted text) stays the truth."""
+    priority = task.priority
+    if priority is None:
+        priority = match.policy.priority if match.policy else 50
+    return {
+        "document": document,
+        "class": task.task_class,
+        "priority": priority,
+        "policy": match.policy.name if match.policy else "",
+        "device_type": task.device_type,
+        "labels": dict(task.labels),
+    }
 
 
 def _reason_dict(r: Reason) -> dict:

@@ -49,6 +49,12 @@ def task_message(rec: TaskRecord) -> pb.Task:
             for u in placed.get("unenforced", [])
         ],
     )
+    spec = rec.spec or {}
+    msg.task_class = spec.get("class") or ""
+    msg.priority = spec.get("priority") or 0
+    msg.device_type = spec.get("device_type") or ""
+    msg.policy = spec.get("policy") or ""
+    msg.labels.update(spec.get("labels") or {})
     if rec.exit_code is not None:
         msg.exit_code = rec.exit_code
     if rec.signal is not None:

@@ -3,6 +3,7 @@ CPUs, its memory.max (an OOM-kill is reported as such) and its class's weights, 
 is listed as not enforced."""
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -83,3 +84,29 @@ def test_a_task_over_its_memory_request_is_reported_oom_killed(agent):
     done = wait(agent, tid, timeout=120)
     assert done.state == "Failed" and done.signal == 9, done
     assert done.error.startswith("OOMKilled"), done.error
+
+
+def test_a_latency_task_freezes_a_batch_task_holding_the_cpus(agent):
+    count = len(os.sched_getaffinity(0))  # the batch task takes every CPU
+    batch = submit(
+        agent,
+        "batch",
+        ["sh", "-c", "sleep 3; echo batch-done"],
+        f"  requests: {{cpus: {count}}}\n  priority: 10\n  class: batch\n",
+    )
+    assert wait(agent, batch, ("Running",)).state == "Running"
+    latency = submit(
+        agent,
+        "latency",
+        ["grep", "Cpus_allowed_list", "/proc/self/status"],
+        "  requests: {cpus: 1}\n  priority: 90\n  class: latency\n",
+    )
+    done = wait(agent, latency)
+    assert done.state == "Succeeded"
+    assert output(agent, latency).split() == ["Cpus_allowed_list:", str(done.cpus[0])]
+    with agent.client() as c:
+        events = list(c.Watch(pb.WatchRequest(since_seq=0, task_id=batch)))
+    messages = [e.message for e in events]
+    assert f"Running -> Frozen: preempted by {latency}" in messages, messages
+    assert wait(agent, batch).state == "Succeeded"
+    assert output(agent, batch) == "batch-done\n"
