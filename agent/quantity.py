@@ -113,14 +113,19 @@ def abbreviate(value: Any) -> str:
     return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} characters)"
 
 
-def kind_of(value: Any) -> str:
-    # What a user wrote, in words: never a Python repr such as datetime.date(2024, 1, 1).
-    return {
-        dict: "a mapping",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), f"a {type(value).__name__}")
+_KINDS = {
+    dict: "a mapping",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def kind_of(value: Any, other: str = "a {}") -> str:
+    """What a user wrote, in words: never a Python repr such as datetime.date(2024, 1, 1).
+    A type outside the table is named by `other` filled with the type's name (spec.py's
+    messages say `got date` where this module's say `got a date`)."""
+    return _KINDS.get(type(value)) or other.format(type(value).__name__)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .inputs import InputError, read_input
+from .quantity import kind_of
 
 T = TypeVar("T")
 MAX_BYTES = 4 << 20  # the largest spec file: far above any real policy or node model
@@ -479,13 +480,4 @@ def _field(path: Path_, key: Any) -> str:
 def _kind(value: Any) -> str:
     if value is MISSING:
         return "nothing"
-    if value is None:
-        return "null"
-    return {
-        dict: "a mapping",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-    }.get(type(value), type(value).__name__)
+    return kind_of(value, other="{}")

@@ -15,7 +15,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,48 +154,25 @@ class Cgroup:
     def add_thread(self, tid: int) -> None:
         self.write(R.THREADS.name, str(tid))
 
-    def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike | None = None,
-        stdin: int | None = None,
-        stdout: int | None = None,
-        stderr: int | None = None,
-        pass_fds: Iterable[int] = (),
-        start_new_session: bool = False,
-        sigmask: Iterable[int] | None = None,
-        method: str | None = None,
-    ) -> Spawned:
+    def spawn(self, argv: Sequence[str], **options: Any) -> Spawned:
         """Start `argv` (a list: no shell) as a process that is inside this group from its
         first instruction: clone3(CLONE_INTO_CGROUP) where the kernel has it, else a child
         that joins the group itself before it execs (`spawn_method()` says which; `method`
         forces `clone3` or `fork`).
 
-        `env` is the child's whole environment (None: this process's); `stdin`, `stdout`,
-        `stderr` are fds (None: inherited); `pass_fds` stay open, every other fd above 2 is
-        closed; `sigmask` is the child's signal mask (None: empty, even inside the caller's
-        `signals_held()`). Returns once the command has exec'd, or as soon as the group is
-        seen frozen (the child then waits, frozen, before its exec: `started` is False). A
-        failed join, fd setup, chdir or exec raises SpawnError (a CgroupError) with the errno
-        and the path, the child already reaped; a group that cannot be opened or entered
-        raises CgroupError."""
+        The keyword options are those of `cgroups.spawn.spawn`, whose signature is their one
+        list (this forwards them unchanged, so the two cannot drift apart): `env` is the
+        child's whole environment (None: this process's); `cwd`; `stdin`, `stdout`, `stderr`
+        are fds (None: inherited); `pass_fds` stay open, every other fd above 2 is closed;
+        `start_new_session`; `sigmask` is the child's signal mask (None: empty, even inside
+        the caller's `signals_held()`); `method`. Returns once the command has exec'd, or as
+        soon as the group is seen frozen (the child then waits, frozen, before its exec:
+        `started` is False). A failed join, fd setup, chdir or exec raises SpawnError (a
+        CgroupError) with the errno and the path, the child already reaped; a group that
+        cannot be opened or entered raises CgroupError."""
         from .spawn import spawn
 
-        return spawn(
-            self,
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            pass_fds=pass_fds,
-            start_new_session=start_new_session,
-            sigmask=sigmask,
-            method=method,
-        )
+        return spawn(self, argv, **options)
 
     def move_procs_to(self, leaf: Cgroup) -> list[int]:
         """Move every process of this group into `leaf` (a child, created if needed)."""

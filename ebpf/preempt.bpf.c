@@ -21,19 +21,10 @@ XH_BTF_EXPORT(enum xh_preempt_count, count);
 #define SIGURG 23
 #define EBUSY 16
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);   /* thread id */
-	__type(value, struct slice_state);
-} armed SEC(".maps");
+/* thread id -> its armed slice */
+XH_MAP(armed, BPF_MAP_TYPE_HASH, 4096, __u32, struct slice_state);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, COUNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counts SEC(".maps");
+XH_ARRAY(counts, COUNT_MAX, __u64);
 
 SEC("perf_event")
 int on_cpu_clock(struct bpf_perf_event_data *ctx)

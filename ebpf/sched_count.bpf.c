@@ -13,26 +13,13 @@ char LICENSE[] SEC("license") = "GPL";
 XH_BTF_EXPORT(struct switch_event, record);
 XH_BTF_EXPORT(enum xh_switch_count, count);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, COUNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counts SEC(".maps");
+XH_PERCPU_COUNTERS(counts, COUNT_MAX);
 
 /* [0] = tgid whose switches go to `events`; 0 = none. A map rather than .rodata
  * so that the target can change while attached. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} target SEC(".maps");
+XH_SCALAR_ARRAY(target, __u32);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
-} events SEC(".maps");
+XH_RINGBUF(events, 1 << 20);
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)

@@ -27,32 +27,14 @@ XH_BTF_EXPORT(enum xh_trace_count, count);
 #define TASK_REPORT_MAX 0x100
 #define MAX_CGROUP_DEPTH 32
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CFG_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} trace_config SEC(".maps");
+XH_ARRAY(trace_config, CFG_MAX, __u64);
 
 /* pids and tgids being traced (FILTER_PIDS); forks of a traced task are added. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
-	__type(value, __u8);
-} pids SEC(".maps");
+XH_MAP(pids, BPF_MAP_TYPE_HASH, 65536, __u32, __u8);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, COUNT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} counts SEC(".maps");
+XH_PERCPU_COUNTERS(counts, COUNT_MAX);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 16 << 20);
-} events SEC(".maps");
+XH_RINGBUF(events, 16 << 20);
 
 static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
 {

@@ -16,20 +16,10 @@ XH_BTF_EXPORT(enum xh_signal_result, result);
 #define SIGURG 23
 
 /* [0] = thread id to signal; 0 = none. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} target SEC(".maps");
+XH_SCALAR_ARRAY(target, __u32);
 
 /* SENT / FAILED counters and the last helper error (positive errno). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RESULT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} results SEC(".maps");
+XH_ARRAY(results, RESULT_MAX, __u64);
 
 SEC("perf_event")
 int on_tick(struct bpf_perf_event_data *ctx)

@@ -62,26 +62,12 @@ struct btf *btf__load_vmlinux_btf(void);
 void btf__free(struct btf *btf);
 __u32 btf__type_cnt(const struct btf *btf);
 
-/* bpf_glue.h */
-struct xh_rb;
-void xh_log_capture(int enable);
-size_t xh_log_take(char *out, size_t cap);
-struct xh_rb *xh_rb_new(int map_fd);
-int xh_rb_poll(struct xh_rb *r, int timeout_ms);
-int xh_rb_consume(struct xh_rb *r);
-const char *xh_rb_data(struct xh_rb *r, size_t *len, uint64_t *count);
-void xh_rb_reset(struct xh_rb *r);
-void xh_rb_free(struct xh_rb *r);
-struct xh_rb *xh_rb_new_sink(int map_fd, int out_fd, size_t record_size);
-int xh_rb_flush(struct xh_rb *r);
-void xh_rb_sink_stats(struct xh_rb *r, uint64_t *written, uint64_t *buffered, uint64_t *bad);
-int xh_perf_event_open(uint32_t type, uint64_t config, int pid, int cpu,
-                       uint64_t period_or_freq, int use_freq, int disabled);
 """
 
 
 ffibuilder = FFI()
-ffibuilder.cdef(CDEF)
+# bpf_glue.h is plain declarations: cffi reads it as it is, so the two cannot drift apart.
+ffibuilder.cdef(CDEF + (HERE / "bpf_glue.h").read_text())
 ffibuilder.set_source(
     "xhagent._bpf",
     '#include <bpf/libbpf.h>\n#include <bpf/bpf.h>\n#include <bpf/btf.h>\n#include "bpf_glue.h"\n',

@@ -1,3 +1,6 @@
+#include <stddef.h>
+#include <stdint.h>
+
 #include "bpf_glue.h"
 
 #include <errno.h>

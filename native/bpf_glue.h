@@ -1,10 +1,7 @@
 /* C helpers for the xhagent._bpf binding: what cannot be a plain libbpf call from
- * Python without a per-event Python callback or a va_list. */
-#ifndef XH_BPF_GLUE_H
-#define XH_BPF_GLUE_H
-
-#include <stddef.h>
-#include <stdint.h>
+ * Python without a per-event Python callback or a va_list.
+ * Plain declarations only: native/bpf_build.py hands this file to cffi's cdef as it is,
+ * so no includes or guards here (include <stddef.h> and <stdint.h> first). */
 
 struct ring_buffer;
 
@@ -45,5 +42,3 @@ void xh_rb_sink_stats(struct xh_rb *r, uint64_t *written, uint64_t *buffered, ui
  * unless use_freq is set. The fd is always close-on-exec. */
 int xh_perf_event_open(uint32_t type, uint64_t config, int pid, int cpu,
                        uint64_t period_or_freq, int use_freq, int disabled);
-
-#endif

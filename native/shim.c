@@ -424,6 +424,31 @@ static void signals_read(int fd)
     }
 }
 
+/* One poll of the workload's output pipes, the signal fd and `fd` for `events` (the
+ * child's pidfd while it runs, cgroup.events while its output drains), serving the pipes
+ * and signals that are ready: the supervising loop and the drain wait on the same set.
+ * Returns -1 when a signal interrupted the poll (nothing served), else 0; any other poll
+ * failure ends the shim. */
+static int serve_once(struct sink *out, struct sink *err, int fd, short events, int sig_fd,
+                      int timeout_ms)
+{
+    struct pollfd p[4] = {
+        {out->in, POLLIN, 0}, {err->in, POLLIN, 0}, {fd, events, 0}, {sig_fd, POLLIN, 0},
+    };
+    if (poll(p, 4, timeout_ms) < 0) {
+        if (errno == EINTR)
+            return -1;
+        die("poll", errno, "poll: %s", strerror(errno));
+    }
+    if (p[0].revents)
+        pump(out);
+    if (p[1].revents)
+        pump(err);
+    if (p[3].revents)
+        signals_read(sig_fd);
+    return 0;
+}
+
 /* ---- start ---------------------------------------------------------------------------- */
 
 static const char *const stage_names[] = {
@@ -628,20 +653,8 @@ int main(int argc, char **argv)
     siginfo_t si;
     memset(&si, 0, sizeof si);
     while (child_pid > 0) {
-        struct pollfd p[4] = {
-            {out.in, POLLIN, 0}, {err.in, POLLIN, 0}, {child_pidfd, POLLIN, 0}, {sig_fd, POLLIN, 0},
-        };
-        if (poll(p, 4, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            die("poll", errno, "poll: %s", strerror(errno));
-        }
-        if (p[0].revents)
-            pump(&out);
-        if (p[1].revents)
-            pump(&err);
-        if (p[3].revents)
-            signals_read(sig_fd);
+        if (serve_once(&out, &err, child_pidfd, POLLIN, sig_fd, -1) < 0)
+            continue;
         memset(&si, 0, sizeof si);
         if (waitid(P_PID, (id_t)child_pid, &si, WEXITED | WNOHANG) < 0 && errno != EINTR)
             die("wait", errno, "waitid %d: %s", (int)child_pid, strerror(errno));
@@ -660,17 +673,7 @@ int main(int argc, char **argv)
         long long left_ms = (deadline - now_ns(CLOCK_MONOTONIC)) / 1000000LL;
         if (left_ms <= 0 || !populated(events_fd))
             break;
-        struct pollfd p[4] = {
-            {out.in, POLLIN, 0}, {err.in, POLLIN, 0}, {events_fd, POLLPRI, 0}, {sig_fd, POLLIN, 0},
-        };
-        if (poll(p, 4, (int)left_ms) < 0 && errno != EINTR)
-            die("poll", errno, "poll: %s", strerror(errno));
-        if (p[0].revents)
-            pump(&out);
-        if (p[1].revents)
-            pump(&err);
-        if (p[3].revents)
-            signals_read(sig_fd);
+        serve_once(&out, &err, events_fd, POLLPRI, sig_fd, (int)left_ms);  /* EINTR: look again */
     }
     pump_final(&out);
     pump_final(&err);

@@ -132,41 +132,9 @@ struct io_uring_probe *io_uring_get_probe(void);
 void io_uring_free_probe(struct io_uring_probe *probe);
 int io_uring_opcode_supported(const struct io_uring_probe *p, int op);
 
-/* uring_glue.c */
-void *xh_aligned_alloc(size_t alignment, size_t size);
-void xh_aligned_free(void *ptr);
-int64_t xh_first_misaligned(const uint64_t *offsets, uint64_t n, uint64_t block);
-unsigned xh_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, unsigned max);
-#define XH_OP_READ ...
-#define XH_OP_WRITE ...
-struct xh_batch {
-    uint32_t n; uint32_t depth; uint8_t opcode; uint8_t retry_short; uint8_t fixed_file;
-    int32_t buf_index;
-    int32_t fd; const int32_t *fds; const uint64_t *offsets; uint32_t len; const uint32_t *lens;
-    char *base; uint64_t stride; char *const *bufs; int64_t *res; uint32_t *lat_ns;
-    uint32_t next; uint32_t left; uint64_t *start;
-};
-int xh_rw_batch(struct io_uring *ring, struct xh_batch *b);
-#define XH_STREAM_LIVE ...
-struct xh_stream {
-    uint32_t depth; uint32_t submit_batch; uint32_t inflight; uint32_t min_inflight;
-    uint64_t waits; uint64_t ops;
-    int32_t err; ...;
-};
-void xh_stream_init(struct xh_stream *s, uint32_t depth);
-int xh_stream_sink(struct xh_stream *s, uint32_t nslots, uint32_t *free_slots);
-int xh_stream_run(struct io_uring *ring, struct xh_stream *s, struct xh_batch *b, int drain);
-struct xh_files {
-    uint32_t n; uint32_t slots; uint32_t slot_base; const char *paths; uint32_t npaths;
-    const uint32_t *index; const uint8_t *sync; char *base; uint32_t len; int32_t *res;
-};
-int xh_read_files(struct io_uring *ring, struct xh_files *f);
-int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned len, uint64_t offset,
-               uint64_t user_data, unsigned sqe_flags);
-int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf,
-    unsigned len,
-                       uint64_t user_data_base);
 """
+    # uring_glue.h is plain declarations: cffi reads it as it is, so the two cannot drift apart.
+    + (HERE / "uring_glue.h").read_text()
 )
 
 ffibuilder = FFI()

@@ -1,6 +1,9 @@
 /* Per-completion loops kept in C: Python pays one call per batch, not per I/O. */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <liburing.h>
 #include "uring_glue.h"
 
 void *xh_aligned_alloc(size_t alignment, size_t size)

@@ -1,8 +1,7 @@
-#ifndef XH_URING_GLUE_H
-#define XH_URING_GLUE_H
-#include <stddef.h>
-#include <stdint.h>
-#include <liburing.h>
+/* uring_glue.h: the loops of xhagent._uring that run once per I/O (uring_glue.c).
+ * Plain declarations only: native/uring_build.py hands this file to cffi's cdef as it is,
+ * after its own liburing declarations, so no includes or guards here (include <stddef.h>,
+ * <stdint.h> and <liburing.h> first). */
 
 void *xh_aligned_alloc(size_t alignment, size_t size);
 void xh_aligned_free(void *ptr);
@@ -90,5 +89,3 @@ int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned le
 	       uint64_t user_data, unsigned sqe_flags);
 int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
 		       uint64_t user_data_base);
-
-#endif

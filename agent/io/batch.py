@@ -10,7 +10,7 @@ import os
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import errno_reason
 from .ring import Ring, UringError, ffi, lib
@@ -53,6 +53,25 @@ def as_offsets(offsets: Sequence[int] | array) -> array:
     return array("Q", offsets)
 
 
+@dataclass(frozen=True)
+class OpOptions:
+    """How each op of a batch runs: the keyword options rw_batch and RwStream share, listed
+    once here with their defaults so the two cannot drift apart.
+
+    `write`: write instead of read; `retry_short`: resubmit short transfers for the rest
+    (False for O_DIRECT at EOF); `fixed_buffer`: the registered buffer index `buf` lies in
+    (None: not registered); `fixed_file`: `fd` is an index into the ring's registered files;
+    `latencies`: keep each op's submit-to-completion time; `what`: names the file in errors
+    (default: the fd)."""
+
+    write: bool = False
+    retry_short: bool = True
+    fixed_buffer: int | None = None
+    fixed_file: bool = False
+    latencies: bool = False
+    what: str | None = None
+
+
 class _Ops:
     """One batch described for C (`struct xh_batch`), holding every buffer it points into
     until release(): the kernel may write into them until the batch completes."""
@@ -63,13 +82,8 @@ class _Ops:
         offsets,
         length: int,
         buf,
+        opts: OpOptions,
         *,
-        write: bool,
-        retry_short: bool,
-        fixed_buffer: int | None,
-        fixed_file: bool,
-        latencies: bool,
-        what: str | None,
         only: Sequence[int] | None = None,
         slots: int = 0,
     ):
@@ -84,20 +98,20 @@ class _Ops:
         if only is not None:
             offs = array("Q", (offs[i] for i in only))
         n = len(offs)
-        self.offsets, self.length, self.what = offs, length, what or f"fd {fd}"
+        self.offsets, self.length, self.what = offs, length, opts.what or f"fd {fd}"
         self.res = array("q", bytes(8 * n))
-        self.lat = array("I", bytes(4 * n)) if latencies else None
+        self.lat = array("I", bytes(4 * n)) if opts.latencies else None
         b = self.b = ffi.new("struct xh_batch *")
         b.n, b.opcode, b.len, b.stride, b.fd = (
             n,
-            lib.XH_OP_WRITE if write else lib.XH_OP_READ,
+            lib.XH_OP_WRITE if opts.write else lib.XH_OP_READ,
             length,
             length,
             fd,
         )
-        b.retry_short, b.fixed_file = int(retry_short), int(fixed_file)
-        b.buf_index = -1 if fixed_buffer is None else fixed_buffer
-        base = ffi.from_buffer(mem, require_writable=not write)
+        b.retry_short, b.fixed_file = int(opts.retry_short), int(opts.fixed_file)
+        b.buf_index = -1 if opts.fixed_buffer is None else opts.fixed_buffer
+        base = ffi.from_buffer(mem, require_writable=not opts.write)
         self._held = [base, ffi.from_buffer(offs), ffi.from_buffer(self.res)]
         b.base, b.offsets, b.res = (
             base,
@@ -126,14 +140,9 @@ def rw_batch(
     length: int,
     buf,
     *,
-    write: bool = False,
     depth: int | None = None,
-    retry_short: bool = True,
-    fixed_buffer: int | None = None,
-    fixed_file: bool = False,
-    latencies: bool = False,
-    what: str | None = None,
     only: Sequence[int] | None = None,
+    **options,
 ) -> BatchResult:
     """Op i transfers `length` bytes at offsets[i] to/from buf[i*length:(i+1)*length].
 
@@ -142,20 +151,10 @@ def rw_batch(
     Short transfers are resubmitted for the rest unless `retry_short` is False (O_DIRECT at
     EOF); a zero-byte completion is EOF and ends that op. `only` runs just those op indexes
     (same offsets and buffer slots; the result has one entry per index in `only`).
+    The other keyword `options` are OpOptions' (write, retry_short, fixed_buffer,
+    fixed_file, latencies, what).
     """
-    ops = _Ops(
-        fd,
-        offsets,
-        length,
-        buf,
-        write=write,
-        retry_short=retry_short,
-        fixed_buffer=fixed_buffer,
-        fixed_file=fixed_file,
-        latencies=latencies,
-        what=what,
-        only=only,
-    )
+    ops = _Ops(fd, offsets, length, buf, OpOptions(**options), only=only)
     ops.b.depth = _depth(ring, depth)
     try:
         err = lib.xh_rw_batch(ring._ring, ops.b)
@@ -191,6 +190,7 @@ class RwStream:
     stay per op, the data does not, and every batch may pass the same `buf`.
     `min_inflight` is the fewest ops in flight at any wait for completions before the final
     drain (equal to `depth` when the queue never ran short), `waits` the number of waits.
+    The other keyword `options` are OpOptions', as for rw_batch.
     """
 
     def __init__(
@@ -199,26 +199,13 @@ class RwStream:
         fd: int,
         length: int,
         *,
-        write: bool = False,
         depth: int | None = None,
-        retry_short: bool = True,
-        fixed_buffer: int | None = None,
-        fixed_file: bool = False,
-        latencies: bool = False,
-        what: str | None = None,
         submit_batch: int = 0,
         slots: int = 0,
+        **options,
     ):
-        self.ring, self.fd, self.length = ring, fd, length
-        self._kw = dict(
-            write=write,
-            retry_short=retry_short,
-            fixed_buffer=fixed_buffer,
-            fixed_file=fixed_file,
-            latencies=latencies,
-            what=what,
-            slots=slots,
-        )
+        self.ring, self.fd, self.length, self._slots = ring, fd, length, slots
+        self._opts = OpOptions(**options)
         self._s = ffi.new("struct xh_stream *")
         lib.xh_stream_init(self._s, _depth(ring, depth))
         self._s.submit_batch = max(0, submit_batch)
@@ -256,12 +243,13 @@ class RwStream:
         fixed_buffer: int | None | object = _STREAM_DEFAULT,
     ) -> BatchResult | None:
         """`fixed_buffer` (an index, or None for none) overrides the stream's for this batch."""
-        kw = (
-            self._kw
+        opts = (
+            self._opts
             if fixed_buffer is _STREAM_DEFAULT
-            else {**self._kw, "fixed_buffer": fixed_buffer}
+            else replace(self._opts, fixed_buffer=fixed_buffer)
         )
-        return self._run(_Ops(self.fd, offsets, self.length, buf, **kw), drain=False)
+        ops = _Ops(self.fd, offsets, self.length, buf, opts, slots=self._slots)
+        return self._run(ops, drain=False)
 
     def finish(self) -> BatchResult | None:
         """Wait for everything in flight; the last batch's result (None if there is none)."""
