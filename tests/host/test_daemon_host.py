@@ -350,3 +350,14 @@ def test_a_cgroup_policy_defines_the_classes_tasks_run_in(agent, tmp_path):
     # this host enforces neither weight, and says so with the class's values
     limits = {u["limit"] for u in t["unenforced"]}
     assert {"cpu.weight=7", "io.weight=3"} <= limits, limits
+
+
+def test_sighup_rereads_the_policy_directory_and_keeps_serving(agent, tmp_path):
+    agent.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while "Reload: SIGHUP" not in (ev := agent.cli("events", "--since", "0").stdout):
+        assert time.monotonic() < deadline, ev
+        time.sleep(0.1)
+    assert agent.proc.poll() is None
+    tid = agent.submit(task_file(tmp_path, "after-hup", ["true"]))
+    assert agent.wait(tid)["state"] == "Succeeded"
