@@ -55,6 +55,19 @@ int32_t xh_clone3_cgroup_probe(void)
     return errno == EINVAL ? 0 : errno;
 }
 
+/* The kernel's struct sigaction (x86_64 and arm64 alike: both have sa_restorer). */
+struct xh_ksigaction {
+    void (*handler)(int);
+    unsigned long flags;
+    void (*restorer)(void);
+    uint64_t mask;
+};
+
+static int ksigaction(int sig, const struct xh_ksigaction *act, struct xh_ksigaction *old)
+{
+    return (int)syscall(SYS_rt_sigaction, sig, act, old, sizeof(uint64_t));
+}
+
 static void report(int fd, int stage, int err)
 {
     struct xh_spawn_err e = {stage, err};
@@ -149,19 +162,21 @@ static void child(const struct xh_spawn_req *r)
 
     /* The parent's handlers must not run here: each caught signal back to its default; and
      * SIGPIPE, SIGXFSZ, which the Python runtime ignores, too (as subprocess does). Other
-     * ignored signals stay ignored (nohup), unless reset_ignored. Then the mask asked for. */
+     * ignored signals stay ignored (nohup), unless reset_ignored. The kernel's own call,
+     * not glibc's: glibc refuses the signals it reserves (32, 33), which a library in the
+     * parent may still have set to ignored, and a workload must not inherit that. Then the
+     * mask asked for. */
     for (int s = 1; s < NSIG; s++) {
-        struct sigaction sa;
-        if (s == SIGKILL || s == SIGSTOP || sigaction(s, NULL, &sa) < 0)
+        struct xh_ksigaction sa;
+        if (s == SIGKILL || s == SIGSTOP || ksigaction(s, NULL, &sa) < 0)
             continue;
-        int ignored = sa.sa_handler == SIG_IGN && !(sa.sa_flags & SA_SIGINFO);
-        int deflt = sa.sa_handler == SIG_DFL && !(sa.sa_flags & SA_SIGINFO);
+        int ignored = sa.handler == SIG_IGN && !(sa.flags & SA_SIGINFO);
+        int deflt = sa.handler == SIG_DFL && !(sa.flags & SA_SIGINFO);
         if (deflt || (ignored && !r->reset_ignored && s != SIGPIPE && s != SIGXFSZ))
             continue;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(s, &sa, NULL) < 0)
+        sa.handler = SIG_DFL;
+        if (ksigaction(s, &sa, NULL) < 0)
             report(fd, XH_STAGE_SIGNALS, errno);
     }
     sigset_t mask;
