@@ -168,3 +168,17 @@ def test_the_watch_reports_whole_files(tmp_path):
         assert watch.changes() == set()
     with pytest.raises(OSError, match="watching"):
         DirectoryWatch(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("args", [["ps"], ["get", "t0000001"], ["events"], ["cancel", "t1"]])
+def test_every_client_says_in_one_line_that_no_agent_runs(tmp_path, monkeypatch, args):
+    from click.testing import CliRunner
+
+    from xhagent.cli import main
+
+    monkeypatch.setenv("XHAGENT_SOCKET", str(tmp_path / "agent.sock"))
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1
+    assert res.output == (
+        f"xhagent: no agent at {tmp_path / 'agent.sock'}: start it with `xhagent run`\n"
+    )
