@@ -1,0 +1,196 @@
+"""The run queues across processes: a stress of concurrent push, pop and steal in which
+every item must come out exactly once, a sleeping worker woken by another process's push,
+and the figures for the report (run with -s to see them)."""
+
+import multiprocessing
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import time
+from array import array
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from xhagent.runtime.queues import SharedQueues
+
+FORK = multiprocessing.get_context("fork")
+WORKERS, PER_WORKER, SUBMITTED = 3, 40_000, 80_000
+TOTAL = WORKERS * PER_WORKER + SUBMITTED  # 200k
+
+
+def payload(i: int) -> bytes:
+    # Lengths and contents vary with the id, so a slot read after its reuse would show.
+    return struct.pack("<I", i) + bytes([i % 251]) * (i % 57)
+
+
+def check(item: bytes) -> int:
+    (i,) = struct.unpack_from("<I", item)
+    assert item == payload(i), f"item {i} came out altered"
+    return i
+
+
+def stress_worker(fd, w, done, stolen, out):
+    q = SharedQueues.attach(fd)
+    rng, seen = random.Random(w), array("I")
+    nxt, end = w * PER_WORKER, (w + 1) * PER_WORKER
+    while True:
+        for _ in range(rng.randrange(5)):  # bursts, so that rings fill and get stolen from
+            if nxt < end and q.push_local(w, payload(nxt)):
+                nxt += 1
+        item = q.pop_local(w)
+        if item is None:
+            item = q.pop_global()
+        if item is None:
+            victim = rng.randrange(WORKERS)
+            if victim != w and (n := q.steal(w, victim)):
+                stolen[w] += n
+                item = q.pop_local(w)
+        if item is not None:
+            seen.append(check(item))
+            done[w] = len(seen)
+        elif nxt >= end:
+            if sum(done) == TOTAL:
+                break
+            q.wait(w, 0.01)
+    Path(out).write_bytes(seen.tobytes())
+
+
+def submitter(fd):
+    q = SharedQueues.attach(fd)
+    for i in range(WORKERS * PER_WORKER, TOTAL):
+        while not q.push_global(payload(i)):
+            time.sleep(0.0002)
+
+
+def test_items_pushed_popped_and_stolen_by_several_processes_come_out_exactly_once(tmp_path):
+    # Small rings and fewer slots than cells: full rings, exhausted slots and many laps.
+    with SharedQueues.create(WORKERS, ring_size=64, slots=160, slot_size=64) as q:
+        done, stolen = FORK.RawArray("q", WORKERS), FORK.RawArray("q", WORKERS)
+        outs = [tmp_path / f"w{w}" for w in range(WORKERS)]
+        procs = [
+            FORK.Process(target=stress_worker, args=(q.fd, w, done, stolen, outs[w]))
+            for w in range(WORKERS)
+        ] + [FORK.Process(target=submitter, args=(q.fd,))]
+        start = time.monotonic()
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(max(1, 60 - (time.monotonic() - start)))
+        elapsed = time.monotonic() - start
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        assert [p.exitcode for p in procs] == [0] * len(procs), list(done)
+        counts = Counter()
+        for out in outs:
+            counts.update(array("I", out.read_bytes()))
+        assert len(counts) == TOTAL and set(counts) == set(range(TOTAL))
+        assert counts.most_common(1)[0][1] == 1
+        assert q.lengths() == ([0] * WORKERS, 0) and q.free_slots() == q.slots
+        print(f"\nstress: {TOTAL} items, 4 processes, {elapsed:.1f} s; taken", list(done))
+        print("  of which stolen", list(stolen))
+        assert sum(stolen) > 0 and elapsed < 30
+
+
+def sleeper(fd, rounds, conn):
+    q = SharedQueues.attach(fd)
+    latencies = []
+    for _ in range(rounds):
+        while True:
+            item = q.pop_global()
+            if item is None and q.steal(0, 1):
+                item = q.pop_local(0)
+            if item is not None:
+                break
+            q.wait(0, 5.0)
+        latencies.append(time.perf_counter_ns() - struct.unpack("<q", item)[0])
+    conn.send(latencies)
+
+
+def test_a_sleeping_worker_is_woken_by_another_processs_push_within_milliseconds():
+    rounds = 40
+    with SharedQueues.create(workers=2, ring_size=64) as q:
+        ours, theirs = FORK.Pipe()
+        child = FORK.Process(target=sleeper, args=(q.fd, rounds, theirs))
+        child.start()
+        try:
+            for i in range(rounds):
+                deadline = time.monotonic() + 5
+                while q.sleepers() == 0:  # it is in FUTEX_WAIT, not in its spin
+                    assert time.monotonic() < deadline, "the worker never went to sleep"
+                    time.sleep(0.001)
+                time.sleep(0.002)
+                stamp = struct.pack("<q", time.perf_counter_ns())  # CLOCK_MONOTONIC
+                # Either path must wake it: the global ring, or a ring it can steal from.
+                assert q.push_global(stamp) if i % 2 else q.push_local(1, stamp)
+            assert ours.poll(10)
+            latencies = ours.recv()
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    assert child.exitcode == 0
+    median, worst = statistics.median(latencies), max(latencies)
+    print(
+        f"\nwake handoff across processes: median {median / 1e3:.0f} us, max {worst / 1e3:.0f} us"
+    )
+    assert median < 5e6, latencies
+
+
+def test_round_trip_figures():
+    n = 200_000
+    with SharedQueues.create(workers=2, ring_size=4096) as q:
+        item = b"x" * 100
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            q.push_local(0, item)
+            q.pop_local(0)
+        local = (time.perf_counter_ns() - start) / n
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            q.push_global(item)
+            q.pop_global()
+        glob = (time.perf_counter_ns() - start) / n
+    print(f"\nfrom Python, push+pop of 100 bytes: local {local:.0f} ns, global {glob:.0f} ns")
+    assert local < 20_000 and glob < 20_000
+
+
+BENCH_C = r"""
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <time.h>
+#include "runq.h"
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+                          return t.tv_sec * 1e9 + t.tv_nsec; }
+int main(void) {
+    int err, n = 2000000; char in[100] = {0}, out[1024];
+    struct rq *q = rq_create(memfd_create("b", 0), 2, 4096, 16384, 1024, &err);
+    double t0 = now();
+    for (int i = 0; i < n; i++) { rq_push_local(q, 0, in, 100); rq_pop_local(q, 0, out, 1024); }
+    double t1 = now();
+    for (int i = 0; i < n; i++) { rq_push_global(q, in, 100); rq_pop_global(q, out, 1024); }
+    double t2 = now();
+    printf("%.1f %.1f\n", (t1 - t0) / n, (t2 - t1) / n);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_round_trip_figures_in_c(tmp_path):
+    native = Path(__file__).resolve().parents[2] / "native"
+    (tmp_path / "bench.c").write_text(BENCH_C)
+    exe = tmp_path / "bench"
+    cmd = ["cc", "-O2", "-std=gnu11", f"-I{native}", "-o", exe, tmp_path / "bench.c"]
+    subprocess.run([*cmd, native / "runq.c"], check=True)
+    local, glob = map(float, subprocess.run([exe], check=True, capture_output=True).stdout.split())
+    print(f"\nin C, push+pop of 100 bytes: local {local:.0f} ns, global {glob:.0f} ns")
+    assert local < 5_000 and glob < 5_000
+    assert os.path.exists(exe)
