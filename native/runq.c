@@ -66,6 +66,7 @@ struct local {                        /* followed by ring_size cells */
     alignas(CL) _Atomic uint64_t tail;
     alignas(CL) _Atomic uint32_t futex;
     _Atomic uint32_t sleeping;
+    _Atomic uint32_t woken;           /* rq_wake's request, kept until a wait returns on it */
     alignas(CL) _Atomic uint64_t cell[];
 };
 
@@ -188,6 +189,7 @@ struct rq *rq_create(int fd, uint32_t workers, uint32_t ring_size, uint32_t slot
         atomic_init(&l->tail, 0);
         atomic_init(&l->futex, 0);
         atomic_init(&l->sleeping, 0);
+        atomic_init(&l->woken, 0);
     }
     atomic_init(&q->g->enq, 0);
     atomic_init(&q->g->deq, 0);
@@ -391,8 +393,11 @@ static void wake_one(struct rq *q, uint32_t first)
     }
 }
 
+/* A request that outlives the moment: a wake that lands before the worker reads its futex
+ * word would otherwise be lost, and the caller (stop, new policy) cannot tell. */
 void rq_wake(struct rq *q, uint32_t w)
 {
+    atomic_store_explicit(&LOCAL(q, w)->woken, 1, SC);
     claim(q, w);
     kick(q, w);
 }
@@ -429,17 +434,17 @@ static int has_work(struct rq *q)
 
 int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns)
 {
+    struct local *l = LOCAL(q, w);
     for (int i = 0; i < SPINS; i++) {
-        if (has_work(q))
+        if (has_work(q) || atomic_exchange_explicit(&l->woken, 0, ACQ))
             return 1;
         relax();
     }
-    struct local *l = LOCAL(q, w);
     uint32_t seq = atomic_load_explicit(&l->futex, ACQ);
     atomic_store_explicit(&l->sleeping, 1, SC);
     atomic_fetch_add_explicit(&q->h->sleepers, 1, SC);
     atomic_thread_fence(SC);          /* the announcement before the last look (Dekker) */
-    if (has_work(q)) {
+    if (has_work(q) || atomic_exchange_explicit(&l->woken, 0, ACQ)) {
         claim(q, w);
         return 1;
     }
@@ -447,6 +452,7 @@ int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns)
     long r = futex(&l->futex, FUTEX_WAIT, seq, timeout_ns < 0 ? NULL : &ts);
     int err = errno;
     claim(q, w);
+    atomic_exchange_explicit(&l->woken, 0, ACQ);        /* answered by this return */
     return r == 0 || err == EAGAIN;   /* woken, or the word moved before we slept */
 }
 

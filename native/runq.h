@@ -37,7 +37,8 @@ int64_t rq_pop_global(struct rq *q, char *out, uint32_t cap);
  * first, in one CAS; returns how many. Payloads are not copied. */
 int64_t rq_steal(struct rq *q, uint32_t thief, uint32_t victim);
 
-/* 1: work is visible or a wake came; 0: timed out or a signal arrived. timeout_ns < 0: none */
+/* 1: work is visible or a wake came; 0: timed out or a signal arrived. timeout_ns < 0: none.
+ * A wake that finds w awake is kept: w's next wait returns 1 at once. */
 int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns);
 void rq_wake(struct rq *q, uint32_t w);
 uint32_t rq_sleepers(struct rq *q);     /* workers in rq_wait now (an idle count) */

@@ -129,6 +129,7 @@ class SharedQueues:
         return bool(lib.rq_wait(self._q, self._w(worker), ns))
 
     def wake(self, worker: int) -> None:
+        """Ends `worker`'s wait; if it is not waiting, its next wait returns True at once."""
         lib.rq_wake(self._q, self._w(worker))
 
     def lengths(self) -> tuple[list[int], int]:

@@ -122,6 +122,13 @@ def test_wait_with_work_visible_returns_at_once_and_idle_wait_burns_no_cpu(q):
     assert q.sleepers() == 0
 
 
+def test_a_wake_is_kept_until_a_wait_answers_it(q):
+    q.wake(1)
+    start = time.monotonic()
+    assert q.wait(1, 5.0) and time.monotonic() - start < 1
+    assert not q.wait(1, 0.05)  # answered once
+
+
 # ---- ABA, deterministically: another party acts between a read and its CAS ----
 
 

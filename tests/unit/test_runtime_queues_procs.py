@@ -110,9 +110,11 @@ def sleeper(fd, rounds, conn):
             q.wait(0, 5.0)
         latencies.append(time.perf_counter_ns() - struct.unpack("<q", item)[0])
     conn.send(latencies)
+    start = time.monotonic()
+    conn.send((q.wait(0, 10.0), time.monotonic() - start))  # ended by a wake, no work
 
 
-def test_a_sleeping_worker_is_woken_by_another_processs_push_within_milliseconds():
+def test_a_sleeping_worker_is_woken_by_another_processs_push_or_wake_within_milliseconds():
     rounds = 40
     with SharedQueues.create(workers=2, ring_size=64) as q:
         ours, theirs = FORK.Pipe()
@@ -130,6 +132,12 @@ def test_a_sleeping_worker_is_woken_by_another_processs_push_within_milliseconds
                 assert q.push_global(stamp) if i % 2 else q.push_local(1, stamp)
             assert ours.poll(10)
             latencies = ours.recv()
+            while q.sleepers() == 0:
+                time.sleep(0.001)
+            q.wake(0)
+            assert ours.poll(10)
+            woken, slept = ours.recv()
+            assert woken and slept < 5
         finally:
             child.join(10)
             if child.is_alive():
