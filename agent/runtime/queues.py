@@ -57,9 +57,10 @@ class SharedQueues:
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         err = ffi.new("int *")
-        return cls._wrap(
-            lib.rq_create(fd, workers, ring_size, slots, slot_size, err), err, fd, path
-        )
+        handle = lib.rq_create(fd, workers, ring_size, slots, slot_size, err)
+        if handle == ffi.NULL and path is not None:
+            os.unlink(path)  # ours, just made; on success the creator removes it when done
+        return cls._wrap(handle, err, fd, path)
 
     @classmethod
     def attach(cls, fd_or_path: int | str | os.PathLike) -> SharedQueues:
@@ -134,9 +135,8 @@ class SharedQueues:
 
     def lengths(self) -> tuple[list[int], int]:
         """(each worker's ring length, the global ring's length): a racy snapshot."""
-        return [lib.rq_local_len(self._q, w) for w in range(self.workers)], lib.rq_global_len(
-            self._q
-        )
+        local = [lib.rq_local_len(self._q, w) for w in range(self.workers)]
+        return local, lib.rq_global_len(self._q)
 
     def sleepers(self) -> int:
         """How many workers sleep in `wait` now."""

@@ -8,7 +8,7 @@ from collections import deque
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from xhagent._runq import ffi, lib
 from xhagent.runtime.queues import SharedQueues
@@ -38,7 +38,8 @@ def test_create_reports_its_parameters_and_others_attach_by_fd_or_path(q, tmp_pa
         assert other.pop_local(1) == b"back"
     with SharedQueues.create(workers=1, path=tmp_path / "rq") as named:
         assert named.path == str(tmp_path / "rq")
-        assert SharedQueues.attach(tmp_path / "rq").slots == named.slots == 2 * 4096
+        with SharedQueues.attach(tmp_path / "rq") as other:
+            assert other.slots == named.slots == 2 * 4096
 
 
 def test_a_file_that_is_not_a_region_and_bad_parameters_are_refused(tmp_path):
@@ -226,7 +227,6 @@ class QueuesModel(RuleBasedStateMachine):
     def pop_global(self):
         assert self.q.pop_global() == (self.glob.popleft() if self.glob else None)
 
-    @precondition(lambda self: self.WORKERS > 1)
     @rule(thief=workers, victim=workers)
     def steal(self, thief, victim):
         if thief == victim:
