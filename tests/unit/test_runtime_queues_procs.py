@@ -9,12 +9,15 @@ import shutil
 import statistics
 import struct
 import subprocess
+import tempfile
 import time
 from array import array
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xhagent.runtime.queues import SharedQueues
 
@@ -95,6 +98,72 @@ def test_items_pushed_popped_and_stolen_by_several_processes_come_out_exactly_on
         print(f"\nstress: {TOTAL} items, 4 processes, {elapsed:.1f} s; taken", list(done))
         print("  of which stolen", list(stolen))
         assert sum(stolen) > 0 and elapsed < 30
+
+
+# One op: ("push", n) n pushes to the own ring, ("global", n), ("pop",), ("pop_global",),
+# ("steal", victim); each process runs its script from one start, the parent drains the rest.
+OPS = st.one_of(
+    st.tuples(st.just("push"), st.integers(1, 12)),
+    st.tuples(st.just("global"), st.integers(1, 12)),
+    st.tuples(st.sampled_from(["pop", "pop_global"])),
+    st.tuples(st.just("steal"), st.integers(0, WORKERS - 1)),
+)
+
+
+def scripted(fd, w, script, barrier, out):
+    q = SharedQueues.attach(fd)
+    pushed, popped, n = array("I"), array("I"), 0
+    barrier.wait()
+    for _ in range(200):  # repeated, so that the processes overlap for a while
+        for op in script:
+            if op[0] in ("push", "global"):
+                for _ in range(op[1]):
+                    item, n = ((w << 24) | n), n + 1
+                    ok = (
+                        q.push_local(w, payload(item))
+                        if op[0] == "push"
+                        else q.push_global(payload(item))
+                    )
+                    if ok:
+                        pushed.append(item)
+            elif op[0] == "steal":
+                if op[1] != w:
+                    q.steal(w, op[1])
+            elif (got := q.pop_local(w) if op[0] == "pop" else q.pop_global()) is not None:
+                popped.append(check(got))
+    Path(out).write_bytes(struct.pack("<I", len(pushed)) + pushed.tobytes() + popped.tobytes())
+
+
+@settings(max_examples=25, deadline=None)
+@given(scripts=st.lists(st.lists(OPS, min_size=1, max_size=30), min_size=WORKERS, max_size=WORKERS))
+def test_random_scripts_run_concurrently_by_several_processes_lose_and_double_nothing(scripts):
+    with (
+        SharedQueues.create(WORKERS, ring_size=16, slots=40, slot_size=64) as q,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        barrier = FORK.Barrier(WORKERS)
+        outs = [Path(tmp) / f"w{w}" for w in range(WORKERS)]
+        procs = [
+            FORK.Process(target=scripted, args=(q.fd, w, scripts[w], barrier, outs[w]))
+            for w in range(WORKERS)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert [p.exitcode for p in procs] == [0] * WORKERS
+        pushed, popped = Counter(), Counter()
+        for out in outs:
+            both = array("I", out.read_bytes())
+            pushed.update(both[1 : 1 + both[0]])
+            popped.update(both[1 + both[0] :])
+        for w in range(WORKERS):
+            while (item := q.pop_local(w)) is not None:
+                popped[check(item)] += 1
+        while (item := q.pop_global()) is not None:
+            popped[check(item)] += 1
+        assert popped == pushed and max(popped.values(), default=1) == 1
+        assert q.free_slots() == q.slots
 
 
 def sleeper(fd, rounds, conn):
