@@ -432,11 +432,20 @@ static int has_work(struct rq *q)
     return 0;
 }
 
+static int woken(struct local *l)
+{
+    return atomic_load_explicit(&l->woken, RLX) && atomic_exchange_explicit(&l->woken, 0, ACQ);
+}
+
 int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns)
 {
     struct local *l = LOCAL(q, w);
+    if (has_work(q))
+        return 1;
+    /* The spin watches only our lines and the global ring's: scanning every worker's head
+     * and tail each round would cost a cache miss per worker per round on a big machine. */
     for (int i = 0; i < SPINS; i++) {
-        if (has_work(q) || atomic_exchange_explicit(&l->woken, 0, ACQ))
+        if (rq_local_len(q, w) || rq_global_len(q) || woken(l))
             return 1;
         relax();
     }
@@ -444,7 +453,7 @@ int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns)
     atomic_store_explicit(&l->sleeping, 1, SC);
     atomic_fetch_add_explicit(&q->h->sleepers, 1, SC);
     atomic_thread_fence(SC);          /* the announcement before the last look (Dekker) */
-    if (has_work(q) || atomic_exchange_explicit(&l->woken, 0, ACQ)) {
+    if (has_work(q) || woken(l)) {
         claim(q, w);
         return 1;
     }
