@@ -45,6 +45,8 @@ def stress_worker(fd, w, done, stolen, out):
         for _ in range(rng.randrange(5)):  # bursts, so that rings fill and get stolen from
             if nxt < end and q.push_local(w, payload(nxt)):
                 nxt += 1
+        if w == 0 and rng.random() < 0.5:
+            continue  # a busy worker: its ring grows, and the others steal from it
         item = q.pop_local(w)
         if item is None:
             item = q.pop_global()
