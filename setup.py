@@ -82,6 +82,7 @@ setup(
         "native/uring_build.py:ffibuilder",
         "native/bpf_build.py:ffibuilder",
         "native/spawn_build.py:ffibuilder",
+        "native/runq_build.py:ffibuilder",
     ],
     cmdclass={"build_py": build_py_with_bpf},
 )
