@@ -39,7 +39,7 @@ from itertools import count
 from types import CoroutineType
 from typing import Protocol
 
-from greenlet import getcurrent
+from greenlet import GreenletExit, getcurrent
 
 from .context import ContextPool, ContextState
 from .task import Cancelled, TaskHandle, Trap
@@ -175,6 +175,8 @@ class Scheduler:
             self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
         except Exception as exc:
             self._exit(task, FINISHED, None, exc)
+        except GreenletExit:
+            raise  # the context itself is being ended (a dead run's greenlets collected)
         except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
             self._exit(task, FINISHED, None, exc)
             self._crash = exc
