@@ -93,7 +93,8 @@ class Context:
         self.greenlet.switch(getcurrent())
 
     def move(self, new: ContextState) -> None:
-        check(self.state, new)
+        if new not in TRANSITIONS[self.state]:  # the table, read here to save a call per move
+            check(self.state, new)  # raises, with the message
         self.state = new
 
     def _loop(self, creator) -> None:
@@ -103,7 +104,7 @@ class Context:
         while True:
             runner(self.task)  # never raises: the runner reports the task's outcome
             pool.release(self)
-            pool.switch_away()  # returns when the next task has been bound to us
+            pool.switch_away(self)  # returns when the next task has been bound to us
 
     def __repr__(self) -> str:
         return f"<Context {self.id} {self.state.name} tasks_run={self.tasks_run}>"
@@ -114,7 +115,7 @@ class ContextPool:
 
     `min` contexts are made up front and never trimmed; at most `max` exist at once;
     a free context idle for `idle_timeout` seconds (by `clock`) is ended by `trim`.
-    `runner(task)` runs one task inside a context and must not raise; `switch_away()`
+    `runner(task)` runs one task inside a context and must not raise; `switch_away(ctx)`
     is called inside a context that has just been released and returns once a new task
     is bound to it (the default switches to `home`, the greenlet that made the pool).
     """
@@ -127,7 +128,7 @@ class ContextPool:
         max: int = 1024,
         idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
-        switch_away: Callable[[], None] | None = None,
+        switch_away: Callable[[Context], None] | None = None,
     ):
         if not (isinstance(min, int) and isinstance(max, int)) or min < 0 or max < 1:
             raise ValueError(f"pool sizes must be integers, min >= 0 and max >= 1: {min}, {max}")
@@ -138,7 +139,7 @@ class ContextPool:
         self.min, self.max, self.idle_timeout = min, max, idle_timeout
         self.runner, self.clock = runner, clock
         self.home = getcurrent()
-        self.switch_away = switch_away or self.home.switch
+        self.switch_away = switch_away or self._switch_home
         self.free: deque[Context] = deque()
         self.live = 0  # contexts in existence, free or bound
         self.created = self.reused = self.parked = self.trimmed = 0
@@ -150,6 +151,9 @@ class ContextPool:
         self._factory.switch()
         for _ in range(min):
             self.free.append(self._new())
+
+    def _switch_home(self, ctx: Context) -> None:
+        self.home.switch()
 
     def _factory_loop(self) -> None:
         requester = self.home.switch()  # parked until the first request

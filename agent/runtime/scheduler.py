@@ -52,7 +52,9 @@ HOOKS = ("task_spawned", "before_task_step", "after_task_step", "task_exited")
 class Instrument(Protocol):
     """Any subset of these methods; each gets the TaskHandle. Order for one task:
     task_spawned, then per step before_task_step ... after_task_step, with task_exited
-    inside its last step (before its after_task_step), as in trio."""
+    inside its last step (before its after_task_step), as in trio. A task cancelled
+    before it started has no steps: task_spawned, then task_exited. Hooks run inside the
+    scheduler's switch path and must not raise."""
 
     def task_spawned(self, task: TaskHandle) -> None: ...
     def before_task_step(self, task: TaskHandle) -> None: ...
@@ -117,16 +119,11 @@ class Scheduler:
         else:
             heappush(heap, (task.deadline, next(self._seq), task))
 
-    def _pick(self) -> TaskHandle | None:
-        for heap, fifo in self._queues:
-            if heap:
-                return heappop(heap)[2]
-            if fifo:
-                return fifo.popleft()
-        return None
-
     def _next(self):
-        """The one scheduling decision: the greenlet to run next (the hub if none)."""
+        """The one scheduling decision: the greenlet to run next (the hub if none).
+
+        Order: class 0 first; in a class, the deadline heap (EDF) before the FIFO of
+        deadline-less tasks."""
         if self._instrumented and self.current is not None:
             self._call("after_task_step", self.current)
         timers = self._timers
@@ -134,26 +131,27 @@ class Scheduler:
             self._fire_timers()
         if self._external:
             self._drain_external()
-        while True:
-            task = self._pick()
-            if task is None or self._crash is not None:
-                self.current = None
-                return self._hub
-            ctx = task._ctx
-            if ctx is None:  # its first step: bind a context
-                if task._state is not PENDING:
-                    continue  # cancelled before it started; its queue entry was left behind
-                ctx = self.pool.acquire(task)
-                if ctx is None:
-                    self._ctx_wait.append(task)
-                    continue
-                task._ctx = ctx
-            self.current = task
-            if self._instrumented:
-                self._call("before_task_step", task)
-            return ctx.greenlet
+        if self._crash is None:
+            for heap, fifo in self._queues:
+                while heap or fifo:
+                    task = heappop(heap)[2] if heap else fifo.popleft()
+                    ctx = task._ctx
+                    if ctx is None:  # its first step: bind a context
+                        if task._state is not PENDING:
+                            continue  # cancelled before it started; its entry was left behind
+                        ctx = self.pool.acquire(task)
+                        if ctx is None:
+                            self._ctx_wait.append(task)
+                            continue
+                        task._ctx = ctx
+                    self.current = task
+                    if self._instrumented:
+                        self._call("before_task_step", task)
+                    return ctx.greenlet
+        self.current = None
+        return self._hub
 
-    def _after_release(self) -> None:
+    def _after_release(self, ctx) -> None:
         """In a context just released: hand it to a task that found the pool full, then
         switch on. Returns when a new task is bound to this context."""
         while self._ctx_wait:
@@ -162,13 +160,23 @@ class Scheduler:
                 task._ctx = self.pool.acquire(task)
                 self._ready(task)
                 break
-        self._next().switch()
+        self._switch_from(ctx.greenlet)
+
+    def _switch_from(self, me) -> None:
+        """Switch from greenlet `me` to the next; returns when `me` is picked again. The
+        next is often `me` itself (a fresh task bound to the context just released, the
+        only runnable task yielding), and a switch to oneself costs 100 ns for nothing."""
+        nxt = self._next()
+        if nxt is not me:
+            nxt.switch()
 
     # -- running a task (inside its context) --------------------------------------------
     def _run_task(self, task: TaskHandle) -> None:
         task._state = RUNNING
         try:
-            result = task.fn(*task.args)
+            # Without arguments, a plain call: CPython runs a Python callee in the same C
+            # frame, so the context's stack (copied at every greenlet switch) stays short.
+            result = task.fn(*task.args) if task.args else task.fn()
             if type(result) is CoroutineType:
                 result = self._drive(result)
         except Cancelled:
@@ -292,8 +300,17 @@ class Scheduler:
     def spawn(self, fn, *args, priority: int = NORMAL, deadline: float | None = None):
         """Queue `fn(*args)` (a function, or an `async def` function) as a task.
         `priority` is its class (0 first); `deadline` is absolute, on `self.clock`."""
-        if not 0 <= priority < self.classes:
-            raise ValueError(f"priority class {priority} is not in 0..{self.classes - 1}")
+        return self._spawn(fn, args, priority, deadline)
+
+    def _spawn(self, fn, args: tuple, priority: int, deadline: float | None) -> TaskHandle:
+        # Positional, so the module-level spawn reaches it with a plain call (CPython
+        # inlines those; a call with *args and keywords goes through C).
+        if type(priority) is not int or not 0 <= priority < self.classes:
+            raise ValueError(f"priority class {priority!r} is not in 0..{self.classes - 1}")
+        if deadline is not None and (
+            type(deadline) not in (int, float) or deadline != deadline  # NaN never orders
+        ):
+            raise ValueError(f"deadline must be a number on the scheduler's clock: {deadline!r}")
         task = TaskHandle(self, fn, args, priority, deadline)
         self._alive += 1
         self._ready(task)
@@ -316,7 +333,7 @@ class Scheduler:
             raise Cancelled()
         task._preempt_requested = False  # a yield is what a pending preemption asked for
         self._ready(task)
-        self._next().switch()
+        self._switch_from(task._ctx.greenlet)
         if task._cancel_requested:
             raise Cancelled()
 
@@ -421,11 +438,19 @@ def run(fn, *args, **options):
 
 
 def spawn(fn, *args, priority: int = NORMAL, deadline: float | None = None) -> TaskHandle:
-    return _sched().spawn(fn, *args, priority=priority, deadline=deadline)
+    try:
+        spawn = _running._spawn  # the hot path: no helper call
+    except AttributeError:
+        spawn = _sched()._spawn
+    return spawn(fn, args, priority, deadline)
 
 
 def yield_() -> None:
-    _sched().yield_()
+    try:
+        yield_ = _running.yield_
+    except AttributeError:
+        yield_ = _sched().yield_
+    yield_()
 
 
 def sleep(seconds: float) -> None:

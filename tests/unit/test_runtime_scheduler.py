@@ -3,6 +3,7 @@ critical sections, instrumentation, and the Future protocol from other threads."
 
 import concurrent.futures as cf
 import gc
+import math
 import threading
 import time
 
@@ -478,6 +479,7 @@ def test_runtime_calls_outside_a_task_are_refused():
     with pytest.raises(RuntimeError, match="no runtime scheduler"):
         rt.spawn(int)
     assert rt.current_task() is None
-    with pytest.raises(ValueError, match="priority class 7"):
-        rt.run(lambda: rt.spawn(int, priority=7))
+    for bad in ({"priority": 7}, {"priority": 1.0}, {"deadline": "soon"}, {"deadline": math.nan}):
+        with pytest.raises(ValueError, match="priority class|deadline must be"):
+            rt.run(lambda bad=bad: rt.spawn(int, **bad))
     assert isinstance(rt.run(lambda: rt.current_task()), TaskHandle)
