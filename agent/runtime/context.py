@@ -203,13 +203,23 @@ class ContextPool:
 
         Called in the pool's home greenlet. Returns how many were ended."""
         now = self.clock() if now is None else now
-        ended = 0
+        timeout = self.idle_timeout
         # The free list's left end holds the longest-idle contexts (release appends right).
-        while (
-            self.free
-            and self.live > self.min
-            and now - self.free[0].idle_since >= (self.idle_timeout)
-        ):
+        return self._end_free(lambda ctx: now - ctx.idle_since >= timeout, self.min)
+
+    def resize(self, target: int) -> int:
+        """Apply an autoscale target: make free contexts until `target` exist (at most
+        `max`), or end free ones, longest idle first, down to `target` (at least `min`;
+        bound contexts are never ended). Returns the size reached."""
+        target = max(self.min, min(self.max, target))
+        while self.live < target:
+            self.free.append(self._new())  # newest idle_since: the free list stays in order
+        self._end_free(lambda ctx: True, target)
+        return self.live
+
+    def _end_free(self, due: Callable[[Context], bool], floor: int) -> int:
+        ended = 0
+        while self.free and self.live > floor and due(self.free[0]):
             ctx = self.free.popleft()
             self.live -= 1
             self.trimmed += 1

@@ -157,6 +157,20 @@ def test_contexts_made_from_inside_contexts_do_not_nest():
     assert pool.created == 3000
 
 
+def test_resize_applies_a_target_within_the_bounds_and_spares_bound_contexts():
+    d = Driver(min=2, max=10)
+    assert d.pool.resize(6) == 6 and len(d.pool.free) == 6
+    assert d.pool.resize(50) == 10
+    held = [d.pool.acquire(f"t{i}") for i in range(5)]
+    assert d.pool.resize(0) == 5  # the five bound ones stay; min is 2 anyway
+    assert len(d.pool.free) == 0 and all(c.state is S.RUNNING for c in held)
+    for ctx in held:
+        d.pool.release(ctx)
+    assert d.pool.resize(0) == 2
+    assert d.run(lambda ctx: "ok") == ("ok", "ok")
+    assert d.pool.created == 10
+
+
 @pytest.mark.parametrize(
     "kw", [{"min": -1}, {"max": 0}, {"min": 3, "max": 2}, {"idle_timeout": 0}, {"min": 1.5}]
 )
