@@ -221,15 +221,23 @@ class Scheduler:
             self._call("task_exited", task)
 
     # -- parking and waking ----------------------------------------------------------------
-    def _park(self, timeout: float | None = None, timeout_exc: BaseException | None = None):
-        """Park the current task until woken; raise what the wake-up carries."""
+    def _park(self, register=None, timeout=None, timeout_exc=None) -> None:
+        """Park the current task until woken; raise what the wake-up carries.
+
+        `register(task, token)` files the wake-up with whatever will deliver it; it is
+        called only once the park is certain (a cancelled task does not park), so no
+        wake-up is ever filed under a token the task might use for a later park."""
         task = self.current
-        self.pool.park(task._ctx)
+        if task._cancel_requested:
+            raise Cancelled()
         task._parks += 1
+        if register is not None:
+            register(task, task._parks)
+        self.pool.park(task._ctx)
         if timeout is not None:
             entry = [self.clock() + timeout, next(self._seq), task, task._parks, timeout_exc]
             heappush(self._timers, entry)
-        self._next().switch()
+        self._switch_from(task._ctx.greenlet)
         exc = task._wake_exc
         if exc is not None:
             task._wake_exc = None
@@ -282,6 +290,8 @@ class Scheduler:
                 if self._crash is not None:
                     raise self._crash
                 self._idle()
+            if self._crash is not None:  # the task that crashed was the last one
+                raise self._crash
             return main.result()
         finally:
             _running = None
@@ -340,10 +350,8 @@ class Scheduler:
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:
             return self.yield_()
-        task = self._in_task()
-        if task._cancel_requested:
-            raise Cancelled()
-        self._park(seconds)
+        self._in_task()
+        self._park(timeout=seconds)
 
     def wait_for(self, handle: TaskHandle, timeout: float | None = None) -> bool:
         """Park the current task until `handle` ends (TimeoutError after `timeout`).
@@ -353,29 +361,31 @@ class Scheduler:
             return False
         if task is handle:
             raise RuntimeError("a task cannot wait for itself")
-        if task._cancel_requested:
-            raise Cancelled()
         if handle._joiners is None:
             handle._joiners = []
-        handle._joiners.append((task, task._parks + 1))
-        self._park(timeout, TimeoutError(f"{handle!r} did not end within {timeout}s"))
+        self._park(
+            lambda task, token: handle._joiners.append((task, token)),
+            timeout,
+            TimeoutError(f"{handle!r} did not end within {timeout}s"),
+        )
         return True
 
     def wait_future(self, fut, timeout: float | None = None):
         """Park the current task until `fut` (any concurrent.futures.Future, completed by
         any thread) is done; its result."""
-        task = self._in_task()
+        self._in_task()
         if not fut.done():
-            token = task._parks + 1
+
+            def register(task, token):
+                def woken(_):  # in whichever thread completes `fut`
+                    self._external.append((task, token))
+                    self._wakeup.set()
+
+                fut.add_done_callback(woken)
+
             self._foreign += 1
-
-            def woken(_):
-                self._external.append((task, token))
-                self._wakeup.set()
-
-            fut.add_done_callback(woken)
             try:
-                self._park(timeout, TimeoutError(f"{fut!r} not done within {timeout}s"))
+                self._park(register, timeout, TimeoutError(f"{fut!r} not done within {timeout}s"))
             finally:
                 self._foreign -= 1
         return fut.result(0)

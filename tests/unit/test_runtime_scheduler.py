@@ -483,3 +483,28 @@ def test_runtime_calls_outside_a_task_are_refused():
         with pytest.raises(ValueError, match="priority class|deadline must be"):
             rt.run(lambda bad=bad: rt.spawn(int, **bad))
     assert isinstance(rt.run(lambda: rt.current_task()), TaskHandle)
+
+
+def test_a_crash_in_the_last_task_still_stops_the_run():
+    def child():
+        raise SystemExit(3)
+
+    def main():
+        rt.spawn(child)
+        return "main done first"
+
+    with pytest.raises(SystemExit):
+        rt.run(main)
+
+
+def test_wait_future_times_out_and_a_late_completion_is_harmless():
+    never_in_time = cf.Future()
+
+    def main():
+        with pytest.raises(TimeoutError):
+            rt.wait_future(never_in_time, timeout=0.01)
+        never_in_time.set_result("late")  # its wake-up is stale: the task moved on
+        rt.sleep(0.01)
+        return rt.wait_future(never_in_time)
+
+    assert rt.run(main) == "late"
