@@ -508,3 +508,22 @@ def test_wait_future_times_out_and_a_late_completion_is_harmless():
         return rt.wait_future(never_in_time)
 
     assert rt.run(main) == "late"
+
+
+def test_as_completed_from_another_thread_sees_every_end():
+    # Exercises the lazily made Condition against completions racing with the waiter.
+    box, ready = {}, threading.Event()
+
+    def main():
+        hs = [rt.spawn(rt.sleep, (i % 7) / 1000) for i in range(500)]
+        box["handles"] = hs
+        ready.set()
+        for h in hs:
+            h.join()
+
+    th = threading.Thread(target=rt.run, args=(main,))
+    th.start()
+    assert ready.wait(5)
+    finished = list(cf.as_completed(box["handles"], timeout=10))
+    th.join(5)
+    assert len(finished) == 500 and all(h.result() is None for h in finished)
