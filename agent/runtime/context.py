@@ -69,10 +69,6 @@ def check(old: ContextState, new: ContextState) -> None:
         )
 
 
-class PoolExhausted(RuntimeError):
-    """Every context up to the pool's maximum is bound to a task."""
-
-
 class Context:
     """One greenlet that runs tasks in turn. `pool.runner(task)` runs a task inside it."""
 
@@ -102,7 +98,9 @@ class Context:
         pool = self._pool
         runner = pool.runner
         while True:
-            runner(self.task)  # never raises: the runner reports the task's outcome
+            # The runner reports the task's outcome and does not raise, but for the
+            # GreenletExit that ends this context (a trim, or the collection of a dead run).
+            runner(self.task)
             pool.release(self)
             pool.switch_away(self)  # returns when the next task has been bound to us
 
