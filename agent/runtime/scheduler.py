@@ -62,6 +62,10 @@ class Instrument(Protocol):
     def task_exited(self, task: TaskHandle) -> None: ...
 
 
+# The scheduler running in this process (a worker process runs one); `api` reads it.
+_running: Scheduler | None = None
+
+
 class Deadlock(RuntimeError):
     """Tasks are parked and nothing (no timer, no foreign future) can wake them."""
 
@@ -413,85 +417,3 @@ class Scheduler:
             return False
         self.yield_()
         return True
-
-
-class _Critical:
-    """`with critical():` defers preemption to the outermost section's end."""
-
-    __slots__ = ()
-
-    def __enter__(self):
-        _sched()._in_task()._critical += 1
-
-    def __exit__(self, *exc_info):
-        sched = _sched()
-        task = sched.current
-        task._critical -= 1
-        if task._critical == 0 and task._preempt_requested and exc_info[0] is None:
-            sched.yield_()
-
-
-# -- the module-level API tasks use (one running scheduler per process: a worker) -----------
-_running: Scheduler | None = None
-_CRITICAL = _Critical()
-
-
-def _sched() -> Scheduler:
-    if _running is None:
-        raise RuntimeError("no runtime scheduler is running")
-    return _running
-
-
-def run(fn, *args, **options):
-    """Run `fn(*args)` on a new Scheduler(**options); its result."""
-    return Scheduler(**options).run(fn, *args)
-
-
-def spawn(fn, *args, priority: int = NORMAL, deadline: float | None = None) -> TaskHandle:
-    try:
-        spawn = _running._spawn  # the hot path: no helper call
-    except AttributeError:
-        spawn = _sched()._spawn
-    return spawn(fn, args, priority, deadline)
-
-
-def yield_() -> None:
-    try:
-        yield_ = _running.yield_
-    except AttributeError:
-        yield_ = _sched().yield_
-    yield_()
-
-
-def sleep(seconds: float) -> None:
-    _sched().sleep(seconds)
-
-
-def wait_future(fut, timeout: float | None = None):
-    return _sched().wait_future(fut, timeout)
-
-
-def critical() -> _Critical:
-    return _CRITICAL
-
-
-def current_task() -> TaskHandle | None:
-    return None if _running is None else _running.current
-
-
-def request_preempt() -> bool:
-    return _sched().request_preempt()
-
-
-def local() -> dict:
-    """The running task's task-local storage (dropped when the task ends)."""
-    return _sched()._in_task()._ctx.local
-
-
-def sleep_async(seconds: float) -> Trap:
-    """`await sleep_async(s)` in an `async def` task."""
-    return Trap(sleep, seconds)
-
-
-def yield_async() -> Trap:
-    return Trap(yield_)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from xhagent.runtime import scheduler as rt
+from xhagent.runtime import api as rt
 from xhagent.runtime.context import ContextState
 from xhagent.runtime.scheduler import HIGH, LOW, NORMAL, Deadlock, Scheduler
 from xhagent.runtime.task import Cancelled, TaskHandle
