@@ -1,0 +1,419 @@
+"""One worker's scheduler: tasks on reusable contexts, single thread, single process.
+
+Modelled on trio's `_core` run loop, with one difference that pays for itself: a task that
+gives up the CPU (yields, parks or ends) picks its successor and switches to it directly,
+instead of switching to a hub that then switches again. The decision is still made in
+one place, `_next`; the hub (the greenlet that called `run`) only gets control when
+nothing is runnable, and then sleeps until the next timer or an outside wake-up.
+
+Invariants (each operation below keeps them):
+  * One greenlet runs at a time: the hub, or the context of `self.current`.
+  * A live task is in exactly one place: a run queue (runnable), `self.current` (running),
+    parked (its context Blocked; a timer, a joiner list or a foreign future may hold a
+    wake-up for it), or the context wait list (picked while the pool was at its max).
+  * A task holds a context from its first step to its end, and only then; a queued task
+    that has not started holds none, so cancelling it costs nothing.
+  * A wake-up carries the park token it was made for (`task._parks` at park time); one
+    whose token is stale, or whose task is no longer Blocked, does nothing. So timers,
+    joiner lists and foreign callbacks are never cleaned eagerly.
+  * Order: priority class first (0 runs first), then within a class earliest deadline
+    first (EDF; tasks without a deadline after every deadline, in FIFO order), with ties
+    in the order tasks became runnable. A task that yields goes behind the runnable tasks
+    of its class that it ties with.
+
+The run queues are not `xhagent.sched.queues.ReadyQueue`: that queue files frozen `Job`
+records by name in a dict and computes a Python key per push, which costs more than a
+whole trivial task here, and it has no O(1) path for the common deadline-less task. The
+ordering is the same one (`discipline("edf")`: deadline, none last, then arrival).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
+from heapq import heappop, heappush
+from itertools import count
+from types import CoroutineType
+from typing import Protocol
+
+from greenlet import GreenletExit, getcurrent
+
+from .context import ContextPool, ContextState
+from .task import Cancelled, TaskHandle, Trap
+
+BLOCKED = ContextState.BLOCKED
+HIGH, NORMAL, LOW = 0, 1, 2
+HOOKS = ("task_spawned", "before_task_step", "after_task_step", "task_exited")
+
+
+class Instrument(Protocol):
+    """Any subset of these methods; each gets the TaskHandle. Order for one task:
+    task_spawned, then per step before_task_step ... after_task_step, with task_exited
+    inside its last step (before its after_task_step), as in trio. A task cancelled
+    before it started has no steps: task_spawned, then task_exited. Hooks run inside the
+    scheduler's switch path and must not raise."""
+
+    def task_spawned(self, task: TaskHandle) -> None: ...
+    def before_task_step(self, task: TaskHandle) -> None: ...
+    def after_task_step(self, task: TaskHandle) -> None: ...
+    def task_exited(self, task: TaskHandle) -> None: ...
+
+
+# The scheduler running in this process (a worker process runs one); `api` reads it.
+_running: Scheduler | None = None
+
+
+class Deadlock(RuntimeError):
+    """Tasks are parked and nothing (no timer, no foreign future) can wake them."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        classes: int = 3,
+        pool_min: int = 0,
+        pool_max: int = 65536,
+        idle_timeout: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        instruments: Iterable[object] = (),
+    ):
+        if classes < 1:
+            raise ValueError(f"need at least one priority class, not {classes}")
+        self.classes = classes
+        # Per class: a heap of (deadline, seq, task) and a FIFO of deadline-less tasks.
+        self._queues = [([], deque()) for _ in range(classes)]
+        self._seq = count()
+        self._timers: list[list] = []  # heap of [when, seq, task, token, exception or None]
+        self._external: deque = deque()  # (task, token) woken from other threads
+        self._wakeup = threading.Event()
+        self._ctx_wait: deque[TaskHandle] = deque()
+        self._foreign = 0  # tasks parked on futures that other threads complete
+        self._alive = 0
+        self._crash: BaseException | None = None
+        self.clock = clock
+        self.current: TaskHandle | None = None
+        self.pool: ContextPool | None = None
+        self._pool_args = (pool_min, pool_max, idle_timeout)
+        self._hub = None
+        self._thread = None
+        self._hooks: dict[str, list] = {h: [] for h in HOOKS}
+        self._instrumented = False
+        for inst in instruments:
+            self.add_instrument(inst)
+
+    def add_instrument(self, inst) -> None:
+        for hook in HOOKS:
+            if callable(getattr(inst, hook, None)):
+                self._hooks[hook].append(getattr(inst, hook))
+        self._instrumented = any(self._hooks.values())
+
+    def _call(self, hook: str, task: TaskHandle) -> None:
+        for fn in self._hooks[hook]:
+            fn(task)
+
+    # -- the run queues ----------------------------------------------------------------
+    def _ready(self, task: TaskHandle) -> None:
+        heap, fifo = self._queues[task.priority]
+        if task.deadline is None:
+            fifo.append(task)
+        else:
+            heappush(heap, (task.deadline, next(self._seq), task))
+
+    def _next(self):
+        """The one scheduling decision: the greenlet to run next (the hub if none).
+
+        Order: class 0 first; in a class, the deadline heap (EDF) before the FIFO of
+        deadline-less tasks."""
+        if self._instrumented and self.current is not None:
+            self._call("after_task_step", self.current)
+        timers = self._timers
+        if timers and timers[0][0] <= self.clock():
+            self._fire_timers()
+        if self._external:
+            self._drain_external()
+        if self._crash is None:
+            for heap, fifo in self._queues:
+                while heap or fifo:
+                    task = heappop(heap)[2] if heap else fifo.popleft()
+                    ctx = task._ctx
+                    if ctx is None:  # its first step: bind a context
+                        if task._state is not PENDING:
+                            continue  # cancelled before it started; its entry was left behind
+                        ctx = self.pool.acquire(task)
+                        if ctx is None:
+                            self._ctx_wait.append(task)
+                            continue
+                        task._ctx = ctx
+                    self.current = task
+                    if self._instrumented:
+                        self._call("before_task_step", task)
+                    return ctx.greenlet
+        self.current = None
+        return self._hub
+
+    def _after_release(self, ctx) -> None:
+        """In a context just released: hand it to a task that found the pool full, then
+        switch on. Returns when a new task is bound to this context."""
+        while self._ctx_wait:
+            task = self._ctx_wait.popleft()
+            if task._state is PENDING:
+                task._ctx = self.pool.acquire(task)
+                self._ready(task)
+                break
+        self._switch_from(ctx.greenlet)
+
+    def _switch_from(self, me) -> None:
+        """Switch from greenlet `me` to the next; returns when `me` is picked again. The
+        next is often `me` itself (a fresh task bound to the context just released, the
+        only runnable task yielding), and a switch to oneself costs 100 ns for nothing."""
+        nxt = self._next()
+        if nxt is not me:
+            nxt.switch()
+
+    # -- running a task (inside its context) --------------------------------------------
+    def _run_task(self, task: TaskHandle) -> None:
+        task._state = RUNNING
+        try:
+            # Without arguments, a plain call: CPython runs a Python callee in the same C
+            # frame, so the context's stack (copied at every greenlet switch) stays short.
+            result = task.fn(*task.args) if task.args else task.fn()
+            if type(result) is CoroutineType:
+                result = self._drive(result)
+        except Cancelled:
+            self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
+        except Exception as exc:
+            self._exit(task, FINISHED, None, exc)
+        except GreenletExit:
+            raise  # the context itself is being ended (a dead run's greenlets collected)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
+            self._exit(task, FINISHED, None, exc)
+            self._crash = exc
+        else:
+            self._exit(task, FINISHED, result, None)
+
+    def _drive(self, coro):
+        """Step an `async def` task: each Trap it awaits is a blocking call made here."""
+        value = exc = None
+        while True:
+            try:
+                trap = coro.send(value) if exc is None else coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            value = exc = None
+            if type(trap) is not Trap:
+                exc = TypeError(f"runtime tasks can await only runtime awaitables, not {trap!r}")
+                continue
+            try:
+                value = trap.fn(*trap.args)
+            except BaseException as e:  # handed to the coroutine, which may handle it
+                exc = e
+
+    def _exit(self, task: TaskHandle, state: str, result, exc) -> None:
+        task._finish(state, result, exc)
+        task.args = ()
+        self._alive -= 1
+        joiners = task._joiners
+        if joiners:
+            task._joiners = None
+            for waiter, token in joiners:
+                self._wake(waiter, token)
+        if self._instrumented:
+            self._call("task_exited", task)
+
+    # -- parking and waking ----------------------------------------------------------------
+    def _park(self, register=None, timeout=None, timeout_exc=None) -> None:
+        """Park the current task until woken; raise what the wake-up carries.
+
+        `register(task, token)` files the wake-up with whatever will deliver it; it is
+        called only once the park is certain (a cancelled task does not park), so no
+        wake-up is ever filed under a token the task might use for a later park."""
+        task = self.current
+        if task._cancel_requested:
+            raise Cancelled()
+        task._parks += 1
+        if register is not None:
+            register(task, task._parks)
+        self.pool.park(task._ctx)
+        if timeout is not None:
+            entry = [self.clock() + timeout, next(self._seq), task, task._parks, timeout_exc]
+            heappush(self._timers, entry)
+        self._switch_from(task._ctx.greenlet)
+        exc = task._wake_exc
+        if exc is not None:
+            task._wake_exc = None
+            raise exc
+
+    def _wake(self, task: TaskHandle, token: int, exc: BaseException | None = None) -> None:
+        ctx = task._ctx
+        if task._parks != token or ctx.state is not BLOCKED:
+            return  # stale: the task was woken already, and may be parked on something else
+        self.pool.unpark(ctx)
+        task._wake_exc = exc
+        self._ready(task)
+
+    def _fire_timers(self) -> None:
+        now, timers = self.clock(), self._timers
+        while timers and timers[0][0] <= now:
+            _, _, task, token, exc = heappop(timers)
+            self._wake(task, token, exc)
+
+    def _drain_external(self) -> None:
+        while self._external:
+            self._wake(*self._external.popleft())
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, fn, *args):
+        """Run `fn(*args)` as the first task and every task it spawns, until all have ended;
+        return its result (or raise its exception)."""
+        global _running
+        if _running is not None:
+            raise RuntimeError("a scheduler is already running in this process")
+        _running = self
+        self._hub, self._thread = getcurrent(), threading.get_ident()
+        pmin, pmax, idle = self._pool_args
+        self.pool = ContextPool(
+            self._run_task,
+            min=pmin,
+            max=pmax,
+            idle_timeout=idle,
+            clock=self.clock,
+            switch_away=self._after_release,
+        )
+        try:
+            main = self.spawn(fn, *args)
+            while self._alive:
+                self._wakeup.clear()  # before looking, so a wake-up after the look is kept
+                nxt = self._next()
+                if nxt is not self._hub:
+                    nxt.switch()  # back here when nothing is runnable
+                    continue
+                if self._crash is not None:
+                    raise self._crash
+                self._idle()
+            if self._crash is not None:  # the task that crashed was the last one
+                raise self._crash
+            return main.result()
+        finally:
+            _running = None
+
+    def _idle(self) -> None:
+        """Nothing runnable: sleep until the next timer or an outside wake-up."""
+        self.pool.trim()
+        if self._timers:
+            self._wakeup.wait(max(0.0, self._timers[0][0] - self.clock()))
+        elif self._foreign:
+            self._wakeup.wait()
+        else:
+            raise Deadlock(f"{self._alive} tasks are parked and nothing can wake them")
+
+    # -- what tasks call ---------------------------------------------------------------------
+    def spawn(self, fn, *args, priority: int = NORMAL, deadline: float | None = None):
+        """Queue `fn(*args)` (a function, or an `async def` function) as a task.
+        `priority` is its class (0 first); `deadline` is absolute, on `self.clock`."""
+        return self._spawn(fn, args, priority, deadline)
+
+    def _spawn(self, fn, args: tuple, priority: int, deadline: float | None) -> TaskHandle:
+        # Positional, so the module-level spawn reaches it with a plain call (CPython
+        # inlines those; a call with *args and keywords goes through C).
+        if type(priority) is not int or not 0 <= priority < self.classes:
+            raise ValueError(f"priority class {priority!r} is not in 0..{self.classes - 1}")
+        if deadline is not None and (
+            type(deadline) not in (int, float) or deadline != deadline  # NaN never orders
+        ):
+            raise ValueError(f"deadline must be a number on the scheduler's clock: {deadline!r}")
+        task = TaskHandle(self, fn, args, priority, deadline)
+        self._alive += 1
+        self._ready(task)
+        if self._instrumented:
+            self._call("task_spawned", task)
+        return task
+
+    def _in_task(self) -> TaskHandle:
+        task = self.current
+        if task is None or threading.get_ident() != self._thread:
+            raise RuntimeError("this runtime call is made only inside a task")
+        return task
+
+    def yield_(self) -> None:
+        """Go to the back of this task's class; raises Cancelled if it was cancelled."""
+        task = self.current
+        if task is None:
+            raise RuntimeError("yield_ is called only inside a task")
+        if task._cancel_requested:
+            raise Cancelled()
+        task._preempt_requested = False  # a yield is what a pending preemption asked for
+        self._ready(task)
+        self._switch_from(task._ctx.greenlet)
+        if task._cancel_requested:
+            raise Cancelled()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return self.yield_()
+        self._in_task()
+        self._park(timeout=seconds)
+
+    def wait_for(self, handle: TaskHandle, timeout: float | None = None) -> bool:
+        """Park the current task until `handle` ends (TimeoutError after `timeout`).
+        False, doing nothing, when not called inside a task of this scheduler's thread."""
+        task = self.current
+        if task is None or threading.get_ident() != self._thread:
+            return False
+        if task is handle:
+            raise RuntimeError("a task cannot wait for itself")
+        if handle._joiners is None:
+            handle._joiners = []
+        self._park(
+            lambda task, token: handle._joiners.append((task, token)),
+            timeout,
+            TimeoutError(f"{handle!r} did not end within {timeout}s"),
+        )
+        return True
+
+    def wait_future(self, fut, timeout: float | None = None):
+        """Park the current task until `fut` (any concurrent.futures.Future, completed by
+        any thread) is done; its result."""
+        self._in_task()
+        if not fut.done():
+
+            def register(task, token):
+                def woken(_):  # in whichever thread completes `fut`
+                    self._external.append((task, token))
+                    self._wakeup.set()
+
+                fut.add_done_callback(woken)
+
+            self._foreign += 1
+            try:
+                self._park(register, timeout, TimeoutError(f"{fut!r} not done within {timeout}s"))
+            finally:
+                self._foreign -= 1
+        return fut.result(0)
+
+    def cancel(self, task: TaskHandle) -> bool:
+        if task._state not in (PENDING, RUNNING):
+            return False
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("cancel a task from its scheduler's thread")
+        if task._ctx is None:  # never ran: ends now; its queue entry is skipped later
+            self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
+            return True
+        task._cancel_requested = True
+        self._wake(task, task._parks, Cancelled())  # parked: woken to take it; else a no-op
+        return True
+
+    def request_preempt(self) -> bool:
+        """What the preemption handler calls at a safe point: yield now, or, inside a
+        critical() section, remember the request for the section's end. True if yielded."""
+        task = self.current
+        if task is None:
+            return False
+        if task._critical:
+            task._preempt_requested = True
+            return False
+        self.yield_()
+        return True

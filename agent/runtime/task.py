@@ -1,0 +1,162 @@
+"""A task's handle: a `concurrent.futures.Future` that the runtime's scheduler completes.
+
+It is a real Future subclass (isinstance, `concurrent.futures.wait`/`as_completed`,
+`asyncio.wrap_future` all accept it) that skips Future.__init__: a Future makes a
+threading.Condition (a lock and two lists) up front, which costs more than a whole trivial
+task. Here the Condition, the waiter list and the callback list are made on first use, by
+a thread that waits or a caller that adds a callback; a handle nobody waits on from outside
+never has one.
+
+Why that is safe against a thread that waits while the scheduler completes the task:
+`_finish` writes the state first and only then looks for a Condition. A waiter makes the
+Condition and then reads the state under it. If the waiter read the state before it was
+written, its Condition existed before `_finish` looked, so `_finish` notifies under it; if
+after, the waiter sees the task done and does not wait. (Under the GIL these reads and
+writes are ordered as written.)
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError, Future
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+)
+
+__all__ = ["Cancelled", "TaskHandle", "Trap"]
+
+_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_MAKE_CONDITION = threading.Lock()
+
+
+class Cancelled(BaseException):
+    """Raised inside a task at its next switch point once it is cancelled.
+
+    A BaseException, as in asyncio and trio, so that `except Exception` in a task does not
+    swallow its cancellation; a task that lets it escape ends cancelled."""
+
+
+class Trap:
+    """What a runtime awaitable yields to the worker that drives an `async def` task:
+    a blocking runtime call to make on the coroutine's behalf (`fn(*args)`), whose return
+    value or exception is sent back into the coroutine."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __await__(self):
+        return (yield self)
+
+
+class TaskHandle(Future):
+    """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
+
+    Rarely set fields are class attributes, so a spawn writes six instance attributes."""
+
+    _cond = None  # the Condition, once someone outside the scheduler waits
+    _wts = None  # concurrent.futures waiters
+    _cbs = None  # done callbacks
+    _result = None
+    _exception = None
+    _ctx = None  # the Context it runs on, from its first step to its end
+    _joiners = None  # [(task, park token)] parked on this task's end
+    _cancel_requested = False
+    _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
+    _wake_exc = None  # what to raise in the task when it resumes from a park
+    _critical = 0  # depth of critical() sections
+    _preempt_requested = False
+
+    def __init__(self, sched, fn, args, priority, deadline):
+        self._sched = sched
+        self.fn = fn
+        self.args = args
+        self.priority = priority
+        self.deadline = deadline
+        self._state = PENDING
+
+    # -- Future internals, made on first use ------------------------------------------
+    @property
+    def _condition(self):
+        cond = self._cond
+        if cond is None:
+            with _MAKE_CONDITION:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    @property
+    def _waiters(self):
+        if self._wts is None:
+            self._wts = []
+        return self._wts
+
+    @property
+    def _done_callbacks(self):
+        if self._cbs is None:
+            self._cbs = []
+        return self._cbs
+
+    def _finish(self, state, result, exc) -> None:
+        """Record the outcome (the scheduler's thread). See the module note on ordering."""
+        self._result, self._exception = result, exc
+        self._state = state
+        cond = self._cond
+        if cond is None:
+            return
+        with cond:
+            for waiter in self._wts or ():
+                if state is not FINISHED:
+                    waiter.add_cancelled(self)
+                elif exc is not None:
+                    waiter.add_exception(self)
+                else:
+                    waiter.add_result(self)
+            cond.notify_all()
+        self._invoke_callbacks()
+
+    # -- the Future API --------------------------------------------------------------
+    def cancel(self) -> bool:
+        """Cancel the task: at once if it has not started, at its next switch point if it
+        has (a parked task is woken to take it). False if it has already ended."""
+        return self._sched.cancel(self)
+
+    def running(self) -> bool:
+        return self._state is RUNNING
+
+    def _outcome(self):
+        if self._state is not FINISHED:
+            raise CancelledError()
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def join(self, timeout: float | None = None):
+        """Inside a task: park until this task ends, then its result (or its exception,
+        or CancelledError). Elsewhere: wait as Future.result does."""
+        if self._state not in _DONE:
+            if not self._sched.wait_for(self, timeout):
+                return super().result(timeout)
+        return self._outcome()
+
+    result = join
+
+    def exception(self, timeout: float | None = None):
+        if self._state not in _DONE and not self._sched.wait_for(self, timeout):
+            return super().exception(timeout)
+        if self._state is not FINISHED:
+            raise CancelledError()
+        return self._exception
+
+    def __await__(self):
+        return (yield Trap(self.join))
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", self.fn)
+        return f"<TaskHandle {name} class={self.priority} deadline={self.deadline} {self._state}>"
