@@ -7,7 +7,8 @@ reports, as JSON:
   and p99 latency of the call (the task is committed to SQLite before the reply);
 - `cases.start`: from a Submit's reply to the workload's first instruction (the workload is
   `date +%s%N`, whose output is its own clock reading), one task at a time;
-- `idle`: the agent's RSS and CPU share while nothing happens;
+- `idle`: the agent's RSS and CPU share while nothing happens, beside `idle_bare_grpc`, a
+  grpcio server alone (its threads wake on their own: the floor under the agent's figure);
 - `load`: the same with N workloads running (`sleep`);
 - `targets_met`: start p99 < 50 ms, idle RSS <= 60 MB, idle CPU <= 0.5%.
 """
@@ -63,6 +64,36 @@ def _sample(pid: int, seconds: float) -> dict:
         "rss_mb": round(rss, 1),
         "cpu_pct": round(100 * (cpu1 - cpu0) / (time.monotonic() - t0), 3),
     }
+
+
+BARE_GRPC = """
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+import grpc
+server = grpc.server(ThreadPoolExecutor(32))
+server.add_insecure_port("unix:" + sys.argv[1])
+server.start()
+print("up", flush=True)
+time.sleep(3600)
+"""
+
+
+def _bare_grpc_idle(base: Path, seconds: float) -> dict:
+    """The floor under the agent's idle figures: a grpcio server alone, nothing served."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BARE_GRPC, str(base / "bare.sock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc.stdout.readline()
+        time.sleep(1)
+        return _sample(proc.pid, seconds)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_states(client, ids: list[str], states: set[str], timeout: float) -> None:
@@ -183,8 +214,9 @@ def bench_agent(tasks, clients, start_samples, running, idle_seconds, as_json) -
         out["cases"]["submit"] = _submit_case(agent, tasks, clients)
         progress(f"start: {start_samples} tasks, one at a time")
         out["cases"]["start"] = _start_case(agent, start_samples)
-        progress(f"idle: {idle_seconds:g} s")
+        progress(f"idle: {idle_seconds:g} s, then a bare grpcio server as long")
         out["idle"] = _sample(agent.proc.pid, idle_seconds)
+        out["idle_bare_grpc"] = _bare_grpc_idle(base, idle_seconds)
         progress(f"load: {running} workloads running, {idle_seconds:g} s")
         out["load"] = _load_case(agent, running, idle_seconds)
     except Exception as exc:

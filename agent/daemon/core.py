@@ -44,6 +44,7 @@ from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
 MAX_PENDING_SCAN = 1000  # tasks placed per step at most; the rest wait for the next step
+SAFETY_S = 30.0  # the longest the loop sleeps: a missed wake-up costs at most this
 
 
 class InvalidTask(ValueError):
@@ -90,38 +91,40 @@ class Agent:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._stopping = False
         self._late: set[str] = set()  # tasks whose missed deadline was reported
+        self._due: int | None = None  # the next time a step has something to do on its own
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
+        """Parse and commit; the loop places them. Not under the agent's lock: the store
+        serialises its writers, and a submission must not wait for a step that is starting
+        tasks (a start takes milliseconds)."""
         tasks = self.parse_tasks(source, file_name, self.classes())
-        with self.lock:
-            out = []
-            with self.store.atomic():  # all of a file's tasks, or none
-                for i, task in enumerate(tasks):
-                    out.append(
-                        self.store.submit(
-                            name=task.name,
-                            kind="Task",
-                            source=source,
-                            source_file=file_name,
-                            spec=_summary(i, task, choose(self.policies(), task.label_map)),
-                            idempotency_key=f"{key}#{i}" if key else None,
-                        )
+        policies = self.policies()
+        out = []
+        with self.store.atomic():  # all of a file's tasks, or none
+            for i, task in enumerate(tasks):
+                out.append(
+                    self.store.submit(
+                        name=task.name,
+                        kind="Task",
+                        source=source,
+                        source_file=file_name,
+                        spec=_summary(i, task, choose(policies, task.label_map)),
+                        idempotency_key=f"{key}#{i}" if key else None,
                     )
-            for rec, task in zip(out, tasks, strict=True):
-                if rec.state not in TERMINAL:
-                    self.tasks.setdefault(rec.id, task)
-            self.wake()
-            return out
+                )
+        for rec, task in zip(out, tasks, strict=True):
+            if rec.state not in TERMINAL:
+                self.tasks.setdefault(rec.id, task)  # one dict operation: atomic in CPython
+        self.wake()
+        return out
 
     def get(self, task_id: str) -> TaskRecord | None:
-        with self.lock:
-            return self.store.get(task_id)
+        return self.store.get(task_id)
 
     def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
         wanted = [S(s) for s in states] or (None if all_ else [s for s in S if s not in TERMINAL])
-        with self.lock:
-            return self.store.list_tasks(wanted, limit=min(limit, 1000))
+        return self.store.list_tasks(wanted, limit=min(limit, 1000))
 
     def ended(self, task_id: str) -> bool:
         rec = self.get(task_id)
@@ -198,34 +201,61 @@ class Agent:
         self.wake()
 
     def run(self) -> None:
-        """Step until `stop()`; a step that fails is logged and the loop goes on."""
+        """Step until `stop()`; a step that fails is logged and tried again a second later.
+
+        Idle, the loop sleeps: it wakes for a request, a shim's exit (its pidfd), the next
+        time something is due (a backoff, a deadline), and at the latest every SAFETY_S (a
+        wake-up costs ~10 ms of CPU on a cold virtual CPU; a poll every second was 2-4%)."""
+        timeout = 0.0
         while not self._stopping:
-            for key, _ in self._selector.select(timeout=1.0):
-                if key.data is None:
-                    _drain(self._wake_r)
+            ready = self._selector.select(timeout=timeout)
+            exited = {key.data for key, _ in ready if key.data is not None}
+            if any(key.data is None for key, _ in ready):
+                _drain(self._wake_r)
             if self._stopping:
                 return
             try:
-                self.step()
+                # a shim's pidfd says which task ended; with no event at all (the safety
+                # timeout) every running task is looked at
+                self.step(exited if ready else None)
+                timeout = SAFETY_S
+                if self._due is not None:
+                    timeout = min(SAFETY_S, max(0.0, (self._due - self.clock()) / 1e9))
             except Exception:
                 log.exception("scheduler step failed")
+                timeout = 1.0
 
-    def step(self) -> None:
+    def _wake_at(self, ns: int) -> None:
+        """Something becomes due at `ns`: the loop steps then, even with nothing else."""
+        self._due = ns if self._due is None else min(self._due, ns)
+
+    def step(self, exited: set[str] | None = None) -> None:
+        """One round: `exited` names the tasks whose shims ended (None: look at all)."""
+        self._due = None
         with self.lock:
-            self._collect_exits()
+            self._collect_exits(exited)
             thaw_frozen(self)
             self._place_pending()
             self._note_deadlines()
             self.changed.notify_all()
 
     # -- exits ----------------------------------------------------------------------------------
-    def _collect_exits(self) -> None:
+    def _collect_exits(self, exited: set[str] | None) -> None:
         # From the records, not from what is supervised: an end that could not be committed
-        # (the disk was full) is found again at the next step.
-        for rec in self.records([S.RUNNING]):
+        # (the disk was full) is found again at the next full look.
+        if exited is None:
+            recs = self.records([S.RUNNING])
+        else:
+            recs = [r for r in map(self.store.get, exited) if r and r.state == S.RUNNING]
+        for rec in recs:
             status = self.executor.status(rec.id, rec.attempt)
             if status.exit is not None:
                 self.finish(rec, status)
+            elif exited is not None and rec.id in exited:
+                # the shim ended without its record (killed): nothing supervises the
+                # workload any more, and its pidfd would stay readable for ever
+                self.executor.kill(rec.id)
+                self.finish(rec, self.executor.status(rec.id, rec.attempt), lost=True)
 
     def wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
         deadline = time.monotonic() + timeout
@@ -291,7 +321,11 @@ class Agent:
     def _backoff_over(self, task: Task, rec: TaskRecord, now: int) -> bool:
         if rec.attempt == 0 or rec.ended_ns is None:
             return True
-        return now >= rec.ended_ns + task.restart_policy.delay_ns(rec.attempt - 1)
+        ready = rec.ended_ns + task.restart_policy.delay_ns(rec.attempt - 1)
+        if now < ready:
+            self._wake_at(ready)
+            return False
+        return True
 
     # -- placement --------------------------------------------------------------------------------
     def _place_pending(self) -> None:
@@ -343,14 +377,16 @@ class Agent:
         """A task still waiting or running past its deadline is an event, once per run of
         the agent (a restart may say it again)."""
         now = self.clock()
-        for task_id, task in self.tasks.items():
+        for task_id, task in list(self.tasks.items()):  # submissions add to it meanwhile
             if task.deadline is None or task_id in self._late:
                 continue
             rec = self.store.get(task_id)
             if rec is None or rec.state in TERMINAL:
                 continue
             due = task.deadline.at(rec.created_ns)
-            if now > due:
+            if now <= due:
+                self._wake_at(due + 1)
+            else:
                 self._late.add(task_id)
                 late_ms = (now - due) / 1e6
                 self.store.add_event(
@@ -446,11 +482,17 @@ class Agent:
                 )
 
     def supervise(self, task_id: str, shim_pid: int, process) -> None:
+        """Watch the shim's pidfd: our child's own (valid even once it is reaped, which
+        `start_shim` does for a workload that ended at once), else one opened by pid."""
         try:
-            pidfd = os.pidfd_open(shim_pid)
+            if process is not None and process.pidfd is not None:
+                pidfd = os.dup(process.pidfd)
+            else:
+                pidfd = os.pidfd_open(shim_pid)
             self._selector.register(pidfd, selectors.EVENT_READ, task_id)
-        except OSError:  # gone already: the next step finds its record
+        except OSError:  # gone already: look at every task's records at once
             pidfd = None
+            self._wake_at(self.clock())
         self.supervised[task_id] = Supervised(shim_pid, pidfd, process)
 
     def _shared_cpus(self) -> tuple[int, ...]:

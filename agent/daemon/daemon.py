@@ -155,7 +155,7 @@ class Daemon:
             sel.register(self.watch, selectors.EVENT_READ)
         try:
             while True:
-                for key, _ in sel.select(timeout=5.0):
+                for key, _ in sel.select():
                     if key.fileobj is self.watch:
                         self.reload(self.watch.changes())
                     else:
