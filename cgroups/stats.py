@@ -12,10 +12,17 @@ from typing import Any
 from . import registry as R
 from .group import Cgroup
 
-try:
-    from ..io import read_files as _batched  # type: ignore[attr-defined]
-except ImportError:  # the io engine is optional for the cgroup library
-    _batched = None
+
+
+def _batched():
+    """The io engine's reader, loaded at the first read (it brings io_uring, the cffi
+    binding and asyncio along: a process that never reads stats does not pay for them);
+    None where the engine is not built (it is optional for the cgroup library)."""
+    try:
+        from ..io import read_files
+    except ImportError:
+        return None
+    return read_files
 
 
 def _plain(paths: list[Path]) -> list[bytes | None]:
@@ -30,10 +37,12 @@ def _plain(paths: list[Path]) -> list[bytes | None]:
 
 def read_many(paths: list[Path]) -> list[bytes | None]:
     """The contents of each path (None where it cannot be read)."""
-    if _batched is not None:
+    read_files = _batched()
+    if read_files is not None:
         try:
             return [
-                None if isinstance(r, Exception) or r is None else bytes(r) for r in _batched(paths)
+                None if isinstance(r, Exception) or r is None else bytes(r)
+                for r in read_files(paths)
             ]
         except (OSError, RuntimeError):
             pass  # no ring here (old kernel, seccomp): plain reads below

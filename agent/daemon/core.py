@@ -17,6 +17,7 @@ within a priority) and keeps the rest Pending with a reason per node.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import selectors
@@ -92,6 +93,7 @@ class Agent:
         self._stopping = False
         self._late: set[str] = set()  # tasks whose missed deadline was reported
         self._due: int | None = None  # the next time a step has something to do on its own
+        self._worked = False  # something happened since the heap was last trimmed
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
@@ -221,6 +223,11 @@ class Agent:
                 timeout = SAFETY_S
                 if self._due is not None:
                     timeout = min(SAFETY_S, max(0.0, (self._due - self.clock()) / 1e9))
+                if ready:
+                    self._worked = True
+                elif self._worked:  # a quiet SAFETY_S after work: give its memory back
+                    self._worked = False
+                    _trim_heap()
             except Exception:
                 log.exception("scheduler step failed")
                 timeout = 1.0
@@ -533,6 +540,23 @@ def _summary(document: int, task: Task, match) -> dict:
 
 def _reason_dict(r: Reason) -> dict:
     return {"kind": r.kind, "node": r.node, "detail": str(r)}
+
+
+def _trim_heap() -> None:
+    """glibc keeps freed heap pages for reuse; a daemon idle after a burst of requests
+    should not hold them (malloc_trim returns them to the kernel; a no-op elsewhere)."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None)
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc = None
 
 
 def _drain(fd: int) -> None:

@@ -14,6 +14,7 @@ waits for signals and the policy directory's changes.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import selectors
@@ -61,6 +62,16 @@ def default_state_dir() -> Path:
     return Path(base) / "xhagent"
 
 
+def _few_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own heap arena (up to 8 per CPU); the API
+    threads would each keep one, megabytes of resident memory for a daemon mostly asleep.
+    Set before any thread starts (mallopt M_ARENA_MAX; ignored where it is not glibc)."""
+    try:
+        ctypes.CDLL(None).mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 class Daemon:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -76,6 +87,7 @@ class Daemon:
             self.store.add_event(kind, message, task_id=task_id)
 
     def start(self) -> None:
+        _few_malloc_arenas()
         s = self.settings
         self.store = Store.open(s.state_dir)
         try:
