@@ -97,15 +97,21 @@ def _bare_grpc_idle(base: Path, seconds: float) -> dict:
 
 
 def _wait_states(client, ids: list[str], states: set[str], timeout: float) -> None:
+    """Until every task of `ids` is in one of `states`: the agent is asked for the tasks
+    still elsewhere (a page of at most 1,000; a full page proves nothing, so it asks again)."""
+    from .lifecycle import TaskState
     from .v1 import agent_pb2 as pb
 
+    others = [s.value for s in TaskState if s.value not in states]
     deadline = time.monotonic() + timeout
-    pending = set(ids)
-    while pending:
-        tasks = client.List(pb.ListRequest(all=True, limit=1000)).tasks
-        pending -= {t.id for t in tasks if t.state in states}
-        if pending and time.monotonic() > deadline:
-            raise RuntimeError(f"{len(pending)} tasks not in {sorted(states)} after {timeout}s")
+    wanted = set(ids)
+    while True:
+        tasks = client.List(pb.ListRequest(states=others, limit=1000)).tasks
+        left = wanted & {t.id for t in tasks}
+        if not left and len(tasks) < 1000:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(left)} tasks not in {sorted(states)} after {timeout}s")
         time.sleep(0.1)
 
 
@@ -134,7 +140,7 @@ def _submit_case(agent, total: int, clients: int) -> dict:
         t.join()
     wall = time.monotonic() - t0
     with agent.client() as c:
-        _wait_states(c, ids, {"Succeeded", "Failed"}, 300)
+        _wait_states(c, ids, {"Succeeded", "Failed"}, 60 + total / 10)
     return {
         "tasks": total,
         "clients": clients,

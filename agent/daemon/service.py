@@ -90,7 +90,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return pb.GetResponse(task=task_message(self._task(request.id, context)))
 
     def List(self, request, context):
-        recs = self.agent.list(list(request.states), request.all, request.limit or 1000)
+        try:
+            recs = self.agent.list(list(request.states), request.all, request.limit or 1000)
+        except ValueError as exc:  # a state that does not exist
+            abort_invalid(context, f"states: {exc}")
         return pb.ListResponse(tasks=[task_message(r) for r in recs])
 
     def Cancel(self, request, context):
