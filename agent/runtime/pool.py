@@ -49,6 +49,7 @@ class _Worker:
         self.claimed: set[int] = set()
         self.done = 0
         self.alive = True
+        self.ready = False
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
@@ -71,6 +72,7 @@ class Pool:
         ring_size: int = 4096,
         slot_size: int = 4096,
         python: str = sys.executable,
+        start_timeout: float = 60.0,
     ):
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         if not self.cpus:
@@ -86,6 +88,7 @@ class Pool:
         self._closed = False
         self._stop = False
         self._groups = []
+        self._ready = threading.Event()  # set once every worker has said it is pinned
         self.workers: list[_Worker] = []
         try:
             self._start(python, slice_ms, subtree)
@@ -95,6 +98,10 @@ class Pool:
             raise
         self._collector = threading.Thread(target=self._collect, name="pool-collector", daemon=True)
         self._collector.start()
+        if not self._ready.wait(start_timeout) or not all(w.ready for w in self.workers):
+            bad = [w.describe() for w in self.workers if not w.ready]
+            self.close(0)
+            raise RuntimeError(f"pool: {', '.join(bad)} did not start (see its stderr)")
 
     # -- workers ---------------------------------------------------------------------
     def _start(self, python: str, slice_ms: float, subtree: str | None) -> None:
@@ -106,7 +113,9 @@ class Pool:
             from xhagent.cgroups import Cgroup
             from xhagent.cgroups.subtree import locate
 
-            parent = Cgroup(locate(subtree).group("pool").path).create(exist_ok=True)
+            sub = locate(subtree)
+            sub.ensure()
+            parent = Cgroup(sub.group("pool").path).create(exist_ok=True)
         for index, cpu in enumerate(self.cpus):
             argv = [
                 python, "-m", "xhagent.runtime.worker",
@@ -207,7 +216,11 @@ class Pool:
             with self._lock:
                 for raw in pickle.loads(blob):
                     msg = pickle.loads(raw)
-                    if msg[0] == "claim":
+                    if msg[0] == "ready":
+                        self.workers[msg[1]].ready = True
+                        if all(w.ready for w in self.workers):
+                            self._ready.set()
+                    elif msg[0] == "claim":
                         w = self.workers[msg[1]]
                         for tid in msg[2]:
                             if tid in self._pending:
@@ -231,6 +244,8 @@ class Pool:
             if w.alive and w.proc.poll() is not None:
                 w.alive = False
                 self._drain(r)  # what it sent before it died counts
+                if not w.ready:
+                    self._ready.set()  # __init__ stops waiting and reports it
                 self._lost(w, q)
         if not any(w.alive for w in self.workers):
             self._fail_all(WorkerLost("every worker of the pool has died"))

@@ -13,6 +13,7 @@ push or `wake(index)` ends. Payloads stay in the rings, where others may steal t
 until the feeder takes them; only a round's batch is ever private to this process.
 
 Messages to the owner (the global ring of the results region), pickled lists:
+  ("ready", index, pid)              once pinned and attached;
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
                                      tasks die with a killed worker;
   ("done", task_id, ok, value)       buffered, sent when the feeder next runs (after the
@@ -143,6 +144,8 @@ class Worker:
 
     def main(self) -> None:
         sched = self.sched
+        self.send(pickle.dumps(("ready", self.index, os.getpid())))  # pinned and attached
+        self.flush()
         self.sched.run(lambda: sched.spawn(self.feeder, priority=sched.classes - 1))
 
 

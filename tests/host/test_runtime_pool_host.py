@@ -1,0 +1,158 @@
+"""runtime.Pool with real worker processes: results, pinning, cgroup leaves, lost workers,
+close with work outstanding, and throughput (printed beside ProcessPoolExecutor's)."""
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import pytest
+
+from xhagent.cgroups import Cgroup
+from xhagent.cgroups.subtree import locate
+from xhagent.runtime.pool import Pool, PoolClosed, WorkerLost
+
+pytestmark = pytest.mark.host
+CPUS = sorted(os.sched_getaffinity(0))[:2]
+T = 60  # seconds: generous, the CPUs are shared
+
+
+# Tasks: module-level, so the workers import them by reference.
+def square(x):
+    return x * x
+
+
+def fail(msg):
+    raise ValueError(msg)
+
+
+def unpicklable():
+    return lambda: None
+
+
+def whoami():
+    return os.getpid(), os.sched_getaffinity(0)
+
+
+def hang(path):
+    with open(path, "w") as f:  # tells the test which worker runs it
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def proc_field(pid, name):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+
+
+def test_submit_map_and_exceptions():
+    with Pool(CPUS) as pool:
+        assert pool.submit(square, 12).result(T) == 144
+        assert pool.map(square, range(200)) == [x * x for x in range(200)]
+        assert pool.map(square, range(50), chunksize=7) == [x * x for x in range(50)]
+        with pytest.raises(ValueError, match="boom"):
+            pool.submit(fail, "boom").result(T)
+        with pytest.raises(RuntimeError, match="cannot be sent back"):
+            pool.submit(unpicklable).result(T)
+        stats = pool.stats()
+        assert stats["pending"] == 0 and sum(w["done"] for w in stats["workers"]) == 1 + 200 + 8 + 2
+
+
+def test_workers_are_pinned_and_gone_after_close():
+    with Pool(CPUS) as pool:
+        pids = [w.pid for w in pool.workers]
+        for w in pool.workers:
+            assert proc_field(w.pid, "Cpus_allowed_list") == str(w.cpu)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.fixture
+def subtree():
+    name = f"xhagent-test-pool-{os.getpid()}"
+    sub = locate(name)
+    yield name
+    path = sub.path
+    if path.exists():
+        for group in sorted(
+            (p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+        ):
+            Cgroup(group).remove(kill_first=True)
+        Cgroup(path).remove(kill_first=True)
+
+
+def test_workers_in_their_own_leaf(subtree):
+    sub = locate(subtree)
+    with Pool(CPUS, subtree=subtree) as pool:
+        assert pool.submit(square, 3).result(T) == 9
+        mount = str(sub.mount)
+        for w in pool.workers:
+            with open(f"/proc/{w.pid}/cgroup") as f:
+                rel = f.read().strip().split("::", 1)[1]
+            assert mount + rel == str(sub.group(f"pool/{w.cpu}").path)
+    assert not (sub.path / "pool").exists()  # the pool's groups are removed with it
+
+
+def test_killed_worker_fails_its_task_and_the_rest_complete(tmp_path):
+    with Pool(CPUS) as pool:
+        marker = tmp_path / "running"
+        stuck = pool.submit(hang, str(marker))
+        deadline = time.monotonic() + T
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        pid = int(marker.read_text())
+        victim = next(w for w in pool.workers if w.pid == pid)
+        others = [pool.submit(square, x) for x in range(100)]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerLost) as lost:
+            stuck.result(T)
+        msg = str(lost.value)
+        assert f"worker {victim.index} (cpu {victim.cpu}, pid {pid}) died with signal 9" in msg
+        if len(CPUS) > 1:  # one left to run the rest
+            assert [f.result(T) for f in others] == [x * x for x in range(100)]
+            assert pool.submit(square, 5).result(T) == 25
+        assert not pool.stats()["workers"][victim.index]["alive"]
+
+
+def test_close_with_tasks_outstanding_fails_them():
+    pool = Pool(CPUS)
+    pids = [w.pid for w in pool.workers]
+    futs = [pool.submit(nap, 0.5) for _ in range(20)]
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pool.close(timeout=2)
+    assert time.monotonic() - t0 < 10
+    outcomes = [f.exception(0) for f in futs]
+    assert all(e is None or isinstance(e, PoolClosed) for e in outcomes)
+    assert any(isinstance(e, PoolClosed) for e in outcomes)
+    assert "closed before task" in str(next(e for e in outcomes if e))
+    with pytest.raises(PoolClosed):
+        pool.submit(square, 1)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_ten_thousand_small_tasks():
+    n = 10_000
+    with Pool(CPUS) as pool:
+        pool.map(square, range(100))  # warm: workers started and imported
+        t0 = time.perf_counter()
+        futs = [pool.submit(square, x) for x in range(n)]
+        assert [f.result(T) for f in futs] == [x * x for x in range(n)]
+        ours = n / (time.perf_counter() - t0)
+    with concurrent.futures.ProcessPoolExecutor(len(CPUS)) as ex:
+        list(ex.map(square, range(100)))
+        t0 = time.perf_counter()
+        futs = [ex.submit(square, x) for x in range(n)]
+        assert [f.result(T) for f in futs] == [x * x for x in range(n)]
+        theirs = n / (time.perf_counter() - t0)
+    print(f"\n10k tasks: Pool {ours:.0f}/s, ProcessPoolExecutor({len(CPUS)}) {theirs:.0f}/s")
