@@ -11,6 +11,7 @@ import pytest
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.subtree import locate
 from xhagent.runtime.pool import Pool, PoolClosed, WorkerLost
+from xhagent.runtime.queues import SharedQueues
 
 pytestmark = pytest.mark.host
 CPUS = sorted(os.sched_getaffinity(0))[:2]
@@ -156,3 +157,38 @@ def test_ten_thousand_small_tasks():
         assert [f.result(T) for f in futs] == [x * x for x in range(n)]
         theirs = n / (time.perf_counter() - t0)
     print(f"\n10k tasks: Pool {ours:.0f}/s, ProcessPoolExecutor({len(CPUS)}) {theirs:.0f}/s")
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_dead_workers_queue_goes_back_to_the_others(tmp_path):
+    """Tasks still on a dead worker's ring are stolen onto the owner's ring and pushed to
+    the global ring. Set up with both workers stopped: the test, standing in for worker 0
+    (stopped, so it writes nothing), moves submitted tasks from the global ring onto ring 0."""
+    with Pool(CPUS) as pool:
+        marker = tmp_path / "running"
+        stuck = pool.submit(hang, str(marker))
+        deadline = time.monotonic() + T
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        dead = next(w for w in pool.workers if w.pid == int(marker.read_text()))
+        other = next(w for w in pool.workers if w is not dead)
+        for w in pool.workers:
+            os.kill(w.pid, signal.SIGSTOP)
+        try:
+            futs = [pool.submit(square, x) for x in range(10)]
+            q = SharedQueues.attach(pool._q.fd)
+            while (blob := q.pop_global()) is not None:
+                assert q.push_local(dead.index, blob)
+            assert q.lengths() == ([10 if i == dead.index else 0 for i in range(3)], 0)
+            os.kill(dead.pid, signal.SIGKILL)
+            with pytest.raises(WorkerLost):
+                stuck.result(T)
+            while q.lengths()[1] < 10:  # the collector has moved them back
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert q.lengths()[0][dead.index] == 0
+            q.close()
+        finally:
+            os.kill(other.pid, signal.SIGCONT)
+        assert [f.result(T) for f in futs] == [x * x for x in range(10)]
