@@ -50,6 +50,7 @@ class _Worker:
         self.done = 0
         self.alive = True
         self.ready = False
+        self.preempt = None  # the worker's slice source: bpf, itimer or off
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
@@ -73,6 +74,7 @@ class Pool:
         slot_size: int = 4096,
         python: str = sys.executable,
         start_timeout: float = 60.0,
+        preempt: str = "auto",
     ):
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         if not self.cpus:
@@ -91,7 +93,7 @@ class Pool:
         self._ready = threading.Event()  # set once every worker has said it is pinned
         self.workers: list[_Worker] = []
         try:
-            self._start(python, slice_ms, subtree)
+            self._start(python, slice_ms, subtree, preempt)
         except BaseException:
             self._stop_workers(0)
             self._release()
@@ -104,7 +106,7 @@ class Pool:
             raise RuntimeError(f"pool: {', '.join(bad)} did not start (see its stderr)")
 
     # -- workers ---------------------------------------------------------------------
-    def _start(self, python: str, slice_ms: float, subtree: str | None) -> None:
+    def _start(self, python: str, slice_ms: float, subtree: str | None, preempt: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # fns by reference
         fds = (self._q.fd, self._r.fd)
@@ -121,6 +123,7 @@ class Pool:
                 python, "-m", "xhagent.runtime.worker",
                 "--queues", str(self._q.fd), "--results", str(self._r.fd),
                 "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
+                "--preempt", preempt,
             ]  # fmt: skip
             group = None
             if parent is None:
@@ -218,6 +221,7 @@ class Pool:
                     msg = pickle.loads(raw)
                     if msg[0] == "ready":
                         self.workers[msg[1]].ready = True
+                        self.workers[msg[1]].preempt = msg[3]
                         if all(w.ready for w in self.workers):
                             self._ready.set()
                     elif msg[0] == "claim":
@@ -297,6 +301,7 @@ class Pool:
                     "queued": local[w.index],
                     "running": len(w.claimed),
                     "done": w.done,
+                    "preempt": w.preempt,
                 }
                 for w in self.workers
             ],

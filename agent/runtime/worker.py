@@ -13,7 +13,7 @@ push or `wake(index)` ends. Payloads stay in the rings, where others may steal t
 until the feeder takes them; only a round's batch is ever private to this process.
 
 Messages to the owner (the global ring of the results region), pickled lists:
-  ("ready", index, pid)              once pinned and attached;
+  ("ready", index, pid, preempt)     once pinned and attached (preempt: the slice source);
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
                                      tasks die with a killed worker;
   ("done", task_id, ok, value)       buffered, sent when the feeder next runs (after the
@@ -58,6 +58,9 @@ class Worker:
         self.stopping = False
         self.sched = Scheduler(classes=4)  # 0..2 for tasks, 3 for the feeder alone
         self.done = 0
+        self.slices = self.preempted = 0  # preemption signals seen, and honoured
+        self.preempter = None
+        self.preempt = "off"
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -108,35 +111,43 @@ class Worker:
             got.append(p)
         return got
 
+    def intake(self) -> bool:
+        """Take a batch and spawn it, claimed; False when there was nothing. The feeder
+        calls it, and so does the preemption handler (at a safe point), since the feeder,
+        in the last class, gets no turn while a task keeps the CPU."""
+        batch = self.take() if not self.stopping else []
+        if not batch:
+            return False
+        ids = []
+        for n, blob in enumerate(batch):
+            item = pickle.loads(blob)
+            if item is None:  # the rest of the batch goes back for the other workers
+                self.stopping = True
+                for rest in batch[n + 1 :]:
+                    while not self.q.push_global(rest):
+                        time.sleep(0.001)
+                break
+            task_id, fn, args, kwargs, priority, deadline = item
+            ids.append(task_id)
+            self.sched.spawn(
+                self.run_one, task_id, fn, args, kwargs, priority=priority, deadline=deadline
+            )
+        if ids:
+            self.send(pickle.dumps(("claim", self.index, ids)))
+        self.flush()  # the claim is out before any of these tasks runs
+        return True
+
     def feeder(self) -> None:
         sched = self.sched
         while not self.stopping:
             self.flush()
-            batch = self.take()
-            if not batch:
+            if not self.intake():
                 if sched._alive > 1:  # others parked (sleeping): let timers fire
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
                 else:
                     self.q.wait(self.index, IDLE_WAIT)
                 continue
-            ids = []
-            for n, blob in enumerate(batch):
-                item = pickle.loads(blob)
-                if item is None:  # the rest of the batch goes back for the other workers
-                    self.stopping = True
-                    for rest in batch[n + 1 :]:
-                        while not self.q.push_global(rest):
-                            time.sleep(0.001)
-                    break
-                task_id, fn, args, kwargs, priority, deadline = item
-                ids.append(task_id)
-                sched.spawn(
-                    self.run_one, task_id, fn, args, kwargs, priority=priority, deadline=deadline
-                )
-            if ids:
-                self.send(pickle.dumps(("claim", self.index, ids)))
-                self.flush()  # the claim is out before any of these tasks runs
             sched.yield_()  # the batch runs; the feeder comes back after it
         while sched._alive > 1:  # let the tasks already taken finish, then report them
             sched.yield_()
@@ -144,7 +155,9 @@ class Worker:
 
     def main(self) -> None:
         sched = self.sched
-        self.send(pickle.dumps(("ready", self.index, os.getpid())))  # pinned and attached
+        self.send(
+            pickle.dumps(("ready", self.index, os.getpid(), self.preempt))
+        )  # pinned and attached
         self.flush()
         self.sched.run(lambda: sched.spawn(self.feeder, priority=sched.classes - 1))
 
@@ -160,6 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--index", type=int, required=True)
     ap.add_argument("--cpu", type=int, required=True)
     ap.add_argument("--slice-ms", type=float, default=10.0)
+    ap.add_argument("--preempt", choices=("auto", "bpf", "itimer", "off"), default="auto")
     a = ap.parse_args(argv)
     os.sched_setaffinity(0, {a.cpu})
     q, r = _attach(a.queues), _attach(a.results)
@@ -170,6 +184,9 @@ def main(argv=None) -> int:
         q.wake(a.index)
 
     signal.signal(signal.SIGTERM, on_term)
+    from .preemption import install
+
+    w.preempt = install(w, a.slice_ms, a.preempt)
     w.main()
     return 0
 

@@ -192,3 +192,27 @@ def test_dead_workers_queue_goes_back_to_the_others(tmp_path):
         finally:
             os.kill(other.pid, signal.SIGCONT)
         assert [f.result(T) for f in futs] == [x * x for x in range(10)]
+
+
+def spin(seconds):
+    """Burn CPU without a yield; (start, end) on the shared monotonic clock."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pass
+    return t0, time.monotonic()
+
+
+@pytest.mark.parametrize("preempt", ["bpf", "itimer"])
+def test_cpu_bound_tasks_share_a_worker_by_time_slice(preempt):
+    with Pool(CPUS[:1], slice_ms=10, preempt=preempt) as pool:
+        assert pool.stats()["workers"][0]["preempt"] == preempt
+        a, b = pool.submit(spin, 0.5), pool.submit(spin, 0.5)
+        (a0, a1), (b0, b1) = a.result(T), b.result(T)
+    assert b0 < a1 and a0 < b1  # each started before the other ended: they interleaved
+
+
+def test_without_preemption_tasks_run_to_completion():
+    with Pool(CPUS[:1], preempt="off") as pool:
+        a, b = pool.submit(spin, 0.2), pool.submit(spin, 0.2)
+        (_, a1), (b0, _) = a.result(T), b.result(T)
+    assert b0 >= a1
