@@ -10,6 +10,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.subtree import locate
+from xhagent.runtime import api as rt
 from xhagent.runtime.pool import Pool, PoolClosed, WorkerLost
 from xhagent.runtime.queues import SharedQueues
 
@@ -209,6 +210,26 @@ def test_cpu_bound_tasks_share_a_worker_by_time_slice(preempt):
         a, b = pool.submit(spin, 0.5), pool.submit(spin, 0.5)
         (a0, a1), (b0, b1) = a.result(T), b.result(T)
     assert b0 < a1 and a0 < b1  # each started before the other ended: they interleaved
+
+
+def spin_critical(seconds):
+    with rt.critical():  # preemption waits for the section's end
+        return spin(seconds)
+
+
+def test_critical_section_is_not_preempted():
+    with Pool(CPUS[:1], slice_ms=5) as pool:
+        a, b = pool.submit(spin_critical, 0.3), pool.submit(spin, 0.3)
+        (_, a1), (b0, _) = a.result(T), b.result(T)
+    assert b0 >= a1
+
+
+def test_a_payload_over_a_slot_is_refused():
+    with Pool(CPUS[:1], slot_size=1024) as pool:
+        with pytest.raises(ValueError, match="does not fit a slot"):
+            pool.submit(square, b"x" * 2000)
+        assert pool.stats()["pending"] == 0
+        assert pool.submit(square, 4).result(T) == 16
 
 
 def test_without_preemption_tasks_run_to_completion():
