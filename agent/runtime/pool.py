@@ -12,7 +12,8 @@ Regions (both `SharedQueues`):
 Lost workers: the collector polls each worker's process every POLL seconds. A dead one's
 messages already in the results ring are applied first; then the tasks it had claimed
 and not finished fail with WorkerLost, and what is still queued on its ring is stolen
-onto the owner's ring and pushed back to the global ring for the others.
+onto the owner's ring and pushed back to the global ring for the others. Tasks it took
+but died before claiming are failed once the pool is quiet (`_reconcile`).
 
 Functions travel by reference, as with multiprocessing's spawn method: they must be
 importable module-level functions; the workers get the owner's sys.path for that.
@@ -84,6 +85,9 @@ class Pool:
         # Result slots hold a worker's batch of messages; few are needed, each larger.
         self._r = SharedQueues.create(1, 1024, slots=1024, slot_size=16384)
         self._ids = count()
+        self._last_tid = -1  # the last task id handed out: the reconciler's "no submissions"
+        self._deaths: list[str] = []
+        self._quiet_mark = None
         self._pending: dict[int, Future] = {}
         self._claims: dict[int, int] = {}  # task id -> worker index
         self._lock = threading.Lock()
@@ -172,7 +176,7 @@ class Pool:
         with self._lock:
             if self._closed:
                 raise PoolClosed("submit on a closed pool")
-            tid = next(self._ids)
+            tid = self._last_tid = next(self._ids)
             self._pending[tid] = fut
         try:
             blob = pickle.dumps((tid, fn, args, kwargs, priority, deadline))
@@ -253,10 +257,38 @@ class Pool:
                 self._lost(w, q)
         if not any(w.alive for w in self.workers):
             self._fail_all(WorkerLost("every worker of the pool has died"))
+        elif self._deaths:
+            self._reconcile(r, q)
+
+    def _reconcile(self, r, q) -> None:
+        """A worker killed between taking tasks off a ring and sending their claim leaves
+        futures that no ring and no worker holds. After a death, once the pool is quiet at
+        two polls in a row (every live worker asleep, every ring empty, nothing claimed,
+        the same futures pending), the futures still pending can only be those."""
+        self._drain(r)
+        local, glob = q.lengths()
+        live = sum(w.alive for w in self.workers)
+        with self._lock:
+            quiet = not glob and not any(local) and not self._claims and self._pending
+            quiet = quiet and q.sleepers() == live
+            mark = (self._last_tid, frozenset(self._pending)) if quiet else None
+        if mark is None or mark != self._quiet_mark:
+            self._quiet_mark = mark
+            return
+        self._quiet_mark = None
+        deaths = "; ".join(self._deaths)
+        self._fail_all(
+            lambda tid: WorkerLost(
+                f"task {tid} was lost with a worker that died after taking it off the"
+                f" queues and before reporting it ({deaths})"
+            )
+        )
 
     def _lost(self, w: _Worker, q) -> None:
         code = w.proc.returncode
         how = f"died with signal {-code}" if code < 0 else f"exited with status {code}"
+        self._deaths.append(f"{w.describe()} {how}")
+        q.wake(w.index)  # clears its sleeper flag if it died asleep: `sleepers()` counts live ones
         with self._lock:
             lost = sorted(w.claimed)
             w.claimed.clear()

@@ -237,3 +237,25 @@ def test_without_preemption_tasks_run_to_completion():
         a, b = pool.submit(spin, 0.2), pool.submit(spin, 0.2)
         (_, a1), (b0, _) = a.result(T), b.result(T)
     assert b0 >= a1
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_task_taken_but_unclaimed_by_a_dead_worker_fails():
+    """The window between a worker's pop and its claim, made wide: with both workers
+    stopped, the test takes a task off the global ring (as the worker would) and drops it,
+    then kills worker 0. Once the pool is quiet the task's future fails."""
+    with Pool(CPUS) as pool:
+        for w in pool.workers:
+            os.kill(w.pid, signal.SIGSTOP)
+        dead, other = pool.workers
+        try:
+            fut = pool.submit(square, 3)
+            q = SharedQueues.attach(pool._q.fd)
+            assert q.pop_global() is not None
+            q.close()
+            os.kill(dead.pid, signal.SIGKILL)
+        finally:
+            os.kill(other.pid, signal.SIGCONT)
+        with pytest.raises(WorkerLost, match="lost with a worker .* died with signal 9"):
+            fut.result(T)
+        assert pool.submit(square, 6).result(T) == 36
