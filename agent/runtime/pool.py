@@ -127,7 +127,7 @@ class Pool:
                 python, "-m", "xhagent.runtime.worker",
                 "--queues", str(self._q.fd), "--results", str(self._r.fd),
                 "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
-                "--preempt", preempt,
+                "--preempt", preempt, "--owner", str(os.getpid()),
             ]  # fmt: skip
             group = None
             if parent is None:

@@ -2,7 +2,7 @@
 each task on the in-process scheduler, sending results back to the pool's owner.
 
     python -m xhagent.runtime.worker --queues FD_OR_PATH --results FD_OR_PATH \
-        --index I --cpu C [--slice-ms 10]
+        --index I --cpu C [--slice-ms 10] [--preempt auto] [--owner PID]
 
 Feeding: a feeder task in the last priority class (it runs once every task it started
 has ended or parked, so its own loop never starves a low-class task) takes up to BATCH payloads a
@@ -61,6 +61,7 @@ class Worker:
         self.slices = self.preempted = 0  # preemption signals seen, and honoured
         self.preempter = None
         self.preempt = "off"
+        self.owner = 0  # the pool owner's pid: a worker outliving it stops when idle
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -147,6 +148,8 @@ class Worker:
                     sched.yield_()
                 else:
                     self.q.wait(self.index, IDLE_WAIT)
+                    if self.owner and os.getppid() != self.owner:
+                        self.stopping = True  # the owner died without closing the pool
                 continue
             sched.yield_()  # the batch runs; the feeder comes back after it
         while sched._alive > 1:  # let the tasks already taken finish, then report them
@@ -173,11 +176,13 @@ def main(argv=None) -> int:
     ap.add_argument("--index", type=int, required=True)
     ap.add_argument("--cpu", type=int, required=True)
     ap.add_argument("--slice-ms", type=float, default=10.0)
+    ap.add_argument("--owner", type=int, default=0, help="stop when no longer its child")
     ap.add_argument("--preempt", choices=("auto", "bpf", "itimer", "off"), default="auto")
     a = ap.parse_args(argv)
     os.sched_setaffinity(0, {a.cpu})
     q, r = _attach(a.queues), _attach(a.results)
     w = Worker(q, r, a.index, a.slice_ms)
+    w.owner = a.owner
 
     def on_term(signum, frame):
         w.stopping = True

@@ -4,6 +4,8 @@ close with work outstanding, and throughput (printed beside ProcessPoolExecutor'
 import concurrent.futures
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -259,3 +261,24 @@ def test_task_taken_but_unclaimed_by_a_dead_worker_fails():
         with pytest.raises(WorkerLost, match="lost with a worker .* died with signal 9"):
             fut.result(T)
         assert pool.submit(square, 6).result(T) == 36
+
+
+def test_workers_stop_when_their_owner_dies_without_closing(tmp_path):
+    script = (
+        "import os, sys\n"
+        "from xhagent.runtime.pool import Pool\n"
+        f"p = Pool({CPUS!r})\n"
+        "print(' '.join(str(w.pid) for w in p.workers), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=T, check=True
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == len(CPUS)
+    deadline = time.monotonic() + T
+    while any(
+        os.path.exists(f"/proc/{pid}") and proc_field(pid, "State")[0] != "Z" for pid in pids
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
