@@ -297,7 +297,8 @@ class Pool:
                 self._claims.pop(t, None)
         for tid, fut in futs:
             if fut is not None:
-                _set(fut, False, WorkerLost(f"{w.describe()} {how} while running task {tid}"))
+                msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
+                _set(fut, False, WorkerLost(msg))
         # Its queued tasks go back to the global ring: stolen onto the owner's ring (the
         # dead worker writes nothing now) and popped from there.
         mine = len(self.workers)

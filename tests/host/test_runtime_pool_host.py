@@ -282,3 +282,24 @@ def test_workers_stop_when_their_owner_dies_without_closing(tmp_path):
     ):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_every_future_resolves_when_a_busy_worker_is_killed():
+    """Killed mid-stream, wherever it is (running, claiming, popping, stealing): each future
+    ends with its result or WorkerLost, none hangs, and no result is wrong."""
+    n = 5000
+    with Pool(CPUS) as pool:
+        futs = [pool.submit(nap, 0.0005) for _ in range(n // 2)]
+        futs += [pool.submit(square, x) for x in range(n // 2)]
+        deadline = time.monotonic() + T
+        while sum(f.done() for f in futs) < n // 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(pool.workers[0].pid, signal.SIGKILL)
+        done, not_done = concurrent.futures.wait(futs, timeout=T)
+        assert not not_done
+        lost = [f for f in futs if isinstance(f.exception(), WorkerLost)]
+        assert all(f.exception() is None or f in lost for f in futs)
+        assert all(f.result() == x * x for x, f in enumerate(futs[n // 2 :]) if f not in lost)
+        print(f"\nkilled mid-stream: {len(lost)} of {n} lost")
