@@ -303,3 +303,27 @@ def test_every_future_resolves_when_a_busy_worker_is_killed():
         assert all(f.exception() is None or f in lost for f in futs)
         assert all(f.result() == x * x for x, f in enumerate(futs[n // 2 :]) if f not in lost)
         print(f"\nkilled mid-stream: {len(lost)} of {n} lost")
+
+
+def stamp(tag):
+    return tag, time.monotonic()
+
+
+def test_priority_and_deadline_order_a_batch():
+    """Tasks taken in one batch run by class, then earliest deadline (the scheduler's order)."""
+    with Pool(CPUS[:1]) as pool:
+        pid = pool.workers[0].pid
+        os.kill(pid, signal.SIGSTOP)  # so that all of them wait in the ring, one batch
+        try:
+            now = time.monotonic()
+            futs = [
+                pool.submit(stamp, "low", priority=2),
+                pool.submit(stamp, "late", deadline=now + 20),
+                pool.submit(stamp, "plain"),
+                pool.submit(stamp, "soon", deadline=now + 10),
+                pool.submit(stamp, "high", priority=0),
+            ]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        ran = sorted((f.result(T) for f in futs), key=lambda r: r[1])
+    assert [tag for tag, _ in ran] == ["high", "soon", "late", "plain", "low"]
