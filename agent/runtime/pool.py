@@ -96,7 +96,9 @@ class Pool:
         self._groups = []
         self._ready = threading.Event()  # set once every worker has said it is pinned
         self.workers: list[_Worker] = []
+        self._preempter = None
         try:
+            preempt = self._load_preempter(preempt, slice_ms)
             self._start(python, slice_ms, subtree, preempt)
         except BaseException:
             self._stop_workers(0)
@@ -110,6 +112,21 @@ class Pool:
             raise RuntimeError(f"pool: {', '.join(bad)} did not start (see its stderr)")
 
     # -- workers ---------------------------------------------------------------------
+    def _load_preempter(self, preempt: str, slice_ms: float) -> str:
+        """One BPF Preempter for the whole pool, armed on each worker's thread from here;
+        the workers' mode: owner (armed from here), itimer (their own fallback) or off."""
+        if preempt not in ("auto", "bpf") or slice_ms <= 0:
+            return preempt
+        try:
+            from xhagent.bpf.preempt import Preempter
+
+            self._preempter = Preempter()
+        except Exception:
+            if preempt == "bpf":
+                raise
+            return "itimer"  # no BPF here (not root, no BTF): a CPU-time itimer per worker
+        return "owner"
+
     def _start(self, python: str, slice_ms: float, subtree: str | None, preempt: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # fns by reference
@@ -137,6 +154,8 @@ class Pool:
                 self._groups.append(group)
                 proc = group.spawn(argv, env=env, pass_fds=fds)
             self.workers.append(_Worker(index, cpu, proc, group))
+            if self._preempter is not None:  # its main thread's tid is its pid
+                self._preempter.arm(proc.pid, int(slice_ms * 1e6))
 
     def _stop_workers(self, timeout: float) -> None:
         for w in self.workers:
@@ -163,6 +182,8 @@ class Pool:
                 self._groups[0].path.parent.rmdir()  # <subtree>/pool, if nobody else uses it
             except OSError:
                 pass
+        if self._preempter is not None:
+            self._preempter.close()
         self._q.close()
         self._r.close()
 
@@ -288,6 +309,8 @@ class Pool:
         code = w.proc.returncode
         how = f"died with signal {-code}" if code < 0 else f"exited with status {code}"
         self._deaths.append(f"{w.describe()} {how}")
+        if self._preempter is not None:
+            self._preempter.disarm(w.pid)
         q.wake(w.index)  # clears its sleeper flag if it died asleep: `sleepers()` counts live ones
         with self._lock:
             lost = sorted(w.claimed)

@@ -2,8 +2,9 @@
 time, whose handler makes the running task yield, but only at a safe point.
 
 The signal source: the BPF Preempter (SIGURG per slice of this thread's on-CPU time) where
-it loads; else `setitimer(ITIMER_PROF)` (SIGPROF per slice of the process's CPU time,
-which is the worker thread's: a worker runs no other thread).
+it loads, one object for the whole pool, loaded and armed by the owner; else
+`setitimer(ITIMER_PROF)` (SIGPROF per slice of the process's CPU time, which is the
+worker thread's: a worker runs no other thread).
 
 Safe point: CPython runs a signal handler between two bytecodes of whatever frame the main
 thread is in, which may be the scheduler itself, halfway through a switch. The handler
@@ -26,8 +27,9 @@ _RUNTIME_FILES = frozenset(m.__file__ for m in (api, context, queues, scheduler,
 
 
 def install(worker, slice_ms: float, mode: str = "auto") -> str:
-    """Start preempting `worker`'s tasks; `mode` auto (BPF, else itimer), bpf, itimer or
-    off. Returns the source used."""
+    """Start preempting `worker`'s tasks; `mode` auto (BPF, else itimer), bpf, itimer,
+    off, or owner: the pool's owner has armed its one Preempter on this worker's thread,
+    so only the handler is needed here. Returns the source used."""
     from . import worker as worker_mod
 
     files = _RUNTIME_FILES | {worker_mod.__file__, __file__}
@@ -56,6 +58,11 @@ def install(worker, slice_ms: float, mode: str = "auto") -> str:
     if slice_ms <= 0 or mode == "off":
         return "off"
     slice_ns = int(slice_ms * 1e6)
+    if mode == "owner":
+        from xhagent.bpf.preempt import SIGNAL
+
+        signal.signal(SIGNAL, on_slice)
+        return "bpf"
     try:
         if mode == "itimer":
             raise OSError("itimer asked for")
