@@ -50,7 +50,10 @@ def install(worker, slice_ms: float, mode: str = "auto") -> str:
             f = f.f_back
         if f is None:
             return
-        worker.intake()  # new work joins the rotation (the feeder gets no turn meanwhile)
+        # New work joins the rotation (the feeder gets no turn meanwhile), but only up to a
+        # batch in hand: taken tasks cannot be stolen, so a worker busy with long tasks
+        # must not hoard the global ring a batch per tick.
+        worker.intake(worker.BATCH - (sched._alive - 1))
         worker.flush()  # and results done so far go out, while this task keeps the CPU
         if sched.request_preempt():
             worker.preempted += 1

@@ -49,6 +49,8 @@ def encode_result(task_id, ok: bool, value) -> bytes:
 
 
 class Worker:
+    BATCH = BATCH
+
     def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
         self.n = queues.workers - 1  # the last ring is the owner's (rescue), not a worker's
@@ -92,9 +94,9 @@ class Worker:
         self.send(msg)
 
     # -- feeding ---------------------------------------------------------------------
-    def take(self) -> list[bytes]:
+    def take(self, most: int = BATCH) -> list[bytes]:
         q, i, got = self.q, self.index, []
-        while len(got) < BATCH:
+        while len(got) < most:
             p = q.pop_local(i)
             if p is None:
                 p = q.pop_global()
@@ -112,11 +114,11 @@ class Worker:
             got.append(p)
         return got
 
-    def intake(self) -> bool:
+    def intake(self, most: int = BATCH) -> bool:
         """Take a batch and spawn it, claimed; False when there was nothing. The feeder
         calls it, and so does the preemption handler (at a safe point), since the feeder,
         in the last class, gets no turn while a task keeps the CPU."""
-        batch = self.take() if not self.stopping else []
+        batch = self.take(most) if not self.stopping and most > 0 else []
         if not batch:
             return False
         ids = []

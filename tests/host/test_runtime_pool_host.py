@@ -327,3 +327,16 @@ def test_priority_and_deadline_order_a_batch():
             os.kill(pid, signal.SIGCONT)
         ran = sorted((f.result(T) for f in futs), key=lambda r: r[1])
     assert [tag for tag, _ in ran] == ["high", "soon", "late", "plain", "low"]
+
+
+def test_a_preempted_worker_does_not_hoard_the_queue():
+    """Each tick takes new work only up to a batch in hand (taken tasks cannot be stolen),
+    so with long CPU-bound tasks a worker never holds more than a batch of them."""
+    with Pool(CPUS[:1], slice_ms=5, preempt="bpf") as pool:
+        futs = [pool.submit(spin, 0.02) for _ in range(150)]
+        most = 0
+        while not all(f.done() for f in futs):
+            most = max(most, pool.stats()["workers"][0]["running"])
+            time.sleep(0.01)
+        [f.result(T) for f in futs]
+    assert 0 < most <= 64
