@@ -1,0 +1,389 @@
+"""The per-CPU worker pool: one pinned worker process per allowed CPU (runtime.worker),
+fed through shared-memory run queues, with futures completed by a collector thread.
+
+Regions (both `SharedQueues`):
+  * tasks: one ring per worker plus one more, the owner's own (index `len(cpus)`), which
+    it uses only to take a dead worker's queue back (`steal` needs a thief ring the
+    caller owns, and the owner may not push to a worker's ring); and the global ring,
+    where `submit` pushes pickled `(task_id, fn, args, kwargs, priority, deadline)`;
+  * results: one ring slot (the owner's collector waits on it) whose global ring carries
+    the workers' batched ("claim", ...) and ("done", ...) messages (see runtime.worker).
+
+Lost workers: the collector polls each worker's process every POLL seconds. A dead one's
+messages already in the results ring are applied first; then the tasks it had claimed
+and not finished fail with WorkerLost, and what is still queued on its ring is stolen
+onto the owner's ring and pushed back to the global ring for the others. Tasks it took
+but died before claiming are failed once the pool is quiet (`_reconcile`).
+
+Functions travel by reference, as with multiprocessing's spawn method: they must be
+importable module-level functions; the workers get the owner's sys.path for that.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, InvalidStateError
+from itertools import count
+
+from .queues import SharedQueues
+
+POLL = 0.1  # seconds between checks that the workers live
+
+
+class WorkerLost(RuntimeError):
+    """The worker running a task died before sending its result."""
+
+
+class PoolClosed(RuntimeError):
+    """The pool was closed before the task's result came back."""
+
+
+class _Worker:
+    def __init__(self, index: int, cpu: int, proc, group):
+        self.index, self.cpu, self.proc, self.group = index, cpu, proc, group
+        self.pid = proc.pid
+        self.claimed: set[int] = set()
+        self.done = 0
+        self.alive = True
+        self.ready = False
+        self.preempt = None  # the worker's slice source: bpf, itimer or off
+
+    def describe(self) -> str:
+        return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
+
+
+def _set(fut: Future, ok: bool, value) -> None:
+    try:
+        fut.set_result(value) if ok else fut.set_exception(value)
+    except InvalidStateError:
+        pass  # cancelled by its caller meanwhile; the worker ran it anyway
+
+
+class Pool:
+    def __init__(
+        self,
+        cpus=None,
+        slice_ms: float = 10.0,
+        subtree: str | None = None,
+        *,
+        ring_size: int = 4096,
+        slot_size: int = 4096,
+        python: str = sys.executable,
+        start_timeout: float = 60.0,
+        preempt: str = "auto",
+    ):
+        self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+        if not self.cpus:
+            raise ValueError("a pool needs at least one CPU")
+        n = len(self.cpus)
+        self._q = SharedQueues.create(n + 1, ring_size, slot_size=slot_size)
+        # Result slots hold a worker's batch of messages; few are needed, each larger.
+        self._r = SharedQueues.create(1, 1024, slots=1024, slot_size=16384)
+        self._ids = count()
+        self._last_tid = -1  # the last task id handed out: the reconciler's "no submissions"
+        self._deaths: list[str] = []
+        self._quiet_mark = None
+        self._pending: dict[int, Future] = {}
+        self._claims: dict[int, int] = {}  # task id -> worker index
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stop = False
+        self._groups = []
+        self._ready = threading.Event()  # set once every worker has said it is pinned
+        self.workers: list[_Worker] = []
+        self._preempter = None
+        try:
+            preempt = self._load_preempter(preempt, slice_ms)
+            self._start(python, slice_ms, subtree, preempt)
+        except BaseException:
+            self._stop_workers(0)
+            self._release()
+            raise
+        self._collector = threading.Thread(target=self._collect, name="pool-collector", daemon=True)
+        self._collector.start()
+        if not self._ready.wait(start_timeout) or not all(w.ready for w in self.workers):
+            bad = [w.describe() for w in self.workers if not w.ready]
+            self.close(0)
+            raise RuntimeError(f"pool: {', '.join(bad)} did not start (see its stderr)")
+
+    # -- workers ---------------------------------------------------------------------
+    def _load_preempter(self, preempt: str, slice_ms: float) -> str:
+        """One BPF Preempter for the whole pool, armed on each worker's thread from here;
+        the workers' mode: owner (armed from here), itimer (their own fallback) or off."""
+        if preempt not in ("auto", "bpf") or slice_ms <= 0:
+            return preempt
+        try:
+            from xhagent.bpf.preempt import Preempter
+
+            self._preempter = Preempter()
+        except Exception:
+            if preempt == "bpf":
+                raise
+            return "itimer"  # no BPF here (not root, no BTF): a CPU-time itimer per worker
+        return "owner"
+
+    def _start(self, python: str, slice_ms: float, subtree: str | None, preempt: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # fns by reference
+        fds = (self._q.fd, self._r.fd)
+        parent = None
+        if subtree is not None:
+            from xhagent.cgroups import Cgroup
+            from xhagent.cgroups.subtree import locate
+
+            sub = locate(subtree)
+            sub.ensure()
+            parent = Cgroup(sub.group("pool").path).create(exist_ok=True)
+        for index, cpu in enumerate(self.cpus):
+            argv = [
+                python, "-m", "xhagent.runtime.worker",
+                "--queues", str(self._q.fd), "--results", str(self._r.fd),
+                "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
+                "--preempt", preempt, "--owner", str(os.getpid()),
+            ]  # fmt: skip
+            group = None
+            if parent is None:
+                proc = subprocess.Popen(argv, env=env, pass_fds=fds)
+            else:  # in its own leaf from its first instruction (clone3 CLONE_INTO_CGROUP)
+                group = type(parent)(parent.path / str(cpu)).create(exist_ok=True)
+                self._groups.append(group)
+                proc = group.spawn(argv, env=env, pass_fds=fds)
+            self.workers.append(_Worker(index, cpu, proc, group))
+            if self._preempter is not None:  # its main thread's tid is its pid
+                self._preempter.arm(proc.pid, int(slice_ms * 1e6))
+
+    def _stop_workers(self, timeout: float) -> None:
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.terminate()  # the worker stops after its running batch
+                self._q.wake(w.index)
+        end = time.monotonic() + timeout
+        for w in self.workers:
+            try:
+                w.proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+            w.alive = False
+
+    def _release(self) -> None:
+        for g in reversed(self._groups):
+            try:
+                g.remove(kill_first=True)
+            except OSError:
+                pass
+        if self._groups:
+            try:
+                self._groups[0].path.parent.rmdir()  # <subtree>/pool, if nobody else uses it
+            except OSError:
+                pass
+        if self._preempter is not None:
+            self._preempter.close()
+        self._q.close()
+        self._r.close()
+
+    # -- submitting ------------------------------------------------------------------
+    def submit(self, fn, /, *args, priority: int = 1, deadline: float | None = None, **kwargs):
+        """Run `fn(*args, **kwargs)` on some worker; a Future of its result. `priority` is
+        the class (0 first, 0..2); `deadline` is absolute on time.monotonic (EDF in class)."""
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority {priority!r} is not in 0..2")
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("submit on a closed pool")
+            tid = self._last_tid = next(self._ids)
+            self._pending[tid] = fut
+        try:
+            blob = pickle.dumps((tid, fn, args, kwargs, priority, deadline))
+            while not self._q.push_global(blob):
+                if self._closed:
+                    raise PoolClosed("the pool was closed while the task waited for room")
+                time.sleep(0.0005)  # the global ring is full: the workers are behind
+        except BaseException:
+            with self._lock:
+                self._pending.pop(tid, None)
+            raise
+        return fut
+
+    def map(self, fn, iterable, chunksize: int = 1, timeout: float | None = None):
+        """fn over the items, results in order (a list, as the futures all complete)."""
+        items = list(iterable)
+        if chunksize <= 1:
+            futs = [self.submit(fn, x) for x in items]
+            return [f.result(timeout) for f in futs]
+        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        futs = [self.submit(_chunk, fn, c) for c in chunks]
+        return [y for f in futs for y in f.result(timeout)]
+
+    # -- collecting ------------------------------------------------------------------
+    def _collect(self) -> None:
+        r, q = self._r, SharedQueues.attach(self._q.fd)  # this thread's own objects
+        last = time.monotonic()
+        try:
+            while not self._stop:
+                got = self._drain(r)
+                if time.monotonic() - last >= POLL:
+                    self._check_workers(r, q)
+                    last = time.monotonic()
+                if not got:
+                    r.wait(0, POLL)
+        finally:
+            q.close()
+
+    def _drain(self, r) -> int:
+        n = 0
+        while (blob := r.pop_global()) is not None:
+            n += 1
+            done = []
+            with self._lock:
+                for raw in pickle.loads(blob):
+                    msg = pickle.loads(raw)
+                    if msg[0] == "ready":
+                        self.workers[msg[1]].ready = True
+                        self.workers[msg[1]].preempt = msg[3]
+                        if all(w.ready for w in self.workers):
+                            self._ready.set()
+                    elif msg[0] == "claim":
+                        w = self.workers[msg[1]]
+                        for tid in msg[2]:
+                            if tid in self._pending:
+                                self._claims[tid] = w.index
+                                w.claimed.add(tid)
+                    else:
+                        _, tid, ok, value = msg
+                        fut = self._pending.pop(tid, None)
+                        wi = self._claims.pop(tid, None)
+                        if wi is not None:
+                            self.workers[wi].claimed.discard(tid)
+                            self.workers[wi].done += 1
+                        if fut is not None:
+                            done.append((fut, ok, value))
+            for fut, ok, value in done:  # outside the lock: callbacks may submit
+                _set(fut, ok, value)
+        return n
+
+    def _check_workers(self, r, q) -> None:
+        for w in self.workers:
+            if w.alive and w.proc.poll() is not None:
+                w.alive = False
+                self._drain(r)  # what it sent before it died counts
+                if not w.ready:
+                    self._ready.set()  # __init__ stops waiting and reports it
+                self._lost(w, q)
+        if not any(w.alive for w in self.workers):
+            self._fail_all(WorkerLost("every worker of the pool has died"))
+        elif self._deaths:
+            self._reconcile(r, q)
+
+    def _reconcile(self, r, q) -> None:
+        """A worker killed between taking tasks off a ring and sending their claim leaves
+        futures that no ring and no worker holds. After a death, once the pool is quiet at
+        two polls in a row (every live worker asleep, every ring empty, nothing claimed,
+        the same futures pending), the futures still pending can only be those."""
+        self._drain(r)
+        local, glob = q.lengths()
+        live = sum(w.alive for w in self.workers)
+        with self._lock:
+            quiet = not glob and not any(local) and not self._claims and self._pending
+            quiet = quiet and q.sleepers() == live
+            mark = (self._last_tid, frozenset(self._pending)) if quiet else None
+        if mark is None or mark != self._quiet_mark:
+            self._quiet_mark = mark
+            return
+        self._quiet_mark = None
+        deaths = "; ".join(self._deaths)
+        self._fail_all(
+            lambda tid: WorkerLost(
+                f"task {tid} was lost with a worker that died after taking it off the"
+                f" queues and before reporting it ({deaths})"
+            )
+        )
+
+    def _lost(self, w: _Worker, q) -> None:
+        code = w.proc.returncode
+        how = f"died with signal {-code}" if code < 0 else f"exited with status {code}"
+        self._deaths.append(f"{w.describe()} {how}")
+        if self._preempter is not None:
+            self._preempter.disarm(w.pid)
+        q.wake(w.index)  # clears its sleeper flag if it died asleep: `sleepers()` counts live ones
+        with self._lock:
+            lost = sorted(w.claimed)
+            w.claimed.clear()
+            futs = [(t, self._pending.pop(t, None)) for t in lost]
+            for t in lost:
+                self._claims.pop(t, None)
+        for tid, fut in futs:
+            if fut is not None:
+                msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
+                _set(fut, False, WorkerLost(msg))
+        # Its queued tasks go back to the global ring: stolen onto the owner's ring (the
+        # dead worker writes nothing now) and popped from there.
+        mine = len(self.workers)
+        while q.steal(mine, w.index):
+            while (blob := q.pop_local(mine)) is not None:
+                while not q.push_global(blob):
+                    time.sleep(0.001)
+
+    def _fail_all(self, exc_for) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self._claims.clear()
+            for w in self.workers:
+                w.claimed.clear()
+        for tid, fut in pending.items():
+            exc = exc_for(tid) if callable(exc_for) else exc_for
+            _set(fut, False, exc)
+
+    # -- the rest --------------------------------------------------------------------
+    def stats(self) -> dict:
+        local, glob = self._q.lengths()
+        with self._lock:
+            pending = len(self._pending)
+        return {
+            "global": glob,
+            "pending": pending,
+            "workers": [
+                {
+                    "index": w.index,
+                    "cpu": w.cpu,
+                    "pid": w.pid,
+                    "alive": w.alive,
+                    "queued": local[w.index],
+                    "running": len(w.claimed),
+                    "done": w.done,
+                    "preempt": w.preempt,
+                }
+                for w in self.workers
+            ],
+        }
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers (SIGTERM, then SIGKILL after `timeout`); tasks whose results have
+        not come back fail with PoolClosed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop = True
+        self._r.wake(0)
+        self._collector.join()
+        self._drain(self._r)  # results that came in meanwhile still count
+        self._fail_all(lambda tid: PoolClosed(f"the pool was closed before task {tid} ended"))
+        self._stop_workers(timeout)
+        self._release()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _chunk(fn, items):
+    return [fn(x) for x in items]

@@ -1,0 +1,342 @@
+"""runtime.Pool with real worker processes: results, pinning, cgroup leaves, lost workers,
+close with work outstanding, and throughput (printed beside ProcessPoolExecutor's)."""
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from xhagent.cgroups import Cgroup
+from xhagent.cgroups.subtree import locate
+from xhagent.runtime import api as rt
+from xhagent.runtime.pool import Pool, PoolClosed, WorkerLost
+from xhagent.runtime.queues import SharedQueues
+
+pytestmark = pytest.mark.host
+CPUS = sorted(os.sched_getaffinity(0))[:2]
+T = 60  # seconds: generous, the CPUs are shared
+
+
+# Tasks: module-level, so the workers import them by reference.
+def square(x):
+    return x * x
+
+
+def fail(msg):
+    raise ValueError(msg)
+
+
+def unpicklable():
+    return lambda: None
+
+
+def whoami():
+    return os.getpid(), os.sched_getaffinity(0)
+
+
+def hang(path):
+    with open(path, "w") as f:  # tells the test which worker runs it
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def proc_field(pid, name):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+
+
+def test_submit_map_and_exceptions():
+    with Pool(CPUS) as pool:
+        assert pool.submit(square, 12).result(T) == 144
+        assert pool.map(square, range(200)) == [x * x for x in range(200)]
+        assert pool.map(square, range(50), chunksize=7) == [x * x for x in range(50)]
+        with pytest.raises(ValueError, match="boom"):
+            pool.submit(fail, "boom").result(T)
+        with pytest.raises(RuntimeError, match="cannot be sent back"):
+            pool.submit(unpicklable).result(T)
+        stats = pool.stats()
+        assert stats["pending"] == 0 and sum(w["done"] for w in stats["workers"]) == 1 + 200 + 8 + 2
+
+
+def test_workers_are_pinned_and_gone_after_close():
+    with Pool(CPUS) as pool:
+        pids = [w.pid for w in pool.workers]
+        for w in pool.workers:
+            assert proc_field(w.pid, "Cpus_allowed_list") == str(w.cpu)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+@pytest.fixture
+def subtree():
+    name = f"xhagent-test-pool-{os.getpid()}"
+    sub = locate(name)
+    yield name
+    path = sub.path
+    if path.exists():
+        for group in sorted(
+            (p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+        ):
+            Cgroup(group).remove(kill_first=True)
+        Cgroup(path).remove(kill_first=True)
+
+
+def test_workers_in_their_own_leaf(subtree):
+    sub = locate(subtree)
+    with Pool(CPUS, subtree=subtree) as pool:
+        assert pool.submit(square, 3).result(T) == 9
+        mount = str(sub.mount)
+        for w in pool.workers:
+            with open(f"/proc/{w.pid}/cgroup") as f:
+                rel = f.read().strip().split("::", 1)[1]
+            assert mount + rel == str(sub.group(f"pool/{w.cpu}").path)
+    assert not (sub.path / "pool").exists()  # the pool's groups are removed with it
+
+
+def test_killed_worker_fails_its_task_and_the_rest_complete(tmp_path):
+    with Pool(CPUS) as pool:
+        marker = tmp_path / "running"
+        stuck = pool.submit(hang, str(marker))
+        deadline = time.monotonic() + T
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        pid = int(marker.read_text())
+        victim = next(w for w in pool.workers if w.pid == pid)
+        others = [pool.submit(square, x) for x in range(100)]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerLost) as lost:
+            stuck.result(T)
+        msg = str(lost.value)
+        assert f"worker {victim.index} (cpu {victim.cpu}, pid {pid}) died with signal 9" in msg
+        if len(CPUS) > 1:  # one left to run the rest
+            assert [f.result(T) for f in others] == [x * x for x in range(100)]
+            assert pool.submit(square, 5).result(T) == 25
+        assert not pool.stats()["workers"][victim.index]["alive"]
+
+
+def test_close_with_tasks_outstanding_fails_them():
+    pool = Pool(CPUS)
+    pids = [w.pid for w in pool.workers]
+    futs = [pool.submit(nap, 0.5) for _ in range(20)]
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pool.close(timeout=2)
+    assert time.monotonic() - t0 < 10
+    outcomes = [f.exception(0) for f in futs]
+    assert all(e is None or isinstance(e, PoolClosed) for e in outcomes)
+    assert any(isinstance(e, PoolClosed) for e in outcomes)
+    assert "closed before task" in str(next(e for e in outcomes if e))
+    with pytest.raises(PoolClosed):
+        pool.submit(square, 1)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_ten_thousand_small_tasks():
+    n = 10_000
+    with Pool(CPUS) as pool:
+        pool.map(square, range(100))  # warm: workers started and imported
+        t0 = time.perf_counter()
+        futs = [pool.submit(square, x) for x in range(n)]
+        assert [f.result(T) for f in futs] == [x * x for x in range(n)]
+        ours = n / (time.perf_counter() - t0)
+    with concurrent.futures.ProcessPoolExecutor(len(CPUS)) as ex:
+        list(ex.map(square, range(100)))
+        t0 = time.perf_counter()
+        futs = [ex.submit(square, x) for x in range(n)]
+        assert [f.result(T) for f in futs] == [x * x for x in range(n)]
+        theirs = n / (time.perf_counter() - t0)
+    print(f"\n10k tasks: Pool {ours:.0f}/s, ProcessPoolExecutor({len(CPUS)}) {theirs:.0f}/s")
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_dead_workers_queue_goes_back_to_the_others(tmp_path):
+    """Tasks still on a dead worker's ring are stolen onto the owner's ring and pushed to
+    the global ring. Set up with both workers stopped: the test, standing in for worker 0
+    (stopped, so it writes nothing), moves submitted tasks from the global ring onto ring 0."""
+    with Pool(CPUS) as pool:
+        marker = tmp_path / "running"
+        stuck = pool.submit(hang, str(marker))
+        deadline = time.monotonic() + T
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        dead = next(w for w in pool.workers if w.pid == int(marker.read_text()))
+        other = next(w for w in pool.workers if w is not dead)
+        for w in pool.workers:
+            os.kill(w.pid, signal.SIGSTOP)
+        try:
+            futs = [pool.submit(square, x) for x in range(10)]
+            q = SharedQueues.attach(pool._q.fd)
+            while (blob := q.pop_global()) is not None:
+                assert q.push_local(dead.index, blob)
+            assert q.lengths() == ([10 if i == dead.index else 0 for i in range(3)], 0)
+            os.kill(dead.pid, signal.SIGKILL)
+            with pytest.raises(WorkerLost):
+                stuck.result(T)
+            while q.lengths()[1] < 10:  # the collector has moved them back
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert q.lengths()[0][dead.index] == 0
+            q.close()
+        finally:
+            os.kill(other.pid, signal.SIGCONT)
+        assert [f.result(T) for f in futs] == [x * x for x in range(10)]
+
+
+def spin(seconds):
+    """Burn CPU without a yield; (start, end) on the shared monotonic clock."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pass
+    return t0, time.monotonic()
+
+
+@pytest.mark.parametrize("preempt", ["bpf", "itimer"])
+def test_cpu_bound_tasks_share_a_worker_by_time_slice(preempt):
+    with Pool(CPUS[:1], slice_ms=10, preempt=preempt) as pool:
+        assert pool.stats()["workers"][0]["preempt"] == preempt
+        a, b = pool.submit(spin, 0.5), pool.submit(spin, 0.5)
+        (a0, a1), (b0, b1) = a.result(T), b.result(T)
+    assert b0 < a1 and a0 < b1  # each started before the other ended: they interleaved
+
+
+def spin_critical(seconds):
+    with rt.critical():  # preemption waits for the section's end
+        return spin(seconds)
+
+
+def test_critical_section_is_not_preempted():
+    with Pool(CPUS[:1], slice_ms=5) as pool:
+        a, b = pool.submit(spin_critical, 0.3), pool.submit(spin, 0.3)
+        (_, a1), (b0, _) = a.result(T), b.result(T)
+    assert b0 >= a1
+
+
+def test_a_payload_over_a_slot_is_refused():
+    with Pool(CPUS[:1], slot_size=1024) as pool:
+        with pytest.raises(ValueError, match="does not fit a slot"):
+            pool.submit(square, b"x" * 2000)
+        assert pool.stats()["pending"] == 0
+        assert pool.submit(square, 4).result(T) == 16
+
+
+def test_without_preemption_tasks_run_to_completion():
+    with Pool(CPUS[:1], preempt="off") as pool:
+        a, b = pool.submit(spin, 0.2), pool.submit(spin, 0.2)
+        (_, a1), (b0, _) = a.result(T), b.result(T)
+    assert b0 >= a1
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_task_taken_but_unclaimed_by_a_dead_worker_fails():
+    """The window between a worker's pop and its claim, made wide: with both workers
+    stopped, the test takes a task off the global ring (as the worker would) and drops it,
+    then kills worker 0. Once the pool is quiet the task's future fails."""
+    with Pool(CPUS) as pool:
+        for w in pool.workers:
+            os.kill(w.pid, signal.SIGSTOP)
+        dead, other = pool.workers
+        try:
+            fut = pool.submit(square, 3)
+            q = SharedQueues.attach(pool._q.fd)
+            assert q.pop_global() is not None
+            q.close()
+            os.kill(dead.pid, signal.SIGKILL)
+        finally:
+            os.kill(other.pid, signal.SIGCONT)
+        with pytest.raises(WorkerLost, match="lost with a worker .* died with signal 9"):
+            fut.result(T)
+        assert pool.submit(square, 6).result(T) == 36
+
+
+def test_workers_stop_when_their_owner_dies_without_closing(tmp_path):
+    script = (
+        "import os, sys\n"
+        "from xhagent.runtime.pool import Pool\n"
+        f"p = Pool({CPUS!r})\n"
+        "print(' '.join(str(w.pid) for w in p.workers), flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=T, check=True
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == len(CPUS)
+    deadline = time.monotonic() + T
+    while any(
+        os.path.exists(f"/proc/{pid}") and proc_field(pid, "State")[0] != "Z" for pid in pids
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_every_future_resolves_when_a_busy_worker_is_killed():
+    """Killed mid-stream, wherever it is (running, claiming, popping, stealing): each future
+    ends with its result or WorkerLost, none hangs, and no result is wrong."""
+    n = 5000
+    with Pool(CPUS) as pool:
+        futs = [pool.submit(nap, 0.0005) for _ in range(n // 2)]
+        futs += [pool.submit(square, x) for x in range(n // 2)]
+        deadline = time.monotonic() + T
+        while sum(f.done() for f in futs) < n // 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        os.kill(pool.workers[0].pid, signal.SIGKILL)
+        done, not_done = concurrent.futures.wait(futs, timeout=T)
+        assert not not_done
+        lost = [f for f in futs if isinstance(f.exception(), WorkerLost)]
+        assert all(f.exception() is None or f in lost for f in futs)
+        assert all(f.result() == x * x for x, f in enumerate(futs[n // 2 :]) if f not in lost)
+        print(f"\nkilled mid-stream: {len(lost)} of {n} lost")
+
+
+def stamp(tag):
+    return tag, time.monotonic()
+
+
+def test_priority_and_deadline_order_a_batch():
+    """Tasks taken in one batch run by class, then earliest deadline (the scheduler's order)."""
+    with Pool(CPUS[:1]) as pool:
+        pid = pool.workers[0].pid
+        os.kill(pid, signal.SIGSTOP)  # so that all of them wait in the ring, one batch
+        try:
+            now = time.monotonic()
+            futs = [
+                pool.submit(stamp, "low", priority=2),
+                pool.submit(stamp, "late", deadline=now + 20),
+                pool.submit(stamp, "plain"),
+                pool.submit(stamp, "soon", deadline=now + 10),
+                pool.submit(stamp, "high", priority=0),
+            ]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        ran = sorted((f.result(T) for f in futs), key=lambda r: r[1])
+    assert [tag for tag, _ in ran] == ["high", "soon", "late", "plain", "low"]
+
+
+def test_a_preempted_worker_does_not_hoard_the_queue():
+    """Each tick takes new work only up to a batch in hand (taken tasks cannot be stolen),
+    so with long CPU-bound tasks a worker never holds more than a batch of them."""
+    with Pool(CPUS[:1], slice_ms=5, preempt="bpf") as pool:
+        futs = [pool.submit(spin, 0.02) for _ in range(150)]
+        most = 0
+        while not all(f.done() for f in futs):
+            most = max(most, pool.stats()["workers"][0]["running"])
+            time.sleep(0.01)
+        [f.result(T) for f in futs]
+    assert 0 < most <= 64
