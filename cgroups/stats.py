@@ -13,7 +13,6 @@ from . import registry as R
 from .group import Cgroup
 
 
-
 def _batched():
     """The io engine's reader, loaded at the first read (it brings io_uring, the cffi
     binding and asyncio along: a process that never reads stats does not pay for them);
