@@ -45,6 +45,9 @@ from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
 MAX_PENDING_SCAN = 1000  # tasks placed per step at most; the rest wait for the next step
+# A start takes milliseconds: a step starting a thousand tasks would leave exits, cancels
+# and API calls waiting seconds behind it.
+MAX_STARTS_PER_STEP = 16
 SAFETY_S = 30.0  # the longest the loop sleeps: a missed wake-up costs at most this
 
 
@@ -347,7 +350,11 @@ class Agent:
                 self.store.transition(rec.id, S.FAILED, expect=S.PENDING, error=str(exc))
                 continue
             keyed.append((self.order_key(rec, task, policies), rec, task))
+        started = 0
         for _, rec, task in sorted(keyed, key=lambda k: k[0]):
+            if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
+                self._wake_at(now)
+                break
             if not self._backoff_over(task, rec, now):
                 continue
             why = enforcement_reason(task.enforce, self.executor.missing)
@@ -365,6 +372,7 @@ class Agent:
                 self._keep_pending(rec, list(decision.reasons))
             else:
                 self._start(rec, task, placed)
+                started += 1
 
     def order_key(self, rec: TaskRecord, task: Task, policies) -> tuple:
         priority, deadline = self.standing(rec, task, policies)
