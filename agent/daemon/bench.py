@@ -99,10 +99,11 @@ def _bare_grpc_idle(base: Path, seconds: float) -> dict:
 def _wait_states(client, ids: list[str], states: set[str], timeout: float) -> None:
     """Until every task of `ids` is in one of `states`: the agent is asked for the tasks
     still elsewhere (a page of at most 1,000; a full page proves nothing, so it asks again)."""
-    from .lifecycle import TaskState
+    from .lifecycle import TERMINAL, TaskState
     from .v1 import agent_pb2 as pb
 
-    others = [s.value for s in TaskState if s.value not in states]
+    # the tasks not yet where they are going; never the ended ones (they pile up)
+    others = [s.value for s in TaskState if s.value not in states and s not in TERMINAL]
     deadline = time.monotonic() + timeout
     wanted = set(ids)
     while True:
