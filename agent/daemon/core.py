@@ -40,7 +40,7 @@ from .leaf import CLASS_WEIGHTS, DEFAULT_WEIGHT, class_weights, enforcement_reas
 from .lifecycle import BACKOFF, NEEDS_PLACEMENT, TERMINAL
 from .lifecycle import TaskState as S
 from .preempting import preempt_for, thaw_frozen
-from .shim import ShimStatus
+from .shim import ShimStatus, process_alive
 from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
@@ -211,7 +211,7 @@ class Agent:
         Idle, the loop sleeps: it wakes for a request, a shim's exit (its pidfd), the next
         time something is due (a backoff, a deadline), and at the latest every SAFETY_S (a
         wake-up costs ~10 ms of CPU on a cold virtual CPU; a poll every second was 2-4%)."""
-        timeout = 0.0
+        timeout, failed = 0.0, True  # the first step looks at everything
         while not self._stopping:
             ready = self._selector.select(timeout=timeout)
             exited = {key.data for key, _ in ready if key.data is not None}
@@ -222,7 +222,8 @@ class Agent:
             try:
                 # a shim's pidfd says which task ended; with no event at all (the safety
                 # timeout) every running task is looked at
-                self.step(exited if ready else None)
+                self.step(None if failed or not ready else exited)
+                failed = False
                 timeout = SAFETY_S
                 if self._due is not None:
                     timeout = min(SAFETY_S, max(0.0, (self._due - self.clock()) / 1e9))
@@ -233,7 +234,7 @@ class Agent:
                     _trim_heap()
             except Exception:
                 log.exception("scheduler step failed")
-                timeout = 1.0
+                timeout, failed = 1.0, True  # and then a look at everything again
 
     def _wake_at(self, ns: int) -> None:
         """Something becomes due at `ns`: the loop steps then, even with nothing else."""
@@ -261,7 +262,11 @@ class Agent:
             status = self.executor.status(rec.id, rec.attempt)
             if status.exit is not None:
                 self.finish(rec, status)
-            elif exited is not None and rec.id in exited:
+            elif (exited is not None and rec.id in exited) or (
+                exited is None
+                and status.started is not None
+                and not process_alive(status.started.shim_pid, status.started.shim_start_time)
+            ):
                 # the shim ended without its record (killed): nothing supervises the
                 # workload any more, and its pidfd would stay readable for ever
                 self.executor.kill(rec.id)
