@@ -181,7 +181,9 @@ def test_a_doctor_stopped_mid_probe_leaves_no_group_and_no_sleep():
             1
         ]  # a sleep left running would hold stderr open for 30 s
         assert "Traceback" not in err, err
-        assert proc.returncode in (0, 128 + signal.SIGTERM), err
+        # 143: stopped inside the probe; 0 or -SIGTERM: the probe had ended and the doctor
+        # was on its way out (its handlers already given back) when the signal came
+        assert proc.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), err
         assert not group.exists()
         for pid in members:
             with pytest.raises(ProcessLookupError):
