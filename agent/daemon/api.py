@@ -6,7 +6,7 @@ what each RPC does is the daemon's servicer, which aborts with `abort_invalid`,
 `abort_refused` and `abort_not_found` so that every client sees the same status codes.
 
     server = bind(servicer, resolve_socket(socket_option))    # the daemon
-    server.stop(grace=5).wait()
+    server.stop(grace=5)
 
     with connect(resolve_socket(socket_option)) as agent:      # a CLI command
         print(agent.Health(HealthRequest()).status)            # ApiError: print, exit_code
@@ -14,11 +14,13 @@ what each RPC does is the daemon's servicer, which aborts with `abort_invalid`,
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import socket
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +41,7 @@ __all__ = [
     "AgentUnavailable",
     "ApiError",
     "BindError",
+    "Server",
     "abort_invalid",
     "abort_not_found",
     "abort_refused",
@@ -98,7 +101,7 @@ def bind(
     *,
     group: str = "xhagent",
     max_workers: int = 32,
-) -> grpc.Server:
+) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
     Access is the file system's: when `group` exists the socket is root:group 0660 and a
@@ -110,8 +113,8 @@ def bind(
     A socket another process answers on is refused (BindError with its pid); one nothing
     listens on is a leftover of a killed agent and is replaced; any other kind of file is
     refused and left alone. Two agents starting at once are kept apart by the daemon's
-    state lock, taken before this. Each RPC holds one of `max_workers` threads while it
-    runs, a Watch or a following Logs stream included.
+    state lock, taken before this. A plain (not asyncio) method holds one of `max_workers`
+    threads while it runs.
     """
     path = Path(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
@@ -119,20 +122,14 @@ def bind(
     gid = _group_id(group)
     _prepare_dir(path.parent, gid)
     _clear_stale(path)
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers, thread_name_prefix="xhagent-api"),
-        options=[
-            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-            ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
-        ],
-    )
-    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+    server = Server(servicer, max_workers)
     # grpc listens as soon as the port is added: the socket must be born private. The umask
     # is the process's, but it only tightens what another thread creates in this instant.
     umask = os.umask(0o177)
     try:
-        server.add_insecure_port(f"unix:{path}")
+        server.add_port(f"unix:{path}")
     except RuntimeError as exc:
+        server.stop(None)
         raise BindError(f"{path}: cannot bind: {exc}") from None
     finally:
         os.umask(umask)
@@ -145,6 +142,62 @@ def bind(
         server.stop(None)
         raise
     return server
+
+
+class Server:
+    """grpc's asyncio server on an event loop thread of its own, running the servicer's
+    plain (blocking) methods on a pool of `max_workers` threads.
+
+    Why asyncio: grpc's threaded server wakes a thread five times a second to poll its
+    queue, and on a VM every wake-up from idle costs CPU time. The asyncio server sleeps in
+    the loop's selector until a request comes, so an idle agent costs only grpc core's own
+    timers. The servicer stays synchronous (grpc's "migration" pool): its calls into the
+    agent block on SQLite and locks, which must not stall the loop.
+    """
+
+    def __init__(self, servicer: agent_pb2_grpc.AgentServicer, max_workers: int):
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="xhagent-api")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="xhagent-grpc", daemon=True
+        )
+        self._thread.start()
+        self._server = self._call(self._create(servicer))
+
+    async def _create(self, servicer) -> grpc.aio.Server:
+        server = grpc.aio.server(
+            migration_thread_pool=self._pool,
+            options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
+            ],
+        )
+        agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+        return server
+
+    def _call(self, coro, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def add_port(self, address: str) -> None:
+        async def add():
+            self._server.add_insecure_port(address)
+
+        self._call(add())
+
+    def start(self) -> None:
+        self._call(self._server.start())
+
+    def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give running ones `grace` seconds, then end the loop thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._server.stop(grace), None)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _group_id(name: str) -> int | None:

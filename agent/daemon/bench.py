@@ -7,8 +7,10 @@ reports, as JSON:
   and p99 latency of the call (the task is committed to SQLite before the reply);
 - `cases.start`: from a Submit's reply to the workload's first instruction (the workload is
   `date +%s%N`, whose output is its own clock reading), one task at a time;
-- `idle`: the agent's RSS and CPU share while nothing happens, beside `idle_bare_grpc`, a
-  grpcio server alone (its threads wake on their own: the floor under the agent's figure);
+- `idle`: the agent's RSS, CPU share and wake-ups while nothing happens, beside
+  `idle_baselines`: a grpcio server alone, asyncio and threaded (grpc core's threads wake
+  on their own: the floor under the agent's figure), and a process that only wakes 5 times
+  a second (what a wake-up alone costs on this machine);
 - `load`: the same with N workloads running (`sleep`);
 - `targets_met`: start p99 < 50 ms, idle RSS <= 60 MB, idle CPU <= 0.5%.
 """
@@ -45,28 +47,54 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _usage(pid: int) -> tuple[float, float]:
-    """(RSS in MB, CPU seconds used so far) of a process."""
+def _usage(pid: int) -> tuple[float, float, int]:
+    """(RSS in MB, CPU seconds used so far, times its threads were scheduled in) of a
+    process. The kernel scales utime+stime to the exact run time, so ticks are not sampled
+    guesses; the run count is of the threads alive now (schedstat)."""
     with open(f"/proc/{pid}/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / TICK
+    runs = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                runs += int(f.read().split()[2])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass  # a thread that ended meanwhile
+    return rss_kb / 1024, (int(fields[11]) + int(fields[12])) / TICK, runs
 
 
 def _sample(pid: int, seconds: float) -> dict:
-    _, cpu0 = _usage(pid)
+    _, cpu0, runs0 = _usage(pid)
     t0 = time.monotonic()
     time.sleep(seconds)
-    rss, cpu1 = _usage(pid)
+    rss, cpu1, runs1 = _usage(pid)
+    wall = time.monotonic() - t0
     return {
         "seconds": seconds,
         "rss_mb": round(rss, 1),
-        "cpu_pct": round(100 * (cpu1 - cpu0) / (time.monotonic() - t0), 3),
+        "cpu_pct": round(100 * (cpu1 - cpu0) / wall, 3),
+        "wakeups_per_s": round(max(0, runs1 - runs0) / wall, 1),
     }
 
 
-BARE_GRPC = """
+# The floors under the agent's idle figures, each a process of its own, sampled as long:
+# a grpcio server alone, nothing served (asyncio: what the agent serves with; threaded: the
+# other way grpcio serves), and a process that only sleeps in 200 ms steps: what a bare
+# wake-up costs here (on a VM, waking an idle vCPU is charged to the one it wakes).
+BASELINES = {
+    "grpc_asyncio": """
+import asyncio, sys, grpc
+async def main():
+    server = grpc.aio.server()
+    server.add_insecure_port("unix:" + sys.argv[1])
+    await server.start()
+    print("up", flush=True)
+    await server.wait_for_termination()
+asyncio.run(main())
+""",
+    "grpc_threaded": """
 import sys, time
 from concurrent.futures import ThreadPoolExecutor
 import grpc
@@ -75,15 +103,21 @@ server.add_insecure_port("unix:" + sys.argv[1])
 server.start()
 print("up", flush=True)
 time.sleep(3600)
-"""
+""",
+    "sleep_5hz": """
+import time
+print("up", flush=True)
+while True:
+    time.sleep(0.2)
+""",
+}
 
 
-def _bare_grpc_idle(base: Path, seconds: float) -> dict:
-    """The floor under the agent's idle figures: a grpcio server alone, nothing served."""
+def _baseline_idle(base: Path, name: str, seconds: float) -> dict:
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", BARE_GRPC, str(base / "bare.sock")],
+        [sys.executable, "-c", BASELINES[name], str(base / f"{name}.sock")],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -221,9 +255,9 @@ def bench_agent(tasks, clients, start_samples, running, idle_seconds, as_json) -
         out["cases"]["submit"] = _submit_case(agent, tasks, clients)
         progress(f"start: {start_samples} tasks, one at a time")
         out["cases"]["start"] = _start_case(agent, start_samples)
-        progress(f"idle: {idle_seconds:g} s, then a bare grpcio server as long")
+        progress(f"idle: {idle_seconds:g} s, then each baseline as long ({', '.join(BASELINES)})")
         out["idle"] = _sample(agent.proc.pid, idle_seconds)
-        out["idle_bare_grpc"] = _bare_grpc_idle(base, idle_seconds)
+        out["idle_baselines"] = {n: _baseline_idle(base, n, idle_seconds) for n in BASELINES}
         progress(f"load: {running} workloads running, {idle_seconds:g} s")
         out["load"] = _load_case(agent, running, idle_seconds)
     except Exception as exc:

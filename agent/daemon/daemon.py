@@ -118,7 +118,8 @@ class Daemon:
         counts = self.agent.recover()
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
         info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}
-        self.server = api.bind(AgentService(self.agent, policies, info), s.socket)
+        self.service = AgentService(self.agent, policies, info)
+        self.server = api.bind(self.service, s.socket)
         self.policies = policies
         self.sub = sub
         if s.policies_dir is not None and s.policies_dir.is_dir():
@@ -196,8 +197,9 @@ class Daemon:
     def close(self) -> None:
         """Stop serving and the loop; workloads keep running under their shims."""
         if self.server is not None:
-            self.server.stop(grace=1.0).wait()
+            self.server.stop(grace=1.0)
             self.server = None
+            self.service.close()
         if self.agent is not None:
             self.agent.stop()
         if self._thread is not None:

@@ -1,5 +1,8 @@
 """The `xhagent.v1.Agent` service: each RPC turned into a call on the Agent and back.
 
+Served by grpc's asyncio server (api.Server): the unary methods are plain functions, run
+on the server's threads; Watch and Logs are asyncio generators.
+
 Status codes (api.abort_*): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
 NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
 already ended, the store full, a policy held by a file).
@@ -7,10 +10,12 @@ already ended, the store full, a policy held by a file).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -22,8 +27,18 @@ from .store import StoreError, TaskRecord
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc
 
-WATCH_POLL_S = 1.0  # a Watch stream waits for new events this long before checking the client
+WATCH_POLL_S = 1.0  # a following Watch waits on a thread this long at most, then again
 LOG_CHUNK = 64 * 1024
+STREAM_THREADS = 16
+
+
+def _read_chunk(path, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(LOG_CHUNK)
+    except FileNotFoundError:
+        return b""
 
 
 def task_message(rec: TaskRecord) -> pb.Task:
@@ -68,6 +83,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.policies = policies
         self.info = info  # socket, state_dir, metrics_addr for Health
         self.started = time.monotonic()
+        # A following stream holds a thread only while it waits (up to WATCH_POLL_S).
+        self._streams = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="xhagent-stream")
+
+    def close(self) -> None:
+        self._streams.shutdown(wait=False, cancel_futures=True)
 
     def _task(self, task_id: str, context) -> TaskRecord:
         rec = self.agent.get(task_id)
@@ -104,11 +124,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except Refused as exc:
             abort_refused(context, str(exc))
 
-    def Watch(self, request, context) -> Iterator[pb.Event]:
-        since = request.since_seq if request.HasField("since_seq") else self.agent.last_seq()
-        while context.is_active():
-            wait = WATCH_POLL_S if request.follow else 0.0
-            events = self.agent.wait_events(since, request.task_id or None, wait)
+    # The two streams are asyncio generators: grpc cancels one whose client has gone at its
+    # next await, so no thread waits for a reader that left. What blocks (the store, the
+    # agent's lock, files) runs on the streams' own threads.
+    async def Watch(self, request, context) -> AsyncIterator[pb.Event]:
+        since = request.since_seq if request.HasField("since_seq") else None
+        if since is None:
+            since = await self._blocking(self.agent.last_seq)
+        wait = WATCH_POLL_S if request.follow else 0.0
+        while True:
+            events = await self._blocking(
+                self.agent.wait_events, since, request.task_id or None, wait
+            )
             if not events and not request.follow:
                 return
             for ev in events:
@@ -122,8 +149,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     detail_json=json.dumps(ev.detail or {}),
                 )
 
-    def Logs(self, request, context) -> Iterator[pb.LogChunk]:
-        rec = self._task(request.id, context)
+    async def Logs(self, request, context) -> AsyncIterator[pb.LogChunk]:
+        rec = await self._blocking(self.agent.get, request.id)
+        if rec is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.id}")
         streams = {
             pb.LOG_STREAM_STDOUT: ["stdout"],
             pb.LOG_STREAM_STDERR: ["stderr"],
@@ -131,24 +160,22 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         offsets = {name: request.offset for name in streams}
         run_dir = self.agent.executor.run_dir(request.id, max(rec.attempt, 1))
         kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
-        while context.is_active():
+        while True:
             sent = False
             for name in streams:
-                try:
-                    with open(run_dir / name, "rb") as f:
-                        f.seek(offsets[name])
-                        data = f.read(LOG_CHUNK)
-                except FileNotFoundError:
-                    data = b""
+                data = await self._blocking(_read_chunk, run_dir / name, offsets[name])
                 if data:
                     yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
                     offsets[name] += len(data)
                     sent = True
             if sent:
                 continue
-            if not request.follow or self.agent.ended(request.id):
+            if not request.follow or await self._blocking(self.agent.ended, request.id):
                 return
-            self.agent.wait_change(0.5)
+            await self._blocking(self.agent.wait_change, 0.5)
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._streams, fn, *args)
 
     def ApplyPolicy(self, request, context):
         try:

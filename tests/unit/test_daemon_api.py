@@ -2,6 +2,7 @@
 client's errors, status codes and streams. Runs as any user; the group and the `nobody`
 client are in tests/host/test_daemon_api_host.py."""
 
+import asyncio
 import os
 import socket
 import stat
@@ -38,13 +39,15 @@ class Servicer(pb_grpc.AgentServicer):
     def ApplyPolicy(self, request, context):
         api.abort_invalid(context, request.source)
 
-    def Watch(self, request, context):
-        context.add_callback(self.stream_ended.set)
-        for seq in range(1, 4):
-            yield pb.Event(seq=seq, kind="started", task_id=request.task_id)
-        if request.since_seq == 99:  # a stream that never ends by itself
-            while context.is_active():
+    async def Watch(self, request, context):
+        try:
+            for seq in range(1, 4):
+                yield pb.Event(seq=seq, kind="started", task_id=request.task_id)
+            while request.since_seq == 99:  # a stream that never ends by itself
+                await asyncio.sleep(0.01)
                 yield pb.Event(seq=0, kind="tick")
+        finally:
+            self.stream_ended.set()
 
 
 @pytest.fixture
@@ -215,7 +218,7 @@ def test_refusals_exit_1(sock, served, rpc, request_, code, details):
     with connect(sock) as client, pytest.raises(ApiError) as err:
         getattr(client, rpc)(request_)
     assert (err.value.code, err.value.exit_code) == (code, 1)
-    assert str(err.value).startswith(details)
+    assert details in str(err.value)
 
 
 def test_many_error_lines_are_cut_to_fit_a_header(sock, served):
