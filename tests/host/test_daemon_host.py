@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -92,6 +93,39 @@ def test_cancel_kills_the_task_and_removes_its_leaf(agent, tmp_path):
     assert not (Path(discover_hierarchy().unified.path) / agent.subtree / "tasks" / tid).exists()
     again = agent.cli("cancel", tid)
     assert again.returncode == 1 and "already ended" in again.stderr
+
+
+def test_following_streams_deliver_as_it_happens_and_dropped_ones_free_the_agent(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "talk", ["sh", "-c", "echo one; sleep 1; echo two"]))
+    logs = agent.cli("logs", tid, "-f", "--stream", "stdout", check=True)
+    assert logs.stdout == "one\ntwo\n"  # the whole output, and it ended with the task
+    # More dropped followers than the agent has threads for waiting streams: each must let
+    # its thread go, or the last follower below would wait for ever.
+    base = [str(XHAGENT), "events", "-f", "--json", "--socket", str(agent.socket)]
+    dropped = [subprocess.Popen(base, stdout=subprocess.PIPE, text=True) for _ in range(20)]
+    time.sleep(2)
+    for p in dropped:
+        p.kill()
+        p.wait()
+    follower = subprocess.Popen(base, stdout=subprocess.PIPE, text=True)
+    give_up = threading.Timer(20, follower.kill)  # its output then ends: no hang
+    give_up.start()
+    try:
+        time.sleep(1)
+        second = agent.submit(task_file(tmp_path, "quick", ["true"]))
+        seen = []
+        for line in follower.stdout:
+            ev = json.loads(line)
+            seen.append((ev["task_id"], ev["message"]))
+            if ev["task_id"] == second and ev["message"] == "Running -> Succeeded":
+                break
+        else:
+            pytest.fail(f"no Succeeded event of {second} in 20 s: {seen}")
+    finally:
+        give_up.cancel()
+        follower.kill()
+        follower.wait()
+    assert agent.cli("get", second, check=True).returncode == 0  # and it still serves
 
 
 def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):
