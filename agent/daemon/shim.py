@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -135,15 +136,30 @@ def start_shim(
         cmd += ["--uid", str(int(uid)), "--gid", str(int(gid))]
     if method is not None:
         cmd += ["--method", method]
+    # The shim's stdout is a pipe it closes once its `started` record is written (or when it
+    # exits): the wait below wakes on that instead of polling the directory.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     try:
         shim = shim_group.spawn(
-            [*cmd, "--", *argv], env=env, stdin=null, stdout=null, stderr=null,
+            [*cmd, "--", *argv], env=env, stdin=null, stdout=ready_w, stderr=null,
             start_new_session=True,
         )  # fmt: skip
+    except BaseException:
+        os.close(ready_r)
+        raise
     finally:
         os.close(null)
+        os.close(ready_w)
+    try:
+        return _await_started(shim, task_dir, ready_r, cmd[0], timeout)
+    finally:
+        os.close(ready_r)
+
+
+def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: float):
     deadline = time.monotonic() + timeout
+    told = False  # the pipe closed: the records are final, poll them no more than a little
     while True:
         gone = shim.poll() is not None  # before the read: what it wrote before exiting is seen
         status = read_status(task_dir)
@@ -153,14 +169,18 @@ def start_shim(
         if status.started is not None:
             return replace(status.started, process=shim)
         if gone:
-            why = f"{cmd[0]} exited with {shim.returncode} and left no record in {task_dir}"
+            why = f"{shim_name} exited with {shim.returncode} and left no record in {task_dir}"
             raise ShimError(errno.EIO, why)
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             shim.kill()
             shim.wait()
-            why = f"{cmd[0]} left no record in {task_dir} within {timeout:g}s (killed)"
+            why = f"{shim_name} left no record in {task_dir} within {timeout:g}s (killed)"
             raise ShimError(errno.ETIMEDOUT, why)
-        time.sleep(0.005)
+        if told:
+            time.sleep(0.005)
+        elif select.select([ready], [], [], left)[0]:
+            told = os.read(ready, 64) == b""
 
 
 def process_alive(pid: int, start_time: int) -> bool:
