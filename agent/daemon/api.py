@@ -2,8 +2,9 @@
 service there (`bind`), and the client the CLI uses (`connect`).
 
 The contract is `v1/agent.proto` (package `xhagent.v1`). This module is plumbing only:
-what each RPC does is the daemon's servicer, which aborts with `abort_invalid`,
-`abort_refused` and `abort_not_found` so that every client sees the same status codes.
+what each RPC does is the daemon's servicer, whose methods (`@unary`) raise
+`InvalidArgument`, `FailedPrecondition` and `NotFound` so that every client sees the same
+status codes.
 
     server = bind(servicer, resolve_socket(socket_option))    # the daemon
     server.stop(grace=5)
@@ -22,9 +23,7 @@ import stat
 import struct
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NoReturn
 
 # The daemon forks (task starts, helpers) while grpc's threads run; grpc's fork handlers
 # cannot help a server then, and log a line for every fork. Read once, when grpc loads.
@@ -42,12 +41,14 @@ __all__ = [
     "ApiError",
     "BindError",
     "Server",
-    "abort_invalid",
-    "abort_not_found",
-    "abort_refused",
+    "FailedPrecondition",
+    "Failure",
+    "InvalidArgument",
+    "NotFound",
     "bind",
     "connect",
     "resolve_socket",
+    "unary",
 ]
 
 DEFAULT_SOCKET = "/run/xhagent/xhagent.sock"
@@ -100,7 +101,6 @@ def bind(
     path: Path,
     *,
     group: str = "xhagent",
-    max_workers: int = 32,
 ) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
@@ -113,8 +113,8 @@ def bind(
     A socket another process answers on is refused (BindError with its pid); one nothing
     listens on is a leftover of a killed agent and is replaced; any other kind of file is
     refused and left alone. Two agents starting at once are kept apart by the daemon's
-    state lock, taken before this. A plain (not asyncio) method holds one of `max_workers`
-    threads while it runs.
+    state lock, taken before this. The servicer's methods are coroutines (`@unary`, or
+    asyncio generators for streams) and what blocks runs on the servicer's `executor`.
     """
     path = Path(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
@@ -122,7 +122,7 @@ def bind(
     gid = _group_id(group)
     _prepare_dir(path.parent, gid)
     _clear_stale(path)
-    server = Server(servicer, max_workers)
+    server = Server(servicer)
     # grpc listens as soon as the port is added: the socket must be born private. The umask
     # is the process's, but it only tightens what another thread creates in this instant.
     umask = os.umask(0o177)
@@ -145,18 +145,16 @@ def bind(
 
 
 class Server:
-    """grpc's asyncio server on an event loop thread of its own, running the servicer's
-    plain (blocking) methods on a pool of `max_workers` threads.
+    """grpc's asyncio server on an event loop thread of its own.
 
     Why asyncio: grpc's threaded server wakes a thread five times a second to poll its
     queue, and on a VM every wake-up from idle costs CPU time. The asyncio server sleeps in
     the loop's selector until a request comes, so an idle agent costs only grpc core's own
-    timers. The servicer stays synchronous (grpc's "migration" pool): its calls into the
-    agent block on SQLite and locks, which must not stall the loop.
+    timers. The servicer's methods are coroutines that hand what blocks to its executor
+    (`unary`), so a slow call never stalls the loop.
     """
 
-    def __init__(self, servicer: agent_pb2_grpc.AgentServicer, max_workers: int):
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="xhagent-api")
+    def __init__(self, servicer: agent_pb2_grpc.AgentServicer):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="xhagent-grpc", daemon=True
@@ -164,9 +162,9 @@ class Server:
         self._thread.start()
         self._server = self._call(self._create(servicer))
 
-    async def _create(self, servicer) -> grpc.aio.Server:
+    @staticmethod
+    async def _create(servicer) -> grpc.aio.Server:
         server = grpc.aio.server(
-            migration_thread_pool=self._pool,
             options=[
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
@@ -191,13 +189,22 @@ class Server:
         """Refuse new calls, give running ones `grace` seconds, then end the loop thread."""
         if self._loop.is_closed():
             return
+
+        async def shutdown():
+            await self._server.stop(grace)
+            # calls grpc let go of but whose coroutines still wait (on an executor): ended
+            # here, not destroyed pending with the loop
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
         try:
-            self._call(self._server.stop(grace), None)
+            self._call(shutdown(), None)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _group_id(name: str) -> int | None:
@@ -358,16 +365,44 @@ def _fit(message: str) -> str:
     return "\n".join([*kept, f"... {len(lines) - len(kept)} more lines"])
 
 
-def abort_invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
+class Failure(Exception):
+    """What a servicer method raises to end its call with `code` and the message as details
+    (cut to fit a header: `_fit`)."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(Failure):
     """Bad input: `FILE:LINE:COL: message` lines, in file order (the CLI exits 2)."""
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, _fit(message))
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
 
 
-def abort_refused(context: grpc.ServicerContext, message: str) -> NoReturn:
+class FailedPrecondition(Failure):
     """The node will not or cannot do it (the CLI exits 1)."""
-    context.abort(grpc.StatusCode.FAILED_PRECONDITION, _fit(message))
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
 
 
-def abort_not_found(context: grpc.ServicerContext, message: str) -> NoReturn:
+class NotFound(Failure):
     """No task or policy by that id or name (the CLI exits 1)."""
-    context.abort(grpc.StatusCode.NOT_FOUND, _fit(message))
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+def unary(impl):
+    """A servicer method from a plain function `impl(self, request) -> reply`: run on the
+    servicer's `executor` (it may block: the store, the agent's lock), its `Failure` turned
+    into the call's status. grpc's asyncio server drives the coroutine."""
+
+    async def method(self, request, context):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, impl, self, request
+            )
+        except Failure as failure:
+            await context.abort(failure.code, _fit(str(failure)))
+
+    method.__name__ = method.__qualname__ = impl.__name__
+    method.__doc__ = impl.__doc__
+    return method

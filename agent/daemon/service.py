@@ -1,9 +1,9 @@
 """The `xhagent.v1.Agent` service: each RPC turned into a call on the Agent and back.
 
-Served by grpc's asyncio server (api.Server): the unary methods are plain functions, run
-on the server's threads; Watch and Logs are asyncio generators.
+Served by grpc's asyncio server (api.Server): the unary methods are plain functions run on
+the servicer's executor (`api.unary`); Watch and Logs are asyncio generators.
 
-Status codes (api.abort_*): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
+Status codes (api.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
 NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
 already ended, the store full, a policy held by a file).
 """
@@ -17,10 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
 from .. import __version__
-from .api import abort_invalid, abort_not_found, abort_refused
+from .api import FailedPrecondition, InvalidArgument, NotFound, unary
 from .core import Agent, InvalidTask, Refused
 from .policies import PolicyError, PolicySet
 from .store import StoreError, TaskRecord
@@ -29,7 +27,7 @@ from .v1 import agent_pb2_grpc
 
 WATCH_POLL_S = 1.0  # a following Watch waits on a thread this long at most, then again
 LOG_CHUNK = 64 * 1024
-STREAM_THREADS = 16
+API_THREADS = 32
 
 
 def _read_chunk(path, offset: int) -> bytes:
@@ -83,46 +81,51 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.policies = policies
         self.info = info  # socket, state_dir, metrics_addr for Health
         self.started = time.monotonic()
-        # A following stream holds a thread only while it waits (up to WATCH_POLL_S).
-        self._streams = ThreadPoolExecutor(STREAM_THREADS, thread_name_prefix="xhagent-stream")
+        # Each call's blocking part runs here; a following stream holds a thread only while
+        # it waits (up to WATCH_POLL_S).
+        self.executor = ThreadPoolExecutor(API_THREADS, thread_name_prefix="xhagent-api")
 
     def close(self) -> None:
-        self._streams.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def _task(self, task_id: str, context) -> TaskRecord:
+    def _task(self, task_id: str) -> TaskRecord:
         rec = self.agent.get(task_id)
         if rec is None:
-            abort_not_found(context, f"no task {task_id}")
+            raise NotFound(f"no task {task_id}")
         return rec
 
-    def Submit(self, request, context):
+    @unary
+    def Submit(self, request):
         try:
             recs = self.agent.submit(
                 request.source, request.file_name or "<submitted>", request.idempotency_key
             )
         except InvalidTask as exc:
-            abort_invalid(context, str(exc))
+            raise InvalidArgument(str(exc)) from None
         except StoreError as exc:
-            abort_refused(context, str(exc))
+            raise FailedPrecondition(str(exc)) from None
         return pb.SubmitResponse(tasks=[task_message(r) for r in recs])
 
-    def Get(self, request, context):
-        return pb.GetResponse(task=task_message(self._task(request.id, context)))
+    @unary
+    def Get(self, request):
+        return pb.GetResponse(task=task_message(self._task(request.id)))
 
-    def List(self, request, context):
+    @unary
+    def List(self, request):
         try:
             recs = self.agent.list(list(request.states), request.all, request.limit or 1000)
         except ValueError as exc:  # a state that does not exist
-            abort_invalid(context, f"states: {exc}")
+            raise InvalidArgument(f"states: {exc}") from None
         return pb.ListResponse(tasks=[task_message(r) for r in recs])
 
-    def Cancel(self, request, context):
+    @unary
+    def Cancel(self, request):
         try:
             return pb.CancelResponse(task=task_message(self.agent.cancel(request.id)))
         except KeyError:
-            abort_not_found(context, f"no task {request.id}")
+            raise NotFound(f"no task {request.id}") from None
         except Refused as exc:
-            abort_refused(context, str(exc))
+            raise FailedPrecondition(str(exc)) from None
 
     # The two streams are asyncio generators: grpc cancels one whose client has gone at its
     # next await, so no thread waits for a reader that left. What blocks (the store, the
@@ -152,7 +155,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def Logs(self, request, context) -> AsyncIterator[pb.LogChunk]:
         rec = await self._blocking(self.agent.get, request.id)
         if rec is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.id}")
+            await context.abort(NotFound.code, f"no task {request.id}")
         streams = {
             pb.LOG_STREAM_STDOUT: ["stdout"],
             pb.LOG_STREAM_STDERR: ["stderr"],
@@ -175,34 +178,38 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             await self._blocking(self.agent.wait_change, 0.5)
 
     async def _blocking(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._streams, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    def ApplyPolicy(self, request, context):
+    @unary
+    def ApplyPolicy(self, request):
         try:
             infos = self.policies.apply(request.source, request.file_name or "<applied>")
         except PolicyError as exc:
-            (abort_invalid if exc.invalid else abort_refused)(context, str(exc))
+            raise (InvalidArgument if exc.invalid else FailedPrecondition)(str(exc)) from None
         self.agent.wake()
         return pb.ApplyPolicyResponse(policies=[pb.PolicyInfo(**i) for i in infos])
 
-    def RemovePolicy(self, request, context):
+    @unary
+    def RemovePolicy(self, request):
         try:
             info = self.policies.remove(request.kind, request.name)
         except KeyError:
-            abort_not_found(context, f"no {request.kind or 'policy'} {request.name}")
+            raise NotFound(f"no {request.kind or 'policy'} {request.name}") from None
         except PolicyError as exc:
-            abort_refused(context, str(exc))
+            raise FailedPrecondition(str(exc)) from None
         self.agent.wake()
         return pb.RemovePolicyResponse(removed=pb.PolicyInfo(**info))
 
-    def ListPolicies(self, request, context):
+    @unary
+    def ListPolicies(self, request):
         return pb.ListPoliciesResponse(policies=[pb.PolicyInfo(**i) for i in self.policies.list()])
 
-    def Explain(self, request, context):
+    @unary
+    def Explain(self, request):
         try:
             ex = self.agent.explain(request.id)
         except KeyError:
-            abort_not_found(context, f"no task {request.id}")
+            raise NotFound(f"no task {request.id}") from None
         doc = ex.as_dict()
         return pb.ExplainResponse(
             verdicts=[
@@ -220,10 +227,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             detail_json=json.dumps(doc),
         )
 
-    def Inventory(self, request, context):
+    @unary
+    def Inventory(self, request):
         return pb.InventoryResponse(json=json.dumps(self.agent.node.to_dict()))
 
-    def Health(self, request, context):
+    @unary
+    def Health(self, request):
         return pb.HealthResponse(
             status="serving",
             version=__version__,
@@ -235,4 +244,4 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
 
 
-__all__ = ["AgentService", "task_message", "grpc"]
+__all__ = ["AgentService", "task_message"]

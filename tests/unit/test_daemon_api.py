@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,21 +24,27 @@ NO_GROUP = "xhagent-test-no-such-group"
 class Servicer(pb_grpc.AgentServicer):
     def __init__(self):
         self.stream_ended = threading.Event()
+        self.executor = ThreadPoolExecutor(4)
 
-    def Health(self, request, context):
+    @api.unary
+    def Health(self, request):
         return pb.HealthResponse(status="ok", pid=os.getpid(), version="test")
 
-    def Submit(self, request, context):
-        api.abort_invalid(context, f"{request.file_name}:3:7: spec.priority: must be 0..100")
+    @api.unary
+    def Submit(self, request):
+        raise api.InvalidArgument(f"{request.file_name}:3:7: spec.priority: must be 0..100")
 
-    def Cancel(self, request, context):
-        api.abort_refused(context, f"task {request.id} already ended (Succeeded)")
+    @api.unary
+    def Cancel(self, request):
+        raise api.FailedPrecondition(f"task {request.id} already ended (Succeeded)")
 
-    def Get(self, request, context):
-        api.abort_not_found(context, f"no task {request.id}")
+    @api.unary
+    def Get(self, request):
+        raise api.NotFound(f"no task {request.id}")
 
-    def ApplyPolicy(self, request, context):
-        api.abort_invalid(context, request.source)
+    @api.unary
+    def ApplyPolicy(self, request):
+        raise api.InvalidArgument(request.source)
 
     async def Watch(self, request, context):
         try:
@@ -58,7 +65,7 @@ def sock(tmp_path):
 @pytest.fixture
 def served(sock):
     servicer = Servicer()
-    server = bind(servicer, sock, group=NO_GROUP, max_workers=4)
+    server = bind(servicer, sock, group=NO_GROUP)
     yield servicer
     server.stop(None)
 
