@@ -205,7 +205,7 @@ def spin(seconds):
     return t0, time.monotonic()
 
 
-@pytest.mark.parametrize("preempt", ["bpf", "itimer"])
+@pytest.mark.parametrize("preempt", ["bpf", "timer"])
 def test_cpu_bound_tasks_share_a_worker_by_time_slice(preempt):
     with Pool(CPUS[:1], slice_ms=10, preempt=preempt) as pool:
         assert pool.stats()["workers"][0]["preempt"] == preempt
