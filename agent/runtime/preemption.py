@@ -117,6 +117,11 @@ def install(worker, slice_ms: float, mode: str = "auto") -> str:
         # must not hoard the global ring a batch per tick.
         worker.intake(worker.BATCH - (sched._alive - 1))
         worker.flush()  # and results done so far go out, while this task keeps the CPU
+        # Sleepers whose time has come queue now, ahead of the task that yields: left to
+        # the switch, they would queue behind it and wait one more slice.
+        timers = sched._timers
+        if timers and timers[0][0] <= sched.clock():
+            sched._fire_timers()
         if sched.request_preempt():
             worker.preempted += 1
 
