@@ -233,6 +233,29 @@ def test_a_task_that_never_yields_is_preempted(preempt):
         stuck.result(0)
 
 
+def posix_timers(pid):
+    """/proc/PID/timers as a list of {field: value}."""
+    timers = []
+    with open(f"/proc/{pid}/timers") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == "ID":
+                timers.append({})
+            timers[-1][key] = value.strip()
+    return timers
+
+
+def test_the_timer_fallback_is_the_worker_threads_cpu_clock_signalling_that_thread():
+    with Pool(CPUS[:1], slice_ms=10, preempt="timer") as pool:
+        pid = pool.workers[0].pid
+        (timer,) = posix_timers(pid)
+        assert timer["signal"].startswith(f"{int(signal.SIGURG)}/")
+        assert timer["notify"] == f"signal/tid.{pid}"  # SIGEV_THREAD_ID: its main thread
+        assert timer["ClockID"] == "-2"  # CLOCK_THREAD_CPUTIME_ID of the thread that made it
+    with Pool(CPUS[:1], slice_ms=10, preempt="bpf") as pool:
+        assert posix_timers(pool.workers[0].pid) == []  # BPF only: no timer beside it
+
+
 def test_without_preemption_a_task_that_never_yields_keeps_its_worker():
     with Pool(CPUS[:1], slice_ms=10, preempt="off") as pool:
         assert pool.stats()["workers"][0]["preempt"] == "off"
