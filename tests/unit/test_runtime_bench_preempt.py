@@ -48,3 +48,32 @@ def test_windows_the_hog_never_ran_in_are_left_out():
     assert hog_loss(w, 1)[0] == pytest.approx(0.03, abs=1e-6)
     with pytest.raises(RuntimeError, match="too few windows"):
         hog_loss([None] * 10, 1)
+
+
+def test_a_node_without_bpf_gets_the_timers_figures_and_the_reason(monkeypatch):
+    from xhagent.runtime import bench_preempt
+
+    windows = [(1000.0 * (0.99 if k % 2 else 1.0), 0.1, 0.1) for k in range(12)]
+
+    def measure(mode, duration, cpu, slice_ms):
+        if mode == "bpf":
+            raise PermissionError(1, "load preempt.bpf.o: -EPERM (Operation not permitted)")
+        loss, beside, alone = hog_loss(windows, 2)
+        return {
+            "source": mode,
+            "lat": [0.005] * 98 + [0.012, 0.015],
+            "loss": loss,
+            "loss_cpu": loss,
+            "beside": beside,
+            "alone": alone,
+            "cpu_share": 1.0,
+        }
+
+    monkeypatch.setattr(bench_preempt, "measure_source", measure)
+    monkeypatch.setattr(bench_preempt, "asyncio_pair", lambda d: {"lat": [d], "hog_rate": 1.0})
+    out = bench_preempt.cases(quick=True, cpu=0)
+    assert "-EPERM" in out["cases"]["preempt_bpf"]["error"]
+    assert out["ratios"]["preempt_p99_vs_slice_bpf"] is None
+    assert out["ratios"]["preempt_p99_vs_slice_timer"] == 1.2  # p99 of 100: the 2nd largest
+    assert out["ratios"]["preempt_hog_loss"] == pytest.approx(0.01, abs=1e-4)
+    assert out["baseline"]["asyncio_wake_p99_us_beside_hog"] == 2e6
