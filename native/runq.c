@@ -28,6 +28,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -625,4 +626,54 @@ uint64_t rq_free_count(struct rq *q)
         idx = atomic_load_explicit(&q->meta[idx].next, RLX);
     }
     return n;
+}
+
+/* The slice timer: a POSIX timer on the calling thread's CPU-time clock, delivered to that
+ * thread alone (SIGEV_THREAD_ID), not to whichever thread of the process the kernel picks.
+ * Raw syscalls: glibc wraps kernel timer ids in a timer_t of its own and, before 2.34,
+ * lives in librt; the kernel's int id is all the caller needs. */
+#ifndef sigev_notify_thread_id
+#define sigev_notify_thread_id _sigev_un._tid   /* glibc < 2.35 names only the union member */
+#endif
+
+int rq_cputimer_create(int signo)
+{
+    struct sigevent sev;
+    int id = -1;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = signo;
+    sev.sigev_notify_thread_id = (pid_t)syscall(SYS_gettid);
+    if (syscall(SYS_timer_create, CLOCK_THREAD_CPUTIME_ID, &sev, &id) < 0)
+        return -errno;
+    return id;
+}
+
+static struct timespec ts_of(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    return ts;
+}
+
+int rq_cputimer_set(int id, int64_t first_ns, int64_t interval_ns)
+{
+    struct itimerspec its = {.it_value = ts_of(first_ns), .it_interval = ts_of(interval_ns)};
+    if (first_ns < 0 || interval_ns < 0)
+        return -EINVAL;
+    return syscall(SYS_timer_settime, id, 0, &its, NULL) < 0 ? -errno : 0;
+}
+
+int rq_cputimer_get(int id, int64_t out[2])
+{
+    struct itimerspec its;
+    if (syscall(SYS_timer_gettime, id, &its) < 0)
+        return -errno;
+    out[0] = (int64_t)its.it_value.tv_sec * 1000000000 + its.it_value.tv_nsec;
+    out[1] = (int64_t)its.it_interval.tv_sec * 1000000000 + its.it_interval.tv_nsec;
+    return 0;
+}
+
+int rq_cputimer_delete(int id)
+{
+    return syscall(SYS_timer_delete, id) < 0 ? -errno : 0;
 }

@@ -56,3 +56,11 @@ int rq_alloc_commit(struct rq *q, uint64_t head, uint32_t next);
 uint64_t rq_slot_alloc(struct rq *q);            /* an entry, or RQ_NIL */
 void rq_slot_free(struct rq *q, uint64_t entry);
 uint64_t rq_local_entry(struct rq *q, uint32_t w, uint64_t pos);  /* the raw cell pos % ring_size */
+
+/* The pool's preemption fallback where BPF is not available: a timer on the calling
+ * thread's CPU-time clock (CLOCK_THREAD_CPUTIME_ID) that sends `signo` to that thread
+ * (SIGEV_THREAD_ID). Ids are the kernel's; every call returns a negative errno on failure. */
+int rq_cputimer_create(int signo);                 /* a disarmed timer's id */
+int rq_cputimer_set(int id, int64_t first_ns, int64_t interval_ns);  /* 0, 0: disarm */
+int rq_cputimer_get(int id, int64_t out[2]);       /* CPU time left to the next expiry, interval */
+int rq_cputimer_delete(int id);

@@ -18,13 +18,22 @@ CRASHED = "probe crashed"  # how the reason of a section whose probe raised begi
 
 
 def _probes() -> list[tuple[str, Probe]]:
-    from . import bpf_probe, cgroup_probe, iopoll_probe, nvml_probe, system_probe, uring_probe
+    from . import (
+        bpf_probe,
+        cgroup_probe,
+        iopoll_probe,
+        nvml_probe,
+        runtime_probe,
+        system_probe,
+        uring_probe,
+    )
 
     return [
         ("system", system_probe.probe),
         ("io_uring", uring_probe.probe),
         ("iopoll", iopoll_probe.probe),
         ("ebpf", bpf_probe.probe),
+        ("runtime", runtime_probe.probe),
         ("cgroup", cgroup_probe.probe),
         ("nvml", nvml_probe.probe),
     ]

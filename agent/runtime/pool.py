@@ -51,7 +51,7 @@ class _Worker:
         self.done = 0
         self.alive = True
         self.ready = False
-        self.preempt = None  # the worker's slice source: bpf, itimer or off
+        self.preempt = None  # the worker's slice source: bpf, timer or off
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
@@ -114,7 +114,7 @@ class Pool:
     # -- workers ---------------------------------------------------------------------
     def _load_preempter(self, preempt: str, slice_ms: float) -> str:
         """One BPF Preempter for the whole pool, armed on each worker's thread from here;
-        the workers' mode: owner (armed from here), itimer (their own fallback) or off."""
+        the workers' mode: owner (armed from here), timer (their own fallback) or off."""
         if preempt not in ("auto", "bpf") or slice_ms <= 0:
             return preempt
         try:
@@ -124,7 +124,7 @@ class Pool:
         except Exception:
             if preempt == "bpf":
                 raise
-            return "itimer"  # no BPF here (not root, no BTF): a CPU-time itimer per worker
+            return "timer"  # no BPF here (not root, no BTF): a CPU-time timer per worker thread
         return "owner"
 
     def _start(self, python: str, slice_ms: float, subtree: str | None, preempt: str) -> None:

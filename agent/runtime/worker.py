@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", type=int, required=True)
     ap.add_argument("--slice-ms", type=float, default=10.0)
     ap.add_argument("--owner", type=int, default=0, help="stop when no longer its child")
-    ap.add_argument("--preempt", choices=("auto", "bpf", "itimer", "off", "owner"), default="auto")
+    ap.add_argument("--preempt", choices=("auto", "bpf", "timer", "off", "owner"), default="auto")
     a = ap.parse_args(argv)
     os.sched_setaffinity(0, {a.cpu})
     q, r = _attach(a.queues), _attach(a.results)

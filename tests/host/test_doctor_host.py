@@ -215,3 +215,39 @@ def test_the_probe_uses_the_place_locate_finds_and_says_so(monkeypatch):
     for name in cgroup_probe.LIFECYCLE:
         assert not items[name].ok
         assert "no place the agent may write: systemd manages" in items[name].reason
+
+
+def test_preempt_item_here_is_bpf_and_the_timer_works_too(report):
+    item = report["runtime.preempt"]
+    assert item["ok"] and item["source"] == "bpf", item
+    # each source signalled after about a slice of this thread's CPU time
+    for key in ("bpf_signal_ms", "timer_signal_ms"):
+        assert item["slice_ms"] * 0.9 <= item[key] <= item["slice_ms"] * 3, item
+
+
+WITHOUT_BPF = (
+    "import json\nfrom xhagent.doctor import runtime_probe\n"
+    "from xhagent.runtime.pool import Pool\n"
+    "item = runtime_probe.probe()[0]\n"
+    "with Pool([0]) as pool:\n"
+    "    workers = pool.stats()['workers']\n"
+    "print(json.dumps({'ok': item.ok, **item.detail, 'pool': workers[0]['preempt']}))\n"
+)
+
+
+def test_without_bpf_privileges_the_doctor_and_the_pool_both_say_timer():
+    # root without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN: the BPF object cannot load
+    caps = "-bpf,-perfmon,-sys_admin"
+    res = subprocess.run(
+        ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", sys.executable, "-c"]
+        + [WITHOUT_BPF],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["ok"] and got["source"] == "timer" and got["pool"] == "timer", got
+    assert got["because"].startswith("the BPF preempter does not load: ")
+    assert "-EPERM" in got["because"] and "timer signalled after" in got["because"]
+    assert got["bpf_signal_ms"] is None and got["timer_signal_ms"] > 0

@@ -212,3 +212,26 @@ def test_errno_reason_is_the_one_format_libbpf_codes_included():
     assert errno_name(-errno.EOPNOTSUPP) == "EOPNOTSUPP" and errno_name(99999) == "99999"
     assert format_error("load", -errno.EPERM) == "load: -EPERM (Operation not permitted)"
     assert format_error("load", -4007).startswith("load: -LIBBPF_ERRNO__VERIFY (")
+
+
+def test_preempt_item_names_the_pools_source_and_why_not_the_other():
+    from xhagent.doctor.runtime_probe import decide
+
+    item = decide((True, 10.1, ""), (11.7, ""))
+    assert item.ok and item.detail["source"] == "bpf"
+    assert "BPF preempter loads" in item.detail["because"]
+    assert "timer is for nodes where BPF does not load" in item.detail["because"]
+
+    no_bpf = "the BPF preempter does not load: load preempt.bpf.o: -EPERM (Operation not permitted)"
+    item = decide((False, None, no_bpf), (12.0, ""))
+    assert item.ok and item.detail["source"] == "timer"
+    assert item.detail["because"].startswith(no_bpf) and item.detail["timer_signal_ms"] == 12.0
+
+    # BPF loads, so the pool picks it: a BPF that never signals is a failure, not a fallback
+    item = decide((True, None, "no SIGURG within 1 s (sent=0, failed=3)"), (12.0, ""))
+    assert not item.ok and item.detail["source"] == "bpf"
+    assert "does not preempt: no SIGURG" in item.reason and "preempt='timer'" in item.reason
+
+    item = decide((False, None, no_bpf), (None, "timer_create(...): -EAGAIN (x)"))
+    assert not item.ok and item.detail["source"] == "off"
+    assert no_bpf in item.reason and "-EAGAIN" in item.reason
