@@ -89,3 +89,14 @@ int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned le
 	       uint64_t user_data, unsigned sqe_flags);
 int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
 		       uint64_t user_data_base);
+
+/* The runtime's task ring (xhagent.runtime.io): one io_uring enter per scheduler round.
+ * Submit what is queued and, when wait_ns != 0 and no completion is ready, wait for one
+ * (wait_ns < 0: without a limit), in one io_uring_enter; then copy up to `max` ready
+ * completions to out as (user_data, res) pairs and release their CQ slots. Returns how
+ * many, or the negative errno of a refused enter (an interrupted or timed-out wait is not
+ * one). */
+int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned max);
+/* Arm a one-shot POLLIN on `fd` (an eventfd that other threads write to wake the ring's
+ * sleeper); its completion carries user_data. -EBUSY when the SQ is full. */
+int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);

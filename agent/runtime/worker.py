@@ -35,6 +35,7 @@ from .scheduler import Scheduler
 
 BATCH = 64
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
+IO_WAIT = 0.001  # seconds at most asleep on the tasks' ring before the run queues are looked at
 STOP = pickle.dumps(None)
 
 
@@ -140,12 +141,28 @@ class Worker:
         self.flush()  # the claim is out before any of these tasks runs
         return True
 
+    def io_wait(self) -> bool:
+        """With tasks' requests in flight on the ring (runtime.io): reap, and when nothing had
+        completed sleep on the ring until a completion, another thread's wake-up, the next
+        timer or IO_WAIT. False, doing nothing, when no request is in flight."""
+        sched = self.sched
+        io = sched._io
+        if io is None or not io.inflight:
+            return False
+        sched._wakeup.clear()  # the hub, which clears it, does not run while the feeder lives
+        if not io.poll():
+            timers = sched._timers
+            io.sleep(min(IO_WAIT, timers[0][0] - sched.clock()) if timers else IO_WAIT)
+        return True
+
     def feeder(self) -> None:
         sched = self.sched
         while not self.stopping:
             self.flush()
             if not self.intake():
-                if sched._alive > 1:  # others parked (sleeping): let timers fire
+                if self.io_wait():
+                    sched.yield_()
+                elif sched._alive > 1:  # others parked (sleeping): let timers fire
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
                 else:
@@ -155,6 +172,7 @@ class Worker:
                 continue
             sched.yield_()  # the batch runs; the feeder comes back after it
         while sched._alive > 1:  # let the tasks already taken finish, then report them
+            self.io_wait()
             sched.yield_()
         self.flush()
 

@@ -1,0 +1,276 @@
+"""Tasks read and write through their scheduler's io_uring ring.
+
+    data = rt.read(fd, 4096, offset)          # bytes (short at EOF), like os.pread
+    n = rt.write(fd, b"...", offset)          # bytes written, like os.pwrite
+    data = await rt.read_async(fd, 4096, offset); n = await rt.write_async(fd, data, offset)
+
+One ring per scheduler (so one per pool worker), made by the first read or write: a
+scheduler whose tasks do no I/O has none. A task's request is queued in the ring's
+submission queue and the task parks; other tasks run meanwhile. Everything the tasks of
+a round queued goes to the kernel in one io_uring_enter, made by a pump task queued behind
+the round (at the back of the class of the first task that queued a request), so a task
+that keeps yielding cannot hold the requests back; that enter also reaps what the kernel
+completed inside it (the page cache answers there) and wakes those tasks. Completions that
+come later are reaped at the next round's end or, with nothing runnable, by the
+scheduler's sleep, which then sleeps on the ring itself: a completion, the next timer, a
+future completed by another thread (an eventfd polled through the ring) and, in a pool
+worker, new work in its run queues all end it.
+
+Errors: a failed request raises in its own task an OSError (`UringError`) with the
+kernel's errno (EBADF for a bad fd) and the fd and offset; other tasks go on. A kernel
+without io_uring, or one where `kernel.io_uring_disabled` forbids it, raises
+`IoUnavailable` (an OSError: ENOSYS, EPERM) at the call, naming the reason.
+
+A task cancelled while its request is in flight ends at once; the ring keeps the request's
+buffer until the kernel is done with it, and its completion is dropped.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import threading
+from array import array
+
+from ..errors import KernelError, errno_reason
+from ..io.ring import Ring, UringError, ffi, lib
+from . import scheduler as _core
+from .task import Cancelled
+
+__all__ = ["IoUnavailable", "TaskRing", "read", "ring_of", "write"]
+
+ENTRIES = 1024  # SQ entries; the CQ has twice as many, and at most that many are in flight
+WAKE = (1 << 64) - 2  # user_data of the eventfd poll that other threads' wake-ups end
+_WAKE_SIGNED = WAKE - (1 << 64)  # as the int64 array of completions holds it
+READ, WRITE = 0, 1
+
+
+class IoUnavailable(KernelError):
+    """This kernel (or its `kernel.io_uring_disabled` setting) gives the process no io_uring."""
+
+
+def _unavailable(err: OSError) -> IoUnavailable:
+    why = errno_reason(err)
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            disabled = f.read().strip()
+    except OSError:
+        disabled = None
+    if err.errno == _errno.ENOSYS:
+        hint = "this kernel has no io_uring (CONFIG_IO_URING off, or a filter refuses it)"
+    elif disabled and disabled != "0":
+        hint = f"kernel.io_uring_disabled = {disabled} forbids io_uring to this process"
+    else:
+        hint = "io_uring_setup was refused"
+    return IoUnavailable(err.errno or _errno.ENOSYS, f"{why}: {hint}", "runtime io_uring ring")
+
+
+class _Wakeup(threading.Event):
+    """The scheduler's wake-up event, which also writes an eventfd that the ring polls, so
+    that a sleep on the ring ends on another thread's wake-up (a completed future) too."""
+
+    def __init__(self, efd: int):
+        super().__init__()
+        self.efd = efd
+
+    def set(self) -> None:
+        super().set()
+        try:
+            os.eventfd_write(self.efd, 1)
+        except OSError:
+            pass  # closed with the ring: the scheduler is gone
+
+
+class TaskRing:
+    """The ring of one scheduler, with its requests in flight.
+
+    `inflight`: requests prepared and not yet completed (queued ones included);
+    `enters`: io_uring_enter calls made; `ops`: completions delivered."""
+
+    def __init__(self, sched, entries: int = ENTRIES):
+        try:
+            self.ring = Ring(entries)
+        except OSError as exc:
+            raise _unavailable(exc) from None
+        self.sched = sched
+        self._r = self.ring._ring
+        self.limit = self.ring.cq_entries  # never more in flight: the CQ cannot overflow
+        self._reqs: list = [None] * self.limit
+        self._free = list(range(self.limit - 1, -1, -1))
+        self._backlog: list = []  # requests waiting for a free slot: (rec, write, fd, n, off)
+        self._out = array("q", bytes(16 * self.limit))
+        self._outp = ffi.cast("int64_t *", ffi.from_buffer(self._out))
+        self.inflight = self.queued = 0
+        self.enters = self.ops = 0
+        self._pump = None  # the pump task queued for this round, and its class
+        self._pump_class = None
+        self._rec = None  # the request being parked on (see _register)
+        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._polling = False
+        old = sched._wakeup
+        sched._wakeup = _Wakeup(self.efd)
+        if old.is_set():
+            sched._wakeup.set()
+
+    # -- a task's request ------------------------------------------------------------------
+    def request(self, write: int, fd: int, buf, nbytes: int, offset: int) -> int:
+        """Queue one read or write, park the calling task until it completes; its result
+        (bytes moved, or -errno)."""
+        sched = self.sched
+        task = sched.current  # a task of this scheduler's thread: _ring() checked
+        if task._cancel_requested:
+            raise Cancelled()
+        ptr = ffi.from_buffer(buf, require_writable=not write)
+        # [task, park token, buffer, its pointer, result]: the buffer stays here until the
+        # kernel is done with it, even when the task is cancelled meanwhile
+        rec = [task, 0, buf, ptr, None]
+        if self._free and not self._backlog:
+            self._prep(rec, write, fd, ptr, nbytes, offset)
+        else:
+            self._backlog.append((rec, write, fd, nbytes, offset))
+        if self._pump is None or task.priority < self._pump_class:
+            self._pump_class = task.priority
+            self._pump = sched._spawn(self._run_pump, (), task.priority, None)
+        self._rec = rec
+        try:
+            sched._park(self._register)
+        finally:
+            self._rec = None
+        return rec[4]
+
+    def _register(self, task, token) -> None:
+        self._rec[1] = token
+
+    def _prep(self, rec, write, fd, ptr, nbytes, offset) -> None:
+        i = self._free.pop()
+        if lib.xh_prep_rw(self._r, write, fd, ptr, nbytes, offset, i, 0) < 0:
+            self._enter(0)  # the SQ is full: this round's first batch goes now
+            lib.xh_prep_rw(self._r, write, fd, ptr, nbytes, offset, i, 0)
+        self._reqs[i] = rec
+        self.inflight += 1
+        self.queued += 1
+
+    # -- entering the kernel ---------------------------------------------------------------
+    def _enter(self, wait_ns: int) -> int:
+        """Submit what is queued, wait up to wait_ns (0: not at all, -1: no limit) when
+        nothing is ready, wake the tasks whose requests completed; how many did."""
+        n = lib.xh_rt_enter(self._r, wait_ns, self._outp, self.limit)
+        self.enters += 1
+        self.queued = 0
+        if n < 0:
+            raise UringError.from_res(n, "io_uring_enter (runtime ring)")
+        if n:
+            out, reqs, free, wake = self._out, self._reqs, self._free, self.sched._wake
+            got = 0
+            for k in range(0, 2 * n, 2):
+                i = out[k]
+                if i == _WAKE_SIGNED:  # the eventfd poll fired; re-armed at the next sleep
+                    self._polling = False
+                    try:
+                        os.eventfd_read(self.efd)
+                    except BlockingIOError:
+                        pass
+                    continue
+                rec = reqs[i]
+                reqs[i] = None
+                free.append(i)
+                rec[4] = out[k + 1]
+                wake(rec[0], rec[1])  # a stale token (a cancelled task) does nothing
+                got += 1
+            self.inflight -= got
+            self.ops += got
+            if self._backlog:
+                self._admit()
+            return got
+        return 0
+
+    def _admit(self) -> None:
+        backlog, self._backlog = self._backlog, []
+        for k, (rec, write, fd, nbytes, offset) in enumerate(backlog):
+            if not self._free:
+                self._backlog = backlog[k:]
+                return
+            self._prep(rec, write, fd, rec[3], nbytes, offset)
+
+    def _run_pump(self) -> None:
+        """The round's end: one enter for everything queued. While requests stay in flight
+        and tasks of its class or above are runnable, it comes back after each round of
+        them to reap; otherwise the scheduler's sleep reaps."""
+        sched = self.sched
+        try:
+            while True:
+                self._enter(0)
+                if not self.inflight or not sched.runnable_upto(self._pump_class):
+                    break
+                sched.yield_()
+        finally:
+            if self._pump is sched.current:
+                self._pump = None
+
+    # -- sleeping ----------------------------------------------------------------------------
+    def poll(self) -> int:
+        """Submit what is queued and reap what is ready, without waiting; tasks woken."""
+        return self._enter(0)
+
+    def sleep(self, timeout: float | None) -> int:
+        """Nothing is runnable: wait on the ring for a completion, for `timeout` seconds at
+        most (None: no limit) or until another thread's wake-up; completions reaped."""
+        if not self._polling:
+            if lib.xh_rt_poll(self._r, self.efd, WAKE) == 0:
+                self._polling = True
+        if self.sched._wakeup.is_set():
+            return self._enter(0)
+        return self._enter(-1 if timeout is None else max(1, int(timeout * 1e9)))
+
+    def close(self) -> None:
+        """Cancel what is in flight (waiting for the kernel to let go of the buffers)."""
+        if not self.ring.closed:
+            self.ring.pending = self.inflight + int(self._polling)
+            self.ring.close()
+            os.close(self.efd)
+            self._reqs = []
+
+
+def ring_of(sched) -> TaskRing:
+    """The scheduler's ring, made on first use."""
+    ring = sched._io
+    if ring is None:
+        ring = sched._io = TaskRing(sched)
+    return ring
+
+
+def _ring() -> TaskRing:
+    sched = _core._running
+    if sched is None:
+        raise RuntimeError("runtime read/write is called only inside a task")
+    sched._in_task()
+    ring = sched._io
+    return ring if ring is not None else ring_of(sched)
+
+
+def _fail(res: int, what: str, fd: int, offset: int) -> UringError:
+    return UringError.from_res(res, f"{what} fd {fd} @ {offset}")
+
+
+def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
+    """Up to `nbytes` at `offset` of `fd` (fewer at EOF), through the scheduler's ring; the
+    task parks meanwhile. OSError (UringError) with the kernel's errno on failure."""
+    if nbytes < 0 or offset < 0:
+        raise ValueError(f"read: nbytes {nbytes} and offset {offset} must be >= 0")
+    buf = bytearray(nbytes)
+    res = _ring().request(READ, fd, buf, nbytes, offset)
+    if res < 0:
+        raise _fail(res, "read", fd, offset)
+    return bytes(buf) if res == nbytes else bytes(memoryview(buf)[:res])
+
+
+def write(fd: int, data, offset: int = 0) -> int:
+    """Write `data` (any bytes-like) at `offset` of `fd` through the scheduler's ring; bytes
+    written (short only as pwrite would be)."""
+    if offset < 0:
+        raise ValueError(f"write: offset {offset} must be >= 0")
+    view = memoryview(data)
+    res = _ring().request(WRITE, fd, view, view.nbytes, offset)
+    if res < 0:
+        raise _fail(res, "write", fd, offset)
+    return res
