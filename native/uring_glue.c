@@ -463,3 +463,15 @@ int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data)
 	io_uring_sqe_set_data64(sqe, user_data);
 	return 0;
 }
+
+int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	       uint64_t offset, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	prep_rw(sqe, opcode, fd, buf + buf_off, len, offset, -1);
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}

@@ -100,3 +100,7 @@ int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned m
 /* Arm a one-shot POLLIN on `fd` (an eventfd that other threads write to wake the ring's
  * sleeper); its completion carries user_data. -EBUSY when the SQ is full. */
 int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);
+/* Queue one read or write of `len` bytes at buf + buf_off (a char * so that Python may pass
+ * bytes as they are). -EBUSY when the SQ is full. */
+int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	       uint64_t offset, uint64_t user_data);

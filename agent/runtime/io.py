@@ -39,7 +39,8 @@ from .task import Cancelled
 
 __all__ = ["IoUnavailable", "TaskRing", "read", "ring_of", "write"]
 
-ENTRIES = 1024  # SQ entries; the CQ has twice as many, and at most that many are in flight
+ENTRIES = 1024  # SQ entries, and requests in flight at most (the CQ has twice as many)
+SLOT = 4096  # reads up to this size go through a slot of the ring's slab
 WAKE = (1 << 64) - 2  # user_data of the eventfd poll that other threads' wake-ups end
 _WAKE_SIGNED = WAKE - (1 << 64)  # as the int64 array of completions holds it
 READ, WRITE = 0, 1
@@ -85,7 +86,10 @@ class TaskRing:
     """The ring of one scheduler, with its requests in flight.
 
     `inflight`: requests prepared and not yet completed (queued ones included);
-    `enters`: io_uring_enter calls made; `ops`: completions delivered."""
+    `enters`: io_uring_enter calls made; `ops`: completions delivered.
+
+    A request of at most SLOT bytes reads into its own slot of one slab (the slot index is
+    its user_data), copied out when it is reaped: no buffer is made and pinned per read."""
 
     def __init__(self, sched, entries: int = ENTRIES):
         try:
@@ -94,12 +98,16 @@ class TaskRing:
             raise _unavailable(exc) from None
         self.sched = sched
         self._r = self.ring._ring
-        self.limit = self.ring.cq_entries  # never more in flight: the CQ cannot overflow
+        # At most `entries` in flight: the CQ (twice as large) never overflows, with room
+        # for the wake-up poll's completion.
+        self.limit = self.ring.entries
         self._reqs: list = [None] * self.limit
         self._free = list(range(self.limit - 1, -1, -1))
-        self._backlog: list = []  # requests waiting for a free slot: (rec, write, fd, n, off)
-        self._out = array("q", bytes(16 * self.limit))
+        self._backlog: list = []  # (rec, op, fd, buffer, nbytes, offset) waiting for a slot
+        self._out = array("q", bytes(16 * self.ring.cq_entries))
         self._outp = ffi.cast("int64_t *", ffi.from_buffer(self._out))
+        # the slab, made by the first small read (its pages are touched as slots are used)
+        self._slab = self._slab_p = self._slab_mv = None
         self.inflight = self.queued = 0
         self.enters = self.ops = 0
         self._pump = None  # the pump task queued for this round, and its class
@@ -113,21 +121,21 @@ class TaskRing:
             sched._wakeup.set()
 
     # -- a task's request ------------------------------------------------------------------
-    def request(self, write: int, fd: int, buf, nbytes: int, offset: int) -> int:
-        """Queue one read or write, park the calling task until it completes; its result
-        (bytes moved, or -errno)."""
+    def request(self, op: int, fd: int, cbuf, nbytes: int, offset: int) -> list:
+        """Queue one read or write, park the calling task until it completes. `cbuf`: what
+        the kernel reads from or writes to (bytes, or cffi memory), None for a slab slot.
+        Returns the request's record: [task, token, result (bytes moved or -errno), the
+        bytes read into a slot, cbuf]; the record holds `cbuf` for the kernel until the
+        completion, even when the task is cancelled meanwhile."""
         sched = self.sched
-        task = sched.current  # a task of this scheduler's thread: _ring() checked
+        task = sched.current
         if task._cancel_requested:
             raise Cancelled()
-        ptr = ffi.from_buffer(buf, require_writable=not write)
-        # [task, park token, buffer, its pointer, result]: the buffer stays here until the
-        # kernel is done with it, even when the task is cancelled meanwhile
-        rec = [task, 0, buf, ptr, None]
+        rec = [task, 0, 0, None, cbuf]
         if self._free and not self._backlog:
-            self._prep(rec, write, fd, ptr, nbytes, offset)
+            self._prep(rec, op, fd, cbuf, nbytes, offset)
         else:
-            self._backlog.append((rec, write, fd, nbytes, offset))
+            self._backlog.append((rec, op, fd, cbuf, nbytes, offset))
         if self._pump is None or task.priority < self._pump_class:
             self._pump_class = task.priority
             self._pump = sched._spawn(self._run_pump, (), task.priority, None)
@@ -136,16 +144,24 @@ class TaskRing:
             sched._park(self._register)
         finally:
             self._rec = None
-        return rec[4]
+        return rec
 
     def _register(self, task, token) -> None:
         self._rec[1] = token
 
-    def _prep(self, rec, write, fd, ptr, nbytes, offset) -> None:
+    def _prep(self, rec, op, fd, cbuf, nbytes, offset) -> None:
         i = self._free.pop()
-        if lib.xh_prep_rw(self._r, write, fd, ptr, nbytes, offset, i, 0) < 0:
+        if cbuf is None:
+            if self._slab is None:
+                self._slab = bytearray(self.limit * SLOT)
+                self._slab_p = ffi.from_buffer(self._slab)
+                self._slab_mv = memoryview(self._slab)
+            cbuf, at = self._slab_p, i * SLOT
+        else:
+            at = 0
+        if lib.xh_rt_prep(self._r, op, fd, cbuf, at, nbytes, offset, i) < 0:
             self._enter(0)  # the SQ is full: this round's first batch goes now
-            lib.xh_prep_rw(self._r, write, fd, ptr, nbytes, offset, i, 0)
+            lib.xh_rt_prep(self._r, op, fd, cbuf, at, nbytes, offset, i)
         self._reqs[i] = rec
         self.inflight += 1
         self.queued += 1
@@ -174,7 +190,10 @@ class TaskRing:
                 rec = reqs[i]
                 reqs[i] = None
                 free.append(i)
-                rec[4] = out[k + 1]
+                res = rec[2] = out[k + 1]
+                if rec[4] is None and res > 0:  # a slot's bytes, out before it is reused
+                    at = i * SLOT
+                    rec[3] = self._slab_mv[at : at + res].tobytes()
                 wake(rec[0], rec[1])  # a stale token (a cancelled task) does nothing
                 got += 1
             self.inflight -= got
@@ -186,11 +205,11 @@ class TaskRing:
 
     def _admit(self) -> None:
         backlog, self._backlog = self._backlog, []
-        for k, (rec, write, fd, nbytes, offset) in enumerate(backlog):
+        for k, args in enumerate(backlog):
             if not self._free:
                 self._backlog = backlog[k:]
                 return
-            self._prep(rec, write, fd, rec[3], nbytes, offset)
+            self._prep(*args)
 
     def _run_pump(self) -> None:
         """The round's end: one enter for everything queued. While requests stay in flight
@@ -241,9 +260,8 @@ def ring_of(sched) -> TaskRing:
 
 def _ring() -> TaskRing:
     sched = _core._running
-    if sched is None:
+    if sched is None or sched.current is None or threading.get_ident() != sched._thread:
         raise RuntimeError("runtime read/write is called only inside a task")
-    sched._in_task()
     ring = sched._io
     return ring if ring is not None else ring_of(sched)
 
@@ -255,10 +273,18 @@ def _fail(res: int, what: str, fd: int, offset: int) -> UringError:
 def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
     """Up to `nbytes` at `offset` of `fd` (fewer at EOF), through the scheduler's ring; the
     task parks meanwhile. OSError (UringError) with the kernel's errno on failure."""
-    if nbytes < 0 or offset < 0:
-        raise ValueError(f"read: nbytes {nbytes} and offset {offset} must be >= 0")
+    if nbytes <= SLOT:
+        if nbytes < 0 or offset < 0:
+            raise ValueError(f"read: nbytes {nbytes} and offset {offset} must be >= 0")
+        rec = _ring().request(READ, fd, None, nbytes, offset)
+        res = rec[2]
+        if res < 0:
+            raise _fail(res, "read", fd, offset)
+        return rec[3] or b""
+    if offset < 0:
+        raise ValueError(f"read: offset {offset} must be >= 0")
     buf = bytearray(nbytes)
-    res = _ring().request(READ, fd, buf, nbytes, offset)
+    res = _ring().request(READ, fd, ffi.from_buffer(buf), nbytes, offset)[2]
     if res < 0:
         raise _fail(res, "read", fd, offset)
     return bytes(buf) if res == nbytes else bytes(memoryview(buf)[:res])
@@ -269,8 +295,12 @@ def write(fd: int, data, offset: int = 0) -> int:
     written (short only as pwrite would be)."""
     if offset < 0:
         raise ValueError(f"write: offset {offset} must be >= 0")
-    view = memoryview(data)
-    res = _ring().request(WRITE, fd, view, view.nbytes, offset)
+    if type(data) is bytes:
+        cbuf, nbytes = data, len(data)  # passed to C as it is, kept alive by the request
+    else:
+        view = memoryview(data)
+        cbuf, nbytes = ffi.from_buffer(view), view.nbytes
+    res = _ring().request(WRITE, fd, cbuf, nbytes, offset)[2]
     if res < 0:
         raise _fail(res, "write", fd, offset)
     return res
