@@ -56,3 +56,10 @@ int rq_alloc_commit(struct rq *q, uint64_t head, uint32_t next);
 uint64_t rq_slot_alloc(struct rq *q);            /* an entry, or RQ_NIL */
 void rq_slot_free(struct rq *q, uint64_t entry);
 uint64_t rq_local_entry(struct rq *q, uint32_t w, uint64_t pos);  /* the raw cell pos % ring_size */
+
+/* rq_wait in two halves, for a worker that sleeps elsewhere (an io_uring FUTEX_WAIT on the
+ * same word, beside its tasks' I/O). begin: 1 when there is no sleeping to do (work is
+ * visible or a wake came); 0 once announced as a sleeper, with the futex word's address and
+ * the value to wait on in *word and *seq. end: after the sleep, whatever ended it. */
+int rq_wait_begin(struct rq *q, uint32_t w, uint64_t *word, uint32_t *seq);
+void rq_wait_end(struct rq *q, uint32_t w);

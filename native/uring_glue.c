@@ -475,3 +475,35 @@ int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t bu
 	io_uring_sqe_set_data64(sqe, user_data);
 	return 0;
 }
+
+/* Not in liburing 2.3's headers: the kernel's values (include/uapi/linux/io_uring.h, futex.h). */
+#define XH_IORING_OP_FUTEX_WAIT 51
+#define XH_FUTEX2_SIZE_U32 0x02
+#define XH_FUTEX_BITSET_MATCH_ANY 0xffffffffu
+
+int xh_rt_futex_wait(struct io_uring *ring, uint64_t addr, uint32_t val, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	/* as liburing 2.5's io_uring_prep_futex_wait: fd = futex2 flags, off = the value */
+	io_uring_prep_rw(XH_IORING_OP_FUTEX_WAIT, sqe, XH_FUTEX2_SIZE_U32, (void *)(uintptr_t)addr, 0,
+			 val);
+	sqe->addr3 = XH_FUTEX_BITSET_MATCH_ANY;
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+int xh_rt_futex_supported(struct io_uring *ring)
+{
+	struct io_uring_probe *probe = io_uring_get_probe_ring(ring);
+	int ok;
+
+	if (!probe)
+		return 0;
+	ok = probe->last_op >= XH_IORING_OP_FUTEX_WAIT &&
+	     io_uring_opcode_supported(probe, XH_IORING_OP_FUTEX_WAIT);
+	io_uring_free_probe(probe);
+	return ok;
+}

@@ -104,3 +104,9 @@ int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);
  * bytes as they are). -EBUSY when the SQ is full. */
 int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
 	       uint64_t offset, uint64_t user_data);
+/* Arm an IORING_OP_FUTEX_WAIT (Linux 6.7) on the shared (not process-private) 32-bit futex
+ * word at `addr`, expected to hold `val`: a FUTEX_WAKE on it from any process completes
+ * it (user_data), so a sleep on the ring also ends when a pool worker is handed work.
+ * -EBUSY when the SQ is full. xh_rt_futex_supported: whether this kernel has the op. */
+int xh_rt_futex_wait(struct io_uring *ring, uint64_t addr, uint32_t val, uint64_t user_data);
+int xh_rt_futex_supported(struct io_uring *ring);

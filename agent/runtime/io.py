@@ -43,6 +43,8 @@ ENTRIES = 1024  # SQ entries, and requests in flight at most (the CQ has twice a
 SLOT = 4096  # reads up to this size go through a slot of the ring's slab
 WAKE = (1 << 64) - 2  # user_data of the eventfd poll that other threads' wake-ups end
 _WAKE_SIGNED = WAKE - (1 << 64)  # as the int64 array of completions holds it
+FUTEX = (1 << 64) - 3  # user_data of the FUTEX_WAIT on a pool worker's run-queue word
+_FUTEX_SIGNED = FUTEX - (1 << 64)
 READ, WRITE = 0, 1
 
 
@@ -115,6 +117,8 @@ class TaskRing:
         self._rec = None  # the request being parked on (see _register)
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._polling = False
+        self._futex = None  # (address, value) of the armed FUTEX_WAIT, if one is
+        self.futex_wait = bool(lib.xh_rt_futex_supported(self._r))  # Linux 6.7 and later
         old = sched._wakeup
         sched._wakeup = _Wakeup(self.efd)
         if old.is_set():
@@ -180,12 +184,15 @@ class TaskRing:
             got = 0
             for k in range(0, 2 * n, 2):
                 i = out[k]
-                if i == _WAKE_SIGNED:  # the eventfd poll fired; re-armed at the next sleep
-                    self._polling = False
-                    try:
-                        os.eventfd_read(self.efd)
-                    except BlockingIOError:
-                        pass
+                if i < 0:  # ours, not a request's: re-armed at the next sleep
+                    if i == _WAKE_SIGNED:
+                        self._polling = False
+                        try:
+                            os.eventfd_read(self.efd)
+                        except BlockingIOError:
+                            pass
+                    elif i == _FUTEX_SIGNED:
+                        self._futex = None
                     continue
                 rec = reqs[i]
                 reqs[i] = None
@@ -231,12 +238,19 @@ class TaskRing:
         """Submit what is queued and reap what is ready, without waiting; tasks woken."""
         return self._enter(0)
 
-    def sleep(self, timeout: float | None) -> int:
+    def sleep(self, timeout: float | None, futex: tuple[int, int] | None = None) -> int:
         """Nothing is runnable: wait on the ring for a completion, for `timeout` seconds at
-        most (None: no limit) or until another thread's wake-up; completions reaped."""
+        most (None: no limit) or until another thread's wake-up; completions reaped.
+        `futex` (address, value): a shared futex word whose FUTEX_WAKE ends the sleep too
+        (only where `futex_wait`); its wait stays armed across sleeps until it fires."""
         if not self._polling:
             if lib.xh_rt_poll(self._r, self.efd, WAKE) == 0:
                 self._polling = True
+        if futex is not None and self._futex is None:
+            # An armed wait on the same word stays valid: its value can only have moved
+            # by a wake, which completes it.
+            if lib.xh_rt_futex_wait(self._r, futex[0], futex[1], FUTEX) == 0:
+                self._futex = futex
         if self.sched._wakeup.is_set():
             return self._enter(0)
         return self._enter(-1 if timeout is None else max(1, int(timeout * 1e9)))
@@ -244,7 +258,7 @@ class TaskRing:
     def close(self) -> None:
         """Cancel what is in flight (waiting for the kernel to let go of the buffers)."""
         if not self.ring.closed:
-            self.ring.pending = self.inflight + int(self._polling)
+            self.ring.pending = self.inflight + self._polling + (self._futex is not None)
             self.ring.close()
             os.close(self.efd)
             self._reqs = []

@@ -35,7 +35,7 @@ from .scheduler import Scheduler
 
 BATCH = 64
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
-IO_WAIT = 0.001  # seconds at most asleep on the tasks' ring before the run queues are looked at
+IO_WAIT = 0.001  # seconds asleep on the tasks' ring at most, where new work cannot wake it
 STOP = pickle.dumps(None)
 
 
@@ -144,15 +144,27 @@ class Worker:
     def io_wait(self) -> bool:
         """With tasks' requests in flight on the ring (runtime.io): reap, and when nothing had
         completed sleep on the ring until a completion, another thread's wake-up, the next
-        timer or IO_WAIT. False, doing nothing, when no request is in flight."""
+        timer or new work for this worker (a FUTEX_WAIT on its run-queue word, armed in the
+        ring; where the kernel lacks it, IO_WAIT bounds the sleep instead). False, doing
+        nothing, when no request is in flight."""
         sched = self.sched
         io = sched._io
         if io is None or not io.inflight:
             return False
         sched._wakeup.clear()  # the hub, which clears it, does not run while the feeder lives
-        if not io.poll():
-            timers = sched._timers
+        if io.poll():
+            return True
+        timers = sched._timers
+        if not io.futex_wait:
             io.sleep(min(IO_WAIT, timers[0][0] - sched.clock()) if timers else IO_WAIT)
+            return True
+        word = self.q.wait_begin(self.index)
+        if word is None:  # work came (or a wake): no sleeping
+            return True
+        try:
+            io.sleep(min(IDLE_WAIT, timers[0][0] - sched.clock()) if timers else IDLE_WAIT, word)
+        finally:
+            self.q.wait_end(self.index)
         return True
 
     def feeder(self) -> None:

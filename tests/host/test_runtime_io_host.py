@@ -15,6 +15,7 @@ import pytest
 from xhagent.runtime import api as rt
 from xhagent.runtime import io as rio
 from xhagent.runtime.pool import Pool
+from xhagent.runtime.queues import SharedQueues
 
 pytestmark = pytest.mark.host
 CPUS = sorted(os.sched_getaffinity(0))[:2]
@@ -207,6 +208,37 @@ def test_a_future_done_by_another_thread_wakes_the_sleep_on_the_ring():
         os.close(w)
 
 
+def test_a_run_queue_push_ends_the_sleep_on_the_ring():
+    """A pool worker with reads in flight sleeps on its ring with a FUTEX_WAIT on its
+    run-queue word armed there: a push by another thread (or process) ends the sleep."""
+    r, w = os.pipe()
+    q = SharedQueues.create(2)
+    try:
+
+        def main():
+            ring = rio.ring_of(rt._core._running)
+            assert ring.futex_wait  # this kernel has IORING_OP_FUTEX_WAIT (Linux 6.7+)
+            reader = rt.spawn(rt.read, r, 10, 0)
+            rt.sleep(0.01)  # the reader is parked, its read in the kernel
+            word = q.wait_begin(0)
+            assert word is not None and q.sleepers() == 1
+            threading.Timer(0.2, q.push_global, (b"work",)).start()
+            start = time.monotonic()
+            ring.sleep(10, word)  # without the futex in the ring: 10 s
+            slept = time.monotonic() - start
+            q.wait_end(0)
+            os.write(w, b"done")
+            return slept, reader.join(), q.sleepers()
+
+        slept, data, sleepers = rt.run(main)
+        assert 0.1 < slept < 3 and data == b"done" and sleepers == 0
+        assert q.pop_global() == b"work"
+    finally:
+        q.close()
+        os.close(r)
+        os.close(w)
+
+
 def test_cancelled_task_ends_and_its_late_completion_is_dropped():
     r, w = os.pipe()
     try:
@@ -307,6 +339,40 @@ def pool_pipe_read(ticks):
     finally:
         os.close(r)
         os.close(w)
+
+
+def pool_fifo_read(path):
+    fd = os.open(path, os.O_RDWR)  # a FIFO opened read-write: the open does not block
+    try:
+        return rt.read(fd, 100, 0)
+    finally:
+        os.close(fd)
+
+
+def test_a_worker_with_a_read_in_flight_still_takes_new_work(tmp_path):
+    """One worker, its only task parked on a FIFO read: the worker sleeps on its ring, and
+    each new submission ends that sleep (the run-queue futex is armed in the ring)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Pool(CPUS[:1]) as pool:
+        blocked = pool.submit(pool_fifo_read, str(fifo))
+        time.sleep(0.2)  # the read is in the kernel, the worker asleep on its ring
+        rounds = []
+        for x in range(50):
+            start = time.monotonic()
+            assert pool.submit(square, x).result(T) == x * x
+            rounds.append(time.monotonic() - start)
+        assert not blocked.done()
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"unblocked")
+        os.close(fd)
+        assert blocked.result(T) == b"unblocked"
+    rounds.sort()
+    print(f"submit round trip beside a read in flight: p50 {rounds[25] * 1e6:.0f} us")
+
+
+def square(x):
+    return x * x
 
 
 def test_pool_tasks_read_through_their_workers_ring(data_file):
