@@ -7,6 +7,7 @@ rt.yield_(); rt.sleep(0.01); h.join(); rt.wait_future(f)
 with rt.critical(): ...           # preemption waits for the section's end
 await rt.sleep_async(0.01); await h    # in async def tasks
 data = rt.read(fd, 4096, offset); n = rt.write(fd, data, offset)   # the ring: runtime.io
+n = rt.read_into(fd, buf, offset)                                   # into your buffer
 await rt.read_async(fd, 4096, offset); await rt.write_async(fd, data, offset)
 """
 
@@ -27,6 +28,8 @@ __all__ = [
     "local",
     "read",
     "read_async",
+    "read_into",
+    "read_into_async",
     "request_preempt",
     "run",
     "sleep",
@@ -141,6 +144,11 @@ def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
     return (_io or _load_io()).read(fd, nbytes, offset)
 
 
+def read_into(fd: int, buf, offset: int = 0) -> int:
+    """Read into the writable buffer `buf` at `offset` of `fd`, like os.preadv; bytes read."""
+    return (_io or _load_io()).read_into(fd, buf, offset)
+
+
 def write(fd: int, data, offset: int = 0) -> int:
     """Write `data` at `offset` of `fd`, like os.pwrite; bytes written."""
     return (_io or _load_io()).write(fd, data, offset)
@@ -149,6 +157,10 @@ def write(fd: int, data, offset: int = 0) -> int:
 def read_async(fd: int, nbytes: int, offset: int = 0) -> Trap:
     """`await read_async(fd, n, offset)` in an `async def` task."""
     return Trap(read, fd, nbytes, offset)
+
+
+def read_into_async(fd: int, buf, offset: int = 0) -> Trap:
+    return Trap(read_into, fd, buf, offset)
 
 
 def write_async(fd: int, data, offset: int = 0) -> Trap:

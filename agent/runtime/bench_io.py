@@ -9,8 +9,10 @@ beforehand):
   * io_engine: `xhagent.io.read_batch` of the N reads, one call whose per-op loop is C;
   * io_tasks: N tasks spawned at once, each `rt.read(fd, 4096, offset)`, all joined;
     ops/s over the whole (spawn to last join), p50/p99 of each read's call-to-return;
-  * tasks_noop (for reading the figure, no ratio): the same N tasks spawned and joined
-    with no read, the scheduler's own share of io_tasks' time.
+  * for reading the figure, no ratio: io_tasks_into, the same tasks with
+    `rt.read_into` their slice of one buffer (the engine's destination: no 4 KiB bytes
+    object made per read), and tasks_noop, the same tasks with no read at all (the
+    scheduler's own share of io_tasks' time).
 Each case takes the median of ROUNDS timed passes (ops/s from passes without per-op
 clock reads, latencies from one pass with them), after a warm-up pass.
 """
@@ -61,46 +63,60 @@ def _engine(fd: int, offsets: array, rounds: int) -> dict:
     return _summary(n, seconds, lat)
 
 
-def _tasks(fd: int, offsets: array, rounds: int, with_io: bool = True) -> dict:
+def _tasks(fd: int, offsets: array, rounds: int, how: str = "read") -> dict:
+    """how: "read" (rt.read, bytes back), "into" (rt.read_into the task's slice of one
+    buffer, the engine's destination) or "noop" (no read)."""
     from xhagent.runtime import api as rt
 
-    spawn, read, now = rt.spawn, rt.read, time.perf_counter_ns
+    spawn, now = rt.spawn, time.perf_counter_ns
+    read = rt.read if how == "read" else rt.read_into
     lat = array("Q")
+    with_io = how != "noop"
+    buf = memoryview(bytearray(len(offsets) * BLOCK))
+    slices = [buf[k * BLOCK : (k + 1) * BLOCK] for k in range(len(offsets))]
+    args = (
+        list(zip(offsets, slices, strict=True)) if how == "into" else [(o, BLOCK) for o in offsets]
+    )
 
-    def plain(o):
-        return read(fd, BLOCK, o)
+    def plain(o, dest):
+        return read(fd, dest, o)
 
-    def noop(o):
-        return None
+    def noop(o, dest):
+        return BLOCK
 
-    def timed(o):
+    def timed(o, dest):
         t = now()
-        data = read(fd, BLOCK, o)
+        got = read(fd, dest, o)
         lat.append(now() - t)
-        return data
+        return got
 
     def one_pass(fn) -> float:
         start = time.perf_counter()
-        tasks = [spawn(fn, o) for o in offsets]
+        tasks = [spawn(fn, o, dest) for o, dest in args]
         for t in tasks:
-            if len(t.join() or b"") != BLOCK and with_io:
+            got = t.join()
+            if (got if type(got) is int else len(got)) != BLOCK:
                 raise RuntimeError("io_tasks: a short read from the page cache")
         return time.perf_counter() - start
 
     def main():
         fn = plain if with_io else noop
         one_pass(fn)  # warm-up: contexts made, the ring made
-        seconds = [one_pass(fn) for _ in range(rounds)]
-        if with_io:
-            one_pass(timed)
         ring = rt._core._running._io
-        return seconds, (ring.enters, ring.ops) if with_io else None
+        before = (ring.enters, ring.ops) if with_io else None
+        seconds = [one_pass(fn) for _ in range(rounds)]
+        if not with_io:
+            return seconds, None
+        # per timed pass: how many io_uring_enter calls carried its reads
+        counts = ((ring.enters - before[0]) / rounds, (ring.ops - before[1]) / rounds)
+        one_pass(timed)
+        return seconds, counts
 
     # In a pool worker this is a task already: its subtasks use the worker's ring.
     seconds, counts = main() if rt.current_task() is not None else rt.run(main)
     out = _summary(len(offsets), seconds, lat)
     if counts is not None:
-        out["enters"], out["completions"] = counts
+        out["enters_per_pass"], out["reads_per_pass"] = counts
     return out
 
 
@@ -114,7 +130,8 @@ def measure(path: str, ops: int, seed: int, rounds: int) -> dict:
         return {
             "io_engine": _engine(fd, offs, rounds),
             "io_tasks": _tasks(fd, offs, rounds),
-            "tasks_noop": _tasks(fd, offs, rounds, with_io=False),
+            "io_tasks_into": _tasks(fd, offs, rounds, "into"),
+            "tasks_noop": _tasks(fd, offs, rounds, "noop"),
             "cpu": sorted(os.sched_getaffinity(0)),
         }
     finally:
@@ -152,7 +169,8 @@ def cases(quick: bool = False, *, ops: int = OPS, in_pool: bool = True) -> dict:
             "io": (
                 f"{ops} random 4 KiB reads of a {size >> 20} MiB file in the page cache, in "
                 f"one pool worker pinned to cpu {cpus}; tasks_noop is the same tasks without "
-                "the read (the scheduler's part of io_tasks)"
+                "the read (the scheduler's part of io_tasks); io_tasks_into reads into one buffer "
+                "as the engine does"
             )
         },
     }

@@ -1,6 +1,7 @@
 """Tasks read and write through their scheduler's io_uring ring.
 
     data = rt.read(fd, 4096, offset)          # bytes (short at EOF), like os.pread
+    n = rt.read_into(fd, buf, offset)         # into a writable buffer, like os.preadv
     n = rt.write(fd, b"...", offset)          # bytes written, like os.pwrite
     data = await rt.read_async(fd, 4096, offset); n = await rt.write_async(fd, data, offset)
 
@@ -37,7 +38,7 @@ from ..io.ring import Ring, UringError, ffi, lib
 from . import scheduler as _core
 from .task import Cancelled
 
-__all__ = ["IoUnavailable", "TaskRing", "read", "ring_of", "write"]
+__all__ = ["IoUnavailable", "TaskRing", "read", "read_into", "ring_of", "write"]
 
 ENTRIES = 1024  # SQ entries, and requests in flight at most (the CQ has twice as many)
 SLOT = 4096  # reads up to this size go through a slot of the ring's slab
@@ -302,6 +303,19 @@ def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
     if res < 0:
         raise _fail(res, "read", fd, offset)
     return bytes(buf) if res == nbytes else bytes(memoryview(buf)[:res])
+
+
+def read_into(fd: int, buf, offset: int = 0) -> int:
+    """Read into `buf` (any writable bytes-like: bytearray, memoryview slice, mmap) at
+    `offset` of `fd`, as os.preadv would; bytes read. The kernel writes into `buf` itself:
+    no bytes object is made, which matters when many reads are alive at once."""
+    if offset < 0:
+        raise ValueError(f"read_into: offset {offset} must be >= 0")
+    cbuf = ffi.from_buffer(buf, require_writable=True)
+    res = _ring().request(READ, fd, cbuf, len(cbuf), offset)[2]
+    if res < 0:
+        raise _fail(res, "read", fd, offset)
+    return res
 
 
 def write(fd: int, data, offset: int = 0) -> int:

@@ -67,6 +67,29 @@ def test_short_read_at_eof_and_sizes(data_file):
     assert tail == blob[-100:] and past == b"" and odd == blob[7:17]
 
 
+def test_read_into_fills_each_tasks_part_of_one_buffer(data_file):
+    fd, blob, _ = data_file
+    buf = bytearray(64 * BLOCK)
+    view = memoryview(buf)
+
+    def part(k):
+        return rt.read_into(fd, view[k * BLOCK : (k + 1) * BLOCK], (63 - k) * BLOCK)
+
+    async def tail():
+        return await rt.read_into_async(fd, bytearray(BLOCK), len(blob) - 10)
+
+    def main():
+        sizes = [t.join() for t in [rt.spawn(part, k) for k in range(64)]]
+        return sizes, rt.spawn(tail).join()
+
+    sizes, short = rt.run(main)
+    assert sizes == [BLOCK] * 64 and short == 10
+    for k in range(64):
+        assert buf[k * BLOCK : (k + 1) * BLOCK] == blob[(63 - k) * BLOCK : (64 - k) * BLOCK]
+    with pytest.raises(BufferError):  # the kernel may not write into bytes
+        rt.run(rt.read_into, fd, b"read-only", 0)
+
+
 def test_write_then_read_round_trip(tmp_path):
     fd = os.open(tmp_path / "w", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -389,3 +412,17 @@ def test_pool_tasks_read_through_their_workers_ring(data_file):
         assert info.value.errno == errno.EBADF
         assert pool.submit(pool_pipe_read, 4).result(T) == b"4"
         assert pool.submit(pool_read_one, str(path), 0).result(T) == blob[:BLOCK]
+
+
+def test_bench_io_cases_report_the_ratio_and_the_batching():
+    from xhagent.runtime import bench_io
+
+    report = bench_io.cases(quick=True, ops=300, in_pool=False)
+    cases = report["cases"]
+    for name in ("io_engine", "io_tasks", "io_tasks_into", "tasks_noop"):
+        assert cases[name]["ops_per_s"] > 0 and cases[name]["ops"] == 300
+    assert cases["io_tasks"]["p50_us"] > 0 and cases["io_tasks"]["p99_us"] > 0
+    assert cases["io_tasks"]["reads_per_pass"] == 300
+    assert cases["io_tasks"]["enters_per_pass"] <= 3  # one round's reads, one enter
+    ratio = report["ratios"]["io_tasks_vs_engine"]
+    assert ratio == round(cases["io_tasks"]["ops_per_s"] / cases["io_engine"]["ops_per_s"], 3)
