@@ -137,18 +137,25 @@ class TaskRing:
         if task._cancel_requested:
             raise Cancelled()
         rec = [task, 0, 0, None, cbuf]
-        if self._free and not self._backlog:
-            self._prep(rec, op, fd, cbuf, nbytes, offset)
-        else:
-            self._backlog.append((rec, op, fd, cbuf, nbytes, offset))
-        if self._pump is None or task.priority < self._pump_class:
-            self._pump_class = task.priority
-            self._pump = sched._spawn(self._run_pump, (), task.priority, None)
-        self._rec = rec
+        # Until parked, a preemption would let another task's request in halfway through
+        # this one (the ring's state, self._rec): the handler's yield waits, as in
+        # critical(). The park gives the CPU up, which is what a pending preemption asked.
+        task._critical += 1
         try:
+            if self._free and not self._backlog:
+                self._prep(rec, op, fd, cbuf, nbytes, offset)
+            else:
+                self._backlog.append((rec, op, fd, cbuf, nbytes, offset))
+            if self._pump is None or task.priority < self._pump_class:
+                self._pump_class = task.priority
+                self._pump = sched._spawn(self._run_pump, (), task.priority, None)
+            self._rec = rec
             sched._park(self._register)
         finally:
             self._rec = None
+            task._critical -= 1
+            if not task._critical:
+                task._preempt_requested = False
         return rec
 
     def _register(self, task, token) -> None:
@@ -261,6 +268,10 @@ class TaskRing:
         if not self.ring.closed:
             self.ring.pending = self.inflight + self._polling + (self._futex is not None)
             self.ring.close()
+            wakeup = threading.Event()  # the eventfd's number may be reused once closed
+            if self.sched._wakeup.is_set():
+                wakeup.set()
+            self.sched._wakeup = wakeup
             os.close(self.efd)
             self._reqs = []
 

@@ -308,6 +308,30 @@ def test_more_requests_than_the_ring_holds_wait_their_turn():
             os.close(w)
 
 
+def test_a_preemption_inside_a_request_waits_for_its_park(data_file, monkeypatch):
+    """What the time-slice handler does at a safe point (request_preempt), done halfway
+    through queueing a request: it must not switch to another task, which could queue
+    its own request over this one's, but leave the yield to the park."""
+    fd, blob, _ = data_file
+    yielded = []
+    prep = rio.TaskRing._prep
+
+    def preempted_prep(self, *args):
+        yielded.append(rt.request_preempt())
+        return prep(self, *args)
+
+    monkeypatch.setattr(rio.TaskRing, "_prep", preempted_prep)
+
+    def main():
+        tasks = [rt.spawn(rio.read, fd, BLOCK, k * BLOCK) for k in range(8)]
+        return [t.join() for t in tasks], [t._preempt_requested for t in tasks]
+
+    got, still_requested = rt.run(main)
+    assert yielded == [False] * 8
+    assert got == [blob[k * BLOCK : (k + 1) * BLOCK] for k in range(8)]
+    assert still_requested == [False] * 8  # the park answered the request
+
+
 def test_a_scheduler_without_io_has_no_ring():
     def main():
         rt.sleep(0.001)
@@ -396,6 +420,35 @@ def test_a_worker_with_a_read_in_flight_still_takes_new_work(tmp_path):
 
 def square(x):
     return x * x
+
+
+def pool_reads_under_preemption(path, tasks, reads):
+    """Reads through runtime.io itself (no api frame, which the preemption handler counts as
+    runtime code) by tasks that also burn CPU, so slices end inside the read path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        def one(seed):
+            bad = 0
+            for k in range(reads):
+                off = ((seed * 7919 + k * 104729) % 256) * BLOCK
+                if rio.read(fd, BLOCK, off) != os.pread(fd, BLOCK, off):
+                    bad += 1
+                sum(range(2000))
+            return bad
+
+        handles = [rt.spawn(one, t) for t in range(tasks)]
+        return sum(h.join() for h in handles)
+    finally:
+        os.close(fd)
+
+
+def test_reads_stay_right_under_time_slice_preemption(data_file):
+    _, _, path = data_file
+    with Pool(CPUS[:1], slice_ms=0.5) as pool:
+        assert pool.submit(pool_reads_under_preemption, str(path), 40, 100).result(T) == 0
+        stats = pool.stats()
+    assert stats["workers"][0]["preempt"] in ("bpf", "itimer")
 
 
 def test_pool_tasks_read_through_their_workers_ring(data_file):
