@@ -172,8 +172,12 @@ class TaskRing:
         else:
             at = 0
         if lib.xh_rt_prep(self._r, op, fd, cbuf, at, nbytes, offset, i) < 0:
-            self._enter(0)  # the SQ is full: this round's first batch goes now
-            lib.xh_rt_prep(self._r, op, fd, cbuf, at, nbytes, offset, i)
+            # The SQ is full (only our poll and futex entries could fill it beyond the
+            # requests in flight): what is queued goes now.
+            self._enter(0)
+            if lib.xh_rt_prep(self._r, op, fd, cbuf, at, nbytes, offset, i) < 0:
+                self._free.append(i)
+                raise UringError(_errno.EBUSY, "submission queue full", "runtime ring")
         self._reqs[i] = rec
         self.inflight += 1
         self.queued += 1
@@ -228,18 +232,27 @@ class TaskRing:
 
     def _run_pump(self) -> None:
         """The round's end: one enter for everything queued. While requests stay in flight
-        and tasks of its class or above are runnable, it comes back after each round of
-        them to reap; otherwise the scheduler's sleep reaps."""
+        it comes back after each round of the runnable tasks to reap, in their class when
+        only less urgent ones are runnable (a task that keeps yielding in a low class must
+        not hold completions back from a higher one); with nothing runnable it ends, and
+        the scheduler's sleep on the ring reaps."""
         sched = self.sched
-        try:
-            while True:
-                self._enter(0)
-                if not self.inflight or not sched.runnable_upto(self._pump_class):
-                    break
+        me = sched.current
+        while self._pump is me:  # a more urgent pump spawned meanwhile takes over
+            self._enter(0)
+            if not self.inflight:
+                break
+            runnable = sched.runnable_class()
+            if runnable is None:
+                break
+            if runnable <= me.priority:
                 sched.yield_()
-        finally:
-            if self._pump is sched.current:
-                self._pump = None
+                continue
+            self._pump_class = runnable
+            self._pump = sched._spawn(self._run_pump, (), runnable, None)
+            return
+        if self._pump is me:
+            self._pump = None
 
     # -- sleeping ----------------------------------------------------------------------------
     def poll(self) -> int:

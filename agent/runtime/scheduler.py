@@ -124,9 +124,12 @@ class Scheduler:
         else:
             heappush(heap, (task.deadline, next(self._seq), task))
 
-    def runnable_upto(self, priority: int) -> bool:
-        """Whether a task of class `priority` or a more urgent one is runnable."""
-        return any(heap or fifo for heap, fifo in self._queues[: priority + 1])
+    def runnable_class(self) -> int | None:
+        """The most urgent class with a runnable task (None when none is)."""
+        for priority, (heap, fifo) in enumerate(self._queues):
+            if heap or fifo:
+                return priority
+        return None
 
     def _next(self):
         """The one scheduling decision: the greenlet to run next (the hub if none).

@@ -185,6 +185,42 @@ def test_other_tasks_run_while_a_read_waits_and_its_completion_wakes_it():
         os.close(w)
 
 
+def test_a_task_yielding_in_a_lower_class_does_not_hold_a_completion_back():
+    """The reader's read completes in the kernel later (a pipe written by a thread); a
+    LOW task that keeps yielding means the scheduler never idles, so only the rounds'
+    reaping can wake the NORMAL reader."""
+    r, w = os.pipe()
+    state = {"done": False, "gave_up": False}
+    try:
+
+        def reader():
+            data = rt.read(r, 10, 0)
+            state["done"] = True
+            return data
+
+        def hog():
+            end = time.monotonic() + 5
+            while not state["done"]:
+                if time.monotonic() > end:
+                    state["gave_up"] = True  # the read was never reaped
+                    return
+                rt.yield_()
+
+        def main():
+            a = rt.spawn(reader, priority=rt.NORMAL)
+            b = rt.spawn(hog, priority=rt.LOW)
+            rt.sleep(0.01)  # both started, the read in the kernel
+            threading.Timer(0.1, os.write, (w, b"in time")).start()
+            b.join()
+            return a.join()
+
+        assert rt.run(main) == b"in time"
+        assert not state["gave_up"]
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_sleep_on_the_ring_ends_at_a_completion_from_another_thread():
     """Nothing runnable, one read in flight on a pipe: the scheduler sleeps on the ring;
     another thread's write completes the read, which wakes it at once."""
