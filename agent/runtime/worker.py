@@ -9,7 +9,10 @@ has ended or parked, so its own loop never starves a low-class task) takes up to
 round, from its own ring first, then the global ring, then by stealing from the other
 workers (round-robin victim), spawns each as a task, then yields so they run. With
 nothing found and nothing else runnable it sleeps in the queues' futex wait, which any
-push or `wake(index)` ends. Payloads stay in the rings, where others may steal them,
+push or `wake(index)` ends. While its tasks have reads or writes in flight (runtime.io) it
+sleeps on its io_uring ring instead, with a FUTEX_WAIT on the same word armed in the ring:
+a completion and a push end that sleep alike (Linux 6.7+; before, the sleep is cut at
+IO_WAIT to look at the queues). Payloads stay in the rings, where others may steal them,
 until the feeder takes them; only a round's batch is ever private to this process.
 
 Messages to the owner (the global ring of the results region), pickled lists:
