@@ -11,11 +11,12 @@ submission queue and the task parks; other tasks run meanwhile. Everything the t
 a round queued goes to the kernel in one io_uring_enter, made by a pump task queued behind
 the round (at the back of the class of the first task that queued a request), so a task
 that keeps yielding cannot hold the requests back; that enter also reaps what the kernel
-completed inside it (the page cache answers there) and wakes those tasks. Completions that
-come later are reaped at the next round's end or, with nothing runnable, by the
-scheduler's sleep, which then sleeps on the ring itself: a completion, the next timer, a
-future completed by another thread (an eventfd polled through the ring) and, in a pool
-worker, new work in its run queues all end it.
+completed inside it (the page cache answers there) and wakes those tasks. While requests
+stay in flight, the pump reaps again after each round of whatever tasks are runnable;
+with nothing runnable the scheduler sleeps on the ring itself: a completion, the next
+timer, a future completed by another thread (an eventfd polled through the ring) and, in
+a pool worker, new work in its run queues all end that sleep. At most ENTRIES requests
+are in the kernel at once; more wait their turn in order.
 
 Errors: a failed request raises in its own task an OSError (`UringError`) with the
 kernel's errno (EBADF for a bad fd) and the fd and offset; other tasks go on. A kernel
