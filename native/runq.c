@@ -676,4 +676,28 @@ int rq_cputimer_get(int id, int64_t out[2])
 int rq_cputimer_delete(int id)
 {
     return syscall(SYS_timer_delete, id) < 0 ? -errno : 0;
+
+/* ---- sleeping elsewhere (see runq.h): rq_wait's protocol, the FUTEX_WAIT left to the caller ---- */
+
+int rq_wait_begin(struct rq *q, uint32_t w, uint64_t *word, uint32_t *seq)
+{
+    struct local *l = LOCAL(q, w);
+    if (has_work(q) || woken(l))
+        return 1;
+    *seq = atomic_load_explicit(&l->futex, ACQ);
+    atomic_store_explicit(&l->sleeping, 1, SC);
+    atomic_fetch_add_explicit(&q->h->sleepers, 1, SC);
+    atomic_thread_fence(SC);          /* the announcement before the last look (Dekker) */
+    if (has_work(q) || woken(l)) {
+        claim(q, w);
+        return 1;
+    }
+    *word = (uint64_t)(uintptr_t)&l->futex;
+    return 0;
+}
+
+void rq_wait_end(struct rq *q, uint32_t w)
+{
+    claim(q, w);
+    atomic_exchange_explicit(&LOCAL(q, w)->woken, 0, ACQ);   /* answered by this sleep */
 }

@@ -64,3 +64,10 @@ int rq_cputimer_create(int signo);                 /* a disarmed timer's id */
 int rq_cputimer_set(int id, int64_t first_ns, int64_t interval_ns);  /* 0, 0: disarm */
 int rq_cputimer_get(int id, int64_t out[2]);       /* CPU time left to the next expiry, interval */
 int rq_cputimer_delete(int id);
+
+/* rq_wait in two halves, for a worker that sleeps elsewhere (an io_uring FUTEX_WAIT on the
+ * same word, beside its tasks' I/O). begin: 1 when there is no sleeping to do (work is
+ * visible or a wake came); 0 once announced as a sleeper, with the futex word's address and
+ * the value to wait on in *word and *seq. end: after the sleep, whatever ended it. */
+int rq_wait_begin(struct rq *q, uint32_t w, uint64_t *word, uint32_t *seq);
+void rq_wait_end(struct rq *q, uint32_t w);

@@ -422,3 +422,88 @@ int xh_read_files(struct io_uring *ring, struct xh_files *f)
 	free(path), free(free_slots), free(slot_of), free(open_res), free(left);
 	return err;
 }
+
+/* -- the runtime's task ring --------------------------------------------------------------- */
+#include <poll.h>
+
+int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned max)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0;
+	int ret = 0;
+
+	if (wait_ns != 0 && !io_uring_cq_ready(ring)) {
+		struct __kernel_timespec ts = {wait_ns / 1000000000, wait_ns % 1000000000};
+
+		/* submit and wait in the same enter: a page-cache read completes inside it */
+		ret = io_uring_submit_and_wait_timeout(ring, &cqe, 1, wait_ns < 0 ? NULL : &ts, NULL);
+	} else if (io_uring_sq_ready(ring)) {
+		ret = io_uring_submit(ring);
+	}
+	if (ret == -ETIME || ret == -EINTR || ret == -EAGAIN || ret == -EBUSY)
+		ret = 0;
+	io_uring_for_each_cqe(ring, head, cqe) {
+		if (n == max)
+			break;
+		out[2 * n] = (int64_t)cqe->user_data;
+		out[2 * n + 1] = cqe->res;
+		n++;
+	}
+	io_uring_cq_advance(ring, n);
+	return ret < 0 && n == 0 ? ret : (int)n;
+}
+
+int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_poll_add(sqe, fd, POLLIN);
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	       uint64_t offset, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	prep_rw(sqe, opcode, fd, buf + buf_off, len, offset, -1);
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+/* Not in liburing 2.3's headers: the kernel's values (include/uapi/linux/io_uring.h, futex.h). */
+#define XH_IORING_OP_FUTEX_WAIT 51
+#define XH_FUTEX2_SIZE_U32 0x02
+#define XH_FUTEX_BITSET_MATCH_ANY 0xffffffffu
+
+int xh_rt_futex_wait(struct io_uring *ring, uint64_t addr, uint32_t val, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+
+	if (!sqe)
+		return -EBUSY;
+	/* as liburing 2.5's io_uring_prep_futex_wait: fd = futex2 flags, off = the value */
+	io_uring_prep_rw(XH_IORING_OP_FUTEX_WAIT, sqe, XH_FUTEX2_SIZE_U32, (void *)(uintptr_t)addr, 0,
+			 val);
+	sqe->addr3 = XH_FUTEX_BITSET_MATCH_ANY;
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+int xh_rt_futex_supported(struct io_uring *ring)
+{
+	struct io_uring_probe *probe = io_uring_get_probe_ring(ring);
+	int ok;
+
+	if (!probe)
+		return 0;
+	ok = probe->last_op >= XH_IORING_OP_FUTEX_WAIT &&
+	     io_uring_opcode_supported(probe, XH_IORING_OP_FUTEX_WAIT);
+	io_uring_free_probe(probe);
+	return ok;
+}

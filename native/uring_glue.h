@@ -89,3 +89,24 @@ int xh_prep_rw(struct io_uring *ring, int opcode, int fd, void *buf, unsigned le
 	       uint64_t user_data, unsigned sqe_flags);
 int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, void *buf, unsigned len,
 		       uint64_t user_data_base);
+
+/* The runtime's task ring (xhagent.runtime.io): one io_uring enter per scheduler round.
+ * Submit what is queued and, when wait_ns != 0 and no completion is ready, wait for one
+ * (wait_ns < 0: without a limit), in one io_uring_enter; then copy up to `max` ready
+ * completions to out as (user_data, res) pairs and release their CQ slots. Returns how
+ * many, or the negative errno of a refused enter (an interrupted or timed-out wait is not
+ * one). */
+int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned max);
+/* Arm a one-shot POLLIN on `fd` (an eventfd that other threads write to wake the ring's
+ * sleeper); its completion carries user_data. -EBUSY when the SQ is full. */
+int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);
+/* Queue one read or write of `len` bytes at buf + buf_off (a char * so that Python may pass
+ * bytes as they are). -EBUSY when the SQ is full. */
+int xh_rt_prep(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	       uint64_t offset, uint64_t user_data);
+/* Arm an IORING_OP_FUTEX_WAIT (Linux 6.7) on the shared (not process-private) 32-bit futex
+ * word at `addr`, expected to hold `val`: a FUTEX_WAKE on it from any process completes
+ * it (user_data), so a sleep on the ring also ends when a pool worker is handed work.
+ * -EBUSY when the SQ is full. xh_rt_futex_supported: whether this kernel has the op. */
+int xh_rt_futex_wait(struct io_uring *ring, uint64_t addr, uint32_t val, uint64_t user_data);
+int xh_rt_futex_supported(struct io_uring *ring);

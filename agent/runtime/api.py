@@ -6,6 +6,9 @@ h = rt.spawn(fn, *args, priority=rt.HIGH, deadline=t)
 rt.yield_(); rt.sleep(0.01); h.join(); rt.wait_future(f)
 with rt.critical(): ...           # preemption waits for the section's end
 await rt.sleep_async(0.01); await h    # in async def tasks
+data = rt.read(fd, 4096, offset); n = rt.write(fd, data, offset)   # the ring: runtime.io
+n = rt.read_into(fd, buf, offset)                                   # into your buffer
+await rt.read_async(fd, 4096, offset); await rt.write_async(fd, data, offset)
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ __all__ = [
     "critical",
     "current_task",
     "local",
+    "read",
+    "read_async",
+    "read_into",
+    "read_into_async",
     "request_preempt",
     "run",
     "sleep",
     "sleep_async",
     "spawn",
     "wait_future",
+    "write",
+    "write_async",
     "yield_",
     "yield_async",
 ]
@@ -115,3 +124,44 @@ _CRITICAL = _Critical()
 
 def critical() -> _Critical:
     return _CRITICAL
+
+
+# -- I/O through the scheduler's io_uring ring (runtime.io has the model and the errors) ----
+_io = None  # runtime.io, loaded by the first read or write: it brings the io_uring binding
+
+
+def _load_io():
+    global _io
+    from . import io
+
+    _io = io
+    return io
+
+
+def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
+    """Up to `nbytes` at `offset` of `fd`, like os.pread; the task parks while it is in
+    flight. OSError with the kernel's errno on failure; IoUnavailable without io_uring."""
+    return (_io or _load_io()).read(fd, nbytes, offset)
+
+
+def read_into(fd: int, buf, offset: int = 0) -> int:
+    """Read into the writable buffer `buf` at `offset` of `fd`, like os.preadv; bytes read."""
+    return (_io or _load_io()).read_into(fd, buf, offset)
+
+
+def write(fd: int, data, offset: int = 0) -> int:
+    """Write `data` at `offset` of `fd`, like os.pwrite; bytes written."""
+    return (_io or _load_io()).write(fd, data, offset)
+
+
+def read_async(fd: int, nbytes: int, offset: int = 0) -> Trap:
+    """`await read_async(fd, n, offset)` in an `async def` task."""
+    return Trap(read, fd, nbytes, offset)
+
+
+def read_into_async(fd: int, buf, offset: int = 0) -> Trap:
+    return Trap(read_into, fd, buf, offset)
+
+
+def write_async(fd: int, data, offset: int = 0) -> Trap:
+    return Trap(write, fd, data, offset)

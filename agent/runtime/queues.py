@@ -30,6 +30,7 @@ class SharedQueues:
         lib.rq_params(handle, params)
         self.workers, self.ring_size, self.slots, self.slot_size = params
         self._buf = ffi.new("char[]", self.slot_size)
+        self._word = ffi.new("uint64_t *"), ffi.new("uint32_t *")
 
     @classmethod
     def create(
@@ -137,6 +138,18 @@ class SharedQueues:
         """(each worker's ring length, the global ring's length): a racy snapshot."""
         local = [lib.rq_local_len(self._q, w) for w in range(self.workers)]
         return local, lib.rq_global_len(self._q)
+
+    def wait_begin(self, worker: int) -> tuple[int, int] | None:
+        """`wait` for a worker that sleeps elsewhere (on its io_uring ring, with a FUTEX_WAIT
+        on the word): None when there is no sleeping to do, else the futex word's address
+        and the value to wait on; the worker is announced as a sleeper until `wait_end`."""
+        word, seq = self._word
+        if lib.rq_wait_begin(self._q, self._w(worker), word, seq):
+            return None
+        return word[0], seq[0]
+
+    def wait_end(self, worker: int) -> None:
+        lib.rq_wait_end(self._q, self._w(worker))
 
     def sleepers(self) -> int:
         """How many workers sleep in `wait` now."""

@@ -92,6 +92,7 @@ class Scheduler:
         self._wakeup = threading.Event()
         self._ctx_wait: deque[TaskHandle] = deque()
         self._foreign = 0  # tasks parked on futures that other threads complete
+        self._io = None  # the tasks' io_uring ring (runtime.io), made by their first read/write
         self._alive = 0
         self._crash: BaseException | None = None
         self.clock = clock
@@ -122,6 +123,13 @@ class Scheduler:
             fifo.append(task)
         else:
             heappush(heap, (task.deadline, next(self._seq), task))
+
+    def runnable_class(self) -> int | None:
+        """The most urgent class with a runnable task (None when none is)."""
+        for priority, (heap, fifo) in enumerate(self._queues):
+            if heap or fifo:
+                return priority
+        return None
 
     def _next(self):
         """The one scheduling decision: the greenlet to run next (the hub if none).
@@ -299,11 +307,18 @@ class Scheduler:
             return main.result()
         finally:
             _running = None
+            if self._io is not None:
+                self._io.close()
+                self._io = None
 
     def _idle(self) -> None:
-        """Nothing runnable: sleep until the next timer or an outside wake-up."""
+        """Nothing runnable: sleep until the next timer or an outside wake-up (or, with I/O
+        in flight, a completion: the sleep is then on the ring)."""
         self.pool.trim()
-        if self._timers:
+        io = self._io
+        if io is not None and io.inflight:
+            io.sleep(max(0.0, self._timers[0][0] - self.clock()) if self._timers else None)
+        elif self._timers:
             self._wakeup.wait(max(0.0, self._timers[0][0] - self.clock()))
         elif self._foreign:
             self._wakeup.wait()

@@ -9,7 +9,10 @@ has ended or parked, so its own loop never starves a low-class task) takes up to
 round, from its own ring first, then the global ring, then by stealing from the other
 workers (round-robin victim), spawns each as a task, then yields so they run. With
 nothing found and nothing else runnable it sleeps in the queues' futex wait, which any
-push or `wake(index)` ends. Payloads stay in the rings, where others may steal them,
+push or `wake(index)` ends. While its tasks have reads or writes in flight (runtime.io) it
+sleeps on its io_uring ring instead, with a FUTEX_WAIT on the same word armed in the ring:
+a completion and a push end that sleep alike (Linux 6.7+; before, the sleep is cut at
+IO_WAIT to look at the queues). Payloads stay in the rings, where others may steal them,
 until the feeder takes them; only a round's batch is ever private to this process.
 
 Messages to the owner (the global ring of the results region), pickled lists:
@@ -35,6 +38,7 @@ from .scheduler import Scheduler
 
 BATCH = 64
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
+IO_WAIT = 0.001  # seconds asleep on the tasks' ring at most, where new work cannot wake it
 STOP = pickle.dumps(None)
 
 
@@ -140,12 +144,40 @@ class Worker:
         self.flush()  # the claim is out before any of these tasks runs
         return True
 
+    def io_wait(self) -> bool:
+        """With tasks' requests in flight on the ring (runtime.io): reap, and when nothing had
+        completed sleep on the ring until a completion, another thread's wake-up, the next
+        timer or new work for this worker (a FUTEX_WAIT on its run-queue word, armed in the
+        ring; where the kernel lacks it, IO_WAIT bounds the sleep instead). False, doing
+        nothing, when no request is in flight."""
+        sched = self.sched
+        io = sched._io
+        if io is None or not io.inflight:
+            return False
+        sched._wakeup.clear()  # the hub, which clears it, does not run while the feeder lives
+        if io.poll():
+            return True
+        timers = sched._timers
+        if not io.futex_wait:
+            io.sleep(min(IO_WAIT, timers[0][0] - sched.clock()) if timers else IO_WAIT)
+            return True
+        word = self.q.wait_begin(self.index)
+        if word is None:  # work came (or a wake): no sleeping
+            return True
+        try:
+            io.sleep(min(IDLE_WAIT, timers[0][0] - sched.clock()) if timers else IDLE_WAIT, word)
+        finally:
+            self.q.wait_end(self.index)
+        return True
+
     def feeder(self) -> None:
         sched = self.sched
         while not self.stopping:
             self.flush()
             if not self.intake():
-                if sched._alive > 1:  # others parked (sleeping): let timers fire
+                if self.io_wait():
+                    sched.yield_()
+                elif sched._alive > 1:  # others parked (sleeping): let timers fire
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
                 else:
@@ -155,6 +187,7 @@ class Worker:
                 continue
             sched.yield_()  # the batch runs; the feeder comes back after it
         while sched._alive > 1:  # let the tasks already taken finish, then report them
+            self.io_wait()
             sched.yield_()
         self.flush()
 
