@@ -676,6 +676,7 @@ int rq_cputimer_get(int id, int64_t out[2])
 int rq_cputimer_delete(int id)
 {
     return syscall(SYS_timer_delete, id) < 0 ? -errno : 0;
+}
 
 /* ---- sleeping elsewhere (see runq.h): rq_wait's protocol, the FUTEX_WAIT left to the caller ---- */
 
