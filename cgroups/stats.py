@@ -36,6 +36,8 @@ def _plain(paths: list[Path]) -> list[bytes | None]:
 
 def read_many(paths: list[Path]) -> list[bytes | None]:
     """The contents of each path (None where it cannot be read)."""
+    if not paths:
+        return []
     read_files = _batched()
     if read_files is not None:
         try:

@@ -102,15 +102,26 @@ def task_json(msg) -> dict:
     show_default=True,
     help="One line per event, as text or JSON.",
 )
-def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) -> None:
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1:9464",
+    show_default=True,
+    help="Where Prometheus scrapes /metrics (HOST:PORT; port 0: any free one); off: none.",
+)
+def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format, metrics_addr):
     """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
     from ..config import ConfigError, check_reserved, load_config
     from ..inventory import build_model, discover_node
+    from ..metrics.exporter import parse_addr
     from .api import BindError, resolve_socket
     from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
     from .store import StoreError
 
     _logging(log_format)
+    try:
+        metrics = None if metrics_addr == "off" else parse_addr(metrics_addr)
+    except ValueError as exc:
+        _fail(f"--metrics-addr: {exc}", 2)
     try:
         config = load_config(config_path)
         inv = discover_node(config=config)
@@ -128,15 +139,17 @@ def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format) 
         node=node,
         subtree=subtree or config.subtree,
         log_cap=config.log_cap or DEFAULT_LOG_CAP,
+        metrics_addr=metrics,
     )
     daemon = Daemon(settings)
     try:
         daemon.start()
     except (StoreError, BindError, OSError, ValueError) as exc:
         _fail(f"cannot start: {exc}")
+    metrics_note = f", metrics at {daemon.exporter.url}" if daemon.exporter else ""
     click.echo(
-        f"xhagent: serving on unix:{settings.socket} (state in {settings.state_dir}); "
-        "stop with SIGTERM or Ctrl-C",
+        f"xhagent: serving on unix:{settings.socket} (state in {settings.state_dir}"
+        f"{metrics_note}); stop with SIGTERM or Ctrl-C",
         err=True,
     )
     try:

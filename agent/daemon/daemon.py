@@ -52,6 +52,7 @@ class Settings:
     node: Node
     subtree: str | None = None
     log_cap: int = DEFAULT_LOG_CAP
+    metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     extra: dict = field(default_factory=dict)
 
 
@@ -79,6 +80,7 @@ class Daemon:
         self.server = None
         self.agent: Agent | None = None
         self.watch: DirectoryWatch | None = None
+        self.exporter = None
         self._thread: threading.Thread | None = None
 
     def report(self, kind: str, message: str, task_id: str | None = None) -> None:
@@ -117,7 +119,11 @@ class Daemon:
         )
         counts = self.agent.recover()
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
+        if s.metrics_addr is not None:
+            self._serve_metrics(s.metrics_addr, sub, executor)
         info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}
+        if self.exporter is not None:
+            info["metrics_addr"] = self.exporter.url
         self.service = AgentService(self.agent, policies, info)
         self.server = api.bind(self.service, s.socket)
         self.policies = policies
@@ -128,6 +134,23 @@ class Daemon:
         self._thread.start()
         self.agent.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
+
+    def _serve_metrics(self, addr: tuple[str, int], sub, executor: Executor) -> None:
+        from ..metrics.exporter import Exporter
+        from .executor import SHIMS, TASKS
+        from .metrics import AgentMetrics
+
+        def groups():
+            yield ".", sub.root
+            yield SHIMS, sub.group(SHIMS)
+            for task_id in executor.leaves():
+                yield f"{TASKS}/{task_id}", sub.group(f"{TASKS}/{task_id}")
+
+        metrics = AgentMetrics(self.store, groups)
+        self.exporter = Exporter(metrics.registry, addr)
+        self.store.on_commit = metrics.observe
+        self.exporter.start()
+        self.report("Metrics", self.exporter.url)
 
     def _reconcile(self, policies: PolicySet, sub) -> None:
         for policy in policies.cgroup():
@@ -200,6 +223,9 @@ class Daemon:
             self.server.stop(grace=1.0)
             self.server = None
             self.service.close()
+        if self.exporter is not None:
+            self.exporter.stop()
+            self.exporter = None
         if self.agent is not None:
             self.agent.stop()
         if self._thread is not None:

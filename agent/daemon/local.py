@@ -30,6 +30,16 @@ class LocalAgent:
     def subtree_path(self) -> Path:
         return Path(discover_hierarchy().unified.path) / self.subtree
 
+    # Any free loopback port: agents side by side must not want the same one; Health says
+    # which one it got (`metrics_url`).
+    metrics_addr = "127.0.0.1:0"
+
+    def metrics_url(self) -> str:
+        from .v1 import agent_pb2 as pb
+
+        with connect(self.socket, timeout=5) as client:
+            return client.Health(pb.HealthRequest()).metrics_addr
+
     def start(self, timeout: float = 60.0) -> None:
         """Start it and wait until it answers Health (its log is in `self.log`)."""
         from .v1 import agent_pb2 as pb
@@ -45,6 +55,8 @@ class LocalAgent:
             str(self.socket),
             "--subtree",
             self.subtree,
+            "--metrics-addr",
+            self.metrics_addr,
         ]
         if self.policies is not None:
             args += ["--policies-dir", str(self.policies)]

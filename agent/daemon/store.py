@@ -24,6 +24,7 @@ is space again.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -62,6 +63,8 @@ from .store_checks import (
     text,
 )
 from .store_schema import Event, Intent, PolicyRecord, TaskRecord
+
+log = logging.getLogger("xhagent")
 
 __all__ = [
     "ACTIONS",
@@ -102,6 +105,10 @@ class Store:
         self._mutex = threading.RLock()  # the daemon's threads share one connection
         self._depth = 0
         self._doomed = False  # a statement failed inside atomic(): only a rollback is left
+        # Observers of what was committed (metrics): called with [(event, task record or
+        # None)] after each commit, in commit order, by the committing thread.
+        self.on_commit: Callable[[list[tuple[Event, TaskRecord | None]]], None] | None = None
+        self._written: list[tuple[Event, TaskRecord | None]] = []
 
     @classmethod
     def open(
@@ -193,12 +200,14 @@ class Store:
                     self._depth -= 1
                 return
             self._depth, self._doomed = 1, False
+            self._written = []
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 yield conn
                 if self._doomed:
                     raise StoreError(f"{self.path}: {what}: an error inside ended this update")
                 conn.execute("COMMIT")
+                self._tell(self._written)
             except BaseException as exc:
                 if conn.in_transaction:
                     try:
@@ -209,7 +218,14 @@ class Store:
                     raise store_error(exc, self.path, self.state_dir, what) from None
                 raise
             finally:
-                self._depth, self._doomed = 0, False
+                self._depth, self._doomed, self._written = 0, False, []
+
+    def _tell(self, written: list) -> None:
+        if written and self.on_commit is not None:
+            try:
+                self.on_commit(written)
+            except Exception:  # an observer's fault is not the store's: the commit stands
+                log.exception("store: an on_commit observer failed")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -232,11 +248,13 @@ class Store:
             (*args, json_text(detail or {}, "event detail")),
         )
         seq = cur.lastrowid
+        event = Event(seq, *args, detail or {})
+        self._written.append((event, None))
         # Pruning every 1% of the window keeps each insert's cost flat: the window may
         # hold up to 1% more than keep_events between two prunes.
         if seq > self.keep_events and seq % max(1, min(1000, self.keep_events // 100)) == 0:
             c.execute("DELETE FROM events WHERE seq <= ?", (seq - self.keep_events,))
-        return Event(seq, *args, detail or {})
+        return event
 
     def _task(self, c: sqlite3.Connection, task_id: str) -> TaskRecord | None:
         row = c.execute(
@@ -333,6 +351,24 @@ class Store:
                 out.append(task)
         return out
 
+    def census(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """(tasks by (state, class), Pending tasks by the kind of their reasons): metrics."""
+        with self._read() as c:
+            by_state = {
+                (state, cls or ""): n
+                for state, cls, n in c.execute(
+                    "SELECT state, json_extract(spec, '$.class'), count(*) FROM tasks GROUP BY 1, 2"
+                )
+            }
+            pending = dict(
+                c.execute(
+                    "SELECT json_extract(r.value, '$.kind'), count(DISTINCT tasks.seq) "
+                    "FROM tasks, json_each(tasks.reasons) AS r WHERE state = 'Pending' "
+                    "GROUP BY 1"
+                ).fetchall()
+            )
+        return by_state, pending
+
     def transition(
         self,
         task_id: str,
@@ -393,8 +429,10 @@ class Store:
                 detail["error"] = values["error"]
             if isinstance(fields.get("placement"), Mapping) and "node" in fields["placement"]:
                 detail["node"] = fields["placement"]["node"]
-            self._event(c, task_id, "Transition", message, detail, now=now)
-            return self._task(c, task_id)
+            event = self._event(c, task_id, "Transition", message, detail, now=now)
+            rec = self._task(c, task_id)
+            self._written[-1] = (event, rec)
+            return rec
 
     # -- events ---------------------------------------------------------------------------
 

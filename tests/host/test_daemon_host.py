@@ -176,7 +176,8 @@ def test_a_policy_file_change_is_applied_and_a_bad_one_keeps_the_previous(agent,
 
 def test_workloads_outlive_a_killed_agent_and_report_their_real_status(agent, tmp_path):
     quick = agent.submit(task_file(tmp_path, "quick", ["sh", "-c", "sleep 1; exit 7"]))
-    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", "sleep 4; echo done"]))
+    # long enough to outlast a restart on a loaded machine
+    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", "sleep 10; echo done"]))
     assert agent.wait(quick, ("Running",))["state"] == "Running"
     assert agent.wait(slow, ("Running",))["state"] == "Running"
     agent.stop(signal.SIGKILL)
@@ -185,7 +186,7 @@ def test_workloads_outlive_a_killed_agent_and_report_their_real_status(agent, tm
     t = agent.wait(quick)
     assert t["state"] == "Failed" and t["exit_code"] == 7, t
     assert agent.task(slow)["state"] == "Running"  # re-adopted, still supervised
-    t = agent.wait(slow)
+    t = agent.wait(slow, timeout=30)
     assert t["state"] == "Succeeded", t
     assert agent.cli("logs", slow, check=True).stdout == "done\n"
     recovered = [

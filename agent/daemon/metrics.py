@@ -1,0 +1,205 @@
+"""The daemon's metrics, for the exporter (`xhagent.metrics.exporter`).
+
+Two sources, so that a scrape reads nothing twice and misses nothing between scrapes:
+- what happened, from the store's committed events (`Store.on_commit` -> `observe`):
+  queue wait, start latency and run time by class, deadline misses, preemptions, placement
+  decisions. Counted once each, after the commit, never for a rolled-back change;
+- what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
+  tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
+  one batch; plus the agent's own process (`process_*`).
+
+Labels are bounded: classes come from policies, reasons and states are typed; the `group`
+label names the agent's own groups and the leaves of tasks that run now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..cgroups import Cgroup
+from ..cgroups.stats import read_stats
+from .lifecycle import TERMINAL, TaskState
+from .store import Event, Store, TaskRecord
+
+# Seconds. Queue waits and starts: a few ms to minutes; runs: up to days.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+DEFAULT_CLASS = "default"
+
+
+class AgentMetrics:
+    """The registry the exporter serves; `observe` is the store's on_commit."""
+
+    def __init__(self, store: Store, groups: Callable[[], Iterable[tuple[str, Cgroup]]]):
+        # `*_created` series double the exposition and Prometheus ignores them (process-wide;
+        # the agent is the only registry in its process)
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        reg = {"registry": self.registry}
+        self.queue_wait = Histogram(
+            "xhagent_task_queue_wait_seconds",
+            "From submission to the first start of a task, by class.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            **reg,
+        )
+        self.start_latency = Histogram(
+            "xhagent_task_start_latency_seconds",
+            "From Starting to Running: leaf, shim and the workload's exec, by class.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            **reg,
+        )
+        self.run_time = Histogram(
+            "xhagent_task_run_seconds",
+            "From Running to the end of an attempt, by class.",
+            ["class"],
+            buckets=RUN_BUCKETS,
+            **reg,
+        )
+        self.deadline_misses = Counter(
+            "xhagent_deadline_misses",
+            "Tasks found past their deadline, by class.",
+            ["class"],
+            **reg,
+        )
+        self.preemptions = Counter(
+            "xhagent_preemptions",
+            "Tasks preempted for a higher-priority one, by class and action (freeze or kill).",
+            ["class", "action"],
+            **reg,
+        )
+        self.decisions = Counter(
+            "xhagent_placement_decisions",
+            "Placement decisions that changed a task: placed, or kept Pending with new reasons.",
+            ["result"],
+            **reg,
+        )
+        self.registry.register(_Census(store, groups))
+        self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
+        self._class: dict[str, str] = {}  # task id -> class, while it has not ended
+
+    def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
+        for event, rec in written:
+            if event.kind == "Transition" and rec is not None:
+                self._transition(event, rec)
+            elif event.kind == "DeadlineMissed":
+                self.deadline_misses.labels(self._class.get(event.task_id, DEFAULT_CLASS)).inc()
+
+    def _transition(self, event: Event, rec: TaskRecord) -> None:
+        old, new = TaskState(event.detail["from"]), rec.state
+        cls = (rec.spec or {}).get("class") or DEFAULT_CLASS
+        self._class[rec.id] = cls
+        now = event.ts_ns
+        if new is TaskState.STARTING:
+            self._starting[rec.id] = now
+            self.decisions.labels("placed").inc()
+            if rec.attempt == 1:
+                self.queue_wait.labels(cls).observe(max(0, now - rec.created_ns) / 1e9)
+        elif new is TaskState.PENDING and old is TaskState.PENDING:
+            self.decisions.labels("pending").inc()
+        elif new is TaskState.FROZEN:
+            self.preemptions.labels(cls, "freeze").inc()
+        elif new is TaskState.PENDING and old is TaskState.RUNNING:
+            self.preemptions.labels(cls, "kill").inc()
+        began = self._starting.pop(rec.id, None) if old is TaskState.STARTING else None
+        if began is not None and new is TaskState.RUNNING:
+            self.start_latency.labels(cls).observe(max(0, now - began) / 1e9)
+        if old in (TaskState.RUNNING, TaskState.FROZEN) and rec.started_ns:
+            if new in TERMINAL or new is TaskState.PENDING:
+                self.run_time.labels(cls).observe(max(0, now - rec.started_ns) / 1e9)
+        if new in TERMINAL:
+            self._class.pop(rec.id, None)
+            self._starting.pop(rec.id, None)
+
+
+class _Census:
+    """What is, at scrape time."""
+
+    def __init__(self, store: Store, groups: Callable[[], Iterable[tuple[str, Cgroup]]]):
+        self.store, self.groups = store, groups
+
+    def collect(self):
+        by_state, pending = self.store.census()
+        tasks = GaugeMetricFamily(
+            "xhagent_tasks",
+            "Tasks known to the agent, by state and class.",
+            labels=["state", "class"],
+        )
+        for (state, cls), n in sorted(by_state.items()):
+            tasks.add_metric([state, cls or DEFAULT_CLASS], n)
+        yield tasks
+        reasons = GaugeMetricFamily(
+            "xhagent_pending_tasks", "Pending tasks by the kind of their reason.", labels=["reason"]
+        )
+        for kind, n in sorted(pending.items()):
+            reasons.add_metric([kind or "Unknown"], n)
+        yield reasons
+        yield from group_metrics(list(self.groups()))
+
+
+def group_metrics(groups: list[tuple[str, Cgroup]]):
+    """The managed groups' statistics as metric families (`group` label: the name given)."""
+    stats = read_stats([g for _, g in groups])
+    fam = {
+        "cpu": CounterMetricFamily(
+            "xhagent_cgroup_cpu_usage_seconds", "CPU time used (cpu.stat).", labels=["group"]
+        ),
+        "throttled": CounterMetricFamily(
+            "xhagent_cgroup_cpu_throttled_seconds",
+            "Time throttled by cpu.max (cpu.stat).",
+            labels=["group"],
+        ),
+        "memory": GaugeMetricFamily(
+            "xhagent_cgroup_memory_bytes", "Memory in use (memory.current).", labels=["group"]
+        ),
+        "mem_events": CounterMetricFamily(
+            "xhagent_cgroup_memory_events",
+            "memory.events counters (oom, oom_kill, max, high, low).",
+            labels=["group", "event"],
+        ),
+        "io_bytes": CounterMetricFamily(
+            "xhagent_cgroup_io_bytes",
+            "Bytes read and written (io.stat).",
+            labels=["group", "device", "direction"],
+        ),  # fmt: skip
+        "io_ops": CounterMetricFamily(
+            "xhagent_cgroup_io_operations",
+            "Read and write operations (io.stat).",
+            labels=["group", "device", "direction"],
+        ),  # fmt: skip
+        "psi": CounterMetricFamily(
+            "xhagent_cgroup_pressure_stall_seconds",
+            "Time some or all tasks stalled on a resource (PSI totals).",
+            labels=["group", "resource", "kind"],
+        ),
+    }
+    for (name, _), st in zip(groups, stats, strict=True):
+        cpu = st.get("cpu.stat") or {}
+        if "usage_usec" in cpu:
+            fam["cpu"].add_metric([name], cpu["usage_usec"] / 1e6)
+        if "throttled_usec" in cpu:
+            fam["throttled"].add_metric([name], cpu["throttled_usec"] / 1e6)
+        if isinstance(st.get("memory.current"), int):
+            fam["memory"].add_metric([name], st["memory.current"])
+        for event, n in sorted((st.get("memory.events") or {}).items()):
+            fam["mem_events"].add_metric([name, event], n)
+        for device, io in sorted((st.get("io.stat") or {}).items()):
+            for direction, b, ops in (("read", "rbytes", "rios"), ("write", "wbytes", "wios")):
+                fam["io_bytes"].add_metric([name, device, direction], io.get(b, 0))
+                fam["io_ops"].add_metric([name, device, direction], io.get(ops, 0))
+        for resource in ("cpu", "io", "memory"):
+            for kind, psi in sorted((st.get(f"{resource}.pressure") or {}).items()):
+                if isinstance(psi, dict) and "total" in psi:
+                    fam["psi"].add_metric([name, resource, kind], psi["total"] / 1e6)
+    yield from fam.values()

@@ -1,0 +1,149 @@
+"""The agent's metrics scraped by a real Prometheus server (Debian's `prometheus`, from
+tools/setup-deps) on loopback, and queried through its HTTP API."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from xhagent.daemon.local import LocalAgent
+
+pytestmark = pytest.mark.host
+
+XHAGENT = Path(sys.executable).with_name("xhagent")
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+class Prometheus:
+    def __init__(self, base: Path, target: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = base / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: xhagent\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        self.log = base / "prometheus.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={base / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200)
+
+    def _wait(self, ready, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"prometheus exited: {self.log.read_text()[-2000:]}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"prometheus not ready in {timeout}s: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    def query(self, expr: str) -> list:
+        q = urllib.parse.urlencode({"query": expr})
+        doc = get_json(f"{self.url}/api/v1/query?{q}")
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
+    def scalar(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_scrapes(self, n: int = 2) -> None:
+        """Until the target has been scraped `n` more times (its up series has n points)."""
+        start = self.scalar("count_over_time(up[5m])") or 0
+        self._wait(lambda: (self.scalar("count_over_time(up[5m])") or 0) >= start + n)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = LocalAgent(tmp_path, f"xhagent-metrics-test-{os.getpid()}-{tmp_path.name[-12:]}.slice")
+    a.start()
+    yield a
+    a.stop()
+    a.remove_subtree()
+
+
+def submit(agent, tmp_path: Path, name: str, command: list[str]) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: Task\n"
+        f"metadata: {{name: {name}}}\n"
+        f"spec:\n  deviceType: cpu\n  command: {json.dumps(command)}\n"
+    )
+    res = subprocess.run(
+        [str(XHAGENT), "submit", str(path), "--wait", "--socket", str(agent.socket)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()[0]
+
+
+def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_path):
+    url = agent.metrics_url()
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    target = urllib.parse.urlsplit(url).netloc
+    (tmp_path / "prom").mkdir()
+    prom = Prometheus(tmp_path / "prom", target)
+    try:
+        prom.wait_scrapes(2)
+        placed = 'sum(xhagent_placement_decisions_total{result="placed"})'
+        before = prom.scalar(placed) or 0.0
+        for i in range(3):
+            submit(agent, tmp_path, f"m{i}", ["sh", "-c", "exit 0"])
+        prom.wait_scrapes(2)
+        assert prom.scalar(placed) == before + 3  # a counter that rose, as Prometheus saw it
+        succeeded = prom.scalar('sum(xhagent_tasks{state="Succeeded"})')
+        assert succeeded == 3
+        median = prom.scalar(
+            "histogram_quantile(0.5, sum by (le) (xhagent_task_start_latency_seconds_bucket))"
+        )
+        assert median is not None and 0 < median < 60  # a quantile of real starts
+        assert prom.scalar('sum(xhagent_cgroup_cpu_usage_seconds_total{group="shims"})') > 0
+        targets = get_json(f"{prom.url}/api/v1/targets")["data"]["activeTargets"]
+        assert [(t["scrapeUrl"], t["health"]) for t in targets] == [(url, "up")]
+    finally:
+        prom.stop()

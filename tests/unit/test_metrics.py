@@ -1,0 +1,206 @@
+"""The agent's metrics from a real store's committed transitions, its exposition checked
+with prometheus_client's own parser and the naming conventions, and the exporter over a
+real loopback socket. No root needed."""
+
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+from prometheus_client.parser import text_string_to_metric_families
+
+from xhagent.daemon.lifecycle import TaskState
+from xhagent.daemon.metrics import AgentMetrics
+from xhagent.daemon.store import Store
+from xhagent.metrics.exporter import Exporter, parse_addr
+
+S = TaskState
+DOC = "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: %s}\nspec: {deviceType: cpu}\n"
+PLACED = {"node": "n1", "cpus": [0]}
+
+
+class Clock:
+    def __init__(self):
+        self.ns = 1_000_000_000_000
+
+    def __call__(self):
+        return self.ns
+
+    def advance(self, seconds):
+        self.ns += int(seconds * 1e9)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    s = Store.open(tmp_path / "state", clock=clock)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def metrics(store):
+    m = AgentMetrics(store, lambda: [])
+    store.on_commit = m.observe
+    return m
+
+
+def submit(store, name, cls):
+    return store.submit(
+        name=name,
+        kind="cpu",
+        source=DOC % name,
+        source_file=f"{name}.yaml",
+        spec={"deviceType": "cpu", "class": cls},
+        idempotency_key=None,
+    )
+
+
+def value(m, name, **labels):
+    return m.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_task_life_fills_the_class_histograms_once(store, metrics, clock):
+    t = submit(store, "a", "latency")
+    clock.advance(0.004)
+    store.transition(t.id, S.STARTING, placement=PLACED)
+    clock.advance(0.020)
+    store.transition(t.id, S.RUNNING)
+    clock.advance(3.0)
+    store.transition(t.id, S.SUCCEEDED, exit_code=0)
+    m = metrics
+    assert value(m, "xhagent_task_queue_wait_seconds_count", **{"class": "latency"}) == 1
+    assert value(m, "xhagent_task_queue_wait_seconds_sum", **{"class": "latency"}) == 0.004
+    assert value(m, "xhagent_task_queue_wait_seconds_bucket", le="0.005", **{"class": "latency"})
+    assert value(m, "xhagent_task_start_latency_seconds_sum", **{"class": "latency"}) == 0.02
+    assert value(m, "xhagent_task_run_seconds_sum", **{"class": "latency"}) == 3.0
+    assert value(m, "xhagent_placement_decisions_total", result="placed") == 1
+    assert value(m, "xhagent_tasks", state="Succeeded", **{"class": "latency"}) == 1
+    assert value(m, "xhagent_task_run_seconds_count", **{"class": "batch"}) == 0
+
+
+def test_preemptions_misses_and_pending_reasons_are_counted(store, metrics, clock):
+    frozen, killed, waiting = (submit(store, n, "batch") for n in ("f", "k", "w"))
+    for t in (frozen, killed):
+        store.transition(t.id, S.STARTING, placement=PLACED)
+        store.transition(t.id, S.RUNNING)
+    store.transition(frozen.id, S.FROZEN)
+    reason = {"kind": "Preempted", "node": "n1", "detail": "by t9"}
+    store.transition(killed.id, S.PENDING, reasons=[reason])
+    store.transition(waiting.id, S.PENDING, reasons=[{"kind": "Insufficient", "node": "n1"}])
+    store.add_event("DeadlineMissed", "Running 5 ms past its deadline", task_id=frozen.id)
+    m = metrics
+    assert value(m, "xhagent_preemptions_total", action="freeze", **{"class": "batch"}) == 1
+    assert value(m, "xhagent_preemptions_total", action="kill", **{"class": "batch"}) == 1
+    assert value(m, "xhagent_deadline_misses_total", **{"class": "batch"}) == 1
+    assert value(m, "xhagent_placement_decisions_total", result="pending") == 1
+    assert value(m, "xhagent_pending_tasks", reason="Preempted") == 1
+    assert value(m, "xhagent_pending_tasks", reason="Insufficient") == 1
+    assert value(m, "xhagent_tasks", state="Frozen", **{"class": "batch"}) == 1
+
+
+def test_a_rolled_back_change_is_not_counted(store, metrics):
+    t = submit(store, "r", "batch")
+    with pytest.raises(RuntimeError), store.atomic():
+        store.transition(t.id, S.STARTING, placement=PLACED)
+        raise RuntimeError("the start failed before the commit")
+    assert value(metrics, "xhagent_placement_decisions_total", result="placed") == 0
+    assert store.get(t.id).state is S.PENDING
+
+
+def test_a_failing_observer_does_not_undo_the_commit(store):
+    def broken(_written):
+        raise ValueError("observer bug")
+
+    store.on_commit = broken
+    t = submit(store, "o", "batch")
+    store.transition(t.id, S.STARTING, placement=PLACED)
+    assert store.get(t.id).state is S.STARTING
+
+
+UNIT_WORDS = re.compile(r"(latency|wait|duration|time|delay|stall|usage)", re.IGNORECASE)
+
+
+def lint(text: str) -> list[str]:
+    """The Prometheus naming conventions, over what the parser understood of `text`."""
+    problems = []
+    for fam in text_string_to_metric_families(text):
+        name = fam.name
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            problems.append(f"{name}: not snake_case")
+        if not fam.documentation.strip():
+            problems.append(f"{name}: no HELP")
+        if not name.startswith(("xhagent_", "process_")):
+            problems.append(f"{name}: no xhagent_ prefix")
+        if UNIT_WORDS.search(name) and not name.endswith(("_seconds", "_bytes")):
+            problems.append(f"{name}: a duration without a base unit")
+        if name.endswith(("_ms", "_us", "_milliseconds", "_kb", "_mb")):
+            problems.append(f"{name}: not a base unit")
+        for sample in fam.samples:
+            if fam.type == "counter" and not sample.name.endswith(("_total", "_created")):
+                problems.append(f"{sample.name}: a counter sample without _total")
+    return problems
+
+
+def test_the_exposition_parses_and_follows_the_naming_conventions(store, metrics, clock):
+    t = submit(store, "x", "latency")
+    store.transition(t.id, S.STARTING, placement=PLACED)
+    store.transition(t.id, S.RUNNING)
+    text = generate_latest(metrics.registry).decode()
+    assert lint(text) == []
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"xhagent_tasks", "xhagent_task_start_latency_seconds", "process_cpu_seconds"} <= names
+    # the checker itself: what it must refuse
+    bad = "# HELP fooLatency x\n# TYPE fooLatency gauge\nfooLatency 1\n"
+    assert len(lint(bad)) == 3
+
+
+def test_parse_addr_says_what_is_wrong():
+    assert parse_addr("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_addr("[::1]:0") == ("::1", 0)
+    for bad, why in [
+        ("9464", "HOST:PORT"),
+        ("example.com:80", "IP address"),
+        ("127.0.0.1:http", "port"),
+        ("127.0.0.1:70000", "port"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_addr(bad)
+
+
+def test_the_exporter_serves_text_and_openmetrics_and_nothing_else(store, metrics):
+    exporter = Exporter(metrics.registry, ("127.0.0.1", 0))
+    exporter.start()
+    try:
+        with urllib.request.urlopen(exporter.url, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain")
+            assert "xhagent_tasks" in r.read().decode()
+        req = urllib.request.Request(
+            exporter.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read().decode()
+        assert body.endswith("# EOF\n")
+        assert any(f.name == "xhagent_tasks" for f in om_families(body))
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(exporter.url.replace("/metrics", "/other"), timeout=10)
+        assert err.value.code == 404
+    finally:
+        exporter.stop()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(exporter.url, timeout=2)  # closed: nothing answers there
+
+
+def test_a_port_in_use_is_a_clear_error(store, metrics):
+    first = Exporter(metrics.registry, ("127.0.0.1", 0))
+    try:
+        with pytest.raises(OSError, match=r"metrics on 127\.0\.0\.1:\d+: Address already in use"):
+            Exporter(metrics.registry, first.address)
+    finally:
+        first.stop()
