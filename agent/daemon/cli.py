@@ -108,7 +108,24 @@ def task_json(msg) -> dict:
     show_default=True,
     help="Where Prometheus scrapes /metrics (HOST:PORT; port 0: any free one); off: none.",
 )
-def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format, metrics_addr):
+@click.option(
+    "--debug-endpoints",
+    type=click.Choice(["off", "on", "heap"]),
+    default="off",
+    show_default=True,
+    help="Serve /debug/stacks, /debug/profile?seconds=N and /debug/heap on the metrics "
+    "address; heap also traces allocations (costs memory and time).",
+)
+def run(
+    config_path,
+    state_dir,
+    socket_path,
+    policies_dir,
+    subtree,
+    log_format,
+    metrics_addr,
+    debug_endpoints,
+) -> None:
     """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
     from ..config import ConfigError, check_reserved, load_config
     from ..inventory import build_model, discover_node
@@ -122,6 +139,8 @@ def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format, 
         metrics = None if metrics_addr == "off" else parse_addr(metrics_addr)
     except ValueError as exc:
         _fail(f"--metrics-addr: {exc}", 2)
+    if metrics is None and debug_endpoints != "off":
+        _fail("--debug-endpoints: they are served on the metrics address, which is off", 2)
     try:
         config = load_config(config_path)
         inv = discover_node(config=config)
@@ -140,7 +159,12 @@ def run(config_path, state_dir, socket_path, policies_dir, subtree, log_format, 
         subtree=subtree or config.subtree,
         log_cap=config.log_cap or DEFAULT_LOG_CAP,
         metrics_addr=metrics,
+        debug_endpoints=debug_endpoints != "off",
     )
+    if debug_endpoints == "heap":
+        import tracemalloc
+
+        tracemalloc.start(25)
     daemon = Daemon(settings)
     try:
         daemon.start()

@@ -53,6 +53,7 @@ class Settings:
     subtree: str | None = None
     log_cap: int = DEFAULT_LOG_CAP
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
+    debug_endpoints: bool = False  # /debug/ on the metrics port
     extra: dict = field(default_factory=dict)
 
 
@@ -147,7 +148,7 @@ class Daemon:
                 yield f"{TASKS}/{task_id}", sub.group(f"{TASKS}/{task_id}")
 
         metrics = AgentMetrics(self.store, groups)
-        self.exporter = Exporter(metrics.registry, addr)
+        self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
         self.exporter.start()
         self.report("Metrics", self.exporter.url)

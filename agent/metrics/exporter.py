@@ -6,6 +6,9 @@ Prometheus text format or OpenMetrics (by the scraper's Accept header).
     exporter.address                  # ("127.0.0.1", 9464): the port bound, also for port 0
     exporter.stop()
 
+With `debug=True` it also serves /debug/stacks, /debug/profile?seconds=N and /debug/heap
+(`xhagent.metrics.debug`): off unless asked for, and loopback by default like /metrics.
+
 Why not prometheus_client's `start_http_server`: its thread polls for a shutdown request
 twice a second, and on a VM each wake-up from idle is charged to the agent (see `xhagent
 bench agent`). This server's thread sleeps in accept() until a scraper connects; stop()
@@ -18,6 +21,7 @@ import ipaddress
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -44,9 +48,10 @@ def parse_addr(text: str) -> tuple[str, int]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], handler, registry: CollectorRegistry):
+    def __init__(self, addr: tuple[str, int], handler, registry: CollectorRegistry, debug: bool):
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.registry = registry
+        self.debug = debug
         self.stopping = False
         super().__init__(addr, handler)
 
@@ -55,8 +60,11 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        path = self.path.split("?", 1)[0]
-        if path != "/metrics":
+        url = urlsplit(self.path)
+        if url.path.startswith("/debug/") and self.server.debug:
+            self._debug(url.path.removeprefix("/debug/"), parse_qs(url.query))
+            return
+        if url.path != "/metrics":
             self.send_error(404, "only /metrics is served here")
             return
         encode, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -65,6 +73,27 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a collector failed: the scraper sees it, the agent goes on
             self.send_error(500, f"collecting metrics failed: {exc}")
             return
+        self._send(body, content_type)
+
+    def _debug(self, what: str, query: dict) -> None:
+        from . import debug
+
+        try:
+            if what == "stacks":
+                text = debug.stacks()
+            elif what == "profile":
+                text = debug.profile(float(query.get("seconds", ["10"])[0]))
+            elif what == "heap":
+                text = debug.heap()
+            else:
+                self.send_error(404, "debug endpoints: stacks, profile?seconds=N, heap")
+                return
+        except ValueError as exc:
+            self.send_error(400, str(exc))
+            return
+        self._send(text.encode(), "text/plain; charset=utf-8")
+
+    def _send(self, body: bytes, content_type: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -76,9 +105,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class Exporter:
-    def __init__(self, registry: CollectorRegistry, addr: tuple[str, int]):
+    def __init__(self, registry: CollectorRegistry, addr: tuple[str, int], debug: bool = False):
         try:
-            self._server = _Server(addr, _Handler, registry)
+            self._server = _Server(addr, _Handler, registry, debug)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics on {addr[0]}:{addr[1]}: {exc.strerror}") from None
         self._thread = threading.Thread(target=self._serve, name="xhagent-metrics", daemon=True)

@@ -204,3 +204,45 @@ def test_a_port_in_use_is_a_clear_error(store, metrics):
             Exporter(metrics.registry, first.address)
     finally:
         first.stop()
+
+
+def busy_loop_for_the_profiler(stop):
+    while not stop.is_set():
+        sum(range(1000))
+
+
+def test_debug_endpoints_only_when_asked_for(store, metrics):
+    import threading
+
+    plain = Exporter(metrics.registry, ("127.0.0.1", 0))
+    plain.start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(plain.url.replace("/metrics", "/debug/stacks"), timeout=10)
+        assert err.value.code == 404
+    finally:
+        plain.stop()
+    exporter = Exporter(metrics.registry, ("127.0.0.1", 0), debug=True)
+    exporter.start()
+    base = exporter.url.removesuffix("/metrics")
+    stop = threading.Event()
+    busy = threading.Thread(target=busy_loop_for_the_profiler, args=(stop,), name="busy-one")
+    busy.start()
+    try:
+        with urllib.request.urlopen(f"{base}/debug/stacks", timeout=10) as r:
+            text = r.read().decode()
+        assert "thread busy-one" in text and "busy_loop_for_the_profiler" in text
+        with urllib.request.urlopen(f"{base}/debug/profile?seconds=0.5", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        hot = [ln for ln in lines if "busy_loop_for_the_profiler" in ln]
+        assert hot and all(re.fullmatch(r"thread busy-one;.+ \d+", ln) for ln in hot)
+        assert sum(int(ln.rsplit(" ", 1)[1]) for ln in hot) >= 10  # sampled, not once
+        with urllib.request.urlopen(f"{base}/debug/heap", timeout=10) as r:
+            assert "tracemalloc is off" in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/debug/profile?seconds=1000", timeout=10)
+        assert err.value.code == 400
+    finally:
+        stop.set()
+        busy.join()
+        exporter.stop()
