@@ -147,3 +147,22 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         assert [(t["scrapeUrl"], t["health"]) for t in targets] == [(url, "up")]
     finally:
         prom.stop()
+
+
+def test_bench_metrics_reports_a_scrape_and_leaves_no_group():
+    from xhagent.cgroups.mounts import discover_hierarchy
+
+    res = subprocess.run(
+        [str(XHAGENT), "bench", "metrics", "--groups", "5", "--tasks", "20", "--rounds", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    scrape = out["cases"]["scrape"]
+    # 5 groups' cpu.stat and pressure series at least, and the tasks by state and class
+    assert scrape["series"] > 5 * 7 and scrape["p50_ms"] > 0
+    assert set(out["targets_met"]) == {"scrape_p99_ms"}
+    unified = Path(discover_hierarchy().unified.path)
+    assert not list(unified.glob("xhagent-bench-metrics-*"))
