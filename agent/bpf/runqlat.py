@@ -93,7 +93,7 @@ def cgroup_id(group: str | os.PathLike | int) -> int:
 def _why(exc: BpfError) -> BpfError:
     if exc.errno == errno.EPERM:
         return BpfError(
-            exc.errno, f"{exc.strerror}: loading BPF needs root (CAP_BPF and CAP_PERFMON)"
+            exc.errno, f"run-queue latency needs root (CAP_BPF and CAP_PERFMON): {exc.strerror}"
         )
     return exc
 
