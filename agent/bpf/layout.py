@@ -18,7 +18,8 @@ from pathlib import Path
 
 class Record(struct.Struct):
     """A C struct as user space packs it: (C field name, struct format code) pairs,
-    little endian, no implicit padding (the C struct's padding is a named field)."""
+    little endian, no implicit padding (the C struct's padding is a named field).
+    An array field has a count: "16s" unpacks to one bytes, "24Q" to 24 ints in place."""
 
     def __init__(self, c_name: str, fields: tuple[tuple[str, str], ...]):
         super().__init__("<" + "".join(code for _, code in fields))
@@ -215,7 +216,9 @@ def mismatches(btf: Btf, mirror: Mirror) -> list[str]:
                     f"struct {rec.c_name}.{m.name}: offset {m.offset} size {m.size} in C, "
                     f"offset {off} size {sz} in Python ({code!r})"
                 )
-            want = "array" if code.endswith("s") else "signed" if code.islower() else "unsigned"
+            # "16s" is a char array, "24Q" an array of 24 __u64: BTF calls both arrays
+            array = code.endswith("s") or code[:-1].isdigit()
+            want = "array" if array else "signed" if code.islower() else "unsigned"
             if want != m.kind:
                 out.append(
                     f"struct {rec.c_name}.{m.name}: {m.kind} in C, {code!r} ({want}) in Python"

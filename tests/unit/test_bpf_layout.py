@@ -10,13 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.bpf import BpfObject, loader, preempt, sched_count, sched_trace, signal_probe
+from xhagent.bpf import (
+    BpfObject,
+    loader,
+    preempt,
+    runqlat,
+    sched_count,
+    sched_trace,
+    signal_probe,
+)
 from xhagent.bpf.layout import Mirror, Record, mismatches, read_btf
 from xhagent.trace import fmt
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every module that mirrors a part of a program's header.
-MIRRORS = [fmt.MIRROR, sched_trace.MIRROR, sched_count.MIRROR, preempt.MIRROR, signal_probe.MIRROR]
+MIRRORS = [
+    fmt.MIRROR,
+    sched_trace.MIRROR,
+    sched_count.MIRROR,
+    preempt.MIRROR,
+    signal_probe.MIRROR,
+    runqlat.MIRROR,
+]
 
 
 def _object(name: str) -> Path:
@@ -112,6 +127,20 @@ def test_a_drifted_python_layout_is_detected():
     assert mismatches(btf, Mirror("sched_trace", records=(Record("xh_gone", (("a", "Q"),)),))) == [
         "struct xh_gone: not in sched_trace.bpf.o's BTF"
     ]
+
+
+def test_a_drifted_integer_array_is_detected():
+    """runq_hist.slots is an array of __u64: a different length moves what follows it,
+    and the same bytes as plain integers are not the array BTF describes."""
+    btf = read_btf(_object("runqlat"))
+    rec = runqlat.HIST
+    n = runqlat.RUNQ_SLOTS
+    assert mismatches(btf, runqlat.MIRROR) == []
+    short = mismatches(btf, Mirror("runqlat", records=(_altered(rec, slots=f"{n - 1}Q"),)))
+    assert f"struct runq_hist: {8 * n + 8} bytes in C, {8 * n} in Python" in short
+    assert any(m.startswith(f"struct runq_hist.sum_ns: offset {8 * n} size 8 in C") for m in short)
+    signed = mismatches(btf, Mirror("runqlat", records=(_altered(rec, slots="Q"),)))
+    assert "struct runq_hist.slots: array in C, 'Q' (unsigned) in Python" in signed
 
 
 def test_a_drifted_enum_is_detected():
