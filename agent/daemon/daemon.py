@@ -82,6 +82,7 @@ class Daemon:
         self.agent: Agent | None = None
         self.watch: DirectoryWatch | None = None
         self.exporter = None
+        self.runq = None  # the run-queue latency probe, where BPF loads
         self._thread: threading.Thread | None = None
 
     def report(self, kind: str, message: str, task_id: str | None = None) -> None:
@@ -147,7 +148,15 @@ class Daemon:
             for task_id in executor.leaves():
                 yield f"{TASKS}/{task_id}", sub.group(f"{TASKS}/{task_id}")
 
-        metrics = AgentMetrics(self.store, groups)
+        try:
+            from ..bpf.runqlat import RunqLatency
+
+            runq = RunqLatency()
+        except (OSError, ImportError) as exc:  # no BPF here: said once, the rest still served
+            runq = None
+            self.report("NotObserved", f"run-queue latency: {exc}")
+        self.runq = runq
+        metrics = AgentMetrics(self.store, groups, runq)
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
         self.exporter.start()
@@ -227,6 +236,9 @@ class Daemon:
         if self.exporter is not None:
             self.exporter.stop()
             self.exporter = None
+        if self.runq is not None:
+            self.runq.close()
+            self.runq = None
         if self.agent is not None:
             self.agent.stop()
         if self._thread is not None:

@@ -6,7 +6,9 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
   decisions. Counted once each, after the commit, never for a rolled-back change;
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
-  one batch; plus the agent's own process (`process_*`).
+  one batch; the run-queue latency of their tasks (`xhagent.bpf.runqlat`, where BPF
+  loads: the groups watched are kept in step with the managed ones at each scrape); plus
+  the agent's own process (`process_*`).
 
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
 label names the agent's own groups and the leaves of tasks that run now.
@@ -14,6 +16,7 @@ label names the agent's own groups and the leaves of tasks that run now.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from prometheus_client import (
@@ -23,7 +26,8 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from ..cgroups import Cgroup
 from ..cgroups.stats import read_stats
@@ -39,7 +43,12 @@ DEFAULT_CLASS = "default"
 class AgentMetrics:
     """The registry the exporter serves; `observe` is the store's on_commit."""
 
-    def __init__(self, store: Store, groups: Callable[[], Iterable[tuple[str, Cgroup]]]):
+    def __init__(
+        self,
+        store: Store,
+        groups: Callable[[], Iterable[tuple[str, Cgroup]]],
+        runq=None,
+    ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
         disable_created_metrics()
@@ -85,9 +94,9 @@ class AgentMetrics:
             ["result"],
             **reg,
         )
-        self.registry.register(_Census(store, groups))
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
+        self.registry.register(_Census(store, groups, runq, self._class))
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:
@@ -126,8 +135,8 @@ class AgentMetrics:
 class _Census:
     """What is, at scrape time."""
 
-    def __init__(self, store: Store, groups: Callable[[], Iterable[tuple[str, Cgroup]]]):
-        self.store, self.groups = store, groups
+    def __init__(self, store: Store, groups, runq, classes: dict[str, str]):
+        self.store, self.groups, self.runq, self.classes = store, groups, runq, classes
 
     def collect(self):
         by_state, pending = self.store.census()
@@ -145,7 +154,39 @@ class _Census:
         for kind, n in sorted(pending.items()):
             reasons.add_metric([kind or "Unknown"], n)
         yield reasons
-        yield from group_metrics(list(self.groups()))
+        groups = list(self.groups())
+        yield from group_metrics(groups)
+        if self.runq is not None:
+            yield self._runq(groups)
+
+    def _runq(self, groups: list[tuple[str, Cgroup]]) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(
+            "xhagent_runq_latency_seconds",
+            "Time runnable tasks of a managed group waited for a CPU (BPF, sched_switch).",
+            labels=["group", "class"],
+        )
+        ids: dict[int, str] = {}
+        for name, group in groups:
+            try:
+                ids[os.stat(group.path).st_ino] = name
+            except FileNotFoundError:
+                continue  # a leaf removed since it was listed
+        for gone in self.runq.watched() - ids.keys():
+            self.runq.unwatch(gone)
+        for cgid in ids.keys() - self.runq.watched():
+            try:
+                self.runq.watch(cgid)
+            except OSError:
+                break  # the map is full: the groups already watched go on
+        for cgid, hist in sorted(self.runq.histograms().items()):
+            name = ids.get(cgid)
+            if name is None:
+                continue
+            task_id = name.rpartition("/")[2] if name.startswith("tasks/") else None
+            cls = self.classes.get(task_id, DEFAULT_CLASS) if task_id else ""
+            buckets = [(floatToGoString(le), n) for le, n in hist.buckets]
+            fam.add_metric([name, cls], buckets, sum_value=hist.sum)
+        return fam
 
 
 def group_metrics(groups: list[tuple[str, Cgroup]]):

@@ -143,6 +143,10 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         )
         assert median is not None and 0 < median < 60  # a quantile of real starts
         assert prom.scalar('sum(xhagent_cgroup_cpu_usage_seconds_total{group="shims"})') > 0
+        # the shims' group is always there, and its processes wake and wait for a CPU
+        shims = 'xhagent_runq_latency_seconds_bucket{group="shims"}'
+        runq = prom.scalar(f"histogram_quantile(0.9, sum by (le) ({shims}))")
+        assert runq is not None and 0 < runq < 10, runq
         targets = get_json(f"{prom.url}/api/v1/targets")["data"]["activeTargets"]
         assert [(t["scrapeUrl"], t["health"]) for t in targets] == [(url, "up")]
     finally:
