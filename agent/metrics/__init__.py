@@ -1,0 +1,1 @@
+"""What the agent shows: metrics, their collectors and the exporter."""
