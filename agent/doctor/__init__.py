@@ -25,6 +25,7 @@ def _probes() -> list[tuple[str, Probe]]:
         nvml_probe,
         runtime_probe,
         system_probe,
+        taskstats_probe,
         uring_probe,
     )
 
@@ -35,6 +36,7 @@ def _probes() -> list[tuple[str, Probe]]:
         ("ebpf", bpf_probe.probe),
         ("runtime", runtime_probe.probe),
         ("cgroup", cgroup_probe.probe),
+        ("taskstats", taskstats_probe.probe),
         ("nvml", nvml_probe.probe),
     ]
 

@@ -225,6 +225,13 @@ def test_preempt_item_here_is_bpf_and_the_timer_works_too(report):
         assert item["slice_ms"] * 0.9 <= item[key] <= item["slice_ms"] * 3, item
 
 
+def test_taskstats_items_read_this_process_and_the_sysctl(report):
+    assert report["taskstats"]["ok"] and report["taskstats"]["version"] >= 8, report["taskstats"]
+    item = report["taskstats.delayacct"]
+    state = {"1": "on", "0": "off"}[Path("/proc/sys/kernel/task_delayacct").read_text().strip()]
+    assert item["ok"] and item["state"] == state and item["can_enable"], item
+
+
 WITHOUT_BPF = (
     "import json\nfrom xhagent.doctor import runtime_probe\n"
     "from xhagent.runtime.pool import Pool\n"

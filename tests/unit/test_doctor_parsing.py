@@ -235,3 +235,28 @@ def test_preempt_item_names_the_pools_source_and_why_not_the_other():
     item = decide((False, None, no_bpf), (None, "timer_create(...): -EAGAIN (x)"))
     assert not item.ok and item.detail["source"] == "off"
     assert no_bpf in item.reason and "-EAGAIN" in item.reason
+
+
+def test_delayacct_item_on_off_refused_absent():
+    from xhagent.doctor.taskstats_probe import DELAYACCT_NAME, decide
+    from xhagent.metrics.taskstats import DelayAcct
+
+    item = decide(DelayAcct("on"), None)
+    assert item.name == DELAYACCT_NAME and item.ok and item.detail["state"] == "on"
+
+    item = decide(DelayAcct("off"), None)
+    assert item.ok and item.detail == {
+        "state": "off",
+        "can_enable": True,
+        "because": item.detail["because"],
+    }
+    assert "tasks started while it is 0 never get block I/O" in item.detail["because"]
+
+    refused = "write 0 to /proc/sys/kernel/task_delayacct: -EPERM (Operation not permitted)"
+    item = decide(DelayAcct("off"), refused)
+    assert not item.ok and not item.detail["can_enable"]
+    assert refused in item.reason and "sysctl kernel.task_delayacct=1" in item.reason
+
+    item = decide(DelayAcct("absent", reason="... without CONFIG_TASK_DELAY_ACCT ..."), None)
+    assert not item.ok and item.detail["state"] == "absent"
+    assert "CONFIG_TASK_DELAY_ACCT" in item.reason
