@@ -83,6 +83,7 @@ class Daemon:
         self.watch: DirectoryWatch | None = None
         self.exporter = None
         self.runq = None  # the run-queue latency probe, where BPF loads
+        self.taskstats = None  # the delay accounting client, where netlink allows
         self._thread: threading.Thread | None = None
 
     def report(self, kind: str, message: str, task_id: str | None = None) -> None:
@@ -137,6 +138,17 @@ class Daemon:
         self.agent.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
 
+    def _delay_accounting(self) -> None:
+        """Before any workload starts: the kernel keeps I/O and memory delays only of tasks
+        forked while kernel.task_delayacct is on (xhagent.metrics.taskstats)."""
+        from ..metrics.taskstats import enable_delayacct
+
+        acct = enable_delayacct()
+        if acct.changed:
+            self.report("DelayAccounting", "kernel.task_delayacct switched on")
+        elif acct.state != "on":
+            self.report("NotObserved", f"task I/O and memory delays: {acct.reason}")
+
     def _serve_metrics(self, addr: tuple[str, int], sub, executor: Executor) -> None:
         from ..metrics.exporter import Exporter
         from .executor import SHIMS, TASKS
@@ -156,7 +168,14 @@ class Daemon:
             runq = None
             self.report("NotObserved", f"run-queue latency: {exc}")
         self.runq = runq
-        metrics = AgentMetrics(self.store, groups, runq)
+        self._delay_accounting()  # before the loop starts any workload
+        try:
+            from ..metrics.taskstats import TaskStats
+
+            self.taskstats = TaskStats()
+        except OSError as exc:
+            self.report("NotObserved", f"task delays: {exc}")
+        metrics = AgentMetrics(self.store, groups, runq, self.taskstats)
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
         self.exporter.start()
@@ -239,6 +258,9 @@ class Daemon:
         if self.runq is not None:
             self.runq.close()
             self.runq = None
+        if self.taskstats is not None:
+            self.taskstats.close()
+            self.taskstats = None
         if self.agent is not None:
             self.agent.stop()
         if self._thread is not None:

@@ -7,8 +7,9 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
   one batch; the run-queue latency of their tasks (`xhagent.bpf.runqlat`, where BPF
-  loads: the groups watched are kept in step with the managed ones at each scrape); plus
-  the agent's own process (`process_*`).
+  loads: the groups watched are kept in step with the managed ones at each scrape); each
+  task's delays (`xhagent.metrics.taskstats`: CPU, block I/O, swap-in, reclaim...) summed
+  over the processes in its leaf; plus the agent's own process (`process_*`).
 
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
 label names the agent's own groups and the leaves of tasks that run now.
@@ -38,6 +39,7 @@ from .store import Event, Store, TaskRecord
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 DEFAULT_CLASS = "default"
+DELAY_KINDS = ("cpu", "blkio", "swapin", "reclaim", "thrashing", "compact")
 
 
 class AgentMetrics:
@@ -48,6 +50,7 @@ class AgentMetrics:
         store: Store,
         groups: Callable[[], Iterable[tuple[str, Cgroup]]],
         runq=None,
+        taskstats=None,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -96,7 +99,7 @@ class AgentMetrics:
         )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
-        self.registry.register(_Census(store, groups, runq, self._class))
+        self.registry.register(_Census(store, groups, runq, taskstats, self._class))
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:
@@ -135,8 +138,9 @@ class AgentMetrics:
 class _Census:
     """What is, at scrape time."""
 
-    def __init__(self, store: Store, groups, runq, classes: dict[str, str]):
-        self.store, self.groups, self.runq, self.classes = store, groups, runq, classes
+    def __init__(self, store: Store, groups, runq, taskstats, classes: dict[str, str]):
+        self.store, self.groups, self.classes = store, groups, classes
+        self.runq, self.taskstats = runq, taskstats
 
     def collect(self):
         by_state, pending = self.store.census()
@@ -158,6 +162,36 @@ class _Census:
         yield from group_metrics(groups)
         if self.runq is not None:
             yield self._runq(groups)
+        if self.taskstats is not None:
+            yield self._delays(groups)
+
+    def _task_class(self, name: str) -> str:
+        task_id = name.rpartition("/")[2] if name.startswith("tasks/") else None
+        return self.classes.get(task_id, DEFAULT_CLASS) if task_id else ""
+
+    def _delays(self, groups: list[tuple[str, Cgroup]]) -> GaugeMetricFamily:
+        fam = GaugeMetricFamily(
+            "xhagent_task_delay_seconds",
+            "Time a task's live processes waited, by kind (taskstats delay accounting).",
+            labels=["group", "class", "kind"],
+        )
+        for name, group in groups:
+            if not name.startswith("tasks/"):
+                continue
+            try:
+                pids = [int(p) for p in (group.path / "cgroup.procs").read_text().split()]
+            except (FileNotFoundError, ValueError):
+                continue  # the leaf went meanwhile
+            totals: dict[str, float] = {}
+            for d in self.taskstats.delays_of(pids).values():
+                for kind in DELAY_KINDS:
+                    delay = getattr(d, kind)
+                    if delay is not None:
+                        totals[kind] = totals.get(kind, 0.0) + delay.total
+            cls = self._task_class(name)
+            for kind, total in sorted(totals.items()):
+                fam.add_metric([name, cls, kind], total)
+        return fam
 
     def _runq(self, groups: list[tuple[str, Cgroup]]) -> HistogramMetricFamily:
         fam = HistogramMetricFamily(
@@ -182,8 +216,7 @@ class _Census:
             name = ids.get(cgid)
             if name is None:
                 continue
-            task_id = name.rpartition("/")[2] if name.startswith("tasks/") else None
-            cls = self.classes.get(task_id, DEFAULT_CLASS) if task_id else ""
+            cls = self._task_class(name)
             buckets = [(floatToGoString(le), n) for le, n in hist.buckets]
             fam.add_metric([name, cls], buckets, sum_value=hist.sum)
         return fam

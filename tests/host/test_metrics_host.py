@@ -170,3 +170,53 @@ def test_bench_metrics_reports_a_scrape_and_leaves_no_group():
     assert set(out["targets_met"]) == {"scrape_p99_ms"}
     unified = Path(discover_hierarchy().unified.path)
     assert not list(unified.glob("xhagent-bench-metrics-*"))
+
+
+def test_each_task_shows_its_delays_and_its_run_queue_latency(agent, tmp_path):
+    import urllib.request as request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    spin = ["sh", "-c", "while :; do :; done"]
+    ids = []
+    for i in range(3):  # three spinners on two CPUs: each waits for a CPU now and then
+        path = tmp_path / f"spin{i}.yaml"
+        path.write_text(
+            "apiVersion: xh.scheduling/v1\nkind: Task\n"
+            f"metadata: {{name: spin{i}}}\n"
+            f"spec:\n  deviceType: cpu\n  command: {json.dumps(spin)}\n"
+        )
+        res = subprocess.run(
+            [str(XHAGENT), "submit", str(path), "--socket", str(agent.socket)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        ids.append(res.stdout.split()[0])
+    url = agent.metrics_url()
+    try:
+        with request.urlopen(url, timeout=10):
+            pass  # the first scrape starts watching the leaves
+        time.sleep(2)
+        with request.urlopen(url, timeout=10) as r:
+            fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    finally:
+        for tid in ids:
+            subprocess.run(
+                [str(XHAGENT), "cancel", tid, "--socket", str(agent.socket)],
+                capture_output=True,
+                timeout=60,
+            )
+    delays = {
+        s.labels["group"]: s.value
+        for s in fams["xhagent_task_delay_seconds"].samples
+        if s.labels["kind"] == "cpu"
+    }
+    waited = {
+        s.labels["group"]: s.value
+        for s in fams["xhagent_runq_latency_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    for tid in ids:
+        assert delays.get(f"tasks/{tid}", 0) > 0, delays  # waited for a CPU, per taskstats
+        assert waited.get(f"tasks/{tid}", 0) > 0, waited  # and per the BPF probe
