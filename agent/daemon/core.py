@@ -49,6 +49,7 @@ MAX_PENDING_SCAN = 1000  # tasks placed per step at most; the rest wait for the 
 # and API calls waiting seconds behind it.
 MAX_STARTS_PER_STEP = 16
 SAFETY_S = 30.0  # the longest the loop sleeps: a missed wake-up costs at most this
+FULL_LOOK_S = 1.0  # under load, how often tasks whose shim has no pidfd are looked at
 
 
 class InvalidTask(ValueError):
@@ -62,7 +63,7 @@ class Refused(RuntimeError):
 @dataclass
 class Supervised:
     shim_pid: int
-    pidfd: int | None  # readable when the shim exits; None: found by the second's poll
+    pidfd: int | None  # readable when the shim exits; None: found by a full look (run)
     process: object | None = None  # our child's Spawned (reaped when it ends); None: adopted
 
 
@@ -97,6 +98,8 @@ class Agent:
         self._late: set[str] = set()  # tasks whose missed deadline was reported
         self._due: int | None = None  # the next time a step has something to do on its own
         self._worked = False  # something happened since the heap was last trimmed
+        self._ended: set[str] = set()  # shims that ended before they could be watched
+        self._last_full = 0.0  # monotonic time of the last look at every running task
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
@@ -221,8 +224,10 @@ class Agent:
                 return
             try:
                 # a shim's pidfd says which task ended; with no event at all (the safety
-                # timeout) every running task is looked at
-                self.step(None if failed or not ready else exited)
+                # timeout) every running task is looked at, and at least every FULL_LOOK_S
+                # while a supervised task has no pidfd (its end has no event)
+                full = failed or not ready or self._unwatched_due()
+                self.step(None if full else exited)
                 failed = False
                 timeout = SAFETY_S
                 if self._due is not None:
@@ -240,9 +245,19 @@ class Agent:
         """Something becomes due at `ns`: the loop steps then, even with nothing else."""
         self._due = ns if self._due is None else min(self._due, ns)
 
+    def _unwatched_due(self) -> bool:
+        return time.monotonic() - self._last_full >= FULL_LOOK_S and any(
+            sup.pidfd is None for sup in self.supervised.values()
+        )
+
     def step(self, exited: set[str] | None = None) -> None:
         """One round: `exited` names the tasks whose shims ended (None: look at all)."""
         self._due = None
+        if exited is None:
+            self._last_full = time.monotonic()
+            self._ended.clear()
+        elif self._ended:
+            exited, self._ended = exited | self._ended, set()
         with self.lock:
             self._collect_exits(exited)
             thaw_frozen(self)
@@ -504,15 +519,26 @@ class Agent:
     def supervise(self, task_id: str, shim_pid: int, process) -> None:
         """Watch the shim's pidfd: our child's own (valid even once it is reaped, which
         `start_shim` does for a workload that ended at once), else one opened by pid."""
-        try:
-            if process is not None and process.pidfd is not None:
-                pidfd = os.dup(process.pidfd)
-            else:
-                pidfd = os.pidfd_open(shim_pid)
-            self._selector.register(pidfd, selectors.EVENT_READ, task_id)
-        except OSError:  # gone already: look at every task's records at once
-            pidfd = None
+        pidfd = None
+        if process is not None and process.returncode is not None:
+            # start_shim reaped it: the workload ended at once, its records are final
+            self._ended.add(task_id)
             self._wake_at(self.clock())
+        else:
+            try:
+                if process is not None and process.pidfd is not None:
+                    pidfd = os.dup(process.pidfd)
+                else:
+                    pidfd = os.pidfd_open(shim_pid)
+                self._selector.register(pidfd, selectors.EVENT_READ, task_id)
+            except ProcessLookupError:  # not our child, and gone already
+                self._ended.add(task_id)
+                self._wake_at(self.clock())
+            except OSError:  # no pidfd (EMFILE...): found by the next full look
+                if pidfd is not None:
+                    os.close(pidfd)
+                    pidfd = None
+                self._wake_at(self.clock())
         self.supervised[task_id] = Supervised(shim_pid, pidfd, process)
 
     def _shared_cpus(self) -> tuple[int, ...]:

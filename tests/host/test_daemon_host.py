@@ -396,3 +396,43 @@ def test_sighup_rereads_the_policy_directory_and_keeps_serving(agent, tmp_path):
     assert agent.proc.poll() is None
     tid = agent.submit(task_file(tmp_path, "after-hup", ["true"]))
     assert agent.wait(tid)["state"] == "Succeeded"
+
+
+def test_workloads_that_end_at_once_are_collected_under_a_steady_load(agent, tmp_path):
+    """A workload that ends before its start is recorded leaves no shim to watch; its end
+    must still be collected while requests keep the loop from ever being idle."""
+    from xhagent.daemon.v1 import agent_pb2 as pb
+
+    stop = threading.Event()
+    # each submission wakes the loop, and none can start (no backlog of starts)
+    never = task_file(tmp_path, "never", ["true"], "  requests: {cpus: 4096}\n").read_text()
+
+    def keep_busy():
+        with agent.client() as c:
+            while not stop.is_set():
+                c.Submit(pb.SubmitRequest(source=never, file_name="never.yaml"))
+
+    busy = [threading.Thread(target=keep_busy) for _ in range(3)]
+    for t in busy:
+        t.start()
+    try:
+        with agent.client() as c:
+            quick = [
+                c.Submit(
+                    pb.SubmitRequest(source=task_file(tmp_path, f"q{i}", ["true"]).read_text())
+                )
+                .tasks[0]
+                .id
+                for i in range(20)
+            ]
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                ends = {tid: c.Get(pb.GetRequest(id=tid)).task.state for tid in quick}
+                if set(ends.values()) == {"Succeeded"}:
+                    break
+                time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in busy:
+            t.join()
+    assert set(ends.values()) == {"Succeeded"}, ends
