@@ -1,0 +1,41 @@
+"""Sampler without io_uring (a kernel or seccomp profile that refuses it): every file by
+pread from C, the same bytes; bad arguments refused up front."""
+
+import errno
+
+import pytest
+
+from xhagent.io import sampler as sampler_mod
+from xhagent.io.sampler import Sampler
+
+
+def test_without_a_ring_every_file_is_read_with_pread(tmp_path, monkeypatch):
+    def refused(*a, **kw):
+        raise OSError(errno.ENOSYS, "io_uring_setup")
+
+    monkeypatch.setattr(sampler_mod, "Ring", refused)
+    paths = []
+    for i in range(50):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(b"v %d\n" % i * (i % 5))
+        paths.append(str(p))
+    with Sampler(paths, via="uring") as s:
+        assert s.sample() == {p: open(p, "rb").read() for p in paths}
+        assert s.stats["uring"] == 0 and s.stats["pread"] == len(paths)
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="via must be one of"):
+        Sampler([], via="mmap")
+    with pytest.raises(ValueError, match="first_read <= max_bytes"):
+        Sampler([], first_read=8192, max_bytes=4096)
+    with pytest.raises(ValueError, match="null byte"):
+        Sampler([str(tmp_path) + "/a\0b"])
+
+
+def test_a_closed_sampler_refuses_to_sample(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    s = Sampler([tmp_path / "f"])
+    s.close()
+    with pytest.raises(ValueError, match="closed"):
+        s.sample()
