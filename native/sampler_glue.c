@@ -124,5 +124,8 @@ int xh_sample(struct io_uring *ring, struct xh_sample *s)
 		s->base[at++] = 0;
 	}
 	s->pos[s->n] = s->total = at;
-	return err;
+	if (err)
+		return err;
+	return (s->failed ? XH_SAMPLE_FAILED : 0) | (s->full ? XH_SAMPLE_FULL : 0) |
+	       (s->nul_files ? XH_SAMPLE_NUL : 0);
 }

@@ -29,4 +29,9 @@ struct xh_sample {
 	uint32_t uring_reads;  /* out */
 	uint32_t pread_reads;  /* out */
 };
+/* Returns a negative errno when io_uring refused (the files it left report it), else the
+ * XH_SAMPLE_* flags of what needs a look: any file failed, filled its buffer, holds a NUL. */
+#define XH_SAMPLE_FAILED 1
+#define XH_SAMPLE_FULL 2
+#define XH_SAMPLE_NUL 4
 int xh_sample(struct io_uring *ring, struct xh_sample *s);

@@ -68,10 +68,20 @@ class Snapshot:
     this sample (gone, could not be opened or read). Indexes follow `paths`. Immutable: it
     stays valid after later samples."""
 
-    __slots__ = ("data", "starts", "lengths", "paths")
+    __slots__ = ("data", "starts", "lengths", "paths", "files_read")
 
-    def __init__(self, data: bytes, starts: array, lengths: array, paths: tuple[str, ...]):
+    def __init__(
+        self,
+        data: bytes,
+        starts: array,
+        lengths: array,
+        paths: tuple[str, ...],
+        files_read: int | None = None,
+    ):
         self.data, self.starts, self.lengths, self.paths = data, starts, lengths, paths
+        if files_read is None:
+            files_read = sum(1 for n in lengths if n >= 0)
+        self.files_read = files_read  # how many files have bytes in this sample
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -129,7 +139,10 @@ class Sampler:
         self.gone: frozenset[str] = frozenset()
         self.replaced: frozenset[str] = frozenset()
         self.errors: dict[str, OSError] = {}
-        self.stats = {"uring": 0, "pread": 0, "samples": 0, "regrown": 0}
+        self._samples = self._reads_uring = self._reads_pread = self._repeats = 0
+        self._n_uring = self._n_pread = 0  # reads per pass each way, for the layout in force
+        self._all_live = False
+        self._ring_ptr = ffi.NULL
         self._gone_count = 0
         self._dirty = True
         self._closed = False
@@ -142,6 +155,7 @@ class Sampler:
         self._fit_pending = False
         self._fit_pending_files: list[int] = []  # indexes opened since the last fit
         self._gone_changed = False
+        self._gone_dirs: dict[str, list[int]] | None = None  # gone files by directory
         if via != "pread":
             try:
                 self._ring = Ring(entries)
@@ -209,6 +223,7 @@ class Sampler:
         self._index = {p: i for i, p in enumerate(self._paths)}
         self._gone_count = self._state.count(_GONE)
         self._gone_changed = True
+        self._gone_dirs = None
         self.gone = frozenset(p for p in self.gone if p in self._index)
         self.errors = {p: e for p, e in self.errors.items() if p in self._index}
         self._dirty = True
@@ -239,9 +254,9 @@ class Sampler:
     def sample(self) -> dict[str, bytes]:
         """{path: bytes} of every file read in this sample; files without fresh bytes are left
         out (see `gone`, `replaced`, `errors`)."""
-        self._read()
-        data = self._view[: self._c.total].tobytes()
-        if self._c.nul_files:  # binary content: the NULs between files cannot split it
+        flags = self._read()
+        data = self._view[: self._pos[-1]].tobytes()
+        if flags & lib.XH_SAMPLE_NUL:  # binary content: the NULs between files cannot split it
             return {
                 p: data[a : a + n]
                 for p, a, n in zip(self._paths, self._pos, self._res, strict=False)
@@ -258,46 +273,83 @@ class Sampler:
         """This sample without a Python object per file: one bytes object and two arrays."""
         self._read()
         return Snapshot(
-            self._view[: self._c.total].tobytes(),
+            self._view[: self._pos[-1]].tobytes(),
             self._pos[:-1],
             self._res[:],
             tuple(self._paths),
+            len(self._paths) if self._complete else None,
         )
 
-    def _read(self) -> None:
+    @property
+    def stats(self) -> dict[str, int]:
+        """Samples taken, reads made each way, and passes repeated (a buffer grew, a file was
+        re-opened)."""
+        return {
+            "samples": self._samples,
+            "uring": self._reads_uring,
+            "pread": self._reads_pread,
+            "regrown": self._repeats,
+        }
+
+    def _read(self) -> int:
+        """One sample; returns the flags of its last C pass (XH_SAMPLE_*)."""
         if self._closed:
             raise ValueError("sample of a closed Sampler")
+        if self._dirty or self._gone_count:
+            return self._read_settling(None)
+        flags = lib.xh_sample(self._ring_ptr, self._c)
+        self._reads_uring += self._n_uring
+        self._reads_pread += self._n_pread
+        if flags:
+            return self._read_settling(flags)
+        # every file read, none grew: the common case costs no Python per file
+        self._samples += 1
+        self._complete = self._all_live
+        if self._open_errors:
+            self.errors = {self._paths[i]: e for i, e in self._open_errors.items()}
+        elif self.errors:
+            self.errors = {}
+        if self.replaced:
+            self.replaced = frozenset()
+        return 0
+
+    def _read_settling(self, flags: int | None) -> int:
+        """A sample that has more to do than one pass: files to re-open, failures to sort
+        out, buffers to grow. `flags`: those of a pass already made, None when none was."""
         self.replaced = frozenset()
         self.errors = {}
         replaced: set[str] = set()
         too_big = False
-        if self._gone_count:
+        if flags is None and self._gone_count:
             replaced |= self._reopen_recreated()
         for _ in range(8):  # a file that keeps growing past its buffer: see _regrow
-            if self._dirty:
-                self._prepare()
-            c = self._c
-            err = lib.xh_sample(self._ring._ring if self._ring_live else ffi.NULL, c)
-            if err < 0:
-                raise UringError.from_res(err, "io_uring_enter (Sampler.sample)")
-            self.stats["uring"] += c.uring_reads
-            self.stats["pread"] += c.pread_reads
+            if flags is None:
+                if self._dirty:
+                    self._prepare()
+                flags = lib.xh_sample(self._ring_ptr, self._c)
+                self._reads_uring += self._n_uring
+                self._reads_pread += self._n_pread
+            if flags < 0:
+                raise UringError.from_res(flags, "io_uring_enter (Sampler.sample)")
             again = False
-            if c.failed:
+            if flags & lib.XH_SAMPLE_FAILED:
                 again = self._settle_failures(replaced)
-            if c.full:
+            if flags & lib.XH_SAMPLE_FULL:
                 grew, too_big = self._regrow()
                 again = again or grew
             if not again:
                 break
-            self.stats["regrown"] += 1
+            self._repeats += 1
+            flags = None
         if self._fit_pending:
             self._fit()
-        self._complete = not c.failed and not too_big and self._live_count == len(self._state)
-        self.stats["samples"] += 1
+        failed = flags & lib.XH_SAMPLE_FAILED
+        self._complete = not failed and not too_big and self._all_live
+        self._samples += 1
         if replaced:
             self.replaced = frozenset(replaced)
         self._sync_reports()
+        return flags
 
     def _settle_failures(self, replaced: set[str]) -> bool:
         """Gone files closed (and re-opened when their directory is a new one); other errors
@@ -310,6 +362,7 @@ class Sampler:
                 self._close_file(i)
                 self._state[i] = _GONE
                 self._gone_changed = True
+                self._gone_dirs = None
                 self._gone_count += 1
                 vanished = True
             else:
@@ -323,12 +376,13 @@ class Sampler:
 
     def _reopen_recreated(self) -> set[str]:
         """Re-open the gone files whose directory exists again as another inode."""
-        by_dir: dict[str, list[int]] = {}
-        for i, s in enumerate(self._state):
-            if s == _GONE:
-                by_dir.setdefault(os.path.dirname(self._paths[i]) or ".", []).append(i)
+        if self._gone_dirs is None:  # kept while no file comes or goes: one stat per directory
+            self._gone_dirs = {}
+            for i, s in enumerate(self._state):
+                if s == _GONE:
+                    self._gone_dirs.setdefault(os.path.dirname(self._paths[i]) or ".", []).append(i)
         out: set[str] = set()
-        for d, files in by_dir.items():
+        for d, files in list(self._gone_dirs.items()):
             try:
                 st = os.stat(d)
             except OSError:
@@ -342,6 +396,7 @@ class Sampler:
                     self._dir[i] = (st.st_dev, st.st_ino)
         if out:
             self._dirty = True
+            self._gone_dirs = None
         return out
 
     def _regrow(self) -> tuple[bool, bool]:
@@ -391,6 +446,7 @@ class Sampler:
         path, was = self._paths[i], self._state[i]
         self._open_errors.pop(i, None)
         self._gone_changed = True
+        self._gone_dirs = None
         if was == _GONE:
             self._gone_count -= 1
         try:
@@ -507,6 +563,10 @@ class Sampler:
         ]
         c.fd, c.slot, c.base, c.off, c.cap, c.res, c.pos = self._keep
         self._c = c
+        self._ring_ptr = self._ring._ring if self._ring_live else ffi.NULL
+        self._all_live = self._live_count == n
+        self._n_uring = sum(1 for s in self._slot_a if s >= 0) if self._ring_live else 0
+        self._n_pread = self._live_count - self._n_uring
         self._dirty = False
 
     @property
