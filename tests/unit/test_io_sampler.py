@@ -39,3 +39,28 @@ def test_a_closed_sampler_refuses_to_sample(tmp_path):
     s.close()
     with pytest.raises(ValueError, match="closed"):
         s.sample()
+
+
+def test_adding_and_dropping_keeps_paths_indexes_and_bytes_together(tmp_path):
+    files = {}
+    for name in "abcdef":
+        (tmp_path / name).write_bytes(name.encode() * (ord(name) - 96))
+        files[name] = str(tmp_path / name)
+    with Sampler([files[n] for n in "abc"] + [str(tmp_path / "missing")]) as s:
+        assert Sampler([]).sample() == {}
+        assert s.sample() == {files[n]: n.encode() * (ord(n) - 96) for n in "abc"}
+        s.drop([files["b"], str(tmp_path / "nowhere")])
+        s.add([files["d"], files["a"], files["e"]])  # "a" is in the set already
+        assert s.paths == (
+            files["a"],
+            files["c"],
+            str(tmp_path / "missing"),
+            files["d"],
+            files["e"],
+        )
+        assert s.index(files["d"]) == 3 and str(tmp_path / "missing") in s.errors
+        snap = s.sample_packed()
+        assert [snap[i] for i in range(len(snap))] == [b"a", b"ccc", None, b"dddd", b"eeeee"]
+        assert snap.files_read == 4
+        s.drop([str(tmp_path / "missing")])
+        assert not s.errors and s.sample() == {files[n]: n.encode() * (ord(n) - 96) for n in "acde"}
