@@ -41,6 +41,7 @@ FIRST_READ = 4096
 GROWTH = 16
 MAX_BYTES = 1 << 20
 FIT_MIN = 64  # bytes: the smallest buffer a file is fitted down to
+MAX_PASSES = 8  # per sample: growth to max_bytes takes 3, re-opened files 1 more
 GONE_ERRNOS = frozenset({errno.ENODEV, errno.ESRCH, errno.ENOENT})
 VIA = ("auto", "uring", "pread")
 
@@ -170,13 +171,13 @@ class Sampler:
         return tuple(self._paths)
 
     def index(self, path: str | os.PathLike) -> int:
-        return self._index[os.fspath(path)]
+        return self._index[os.fsdecode(path)]
 
     def __len__(self) -> int:
         return len(self._paths)
 
     def __contains__(self, path) -> bool:
-        return os.fspath(path) in self._index
+        return os.fsdecode(path) in self._index
 
     def add(self, paths: Iterable[str | os.PathLike]) -> None:
         """Open and add each path not in the set yet (at the end of the index order)."""
@@ -322,7 +323,7 @@ class Sampler:
         too_big = False
         if flags is None and self._gone_count:
             replaced |= self._reopen_recreated()
-        for _ in range(8):  # a file that keeps growing past its buffer: see _regrow
+        for _ in range(MAX_PASSES):
             if flags is None:
                 if self._dirty:
                     self._prepare()
@@ -341,6 +342,8 @@ class Sampler:
                 break
             self._repeats += 1
             flags = None
+        else:  # still growing after every pass allowed: no file is shown cut short
+            flags = self._give_up_growing()
         if self._fit_pending:
             self._fit()
         failed = flags & lib.XH_SAMPLE_FAILED
@@ -404,7 +407,7 @@ class Sampler:
         again) and whether some file is past `max_bytes` (reported, left out)."""
         grew = too_big = False
         for i, n in enumerate(self._res):
-            if n >= 0 and n == self._cap[i]:
+            if n >= 0 and n == self._cap_a[i]:
                 if n >= self.max_bytes:
                     self.errors[self._paths[i]] = KernelError(
                         errno.EFBIG,
@@ -419,6 +422,15 @@ class Sampler:
         if grew:
             self._dirty = True
         return grew, too_big
+
+    def _give_up_growing(self) -> int:
+        for i, n in enumerate(self._res):
+            if n >= 0 and n == self._cap_a[i]:  # the size it was read with, not the grown one
+                self._res[i] = -errno.EAGAIN
+                self.errors[self._paths[i]] = KernelError(
+                    errno.EAGAIN, "kept growing past its buffer while read", self._paths[i]
+                )
+        return lib.XH_SAMPLE_FAILED
 
     def _fit(self) -> None:
         """Buffers of the files opened since the last fit shrink to twice what they held."""

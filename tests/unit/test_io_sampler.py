@@ -64,3 +64,13 @@ def test_adding_and_dropping_keeps_paths_indexes_and_bytes_together(tmp_path):
         assert snap.files_read == 4
         s.drop([str(tmp_path / "missing")])
         assert not s.errors and s.sample() == {files[n]: n.encode() * (ord(n) - 96) for n in "acde"}
+
+
+def test_a_file_still_growing_when_passes_run_out_is_an_error_not_cut_short(tmp_path, monkeypatch):
+    monkeypatch.setattr(sampler_mod, "MAX_PASSES", 1)  # no pass left to read it grown
+    (tmp_path / "long").write_bytes(b"l" * 10_000)
+    (tmp_path / "short").write_bytes(b"s")
+    with Sampler([tmp_path / "long", tmp_path / "short"], first_read=4096) as s:
+        assert s.sample() == {str(tmp_path / "short"): b"s"}
+        assert s.errors[str(tmp_path / "long")].errno == errno.EAGAIN
+        assert s.sample_packed()[0] == b"l" * 10_000  # grown since: whole
