@@ -512,6 +512,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
 
         _direct_cases(direct_target, span, rng, seconds, cases, notes, pairs, progress)
 
+        live_tree = _cgroupfs_files()  # listed before the bench's own groups exist
         groups, group_files = _make_groups(notes)
         _files_cases(
             {
@@ -520,7 +521,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
                     "/proc/<pid>/stat files",
                     sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat")),
                 ),
-                "cgroupfs": ("files of the cgroup2 tree", _cgroupfs_files()),
+                "cgroupfs": ("files of the cgroup2 tree", live_tree),
                 "cgroup": (f"files of {BENCH_GROUPS} groups of the bench's own", group_files),
             },
             seconds,
@@ -531,7 +532,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if groups is not None:
-            _remove_groups(groups)
+            _remove_groups(groups, notes)
     named = ratios(cases)
     return {
         "schema": 1,
@@ -633,8 +634,8 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
 def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, progress) -> None:
     """Each set: the Python loop, read_files as shipped ("auto"), and its two ways forced:
     chains through io_uring, and open/read/close from C (the kernel's own work plus the
-    result objects: no way that opens, reads and closes every file is much faster). Then the
-    kept-open cases (see _sampler_cases)."""
+    result objects: no way that opens, reads and closes every file is much faster). First,
+    the kept-open cases (see _sampler_cases)."""
     _room_for_fds(4 * max((len(p) for _, p in sets.values()), default=0))
     for name, (what, paths) in sets.items():
         if not paths:
@@ -751,13 +752,13 @@ def _make_groups(notes: dict) -> tuple[Path | None, list[str]]:
     where groups cannot be made."""
     unified = discover_hierarchy().unified
     if unified is None:
-        notes["files_cgroup"] = "no cgroup2 mount: cgroup cases skipped"
+        notes["files_cgroup_setup"] = "no cgroup2 mount: cgroup cases skipped"
         return None, []
     top = Path(unified.path) / f"xhagent-bench-io-{os.getpid()}.slice"
     try:
         top.mkdir()
     except OSError as exc:
-        notes["files_cgroup"] = f"cannot create {top}: {exc.strerror}; cgroup cases skipped"
+        notes["files_cgroup_setup"] = f"cannot create {top}: {exc.strerror}; cases skipped"
         return None, []
     paths: list[str] = []
     try:
@@ -768,21 +769,23 @@ def _make_groups(notes: dict) -> tuple[Path | None, list[str]]:
                 if f.stat().st_mode & stat.S_IRUSR:  # cgroup.kill is write-only
                     paths.append(str(f))
     except OSError as exc:
-        notes["files_cgroup"] = f"creating groups under {top}: {exc.strerror}"
+        notes["files_cgroup_setup"] = f"creating groups under {top}: {exc.strerror}"
     return top, paths
 
 
-def _remove_groups(top: Path) -> None:
+def _remove_groups(top: Path, notes: dict) -> None:
+    """The groups are empty (no process was put in them), so rmdir takes them; what could not
+    be removed is named in the notes rather than left behind unsaid."""
     for group in sorted(top.iterdir()):
         if group.is_dir():
             try:
                 group.rmdir()
-            except OSError:
-                pass
+            except OSError as exc:
+                notes["files_cgroup_cleanup"] = f"{group}: {exc.strerror}"
     try:
         top.rmdir()
-    except OSError:
-        pass
+    except OSError as exc:
+        notes["files_cgroup_cleanup"] = f"{top} left behind: {exc.strerror}"
 
 
 def _cgroupfs_files(limit: int = 1000) -> list[str]:
