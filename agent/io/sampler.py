@@ -103,7 +103,8 @@ class Snapshot:
 
 
 class Sampler:
-    """Keeps `paths` open (O_RDONLY | O_CLOEXEC) and re-reads them all per `sample()`.
+    """Keeps `paths` open (O_RDONLY | O_CLOEXEC, and O_NOATIME where allowed) and re-reads
+    them all per `sample()`.
 
     `via`: "auto" (io_uring for the files it reads inline, pread for the rest), "uring" or
     "pread" (every file that way). A file longer than `max_bytes` is reported in `errors`
@@ -157,11 +158,8 @@ class Sampler:
         self._fit_pending_files: list[int] = []  # indexes opened since the last fit
         self._gone_changed = False
         self._gone_dirs: dict[str, list[int]] | None = None  # gone files by directory
-        if via != "pread":
-            try:
-                self._ring = Ring(entries)
-            except OSError:  # no io_uring here (old kernel, seccomp): every file by pread
-                self._ring = None
+        self._entries = entries
+        self._ring_refused = via == "pread"
         self.add(paths)
 
     # -- the set ----------------------------------------------------------------------
@@ -188,8 +186,9 @@ class Sampler:
                 raise ValueError(f"embedded null byte in path {path!r}")
             if path not in self._index:
                 new[path] = None
-        if self._ring is not None and len(self._paths) + len(new) > self._table:
-            self._grow_table(len(self._paths) + len(new))
+        by_uring = sum(1 for p in new if self._uring_way(p))
+        if by_uring and self._have_ring():
+            self._grow_table(self._table - len(self._free_slots) + by_uring)
         for path in new:
             i = len(self._paths)
             self._index[path] = i
@@ -481,7 +480,7 @@ class Sampler:
             self._dir[i] = (st.st_dev, st.st_ino)
         except OSError:
             self._dir[i] = None
-        if self._ring is not None and (self._router is None or not self._router.punted(path)):
+        if self._uring_way(path) and self._have_ring():
             self._slot[i] = self._register(fd)
         self._dirty = True
         return True
@@ -493,6 +492,19 @@ class Sampler:
         if self._fd[i] >= 0:
             os.close(self._fd[i])
             self._fd[i] = -1
+
+    def _uring_way(self, path: str) -> bool:
+        return self.via == "uring" or (self.via == "auto" and not self._router.punted(path))
+
+    def _have_ring(self) -> bool:
+        """The ring, made for the first file that goes through it: a set of cgroup or /proc
+        files (all read by pread) costs no ring at all."""
+        if self._ring is None and not self._ring_refused:
+            try:
+                self._ring = Ring(self._entries)
+            except OSError:  # no io_uring here (old kernel, seccomp): every file by pread
+                self._ring_refused = True
+        return self._ring is not None
 
     def _register(self, fd: int) -> int:
         """A registered-file slot now holding `fd`, or -1 (the file is read with pread)."""
@@ -513,6 +525,8 @@ class Sampler:
         """Register a larger (sparse) file table for at least `need` files, carrying the files
         registered so far. The kernel bounds the table by RLIMIT_NOFILE: past it, and where
         registration is refused, files go the pread way."""
+        if need <= self._table:
+            return True
         if self._table_refused:
             return False
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
