@@ -266,7 +266,10 @@ class Sampler:
         # form adds to the C call; slicing file by file cost twice as much).
         pieces = data.split(b"\0")
         if self._complete:
-            return dict(zip(self._paths, pieces, strict=False))  # pieces: one more, empty
+            # a copy of a dict of the paths is born at full size: no growing while filled
+            out = self._keys.copy()
+            out.update(zip(self._paths, pieces, strict=False))  # pieces: one more, empty
+            return out
         return dict(compress(zip(self._paths, pieces, strict=False), map(_READ, self._res)))
 
     def sample_packed(self) -> Snapshot:
@@ -591,6 +594,7 @@ class Sampler:
         self._c = c
         self._ring_ptr = self._ring._ring if self._ring_live else ffi.NULL
         self._all_live = self._live_count == n
+        self._keys = dict.fromkeys(self._index)  # a dict's keys: sized once (see sample)
         self._n_uring = sum(1 for s in self._slot_a if s >= 0) if self._ring_live else 0
         self._n_pread = self._live_count - self._n_uring
         self._dirty = False
