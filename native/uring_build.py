@@ -135,6 +135,7 @@ int io_uring_opcode_supported(const struct io_uring_probe *p, int op);
 """
     # uring_glue.h is plain declarations: cffi reads it as it is, so the two cannot drift apart.
     + (HERE / "uring_glue.h").read_text()
+    + (HERE / "sampler_glue.h").read_text()
 )
 
 ffibuilder = FFI()
@@ -156,9 +157,9 @@ ffibuilder.set_source(
     "xhagent._uring",
     "#ifndef _GNU_SOURCE\n#define _GNU_SOURCE\n#endif\n"
     "#include <fcntl.h>\n#include <sys/stat.h>\n#include <errno.h>\n#include <liburing.h>\n"
-    '#include "uring_glue.h"\n',
+    '#include "uring_glue.h"\n#include "sampler_glue.h"\n',
     # setuptools insists on paths relative to the project root (the cwd of a build).
-    sources=[os.path.relpath(HERE / "uring_glue.c")],
+    sources=[os.path.relpath(HERE / f) for f in ("uring_glue.c", "sampler_glue.c")],
     include_dirs=[os.path.relpath(HERE)],
     libraries=["uring"],
     extra_compile_args=["-O2", "-Wall"],

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import random
+import resource
 import shutil
 import stat
 import subprocess
@@ -28,6 +29,7 @@ from .buffers import AlignedBuffer
 from .direct import DirectFile
 from .files import FileReader, read_file_loop
 from .ring import Ring
+from .sampler import Sampler
 
 BLOCK = 4096
 CHUNK = 256  # os.pread loop: ops between two clock reads
@@ -59,7 +61,9 @@ CGROUP_FILES = (
     "cgroup.type",
     "cgroup.controllers",
 )
-FILE_SETS = ("tree", "proc", "cgroupfs")
+FILE_SETS = ("tree", "proc", "cgroupfs", "cgroup")
+BENCH_GROUPS = 16  # the cgroup set: this many groups of the bench's own, every readable file
+SAMPLER_RUNS = 3  # the loop, its kept-open peer and the Sampler take turns, this many each
 
 
 def parse_size(text: str) -> int:
@@ -95,6 +99,13 @@ def ratios(cases: dict) -> dict:
             return round(cases[a]["ops_per_s"] / cases[b]["ops_per_s"], 3)
         return None
 
+    def cpu_ops(a, b):
+        """Per CPU second of the calling thread, where both cases did all their work in it
+        (no io-wq worker): a shared machine's other load then does not decide the ratio."""
+        if a in cases and b in cases and cases[b].get("ops_per_cpu_s"):
+            return round(cases[a]["ops_per_cpu_s"] / cases[b]["ops_per_cpu_s"], 3)
+        return None
+
     def p50(a, b):
         if a in cases and b in cases and cases[b]["p50_us"]:
             return round(cases[a]["p50_us"] / cases[b]["p50_us"], 3)
@@ -120,6 +131,14 @@ def ratios(cases: dict) -> dict:
     for name in FILE_SETS:  # read_files as shipped, each of its two ways forced, vs the loop
         for way in ("read_files", "uring", "syscalls"):
             named[f"files_{name}_{way}_vs_loop"] = ops(f"files_{name}_{way}", f"files_{name}_loop")
+        # the kept-open Sampler vs reopening every file, and vs a kept-open Python pread loop
+        named[f"files_{name}_sampler_vs_loop"] = cpu_ops(
+            f"files_{name}_sampler", f"files_{name}_loop"
+        )
+        for way in ("sampler", "sampler_packed", "sampler_pread"):
+            named[f"files_{name}_{way}_vs_kept_pread"] = cpu_ops(
+                f"files_{name}_{way}", f"files_{name}_kept_pread"
+            )
     return {k: v for k, v in named.items() if v is not None}
 
 
@@ -132,6 +151,12 @@ TARGETS = {  # ratio -> (bound, "min" or "max")
     "pagecache_engine_qd32_vs_fio_psync": (1.0, "min"),
     "files_tree_read_files_vs_loop": (2.0, "min"),
     "files_proc_read_files_vs_loop": (2.0, "min"),
+    "files_tree_sampler_vs_loop": (3.0, "min"),
+    "files_proc_sampler_vs_loop": (3.0, "min"),
+    "files_cgroup_sampler_vs_loop": (3.0, "min"),
+    "files_tree_sampler_vs_kept_pread": (1.2, "min"),
+    "files_proc_sampler_vs_kept_pread": (1.2, "min"),
+    "files_cgroup_sampler_vs_kept_pread": (1.2, "min"),
     "direct_iopoll_qd1_vs_interrupt_qd1_p50_ratio": (1.0, "max"),
 }
 
@@ -291,6 +316,10 @@ def merge_runs(runs: list[dict]) -> dict:
         "p99_us": median("p99_us"),
         "runs_ops_per_s": [r["ops_per_s"] for r in runs],
     }
+    cpu = [r for r in runs if r.get("ops_per_cpu_s")]
+    if cpu and len(cpu) == len(runs):
+        used = sum(r["ops"] / r["ops_per_cpu_s"] for r in runs)
+        merged["ops_per_cpu_s"] = round(ops / used, 1) if used else 0.0
     lows = [r["min_inflight"] for r in runs if r.get("min_inflight") is not None]
     return {**merged, "min_inflight": min(lows)} if lows else merged
 
@@ -366,14 +395,21 @@ def asyncring_case(fd: int, offsets: array, seconds: float) -> dict:
     return asyncio.run(main())
 
 
-def files_case(read, paths: list[str], seconds: float) -> dict:
+def files_case(read, paths: list[str], seconds: float, cpu: bool = False) -> dict:
+    """Files read per second, with the per-file latency of each round; cpu: also per CPU
+    second of this thread (`ops_per_cpu_s`), for reads whose whole work runs in it."""
     ops, start, lat = 0, time.perf_counter(), array("Q")
+    cpu_start = time.thread_time()
     while time.perf_counter() - start < seconds:
         t = time.perf_counter_ns()
         out = read(paths)
         lat.append((time.perf_counter_ns() - t) // max(1, len(paths)))  # per file
-        ops += len(out)
-    return summarize(ops, time.perf_counter() - start, lat)
+        ops += out if isinstance(out, int) else len(out)
+    used = time.thread_time() - cpu_start
+    out = summarize(ops, time.perf_counter() - start, lat)
+    if cpu:
+        out["ops_per_cpu_s"] = round(ops / used, 1) if used > 0 else 0.0
+    return out
 
 
 # -- setup ----------------------------------------------------------------------------------
@@ -412,6 +448,7 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
     notes: dict[str, str] = {}
     pairs: dict[str, list] = {}
     rng = random.Random(42)
+    groups: Path | None = None
     try:
         block_device = bool(file) and stat.S_ISBLK(os.stat(file).st_mode)
         data = file if file and not block_device else None
@@ -475,6 +512,8 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
 
         _direct_cases(direct_target, span, rng, seconds, cases, notes, pairs, progress)
 
+        live_tree = _cgroupfs_files()  # listed before the bench's own groups exist
+        groups, group_files = _make_groups(notes)
         _files_cases(
             {
                 "tree": ("files in a cgroupfs-like tree in tmp", _make_tree(workdir)),
@@ -482,7 +521,8 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
                     "/proc/<pid>/stat files",
                     sorted(str(p) for p in Path("/proc").glob("[0-9]*/stat")),
                 ),
-                "cgroupfs": ("files of the cgroup2 tree", _cgroupfs_files()),
+                "cgroupfs": ("files of the cgroup2 tree", live_tree),
+                "cgroup": (f"files of {BENCH_GROUPS} groups of the bench's own", group_files),
             },
             seconds,
             cases,
@@ -491,6 +531,8 @@ def run(file: str | None, size: int, seconds: float, progress=lambda m: None) ->
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        if groups is not None:
+            _remove_groups(groups, notes)
     named = ratios(cases)
     return {
         "schema": 1,
@@ -592,13 +634,15 @@ def _direct_cases(path, span, rng, seconds, cases, notes, pairs, progress) -> No
 def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, progress) -> None:
     """Each set: the Python loop, read_files as shipped ("auto"), and its two ways forced:
     chains through io_uring, and open/read/close from C (the kernel's own work plus the
-    result objects: no way that opens, reads and closes every file is much faster)."""
+    result objects: no way that opens, reads and closes every file is much faster). First,
+    the kept-open cases (see _sampler_cases)."""
+    _room_for_fds(4 * max((len(p) for _, p in sets.values()), default=0))
     for name, (what, paths) in sets.items():
         if not paths:
             notes[f"files_{name}"] = f"no {what} here; cases skipped"
             continue
         progress(f"small files: {len(paths)} {what}")
-        cases[f"files_{name}_loop"] = files_case(read_file_loop, paths, seconds)
+        _sampler_cases(name, paths, seconds, cases, notes)
         for via, way in (("auto", "read_files"), ("uring", "uring"), ("syscalls", "syscalls")):
             with FileReader(via=via) as reader:
                 cases[f"files_{name}_{way}"] = files_case(reader.read_files, paths, seconds)
@@ -608,6 +652,140 @@ def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, 
                 f"{len(paths)} {what}; read_files reads {reader.stats['syscalls']} with "
                 f"system calls, {reader.stats['uring']} through io_uring"
             )
+
+
+def kept_pread_reader(paths: list[str]):
+    """The peer a Python metrics agent writes (netdata's python.d style): every file held
+    open, each re-read with os.pread(fd, 65536, 0) into {path: bytes}, as Sampler.sample()
+    returns; a file that fails (an exited process) is left out and closed, as a collector
+    drops what the Sampler reports gone. Returns (read, close)."""
+    fds = []
+    for p in paths:
+        try:
+            fds.append((p, os.open(p, os.O_RDONLY | os.O_CLOEXEC)))
+        except OSError:
+            continue
+    pread = os.pread
+
+    def read(_paths) -> dict[str, bytes]:
+        out, failed = {}, []
+        for p, fd in fds:
+            try:
+                out[p] = pread(fd, 65536, 0)
+            except OSError:
+                failed.append((p, fd))
+        for p, fd in failed:
+            fds.remove((p, fd))
+            os.close(fd)
+        return out
+
+    def close() -> None:
+        for _, fd in fds:
+            os.close(fd)
+
+    return read, close
+
+
+def _sampler_cases(name: str, paths: list[str], seconds, cases, notes) -> None:
+    """Files held open and re-read: the Sampler as shipped (its dict and its packed form, and
+    for comparison with every file read by pread from C) against the Python kept-open pread
+    loop and the open/read/close loop. The cases take turns, SAMPLER_RUNS times each, so that
+    a shared machine's drift weighs on all of them alike; each case's runs are merged."""
+    read_kept, close_kept = kept_pread_reader(paths)
+    sampler, by_pread = Sampler(paths), Sampler(paths, via="pread")
+    try:
+        for s in (sampler, by_pread):
+            s.sample()  # buffers sized and fitted before the clock starts
+            s.drop(list(s.errors))  # gone before it could be opened: as the peer skips it
+        gone = 0
+
+        def sampled(s: Sampler, packed: bool = False):
+            def read(_paths):
+                nonlocal gone
+                out = s.sample_packed().files_read if packed else s.sample()
+                if s.gone:  # what a collector does with an exited process
+                    gone += len(s.drop_gone())
+                return out
+
+            return read
+
+        turns = {
+            "loop": read_file_loop,
+            "kept_pread": read_kept,
+            "sampler": sampled(sampler),
+            "sampler_packed": sampled(sampler, packed=True),
+            "sampler_pread": sampled(by_pread),
+        }
+        runs: dict[str, list] = {k: [] for k in turns}
+        for _ in range(SAMPLER_RUNS):
+            for k, read in turns.items():
+                runs[k].append(files_case(read, paths, seconds / SAMPLER_RUNS, cpu=True))
+        for k, r in runs.items():
+            cases[f"files_{name}_{k}"] = merge_runs(r)
+        per_sample = {
+            k: sampler.stats[k] // max(1, sampler.stats["samples"]) for k in ("uring", "pread")
+        }
+        notes[f"files_{name}_sampler"] = (
+            f"{len(sampler)} files held open; a sample reads {per_sample['uring']} through "
+            f"io_uring (registered files) and {per_sample['pread']} with pread, in one C call"
+            + (f"; files gone meanwhile, dropped: {gone}" if gone else "")
+        )
+    finally:
+        sampler.close()
+        by_pread.close()
+        close_kept()
+
+
+def _room_for_fds(count: int) -> None:
+    """The kept-open cases hold every file open two or three times over: lift the soft
+    RLIMIT_NOFILE towards the hard one when the default (often 1024) is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = count + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        top = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, top), hard))
+
+
+def _make_groups(notes: dict) -> tuple[Path | None, list[str]]:
+    """BENCH_GROUPS empty groups under a parent of the bench's own in the cgroup2 tree, and
+    every readable file in them (what a collector samples per group); (None, []) with a note
+    where groups cannot be made."""
+    unified = discover_hierarchy().unified
+    if unified is None:
+        notes["files_cgroup_setup"] = "no cgroup2 mount: cgroup cases skipped"
+        return None, []
+    top = Path(unified.path) / f"xhagent-bench-io-{os.getpid()}.slice"
+    try:
+        top.mkdir()
+    except OSError as exc:
+        notes["files_cgroup_setup"] = f"cannot create {top}: {exc.strerror}; cases skipped"
+        return None, []
+    paths: list[str] = []
+    try:
+        for k in range(BENCH_GROUPS):
+            group = top / f"g{k}"
+            group.mkdir()
+            for f in sorted(group.iterdir()):
+                if f.stat().st_mode & stat.S_IRUSR:  # cgroup.kill is write-only
+                    paths.append(str(f))
+    except OSError as exc:
+        notes["files_cgroup_setup"] = f"creating groups under {top}: {exc.strerror}"
+    return top, paths
+
+
+def _remove_groups(top: Path, notes: dict) -> None:
+    """The groups are empty (no process was put in them), so rmdir takes them; what could not
+    be removed is named in the notes rather than left behind unsaid."""
+    for group in sorted(top.iterdir()):
+        if group.is_dir():
+            try:
+                group.rmdir()
+            except OSError as exc:
+                notes["files_cgroup_cleanup"] = f"{group}: {exc.strerror}"
+    try:
+        top.rmdir()
+    except OSError as exc:
+        notes["files_cgroup_cleanup"] = f"{top} left behind: {exc.strerror}"
 
 
 def _cgroupfs_files(limit: int = 1000) -> list[str]:

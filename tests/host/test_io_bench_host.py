@@ -2,16 +2,26 @@
 in the JSON, and bad input is a clear error."""
 
 import json
+import os
 import shutil
 
 import pytest
 
+from xhagent.cgroups import discover_hierarchy
+
 pytestmark = pytest.mark.host
 
+FILE_SETS = ("tree", "proc", "cgroupfs", "cgroup")
+SAMPLER_WAYS = ("kept_pread", "sampler", "sampler_packed", "sampler_pread")
 FILE_CASES = {
     f"files_{s}_{w}"
-    for s in ("tree", "proc", "cgroupfs")
-    for w in ("loop", "read_files", "uring", "syscalls")
+    for s in FILE_SETS
+    for w in ("loop", "read_files", "uring", "syscalls") + SAMPLER_WAYS
+}
+SAMPLER_TARGETS = {
+    f"files_{s}_sampler_vs_{peer}"
+    for s in ("tree", "proc", "cgroup")
+    for peer in ("loop", "kept_pread")
 }
 CASES = {
     "pagecache_pread",
@@ -24,7 +34,13 @@ CASES = {
 } | FILE_CASES
 
 
+def bench_groups() -> set[str]:
+    root = discover_hierarchy().unified.path
+    return {d for d in os.listdir(root) if d.startswith("xhagent-bench-io-")}
+
+
 def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
+    groups_before = bench_groups()
     res = run_xhagent("bench", "io", "--json", "--size", "8M", "--seconds", "0.1", timeout=120)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
@@ -50,6 +66,23 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
         and ", 0 through" in report["notes"]["files_cgroupfs"]
     )
     assert "io_poll" in report["notes"]["iopoll"]  # no polling device on this host: said so
+    # the kept-open cases: measured per CPU second of the thread, each ratio with its target
+    for s in FILE_SETS:
+        for w in ("loop",) + SAMPLER_WAYS:
+            assert report["cases"][f"files_{s}_{w}"]["ops_per_cpu_s"] > 0
+    assert SAMPLER_TARGETS <= set(report["targets_met"]) and SAMPLER_TARGETS <= set(
+        report["ratios"]
+    )
+    assert report["notes"]["files_tree_sampler"].startswith(
+        "1000 files held open; a sample reads 1000 through io_uring (registered files) and 0 "
+        "with pread"
+    )
+    n_cgroup = int(report["notes"]["files_cgroup"].split()[0])
+    assert n_cgroup >= 200 and report["notes"]["files_cgroup_sampler"].startswith(
+        f"{n_cgroup} files held open; a sample reads 0 through io_uring (registered files) and "
+        f"{n_cgroup} with pread"
+    )
+    assert bench_groups() <= groups_before  # the bench removed the groups it made
     assert "page cache" in res.stderr  # progress
     # the engine cases are streams that kept their queue full; O_DIRECT with fixed file and buffers
     for name, depth in (
