@@ -83,6 +83,7 @@ class Daemon:
         self.watch: DirectoryWatch | None = None
         self.exporter = None
         self.runq = None  # the run-queue latency probe, where BPF loads
+        self.metrics = None
         self.taskstats = None  # the delay accounting client, where netlink allows
         self._thread: threading.Thread | None = None
 
@@ -176,6 +177,7 @@ class Daemon:
         except OSError as exc:
             self.report("NotObserved", f"task delays: {exc}")
         metrics = AgentMetrics(self.store, groups, runq, self.taskstats)
+        self.metrics = metrics
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
         self.exporter.start()
@@ -255,6 +257,9 @@ class Daemon:
         if self.exporter is not None:
             self.exporter.stop()
             self.exporter = None
+        if self.metrics is not None:
+            self.metrics.census.close()
+            self.metrics = None
         if self.runq is not None:
             self.runq.close()
             self.runq = None

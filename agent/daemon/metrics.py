@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from ..cgroups import Cgroup
-from ..cgroups.stats import read_stats
+from ..cgroups.stats import StatsSampler
 from .lifecycle import TERMINAL, TaskState
 from .store import Event, Store, TaskRecord
 
@@ -99,7 +99,8 @@ class AgentMetrics:
         )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
-        self.registry.register(_Census(store, groups, runq, taskstats, self._class))
+        self.census = _Census(store, groups, runq, taskstats, self._class)
+        self.registry.register(self.census)
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:
@@ -141,6 +142,10 @@ class _Census:
     def __init__(self, store: Store, groups, runq, taskstats, classes: dict[str, str]):
         self.store, self.groups, self.classes = store, groups, classes
         self.runq, self.taskstats = runq, taskstats
+        # the groups' stat files stay open from one scrape to the next, and are opened
+        # afresh only when the set of groups changed (a task started or ended)
+        self._sampled: tuple[tuple[str, str], ...] = ()
+        self._sampler: StatsSampler | None = None
 
     def collect(self):
         by_state, pending = self.store.census()
@@ -159,11 +164,25 @@ class _Census:
             reasons.add_metric([kind or "Unknown"], n)
         yield reasons
         groups = list(self.groups())
-        yield from group_metrics(groups)
+        yield from group_metrics(groups, self._stats(groups))
         if self.runq is not None:
             yield self._runq(groups)
         if self.taskstats is not None:
             yield self._delays(groups)
+
+    def _stats(self, groups: list[tuple[str, Cgroup]]) -> list[dict]:
+        key = tuple((name, str(g.path)) for name, g in groups)
+        if key != self._sampled or self._sampler is None:
+            if self._sampler is not None:
+                self._sampler.close()
+            self._sampler = StatsSampler([g for _, g in groups])
+            self._sampled = key
+        return self._sampler.read()
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
 
     def _task_class(self, name: str) -> str:
         task_id = name.rpartition("/")[2] if name.startswith("tasks/") else None
@@ -222,9 +241,9 @@ class _Census:
         return fam
 
 
-def group_metrics(groups: list[tuple[str, Cgroup]]):
-    """The managed groups' statistics as metric families (`group` label: the name given)."""
-    stats = read_stats([g for _, g in groups])
+def group_metrics(groups: list[tuple[str, Cgroup]], stats: list[dict]):
+    """The managed groups' statistics (`stats`, one dict per group, as StatsSampler reads
+    them) as metric families (`group` label: the name given)."""
     fam = {
         "cpu": CounterMetricFamily(
             "xhagent_cgroup_cpu_usage_seconds", "CPU time used (cpu.stat).", labels=["group"]
