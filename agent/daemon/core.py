@@ -323,11 +323,11 @@ class Agent:
         elif code == 0 and not oom:
             state = S.SUCCEEDED
         elif task is not None and self._may_restart(task, rec):
-            delay = task.restart_policy.delay_ns(rec.attempt - 1)
+            delay = task.restart_policy.delay_ns(_restarts(rec))
             reason = {
                 "kind": BACKOFF,
                 "node": "",
-                "detail": f"restart {rec.attempt} of "
+                "detail": f"restart {_restarts(rec) + 1} of "
                 f"{task.restart_policy.max_restarts} in {delay / 1e9:g}s",
             }
             return self.store.transition(
@@ -346,12 +346,12 @@ class Agent:
 
     def _may_restart(self, task: Task, rec: TaskRecord) -> bool:
         policy = task.restart_policy
-        return policy.policy == "OnFailure" and rec.attempt <= policy.max_restarts
+        return policy.policy == "OnFailure" and _restarts(rec) < policy.max_restarts
 
     def _backoff_over(self, task: Task, rec: TaskRecord, now: int) -> bool:
         if rec.attempt == 0 or rec.ended_ns is None:
             return True
-        ready = rec.ended_ns + task.restart_policy.delay_ns(rec.attempt - 1)
+        ready = rec.ended_ns + task.restart_policy.delay_ns(_restarts(rec))
         if now < ready:
             self._wake_at(ready)
             return False
@@ -607,3 +607,9 @@ def _drain(fd: int) -> None:
 
 
 __all__ = ["Agent", "InvalidTask", "Refused", "SpecError"]
+
+
+def _restarts(rec: TaskRecord) -> int:
+    """Restarts of its restart policy a task has had: its attempts after the first, but
+    for those that followed a preemption (killed and requeued: not a failure of its own)."""
+    return max(0, rec.attempt - 1 - rec.preempted)

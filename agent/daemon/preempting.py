@@ -93,6 +93,7 @@ def stop_victim(agent: Agent, victim: Standing, preemptor: str) -> bool:
             expect=S.RUNNING,
             reasons=[reason],
             note=why,
+            preempted=rec.preempted + 1,
             exit_code=ex.exit_code if ex else None,
             signal=ex.signal if ex else None,
         )

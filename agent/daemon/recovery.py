@@ -89,4 +89,6 @@ def complete_kill(agent: Agent, rec: TaskRecord, preempted_by: str | None) -> No
         "node": agent.node.name,
         "detail": f"preempted by {preempted_by}",
     }
-    agent.store.transition(rec.id, S.PENDING, expect=rec.state, reasons=[reason])
+    agent.store.transition(
+        rec.id, S.PENDING, expect=rec.state, reasons=[reason], preempted=rec.preempted + 1
+    )

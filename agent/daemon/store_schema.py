@@ -92,7 +92,11 @@ V1 = sql(
     "CREATE INDEX intents_open ON intents (id) WHERE done_ns IS NULL",
 )
 
-MIGRATIONS: list[Step] = [V1]
+# How many of a task's attempts a preemption ended (killed and requeued): those are not
+# restarts, and do not use up its restart policy's budget.
+V2 = sql("ALTER TABLE tasks ADD COLUMN preempted INTEGER NOT NULL DEFAULT 0")
+
+MIGRATIONS: list[Step] = [V1, V2]
 
 
 def latest() -> int:
@@ -132,6 +136,7 @@ class TaskRecord:
     placement: dict | None
     cgroup: str | None
     attempt: int
+    preempted: int
     exit_code: int | None
     signal: int | None
     error: str | None
@@ -145,7 +150,8 @@ class TaskRecord:
     spec: dict
 
     COLUMNS = (
-        "id, name, kind, state, reasons, placement, cgroup, attempt, exit_code, signal, error, "
+        "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, exit_code, "
+        "signal, error, "
         "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, source, source_file, spec"
     )
 

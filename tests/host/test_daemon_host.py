@@ -320,6 +320,30 @@ def test_a_higher_priority_task_preempts_a_lower_one_which_resumes_after(agent, 
         assert "Running -> Pending: preempted by " + high in events
 
 
+def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
+    cpus = len(agent_cpus(agent))
+    mark = tmp_path / "first-attempt-ran"
+    # the first attempt waits to be preempted; every later one fails
+    script = f"if [ -e {mark} ]; then exit 3; fi; touch {mark}; sleep 300"
+    low = agent.submit(
+        task_file(
+            tmp_path,
+            "low",
+            ["sh", "-c", script],
+            f"  requests: {{cpus: {cpus}}}\n  priority: 10\n  preemption: kill\n"
+            "  restartPolicy: {policy: OnFailure, maxRestarts: 1, backoff: 100ms}\n",
+        )
+    )
+    assert agent.wait(low, ("Running",))["state"] == "Running"
+    high = agent.submit(
+        task_file(tmp_path, "high", ["true"], "  requests: {cpus: 1}\n  priority: 90\n")
+    )
+    assert agent.wait(high)["state"] == "Succeeded"
+    t = agent.wait(low, ("Failed",), timeout=30)
+    # attempt 1 preempted, 2 failed, 3 (its one restart) failed: the preemption used none
+    assert (t["state"], t["attempt"], t["exit_code"]) == ("Failed", 3, 3), t
+
+
 def agent_cpus(agent) -> list[int]:
     with agent.client() as c:
         from xhagent.daemon.v1 import agent_pb2 as pb

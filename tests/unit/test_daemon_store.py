@@ -354,34 +354,53 @@ def test_a_file_that_is_not_ours_is_refused_and_left_as_it_is(tmp_path, content,
 
 def test_a_migration_keeps_the_rows(tmp_path, monkeypatch):
     d = tmp_path / "s"
-    with Store.open(d) as s:  # a version 1 database, as the released agent made it
+    now = store_schema.latest()
+    with Store.open(d) as s:  # a database as the released agent made it
         t = submit(s, "kept")
         s.put_policy("CgroupPolicy", "io", "g: 1", "io.yaml")
     with sqlite3.connect(d / "state.db") as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 1
-    v2 = store_schema.sql("ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 50")
-    monkeypatch.setattr(store_schema, "MIGRATIONS", [*store_schema.MIGRATIONS, v2])
+        assert c.execute("PRAGMA user_version").fetchone()[0] == now
+    step = store_schema.sql("ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 50")
+    monkeypatch.setattr(store_schema, "MIGRATIONS", [*store_schema.MIGRATIONS, step])
     with Store.open(d) as s:
         assert s.get(t.id) == t and s.active_policies()[0].source == "g: 1"
         assert submit(s, "new").id == "t0000002"
     with sqlite3.connect(d / "state.db") as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == now + 1
         assert c.execute("SELECT name, priority FROM tasks ORDER BY seq").fetchall() == [
             ("kept", 50),
             ("new", 50),
         ]
 
 
+def test_a_version_1_database_gains_the_preemption_count(tmp_path, monkeypatch):
+    d = tmp_path / "s"
+    with monkeypatch.context() as m:
+        m.setattr(store_schema, "MIGRATIONS", store_schema.MIGRATIONS[:1])
+        Store.open(d).close()
+    with sqlite3.connect(d / "state.db") as c:  # a task as version 1 kept it
+        c.execute(
+            "INSERT INTO tasks (id, name, kind, source, source_file, spec, state, attempt, "
+            "placement, created_ns, updated_ns) VALUES "
+            "('t0000001', 'old', 'cpu', 'doc', '-', '{}', 'Running', 1, '{}', 1, 1)"
+        )
+    with Store.open(d) as s:  # migrated to the latest on open
+        assert (s.get("t0000001").attempt, s.get("t0000001").preempted) == (1, 0)
+        rec = s.transition("t0000001", S.PENDING, reasons=[{"kind": "Preempted"}], preempted=1)
+        assert (rec.attempt, rec.preempted) == (1, 1)
+
+
 def test_a_failing_migration_leaves_the_previous_version(tmp_path, monkeypatch):
     d = tmp_path / "s"
     with Store.open(d) as s:
         submit(s)
+    now = store_schema.latest()
     bad = store_schema.sql("ALTER TABLE tasks ADD COLUMN x INTEGER", "SELECT * FROM nowhere")
     monkeypatch.setattr(store_schema, "MIGRATIONS", [*store_schema.MIGRATIONS, bad])
     with pytest.raises(StoreError, match="no such table: nowhere"):
         Store.open(d)
     with sqlite3.connect(d / "state.db") as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert c.execute("PRAGMA user_version").fetchone()[0] == now
         assert "x" not in [r[1] for r in c.execute("PRAGMA table_info(tasks)")]
 
 
