@@ -52,6 +52,14 @@ print(json.dumps({{"pid": os.getpid(), "tids": tids}}), flush=True)
 PROFILE_ROWS_JS = """
 [...document.querySelectorAll('tr[title]')].map(r => [r.title, r.cells[2].textContent])
 """
+# sandwich view: per symbol (the task on a CPU track, with its args) total and self time;
+# the list is virtual, rows off screen are absent, and the largest come first
+SANDWICH_ROWS_JS = """
+[...document.querySelectorAll('tr')]
+  .filter(r => r.cells.length === 3 && r.cells[2].textContent.includes(' {"pid":'))
+  .map(r => [r.cells[0].firstChild.textContent, r.cells[1].firstChild.textContent,
+             r.cells[2].textContent])
+"""
 # the track list is a hidden drop-down under the toolbar's title, which opens it
 TITLE_CENTRE_JS = """
 (() => {
@@ -171,7 +179,14 @@ def traced(tmp_path_factory, run_xhagent):
     return path, work, on_cpu
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def browser(chromium):
+    b = DevTools(chromium)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
 def view_url(traced, speedscope):
     path = traced[0]
     proc = subprocess.Popen(
@@ -196,21 +211,23 @@ def ms(text: str) -> float:
     return float(m.group(1)) * {"ms": 1, "s": 1000, "µs": 0.001}[m.group(2)]
 
 
-def test_speedscope_shows_the_traced_threads(traced, view_url, chromium, tmp_path):
+def open_page(browser: DevTools, url: str) -> None:
+    # a new document each time: speedscope reads its #hash parameters once, at load
+    browser.call("Page.navigate", url="about:blank")
+    browser.call("Page.navigate", url=url)
+
+
+def test_speedscope_shows_the_traced_threads(traced, view_url, browser, tmp_path):
     path, work, on_cpu = traced
-    browser = DevTools(chromium)
-    try:
-        browser.call("Page.navigate", url=view_url)
-        browser.wait_for(f"{PROFILE_ROWS_JS}.length > 0")
-        rows = dict(browser.eval(PROFILE_ROWS_JS))
-        text = browser.eval("document.body.innerText")
-        browser.click(*browser.eval(TITLE_CENTRE_JS))
-        shown = browser.wait_for(LIST_SHOWN_JS, timeout=10)
-        shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
-    finally:
-        browser.close()
+    open_page(browser, view_url)
+    browser.wait_for(f"{PROFILE_ROWS_JS}.length > 0")
+    rows = dict(browser.eval(PROFILE_ROWS_JS))
+    text = browser.eval("document.body.innerText")
+    browser.click(*browser.eval(TITLE_CENTRE_JS))
+    shown = browser.wait_for(LIST_SHOWN_JS, timeout=10)
+    shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
     assert "Something went wrong" not in text, text
-    # the selected track is a CPU's; the process's name is the last thread's to exit
+    # the first track is a CPU's; a process is named after its main thread
     assert re.search(r"CPUs \(pid 0\), CPU \d+ \(tid \d+\)", text), text
     names = {r.split(" (pid ")[0] for r in rows if f"(pid {work['pid']})" in r}
     assert len(names) == 1, rows
@@ -232,3 +249,17 @@ def test_speedscope_shows_the_traced_threads(traced, view_url, chromium, tmp_pat
     (tmp_path / "speedscope.png").write_bytes(shot)
     if os.environ.get("XHAGENT_VIEWER_SCREENSHOT"):  # how docs/trace-speedscope.png is made
         Path(os.environ["XHAGENT_VIEWER_SCREENSHOT"]).write_bytes(shot)
+
+
+def test_speedscope_sees_back_to_back_runs_side_by_side(traced, view_url, browser):
+    """CPU 0's runs in speedscope's sandwich view: a run that swallowed its successor
+    (its end read a hair after the next start) would show more total than self time."""
+    _, work, _ = traced
+    open_page(browser, view_url + "&view=sandwich")
+    browser.wait_for(f"{SANDWICH_ROWS_JS}.length > 0")
+    assert "CPUs (pid 0), CPU 0 (tid 0)" in browser.eval("document.body.innerText")
+    rows = browser.eval(SANDWICH_ROWS_JS)
+    for total, self_time, name in rows:
+        assert total == self_time, (name, total, self_time)
+    symbols = {name.split(" {")[0] for _, _, name in rows}
+    assert set(work["tids"]) <= symbols, symbols
