@@ -255,10 +255,21 @@ def test_speedscope_sees_back_to_back_runs_side_by_side(traced, view_url, browse
     """CPU 0's runs in speedscope's sandwich view: a run that swallowed its successor
     (its end read a hair after the next start) would show more total than self time."""
     _, work, _ = traced
-    open_page(browser, view_url + "&view=sandwich")
-    browser.wait_for(f"{SANDWICH_ROWS_JS}.length > 0")
-    assert "CPUs (pid 0), CPU 0 (tid 0)" in browser.eval("document.body.innerText")
-    rows = browser.eval(SANDWICH_ROWS_JS)
+    # a tall page, so that the virtual list renders every symbol of the short trace
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=1280,
+        height=4000,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    try:
+        open_page(browser, view_url + "&view=sandwich")
+        browser.wait_for(f"{SANDWICH_ROWS_JS}.length > 0")
+        assert "CPUs (pid 0), CPU 0 (tid 0)" in browser.eval("document.body.innerText")
+        rows = browser.eval(SANDWICH_ROWS_JS)
+    finally:
+        browser.call("Emulation.clearDeviceMetricsOverride")
     for total, self_time, name in rows:
         assert total == self_time, (name, total, self_time)
     symbols = {name.split(" {")[0] for _, _, name in rows}
