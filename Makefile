@@ -8,7 +8,7 @@ STAMPS := .cache/stamps
 
 NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py agent/daemon/v1/*.proto)
 
-.PHONY: run test setup deps guest-kernel test-host test-kernel clean
+.PHONY: run test setup deps guest-kernel viewer test-host test-kernel clean
 
 # The agent in the foreground, state under .cache/; Ctrl-C stops it (workloads keep running).
 run: setup
@@ -21,7 +21,7 @@ test: setup
 	tools/vmtest || rc=$$?; \
 	exit $$rc
 
-setup: deps $(STAMPS)/install guest-kernel
+setup: deps $(STAMPS)/install guest-kernel viewer
 
 deps:
 	@tools/setup-deps
@@ -40,6 +40,10 @@ $(STAMPS)/install: $(BIN)/python $(NATIVE_SOURCES) | deps
 
 guest-kernel: deps
 	@tools/guest-kernel >/dev/null
+
+# speedscope from npm into .cache/speedscope: the offline viewer of Chrome trace exports.
+viewer: deps
+	@tools/setup-viewer >/dev/null
 
 test-host: setup
 	$(BIN)/python -m pytest -m "not kernel" tests

@@ -1,4 +1,4 @@
-"""`xhagent trace record|export|stats|heatmap`."""
+"""`xhagent trace record|export|stats|heatmap|view`."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _warn_lost(trace: TraceFile) -> None:
 
 @click.group()
 def trace() -> None:
-    """Scheduler tracing with eBPF: record, export (perf/ftrace/chrome), stats, heatmap."""
+    """Scheduler tracing with eBPF: record, export (perf/ftrace/chrome), stats, heatmap, view."""
 
 
 @trace.command()
@@ -295,3 +295,54 @@ def heatmap(file, output, bin_ms, allow_truncated) -> None:
         f"written to {output}",
         err=True,
     )
+
+
+@trace.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port on 127.0.0.1 (0: any free one).",
+)
+@click.option(
+    "--speedscope",
+    "speedscope_dir",
+    type=click.Path(file_okay=False),
+    help="speedscope's dist/release directory (default: $XHAGENT_SPEEDSCOPE, then the "
+    "checkout's .cache/speedscope from tools/setup-viewer).",
+)
+@ALLOW_TRUNCATED
+def view(file, port, speedscope_dir, allow_truncated) -> None:
+    """Open FILE in speedscope, served on 127.0.0.1 with no network: prints the URL,
+    serves until Ctrl-C. FILE is an xhagent trace (shown as its Chrome export: a track
+    per CPU and per task) or any profile speedscope reads."""
+    from .fmt import MAGIC
+    from .view import ViewError, ViewServer, chrome_json, find_speedscope
+
+    try:
+        root = find_speedscope(speedscope_dir)
+    except ViewError as exc:
+        _fail(str(exc), BAD_INPUT if speedscope_dir else REFUSED)
+    try:
+        with open(file, "rb") as f:
+            is_trace = f.read(len(MAGIC)) == MAGIC
+    except OSError as exc:
+        _fail(f"{file}: cannot read: {exc.strerror}", BAD_INPUT)
+    name = os.path.basename(file)
+    if is_trace:
+        _warn_lost(_open(file, allow_truncated))
+        profile, name = chrome_json(file, allow_truncated), name + ".json"
+    else:
+        with open(file, "rb") as f:
+            profile = f.read()
+    try:
+        server = ViewServer(root, name, profile, "127.0.0.1", port)
+    except OSError as exc:
+        _fail(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}")
+    click.echo(server.url())
+    sys.stdout.flush()
+    click.echo("trace: serving speedscope on loopback; Ctrl-C stops", err=True)
+    with server:
+        server.serve_forever()

@@ -123,13 +123,35 @@ def write_ftrace(trace: TraceFile, out: IO[str]) -> int:
 
 
 CPU_TRACKS_PID = 0  # the pseudo-process that holds one thread (track) per CPU
+# Finest timestamp grid: 2^-10 us (~1 ns), coarser only past ~101 days of uptime.
+MAX_GRID_BITS = 10
+
+
+def _grid_bits(max_ns: int) -> int:
+    """Bits of binary fraction for microsecond timestamps up to max_ns, such that every
+    ts, dur and ts + dur stays an integer below 2^53 units: exact in a double. Viewers
+    that rebuild begin/end pairs from ts + dur (speedscope) then see a slice end exactly
+    where the next one on its track begins; decimal microseconds (x.yyy) drift by an ulp,
+    and a slice ending an ulp late swallows its successor as a child."""
+    bits = MAX_GRID_BITS
+    while bits > 0 and (max_ns << bits) // 1000 >= 1 << 53:
+        bits -= 1
+    return bits
 
 
 def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dict]:
     """Trace Event JSON: an `X` slice per on-CPU interval on track tid=cpu of the
-    pseudo-process "CPUs"; `M` events name it, each CPU track, and every task. With a
-    filter (`filt`, the trace's), slices are the runs `trace stats` counts (Selection)."""
+    pseudo-process "CPUs", and the same run again on the task's own track (pid=tgid,
+    tid=pid, the slice named after its CPU); `M` events name every process and track.
+    With a filter (`filt`, the trace's), slices are the runs `trace stats` counts
+    (Selection). Timestamps are microseconds on a binary grid (_grid_bits)."""
     events = list(events)
+    bits = _grid_bits(max((ev.ts_ns for ev in events), default=0))
+    scale = float(1 << bits)
+
+    def us(ns: int) -> int:  # grid units, rounded to nearest
+        return ((ns << bits) + 500) // 1000
+
     out: list[dict] = [
         {
             "ph": "M",
@@ -159,27 +181,52 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
                 "args": {"sort_index": cpu},
             }
         )
+    slices: list[dict] = []
+    names: dict[tuple[int, int], str] = {}  # (tgid, pid) -> its latest comm
     for iv in runs(events, Selection(events, filt)):
         if iv.pid == 0:
             continue  # idle is the absence of a slice
-        out.append(
+        start, end = us(iv.start_ns), us(iv.end_ns)
+        ts, dur = start / scale, (end - start) / scale
+        state = state_str(iv.end_state) if iv.end_state is not None else "?"
+        slices.append(
             {
                 "ph": "X",
                 "name": iv.comm,
                 "cat": "sched",
                 "pid": CPU_TRACKS_PID,
                 "tid": iv.cpu,
-                "ts": iv.start_ns / 1000,
-                "dur": (iv.end_ns - iv.start_ns) / 1000,
-                "args": {
-                    "pid": iv.tgid,
-                    "tid": iv.pid,
-                    "comm": iv.comm,
-                    "end_state": state_str(iv.end_state) if iv.end_state is not None else "?",
-                },
+                "ts": ts,
+                "dur": dur,
+                "args": {"pid": iv.tgid, "tid": iv.pid, "comm": iv.comm, "end_state": state},
             }
         )
-    return out
+        # the task's track: when and where it ran; args kept short, as speedscope shows
+        # them in each frame's name
+        slices.append(
+            {
+                "ph": "X",
+                "name": f"CPU {iv.cpu}",
+                "cat": "sched",
+                "pid": iv.tgid,
+                "tid": iv.pid,
+                "ts": ts,
+                "dur": dur,
+                "args": {"end_state": state},
+            }
+        )
+        names[(iv.tgid, iv.pid)] = iv.comm
+    for tgid in sorted({tgid for tgid, _ in names}):
+        # a process is named after its main thread, or its lowest tid when that never ran
+        leader = names.get((tgid, tgid)) or names[min(k for k in names if k[0] == tgid)]
+        out.append(
+            {"ph": "M", "name": "process_name", "pid": tgid, "tid": tgid, "args": {"name": leader}}
+        )
+    for (tgid, pid), name in sorted(names.items()):
+        out.append(
+            {"ph": "M", "name": "thread_name", "pid": tgid, "tid": pid, "args": {"name": name}}
+        )
+    return out + slices
 
 
 def write_chrome(trace: TraceFile, out: IO[str]) -> int:

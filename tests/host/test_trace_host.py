@@ -88,7 +88,10 @@ def test_exports(pingpong, tmp_path, run_xhagent):
     )
     doc = json.loads((tmp_path / "chrome").read_text())
     assert {e["ph"] for e in doc["traceEvents"]} <= {"X", "M"}
-    assert any(e["ph"] == "X" and e["args"]["tid"] == work["pong"] for e in doc["traceEvents"])
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    # pong's runs on the CPU tracks (pid 0) and on its own track
+    assert any(e["pid"] == 0 and e["args"]["tid"] == work["pong"] for e in slices)
+    assert any(e["pid"] == e["tid"] == work["pong"] for e in slices)
 
 
 def test_stats_and_heatmap(pingpong, tmp_path, run_xhagent):

@@ -2,9 +2,11 @@ import io
 import json
 import re
 
-from trace_samples import PID_FILTER, filtered_events, sample_events, sample_header
+import pytest
+from trace_samples import PID_FILTER, R, S, filtered_events, sample_events, sample_header, switch
 
 from xhagent.trace.export import (
+    CPU_TRACKS_PID,
     chrome_events,
     ftrace_line,
     perf_line,
@@ -110,19 +112,38 @@ def test_chrome_trace(tmp_path):
         track.sort(key=lambda s: s["ts"])
         for a, b in zip(track, track[1:], strict=False):  # neighbours
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-9
+    on_cpus = cpu_slices(evs)
     # ping ran on CPU 0 from 1 ms to 3 ms, then from 6.004 ms to its exit at 9 ms
-    ping = [(s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 100]
+    ping = [(s["ts"], s["dur"]) for s in on_cpus if s["args"]["tid"] == 100]
     assert ping == [(1000.0, 2000.0), (6004.0, 2996.0)]
     # pong ran from 4 ms to 6 ms on CPU 1
-    assert [(s["tid"], s["ts"], s["dur"]) for s in slices if s["args"]["tid"] == 200] == [
+    assert [(s["tid"], s["ts"], s["dur"]) for s in on_cpus if s["args"]["tid"] == 200] == [
         (1, 4000.0, 2000.0)
     ]
+    # the same runs on each task's own track, named after the CPU they ran on
+    assert [(s["name"], s["ts"], s["dur"]) for s in task_slices(evs, 100)] == [
+        ("CPU 0", 1000.0, 2000.0),
+        ("CPU 0", 6004.0, 2996.0),
+    ]
+    assert [(s["name"], s["ts"]) for s in task_slices(evs, 200)] == [("CPU 1", 4000.0)]
+    assert [(s["name"], s["ts"]) for s in task_slices(evs, 300)] == [
+        ("CPU 1", 1000.5),
+        ("CPU 1", 6000.0),
+    ]
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in evs
+        if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")
+    }
+    assert names[(100, 100)] == "ping" and names[(200, 200)] == "pong"
+    assert names[(300, 300)] == "busy" and names[(CPU_TRACKS_PID, 0)] == "CPU 0"
 
 
 def test_chrome_skips_runs_without_a_start():
     # the first switch on a CPU shows only its end: no slice is invented for it
     evs = sample_events()
-    assert all(e["args"]["tid"] != 0 for e in chrome_events(evs) if e["ph"] == "X")
+    assert all(e["args"]["tid"] != 0 for e in cpu_slices(chrome_events(evs)))
+    assert all(e["tid"] != 0 for e in chrome_events(evs) if e["ph"] == "X" and e["pid"] != 0)
 
 
 def test_chrome_other_data_holds_json_values_not_python_reprs(tmp_path):
@@ -133,8 +154,57 @@ def test_chrome_other_data_holds_json_values_not_python_reprs(tmp_path):
 
 
 def test_chrome_slices_under_a_filter_are_the_runs_stats_counts():
-    slices = [e for e in chrome_events(filtered_events(), PID_FILTER) if e["ph"] == "X"]
-    assert [(s["args"]["tid"], s["ts"], s["dur"]) for s in slices] == [
-        (100, 1000.0, 2000.0),
-        (100, 200000.0, 50000.0),
-    ]
+    evs = chrome_events(filtered_events(), PID_FILTER)
+    runs = [(100, 1000.0, 2000.0), (100, 200000.0, 50000.0)]
+    assert [(s["args"]["tid"], s["ts"], s["dur"]) for s in cpu_slices(evs)] == runs
+    assert [(s["tid"], s["ts"], s["dur"]) for s in evs if s["ph"] == "X" and s["pid"]] == runs
+
+
+def cpu_slices(evs: list[dict]) -> list[dict]:
+    return [e for e in evs if e["ph"] == "X" and e["pid"] == CPU_TRACKS_PID]
+
+
+def task_slices(evs: list[dict], pid: int) -> list[dict]:
+    return sorted(
+        (e for e in evs if e["ph"] == "X" and e["tid"] == pid and e["pid"] != CPU_TRACKS_PID),
+        key=lambda e: e["ts"],
+    )
+
+
+def speedscope_nesting(slices: list[dict]) -> list[tuple[float, float]]:
+    """Overlaps between neighbours on one track as speedscope computes them: every ts
+    shifted by the track's first, each end taken as ts + dur, all in doubles."""
+    slices = sorted(slices, key=lambda e: e["ts"])
+    first = slices[0]["ts"]
+    bad = []
+    for a, b in zip(slices, slices[1:], strict=False):
+        end, start = (a["ts"] - first) + a["dur"], b["ts"] - first
+        if end > start:
+            bad.append((end, start))
+    return bad
+
+
+@pytest.mark.parametrize("uptime_days", [0.3, 40, 150, 2000])
+def test_chrome_back_to_back_runs_do_not_nest_in_speedscope(uptime_days):
+    # two tasks taking turns on one CPU at arbitrary nanoseconds: each run ends exactly
+    # where the next begins, which a viewer rebuilding begin/end pairs must see as equal
+    base = int(uptime_days * 86400e9) + 123_456_789
+    evs = [switch(base, 0, 0, "swapper/0", R, 100, "ping")]
+    ts, prev, step = base, 100, 0
+    for _ in range(400):
+        step = (step * 7919 + 104_729) % 999_983 + 1  # irregular, ns resolution
+        ts += step
+        nxt = 200 if prev == 100 else 100
+        evs.append(switch(ts, 0, prev, "ping" if prev == 100 else "pong", S, nxt, "x"))
+        prev = nxt
+    out = chrome_events(evs)
+    for track in ((0, 0), (100, 100), (200, 200)):
+        slices = [e for e in out if e["ph"] == "X" and (e["pid"], e["tid"]) == track]
+        assert len(slices) >= 199
+        assert speedscope_nesting(slices) == []
+    # still nanosecond-close to the recorded times (the grid is 2^-10 us up to ~101 days)
+    cpu = cpu_slices(out)
+    tolerance_us = 0.0005 if uptime_days < 100 else 0.05
+    assert all(
+        abs(s["ts"] - e.ts_ns / 1000) <= tolerance_us for s, e in zip(cpu, evs, strict=False)
+    )
