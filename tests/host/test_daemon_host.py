@@ -175,18 +175,18 @@ def test_a_policy_file_change_is_applied_and_a_bad_one_keeps_the_previous(agent,
 
 
 def test_workloads_outlive_a_killed_agent_and_report_their_real_status(agent, tmp_path):
-    quick = agent.submit(task_file(tmp_path, "quick", ["sh", "-c", "sleep 1; exit 7"]))
-    # long enough to outlast a restart on a loaded machine
-    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", "sleep 10; echo done"]))
+    # long enough to be seen Running, and to outlast a restart, on a loaded machine
+    quick = agent.submit(task_file(tmp_path, "quick", ["sh", "-c", "sleep 3; exit 7"]))
+    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", "sleep 15; echo done"]))
     assert agent.wait(quick, ("Running",))["state"] == "Running"
     assert agent.wait(slow, ("Running",))["state"] == "Running"
     agent.stop(signal.SIGKILL)
-    time.sleep(1.5)  # `quick` ends while no agent runs
+    time.sleep(3.5)  # `quick` ends while no agent runs
     agent.start()
     t = agent.wait(quick)
     assert t["state"] == "Failed" and t["exit_code"] == 7, t
     assert agent.task(slow)["state"] == "Running"  # re-adopted, still supervised
-    t = agent.wait(slow, timeout=30)
+    t = agent.wait(slow, timeout=40)
     assert t["state"] == "Succeeded", t
     assert agent.cli("logs", slow, check=True).stdout == "done\n"
     recovered = [
