@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from itertools import count
 
@@ -52,6 +53,8 @@ class _Worker:
         self.alive = True
         self.ready = False
         self.preempt = None  # the worker's slice source: bpf, itimer or off
+        self.contexts = 0  # task contexts it has ever made (flat once warm: they are reused)
+        self.steals = 0
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
@@ -95,6 +98,7 @@ class Pool:
         self._stop = False
         self._groups = []
         self._ready = threading.Event()  # set once every worker has said it is pinned
+        self._steal_ns: deque[int] = deque(maxlen=65536)  # the workers' newest steal latencies
         self.workers: list[_Worker] = []
         self._preempter = None
         try:
@@ -221,6 +225,56 @@ class Pool:
         futs = [self.submit(_chunk, fn, c) for c in chunks]
         return [y for f in futs for y in f.result(timeout)]
 
+    def fan_out(self, fn, items, *, priority: int = 1) -> list[Future]:
+        """`fn(item)` for each item, queued by ONE worker (whichever takes the fan-out) on
+        its own ring, from which idle workers steal: the fork-join shape, where one worker
+        holds all the work at first. Futures in item order. The items travel together in
+        one payload (they must fit a slot: a range, a short list of small values); calls
+        past the worker's ring size go to the global ring."""
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority {priority!r} is not in 0..2")
+        if not isinstance(items, range):  # a range travels as three numbers
+            items = list(items)
+        if not items:
+            return []
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("fan_out on a closed pool")
+            tids = [next(self._ids) for _ in items]  # consecutive: the worker counts from the first
+            self._last_tid = tids[-1]
+            futs = [Future() for _ in tids]
+            self._pending.update(zip(tids, futs, strict=True))
+        try:
+            from .worker import fan_out
+
+            head = self.submit(fan_out, tids[0], fn, items, priority, priority=priority)
+        except BaseException:
+            with self._lock:
+                for tid in tids:
+                    self._pending.pop(tid, None)
+            raise
+
+        def failed(head: Future) -> None:  # calls never queued cannot complete: fail them
+            exc = head.exception() if not head.cancelled() else PoolClosed("fan_out cancelled")
+            if exc is None:
+                return
+            with self._lock:
+                lost = [f for t in tids if (f := self._pending.pop(t, None)) is not None]
+            for f in lost:
+                _set(f, False, exc)
+
+        head.add_done_callback(failed)
+        return futs
+
+    def steal_latencies_ns(self) -> list[int]:
+        """The newest steal latencies reported by the workers (and forget them): each from
+        a worker's look for work, its own ring and the global one empty, to a stolen task
+        in hand."""
+        with self._lock:
+            out = list(self._steal_ns)
+            self._steal_ns.clear()
+        return out
+
     # -- collecting ------------------------------------------------------------------
     def _collect(self) -> None:
         r, q = self._r, SharedQueues.attach(self._q.fd)  # this thread's own objects
@@ -249,6 +303,11 @@ class Pool:
                         self.workers[msg[1]].preempt = msg[3]
                         if all(w.ready for w in self.workers):
                             self._ready.set()
+                    elif msg[0] == "stats":
+                        w = self.workers[msg[1]]
+                        w.contexts = msg[2]
+                        w.steals += len(msg[3])
+                        self._steal_ns.extend(msg[3])
                     elif msg[0] == "claim":
                         w = self.workers[msg[1]]
                         for tid in msg[2]:
@@ -358,6 +417,8 @@ class Pool:
                     "running": len(w.claimed),
                     "done": w.done,
                     "preempt": w.preempt,
+                    "contexts": w.contexts,
+                    "steals": w.steals,
                 }
                 for w in self.workers
             ],

@@ -17,8 +17,15 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
                                      tasks die with a killed worker;
   ("done", task_id, ok, value)       buffered, sent when the feeder next runs (after the
-                                     batch) or when the buffer fills a slot.
+                                     batch) or when the buffer fills a slot;
+  ("stats", index, contexts, steals) with a flush, when the count of contexts ever made or
+                                     the steal samples changed: `steals` are the latencies (ns)
+                                     of the steals since the last report, each from the start
+                                     of a look for work to a stolen task in hand.
 A `None` payload or SIGTERM stops the worker after the running batch.
+
+`fan_out` (a task, queued by `Pool.fan_out`) pushes calls onto its worker's own ring, where
+the other workers steal them: the fork-join shape work stealing exists for.
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ import pickle
 import signal
 import sys
 import time
+from time import perf_counter_ns
 
 from .queues import SharedQueues
 from .scheduler import Scheduler
 
 BATCH = 64
+STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 STOP = pickle.dumps(None)
 
@@ -64,6 +73,8 @@ class Worker:
         self.preempter = None
         self.preempt = "off"
         self.owner = 0  # the pool owner's pid: a worker outliving it stops when idle
+        self.steal_ns: list[int] = []
+        self.contexts_sent = 0
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -75,10 +86,22 @@ class Worker:
     def flush(self) -> None:
         if not self.out:
             return
-        blob = pickle.dumps(self.out)
+        pool = self.sched.pool
+        made = pool.created if pool is not None else 0
+        if self.steal_ns or made != self.contexts_sent:
+            stats = pickle.dumps(("stats", self.index, made, self.steal_ns[-STEAL_SAMPLES:]))
+            if self.out_size + len(stats) + 64 > self.r.slot_size:
+                self._push(self.out)
+                self.out, self.out_size = [], 0
+            self.out.append(stats)
+            self.steal_ns, self.contexts_sent = [], made
+        self._push(self.out)
+        self.out, self.out_size = [], 0
+
+    def _push(self, msgs: list[bytes]) -> None:
+        blob = pickle.dumps(msgs)
         while not self.r.push_global(blob):
             time.sleep(0.001)  # the owner is behind; its collector drains the ring
-        self.out, self.out_size = [], 0
 
     def run_one(self, task_id, fn, args, kwargs):
         try:
@@ -96,11 +119,13 @@ class Worker:
     # -- feeding ---------------------------------------------------------------------
     def take(self, most: int = BATCH) -> list[bytes]:
         q, i, got = self.q, self.index, []
+        start = 0
         while len(got) < most:
             p = q.pop_local(i)
             if p is None:
                 p = q.pop_global()
             if p is None and self.n > 1 and not got:
+                start = perf_counter_ns()  # the own ring and the global ring were looked at
                 for _ in range(self.n - 1):  # one pass round the others, from the last victim
                     v = self.victim
                     self.victim = (v + 1) % self.n
@@ -108,6 +133,8 @@ class Worker:
                         v, self.victim = self.victim, (self.victim + 1) % self.n
                     if q.steal(i, v):
                         p = q.pop_local(i)
+                        if p is not None:
+                            self.steal_ns.append(perf_counter_ns() - start)
                         break
             if p is None:
                 break
@@ -167,6 +194,26 @@ class Worker:
         self.sched.run(lambda: sched.spawn(self.feeder, priority=sched.classes - 1))
 
 
+# The Worker of this process, for tasks that use its rings (fan_out).
+_current: Worker | None = None
+
+
+def fan_out(first_id: int, fn, items, priority: int) -> int:
+    """A task: queue `fn(item)` for each item, with task ids from `first_id` on (reserved by
+    the owner), on this worker's own ring; a full ring sends the rest to the global ring."""
+    w = _current
+    if w is None:
+        raise RuntimeError("fan_out runs only as a task of a pool worker")
+    q, index = w.q, w.index
+    n = 0
+    for n, item in enumerate(items, 1):
+        blob = pickle.dumps((first_id + n - 1, fn, (item,), {}, priority, None))
+        if not q.push_local(index, blob):
+            while not q.push_global(blob):
+                time.sleep(0.001)
+    return n
+
+
 def _attach(spec: str) -> SharedQueues:
     return SharedQueues.attach(int(spec) if spec.isdigit() else spec)
 
@@ -185,6 +232,11 @@ def main(argv=None) -> int:
     q, r = _attach(a.queues), _attach(a.results)
     w = Worker(q, r, a.index, a.slice_ms)
     w.owner = a.owner
+    # Run with -m, this module is __main__, a second copy: tasks import xhagent.runtime.worker
+    # by name (fan_out), and that copy must know the Worker too.
+    from . import worker as named
+
+    globals()["_current"] = named._current = w
 
     def on_term(signum, frame):
         w.stopping = True
