@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "agent": "xhagent.daemon.bench:bench_agent",
     "cgroup-io": "xhagent.cgroups.bench:bench_cgroup_io",
     "io": "xhagent.io.bench:bench_io",
+    "pool": "xhagent.runtime.bench:bench_pool",
     "sched": "xhagent.sched.bench:bench_sched",
     "trace": "xhagent.trace.bench:bench_trace",
 }
