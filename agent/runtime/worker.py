@@ -36,12 +36,16 @@ import pickle
 import signal
 import sys
 import time
-from time import perf_counter_ns
+from time import perf_counter, perf_counter_ns
 
 from .queues import SharedQueues
 from .scheduler import Scheduler
 
 BATCH = 64
+# Seconds of work a worker takes off the rings at once. Taken tasks are private (nobody can
+# steal them), so 64 tasks of 1 ms would leave a neighbour idle for up to 64 ms at the end of
+# a burst; the batch shrinks to this much work, by the measured time per task.
+BATCH_WORK = 0.002
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 STOP = pickle.dumps(None)
@@ -58,7 +62,7 @@ def encode_result(task_id, ok: bool, value) -> bytes:
 
 
 class Worker:
-    BATCH = BATCH
+    BATCH = BATCH  # per instance once adapted (see BATCH_WORK); the preemption handler reads it
 
     def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
@@ -74,6 +78,7 @@ class Worker:
         self.preempt = "off"
         self.owner = 0  # the pool owner's pid: a worker outliving it stops when idle
         self.steal_ns: list[int] = []
+        self.taken = 0  # tasks the last intake spawned
         self.contexts_sent = 0
 
     # -- results ---------------------------------------------------------------------
@@ -162,6 +167,7 @@ class Worker:
             self.sched.spawn(
                 self.run_one, task_id, fn, args, kwargs, priority=priority, deadline=deadline
             )
+        self.taken = len(ids)
         if ids:
             self.send(pickle.dumps(("claim", self.index, ids)))
         self.flush()  # the claim is out before any of these tasks runs
@@ -171,7 +177,7 @@ class Worker:
         sched = self.sched
         while not self.stopping:
             self.flush()
-            if not self.intake():
+            if not self.intake(self.BATCH):
                 if sched._alive > 1:  # others parked (sleeping): let timers fire
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
@@ -180,7 +186,11 @@ class Worker:
                     if self.owner and os.getppid() != self.owner:
                         self.stopping = True  # the owner died without closing the pool
                 continue
+            start = perf_counter()
             sched.yield_()  # the batch runs; the feeder comes back after it
+            took = perf_counter() - start
+            if took > 0 and self.taken:
+                self.BATCH = max(1, min(BATCH, int(BATCH_WORK * self.taken / took)))
         while sched._alive > 1:  # let the tasks already taken finish, then report them
             sched.yield_()
         self.flush()
