@@ -57,14 +57,18 @@ class Trap:
 class TaskHandle(Future):
     """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
 
-    Rarely set fields are class attributes, so a spawn writes six instance attributes."""
+    Rarely set fields are class attributes, so a spawn writes five instance attributes
+    (the scheduler makes handles without calling __init__, writing the same five in the
+    same order: instances then share one key table)."""
 
     _cond = None  # the Condition, once someone outside the scheduler waits
     _wts = None  # concurrent.futures waiters
     _cbs = None  # done callbacks
     _result = None
     _exception = None
+    _state = PENDING
     _ctx = None  # the Context it runs on, from its first step to its end
+    _g = None  # its context's greenlet (what a switch to it needs, one object nearer)
     _joiners = None  # [(task, park token)] parked on this task's end
     _cancel_requested = False
     _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
@@ -78,7 +82,6 @@ class TaskHandle(Future):
         self.args = args
         self.priority = priority
         self.deadline = deadline
-        self._state = PENDING
 
     # -- Future internals, made on first use ------------------------------------------
     @property
@@ -107,10 +110,13 @@ class TaskHandle(Future):
         """Record the outcome (the scheduler's thread). See the module note on ordering."""
         self._result, self._exception = result, exc
         self._state = state
-        cond = self._cond
-        if cond is None:
-            return
-        with cond:
+        if self._cond is not None:
+            self._notify()
+
+    def _notify(self) -> None:
+        """The outcome is written: wake the threads waiting and run the callbacks."""
+        state, exc = self._state, self._exception
+        with self._cond:
             for waiter in self._wts or ():
                 if state is not FINISHED:
                     waiter.add_cancelled(self)
@@ -118,7 +124,7 @@ class TaskHandle(Future):
                     waiter.add_exception(self)
                 else:
                     waiter.add_result(self)
-            cond.notify_all()
+            self._cond.notify_all()
         self._invoke_callbacks()
 
     # -- the Future API --------------------------------------------------------------
