@@ -116,6 +116,9 @@ class ContextPool:
     `runner(task)` runs one task inside a context and must not raise; `switch_away(ctx)`
     is called inside a context that has just been released and returns once a new task
     is bound to it (the default switches to `home`, the greenlet that made the pool).
+    A runner may instead keep the context for good, releasing it and taking the next
+    task itself (the scheduler's does, to save the calls per task); it then leaves only
+    by the GreenletExit that ends the context.
     """
 
     def __init__(

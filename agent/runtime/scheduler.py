@@ -177,20 +177,6 @@ class Scheduler:
         g = task._g = ctx.greenlet
         return g
 
-    def _after_release(self, ctx) -> None:
-        """In a context just released: hand it to a task that found the pool full, then
-        switch on. Returns when a new task is bound to this context."""
-        while self._ctx_wait:
-            task = self._ctx_wait.popleft()
-            if task._state is PENDING:
-                self._bind(task)
-                self._ready(task)
-                break
-        me = ctx.greenlet
-        nxt = self._next()
-        if nxt is not me:
-            nxt.switch()
-
     def _switch_from(self, me) -> None:
         """Switch from greenlet `me` to the next; returns when `me` is picked again. The
         next is often `me` itself (a fresh task bound to the context just released, the
@@ -200,36 +186,70 @@ class Scheduler:
             nxt.switch()
 
     # -- running a task (inside its context) --------------------------------------------
-    def _run_task(self, task: TaskHandle) -> None:
-        task._state = RUNNING
-        try:
-            # Without arguments, a plain call: CPython runs a Python callee in the same C
-            # frame, so the context's stack (copied at every greenlet switch) stays short.
-            result = task.fn(*task.args) if task.args else task.fn()
-            if type(result) is CoroutineType:
-                result = self._drive(result)
-        except Cancelled:
-            self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
-        except Exception as exc:
-            self._exit(task, FINISHED, None, exc)
-        except GreenletExit:
-            raise  # the context itself is being ended (a dead run's greenlets collected)
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
-            self._exit(task, FINISHED, None, exc)
-            self._crash = exc
-        else:
-            # _exit's common case inline: a result, nobody waiting from another thread
-            task._result = result
-            task._state = FINISHED
-            if task._cond is not None:
-                task._notify()
-            if task.args:
-                task.args = ()
-            self._alive -= 1
-            if task._joiners:
-                self._wake_joiners(task)
-            if self._instrumented:
-                self._call("task_exited", task)
+    def _serve(self, task: TaskHandle) -> None:
+        """The body of every context (its pool's runner): run the bound task, release the
+        context (ContextPool.release, inline), pick the next; when that is a fresh task
+        bound to this same context, run it here, with no switch and no return through the
+        context's loop. Leaves only by GreenletExit (the context is being ended)."""
+        ctx = task._ctx
+        me = ctx.greenlet
+        pool = self.pool
+        free, clock = pool.free, pool.clock
+        while True:
+            task._state = RUNNING
+            try:
+                # Without arguments, a plain call: CPython runs a Python callee in the same C
+                # frame, so the context's stack (copied at every greenlet switch) stays short.
+                result = task.fn(*task.args) if task.args else task.fn()
+                if type(result) is CoroutineType:
+                    result = self._drive(result)
+            except Cancelled:
+                self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
+            except Exception as exc:
+                self._exit(task, FINISHED, None, exc)
+            except GreenletExit:
+                raise  # the context itself is being ended (a dead run's greenlets collected)
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
+                self._exit(task, FINISHED, None, exc)
+                self._crash = exc
+            else:
+                # _exit's common case inline: a result, nobody waiting from another thread
+                task._result = result
+                task._state = FINISHED
+                if task._cond is not None:
+                    task._notify()
+                if task.args:
+                    task.args = ()
+                self._alive -= 1
+                if task._joiners:
+                    self._wake_joiners(task)
+                if self._instrumented:
+                    self._call("task_exited", task)
+            # The release: the move Running -> Reused is checked as Context.move checks it.
+            if ctx.state is not RUNNING_CTX:
+                check(ctx.state, REUSED)
+            ctx.state = REUSED
+            ctx.task = None
+            ctx.tasks_run += 1
+            if ctx.local:
+                ctx.local = {}  # a new dict: see ContextPool.release
+            ctx.idle_since = clock()
+            free.append(ctx)
+            if self._ctx_wait:
+                self._hand_over()
+            nxt = self._next()
+            if nxt is not me:
+                nxt.switch()  # back when a task is bound to this context again
+            task = ctx.task
+
+    def _hand_over(self) -> None:
+        """A context was just released: bind it to a task that found the pool full."""
+        while self._ctx_wait:
+            task = self._ctx_wait.popleft()
+            if task._state is PENDING:
+                self._bind(task)
+                self._ready(task)
+                return
 
     def _drive(self, coro):
         """Step an `async def` task: each Trap it awaits is a blocking call made here."""
@@ -314,12 +334,11 @@ class Scheduler:
         self._hub, self._thread = getcurrent(), threading.get_ident()
         pmin, pmax, idle = self._pool_args
         self.pool = ContextPool(
-            self._run_task,
+            self._serve,
             min=pmin,
             max=pmax,
             idle_timeout=idle,
             clock=self.clock,
-            switch_away=self._after_release,
         )
         self._free = self.pool.free
         try:

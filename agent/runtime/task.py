@@ -146,6 +146,8 @@ class TaskHandle(Future):
     def join(self, timeout: float | None = None):
         """Inside a task: park until this task ends, then its result (or its exception,
         or CancelledError). Elsewhere: wait as Future.result does."""
+        if self._state is FINISHED and self._exception is None:
+            return self._result  # the common case first: done, with a result
         if self._state not in _DONE:
             if not self._sched.wait_for(self, timeout):
                 return super().result(timeout)
