@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
 from .queues import SharedQueues
@@ -60,7 +61,76 @@ class _Worker:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
 
 
+# Taken to make any PoolFuture's Condition, and by the collector to complete futures that
+# have none: so a future is completed without its lock only while nobody can wait on it.
+_MAKE_CONDITION = threading.Lock()
+
+
+class PoolFuture(Future):
+    """A concurrent.futures.Future whose Condition and lists are made on first use (a
+    thread that waits, adds a callback or cancels): Future.__init__ makes a Condition,
+    two lists and a deque, which cost more than the rest of a submit and, thousands in
+    flight, most of the owner's garbage-collection time.
+
+    Completion (`_complete`, the collector's) holds _MAKE_CONDITION: with no Condition
+    made, nobody waits, and nobody can start to until the outcome is written; with one,
+    it is Future's own set_result under it."""
+
+    _cond = None
+    _wts = None
+    _cbs = None
+    _state = PENDING
+    _result = None
+    _exception = None
+
+    def __init__(self):
+        pass  # everything starts as a class default
+
+    @property
+    def _condition(self):
+        cond = self._cond
+        if cond is None:
+            with _MAKE_CONDITION:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    @property
+    def _waiters(self):
+        if self._wts is None:
+            self._wts = []
+        return self._wts
+
+    @property
+    def _done_callbacks(self):
+        if self._cbs is None:
+            self._cbs = []
+        return self._cbs
+
+
+def _complete(done: list) -> None:
+    """Complete (future, ok, value) triples: those nobody touched under one lock hold,
+    the rest as Future does it."""
+    slow = []
+    with _MAKE_CONDITION:
+        for item in done:
+            fut = item[0]
+            if fut._cond is None and type(fut) is PoolFuture and fut._state is PENDING:
+                if item[1]:
+                    fut._result = item[2]
+                else:
+                    fut._exception = item[2]
+                fut._state = FINISHED
+            else:
+                slow.append(item)
+    for fut, ok, value in slow:
+        _set(fut, ok, value)
+
+
 def _set(fut: Future, ok: bool, value) -> None:
+    if type(fut) is PoolFuture and fut._cond is None:
+        return _complete([(fut, ok, value)])
     try:
         fut.set_result(value) if ok else fut.set_exception(value)
     except InvalidStateError:
@@ -197,7 +267,7 @@ class Pool:
         the class (0 first, 0..2); `deadline` is absolute on time.monotonic (EDF in class)."""
         if not 0 <= priority <= 2:
             raise ValueError(f"priority {priority!r} is not in 0..2")
-        fut: Future = Future()
+        fut = PoolFuture()
         with self._lock:
             if self._closed:
                 raise PoolClosed("submit on a closed pool")
@@ -242,7 +312,7 @@ class Pool:
                 raise PoolClosed("fan_out on a closed pool")
             tids = [next(self._ids) for _ in items]  # consecutive: the worker counts from the first
             self._last_tid = tids[-1]
-            futs = [Future() for _ in tids]
+            futs = [PoolFuture() for _ in tids]
             self._pending.update(zip(tids, futs, strict=True))
         try:
             from .worker import fan_out
@@ -323,8 +393,7 @@ class Pool:
                             self.workers[wi].done += 1
                         if fut is not None:
                             done.append((fut, ok, value))
-            for fut, ok, value in done:  # outside the lock: callbacks may submit
-                _set(fut, ok, value)
+            _complete(done)  # outside the pool's lock: callbacks may submit
         return n
 
     def _check_workers(self, r, q) -> None:
