@@ -384,15 +384,16 @@ class Pool:
                             if tid in self._pending:
                                 self._claims[tid] = w.index
                                 w.claimed.add(tid)
-                    else:
-                        _, tid, ok, value = msg
-                        fut = self._pending.pop(tid, None)
-                        wi = self._claims.pop(tid, None)
-                        if wi is not None:
-                            self.workers[wi].claimed.discard(tid)
-                            self.workers[wi].done += 1
-                        if fut is not None:
-                            done.append((fut, ok, value))
+                    else:  # ("done", [(tid, ok, value), ...])
+                        claims, pending, workers = self._claims, self._pending, self.workers
+                        for tid, ok, value in msg[1]:
+                            fut = pending.pop(tid, None)
+                            wi = claims.pop(tid, None)
+                            if wi is not None:
+                                workers[wi].claimed.discard(tid)
+                                workers[wi].done += 1
+                            if fut is not None:
+                                done.append((fut, ok, value))
             _complete(done)  # outside the pool's lock: callbacks may submit
         return n
 

@@ -16,8 +16,9 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("ready", index, pid, preempt)     once pinned and attached (preempt: the slice source);
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
                                      tasks die with a killed worker;
-  ("done", task_id, ok, value)       buffered, sent when the feeder next runs (after the
-                                     batch) or when the buffer fills a slot;
+  ("done", [(task_id, ok, value), ...])  the outcomes since the last one, sent when the
+                                     feeder next runs (after the batch), or every
+                                     RESULTS_PER_MESSAGE outcomes;
   ("stats", index, contexts, steals) with a flush, when the count of contexts ever made or
                                      the steal samples changed: `steals` are the latencies (ns)
                                      of the steals since the last report, each from the start
@@ -46,9 +47,31 @@ BATCH = 64
 # steal them), so 64 tasks of 1 ms would leave a neighbour idle for up to 64 ms at the end of
 # a burst; the batch shrinks to this much work, by the measured time per task.
 BATCH_WORK = 0.002
+RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 STOP = pickle.dumps(None)
+
+
+def encode_results(results: list, limit: int) -> list[bytes]:
+    """("done", [(task_id, ok, value), ...]) messages of at most `limit` bytes: the batch in
+    one, else halves; a value that does not pickle, or alone exceeds `limit`, becomes a
+    RuntimeError for its task."""
+    try:
+        blob = pickle.dumps(("done", results))
+    except Exception:
+        blob = None
+    if blob is not None and len(blob) <= limit:
+        return [blob]
+    if len(results) > 1:
+        mid = len(results) // 2
+        return encode_results(results[:mid], limit) + encode_results(results[mid:], limit)
+    task_id, ok, value = results[0]
+    if blob is None:
+        _, _, _, err = pickle.loads(encode_result(task_id, ok, value))
+    else:
+        err = RuntimeError(f"task {task_id}: its result is {len(blob)} bytes, over a slot")
+    return [pickle.dumps(("done", [(task_id, False, err)]))]
 
 
 def encode_result(task_id, ok: bool, value) -> bytes:
@@ -70,6 +93,7 @@ class Worker:
         self.victim = (index + 1) % self.n
         self.out: list[bytes] = []
         self.out_size = 0
+        self.results: list[tuple] = []  # (task_id, ok, value) not yet sent
         self.stopping = False
         self.sched = Scheduler(classes=4)  # 0..2 for tasks, 3 for the feeder alone
         self.done = 0
@@ -84,42 +108,44 @@ class Worker:
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
         if self.out_size + len(msg) + 64 > self.r.slot_size:
-            self.flush()
+            self._push_out()
         self.out.append(msg)
         self.out_size += len(msg) + 8
 
     def flush(self) -> None:
+        if self.results:
+            results, self.results = self.results, []
+            for msg in encode_results(results, self.r.slot_size - 64):
+                self.send(msg)
         if not self.out:
             return
         pool = self.sched.pool
         made = pool.created if pool is not None else 0
         if self.steal_ns or made != self.contexts_sent:
-            stats = pickle.dumps(("stats", self.index, made, self.steal_ns[-STEAL_SAMPLES:]))
-            if self.out_size + len(stats) + 64 > self.r.slot_size:
-                self._push(self.out)
-                self.out, self.out_size = [], 0
-            self.out.append(stats)
+            self.send(pickle.dumps(("stats", self.index, made, self.steal_ns[-STEAL_SAMPLES:])))
             self.steal_ns, self.contexts_sent = [], made
-        self._push(self.out)
-        self.out, self.out_size = [], 0
+        self._push_out()
 
-    def _push(self, msgs: list[bytes]) -> None:
-        blob = pickle.dumps(msgs)
+    def _push_out(self) -> None:
+        if not self.out:
+            return
+        blob = pickle.dumps(self.out)
         while not self.r.push_global(blob):
             time.sleep(0.001)  # the owner is behind; its collector drains the ring
+        self.out, self.out_size = [], 0
 
     def run_one(self, task_id, fn, args, kwargs):
+        # Outcomes are pickled together when the feeder next flushes (one pickle per batch,
+        # not one per task, and one to load at the owner's).
         try:
-            value = fn(*args, **kwargs)
+            outcome = (task_id, True, fn(*args, **kwargs))
         except Exception as exc:
-            msg = encode_result(task_id, False, exc)
-        else:
-            msg = encode_result(task_id, True, value)
-        if len(msg) > self.r.slot_size - 64:
-            err = RuntimeError(f"task {task_id}: its result is {len(msg)} bytes, over a slot")
-            msg = pickle.dumps(("done", task_id, False, err))
+            outcome = (task_id, False, exc)
+        # Read self.results only now: a flush at a preemption point inside fn swaps it.
+        self.results.append(outcome)
         self.done += 1
-        self.send(msg)
+        if len(self.results) >= RESULTS_PER_MESSAGE:
+            self.flush()
 
     # -- feeding ---------------------------------------------------------------------
     def take(self, most: int = BATCH) -> list[bytes]:

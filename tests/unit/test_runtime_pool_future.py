@@ -2,6 +2,7 @@
 only while nobody can be waiting on it."""
 
 import concurrent.futures
+import pickle
 import threading
 
 import pytest
@@ -46,3 +47,19 @@ def test_wait_and_as_completed_accept_it():
     done, _ = concurrent.futures.wait(futs, timeout=10)
     assert done == set(futs)
     assert sorted(f.result() for f in concurrent.futures.as_completed(futs, 10)) == [0, 1, 2]
+
+
+def test_outcomes_are_sent_in_batches_within_a_slot():
+    from xhagent.runtime.worker import encode_results
+
+    ok = [(i, True, i * i) for i in range(100)]
+    [one] = encode_results(ok, 4096)
+    assert pickle.loads(one) == ("done", ok)
+    many = encode_results([(i, True, bytes([i]) * 300) for i in range(40)], 4096)
+    assert len(many) > 1 and all(len(m) <= 4096 for m in many)
+    assert [t for m in many for t, _, _ in pickle.loads(m)[1]] == list(range(40))
+    bad = encode_results([(1, True, 2), (2, True, lambda: 0), (3, True, b"y" * 5000)], 4096)
+    got = {t: (ok, v) for m in bad for t, ok, v in pickle.loads(m)[1]}
+    assert got[1] == (True, 2)
+    assert not got[2][0] and "cannot be sent back" in str(got[2][1])
+    assert not got[3][0] and "over a slot" in str(got[3][1])
