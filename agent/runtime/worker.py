@@ -47,6 +47,7 @@ BATCH = 64
 # steal them), so 64 tasks of 1 ms would leave a neighbour idle for up to 64 ms at the end of
 # a burst; the batch shrinks to this much work, by the measured time per task.
 BATCH_WORK = 0.002
+FIRST_BATCH = 4  # before any task has been timed: a burst of long tasks is not hoarded
 RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
@@ -85,7 +86,7 @@ def encode_result(task_id, ok: bool, value) -> bytes:
 
 
 class Worker:
-    BATCH = BATCH  # per instance once adapted (see BATCH_WORK); the preemption handler reads it
+    BATCH = FIRST_BATCH  # per instance once timed (see BATCH_WORK); the preemption handler reads it
 
     def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
