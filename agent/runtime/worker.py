@@ -47,7 +47,7 @@ BATCH = 64
 # steal them), so 64 tasks of 1 ms would leave a neighbour idle for up to 64 ms at the end of
 # a burst; the batch shrinks to this much work, by the measured time per task.
 BATCH_WORK = 0.002
-FIRST_BATCH = 4  # before any task has been timed: a burst of long tasks is not hoarded
+FIRST_BATCH = 8  # before any task has been timed: a burst of long tasks is not hoarded
 RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
