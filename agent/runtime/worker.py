@@ -5,8 +5,9 @@ each task on the in-process scheduler, sending results back to the pool's owner.
         --index I --cpu C [--slice-ms 10] [--preempt auto] [--owner PID]
 
 Feeding: a feeder task in the last priority class (it runs once every task it started
-has ended or parked, so its own loop never starves a low-class task) takes up to BATCH payloads a
-round, from its own ring first, then the global ring, then by stealing from the other
+has ended or parked, so its own loop never starves a low-class task) takes a batch of
+payloads a round (about BATCH_WORK seconds of work by the last round's time per task, at
+most BATCH), from its own ring first, then the global ring, then by stealing from the other
 workers (round-robin victim), spawns each as a task, then yields so they run. With
 nothing found and nothing else runnable it sleeps in the queues' futex wait, which any
 push or `wake(index)` ends. Payloads stay in the rings, where others may steal them,
