@@ -33,6 +33,7 @@ from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
 from .queues import SharedQueues
+from .task import prime_instance_keys
 
 POLL = 0.1  # seconds between checks that the workers live
 
@@ -107,6 +108,9 @@ class PoolFuture(Future):
         if self._cbs is None:
             self._cbs = []
         return self._cbs
+
+
+prime_instance_keys(PoolFuture)  # see there: the collector writes _result on thousands at once
 
 
 def _complete(done: list) -> None:

@@ -59,7 +59,8 @@ class TaskHandle(Future):
 
     Rarely set fields are class attributes, so a spawn writes five instance attributes
     (the scheduler makes handles without calling __init__, writing the same five in the
-    same order: instances then share one key table)."""
+    same order). Every field's name is in the class's shared key table before the first
+    real handle exists (see prime_instance_keys)."""
 
     _cond = None  # the Condition, once someone outside the scheduler waits
     _wts = None  # concurrent.futures waiters
@@ -168,3 +169,24 @@ class TaskHandle(Future):
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
         return f"<TaskHandle {name} class={self.priority} deadline={self.deadline} {self._state}>"
+
+
+def prime_instance_keys(cls, first: tuple[str, ...] = ()) -> None:
+    """Put the names of `cls`'s instance fields (`first`, then its class-level defaults) in
+    the key table its instances share, by writing them all on one throwaway instance.
+
+    CPython 3.11 shrinks the room left in that table by one per instance made: a name first
+    written after a few dozen instances exist (a task's `_result`, written when it ends,
+    thousands of spawns later) no longer fits, and every instance that writes it gets a
+    dict of its own: an allocation the collector tracks, per task."""
+    fields = dict.fromkeys(first)
+    for klass in reversed(cls.__mro__[:-1]):
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and not callable(value) and not hasattr(value, "__get__"):
+                fields[name] = None
+    probe = object.__new__(cls)
+    for name in fields:
+        object.__setattr__(probe, name, None)
+
+
+prime_instance_keys(TaskHandle, ("_sched", "fn", "args", "priority", "deadline"))
