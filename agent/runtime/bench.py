@@ -8,8 +8,9 @@ the per-op time of each round (round time / ops in it): the spread between round
 a shared machine is mostly its noise. A ratio compares the median rounds (p50_us), which one
 stalled round does not move.
 
-- spawn_vs_asyncio: inside one pool worker (one core), a task spawns and joins trivial
-  subtasks; asyncio's create_task + gather of the same coroutine in the same worker process.
+- spawn_vs_asyncio: inside one pool worker (one core), a task spawns 200k trivial subtasks,
+  then joins them all; asyncio's create_task + gather of as many of the same coroutine, in
+  the same worker process.
 - switch_vs_asyncio: tasks that each yield 10 times against asyncio tasks that await
   sleep(0) 10 times, at SWITCH_TASKS tasks at once (the figure) and at 1 task (reported);
   raw greenlet switching at the same count is reported as the floor under any greenlet
@@ -65,7 +66,7 @@ STEAL_TASK_S = 0.0002
 # Full and --quick sizes.
 SIZES = {
     False: {
-        "spawn": (20, 10_000),  # rounds, ops per round
+        "spawn": (3, 200_000),  # rounds, ops per round: 200k subtasks spawned, then joined
         "switch": 4,
         "switch_one": (10, 2_000),
         "submit": (10, 10_000),
@@ -76,7 +77,7 @@ SIZES = {
         "no_new_contexts": 100_000,
     },
     True: {
-        "spawn": (5, 10_000),
+        "spawn": (3, 20_000),
         "switch": 2,
         "switch_one": (3, 1_000),
         "submit": (4, 2_500),
