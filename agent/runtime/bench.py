@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from functools import partial
 
 import click
@@ -468,16 +469,22 @@ def measure(quick: bool, progress) -> dict:
 
     n = size["scaling"]
     iters = _calibrate(CPU_TASK_S)
-    progress(f"scaling: {n} tasks of ~{CPU_TASK_S * 1e3:g} ms on 1 worker, then on 2")
-    for key, use in (("scaling_1_worker", cpus[:1]), ("scaling_2_workers", cpus)):
-        with _pool(use, progress) as pool:
-            _gather([pool.submit(spin_for, iters) for _ in range(len(use) * 4)])  # warm
-            took = []
-            for _ in range(3):
+    progress(f"scaling: {n} tasks of ~{CPU_TASK_S * 1e3:g} ms on 1 worker and on 2, by turns")
+    setups = (("scaling_1_worker", cpus[:1]), ("scaling_2_workers", cpus))[: len(cpus)]
+    with ExitStack() as stack:
+        # Both pools up at once and their rounds taken by turns: a slow spell of a shared
+        # machine then lands on both, not on whichever happened to run in it.
+        pools = [(key, stack.enter_context(_pool(use, progress))) for key, use in setups]
+        took: dict[str, list[float]] = {key: [] for key, _ in pools}
+        for _key, pool in pools:
+            _gather([pool.submit(spin_for, iters) for _ in range(8)])  # warm
+        for _ in range(3):
+            for key, pool in pools:
                 t = time.perf_counter()
                 _gather([pool.submit(spin_for, iters) for _ in range(n)])
-                took.append(time.perf_counter() - t)
-        cases[key] = summarize(took, n)
+                took[key].append(time.perf_counter() - t)
+    for key, rounds_s in took.items():
+        cases[key] = summarize(rounds_s, n)
     if len(cpus) >= 2:
         ratios["scaling_2_vs_1"] = _ratio(cases["scaling_2_workers"], cases["scaling_1_worker"])
         details["scaling"] = {
