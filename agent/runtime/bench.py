@@ -12,7 +12,7 @@ stalled round does not move.
   then joins them all; asyncio's create_task + gather of as many of the same coroutine, in
   the same worker process.
 - switch_vs_asyncio: tasks that each yield 10 times against asyncio tasks that await
-  sleep(0) 10 times, at SWITCH_TASKS tasks at once (the figure) and at 1 task (reported);
+  sleep(0) 10 times, at 20k tasks at once (the figure; 5k with --quick) and at 1 task;
   raw greenlet switching at the same count is reported as the floor under any greenlet
   scheduler.
 - submit_vs_processpool: 2 workers, tasks submitted one by one with a future each, all
@@ -61,32 +61,29 @@ TARGETS = {
 }
 STEAL_P99_US = 1000.0
 YIELDS = 10
-SWITCH_TASKS = 20_000
 CPU_TASK_S = 0.001
 STEAL_TASK_S = 0.0002
 # Full and --quick sizes.
 SIZES = {
     False: {
         "spawn": (3, 200_000),  # rounds, ops per round: 200k subtasks spawned, then joined
-        "switch": 4,
+        "switch": (4, 20_000),  # rounds, tasks yielding at once
         "switch_one": (10, 2_000),
         "submit": (10, 10_000),
         "map": (5, 40_000),
         "scaling": 300,
         "steal": (5, 2_000),
         "parked": 10_000,
-        "no_new_contexts": 100_000,
     },
     True: {
         "spawn": (3, 20_000),
-        "switch": 2,
+        "switch": (2, 5_000),
         "switch_one": (3, 1_000),
-        "submit": (4, 2_500),
+        "submit": (3, 2_500),
         "map": (3, 10_000),
-        "scaling": 60,
-        "steal": (2, 400),
+        "scaling": 40,
+        "steal": (3, 300),
         "parked": 2_000,
-        "no_new_contexts": 10_000,
     },
 }
 EXTERNAL = {  # module -> the ratios it provides
@@ -377,21 +374,21 @@ def measure(quick: bool, progress) -> dict:
         cases["spawn_join_asyncio"] = summarize(r["asyncio"], n)
         ratios["spawn_vs_asyncio"] = _ratio(cases["spawn_join"], cases["spawn_join_asyncio"])
 
-        rounds = size["switch"]
-        progress(f"switch: {SWITCH_TASKS} tasks x {YIELDS} yields, and asyncio's")
-        r = pool.submit(worker_switch, rounds, SWITCH_TASKS).result(600)
-        ops = SWITCH_TASKS * YIELDS
+        rounds, tasks = size["switch"]
+        progress(f"switch: {tasks} tasks x {YIELDS} yields, and asyncio's")
+        r = pool.submit(worker_switch, rounds, tasks).result(600)
+        ops = tasks * YIELDS
         cases["switch"] = summarize(r["runtime"], ops)
         cases["switch_asyncio"] = summarize(r["asyncio"], ops)
         ratios["switch_vs_asyncio"] = _ratio(cases["switch"], cases["switch_asyncio"])
-        floor = pool.submit(worker_greenlet_floor, rounds, SWITCH_TASKS).result(600)
+        floor = pool.submit(worker_greenlet_floor, rounds, tasks).result(600)
         cases["switch_greenlet_floor"] = summarize(floor, ops)
         rounds, repeat = size["switch_one"]
         r = pool.submit(worker_switch, rounds, 1, repeat).result(600)
         cases["switch_1_task"] = summarize(r["runtime"], YIELDS * repeat)
         cases["switch_1_task_asyncio"] = summarize(r["asyncio"], YIELDS * repeat)
         details["switch"] = {
-            "tasks": SWITCH_TASKS,
+            "tasks": tasks,
             "yields_per_task": YIELDS,
             "vs_asyncio_at_1_task": _ratio(cases["switch_1_task"], cases["switch_1_task_asyncio"]),
             "greenlet_floor_vs_asyncio": _ratio(
