@@ -303,14 +303,11 @@ def _ratio(ours: dict, theirs: dict) -> float:
     return round(theirs["p50_us"] / ours["p50_us"], 3)
 
 
-def _submit_rounds(submit, rounds: int, n: int, fn, gather) -> list[float]:
-    out = []
-    for _ in range(rounds + 1):
-        t = time.perf_counter()
-        futs = [submit(fn, i) for i in range(n)]
-        gather(futs)
-        out.append(time.perf_counter() - t)
-    return out[1:]
+def _submit_round(submit, n: int) -> float:
+    """Seconds to submit n small tasks one by one and gather every result."""
+    t = time.perf_counter()
+    _gather([submit(small, i) for i in range(n)])
+    return time.perf_counter() - t
 
 
 def _gather(futs) -> None:
@@ -359,7 +356,15 @@ def measure(quick: bool, progress) -> dict:
     }
     ratios: dict = {}
 
-    with _pool(cpus, progress) as pool:
+    with ExitStack() as stack:
+        # The baselines' processes are forked first (before the pool's collector thread
+        # exists) and kept up beside the pool: their rounds alternate with ours, so a slow
+        # spell of a shared machine lands on both sides of a ratio.
+        ex = stack.enter_context(ProcessPoolExecutor(2))
+        _gather([ex.submit(small, i) for i in range(4)])
+        mp = stack.enter_context(multiprocessing.get_context("fork").Pool(2))
+        mp.map(small, range(4))
+        pool = stack.enter_context(_pool(cpus, progress))
         time.sleep(0.5)  # the workers settle into their idle wait
         memory["rss_per_idle_worker_bytes"] = round(
             statistics.mean(_rss_of(w.pid) for w in pool.workers)
@@ -397,23 +402,41 @@ def measure(quick: bool, progress) -> dict:
         }
 
         rounds, n = size["submit"]
-        progress(f"submit: {rounds} x {n} tasks one by one from the owner")
-        _submit_rounds(pool.submit, 0, n, small, _gather)  # warm-up, the same run once
+        progress(f"submit: {rounds} x {n} tasks one by one, and ProcessPoolExecutor(2)'s")
+        _submit_round(pool.submit, n)  # warm-up, the same run once
+        _submit_round(ex.submit, n)
         before = [w["contexts"] for w in pool.stats()["workers"]]
-        ours = _submit_rounds(pool.submit, rounds, n, small, _gather)
+        ours, theirs = [], []
+        for _ in range(rounds):
+            ours.append(_submit_round(pool.submit, n))
+            theirs.append(_submit_round(ex.submit, n))
         after = [w["contexts"] for w in pool.stats()["workers"]]
         cases["submit"] = summarize(ours, n)
+        cases["submit_processpool"] = summarize(theirs, n)
+        ratios["submit_vs_processpool"] = _ratio(cases["submit"], cases["submit_processpool"])
+        details["submit"] = {
+            "submitter": "owner",
+            "why": "a Pool's futures and results channel live in the process that made it;"
+            " other processes can push to its rings but get no futures back",
+            "workers": 2,
+        }
         memory["run_tasks"] = rounds * n
         memory["contexts_made_during_run"] = sum(after) - sum(before)
 
         rounds, n = size["map"]
-        progress(f"map: {rounds} x {n} items, chunksize 64")
-        ours = []
+        progress(f"map: {rounds} x {n} items, chunksize 64, and multiprocessing.Pool(2)'s")
+        ours, theirs = [], []
         for _ in range(rounds + 1):
             t = time.perf_counter()
             pool.map(small, range(n), chunksize=64)
             ours.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for _ in mp.imap_unordered(small, range(n), chunksize=64):
+                pass
+            theirs.append(time.perf_counter() - t)
         cases["map"] = summarize(ours[1:], n)
+        cases["map_mp_pool"] = summarize(theirs[1:], n)
+        ratios["map_vs_mp_pool"] = _ratio(cases["map"], cases["map_mp_pool"])
 
         rounds, n = size["steal"]
         iters = _calibrate(STEAL_TASK_S)
@@ -440,29 +463,6 @@ def measure(quick: bool, progress) -> dict:
             "what": "from a worker's look for work (own and global ring empty) to a stolen"
             " task in hand",
         }
-
-    progress("baselines: ProcessPoolExecutor(2), multiprocessing.Pool(2)")
-    rounds, n = size["submit"]
-    with ProcessPoolExecutor(2) as ex:
-        theirs = _submit_rounds(ex.submit, rounds, n, small, _gather)
-    cases["submit_processpool"] = summarize(theirs, n)
-    ratios["submit_vs_processpool"] = _ratio(cases["submit"], cases["submit_processpool"])
-    details["submit"] = {
-        "submitter": "owner",
-        "why": "a Pool's futures and results channel live in the process that made it;"
-        " other processes can push to its rings but get no futures back",
-        "workers": 2,
-    }
-    rounds, n = size["map"]
-    theirs = []
-    with multiprocessing.Pool(2) as mp:
-        for _ in range(rounds + 1):
-            t = time.perf_counter()
-            for _ in mp.imap_unordered(small, range(n), chunksize=64):
-                pass
-            theirs.append(time.perf_counter() - t)
-    cases["map_mp_pool"] = summarize(theirs[1:], n)
-    ratios["map_vs_mp_pool"] = _ratio(cases["map"], cases["map_mp_pool"])
 
     n = size["scaling"]
     iters = _calibrate(CPU_TASK_S)
