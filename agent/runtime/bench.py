@@ -2,11 +2,11 @@
 run on the same machine; JSON `cases.NAME.{ops_per_s,p50_us,p99_us}`, `ratios.NAME` with each
 ratio's target in `targets` and the verdict in `targets_met`.
 
-Every case runs in rounds (the baseline's rounds interleaved with ours where both run in one
-process); `ops_per_s` is all ops over all rounds' time, `p50_us`/`p99_us` are percentiles of
-the per-op time of each round (round time / ops in it): the spread between rounds, which on
-a shared machine is mostly its noise. A ratio compares the median rounds (p50_us), which one
-stalled round does not move.
+Every case runs in rounds, the baseline's taken by turns with ours (both sides of a ratio
+see the same spells of a shared machine); `ops_per_s` is all ops over all rounds' time,
+`p50_us`/`p99_us` are percentiles of the per-op time of each round (round time / ops in
+it): the spread between rounds, which on a shared machine is mostly its noise. A ratio
+compares the median rounds (p50_us), which one stalled round does not move.
 
 - spawn_vs_asyncio: inside one pool worker (one core), a task spawns 200k trivial subtasks,
   then joins them all; asyncio's create_task + gather of as many of the same coroutine, in
