@@ -152,7 +152,6 @@ class Worker:
     # -- feeding ---------------------------------------------------------------------
     def take(self, most: int = BATCH) -> list[bytes]:
         q, i, got = self.q, self.index, []
-        start = 0
         while len(got) < most:
             p = q.pop_local(i)
             if p is None:
