@@ -49,6 +49,10 @@ BATCH = 64
 # a burst; the batch shrinks to this much work, by the measured time per task.
 BATCH_WORK = 0.002
 FIRST_BATCH = 8  # before any task has been timed: a burst of long tasks is not hoarded
+# While a long task keeps the CPU the feeder gets no turn; the preemption handler tops the
+# tasks in hand up to BATCH instead, and BATCH never goes below this: a task queued behind
+# long ones still joins the time slicing, without the worker hoarding the queue.
+IN_HAND = 4
 RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
@@ -87,7 +91,8 @@ def encode_result(task_id, ok: bool, value) -> bytes:
 
 
 class Worker:
-    BATCH = FIRST_BATCH  # per instance once timed (see BATCH_WORK); the preemption handler reads it
+    BATCH = FIRST_BATCH  # the preemption handler's top-up: max(IN_HAND, batch)
+    batch = FIRST_BATCH  # the feeder's take, per instance once timed (see BATCH_WORK)
 
     def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
@@ -204,7 +209,7 @@ class Worker:
         sched = self.sched
         while not self.stopping:
             self.flush()
-            if not self.intake(self.BATCH):
+            if not self.intake(self.batch):
                 if sched._alive > 1:  # others parked (sleeping): let timers fire
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
@@ -217,7 +222,8 @@ class Worker:
             sched.yield_()  # the batch runs; the feeder comes back after it
             took = perf_counter() - start
             if took > 0 and self.taken:
-                self.BATCH = max(1, min(BATCH, int(BATCH_WORK * self.taken / took)))
+                self.batch = max(1, min(BATCH, int(BATCH_WORK * self.taken / took)))
+                self.BATCH = max(IN_HAND, self.batch)
         while sched._alive > 1:  # let the tasks already taken finish, then report them
             sched.yield_()
         self.flush()

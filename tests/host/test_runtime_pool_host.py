@@ -340,3 +340,15 @@ def test_a_preempted_worker_does_not_hoard_the_queue():
             time.sleep(0.01)
         [f.result(T) for f in futs]
     assert 0 < most <= 64
+
+
+def test_a_task_queued_behind_a_long_one_still_gets_a_slice():
+    """A worker that has learnt its tasks are long takes few at a time, but a tick still
+    takes a task queued behind a running hog into the time slicing."""
+    with Pool(CPUS[:1], slice_ms=5, preempt="bpf") as pool:
+        [f.result(T) for f in [pool.submit(spin, 0.02) for _ in range(10)]]
+        hog = pool.submit(spin, 0.6)
+        time.sleep(0.1)  # the hog has the CPU, the feeder no turn
+        _, quick_ran = pool.submit(stamp, "quick").result(T)
+        _, hog_end = hog.result(T)
+    assert quick_ran < hog_end
