@@ -279,10 +279,9 @@ def _spin_pinned(cpu: int, iterations: int, times: int) -> None:
 def _machine_scaling(cpus: list[int], iterations: int, n: int) -> float:
     """Throughput of n spins in 2 pinned processes over 1: the ceiling under scaling_2_vs_1."""
     ctx = multiprocessing.get_context("fork")
-    took = {}
-    for k in (1, 2):
-        best = None
-        for _ in range(2):
+    took: dict[int, float] = {}
+    for _ in range(2):
+        for k in (1, 2):  # by turns, best of two each
             procs = [
                 ctx.Process(target=_spin_pinned, args=(c, iterations, n // k)) for c in cpus[:k]
             ]
@@ -291,9 +290,7 @@ def _machine_scaling(cpus: list[int], iterations: int, n: int) -> float:
                 p.start()
             for p in procs:
                 p.join()
-            dt = time.perf_counter() - t
-            best = dt if best is None else min(best, dt)
-        took[k] = best
+            took[k] = min(took.get(k, float("inf")), time.perf_counter() - t)
     return round(took[1] / took[2], 3)
 
 
