@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "cgroup-io": "xhagent.cgroups.bench:bench_cgroup_io",
     "io": "xhagent.io.bench:bench_io",
     "metrics": "xhagent.metrics.bench:bench_metrics",
+    "pool": "xhagent.runtime.bench:bench_pool",
     "sched": "xhagent.sched.bench:bench_sched",
     "trace": "xhagent.trace.bench:bench_trace",
 }

@@ -56,19 +56,18 @@ def run(fn, *args, **options):
 
 
 def spawn(fn, *args, priority: int = NORMAL, deadline: float | None = None) -> TaskHandle:
-    try:
-        spawn = _core._running._spawn  # the hot path: no helper call
-    except AttributeError:
-        spawn = _sched()._spawn
-    return spawn(fn, args, priority, deadline)
+    sched = _core._running
+    if sched is None:
+        sched = _sched()  # raises
+    # A method call, not a bound method fetched first: that allocates, per spawn.
+    return sched._spawn(fn, args, priority, deadline)
 
 
 def yield_() -> None:
-    try:
-        yield_ = _core._running.yield_
-    except AttributeError:
-        yield_ = _sched().yield_
-    yield_()
+    sched = _core._running
+    if sched is None:
+        sched = _sched()  # raises
+    sched.yield_()
 
 
 def sleep(seconds: float) -> None:

@@ -112,10 +112,16 @@ class ContextPool:
     """Free contexts, most recently used first (its stack is the one still in cache).
 
     `min` contexts are made up front and never trimmed; at most `max` exist at once;
-    a free context idle for `idle_timeout` seconds (by `clock`) is ended by `trim`.
+    a free context idle for `idle_timeout` seconds (by `clock`) is ended by `trim`. A
+    release may leave `idle_since` None instead of reading the clock (the scheduler does,
+    once per task); such a context counts as idle from the first trim that sees it, so it
+    is kept longer, never ended sooner.
     `runner(task)` runs one task inside a context and must not raise; `switch_away(ctx)`
     is called inside a context that has just been released and returns once a new task
     is bound to it (the default switches to `home`, the greenlet that made the pool).
+    A runner may instead keep the context for good, releasing it and taking the next
+    task itself (the scheduler's does, to save the calls per task); it then leaves only
+    by the GreenletExit that ends the context.
     """
 
     def __init__(
@@ -202,8 +208,16 @@ class ContextPool:
         Called in the pool's home greenlet. Returns how many were ended."""
         now = self.clock() if now is None else now
         timeout = self.idle_timeout
+
+        def due(ctx: Context) -> bool:
+            since = ctx.idle_since
+            if since is None:  # released without a clock reading: idle from this look on
+                ctx.idle_since = now
+                return False
+            return now - since >= timeout
+
         # The free list's left end holds the longest-idle contexts (release appends right).
-        return self._end_free(lambda ctx: now - ctx.idle_since >= timeout, self.min)
+        return self._end_free(due, self.min)
 
     def resize(self, target: int) -> int:
         """Apply an autoscale target: make free contexts until `target` exist (at most

@@ -27,10 +27,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
 from .queues import SharedQueues
+from .task import prime_instance_keys
 
 POLL = 0.1  # seconds between checks that the workers live
 
@@ -52,12 +55,86 @@ class _Worker:
         self.alive = True
         self.ready = False
         self.preempt = None  # the worker's slice source: bpf, timer or off
+        self.contexts = 0  # task contexts it has ever made (flat once warm: they are reused)
+        self.steals = 0
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
 
 
+# Taken to make any PoolFuture's Condition, and by the collector to complete futures that
+# have none: so a future is completed without its lock only while nobody can wait on it.
+_MAKE_CONDITION = threading.Lock()
+
+
+class PoolFuture(Future):
+    """A concurrent.futures.Future whose Condition and lists are made on first use (a
+    thread that waits, adds a callback or cancels): Future.__init__ makes a Condition,
+    two lists and a deque, which cost more than the rest of a submit and, thousands in
+    flight, most of the owner's garbage-collection time.
+
+    Completion (`_complete`, the collector's) holds _MAKE_CONDITION: with no Condition
+    made, nobody waits, and nobody can start to until the outcome is written; with one,
+    it is Future's own set_result under it."""
+
+    _cond = None
+    _wts = None
+    _cbs = None
+    _state = PENDING
+    _result = None
+    _exception = None
+
+    def __init__(self):
+        pass  # everything starts as a class default
+
+    @property
+    def _condition(self):
+        cond = self._cond
+        if cond is None:
+            with _MAKE_CONDITION:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    @property
+    def _waiters(self):
+        if self._wts is None:
+            self._wts = []
+        return self._wts
+
+    @property
+    def _done_callbacks(self):
+        if self._cbs is None:
+            self._cbs = []
+        return self._cbs
+
+
+prime_instance_keys(PoolFuture)  # see there: the collector writes _result on thousands at once
+
+
+def _complete(done: list) -> None:
+    """Complete (future, ok, value) triples: those nobody touched under one lock hold,
+    the rest as Future does it."""
+    slow = []
+    with _MAKE_CONDITION:
+        for item in done:
+            fut = item[0]
+            if fut._cond is None and type(fut) is PoolFuture and fut._state is PENDING:
+                if item[1]:
+                    fut._result = item[2]
+                else:
+                    fut._exception = item[2]
+                fut._state = FINISHED
+            else:
+                slow.append(item)
+    for fut, ok, value in slow:
+        _set(fut, ok, value)
+
+
 def _set(fut: Future, ok: bool, value) -> None:
+    if type(fut) is PoolFuture and fut._cond is None:
+        return _complete([(fut, ok, value)])
     try:
         fut.set_result(value) if ok else fut.set_exception(value)
     except InvalidStateError:
@@ -95,6 +172,7 @@ class Pool:
         self._stop = False
         self._groups = []
         self._ready = threading.Event()  # set once every worker has said it is pinned
+        self._steal_ns: deque[int] = deque(maxlen=65536)  # the workers' newest steal latencies
         self.workers: list[_Worker] = []
         self._preempter = None
         try:
@@ -193,7 +271,7 @@ class Pool:
         the class (0 first, 0..2); `deadline` is absolute on time.monotonic (EDF in class)."""
         if not 0 <= priority <= 2:
             raise ValueError(f"priority {priority!r} is not in 0..2")
-        fut: Future = Future()
+        fut = PoolFuture()
         with self._lock:
             if self._closed:
                 raise PoolClosed("submit on a closed pool")
@@ -220,6 +298,56 @@ class Pool:
         chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
         futs = [self.submit(_chunk, fn, c) for c in chunks]
         return [y for f in futs for y in f.result(timeout)]
+
+    def fan_out(self, fn, items, *, priority: int = 1) -> list[Future]:
+        """`fn(item)` for each item, queued by ONE worker (whichever takes the fan-out) on
+        its own ring, from which idle workers steal: the fork-join shape, where one worker
+        holds all the work at first. Futures in item order. The items travel together in
+        one payload (they must fit a slot: a range, a short list of small values); calls
+        past the worker's ring size go to the global ring."""
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority {priority!r} is not in 0..2")
+        if not isinstance(items, range):  # a range travels as three numbers
+            items = list(items)
+        if not items:
+            return []
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("fan_out on a closed pool")
+            tids = [next(self._ids) for _ in items]  # consecutive: the worker counts from the first
+            self._last_tid = tids[-1]
+            futs = [PoolFuture() for _ in tids]
+            self._pending.update(zip(tids, futs, strict=True))
+        try:
+            from .worker import fan_out
+
+            head = self.submit(fan_out, tids[0], fn, items, priority, priority=priority)
+        except BaseException:
+            with self._lock:
+                for tid in tids:
+                    self._pending.pop(tid, None)
+            raise
+
+        def failed(head: Future) -> None:  # calls never queued cannot complete: fail them
+            exc = head.exception() if not head.cancelled() else PoolClosed("fan_out cancelled")
+            if exc is None:
+                return
+            with self._lock:
+                lost = [f for t in tids if (f := self._pending.pop(t, None)) is not None]
+            for f in lost:
+                _set(f, False, exc)
+
+        head.add_done_callback(failed)
+        return futs
+
+    def steal_latencies_ns(self) -> list[int]:
+        """The newest steal latencies reported by the workers (and forget them): each from
+        a worker's look for work, its own ring and the global one empty, to a stolen task
+        in hand."""
+        with self._lock:
+            out = list(self._steal_ns)
+            self._steal_ns.clear()
+        return out
 
     # -- collecting ------------------------------------------------------------------
     def _collect(self) -> None:
@@ -249,23 +377,28 @@ class Pool:
                         self.workers[msg[1]].preempt = msg[3]
                         if all(w.ready for w in self.workers):
                             self._ready.set()
+                    elif msg[0] == "stats":
+                        w = self.workers[msg[1]]
+                        w.contexts = msg[2]
+                        w.steals += len(msg[3])
+                        self._steal_ns.extend(msg[3])
                     elif msg[0] == "claim":
                         w = self.workers[msg[1]]
                         for tid in msg[2]:
                             if tid in self._pending:
                                 self._claims[tid] = w.index
                                 w.claimed.add(tid)
-                    else:
-                        _, tid, ok, value = msg
-                        fut = self._pending.pop(tid, None)
-                        wi = self._claims.pop(tid, None)
-                        if wi is not None:
-                            self.workers[wi].claimed.discard(tid)
-                            self.workers[wi].done += 1
-                        if fut is not None:
-                            done.append((fut, ok, value))
-            for fut, ok, value in done:  # outside the lock: callbacks may submit
-                _set(fut, ok, value)
+                    else:  # ("done", [(tid, ok, value), ...])
+                        claims, pending, workers = self._claims, self._pending, self.workers
+                        for tid, ok, value in msg[1]:
+                            fut = pending.pop(tid, None)
+                            wi = claims.pop(tid, None)
+                            if wi is not None:
+                                workers[wi].claimed.discard(tid)
+                                workers[wi].done += 1
+                            if fut is not None:
+                                done.append((fut, ok, value))
+            _complete(done)  # outside the pool's lock: callbacks may submit
         return n
 
     def _check_workers(self, r, q) -> None:
@@ -358,6 +491,8 @@ class Pool:
                     "running": len(w.claimed),
                     "done": w.done,
                     "preempt": w.preempt,
+                    "contexts": w.contexts,
+                    "steals": w.steals,
                 }
                 for w in self.workers
             ],

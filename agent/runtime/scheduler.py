@@ -41,10 +41,12 @@ from typing import Protocol
 
 from greenlet import GreenletExit, getcurrent
 
-from .context import ContextPool, ContextState
+from .context import ContextPool, ContextState, check
 from .task import Cancelled, TaskHandle, Trap
 
 BLOCKED = ContextState.BLOCKED
+IDLE, RUNNING_CTX, REUSED = ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED
+_new = object.__new__
 HIGH, NORMAL, LOW = 0, 1, 2
 HOOKS = ("task_spawned", "before_task_step", "after_task_step", "task_exited")
 
@@ -147,32 +149,41 @@ class Scheduler:
             for heap, fifo in self._queues:
                 while heap or fifo:
                     task = heappop(heap)[2] if heap else fifo.popleft()
-                    ctx = task._ctx
-                    if ctx is None:  # its first step: bind a context
+                    g = task._g
+                    if g is None:  # its first step: bind a context
                         if task._state is not PENDING:
                             continue  # cancelled before it started; its entry was left behind
-                        ctx = self.pool.acquire(task)
-                        if ctx is None:
+                        g = self._bind(task)
+                        if g is None:
                             self._ctx_wait.append(task)
                             continue
-                        task._ctx = ctx
                     self.current = task
                     if self._instrumented:
                         self._call("before_task_step", task)
-                    return ctx.greenlet
+                    return g
         self.current = None
         return self._hub
 
-    def _after_release(self, ctx) -> None:
-        """In a context just released: hand it to a task that found the pool full, then
-        switch on. Returns when a new task is bound to this context."""
-        while self._ctx_wait:
-            task = self._ctx_wait.popleft()
-            if task._state is PENDING:
-                task._ctx = self.pool.acquire(task)
-                self._ready(task)
-                break
-        self._switch_from(ctx.greenlet)
+    def _bind(self, task: TaskHandle):
+        """Bind a context to `task` (the pool's acquire, its common case inline: a free
+        context, most recently used first); its greenlet, or None at the pool's max."""
+        free = self._free
+        if free:
+            ctx = free.pop()
+            state = ctx.state
+            if state is REUSED:
+                self.pool.reused += 1
+            elif state is not IDLE:
+                check(state, RUNNING_CTX)  # as Context.move: the table decides
+            ctx.state = RUNNING_CTX
+            ctx.task = task
+        else:
+            ctx = self.pool.acquire(task)
+            if ctx is None:
+                return None
+        task._ctx = ctx
+        g = task._g = ctx.greenlet
+        return g
 
     def _switch_from(self, me) -> None:
         """Switch from greenlet `me` to the next; returns when `me` is picked again. The
@@ -183,25 +194,70 @@ class Scheduler:
             nxt.switch()
 
     # -- running a task (inside its context) --------------------------------------------
-    def _run_task(self, task: TaskHandle) -> None:
-        task._state = RUNNING
-        try:
-            # Without arguments, a plain call: CPython runs a Python callee in the same C
-            # frame, so the context's stack (copied at every greenlet switch) stays short.
-            result = task.fn(*task.args) if task.args else task.fn()
-            if type(result) is CoroutineType:
-                result = self._drive(result)
-        except Cancelled:
-            self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
-        except Exception as exc:
-            self._exit(task, FINISHED, None, exc)
-        except GreenletExit:
-            raise  # the context itself is being ended (a dead run's greenlets collected)
-        except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
-            self._exit(task, FINISHED, None, exc)
-            self._crash = exc
-        else:
-            self._exit(task, FINISHED, result, None)
+    def _serve(self, task: TaskHandle) -> None:
+        """The body of every context (its pool's runner): run the bound task, release the
+        context (ContextPool.release, inline), pick the next; when that is a fresh task
+        bound to this same context, run it here, with no switch and no return through the
+        context's loop. Leaves only by GreenletExit (the context is being ended)."""
+        ctx = task._ctx
+        me = ctx.greenlet
+        pool = self.pool
+        free = pool.free
+        while True:
+            task._state = RUNNING
+            try:
+                # Without arguments, a plain call: CPython runs a Python callee in the same C
+                # frame, so the context's stack (copied at every greenlet switch) stays short.
+                result = task.fn(*task.args) if task.args else task.fn()
+                if type(result) is CoroutineType:
+                    result = self._drive(result)
+            except Cancelled:
+                self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
+            except Exception as exc:
+                self._exit(task, FINISHED, None, exc)
+            except GreenletExit:
+                raise  # the context itself is being ended (a dead run's greenlets collected)
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
+                self._exit(task, FINISHED, None, exc)
+                self._crash = exc
+            else:
+                # _exit's common case inline: a result, nobody waiting from another thread
+                task._result = result
+                task._state = FINISHED
+                if task._cond is not None:
+                    task._notify()
+                if task.args:
+                    task.args = ()
+                self._alive -= 1
+                if task._joiners:
+                    self._wake_joiners(task)
+                if self._instrumented:
+                    self._call("task_exited", task)
+            # The release: the move Running -> Reused is checked as Context.move checks it.
+            if ctx.state is not RUNNING_CTX:
+                check(ctx.state, REUSED)
+            ctx.state = REUSED
+            ctx.task = None
+            ctx.tasks_run += 1
+            if ctx.local:
+                ctx.local = {}  # a new dict: see ContextPool.release
+            ctx.idle_since = None  # a clock reading per task costs 5%: trim stamps it
+            free.append(ctx)
+            if self._ctx_wait:
+                self._hand_over()
+            nxt = self._next()
+            if nxt is not me:
+                nxt.switch()  # back when a task is bound to this context again
+            task = ctx.task
+
+    def _hand_over(self) -> None:
+        """A context was just released: bind it to a task that found the pool full."""
+        while self._ctx_wait:
+            task = self._ctx_wait.popleft()
+            if task._state is PENDING:
+                self._bind(task)
+                self._ready(task)
+                return
 
     def _drive(self, coro):
         """Step an `async def` task: each Trap it awaits is a blocking call made here."""
@@ -224,13 +280,15 @@ class Scheduler:
         task._finish(state, result, exc)
         task.args = ()
         self._alive -= 1
-        joiners = task._joiners
-        if joiners:
-            task._joiners = None
-            for waiter, token in joiners:
-                self._wake(waiter, token)
+        if task._joiners:
+            self._wake_joiners(task)
         if self._instrumented:
             self._call("task_exited", task)
+
+    def _wake_joiners(self, task: TaskHandle) -> None:
+        joiners, task._joiners = task._joiners, None
+        for waiter, token in joiners:
+            self._wake(waiter, token)
 
     # -- parking and waking ----------------------------------------------------------------
     def _park(self, register=None, timeout=None, timeout_exc=None) -> None:
@@ -284,13 +342,13 @@ class Scheduler:
         self._hub, self._thread = getcurrent(), threading.get_ident()
         pmin, pmax, idle = self._pool_args
         self.pool = ContextPool(
-            self._run_task,
+            self._serve,
             min=pmin,
             max=pmax,
             idle_timeout=idle,
             clock=self.clock,
-            switch_away=self._after_release,
         )
+        self._free = self.pool.free
         try:
             main = self.spawn(fn, *args)
             while self._alive:
@@ -340,9 +398,19 @@ class Scheduler:
             type(deadline) not in (int, float) or deadline != deadline  # NaN never orders
         ):
             raise ValueError(f"deadline must be a number on the scheduler's clock: {deadline!r}")
-        task = TaskHandle(self, fn, args, priority, deadline)
+        # TaskHandle.__init__'s writes, in its order (the instances share one key table), without
+        # the call: constructing through type() costs more than the rest of a spawn.
+        task = _new(TaskHandle)
+        task._sched = self
+        task.fn = fn
+        task.args = args
+        task.priority = priority
+        task.deadline = deadline
         self._alive += 1
-        self._ready(task)
+        if deadline is None:
+            self._queues[priority][1].append(task)
+        else:
+            heappush(self._queues[priority][0], (deadline, next(self._seq), task))
         if self._instrumented:
             self._call("task_spawned", task)
         return task
@@ -360,9 +428,16 @@ class Scheduler:
             raise RuntimeError("yield_ is called only inside a task")
         if task._cancel_requested:
             raise Cancelled()
-        task._preempt_requested = False  # a yield is what a pending preemption asked for
-        self._ready(task)
-        self._switch_from(task._ctx.greenlet)
+        if task._preempt_requested:
+            task._preempt_requested = False  # a yield is what a pending preemption asked for
+        if task.deadline is None:  # _ready and _switch_from, inline: this is the switch path
+            self._queues[task.priority][1].append(task)
+        else:
+            heappush(self._queues[task.priority][0], (task.deadline, next(self._seq), task))
+        me = task._g
+        nxt = self._next()
+        if nxt is not me:
+            nxt.switch()
         if task._cancel_requested:
             raise Cancelled()
 

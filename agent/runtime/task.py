@@ -57,14 +57,19 @@ class Trap:
 class TaskHandle(Future):
     """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
 
-    Rarely set fields are class attributes, so a spawn writes six instance attributes."""
+    Rarely set fields are class attributes, so a spawn writes five instance attributes
+    (the scheduler makes handles without calling __init__, writing the same five in the
+    same order). Every field's name is in the class's shared key table before the first
+    real handle exists (see prime_instance_keys)."""
 
     _cond = None  # the Condition, once someone outside the scheduler waits
     _wts = None  # concurrent.futures waiters
     _cbs = None  # done callbacks
     _result = None
     _exception = None
+    _state = PENDING
     _ctx = None  # the Context it runs on, from its first step to its end
+    _g = None  # its context's greenlet (what a switch to it needs, one object nearer)
     _joiners = None  # [(task, park token)] parked on this task's end
     _cancel_requested = False
     _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
@@ -78,7 +83,6 @@ class TaskHandle(Future):
         self.args = args
         self.priority = priority
         self.deadline = deadline
-        self._state = PENDING
 
     # -- Future internals, made on first use ------------------------------------------
     @property
@@ -107,10 +111,13 @@ class TaskHandle(Future):
         """Record the outcome (the scheduler's thread). See the module note on ordering."""
         self._result, self._exception = result, exc
         self._state = state
-        cond = self._cond
-        if cond is None:
-            return
-        with cond:
+        if self._cond is not None:
+            self._notify()
+
+    def _notify(self) -> None:
+        """The outcome is written: wake the threads waiting and run the callbacks."""
+        state, exc = self._state, self._exception
+        with self._cond:
             for waiter in self._wts or ():
                 if state is not FINISHED:
                     waiter.add_cancelled(self)
@@ -118,7 +125,7 @@ class TaskHandle(Future):
                     waiter.add_exception(self)
                 else:
                     waiter.add_result(self)
-            cond.notify_all()
+            self._cond.notify_all()
         self._invoke_callbacks()
 
     # -- the Future API --------------------------------------------------------------
@@ -140,6 +147,8 @@ class TaskHandle(Future):
     def join(self, timeout: float | None = None):
         """Inside a task: park until this task ends, then its result (or its exception,
         or CancelledError). Elsewhere: wait as Future.result does."""
+        if self._state is FINISHED and self._exception is None:
+            return self._result  # the common case first: done, with a result
         if self._state not in _DONE:
             if not self._sched.wait_for(self, timeout):
                 return super().result(timeout)
@@ -160,3 +169,24 @@ class TaskHandle(Future):
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", self.fn)
         return f"<TaskHandle {name} class={self.priority} deadline={self.deadline} {self._state}>"
+
+
+def prime_instance_keys(cls, first: tuple[str, ...] = ()) -> None:
+    """Put the names of `cls`'s instance fields (`first`, then its class-level defaults) in
+    the key table its instances share, by writing them all on one throwaway instance.
+
+    CPython 3.11 shrinks the room left in that table by one per instance made: a name first
+    written after a few dozen instances exist (a task's `_result`, written when it ends,
+    thousands of spawns later) no longer fits, and every instance that writes it gets a
+    dict of its own: an allocation the collector tracks, per task."""
+    fields = dict.fromkeys(first)
+    for klass in reversed(cls.__mro__[:-1]):
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and not callable(value) and not hasattr(value, "__get__"):
+                fields[name] = None
+    probe = object.__new__(cls)
+    for name in fields:
+        object.__setattr__(probe, name, None)
+
+
+prime_instance_keys(TaskHandle, ("_sched", "fn", "args", "priority", "deadline"))

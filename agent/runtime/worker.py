@@ -5,8 +5,9 @@ each task on the in-process scheduler, sending results back to the pool's owner.
         --index I --cpu C [--slice-ms 10] [--preempt auto] [--owner PID]
 
 Feeding: a feeder task in the last priority class (it runs once every task it started
-has ended or parked, so its own loop never starves a low-class task) takes up to BATCH payloads a
-round, from its own ring first, then the global ring, then by stealing from the other
+has ended or parked, so its own loop never starves a low-class task) takes a batch of
+payloads a round (about BATCH_WORK seconds of work by the last round's time per task, at
+most BATCH), from its own ring first, then the global ring, then by stealing from the other
 workers (round-robin victim), spawns each as a task, then yields so they run. With
 nothing found and nothing else runnable it sleeps in the queues' futex wait, which any
 push or `wake(index)` ends. While its tasks have reads or writes in flight (runtime.io) it
@@ -19,9 +20,17 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("ready", index, pid, preempt)     once pinned and attached (preempt: the slice source);
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
                                      tasks die with a killed worker;
-  ("done", task_id, ok, value)       buffered, sent when the feeder next runs (after the
-                                     batch) or when the buffer fills a slot.
+  ("done", [(task_id, ok, value), ...])  the outcomes since the last one, sent when the
+                                     feeder next runs (after the batch), or every
+                                     RESULTS_PER_MESSAGE outcomes;
+  ("stats", index, contexts, steals) with a flush, when the count of contexts ever made or
+                                     the steal samples changed: `steals` are the latencies (ns)
+                                     of the steals since the last report, each from the start
+                                     of a look for work to a stolen task in hand.
 A `None` payload or SIGTERM stops the worker after the running batch.
+
+`fan_out` (a task, queued by `Pool.fan_out`) pushes calls onto its worker's own ring, where
+the other workers steal them: the fork-join shape work stealing exists for.
 """
 
 from __future__ import annotations
@@ -32,14 +41,47 @@ import pickle
 import signal
 import sys
 import time
+from time import perf_counter, perf_counter_ns
 
 from .queues import SharedQueues
 from .scheduler import Scheduler
 
 BATCH = 64
+# Seconds of work a worker takes off the rings at once. Taken tasks are private (nobody can
+# steal them), so 64 tasks of 1 ms would leave a neighbour idle for up to 64 ms at the end of
+# a burst; the batch shrinks to this much work, by the measured time per task.
+BATCH_WORK = 0.002
+FIRST_BATCH = 8  # before any task has been timed: a burst of long tasks is not hoarded
+# While a long task keeps the CPU the feeder gets no turn; the preemption handler tops the
+# tasks in hand up to BATCH instead, and BATCH never goes below this: a task queued behind
+# long ones still joins the time slicing, without the worker hoarding the queue.
+IN_HAND = 4
+RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
+STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 IO_WAIT = 0.001  # seconds asleep on the tasks' ring at most, where new work cannot wake it
 STOP = pickle.dumps(None)
+
+
+def encode_results(results: list, limit: int) -> list[bytes]:
+    """("done", [(task_id, ok, value), ...]) messages of at most `limit` bytes: the batch in
+    one, else halves; a value that does not pickle, or alone exceeds `limit`, becomes a
+    RuntimeError for its task."""
+    try:
+        blob = pickle.dumps(("done", results))
+    except Exception:
+        blob = None
+    if blob is not None and len(blob) <= limit:
+        return [blob]
+    if len(results) > 1:
+        mid = len(results) // 2
+        return encode_results(results[:mid], limit) + encode_results(results[mid:], limit)
+    task_id, ok, value = results[0]
+    if blob is None:
+        _, _, _, err = pickle.loads(encode_result(task_id, ok, value))
+    else:
+        err = RuntimeError(f"task {task_id}: its result is {len(blob)} bytes, over a slot")
+    return [pickle.dumps(("done", [(task_id, False, err)]))]
 
 
 def encode_result(task_id, ok: bool, value) -> bytes:
@@ -53,7 +95,8 @@ def encode_result(task_id, ok: bool, value) -> bytes:
 
 
 class Worker:
-    BATCH = BATCH
+    BATCH = FIRST_BATCH  # the preemption handler's top-up: max(IN_HAND, batch)
+    batch = FIRST_BATCH  # the feeder's take, per instance once timed (see BATCH_WORK)
 
     def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
@@ -61,6 +104,7 @@ class Worker:
         self.victim = (index + 1) % self.n
         self.out: list[bytes] = []
         self.out_size = 0
+        self.results: list[tuple] = []  # (task_id, ok, value) not yet sent
         self.stopping = False
         self.sched = Scheduler(classes=4)  # 0..2 for tasks, 3 for the feeder alone
         self.done = 0
@@ -68,15 +112,32 @@ class Worker:
         self.preempter = None
         self.preempt = "off"
         self.owner = 0  # the pool owner's pid: a worker outliving it stops when idle
+        self.steal_ns: list[int] = []
+        self.taken = 0  # tasks the last intake spawned
+        self.contexts_sent = 0
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
         if self.out_size + len(msg) + 64 > self.r.slot_size:
-            self.flush()
+            self._push_out()
         self.out.append(msg)
         self.out_size += len(msg) + 8
 
     def flush(self) -> None:
+        if self.results:
+            results, self.results = self.results, []
+            for msg in encode_results(results, self.r.slot_size - 64):
+                self.send(msg)
+        if not self.out:
+            return
+        pool = self.sched.pool
+        made = pool.created if pool is not None else 0
+        if self.steal_ns or made != self.contexts_sent:
+            self.send(pickle.dumps(("stats", self.index, made, self.steal_ns[-STEAL_SAMPLES:])))
+            self.steal_ns, self.contexts_sent = [], made
+        self._push_out()
+
+    def _push_out(self) -> None:
         if not self.out:
             return
         blob = pickle.dumps(self.out)
@@ -85,17 +146,17 @@ class Worker:
         self.out, self.out_size = [], 0
 
     def run_one(self, task_id, fn, args, kwargs):
+        # Outcomes are pickled together when the feeder next flushes (one pickle per batch,
+        # not one per task, and one to load at the owner's).
         try:
-            value = fn(*args, **kwargs)
+            outcome = (task_id, True, fn(*args, **kwargs))
         except Exception as exc:
-            msg = encode_result(task_id, False, exc)
-        else:
-            msg = encode_result(task_id, True, value)
-        if len(msg) > self.r.slot_size - 64:
-            err = RuntimeError(f"task {task_id}: its result is {len(msg)} bytes, over a slot")
-            msg = pickle.dumps(("done", task_id, False, err))
+            outcome = (task_id, False, exc)
+        # Read self.results only now: a flush at a preemption point inside fn swaps it.
+        self.results.append(outcome)
         self.done += 1
-        self.send(msg)
+        if len(self.results) >= RESULTS_PER_MESSAGE:
+            self.flush()
 
     # -- feeding ---------------------------------------------------------------------
     def take(self, most: int = BATCH) -> list[bytes]:
@@ -105,6 +166,7 @@ class Worker:
             if p is None:
                 p = q.pop_global()
             if p is None and self.n > 1 and not got:
+                start = perf_counter_ns()  # the own ring and the global ring were looked at
                 for _ in range(self.n - 1):  # one pass round the others, from the last victim
                     v = self.victim
                     self.victim = (v + 1) % self.n
@@ -112,6 +174,8 @@ class Worker:
                         v, self.victim = self.victim, (self.victim + 1) % self.n
                     if q.steal(i, v):
                         p = q.pop_local(i)
+                        if p is not None:
+                            self.steal_ns.append(perf_counter_ns() - start)
                         break
             if p is None:
                 break
@@ -139,6 +203,7 @@ class Worker:
             self.sched.spawn(
                 self.run_one, task_id, fn, args, kwargs, priority=priority, deadline=deadline
             )
+        self.taken = len(ids)
         if ids:
             self.send(pickle.dumps(("claim", self.index, ids)))
         self.flush()  # the claim is out before any of these tasks runs
@@ -174,7 +239,7 @@ class Worker:
         sched = self.sched
         while not self.stopping:
             self.flush()
-            if not self.intake():
+            if not self.intake(self.batch):
                 if self.io_wait():
                     sched.yield_()
                 elif sched._alive > 1:  # others parked (sleeping): let timers fire
@@ -185,7 +250,12 @@ class Worker:
                     if self.owner and os.getppid() != self.owner:
                         self.stopping = True  # the owner died without closing the pool
                 continue
+            start = perf_counter()
             sched.yield_()  # the batch runs; the feeder comes back after it
+            took = perf_counter() - start
+            if took > 0 and self.taken:
+                self.batch = max(1, min(BATCH, int(BATCH_WORK * self.taken / took)))
+                self.BATCH = max(IN_HAND, self.batch)
         while sched._alive > 1:  # let the tasks already taken finish, then report them
             self.io_wait()
             sched.yield_()
@@ -198,6 +268,26 @@ class Worker:
         )  # pinned and attached
         self.flush()
         self.sched.run(lambda: sched.spawn(self.feeder, priority=sched.classes - 1))
+
+
+# The Worker of this process, for tasks that use its rings (fan_out).
+_current: Worker | None = None
+
+
+def fan_out(first_id: int, fn, items, priority: int) -> int:
+    """A task: queue `fn(item)` for each item, with task ids from `first_id` on (reserved by
+    the owner), on this worker's own ring; a full ring sends the rest to the global ring."""
+    w = _current
+    if w is None:
+        raise RuntimeError("fan_out runs only as a task of a pool worker")
+    q, index = w.q, w.index
+    n = 0
+    for n, item in enumerate(items, 1):
+        blob = pickle.dumps((first_id + n - 1, fn, (item,), {}, priority, None))
+        if not q.push_local(index, blob):
+            while not q.push_global(blob):
+                time.sleep(0.001)
+    return n
 
 
 def _attach(spec: str) -> SharedQueues:
@@ -218,6 +308,11 @@ def main(argv=None) -> int:
     q, r = _attach(a.queues), _attach(a.results)
     w = Worker(q, r, a.index, a.slice_ms)
     w.owner = a.owner
+    # Run with -m, this module is __main__, a second copy: tasks import xhagent.runtime.worker
+    # by name (fan_out), and that copy must know the Worker too.
+    from . import worker as named
+
+    globals()["_current"] = named._current = w
 
     def on_term(signum, frame):
         w.stopping = True

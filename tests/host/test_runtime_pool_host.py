@@ -410,3 +410,15 @@ def test_a_sleeper_beside_a_hog_wakes_within_slices(preempt):
     # 5 slices: room for other processes on this CPU; without preemption: the hog's 1.2 s
     assert lat[len(lat) // 2] < 0.05 and lat[-1] < 0.3, lat
     assert m["loss_cpu"] < 0.1, m["loss_cpu"]
+
+
+def test_a_task_queued_behind_a_long_one_still_gets_a_slice():
+    """A worker that has learnt its tasks are long takes few at a time, but a tick still
+    takes a task queued behind a running hog into the time slicing."""
+    with Pool(CPUS[:1], slice_ms=5, preempt="bpf") as pool:
+        [f.result(T) for f in [pool.submit(spin, 0.02) for _ in range(10)]]
+        hog = pool.submit(spin, 0.6)
+        time.sleep(0.1)  # the hog has the CPU, the feeder no turn
+        _, quick_ran = pool.submit(stamp, "quick").result(T)
+        _, hog_end = hog.result(T)
+    assert quick_ran < hog_end

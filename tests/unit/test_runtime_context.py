@@ -177,3 +177,17 @@ def test_resize_applies_a_target_within_the_bounds_and_spares_bound_contexts():
 def test_bad_pool_sizes_are_refused(kw):
     with pytest.raises(ValueError):
         ContextPool(lambda task: None, **kw)
+
+
+def test_a_context_released_without_a_clock_reading_is_idle_from_the_first_trim():
+    now = [0.0]
+    d = Driver(min=0, max=2, idle_timeout=10.0, clock=lambda: now[0])
+    ctx = d.pool.acquire("t")
+    d.pool.release(ctx)
+    ctx.idle_since = None  # as the scheduler releases: no clock reading per task
+    now[0] = 50.0
+    assert d.pool.trim() == 0 and ctx.idle_since == 50.0  # kept, and stamped
+    now[0] = 59.0
+    assert d.pool.trim() == 0
+    now[0] = 60.0
+    assert d.pool.trim() == 1 and d.pool.live == 0
