@@ -197,6 +197,12 @@ def _scalar(node: yaml.ScalarNode, doc: Document) -> Any:
         raise _at(
             doc.file, node.start_mark, f"invalid value {node.value[:40]!r}: {problem}"
         ) from None
+    finally:
+        # The constructor keeps every node it built, keyed by the node, until its document
+        # is done; one shared across documents would keep every value ever parsed (a daemon
+        # that parses each submission would grow for ever).
+        _constructor.constructed_objects.pop(node, None)
+        _constructor.recursive_objects.pop(node, None)
     if isinstance(value, float) and not math.isfinite(value):
         raise _at(doc.file, node.start_mark, f"{node.value[:40]!r} is not a finite number")
     if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT < value < MAX_INT:

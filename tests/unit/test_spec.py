@@ -259,3 +259,18 @@ def test_a_one_sided_range_names_its_bound():
         doc.root["a"].int(0)
     with pytest.raises(SpecError, match=r"^r.yaml:2:4: b: 7.5 is above the maximum 5$"):
         doc.root["b"].number(hi=5)
+
+
+def test_parsing_keeps_nothing_of_a_document_once_it_is_parsed():
+    """A long-running agent parses every submission: the shared YAML constructor must not
+    keep the values (or the failed ones) of the documents it has built."""
+    from xhagent import spec
+
+    for i in range(200):
+        spec.load_text(f"a: {i}\nb: [x, {i}.5, true]\nc: {{d: e}}\n", "f.yaml")
+        try:
+            spec.load_text("when: 2026-13-45\n", "bad.yaml")
+        except spec.SpecError:
+            pass
+    assert spec._constructor.constructed_objects == {}
+    assert spec._constructor.recursive_objects == {}
