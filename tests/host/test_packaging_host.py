@@ -365,19 +365,42 @@ STUBS = {
     # No group yet: postinst must create it.
     "getent": 'echo "getent $*" >> "$XH_LOG"; exit 2',
     "addgroup": 'echo "addgroup $*" >> "$XH_LOG"',
+    "groupadd": 'echo "groupadd $*" >> "$XH_LOG"',
     "deb-systemd-helper": 'echo "deb-systemd-helper $*" >> "$XH_LOG"; exit 0',
     "deb-systemd-invoke": 'echo "deb-systemd-invoke $*" >> "$XH_LOG"',
     "systemctl": 'echo "systemctl $*" >> "$XH_LOG"',
 }
 
 
-def run_scripts(deb: Path, tmp_path: Path, steps: list[tuple[str, ...]]) -> tuple[str, dict]:
-    """Run the .deb's maintainer scripts as dpkg would, in a private mount namespace where
-    /etc, /var/lib and /run are overlays (writes land in tmp_path) and the system tools
-    they call are logging stubs. Returns the log and which product paths exist after."""
+def deb_scripts(deb: Path, tmp_path: Path) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     control = tmp_path / "control"
     assert sh("dpkg-deb", "-e", deb, control).returncode == 0
+    return control
+
+
+def rpm_scripts(rpm: Path, tmp_path: Path) -> Path:
+    """The .rpm's scriptlets as files named pre, post, preun, postun (all /bin/sh)."""
+    folder = tmp_path / "scriptlets"
+    folder.mkdir(parents=True)
+    for name, tag in (
+        ("pre", "PREIN"),
+        ("post", "POSTIN"),
+        ("preun", "PREUN"),
+        ("postun", "POSTUN"),
+    ):
+        assert rpm_query(rpm, "--qf", f"%{{{tag}PROG}}") == "/bin/sh"
+        (folder / name).write_text("#!/bin/sh\n" + rpm_query(rpm, "--qf", f"%{{{tag}}}"))
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def run_scripts(scripts: Path, tmp_path: Path, steps: list[tuple[str, ...]]) -> tuple[str, dict]:
+    """Run maintainer scripts (or scriptlets) in `scripts` as dpkg or rpm would, in a private
+    mount namespace where /etc, /var/lib and /run are overlays (writes land in tmp_path) and
+    the system tools they call are logging stubs. Each step must exit 0. Returns the log and
+    which product paths exist after."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     for name, body in STUBS.items():
@@ -397,7 +420,7 @@ def run_scripts(deb: Path, tmp_path: Path, steps: list[tuple[str, ...]]) -> tupl
     setup = "mkdir -p /etc/xhagent/policies.d /var/lib/xhagent /run/systemd/system"
     setup += " && echo '# conf' > /etc/xhagent/agent.yaml && touch /var/lib/xhagent/state.db"
     calls = [
-        f'echo "== {" ".join(step)}" >> "$XH_LOG"; {control}/{" ".join(step)}' for step in steps
+        f'echo "== {" ".join(step)}" >> "$XH_LOG"; {scripts}/{" ".join(step)}' for step in steps
     ]
     check = (
         "for p in /etc/xhagent /var/lib/xhagent/state.db; do if [ -e $p ]; then echo $p; fi; done"
@@ -416,7 +439,8 @@ def section(log: str, step: str) -> str:
 
 
 def test_install_creates_the_group_enables_and_starts(packages, tmp_path):
-    log, left = run_scripts(packages[0], tmp_path, [("postinst", "configure")])
+    scripts = deb_scripts(packages[0], tmp_path)
+    log, left = run_scripts(scripts, tmp_path, [("postinst", "configure")])
     out = section(log, "postinst configure")
     assert "addgroup --system --quiet xhagent" in out
     assert "deb-systemd-helper enable xhagent.service" in out
@@ -427,9 +451,9 @@ def test_install_creates_the_group_enables_and_starts(packages, tmp_path):
 
 def test_upgrade_restarts_without_a_stop(packages, tmp_path):
     # dpkg's order for an upgrade: old prerm upgrade, new postinst configure OLD-VERSION.
-    log, left = run_scripts(
-        packages[0], tmp_path, [("prerm", "upgrade", VERSION), ("postinst", "configure", "0.0.1")]
-    )
+    scripts = deb_scripts(packages[0], tmp_path)
+    steps = [("prerm", "upgrade", VERSION), ("postinst", "configure", "0.0.1")]
+    log, left = run_scripts(scripts, tmp_path, steps)
     # No stop: KillMode=process lets the restart keep the workloads, and the new agent
     # re-adopts them.
     assert "deb-systemd-invoke" not in section(log, f"prerm upgrade {VERSION}")
@@ -439,12 +463,41 @@ def test_upgrade_restarts_without_a_stop(packages, tmp_path):
 
 
 def test_remove_stops_and_keeps_state_purge_deletes_it(packages, tmp_path):
-    log, left = run_scripts(packages[0], tmp_path, [("prerm", "remove"), ("postrm", "remove")])
+    scripts = deb_scripts(packages[0], tmp_path)
+    log, left = run_scripts(scripts, tmp_path, [("prerm", "remove"), ("postrm", "remove")])
     assert "deb-systemd-invoke stop xhagent.service" in section(log, "prerm remove")
     assert left == {"/etc/xhagent", "/var/lib/xhagent/state.db"}
-    log, left = run_scripts(
-        packages[0], tmp_path / "purge", [("prerm", "remove"), ("postrm", "remove"),
-                                         ("postrm", "purge")]
-    )  # fmt: skip
+    steps = [("prerm", "remove"), ("postrm", "remove"), ("postrm", "purge")]
+    log, left = run_scripts(scripts, tmp_path / "purge", steps)
     assert left == set()
     assert "deb-systemd-helper purge xhagent.service" in section(log, "postrm purge")
+
+
+def test_rpm_install_creates_the_group_and_applies_presets(packages, tmp_path):
+    scripts = rpm_scripts(packages[1], tmp_path)
+    log, left = run_scripts(scripts, tmp_path, [("pre", "1"), ("post", "1")])
+    assert "groupadd -r xhagent" in section(log, "pre 1")
+    out = section(log, "post 1")
+    # The RPM way: the distribution's presets decide whether it is enabled and started.
+    assert "systemctl --no-reload preset xhagent.service" in out
+    assert "systemctl daemon-reload" in out
+
+
+def test_rpm_upgrade_restarts_without_a_stop(packages, tmp_path):
+    # rpm's order for an upgrade: new %pre 2, new %post 2, old %preun 1, old %postun 1.
+    scripts = rpm_scripts(packages[1], tmp_path)
+    steps = [("pre", "2"), ("post", "2"), ("preun", "1"), ("postun", "1")]
+    log, left = run_scripts(scripts, tmp_path, steps)
+    assert "preset" not in section(log, "post 2")
+    assert "disable" not in section(log, "preun 1") and "stop" not in section(log, "preun 1")
+    assert "systemctl try-restart xhagent.service" in section(log, "postun 1")
+    assert left == {"/etc/xhagent", "/var/lib/xhagent/state.db"}
+
+
+def test_rpm_erase_stops_and_keeps_state(packages, tmp_path):
+    scripts = rpm_scripts(packages[1], tmp_path)
+    log, left = run_scripts(scripts, tmp_path, [("preun", "0"), ("postun", "0")])
+    assert "systemctl --no-reload disable --now xhagent.service" in section(log, "preun 0")
+    assert "restart" not in section(log, "postun 0")
+    # rpm itself removes only the package's files: the task records stay.
+    assert "/var/lib/xhagent/state.db" in left
