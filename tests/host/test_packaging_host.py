@@ -501,3 +501,61 @@ def test_rpm_erase_stops_and_keeps_state(packages, tmp_path):
     assert "restart" not in section(log, "postun 0")
     # rpm itself removes only the package's files: the task records stay.
     assert "/var/lib/xhagent/state.db" in left
+
+
+# -- the .deb through dpkg itself ---------------------------------------------------------------
+DPKG_CYCLE = r"""
+set -e
+for d in etc var usr opt run; do
+  mkdir -p "$SCRATCH/up/$d" "$SCRATCH/work/$d"
+  mount -t overlay xh -o "lowerdir=/$d,upperdir=$SCRATCH/up/$d,workdir=$SCRATCH/work/$d" "/$d"
+done
+# An empty /run: no systemd as PID 1 here, so the scripts must not try to start anything.
+mount -t tmpfs xh /run
+step() { echo "== $1"; }
+step install
+dpkg -i "$DEB" >/dev/null
+getent group xhagent
+readlink /etc/systemd/system/multi-user.target.wants/xhagent.service
+xhagent version | head -1
+find /opt/xhagent -name '*.pyc' | head -1
+echo "task record" > /var/lib/xhagent/state.db
+step reinstall
+dpkg -i "$DEB" >/dev/null
+dpkg-query -W -f='${Status}\n' xhagent
+step remove
+dpkg -r xhagent >/dev/null 2>&1
+ls -d /etc/xhagent/agent.yaml /var/lib/xhagent/state.db /opt/xhagent /usr/bin/xhagent 2>&1 || true
+step purge
+dpkg -P xhagent >/dev/null 2>&1
+ls -d /etc/xhagent /var/lib/xhagent 2>&1 || true
+"""
+
+
+def test_deb_installs_reinstalls_removes_and_purges_with_dpkg(packages, tmp_path):
+    """Real dpkg, real maintainer scripts, real addgroup and deb-systemd-helper: the host's
+    /etc, /var, /usr, /opt are overlays in a private mount namespace (every write lands in
+    tmp_path), so the package's Depends are this Debian 12 host's own packages."""
+    res = sh(
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", DPKG_CYCLE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEB": str(packages[0]),
+             "SCRATCH": str(tmp_path), "LC_ALL": "C.UTF-8"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    steps = dict(part.split("\n", 1) for part in res.stdout.split("== ")[1:])
+    install = steps["install"].splitlines()
+    assert install[0].startswith("xhagent:x:")  # the system group
+    assert install[1] == "/lib/systemd/system/xhagent.service"  # enabled
+    assert install[2] == f"xhagent {VERSION}"  # /usr/bin/xhagent runs, as installed
+    assert install[3].startswith("/opt/xhagent/lib/python3.11/") and install[3].endswith(".pyc")
+    assert steps["reinstall"].strip() == "install ok installed"
+    # remove: the conffile and the task records stay; the program, bytecode included, goes.
+    removed = steps["remove"]
+    assert "/etc/xhagent/agent.yaml\n" in removed and "/var/lib/xhagent/state.db\n" in removed
+    assert "cannot access '/opt/xhagent'" in removed
+    assert "cannot access '/usr/bin/xhagent'" in removed
+    purged = steps["purge"]
+    assert "cannot access '/etc/xhagent'" in purged
+    assert "cannot access '/var/lib/xhagent'" in purged
+    # And the host saw none of it.
+    assert not Path("/opt/xhagent").exists() and not Path("/etc/xhagent").exists()
