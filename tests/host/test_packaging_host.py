@@ -153,6 +153,8 @@ def test_deb_holds_the_product(packages):
         assert member.uname == "root" and member.gname == "root", name
     # Built, not to be built: no C or BPF source of ours, so nothing to compile on the node.
     assert not [n for n in entries if n.startswith(f"{SITE}/xhagent/") and n.endswith((".c", ".h"))]
+    # Bytecode is compiled on the node (postinst), for its interpreter, and removed by prerm.
+    assert not [n for n in entries if "__pycache__" in n or n.endswith(".pyc")]
     # pip's tools and the venv's activate scripts, which named the build machine: gone.
     assert {n for n in entries if n.startswith("opt/xhagent/bin/")} == {
         "opt/xhagent/bin/" + b for b in ("python", "python3", "python3.11", "xhagent")
