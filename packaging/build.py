@@ -353,7 +353,7 @@ def build_rpm(work: Path, root: Path, out: Path, ver: str) -> Path:
     (top / "SPECS/xhagent.spec").write_text(spec)
     license_text = Path("/usr/share/common-licenses/Apache-2.0")
     run(
-        "rpmbuild", "-bb", "--quiet", "--target", "x86_64",
+        "rpmbuild", "-bb", "--quiet", "--target", "x86_64", "--define", f"_dbpath {top}/rpmdb",
         "--define", f"_topdir {top}", "--define", f"staged {root}",
         "--define", f"unit {HERE / 'xhagent.service'}",
         "--define", f"license_file {license_text}",

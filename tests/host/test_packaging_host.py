@@ -97,7 +97,8 @@ def deb_entries(deb: Path) -> dict[str, tarfile.TarInfo]:
 
 
 def rpm_query(rpm: Path, *query: str) -> str:
-    res = sh("rpm", "-qp", *query, rpm)
+    # A database of its own: Debian's rpm would otherwise make one in ~/.rpmdb.
+    res = sh("rpm", "--dbpath", rpm.parent / "rpmdb", "-qp", *query, rpm)
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -350,11 +351,13 @@ def test_rpm_installs_into_a_scratch_root_and_runs(packages, tmp_path):
     # --nodeps: the scratch root's rpm database knows none of the node's packages (glibc,
     # python3.11, libbpf); --noscripts: the scriptlets run chrooted in the root, which has
     # no shell. Both are checked otherwise: --requires above, the scripts' text above.
-    res = sh("rpm", "--root", root, "-i", "--nodeps", "--noscripts", packages[1])
+    db = ("--dbpath", "/var/lib/rpm")  # inside the root, where RPM distributions keep it
+    res = sh("rpm", "--root", root, *db, "-i", "--nodeps", "--noscripts", packages[1])
     assert res.returncode == 0, res.stderr
-    res = sh("rpm", "--root", root, "-q", "xhagent")
+    res = sh("rpm", "--root", root, *db, "-q", "xhagent")
     assert res.stdout.strip() == f"xhagent-{VERSION}-1.x86_64"
-    assert sh("rpm", "--root", root, "-V", "--nodeps", "xhagent").returncode == 0
+    assert sh("rpm", "--root", root, *db, "-V", "--nodeps", "xhagent").returncode == 0
+    assert (root / "var/lib/rpm").is_dir()
     for name in PRODUCT_FILES | {RPM_UNIT}:
         assert (root / name).exists() or (root / name).is_symlink(), name
     assert (root / "var/lib/xhagent").stat().st_mode & 0o777 == 0o750
