@@ -8,7 +8,7 @@ STAMPS := .cache/stamps
 
 NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py agent/daemon/v1/*.proto)
 
-.PHONY: run test setup deps guest-kernel viewer test-host test-kernel clean
+.PHONY: run test setup deps guest-kernel viewer test-host test-kernel package clean
 
 # The agent in the foreground, state under .cache/; Ctrl-C stops it (workloads keep running).
 run: setup
@@ -45,6 +45,10 @@ guest-kernel: deps
 viewer: deps
 	@tools/setup-viewer >/dev/null
 
+# dist/xhagent_<version>_amd64.deb and dist/xhagent-<version>.x86_64.rpm (packaging/README.md).
+package: deps $(BIN)/python
+	$(BIN)/python packaging/build.py --out dist
+
 test-host: setup
 	$(BIN)/python -m pytest -m "not kernel" tests
 
@@ -52,4 +56,4 @@ test-kernel: setup
 	tools/vmtest
 
 clean:
-	rm -rf build *.egg-info agent/*.so agent/bpf/objects ebpf/vmlinux.h native/_*.c $(STAMPS)
+	rm -rf build dist *.egg-info agent/*.so agent/bpf/objects ebpf/vmlinux.h native/_*.c $(STAMPS)
