@@ -135,7 +135,7 @@ def unstage_venv(venv: Path) -> None:
         if script.name.startswith("activate") or script.name == "Activate.ps1":
             script.unlink()
         elif first.startswith(b"#!") and script.name not in KEEP_SCRIPTS:
-            script.unlink()  # dependencies' tools (pyroute2's ss2, ...): not the product's
+            script.unlink()  # dependencies' own tools: not the product's
         elif first.startswith(b"#!" + staged.encode()):
             body = script.read_bytes().split(b"\n", 1)[1]
             script.write_bytes(f"#!{PREFIX}/bin/python3\n".encode() + body)

@@ -40,14 +40,14 @@ Errors are `TaskStatsError` (a `KernelError`, errno kept): `TaskGone` (ESRCH, al
 demands of every TASKSTATS_CMD_GET; `TaskStatsUnavailable` (ENOENT) on a kernel without
 CONFIG_TASKSTATS.
 
-Why a plain socket and pyroute2 only for the family lookup: the per-pid request is 28 bytes
-and the reply a fixed struct, and a scrape asks for hundreds of pids. On this project's host
-a request/reply through pyroute2 0.9's synchronous socket took ~210 us (it runs an asyncio
-loop per call, and refuses to run at all inside a running loop, as the daemon's is); through
-pyroute2's message classes on a plain socket ~53 us; packed with `struct`, the round trip
-~2 us, and a whole `delays()` call, decoding included, 25-35 us (500 pids: ~15 ms).
-pyroute2 resolves the family id (CTRL_CMD_GETFAMILY) once per `TaskStats`, and is imported
-only then (its import alone takes ~160 ms).
+Why a plain socket packed with `struct`, not a netlink library: the per-pid request is 28
+bytes and the reply a fixed struct, and a scrape asks for hundreds of pids. On this
+project's host a request/reply through pyroute2 0.9's synchronous socket took ~210 us (it
+runs an asyncio loop per call, and refuses to run inside a running loop, as the daemon's
+is); through its message classes ~53 us; packed with `struct`, the round trip ~2 us, and a
+whole `delays()` call, decoding included, 25-35 us (500 pids: ~15 ms). The family id
+(CTRL_CMD_GETFAMILY, once per `TaskStats`) is asked the same way: importing pyroute2 for it
+cost the agent 8.6 MB of resident memory.
 
 The reply's `struct taskstats` grows by appending fields, so a field is read when the reply
 is long enough to hold it, at its offset in the kernel's struct (TASKSTATS_VERSION up to 14,
@@ -268,32 +268,48 @@ def parse_reply(data: bytes | memoryview, seq: int | None = None) -> Delays | in
     raise ValueError("taskstats reply without TASKSTATS_TYPE_STATS")
 
 
+GENL_ID_CTRL = 0x10  # the generic netlink controller's own family (NLMSG_MIN_TYPE)
+CTRL_CMD_GETFAMILY = 3
+CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 1, 2
+
+
+def family_request(name: str, seq: int = 1) -> bytes:
+    """CTRL_CMD_GETFAMILY for the family `name` (a NUL-terminated string attribute)."""
+    value = name.encode() + b"\0"
+    attr = _NLA.pack(_NLA.size + len(value), CTRL_ATTR_FAMILY_NAME) + value
+    attr += b"\0" * (-len(attr) % 4)
+    size = _NLMSGHDR.size + _GENLHDR.size + len(attr)
+    return (
+        _NLMSGHDR.pack(size, GENL_ID_CTRL, NLM_F_REQUEST, seq, 0)
+        + _GENLHDR.pack(CTRL_CMD_GETFAMILY, 1, 0)
+        + attr
+    )
+
+
+def parse_family_reply(data: bytes | memoryview) -> int:
+    """The family id of a CTRL_CMD_GETFAMILY reply; a negative errno for an NLMSG_ERROR."""
+    length, kind, *_ = _NLMSGHDR.unpack_from(data, 0)
+    if kind == NLMSG_ERROR:
+        return struct.unpack_from("=i", data, _NLMSGHDR.size)[0]
+    for atype, payload in _attrs(data, _NLMSGHDR.size + _GENLHDR.size, min(length, len(data))):
+        if atype == CTRL_ATTR_FAMILY_ID:
+            return struct.unpack_from("=H", payload)[0]
+    raise ValueError("CTRL_CMD_GETFAMILY reply without CTRL_ATTR_FAMILY_ID")
+
+
 def _family_id(sock: socket.socket) -> int:
     """The TASKSTATS family's id, asked of the generic netlink controller on `sock`."""
-    from pyroute2.netlink import CTRL_CMD_GETFAMILY, GENL_ID_CTRL, ctrlmsg
-
-    msg = ctrlmsg()
-    msg["cmd"] = CTRL_CMD_GETFAMILY
-    msg["version"] = 1
-    msg["attrs"].append(["CTRL_ATTR_FAMILY_NAME", TASKSTATS_GENL_NAME])
-    msg["header"]["type"] = GENL_ID_CTRL
-    msg["header"]["flags"] = NLM_F_REQUEST
-    msg["header"]["sequence_number"] = 1
-    msg.encode()
-    sock.send(msg.data)
-    data = sock.recv(65536)
-    if _NLMSGHDR.unpack_from(data)[1] == NLMSG_ERROR:
-        (code,) = struct.unpack_from("=i", data, _NLMSGHDR.size)
-        if -code == errno.ENOENT:
-            raise TaskStatsUnavailable(
-                errno.ENOENT,
-                "no TASKSTATS generic netlink family: this kernel is built without "
-                "CONFIG_TASKSTATS, so per-task delays cannot be read",
-            )
-        raise TaskStatsError.from_errno(code, "generic netlink CTRL_CMD_GETFAMILY TASKSTATS")
-    reply = ctrlmsg(data)
-    reply.decode()
-    return reply.get_attr("CTRL_ATTR_FAMILY_ID")
+    sock.send(family_request(TASKSTATS_GENL_NAME))
+    found = parse_family_reply(sock.recv(65536))
+    if found >= 0:
+        return found
+    if -found == errno.ENOENT:
+        raise TaskStatsUnavailable(
+            errno.ENOENT,
+            "no TASKSTATS generic netlink family: this kernel is built without "
+            "CONFIG_TASKSTATS, so per-task delays cannot be read",
+        )
+    raise TaskStatsError.from_errno(found, "generic netlink CTRL_CMD_GETFAMILY TASKSTATS")
 
 
 class TaskStats:

@@ -40,7 +40,6 @@ KERNEL_FACING = {
     "xhagent.trace": "the recorder attaches BPF programs; the format reader imports xhagent.bpf",
     "xhagent.mountinfo": "reads this machine's /proc/self/mountinfo",
     "pynvml": "talks to the NVIDIA driver",
-    "pyroute2": "netlink sockets to the live kernel (taskstats family lookup)",
     "cffi": "only the compiled extensions need it",
 }
 

@@ -159,3 +159,23 @@ def test_sysctl_helpers_on_a_plain_file(tmp_path):
     assert enable_delayacct(path) == DelayAcct("on", changed=True)
     assert path.read_text() == "1\n"
     assert enable_delayacct(path) == DelayAcct("on", changed=False)  # already on: untouched
+
+
+def test_the_family_lookup_is_a_plain_generic_netlink_request_and_reply():
+    import struct
+
+    from xhagent.metrics import taskstats as ts
+
+    req = ts.family_request("TASKSTATS", seq=7)
+    length, kind, flags, seq, _ = struct.unpack_from("=IHHII", req)
+    assert (length, kind, flags, seq) == (len(req), 0x10, 1, 7) and length % 4 == 0
+    assert struct.unpack_from("=BB", req, 16) == (3, 1)  # CTRL_CMD_GETFAMILY, version 1
+    assert req[20:24] == struct.pack("=HH", 4 + 10, 2) and req[24:34] == b"TASKSTATS\0"
+    # a reply: the family name, then its id
+    name = struct.pack("=HH", 14, 2) + b"TASKSTATS\0" + b"\0\0"
+    fid = struct.pack("=HHH", 6, 1, 0x1C) + b"\0\0"
+    body = struct.pack("=BBH", 1, 2, 0) + name + fid
+    reply = struct.pack("=IHHII", 16 + len(body), 0x10, 0, 7, 0) + body
+    assert ts.parse_family_reply(reply) == 0x1C
+    err = struct.pack("=IHHII", 36, 2, 0, 7, 0) + struct.pack("=i", -2) + b"\0" * 16
+    assert ts.parse_family_reply(err) == -2
