@@ -7,7 +7,8 @@ reports, as JSON:
   and p99 latency of the call (the task is committed to SQLite before the reply);
 - `cases.start`: from a Submit's reply to the workload's first instruction (the workload is
   `date +%s%N`, whose output is its own clock reading), one task at a time;
-- `idle`: the agent's RSS, CPU share and wake-ups while nothing happens, beside
+- `idle`: the agent's RSS, CPU share and wake-ups while nothing happens (after
+  `--settle-seconds` of quiet: the agent trims its heap once 30 s pass without work), beside
   `idle_baselines`: a grpcio server alone, asyncio and threaded (grpc core's threads wake
   on their own: the floor under the agent's figure), and a process that only wakes 5 times
   a second (what a wake-up alone costs on this machine);
@@ -232,8 +233,15 @@ def _load_case(agent, running: int, seconds: float) -> dict:
     type=FiniteFloat(1, 3600, unit=" s"),
     help="How long idle and load use are sampled.",
 )
+@click.option(
+    "--settle-seconds",
+    default=35.0,
+    show_default=True,
+    type=FiniteFloat(0, 600, unit=" s"),
+    help="Quiet time before idle is sampled: the agent gives memory back after 30 s of it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (what this bench prints anyway).")
-def bench_agent(tasks, clients, start_samples, running, idle_seconds, as_json) -> None:
+def bench_agent(tasks, clients, start_samples, running, idle_seconds, settle_seconds, as_json):
     """The daemon through its API: submit throughput and latency, start latency, RSS and CPU
     idle and with N workloads running."""
     from .local import LocalAgent
@@ -255,8 +263,12 @@ def bench_agent(tasks, clients, start_samples, running, idle_seconds, as_json) -
         out["cases"]["submit"] = _submit_case(agent, tasks, clients)
         progress(f"start: {start_samples} tasks, one at a time")
         out["cases"]["start"] = _start_case(agent, start_samples)
-        progress(f"idle: {idle_seconds:g} s, then each baseline as long ({', '.join(BASELINES)})")
-        out["idle"] = _sample(agent.proc.pid, idle_seconds)
+        progress(
+            f"idle: {settle_seconds:g} s to settle, {idle_seconds:g} s sampled, then each "
+            f"baseline as long ({', '.join(BASELINES)})"
+        )
+        time.sleep(settle_seconds)
+        out["idle"] = {"settled_s": settle_seconds, **_sample(agent.proc.pid, idle_seconds)}
         out["idle_baselines"] = {n: _baseline_idle(base, n, idle_seconds) for n in BASELINES}
         progress(f"load: {running} workloads running, {idle_seconds:g} s")
         out["load"] = _load_case(agent, running, idle_seconds)
