@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 import click
@@ -40,6 +41,9 @@ def _warn_lost(trace: TraceFile) -> None:
         )
     for warning in trace.warnings:
         click.echo(f"xhagent trace: {trace.path}: {warning}", err=True)
+
+
+MAX_VIEW_BYTES = 1 << 30  # what `trace view` serves: the whole file is held in memory
 
 
 @click.group()
@@ -326,6 +330,17 @@ def view(file, port, speedscope_dir, allow_truncated) -> None:
     except ViewError as exc:
         _fail(str(exc), BAD_INPUT if speedscope_dir else REFUSED)
     try:
+        st = os.stat(file)
+        if not stat.S_ISREG(st.st_mode):
+            _fail(f"{file}: not a regular file (a trace or a profile to view)", BAD_INPUT)
+        if st.st_size == 0:
+            _fail(f"{file}: empty: nothing to view", BAD_INPUT)
+        if st.st_size > MAX_VIEW_BYTES:
+            _fail(
+                f"{file}: {st.st_size} bytes, more than the {MAX_VIEW_BYTES >> 20} MiB "
+                "this viewer serves (a browser would not load it either)",
+                BAD_INPUT,
+            )
         with open(file, "rb") as f:
             is_trace = f.read(len(MAGIC)) == MAGIC
     except OSError as exc:

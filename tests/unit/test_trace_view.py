@@ -70,3 +70,15 @@ def test_a_bad_trace_file_is_bad_input(tmp_path, speedscope):
     bad.write_bytes(b"XHTRACE\0" + b"\0" * 8)
     res = CliRunner().invoke(trace, ["view", str(bad), "--speedscope", str(speedscope)])
     assert res.exit_code == 2 and str(bad) in res.stderr, res.output
+
+
+def test_an_empty_file_a_fifo_or_a_device_is_refused_before_any_read(tmp_path, speedscope):
+    import os
+
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a read would block for ever
+    for path, why in [(empty, "empty: nothing to view"), (fifo, "not a regular file")]:
+        res = CliRunner().invoke(trace, ["view", str(path), "--speedscope", str(speedscope)])
+        assert res.exit_code == 2 and why in res.output, res.output
