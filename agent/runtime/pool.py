@@ -33,7 +33,7 @@ from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
 from .queues import SharedQueues
-from .task import prime_instance_keys
+from .task import MAKE_CONDITION, LazyFuture, prime_instance_keys
 
 POLL = 0.1  # seconds between checks that the workers live
 
@@ -62,52 +62,15 @@ class _Worker:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
 
 
-# Taken to make any PoolFuture's Condition, and by the collector to complete futures that
-# have none: so a future is completed without its lock only while nobody can wait on it.
-_MAKE_CONDITION = threading.Lock()
+class PoolFuture(LazyFuture):
+    """A future of the pool's: a LazyFuture (its Condition and lists made on first use).
 
-
-class PoolFuture(Future):
-    """A concurrent.futures.Future whose Condition and lists are made on first use (a
-    thread that waits, adds a callback or cancels): Future.__init__ makes a Condition,
-    two lists and a deque, which cost more than the rest of a submit and, thousands in
-    flight, most of the owner's garbage-collection time.
-
-    Completion (`_complete`, the collector's) holds _MAKE_CONDITION: with no Condition
+    Completion (`_complete`, the collector's) holds MAKE_CONDITION: with no Condition
     made, nobody waits, and nobody can start to until the outcome is written; with one,
     it is Future's own set_result under it."""
 
-    _cond = None
-    _wts = None
-    _cbs = None
-    _state = PENDING
-    _result = None
-    _exception = None
-
     def __init__(self):
         pass  # everything starts as a class default
-
-    @property
-    def _condition(self):
-        cond = self._cond
-        if cond is None:
-            with _MAKE_CONDITION:
-                cond = self._cond
-                if cond is None:
-                    cond = self._cond = threading.Condition()
-        return cond
-
-    @property
-    def _waiters(self):
-        if self._wts is None:
-            self._wts = []
-        return self._wts
-
-    @property
-    def _done_callbacks(self):
-        if self._cbs is None:
-            self._cbs = []
-        return self._cbs
 
 
 prime_instance_keys(PoolFuture)  # see there: the collector writes _result on thousands at once
@@ -117,7 +80,7 @@ def _complete(done: list) -> None:
     """Complete (future, ok, value) triples: those nobody touched under one lock hold,
     the rest as Future does it."""
     slow = []
-    with _MAKE_CONDITION:
+    with MAKE_CONDITION:
         for item in done:
             fut = item[0]
             if fut._cond is None and type(fut) is PoolFuture and fut._state is PENDING:

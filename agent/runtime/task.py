@@ -27,10 +27,12 @@ from concurrent.futures._base import (
     RUNNING,
 )
 
-__all__ = ["Cancelled", "TaskHandle", "Trap"]
+__all__ = ["Cancelled", "LazyFuture", "MAKE_CONDITION", "TaskHandle", "Trap"]
 
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
-_MAKE_CONDITION = threading.Lock()
+# Taken to make any LazyFuture's Condition (and by the pool's collector to complete futures
+# that have none: so a future is completed without its lock only while nobody can wait).
+MAKE_CONDITION = threading.Lock()
 
 
 class Cancelled(BaseException):
@@ -54,42 +56,25 @@ class Trap:
         return (yield self)
 
 
-class TaskHandle(Future):
-    """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
+class LazyFuture(Future):
+    """A concurrent.futures.Future whose Condition and lists are made on first use (a
+    thread that waits, adds a callback or cancels): Future.__init__ makes a Condition, two
+    lists and a deque, which cost more than the rest of a spawn or a submit and, thousands
+    in flight, most of the garbage collector's time. Subclasses do not call
+    Future.__init__; the fields start as these class defaults."""
 
-    Rarely set fields are class attributes, so a spawn writes five instance attributes
-    (the scheduler makes handles without calling __init__, writing the same five in the
-    same order). Every field's name is in the class's shared key table before the first
-    real handle exists (see prime_instance_keys)."""
-
-    _cond = None  # the Condition, once someone outside the scheduler waits
+    _cond = None  # the Condition, once someone waits
     _wts = None  # concurrent.futures waiters
     _cbs = None  # done callbacks
     _result = None
     _exception = None
     _state = PENDING
-    _ctx = None  # the Context it runs on, from its first step to its end
-    _g = None  # its context's greenlet (what a switch to it needs, one object nearer)
-    _joiners = None  # [(task, park token)] parked on this task's end
-    _cancel_requested = False
-    _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
-    _wake_exc = None  # what to raise in the task when it resumes from a park
-    _critical = 0  # depth of critical() sections
-    _preempt_requested = False
 
-    def __init__(self, sched, fn, args, priority, deadline):
-        self._sched = sched
-        self.fn = fn
-        self.args = args
-        self.priority = priority
-        self.deadline = deadline
-
-    # -- Future internals, made on first use ------------------------------------------
     @property
     def _condition(self):
         cond = self._cond
         if cond is None:
-            with _MAKE_CONDITION:
+            with MAKE_CONDITION:
                 cond = self._cond
                 if cond is None:
                     cond = self._cond = threading.Condition()
@@ -106,6 +91,31 @@ class TaskHandle(Future):
         if self._cbs is None:
             self._cbs = []
         return self._cbs
+
+
+class TaskHandle(LazyFuture):
+    """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
+
+    Rarely set fields are class attributes, so a spawn writes five instance attributes
+    (the scheduler makes handles without calling __init__, writing the same five in the
+    same order). Every field's name is in the class's shared key table before the first
+    real handle exists (see prime_instance_keys)."""
+
+    _ctx = None  # the Context it runs on, from its first step to its end
+    _g = None  # its context's greenlet (what a switch to it needs, one object nearer)
+    _joiners = None  # [(task, park token)] parked on this task's end
+    _cancel_requested = False
+    _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
+    _wake_exc = None  # what to raise in the task when it resumes from a park
+    _critical = 0  # depth of critical() sections
+    _preempt_requested = False
+
+    def __init__(self, sched, fn, args, priority, deadline):
+        self._sched = sched
+        self.fn = fn
+        self.args = args
+        self.priority = priority
+        self.deadline = deadline
 
     def _finish(self, state, result, exc) -> None:
         """Record the outcome (the scheduler's thread). See the module note on ordering."""
