@@ -450,19 +450,14 @@ int rq_wait(struct rq *q, uint32_t w, int64_t timeout_ns)
             return 1;
         relax();
     }
-    uint32_t seq = atomic_load_explicit(&l->futex, ACQ);
-    atomic_store_explicit(&l->sleeping, 1, SC);
-    atomic_fetch_add_explicit(&q->h->sleepers, 1, SC);
-    atomic_thread_fence(SC);          /* the announcement before the last look (Dekker) */
-    if (has_work(q) || woken(l)) {
-        claim(q, w);
+    uint64_t word;
+    uint32_t seq;
+    if (rq_wait_begin(q, w, &word, &seq))
         return 1;
-    }
     struct timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
     long r = futex(&l->futex, FUTEX_WAIT, seq, timeout_ns < 0 ? NULL : &ts);
     int err = errno;
-    claim(q, w);
-    atomic_exchange_explicit(&l->woken, 0, ACQ);        /* answered by this return */
+    rq_wait_end(q, w);                /* answered by this return */
     return r == 0 || err == EAGAIN;   /* woken, or the word moved before we slept */
 }
 
