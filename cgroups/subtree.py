@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 DEFAULT_SUBTREE = "xhagent.slice"
 SYSTEMD_CONTROL = ".control"  # systemd's sub-cgroup of a delegated unit for its own helper commands
 NAME_MAX = 255  # bytes in one path component (the kernel's NAME_MAX)
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}$")
+# Matched whole (fullmatch): with match and `$`, "web\n" passed, `$` matching before a
+# final newline, and a group name with a newline in it reached mkdir.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,254}")
 _CONTROLLER_PREFIXES = (
     "cgroup",
     "cpu",
@@ -44,7 +46,7 @@ def check_name(name: str) -> str:
         raise ValueError(f"{name!r} is not a group name")
     if len(name.encode()) > NAME_MAX:
         raise ValueError(f"a group name is at most {NAME_MAX} bytes")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise ValueError(
             f"{name!r}: a group name is letters, digits and _ . @ - (not starting with . @ or -)"
         )

@@ -16,7 +16,20 @@ def sub(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["..", "a/..", "../x", "/etc", "a//b", ".hidden", "cgroup.procs", "memory.max", "a b"]
+    "name",
+    [
+        "..",
+        "a/..",
+        "../x",
+        "/etc",
+        "a//b",
+        ".hidden",
+        "cgroup.procs",
+        "memory.max",
+        "a b",
+        "web\n",  # `$` matches before a final newline: the name is matched whole
+        "a\n/b",
+    ],
 )
 def test_bad_group_paths_are_refused(sub, name):
     with pytest.raises(ValueError):
