@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..quantity import kind_of
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy, discover_hierarchy
 
@@ -42,6 +43,8 @@ _CONTROLLER_PREFIXES = (
 
 def check_name(name: str) -> str:
     """One path component of a group name; a reason in ValueError otherwise."""
+    if not isinstance(name, str):  # `name: 5` in a policy: YAML made it a number
+        raise ValueError(f"a group name is text, not {kind_of(name)} (quote it)")
     if name in ("", ".", ".."):
         raise ValueError(f"{name!r} is not a group name")
     if len(name.encode()) > NAME_MAX:

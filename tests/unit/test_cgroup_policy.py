@@ -95,6 +95,11 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
         ),
         ("    - name: a\n    - name: a\n", "p.yaml:7:13: group 'a' is declared twice"),
         (
+            "    - name: 5\n",
+            "p.yaml:6:13: spec.groups.0.name: 5 is not a valid group name: "
+            "a group name is text, not an integer (quote it)",
+        ),
+        (
             "    - name: a\n      memroy: {max: 1Gi}\n",
             "p.yaml:7:7: unknown field 'spec.groups.0.memroy' (did you mean 'memory'?)",
         ),
