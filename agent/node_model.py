@@ -412,6 +412,10 @@ def _with_islands(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
 # --------------------------------------------------------------------- dict <-> object
 
 
+# MAJOR.MINOR, ASCII digits (the CRD's pattern for a version is this one).
+VERSION_RE = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
 def parse_version(value: Any) -> Version:
     """`"12.4"`, `12.4` or `[12, 4]` -> Version(12, 4)."""
     if (
@@ -420,7 +424,7 @@ def parse_version(value: Any) -> Version:
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         return Version(*value)
-    m = re.fullmatch(r"(\d+)\.(\d+)", str(value)) if isinstance(value, (str, float)) else None
+    m = VERSION_RE.fullmatch(str(value)) if isinstance(value, (str, float)) else None
     if not m:
         raise ValueError(f'expected a version MAJOR.MINOR such as "12.4", got {value!r}')
     return Version(int(m.group(1)), int(m.group(2)))

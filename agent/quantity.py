@@ -31,6 +31,14 @@ UNITS = {"": 1, **DECIMAL, **BINARY}
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 FORMS = "4096, 512MiB or 64GiB"
 _SIZE = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)\s*")
+# The text of a size as a schema pattern (the CRDs'): _SIZE with the units spelled out.
+SIZE_PATTERN = (
+    "^"
+    + _SIZE.pattern.replace(
+        "([A-Za-z]*)", "(" + "|".join(sorted(UNITS, key=len, reverse=True)) + ")B?"
+    )
+    + "$"
+)
 _KERNEL = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Output units, largest first; binary first on a tie (16GiB, not 17179869184).
 _OUT = sorted(((s, u) for u, s in BINARY.items()), reverse=True) + sorted(

@@ -38,6 +38,14 @@ KIND = "CgroupPolicy"
 EXTRA_FIELDS = {"io": ("devices",)}  # per-device io.weight lines
 IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
 GROUP_FIELDS = ("name", *R.POLICY_SECTIONS, "children")
+# The keys each mapping of the file allows and requires (read here, described by `xhagent crd`).
+HEADER_FIELDS, HEADER_REQUIRED = (
+    ("apiVersion", "kind", "metadata", "spec"),
+    ("apiVersion", "kind", "spec"),
+)
+METADATA_FIELDS = ("name", "labels", "annotations")
+SPEC_FIELDS = ("groups", "classes")  # at least one of them
+CLASS_FIELDS, CLASS_SECTIONS = ("name", "cpu", "io"), ("cpu", "io")
 WHAT = {"weight": "weight (1..10000)", "max": "limit", "cpus": "cpu list", "mems": "node list"}
 MAX_NESTING = 32  # levels of groups in one policy; deeper is a mistake (and recursion)
 CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -92,19 +100,17 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> CgroupPolicy:
         raise where.error(msg) if where else SpecError(file, 1, 1, msg)
     doc = policies[0]
     root = doc.root
-    if not root.fields(
-        {"apiVersion", "kind", "metadata", "spec"}, required={"apiVersion", "kind", "spec"}
-    ):
+    if not root.fields(HEADER_FIELDS, required=HEADER_REQUIRED):
         doc.errors.raise_if_any()
     doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
     meta = root["metadata"]
     name = ""
-    if meta.present and meta.fields({"name", "labels", "annotations"}):
+    if meta.present and meta.fields(METADATA_FIELDS):
         name = doc.attempt(lambda: meta["name"].str(default=""), "")
     policy = CgroupPolicy(name, file, [])
     spec = root["spec"]
     items, classes = [], []
-    if doc.attempt(lambda: spec.mapping({"groups", "classes"}), None) is not None:
+    if doc.attempt(lambda: spec.mapping(SPEC_FIELDS), None) is not None:
         if not spec["groups"].present and not spec["classes"].present:
             doc.errors.add(spec.error("spec: expected groups, classes or both"))
         items = doc.attempt(lambda: spec["groups"].seq(default=[]), [])
@@ -119,11 +125,11 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> CgroupPolicy:
 
 def _class(c: Cursor, policy: CgroupPolicy) -> None:
     """A task class: its name (a DNS-1123 label, as Task spec.class) and weights."""
-    if not c.fields({"name", "cpu", "io"}, required={"name"}):
+    if not c.fields(CLASS_FIELDS, required={"name"}):
         return
     name = c.doc.attempt(lambda: _class_name(c["name"], policy))
     weights = []
-    for section in ("cpu", "io"):
+    for section in CLASS_SECTIONS:
         sec = c[section]
         weight = DEFAULT_WEIGHT
         if sec.present and sec.fields({"weight"}) and sec["weight"].present:
@@ -253,7 +259,7 @@ def _io_limits(c: Cursor) -> dict[str, Any]:
     for k in IO_MAX_KEYS:
         if c[k].present:
             with c.doc.collecting():
-                out[k] = c[k].parse(_IO_MAX_PARSERS[k], "size" if k.endswith("bps") else "count")
+                out[k] = c[k].parse(IO_MAX_PARSERS[k], "size" if k.endswith("bps") else "count")
     return out
 
 
@@ -261,7 +267,8 @@ def _bps(value: Any) -> int | str:
     return v.bytes_or_max(value, page_round=False)
 
 
-_IO_MAX_PARSERS = {"rbps": _bps, "wbps": _bps, "riops": v.count_or_max, "wiops": v.count_or_max}
+_bps.schema = v.bytes_or_max.schema
+IO_MAX_PARSERS = {"rbps": _bps, "wbps": _bps, "riops": v.count_or_max, "wiops": v.count_or_max}
 
 
 def _check_burst(c: Cursor, spec: GroupSpec) -> None:

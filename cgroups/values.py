@@ -10,14 +10,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import fields as F
 from ..cpulist import format_cpulist, parse_cpulist
-from ..quantity import parse_size
+from ..quantity import MAX_SIZE, SIZE_PATTERN, parse_size
 
 MAX = "max"
 PAGE = 4096
 WEIGHT_RANGE = (1, 10000)
 _CPULIST_RE = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
 _MAJMIN_RE = re.compile(r"^\d+:\d+$")
+_DIGITS = re.compile(r"\s*[0-9]+\s*")  # an integer written as text ("500")
+
+# Each validator below carries `.schema`, what a CgroupPolicy CRD says of its value
+# (xhagent.fields): as much of the check as JSON schema can say, never more.
 
 
 def int_range(lo: int, hi: int):
@@ -28,11 +33,12 @@ def int_range(lo: int, hi: int):
             raise ValueError(f"{value} is out of range {lo}..{hi}")
         return value
 
+    check.schema = F.int_or_string(lo, hi, f"^{_DIGITS.pattern}$")
     return check
 
 
 def _int(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
         return int(value)
     raise ValueError("expected an integer")
 
@@ -42,9 +48,13 @@ weight = int_range(*WEIGHT_RANGE)
 
 def boolean01(value: Any) -> int:
     """cpu.idle and the like: true/false or 0/1, held as 0 or 1."""
-    if value in (0, 1, "0", "1", True, False):
+    if value in BOOLEAN01:
         return int(value)
     raise ValueError("expected true, false, 0 or 1")
+
+
+BOOLEAN01 = (0, 1, "0", "1", True, False)
+boolean01.schema = F.one_of_values(BOOLEAN01)
 
 
 def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
@@ -59,6 +69,9 @@ def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
     return size - size % PAGE if page_round else size
 
 
+bytes_or_max.schema = F.int_or_string(0, MAX_SIZE, f"^{MAX}$|{SIZE_PATTERN}")
+
+
 def count_or_max(value: Any) -> int | str:
     """pids.max and io.max's iops: `max` or a non-negative integer."""
     if value == MAX:
@@ -66,6 +79,9 @@ def count_or_max(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return _int(value)
+
+
+count_or_max.schema = F.int_or_string(0, None, f"^{MAX}$|^{_DIGITS.pattern}$")
 
 
 def cpu_max(value: Any) -> tuple[int | str, int]:
@@ -80,6 +96,10 @@ def cpu_max(value: Any) -> tuple[int | str, int]:
     if quota != MAX and quota < 1000:
         raise ValueError(f"quota {quota} is below the kernel's minimum of 1000 microseconds")
     return quota, period
+
+
+# An integer is a quota alone; the ranges of the text's numbers are the agent's to check.
+cpu_max.schema = F.int_or_string(1000, None, rf"^\s*({MAX}|[0-9]+)(\s+[0-9]+)?\s*$")
 
 
 def format_cpu_max(value: tuple[int | str, int]) -> str:
@@ -100,6 +120,10 @@ def cpulist(value: Any) -> str:
     return format_cpulist(parse_cpulist(text))
 
 
+# The characters of a list; its shape (3-1 goes backwards) is the agent's to check.
+cpulist.schema = F.int_or_string(0, None, r"^[0-9,\s-]*$")
+
+
 PARTITIONS = ("member", "root", "isolated")
 
 
@@ -107,6 +131,9 @@ def partition(value: Any) -> str:
     if value not in PARTITIONS:
         raise ValueError(f"expected one of {', '.join(PARTITIONS)}")
     return value
+
+
+partition.schema = F.string(enum=PARTITIONS)
 
 
 def majmin(value: str) -> str:

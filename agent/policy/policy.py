@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..node_model import Version, parse_version
-from ..quantity import GiB, format_size, parse_size
+from .. import fields as F
+from ..node_model import VERSION_RE, Version, parse_version
+from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
 from ..spec import Cursor, Document
-from .selector import Selector, parse_selector
+from .selector import SELECTOR, Selector, parse_selector
 
 API_VERSION = "xh.scheduling/v1"
 DEFAULT_PRIORITY = 50
@@ -86,7 +87,7 @@ class SchedulingPolicy:
 # DNS-1123 subdomain names, as Kubernetes uses for metadata.name: lowercase letters, digits,
 # `-` and `.`, starting and ending alphanumeric, at most 253 characters. A name reaches
 # messages, JSON and (later) file and cgroup names: no `/`, `..`, spaces or control characters.
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 NAME_RULE = (
     "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
     "at most 253"
@@ -96,16 +97,53 @@ NAME_RULE = (
 def parse_name(cur: Cursor) -> str:
     """metadata.name of a SchedulingPolicy or a Task (see NAME_RULE)."""
     name = cur.str()
-    if len(name) > 253 or not _NAME.fullmatch(name):
+    if len(name) > 253 or not NAME_RE.fullmatch(name):
         shown = name if len(name) <= 60 else name[:57] + "..."
         raise cur.error(f"{cur.where}: {shown!r} is not a valid name ({NAME_RULE})")
     return name
 
 
+# The fields of a SchedulingPolicy, each read and described (`xhagent crd`) by one
+# declaration: the keys each mapping allows and requires, and every value's Field.
+HEADER_FIELDS = ("apiVersion", "kind", "metadata", "spec")
+HEADER_REQUIRED = HEADER_FIELDS
+METADATA_FIELDS, METADATA_REQUIRED = ("name", "labels"), ("name",)
+SPEC_FIELDS, SPEC_REQUIRED = ("matchRules", "priority", "preemption"), ("matchRules",)
+RULE_FIELDS, RULE_REQUIRED = ("selector", "constraints"), ("selector",)
+PRIORITY = F.Int(0, 100, default=DEFAULT_PRIORITY)
+PREEMPTION_FIELD = F.Choice(PREEMPTION, default="lower-priority")
+# One constraint item holds any of these (dotted: the path inside the item); an item is
+# `hardware`, `memory`, `io` or `topology`.
+CONSTRAINT_ITEM_FIELDS = ("hardware", "memory", "io", "topology")
+CONSTRAINTS: dict[str, F.Field] = {
+    "hardware.gpu.minCudaVersion": F.Parsed(
+        parse_version,
+        "CUDA version",
+        # A string: a JSON number cannot hold 12.10 (it is 12.1), so the CRD asks for text.
+        F.string(pattern=f"^{VERSION_RE.pattern}$"),
+        as_written=True,
+    ),
+    "hardware.gpu.minMemoryGB": F.Int(1, 1 << 20),
+    "hardware.gpu.count": F.Int(1, 1024),
+    "hardware.gpu.model": F.Str(),
+    "hardware.cpu.cores": F.Int(1, 1 << 16),
+    "hardware.cpu.smtExclusive": F.Bool(),
+    "hardware.cpu.numa": F.Choice(["single"]),
+    "memory": F.Parsed(parse_size, "size", F.int_or_string(0, MAX_SIZE, SIZE_PATTERN)),
+    "io.class": F.Choice(IO_CLASSES),
+    "topology.rackAffinity": F.Choice(RACK_AFFINITY),
+    "topology.rackPeers": F.Field(parse_selector, SELECTOR),
+    "topology.zone": F.Str(),
+    "topology.numaAffinity": F.Choice(NUMA_AFFINITY),
+    "topology.sameNodeAs": F.Field(parse_selector, SELECTOR),
+    "topology.awayFrom": F.Field(parse_selector, SELECTOR),
+}
+
+
 def parse_metadata(root: Cursor) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """(name, labels) of a document's metadata; errors are kept in the document."""
     meta, doc = root["metadata"], root.doc
-    if not (meta.present and meta.fields({"name", "labels"}, required={"name"})):
+    if not (meta.present and meta.fields(METADATA_FIELDS, required=METADATA_REQUIRED)):
         return None, ()
     name = doc.attempt(lambda: parse_name(meta["name"])) if meta["name"].present else None
     return name, doc.attempt(lambda: parse_labels(meta["labels"]), ())
@@ -114,10 +152,7 @@ def parse_metadata(root: Cursor) -> tuple[str | None, tuple[tuple[str, str], ...
 def parse_header(doc: Document) -> bool:
     """The four top-level fields and apiVersion; False when the document is not a mapping."""
     root = doc.root
-    if not root.fields(
-        {"apiVersion", "kind", "metadata", "spec"},
-        required={"apiVersion", "kind", "metadata", "spec"},
-    ):
+    if not root.fields(HEADER_FIELDS, required=HEADER_REQUIRED):
         return False
     if root["apiVersion"].present:
         doc.attempt(lambda: root["apiVersion"].str([API_VERSION]))
@@ -132,9 +167,7 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
     name, labels = parse_metadata(root)
     spec, rules = root["spec"], []
     priority, preemption = DEFAULT_PRIORITY, "lower-priority"
-    if spec.present and spec.fields(
-        {"matchRules", "priority", "preemption"}, required={"matchRules"}
-    ):
+    if spec.present and spec.fields(SPEC_FIELDS, required=SPEC_REQUIRED):
         if spec["matchRules"].present:
             items = doc.attempt(lambda: spec["matchRules"].seq(), None)
             rules = [parse_rule(rule) for rule in items or ()]
@@ -142,10 +175,8 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
                 doc.errors.add(
                     spec["matchRules"].error("spec.matchRules: a policy needs at least one rule")
                 )
-        priority = doc.attempt(lambda: spec["priority"].int(0, 100, default=DEFAULT_PRIORITY))
-        preemption = doc.attempt(
-            lambda: spec["preemption"].str(PREEMPTION, default="lower-priority")
-        )
+        priority = doc.attempt(lambda: PRIORITY.read(spec["priority"]))
+        preemption = doc.attempt(lambda: PREEMPTION_FIELD.read(spec["preemption"]))
     doc.errors.raise_if_any()
     return SchedulingPolicy(
         name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels
@@ -153,7 +184,7 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
 
 
 def parse_rule(rule: Cursor) -> Rule | None:
-    if not rule.fields({"selector", "constraints"}, required={"selector"}):
+    if not rule.fields(RULE_FIELDS, required=RULE_REQUIRED):
         return None
     selector = (
         rule.doc.attempt(lambda: parse_selector(rule["selector"]))
@@ -181,7 +212,7 @@ def parse_constraints(cur: Cursor) -> Constraints:
     doc = cur.doc
     seen: dict[str, Cursor] = {}
     for item in doc.attempt(lambda: cur.seq(default=[]), ()):
-        if not item.fields({"hardware", "memory", "io", "topology"}):
+        if not item.fields(CONSTRAINT_ITEM_FIELDS):
             continue
         for key, value in _leaves(item):
             if key in seen:
@@ -190,30 +221,27 @@ def parse_constraints(cur: Cursor) -> Constraints:
                 continue
             seen[key] = value
 
-    def get(key, fn):
-        return None if key not in seen else doc.attempt(lambda: fn(seen[key]))
+    def get(key):
+        return None if key not in seen else doc.attempt(lambda: CONSTRAINTS[key].read(seen[key]))
 
     gpu = GpuConstraint(
-        min_cuda_version=get(
-            "hardware.gpu.minCudaVersion",
-            lambda c: c.parse(parse_version, "CUDA version", as_written=True),
-        ),
-        min_memory_gb=get("hardware.gpu.minMemoryGB", lambda c: c.int(1, 1 << 20)),
-        count=get("hardware.gpu.count", lambda c: c.int(1, 1024)),
-        model=get("hardware.gpu.model", lambda c: c.str()),
+        min_cuda_version=get("hardware.gpu.minCudaVersion"),
+        min_memory_gb=get("hardware.gpu.minMemoryGB"),
+        count=get("hardware.gpu.count"),
+        model=get("hardware.gpu.model"),
     )
     cpu = CpuConstraint(
-        cores=get("hardware.cpu.cores", lambda c: c.int(1, 1 << 16)),
-        smt_exclusive=get("hardware.cpu.smtExclusive", lambda c: c.bool()) or False,
-        numa=get("hardware.cpu.numa", lambda c: c.str(["single"])),
+        cores=get("hardware.cpu.cores"),
+        smt_exclusive=get("hardware.cpu.smtExclusive") or False,
+        numa=get("hardware.cpu.numa"),
     )
     topo = Topology(
-        rack_affinity=get("topology.rackAffinity", lambda c: c.str(RACK_AFFINITY)),
-        rack_peers=get("topology.rackPeers", parse_selector),
-        zone=get("topology.zone", lambda c: c.str()),
-        numa_affinity=get("topology.numaAffinity", lambda c: c.str(NUMA_AFFINITY)),
-        same_node_as=get("topology.sameNodeAs", parse_selector),
-        away_from=get("topology.awayFrom", parse_selector),
+        rack_affinity=get("topology.rackAffinity"),
+        rack_peers=get("topology.rackPeers"),
+        zone=get("topology.zone"),
+        numa_affinity=get("topology.numaAffinity"),
+        same_node_as=get("topology.sameNodeAs"),
+        away_from=get("topology.awayFrom"),
     )
     if "topology.rackPeers" in seen and "topology.rackAffinity" not in seen:
         peers = seen["topology.rackPeers"]
@@ -222,19 +250,25 @@ def parse_constraints(cur: Cursor) -> Constraints:
         gpu=gpu,
         cpu=cpu,
         topology=topo,
-        memory=get("memory", lambda c: c.parse(parse_size, "size")),
-        io_class=get("io.class", lambda c: c.str(IO_CLASSES)),
+        memory=get("memory"),
+        io_class=get("io.class"),
     )
 
 
-_SHAPE = {
-    "hardware": {
-        "gpu": {"minCudaVersion", "minMemoryGB", "count", "model"},
-        "cpu": {"cores", "smtExclusive", "numa"},
-    },
-    "io": {"class"},
-    "topology": {"rackAffinity", "rackPeers", "zone", "numaAffinity", "sameNodeAs", "awayFrom"},
-}
+def _shape() -> dict[str, Any]:
+    """{"hardware": {"gpu": {"minCudaVersion", ...}, ...}, "io": {"class"}, ...} from
+    CONSTRAINTS: where each dotted field sits in an item (`memory`, a scalar, is absent)."""
+    shape: dict[str, Any] = {}
+    for key in CONSTRAINTS:
+        parts = key.split(".")
+        if len(parts) == 2:
+            shape.setdefault(parts[0], set()).add(parts[1])
+        elif len(parts) == 3:
+            shape.setdefault(parts[0], {}).setdefault(parts[1], set()).add(parts[2])
+    return shape
+
+
+_SHAPE = _shape()
 
 
 def _leaves(item: Cursor) -> Iterable[tuple[str, Cursor]]:

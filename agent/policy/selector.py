@@ -7,9 +7,30 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from .. import fields as F
 from ..spec import Cursor
 
 OPERATORS = ("In", "NotIn", "Exists")
+SELECTOR_FIELDS = ("matchLabels", "matchExpressions")
+EXPRESSION_FIELDS, EXPRESSION_REQUIRED = ("key", "operator", "values"), ("key", "operator")
+# A label value is text; a YAML number is read as its text (`version: 2`), which the CRD
+# takes as an integer too. Not `true`: YAML's booleans are a quoting mistake.
+LABEL_VALUE = F.int_or_string()
+SELECTOR = F.obj(
+    {
+        "matchLabels": F.map_of(LABEL_VALUE),
+        "matchExpressions": F.array(
+            F.obj(
+                {
+                    "key": F.string(),
+                    "operator": F.string(enum=OPERATORS),
+                    "values": F.array(LABEL_VALUE),
+                },
+                EXPRESSION_REQUIRED,
+            )
+        ),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +108,7 @@ def parse_selector(cur: Cursor) -> Selector:
     that leaves nothing to read (not a mapping) is raised."""
     if not isinstance(cur.value, dict):
         cur.mapping()  # raises: nothing inside to read
-    cur.fields({"matchLabels", "matchExpressions"})
+    cur.fields(SELECTOR_FIELDS)
     doc, labels = cur.doc, []
     if cur["matchLabels"].present and cur["matchLabels"].fields():
         for key, value in cur["matchLabels"].items():
@@ -101,7 +122,7 @@ def parse_selector(cur: Cursor) -> Selector:
 
 
 def _expression(item: Cursor) -> Expression:
-    item.mapping({"key", "operator", "values"}, required={"key", "operator"})
+    item.mapping(EXPRESSION_FIELDS, required=EXPRESSION_REQUIRED)
     op = item["operator"].str(OPERATORS)
     values = tuple(_label_value(v) for v in item["values"].seq(default=[]))
     if op == "Exists" and values:
