@@ -42,69 +42,70 @@ def test_the_example_resolves_devices_and_flattens_groups(sys_root):
     assert set(policy.controllers()) == {"io", "cpu", "cpuset", "memory", "pids"}
 
 
-@pytest.mark.parametrize(
-    "groups, message",
-    [
-        (
-            "    - name: a\n      cpu: {wieght: 400}\n",
-            "p.yaml:7:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)",
-        ),
-        (
-            "    - name: a\n      io: {weight: 0}\n",
-            "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): "
-            "0 is out of range 1..10000",
-        ),
-        (
-            "    - name: a\n      cpuset: {cpus: 3-1}\n",
-            "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: "
-            "range 3-1 goes backwards",
-        ),
-        (
-            "    - name: a\n      io: {devices: {a/b: 800}}\n",
-            "p.yaml:7:22: spec.groups.0.io.devices: 'a/b' is not a block device name",
-        ),
-        (
-            "    - name: " + "x" * 256 + "\n",
-            "p.yaml:6:13: spec.groups.0.name: '"
-            + "x" * 256
-            + "' is not a valid group name: a group name is at most 255 bytes",
-        ),
-        (
-            "    - name: a\n      memory: {max: 4gb}\n",
-            "p.yaml:7:21: spec.groups.0.memory.max: '4gb' is not a valid limit: "
-            "expected a size such as 512Mi, 4Gi or max, "
-            "got '4gb' (units: k M G T P E, Ki Mi Gi Ti Pi Ei, optionally with B; case matters)",
-        ),
-        (
-            "    - name: a\n      memory: {max: " + "9" * 400 + "Gi}\n",
-            "p.yaml:7:21: spec.groups.0.memory.max: '"
-            + "9" * 400
-            + "Gi' is not a valid limit: size "
-            + "9" * 20
-            + "... (402 characters) is larger than 8 EiB",
-        ),
-        (
-            "    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
-            "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 "
-            "(the kernel refuses it)",
-        ),
-        (
-            "    - name: ../etc\n",
-            "p.yaml:6:13: spec.groups.0.name: '../etc' is not a valid group name: '../etc': "
-            "a group name is letters, digits and _ . @ - (not starting with . @ or -)",
-        ),
-        ("    - name: a\n    - name: a\n", "p.yaml:7:13: group 'a' is declared twice"),
-        (
-            "    - name: 5\n",
-            "p.yaml:6:13: spec.groups.0.name: 5 is not a valid group name: "
-            "a group name is text, not an integer (quote it)",
-        ),
-        (
-            "    - name: a\n      memroy: {max: 1Gi}\n",
-            "p.yaml:7:7: unknown field 'spec.groups.0.memroy' (did you mean 'memory'?)",
-        ),
-    ],
-)
+# Mistakes in spec.groups and the located message for each (test_crd.py checks the CRD
+# schema refuses the ones it can).
+LOCATED_ERRORS = [
+    (
+        "    - name: a\n      cpu: {wieght: 400}\n",
+        "p.yaml:7:13: unknown field 'spec.groups.0.cpu.wieght' (did you mean 'weight'?)",
+    ),
+    (
+        "    - name: a\n      io: {weight: 0}\n",
+        "p.yaml:7:20: spec.groups.0.io.weight: 0 is not a valid weight (1..10000): "
+        "0 is out of range 1..10000",
+    ),
+    (
+        "    - name: a\n      cpuset: {cpus: 3-1}\n",
+        "p.yaml:7:22: spec.groups.0.cpuset.cpus: '3-1' is not a valid cpu list: "
+        "range 3-1 goes backwards",
+    ),
+    (
+        "    - name: a\n      io: {devices: {a/b: 800}}\n",
+        "p.yaml:7:22: spec.groups.0.io.devices: 'a/b' is not a block device name",
+    ),
+    (
+        "    - name: " + "x" * 256 + "\n",
+        "p.yaml:6:13: spec.groups.0.name: '"
+        + "x" * 256
+        + "' is not a valid group name: a group name is at most 255 bytes",
+    ),
+    (
+        "    - name: a\n      memory: {max: 4gb}\n",
+        "p.yaml:7:21: spec.groups.0.memory.max: '4gb' is not a valid limit: "
+        "expected a size such as 512Mi, 4Gi or max, "
+        "got '4gb' (units: k M G T P E, Ki Mi Gi Ti Pi Ei, optionally with B; case matters)",
+    ),
+    (
+        "    - name: a\n      memory: {max: " + "9" * 400 + "Gi}\n",
+        "p.yaml:7:21: spec.groups.0.memory.max: '"
+        + "9" * 400
+        + "Gi' is not a valid limit: size "
+        + "9" * 20
+        + "... (402 characters) is larger than 8 EiB",
+    ),
+    (
+        "    - name: a\n      cpu: {max: '50000 100000', max.burst: 60000}\n",
+        "p.yaml:7:45: cpu.max.burst 60000 exceeds the cpu.max quota 50000 (the kernel refuses it)",
+    ),
+    (
+        "    - name: ../etc\n",
+        "p.yaml:6:13: spec.groups.0.name: '../etc' is not a valid group name: '../etc': "
+        "a group name is letters, digits and _ . @ - (not starting with . @ or -)",
+    ),
+    ("    - name: a\n    - name: a\n", "p.yaml:7:13: group 'a' is declared twice"),
+    (
+        "    - name: 5\n",
+        "p.yaml:6:13: spec.groups.0.name: 5 is not a valid group name: "
+        "a group name is text, not an integer (quote it)",
+    ),
+    (
+        "    - name: a\n      memroy: {max: 1Gi}\n",
+        "p.yaml:7:7: unknown field 'spec.groups.0.memroy' (did you mean 'memory'?)",
+    ),
+]
+
+
+@pytest.mark.parametrize("groups, message", LOCATED_ERRORS)
 def test_errors_are_located(groups, message, sys_root):
     with pytest.raises(SpecError) as info:
         load(groups, sys_root)

@@ -79,96 +79,96 @@ def test_issue_minimal_task_and_the_example_task():
 HEAD = "apiVersion: xh.scheduling/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec:\n"
 
 
-@pytest.mark.parametrize(
-    "kind,body,message",
-    [
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
-            "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' "
-            "(did you mean 'constraints'?)",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
-            "p.yaml:7:13: spec.priority: 101 is out of range 0..100",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-            "        - topology: {rackAffinity: sme}\n",
-            "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: "
-            "'sme' is not one of same, spread (did you mean 'same'?)",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-            "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
-            "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
-            "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: "
-            "hardware.gpu.minCudaVersion is already set at line 8",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
-            "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
-            "p.yaml:8:28: unknown field "
-            "'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
-            "(did you mean 'minCudaVersion'?)",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n"
-            "    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
-            "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: "
-            "operator Exists takes no values",
-        ),
-        (
-            "SchedulingPolicy",
-            "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
-            "p.yaml:7:15: spec.preemption: "
-            "'always' is not one of never, lower-priority, deadline-driven",
-        ),
-        (
-            "Task",
-            "  deviceType: gpu\n  numThreads: 4\n",
-            "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)",
-        ),
-        (
-            "Task",
-            "  deviceType: cpu\n  streamId: 1\n",
-            "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)",
-        ),
-        (
-            "Task",
-            "  deviceType: gpu\n  coreAssignment: [0, 1]\n",
-            "t.yaml:6:3: spec.coreAssignment is only for deviceType tpu (this task is gpu)",
-        ),
-        (
-            "Task",
-            "  deviceType: cpu\n  requests: {cpus: 2, gpus: 1}\n",
-            "t.yaml:6:23: spec.requests.gpus is only for deviceType gpu (this task is cpu)",
-        ),
-        (
-            "Task",
-            "  deviceType: cpu\n  deadline: 5 parsecs\n",
-            "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline "
-            "(a duration such as 250ms or an RFC 3339 time): "
-            "expected a duration such as 250ms, 1.5s or 1h30m",
-        ),
-        (
-            "Task",
-            "  deviceType: fpga\n",
-            "t.yaml:5:15: spec.deviceType: 'fpga' is not one of cpu, gpu, tpu",
-        ),
-        (
-            "Task",
-            "  deviceType: cpu\n  computeGraphHash: abc\n",
-            "t.yaml:6:21: spec.computeGraphHash: "
-            "expected a SHA-256 digest, 64 lowercase hex digits",
-        ),
-    ],
-)
+# Mistakes and the located message for each (test_crd.py checks the CRD schema refuses
+# the SchedulingPolicy ones it can).
+LOCATED_ERRORS = [
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraint: []\n",
+        "p.yaml:7:7: unknown field 'spec.matchRules.0.constraint' (did you mean 'constraints'?)",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  priority: 101\n",
+        "p.yaml:7:13: spec.priority: 101 is out of range 0..100",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+        "        - topology: {rackAffinity: sme}\n",
+        "p.yaml:8:36: spec.matchRules.0.constraints.0.topology.rackAffinity: "
+        "'sme' is not one of same, spread (did you mean 'same'?)",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+        "        - hardware: {gpu: {minCudaVersion: '12.2'}}\n"
+        "        - hardware: {gpu: {minCudaVersion: '12.4'}}\n",
+        "p.yaml:9:44: spec.matchRules.0.constraints.1.hardware.gpu.minCudaVersion: "
+        "hardware.gpu.minCudaVersion is already set at line 8",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n      constraints:\n"
+        "        - hardware: {gpu: {minCudaVerison: '12.2'}}\n",
+        "p.yaml:8:28: unknown field "
+        "'spec.matchRules.0.constraints.0.hardware.gpu.minCudaVerison' "
+        "(did you mean 'minCudaVersion'?)",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n"
+        "    - selector: {matchExpressions: [{key: app, operator: Exists, values: [a]}]}\n",
+        "p.yaml:6:74: spec.matchRules.0.selector.matchExpressions.0.values: "
+        "operator Exists takes no values",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
+        "p.yaml:7:15: spec.preemption: "
+        "'always' is not one of never, lower-priority, deadline-driven",
+    ),
+    (
+        "Task",
+        "  deviceType: gpu\n  numThreads: 4\n",
+        "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)",
+    ),
+    (
+        "Task",
+        "  deviceType: cpu\n  streamId: 1\n",
+        "t.yaml:6:3: spec.streamId is only for deviceType gpu or tpu (this task is cpu)",
+    ),
+    (
+        "Task",
+        "  deviceType: gpu\n  coreAssignment: [0, 1]\n",
+        "t.yaml:6:3: spec.coreAssignment is only for deviceType tpu (this task is gpu)",
+    ),
+    (
+        "Task",
+        "  deviceType: cpu\n  requests: {cpus: 2, gpus: 1}\n",
+        "t.yaml:6:23: spec.requests.gpus is only for deviceType gpu (this task is cpu)",
+    ),
+    (
+        "Task",
+        "  deviceType: cpu\n  deadline: 5 parsecs\n",
+        "t.yaml:6:13: spec.deadline: '5 parsecs' is not a valid deadline "
+        "(a duration such as 250ms or an RFC 3339 time): "
+        "expected a duration such as 250ms, 1.5s or 1h30m",
+    ),
+    (
+        "Task",
+        "  deviceType: fpga\n",
+        "t.yaml:5:15: spec.deviceType: 'fpga' is not one of cpu, gpu, tpu",
+    ),
+    (
+        "Task",
+        "  deviceType: cpu\n  computeGraphHash: abc\n",
+        "t.yaml:6:21: spec.computeGraphHash: expected a SHA-256 digest, 64 lowercase hex digits",
+    ),
+]
+
+
+@pytest.mark.parametrize("kind,body,message", LOCATED_ERRORS)
 def test_errors_are_located(kind, body, message):
     with pytest.raises(SpecError) as info:
         (policy if kind == "SchedulingPolicy" else task)(HEAD.format(kind=kind) + body)
