@@ -17,6 +17,9 @@ from ..spec import SpecError, load_text, read_text
 from .store import Store
 
 SUFFIXES = (".yaml", ".yml")
+# A Kubernetes ConfigMap volume changes all its files at once by renaming this symlink
+# (kubelet's atomic writer): the files' own names see no event, so it means "rescan".
+CONFIGMAP_SWAP = "..data"
 KINDS = ("SchedulingPolicy", "CgroupPolicy")
 
 
@@ -105,7 +108,7 @@ class PolicySet:
         is in force changed."""
         if self.directory is None or not self.directory.is_dir():
             return False
-        if names is None or None in names:
+        if names is None or None in names or CONFIGMAP_SWAP in names:
             present = {p.name for p in self.directory.iterdir() if p.suffix in SUFFIXES}
             names = present | set(self.files)
         changed = False

@@ -170,6 +170,27 @@ def test_the_watch_reports_whole_files(tmp_path):
         DirectoryWatch(tmp_path / "missing")
 
 
+def test_a_configmap_volume_update_is_picked_up(policies):
+    """kubelet's layout: the files are symlinks through `..data`, which is renamed onto a
+    new timestamped folder when the ConfigMap changes; no event names the files."""
+    ps, directory, _, _ = policies
+
+    def publish(stamp: str, priority: int) -> None:
+        (directory / stamp).mkdir()
+        (directory / stamp / "p.yaml").write_text(POLICY.format(name="p", priority=priority))
+        os.symlink(stamp, directory / "..data_tmp")
+        os.rename(directory / "..data_tmp", directory / "..data")
+
+    publish("..2026_11_30_01", 60)
+    os.symlink("..data/p.yaml", directory / "p.yaml")
+    with DirectoryWatch(directory) as watch:
+        assert ps.reload() is True and [p.priority for p in ps.scheduling()] == [60]
+        publish("..2026_11_30_02", 70)
+        changes = watch.changes()
+        assert "p.yaml" not in changes
+        assert ps.reload(changes) is True and [p.priority for p in ps.scheduling()] == [70]
+
+
 @pytest.mark.parametrize("args", [["ps"], ["get", "t0000001"], ["events"], ["cancel", "t1"]])
 def test_every_client_says_in_one_line_that_no_agent_runs(tmp_path, monkeypatch, args):
     from click.testing import CliRunner
