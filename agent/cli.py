@@ -21,7 +21,7 @@ COMMANDS = {
     "bench": "xhagent.cli:bench",
     "cancel": "xhagent.daemon.cli:cancel",
     "cgroup": "xhagent.cgroups.cli:cgroup",
-    "crd": "xhagent.policy.cli:crd",
+    "crd": "xhagent.crd:crd_command",
     "delete": "xhagent.daemon.cli:delete",
     "events": "xhagent.daemon.cli:events",
     "explain": "xhagent.daemon.cli:explain",

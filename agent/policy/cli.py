@@ -1,4 +1,4 @@
-"""`xhagent policy validate`, `xhagent policy explain` and `xhagent crd`."""
+"""`xhagent policy validate` and `xhagent policy explain`."""
 
 from __future__ import annotations
 
@@ -26,17 +26,6 @@ from .task import Task
 
 EXIT_INPUT = 2
 EXIT_PENDING = 3
-
-
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON List instead of YAML.")
-def crd(as_json: bool) -> None:
-    """Print the CustomResourceDefinitions of SchedulingPolicy and CgroupPolicy
-    (xh.scheduling/v1), generated from the agent's own field declarations; the same as
-    packaging/k8s/crds.yaml. Install them with `xhagent crd | kubectl apply -f -`."""
-    from .crd import render
-
-    click.echo(render("json" if as_json else "yaml"), nl=False)
 
 
 @click.group()

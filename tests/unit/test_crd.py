@@ -19,9 +19,8 @@ from test_policy_formats import FOUR_MISTAKES
 from test_policy_formats import HEAD as POLICY_HEAD
 from test_policy_formats import LOCATED_ERRORS as POLICY_ERRORS
 
-from xhagent import cli
+from xhagent import cli, crd
 from xhagent.cgroups.policy import load_policy_text
-from xhagent.policy import crd
 from xhagent.policy.policy import parse_policy
 from xhagent.spec import SpecError, load_text
 

@@ -24,6 +24,7 @@ GROUND_FLOOR = (
     "xhagent.node_model",
     "xhagent.outputs",
     "xhagent.config",
+    "xhagent.fields",
 )
 
 # What counts as kernel-facing (or node-facing), and why the core must not load it.

@@ -1,5 +1,7 @@
 """The CustomResourceDefinitions of SchedulingPolicy and CgroupPolicy (`xh.scheduling/v1`),
-generated from the declarations the agent's own readers use (`xhagent crd`).
+generated from the declarations the agent's own readers use (`xhagent crd`). Not in
+xhagent.policy: the pure core may not load the cgroup library, whose declarations these
+read.
 
 Every schema node comes from a field declaration of policy.py, selector.py or the cgroup
 registry (each validator carries its `.schema`), so a range, a choice or a pattern is
@@ -17,15 +19,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import click
 import yaml
 
-from .. import fields as F
-from ..cgroups import policy as cg
-from ..cgroups import registry as R
-from ..cgroups import values as v
-from ..cgroups.subtree import check_name
-from . import policy as sp
-from .selector import LABEL_VALUE, SELECTOR
+from . import fields as F
+from .cgroups import policy as cg
+from .cgroups import registry as R
+from .cgroups import values as v
+from .cgroups.subtree import check_name
+from .policy import policy as sp
+from .policy.selector import LABEL_VALUE, SELECTOR
 
 GROUP = "xh.scheduling"
 VERSION = "v1"
@@ -204,3 +207,12 @@ def render(fmt: str = "yaml") -> str:
     if fmt == "json":
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=2) + "\n"
     return HEADER + "".join("---\n" + yaml.safe_dump(d, sort_keys=False, width=100) for d in docs)
+
+
+@click.command("crd")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON List instead of YAML.")
+def crd_command(as_json: bool) -> None:
+    """Print the CustomResourceDefinitions of SchedulingPolicy and CgroupPolicy
+    (xh.scheduling/v1), generated from the agent's own field declarations; the same as
+    packaging/k8s/crds.yaml. Install them with `xhagent crd | kubectl apply -f -`."""
+    click.echo(render("json" if as_json else "yaml"), nl=False)
