@@ -12,7 +12,7 @@ object for checking a file outside a cluster, where unknown fields are errors as
 agent makes them (a CRD may not say so: the API server prunes unknown fields instead).
 What a schema cannot say (a backwards cpu range, a field given twice across list items)
 stays with the reader; a schema only ever accepts at least what the reader accepts, save
-the spellings JSON cannot carry (see packaging/k8s/README.md).
+the spellings JSON cannot carry (packaging/README.md, "Kubernetes").
 """
 
 from __future__ import annotations
