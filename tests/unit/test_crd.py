@@ -3,6 +3,8 @@ the field declarations the agent's own readers use, structural as the API server
 valid for every policy in configs/examples, and refusing each malformed policy the
 readers refuse wherever JSON schema can say why. What it cannot say is listed here."""
 
+import functools
+import json
 import re
 from pathlib import Path
 
@@ -10,18 +12,19 @@ import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given, settings
 from kube import load, structural_errors
 from test_bad_input import BAD
 from test_bad_input import LOADERS as BAD_INPUT_LOADERS
 from test_cgroup_policy import HEAD as CGROUP_HEAD
 from test_cgroup_policy import LOCATED_ERRORS as CGROUP_ERRORS
-from test_policy_formats import FOUR_MISTAKES
+from test_policy_formats import FOUR_MISTAKES, policies
 from test_policy_formats import HEAD as POLICY_HEAD
 from test_policy_formats import LOCATED_ERRORS as POLICY_ERRORS
 
 from xhagent import cli, crd
 from xhagent.cgroups.policy import load_policy_text
-from xhagent.policy.policy import parse_policy
+from xhagent.policy.policy import dump_policy, parse_policy
 from xhagent.spec import SpecError, load_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +33,7 @@ EXAMPLES = ROOT / "configs/examples"
 KINDS = tuple(crd.BUILDERS)
 
 
+@functools.cache
 def validator(kind: str, flavour: str = "document") -> jsonschema.Draft4Validator:
     """OpenAPI v3.0's schema objects are JSON schema draft 4 (+ the x-kubernetes- keys, which
     jsonschema ignores): the document flavour closes every object to unknown fields."""
@@ -133,6 +137,16 @@ def example_documents():
 @pytest.mark.parametrize("doc", list(example_documents()))
 def test_every_policy_example_is_valid_against_its_schema(doc, flavour):
     validator(doc["kind"], flavour).validate(doc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(policies)
+def test_every_policy_the_agent_can_hold_is_valid_against_the_schema(p):
+    # Generated policies, written as the agent writes them and sent as JSON: the schema
+    # accepts at least what the reader does.
+    doc = json.loads(json.dumps(dump_policy(p)))
+    validator("SchedulingPolicy").validate(doc)
+    validator("SchedulingPolicy", "crd").validate(doc)
 
 
 def test_the_examples_hold_both_kinds():
