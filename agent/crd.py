@@ -30,9 +30,8 @@ from .cgroups.subtree import check_name
 from .policy import policy as sp
 from .policy.selector import LABEL_VALUE, SELECTOR
 
-GROUP = "xh.scheduling"
-VERSION = "v1"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION = sp.API_VERSION  # xh.scheduling/v1, as the readers require (cg's is the same)
+GROUP, VERSION = API_VERSION.split("/")
 NAMES = {  # kind -> (plural, short name)
     "SchedulingPolicy": ("schedulingpolicies", "xsp"),
     "CgroupPolicy": ("cgrouppolicies", "xcp"),
@@ -53,7 +52,7 @@ def _nest(dotted: dict[str, F.Schema]) -> dict[str, F.Schema]:
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = schema
-    return {k: _objects(v) for k, v in tree.items()}
+    return {k: _objects(sub) for k, sub in tree.items()}
 
 
 def _objects(node: Any) -> F.Schema:
