@@ -63,9 +63,11 @@ def test_xhagent_crd_prints_them_as_yaml_or_a_json_list():
 
 def test_the_schema_holds_the_readers_ranges_and_choices():
     # Spot checks that the numbers come from the declarations, not a copy of them.
+    from xhagent.cgroups import policy as cg
     from xhagent.cgroups import values as v
     from xhagent.policy import policy as sp
 
+    assert crd.API_VERSION == sp.API_VERSION == cg.API_VERSION == "xh.scheduling/v1"
     spec = crd.openapi_schema("SchedulingPolicy")["properties"]["spec"]["properties"]
     assert spec["priority"] == {"type": "integer", "minimum": 0, "maximum": 100, "default": 50}
     assert spec["preemption"]["enum"] == list(sp.PREEMPTION)
