@@ -259,7 +259,7 @@ def test_unit_settings(deb_tree):
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
             settings[key] = value
-    assert settings["Type"] in ("exec", "notify")
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
     assert settings["ExecStart"].split()[:2] == ["/usr/bin/xhagent", "run"]
     assert settings["KillMode"] == "process"
     assert settings["Restart"] == "on-failure"
