@@ -37,8 +37,9 @@ CHECKS = [
 RESTART_EBUSY = (
     "Debian 12's systemd 252 starts a Delegate=yes unit's new main process in the unit's own "
     "cgroup; the surviving workloads' subtree has controllers enabled there, so the attach "
-    "fails with EBUSY (status=219/CGROUP). Needs DelegateSubgroup= (systemd >= 254) or the "
-    "workload tree outside the agent's unit"
+    "fails with EBUSY (status=219/CGROUP). Needs DelegateSubgroup= (systemd >= 254; "
+    "`tools/boot-image --systemd-backports` passes every check) or the workload tree "
+    "outside the agent's unit"
 )
 KNOWN = {"restart_keeps_workload": RESTART_EBUSY, "stop_then_start": RESTART_EBUSY}
 TIMEOUT = 900  # boot, checks and power-off; about 70-90 s emulated on the CI machine

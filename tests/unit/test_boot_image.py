@@ -97,3 +97,11 @@ def test_a_changed_recipe_is_a_new_cache_entry(monkeypatch):
     assert key != boot_image.base_key("http://deb.debian.org/debian")
     monkeypatch.setattr(boot_image, "BASE_SETUP_VERSION", boot_image.BASE_SETUP_VERSION + 1)
     assert key != boot_image.base_key("http://deb.debian.org/debian")
+
+
+def test_the_backports_node_is_a_base_of_its_own():
+    mirror = "http://deb.debian.org/debian"
+    assert boot_image.base_key(mirror, True) != boot_image.base_key(mirror)
+    assert boot_image.flavour(True) != boot_image.flavour(False)
+    assert "systemd" in boot_image.BACKPORTS
+    assert "DelegateSubgroup=agent.leaf" in boot_image.DELEGATE_SUBGROUP_DROPIN
