@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,9 +133,13 @@ def run(
     from ..metrics.exporter import parse_addr
     from .api import BindError, resolve_socket
     from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
+    from .notify import notify_ready, notify_stopping
     from .store import StoreError
 
     _logging(log_format)
+    # systemd's $NOTIFY_SOCKET is the agent's alone (sd_notify's unset_environment): taken out
+    # of the environment so no child (shim, workload, helper) inherits and misuses it.
+    manager = {"NOTIFY_SOCKET": os.environ.pop("NOTIFY_SOCKET", "")}
     try:
         metrics = None if metrics_addr == "off" else parse_addr(metrics_addr)
     except ValueError as exc:
@@ -176,9 +181,20 @@ def run(
         f"{metrics_note}); stop with SIGTERM or Ctrl-C",
         err=True,
     )
+    # READY=1 only now: start() settled the subtree, recovered the tasks and bound the
+    # socket, so `systemctl start` (Type=notify) returns to a client that finds it serving.
+    try:
+        notify_ready(f"serving on unix:{settings.socket}", manager)
+    except OSError as exc:  # the unit waits for it: failing is better than a start timeout
+        daemon.close()
+        _fail(f"cannot tell the service manager it is ready ({manager['NOTIFY_SOCKET']}): {exc}")
     try:
         daemon.serve_forever()
     finally:
+        try:
+            notify_stopping(manager)
+        except OSError as exc:  # stopping anyway; the manager sees the exit
+            logging.getLogger("xhagent").warning("STOPPING=1 not delivered: %s", exc)
         daemon.close()
 
 

@@ -1,4 +1,9 @@
 import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +32,23 @@ def group():
         if cg.events()["populated"]:
             cg.kill()
         cg.remove()
+
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory):
+    """The .deb and .rpm, built once per session by `packaging/build.py` (what `make package`
+    runs): the packaging tests and the boot test share them."""
+    out = tmp_path_factory.mktemp("dist")
+    started = time.monotonic()
+    args = [sys.executable, REPO / "packaging/build.py", "--out", out,
+            "--work", tmp_path_factory.mktemp("work")]  # fmt: skip
+    res = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    print(f"packages built in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    deb, rpm = out / f"xhagent_{VERSION}_amd64.deb", out / f"xhagent-{VERSION}.x86_64.rpm"
+    assert deb.is_file() and rpm.is_file(), sorted(p.name for p in out.iterdir())
+    return deb, rpm

@@ -1,6 +1,7 @@
-"""`make package`'s .deb and .rpm, built once for this module from the checkout, checked as
-a node would get them: metadata, file lists, conffiles, lintian, the unit, the maintainer
-scripts' behaviour, and the packaged venv running the agent from /opt/xhagent.
+"""`make package`'s .deb and .rpm, built once per session (the `packages` fixture of
+tests/host/conftest.py, shared with the boot test), checked as a node would get them: metadata,
+file lists, conffiles, lintian, the unit, the maintainer scripts' behaviour, and the packaged
+venv running the agent from /opt/xhagent.
 
 Nothing lands on the host: the packaged tree is run from a scratch copy bound over /opt in
 a private mount namespace, and the maintainer scripts run with /etc, /var/lib and /run
@@ -17,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 import tomllib
 from pathlib import Path
 
@@ -62,22 +62,6 @@ def sh(*args, **kwargs) -> subprocess.CompletedProcess:
     kwargs.setdefault("text", True)
     kwargs.setdefault("timeout", 600)
     return subprocess.run([str(a) for a in args], **kwargs)
-
-
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory):
-    """Both packages, built by `packaging/build.py` (what `make package` runs)."""
-    out = tmp_path_factory.mktemp("dist")
-    started = time.monotonic()
-    res = sh(
-        sys.executable, REPO / "packaging/build.py", "--out", out,
-        "--work", tmp_path_factory.mktemp("work"), timeout=1200,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    print(f"packages built in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    deb, rpm = out / f"xhagent_{VERSION}_amd64.deb", out / f"xhagent-{VERSION}.x86_64.rpm"
-    assert deb.is_file() and rpm.is_file(), sorted(p.name for p in out.iterdir())
-    return deb, rpm
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +243,7 @@ def test_unit_settings(deb_tree):
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
             settings[key] = value
-    assert settings["Type"] in ("exec", "notify")
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
     assert settings["ExecStart"].split()[:2] == ["/usr/bin/xhagent", "run"]
     assert settings["KillMode"] == "process"
     assert settings["Restart"] == "on-failure"
