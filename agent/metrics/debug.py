@@ -4,8 +4,9 @@ exporter when the agent runs with --debug-endpoints):
 - `stacks()`: every thread's current stack, innermost call last;
 - `profile(seconds)`: a sampled CPU profile of the whole process, in collapsed-stack text
   (`frame;frame;frame count` per line, root first): what flamegraph.pl and speedscope load;
-- `heap()`: the top allocation sites by size, when tracemalloc traces (PYTHONTRACEMALLOC=N
-  or --debug-endpoints=heap); otherwise how to turn it on.
+- `heap()`: glibc's heap totals (mallinfo2), Python's live blocks and gc-tracked objects
+  by type, and the top allocation sites by size when tracemalloc traces
+  (PYTHONTRACEMALLOC=N or --debug-endpoints=heap).
 
 The profiler samples from a thread of its own, at `interval` seconds, through
 `sys._current_frames()`: only threads that are running Python code or blocked in a call
@@ -15,6 +16,8 @@ stacks are cut at MAX_DEPTH frames.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import sys
 import threading
 import time
@@ -67,14 +70,50 @@ def profile(seconds: float, interval: float = 0.01) -> str:
 
 
 def heap(top: int = 30) -> str:
+    """Where the memory is: the C allocator's totals and the live Python objects by type
+    (always), and the top allocation sites when tracemalloc traces."""
+    lines = [_allocator(), _objects(top)]
     if not tracemalloc.is_tracing():
-        return (
+        lines.append(
             "tracemalloc is off: start the agent with --debug-endpoints=heap "
-            "(or PYTHONTRACEMALLOC=25) to see allocation sites\n"
+            "(or PYTHONTRACEMALLOC=25) to see allocation sites"
         )
-    snapshot = tracemalloc.take_snapshot()
-    stats = snapshot.statistics("lineno")[:top]
-    total = sum(s.size for s in snapshot.statistics("filename"))
-    lines = [f"traced: {total} bytes; top {len(stats)} sites by size"]
-    lines += [f"{s.size} bytes in {s.count} blocks: {s.traceback}" for s in stats]
+    else:
+        snapshot = tracemalloc.take_snapshot()
+        stats = snapshot.statistics("lineno")[:top]
+        total = sum(s.size for s in snapshot.statistics("filename"))
+        lines.append(f"traced: {total} bytes; top {len(stats)} sites by size")
+        lines += [f"{s.size} bytes in {s.count} blocks: {s.traceback}" for s in stats]
     return "\n".join(lines) + "\n"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+            "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _allocator() -> str:
+    """glibc's view (mallinfo2, glibc >= 2.33): what the heap holds, in use and free, and
+    what large blocks hold in their own mappings; Python's count of its live blocks."""
+    blocks = f"python: {sys.getallocatedblocks()} allocated blocks"
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return f"{blocks}; malloc: mallinfo2 not available"
+    fn.restype = _MallInfo2
+    m = fn()
+    return (
+        f"{blocks}; malloc: heap {m.arena} bytes ({m.uordblks} in use, {m.fordblks} free), "
+        f"{m.hblks} mapped blocks of {m.hblkhd} bytes"
+    )
+
+
+def _objects(top: int) -> str:
+    counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+    rows = ", ".join(f"{name} {n}" for name, n in counts.most_common(top))
+    return f"gc-tracked objects: {sum(counts.values())}; by type: {rows}"

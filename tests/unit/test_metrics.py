@@ -238,7 +238,12 @@ def test_debug_endpoints_only_when_asked_for(store, metrics):
         assert hot and all(re.fullmatch(r"thread busy-one;.+ \d+", ln) for ln in hot)
         assert sum(int(ln.rsplit(" ", 1)[1]) for ln in hot) >= 10  # sampled, not once
         with urllib.request.urlopen(f"{base}/debug/heap", timeout=10) as r:
-            assert "tracemalloc is off" in r.read().decode()
+            heap = r.read().decode()
+        assert "tracemalloc is off" in heap
+        # the allocator's totals and the objects by type come without tracemalloc
+        blocks = re.search(r"python: (\d+) allocated blocks; malloc: heap (\d+) bytes", heap)
+        assert blocks and int(blocks[1]) > 1000 and int(blocks[2]) > 0, heap
+        assert re.search(r"by type: .*\bfunction \d+", heap), heap
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{base}/debug/profile?seconds=1000", timeout=10)
         assert err.value.code == 400
