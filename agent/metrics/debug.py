@@ -4,8 +4,8 @@ exporter when the agent runs with --debug-endpoints):
 - `stacks()`: every thread's current stack, innermost call last;
 - `profile(seconds)`: a sampled CPU profile of the whole process, in collapsed-stack text
   (`frame;frame;frame count` per line, root first): what flamegraph.pl and speedscope load;
-- `heap()`: glibc's heap totals (mallinfo2), Python's live blocks and gc-tracked objects
-  by type, and the top allocation sites by size when tracemalloc traces
+- `heap()`: glibc's heap totals (mallinfo2), Python's live blocks, gc-tracked objects
+  by type and the largest containers, and the top allocation sites by size when tracemalloc traces
   (PYTHONTRACEMALLOC=N or --debug-endpoints=heap).
 
 The profiler samples from a thread of its own, at `interval` seconds, through
@@ -72,7 +72,7 @@ def profile(seconds: float, interval: float = 0.01) -> str:
 def heap(top: int = 30) -> str:
     """Where the memory is: the C allocator's totals and the live Python objects by type
     (always), and the top allocation sites when tracemalloc traces."""
-    lines = [_allocator(), _objects(top)]
+    lines = [_allocator(), _objects(top), _largest(10)]
     if not tracemalloc.is_tracing():
         lines.append(
             "tracemalloc is off: start the agent with --debug-endpoints=heap "
@@ -111,6 +111,17 @@ def _allocator() -> str:
         f"{blocks}; malloc: heap {m.arena} bytes ({m.uordblks} in use, {m.fordblks} free), "
         f"{m.hblks} mapped blocks of {m.hblkhd} bytes"
     )
+
+
+def _largest(top: int) -> str:
+    """The biggest containers: a structure that only grows shows here first."""
+    sized = [o for o in gc.get_objects() if isinstance(o, (dict, list, set, frozenset))]
+    sized.sort(key=len, reverse=True)
+    rows = []
+    for o in sized[:top]:
+        sample = next(iter(o), None) if len(o) else None
+        rows.append(f"{type(o).__name__} of {len(o)} (e.g. {repr(sample)[:60]})")
+    return "largest containers: " + "; ".join(rows)
 
 
 def _objects(top: int) -> str:

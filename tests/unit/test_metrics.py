@@ -244,6 +244,7 @@ def test_debug_endpoints_only_when_asked_for(store, metrics):
         blocks = re.search(r"python: (\d+) allocated blocks; malloc: heap (\d+) bytes", heap)
         assert blocks and int(blocks[1]) > 1000 and int(blocks[2]) > 0, heap
         assert re.search(r"by type: .*\bfunction \d+", heap), heap
+        assert re.search(r"largest containers: (dict|list|set|frozenset) of \d+", heap), heap
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"{base}/debug/profile?seconds=1000", timeout=10)
         assert err.value.code == 400
