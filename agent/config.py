@@ -7,7 +7,8 @@
     stateDir: /var/lib/xhagent  # tasks, events, outputs (SQLite and files)
     socket: /run/xhagent/xhagent.sock
     policiesDir: /etc/xhagent/policies.d
-    subtree: xhagent.slice      # default: discovered (the delegated unit cgroup)
+    subtree: xhagent.slice      # default: discovered (the delegated unit cgroup); the
+                                # packaged unit passes --subtree, which wins
     logCap: 16Mi                # per task output stream
 
 Ground floor: every package may read it; `xhagent run`'s options override the file.

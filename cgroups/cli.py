@@ -108,8 +108,9 @@ class _Group(click.Group):
 
 
 _SUBTREE_HELP = (
-    "The agent's subtree, relative to the cgroup2 root [default: discovered: the systemd unit "
-    "cgroup delegated to the agent, else xhagent.slice]."
+    "The agent's subtree, relative to the cgroup2 root; one its manager marked delegated "
+    "(a unit with Delegate=) gets a leaf for that unit's own processes [default: discovered: "
+    "the systemd unit cgroup delegated to the agent, else xhagent.slice]."
 )
 
 

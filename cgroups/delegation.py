@@ -1,16 +1,22 @@
 """Which part of the cgroup2 tree is the agent's: discovery of its subtree.
 
-In order: an explicit subtree (`--subtree`) wins; else, when the agent's own cgroup is a
-unit cgroup delegated to it (systemd `Delegate=yes` marks it with the xattr
-`trusted.delegate`, and since it can set `user.*` xattrs also `user.delegate`, to "1"),
-that cgroup is the subtree and the agent lives in a leaf child of it (no internal
-processes: a cgroup holding processes cannot enable domain controllers for children);
-else, when systemd manages the tree, nothing outside the agent's own cgroup may be
-written (systemd owns the root and every cgroup it did not delegate); else the default
-`xhagent.slice` under the cgroup2 root.
+In order: an explicit subtree (`--subtree`) wins; it is a delegated one (with a leaf, as
+below) when its manager marked it so, as systemd marks the cgroup of a unit with
+`Delegate=` (the packaged `xhagent-workloads.service`, whose cgroup outlives restarts of
+the agent's own unit). Else, when the agent's own cgroup is a unit cgroup delegated to it
+(systemd `Delegate=yes` marks it with the xattr `trusted.delegate`, and since it can set
+`user.*` xattrs also `user.delegate`, to "1"), that cgroup is the subtree and the agent
+lives in a leaf child of it; else, when systemd manages the tree, nothing outside the
+agent's own cgroup may be written (systemd owns the root and every cgroup it did not
+delegate); else the default `xhagent.slice` under the cgroup2 root.
+
+The leaf: a delegated unit cgroup's own processes (the agent, when it runs in that unit;
+the unit's holder process, when the subtree is another unit's) are moved into a leaf
+child of it, since a cgroup holding processes cannot enable domain controllers for
+children (cgroup v2's no-internal-process rule).
 
 `decide_placement` is the pure rule (tested on plain data); `discover_placement` gathers the facts
-from /proc, /run and the xattrs; `settle` moves the agent into its leaf.
+from /proc, /run and the xattrs; `settle` moves the unit cgroup's own processes into the leaf.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 
 from .group import Cgroup
 from .mounts import own_cgroup
-from .subtree import DEFAULT_SUBTREE, check_name, systemd_manages_root
+from .subtree import DEFAULT_SUBTREE, check_group_path, check_name, systemd_manages_root
 
 # systemd's cg_is_delegated(): trusted.* decides when present, user.* otherwise.
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
@@ -41,7 +47,9 @@ class Placement:
     rel: str  # the subtree, relative to the cgroup2 root
     how: str  # option | delegated | default
     why: str  # one line for people
-    leaf: str = ""  # delegated only: the child of the subtree the agent's processes live in
+    # delegated only: the child of the subtree that the unit cgroup's own processes live in
+    # (the agent's, or the holder's of the unit that owns a named subtree)
+    leaf: str = ""
 
     def as_dict(self) -> dict[str, str]:
         return {"how": self.how, "why": self.why, "agent_leaf": self.leaf}
@@ -57,10 +65,22 @@ def decide_placement(
 ) -> Placement:
     """The subtree for a process in cgroup `own` (a /proc/self/cgroup path). `mark(rel)` reads
     the delegate mark of a cgroup (None: the filesystem has no xattrs); `delegated` True/False
-    overrides the mark for `own`. Raises DelegationError where systemd owns the tree."""
+    overrides the mark for `own`, never for a named `subtree`. Raises DelegationError where
+    systemd owns the tree."""
     check_name(leaf)
     if subtree is not None:
-        return Placement(subtree.strip("/"), "option", f"--subtree {subtree or '/'} given")
+        named = subtree.strip("/")
+        if named and mark(named):
+            # Its manager delegated it (a unit with Delegate=): that unit's own processes
+            # are moved into the leaf before controllers are enabled for its children.
+            return Placement(
+                named,
+                "delegated",
+                f"--subtree {subtree} given, marked delegated by its manager "
+                "(trusted.delegate or user.delegate = 1)",
+                leaf,
+            )
+        return Placement(named, "option", f"--subtree {subtree or '/'} given")
     rel = own.strip("/")
     parent, _, name = rel.rpartition("/")
     is_marked = (lambda r: delegated) if delegated is not None else mark
@@ -132,13 +152,16 @@ def discover_placement(
     run_dir: Path = SYSTEMD_RUN_DIR,
     reader: Callable[[Path], bool | None] = read_delegate_mark,
 ) -> Placement:
-    if subtree is not None:
-        return decide_placement("/", False, lambda rel: False, subtree, delegated, leaf)
 
     def mark(rel: str) -> bool | None:
         # A cgroup outside this mount (another cgroup namespace's view) is nobody's delegation here.
         return reader(mount / rel) if rel and (mount / rel).is_dir() else False
 
+    if subtree is not None:
+        # A named subtree is only checked for its mark (the agent's own cgroup does not matter).
+        if subtree.strip("/"):
+            check_group_path(subtree.strip("/"))  # before it is used as a path under the mount
+        return decide_placement("/", False, mark, subtree, delegated, leaf)
     return decide_placement(
         own_cgroup(proc_cgroup), under_systemd(mount, run_dir), mark, None, delegated, leaf
     )
@@ -152,8 +175,9 @@ def pending(mount: Path, placement: Placement) -> list[int]:
 
 
 def settle(mount: Path, placement: Placement, rounds: int = 3) -> list[int]:
-    """Move every process of the delegated unit cgroup into the agent's leaf (created when
-    missing); they are the agent's (its unit's processes). Idempotent: nothing moves once
+    """Move every process of the delegated unit cgroup into the leaf (created when missing):
+    they are that unit's own (the agent, or the holder of the unit that owns a named
+    subtree), never workloads, which live in groups below. Idempotent: nothing moves once
     they are there. A few rounds catch a child forked while the first round ran."""
     if not placement.leaf:
         return []

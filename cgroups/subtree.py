@@ -78,7 +78,7 @@ def check_group_path(path: str) -> str:
 class Subtree:
     mount: Path  # the cgroup2 root
     rel: str  # the subtree, relative to the mount ("" for the root itself)
-    placement: Placement | None = None  # how it was chosen; its leaf holds the agent itself
+    placement: Placement | None = None  # how it was chosen; its leaf holds the unit's own processes
 
     @property
     def agent_leaf(self) -> str:
@@ -162,9 +162,9 @@ def locate(
         raise CgroupError(2, f"no cgroup2 hierarchy is mounted (mode {hier.mode})")
     mount = Path(hier.unified.path)
     placement = discover_placement(mount, subtree, delegated, **discovery)
-    if (
-        placement.rel and placement.how != "delegated"
-    ):  # a unit's cgroup path is the kernel's, not input
+    # A discovered unit's cgroup path is the kernel's, not input; a named one was checked
+    # by discover_placement before its delegate mark was read.
+    if placement.rel and placement.how != "delegated":
         check_group_path(placement.rel)
     return Subtree(mount, placement.rel, placement)
 

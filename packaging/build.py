@@ -10,7 +10,7 @@ One staged root is built under build/package/root and both packages are made fro
   shebangs and pyvenv.cfg's informational `command` name the staging path; they are
   rewritten to /opt/xhagent, the activate scripts (of no use to a service) are dropped,
   and the build fails if the staging path is left in any file.
-- /usr/bin/xhagent (a symlink to the venv's console script), the systemd unit, the
+- /usr/bin/xhagent (a symlink to the venv's console script), the systemd units, the
   conffile /etc/xhagent/agent.yaml, /etc/xhagent/policies.d, /var/lib/xhagent, bash
   completion and a man page (both generated from the CLI by the staged interpreter, which
   proves it runs), and the copyright.
@@ -45,7 +45,10 @@ io and memory settings, freeze for preemption), placement follows declarative
 SchedulingPolicy and CgroupPolicy files, I/O goes through io_uring and
 scheduling is traced with eBPF (CO-RE objects built in: no compiler or kernel
 headers on the node). It serves a gRPC API on a unix socket and Prometheus
-metrics, and runs as the systemd unit xhagent.service."""
+metrics, and runs as the systemd unit xhagent.service; its tasks' cgroups
+belong to xhagent-workloads.service, which agent restarts leave alone."""
+# The agent's unit, and the unit whose delegated cgroup holds the workloads.
+UNITS = ("xhagent.service", "xhagent-workloads.service")
 # Python packages whose console scripts stay in /opt/xhagent/bin; the rest are removed.
 KEEP_SCRIPTS = {"xhagent"}
 
@@ -278,9 +281,10 @@ def build_deb(work: Path, root: Path, out: Path, ver: str) -> Path:
     log("assembling the .deb")
     run("cp", "-a", root, tree)
     # Debian 12 keeps units in /lib/systemd/system (usr-merged or not).
-    unit = tree / "lib/systemd/system/xhagent.service"
-    unit.parent.mkdir(parents=True)
-    shutil.copyfile(HERE / "xhagent.service", unit)
+    units = tree / "lib/systemd/system"
+    units.mkdir(parents=True)
+    for name in UNITS:
+        shutil.copyfile(HERE / name, units / name)
     doc = tree / "usr/share/doc/xhagent"
     changelog = (
         f"xhagent ({ver}) unstable; urgency=medium\n\n"
@@ -356,6 +360,7 @@ def build_rpm(work: Path, root: Path, out: Path, ver: str) -> Path:
         "rpmbuild", "-bb", "--quiet", "--target", "x86_64", "--define", f"_dbpath {top}/rpmdb",
         "--define", f"_topdir {top}", "--define", f"staged {root}",
         "--define", f"unit {HERE / 'xhagent.service'}",
+        "--define", f"workloads_unit {HERE / 'xhagent-workloads.service'}",
         "--define", f"license_file {license_text}",
         top / "SPECS/xhagent.spec",
         stdout=subprocess.DEVNULL,

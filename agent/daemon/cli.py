@@ -93,7 +93,8 @@ def task_json(msg) -> dict:
 @click.option(
     "--subtree",
     default=None,
-    help="The agent's cgroup subtree, relative to the cgroup2 root [default: "
+    help="The agent's cgroup subtree, relative to the cgroup2 root; one its manager marked "
+    "delegated (a unit with Delegate=) gets a leaf for that unit's own processes [default: "
     "discovered: the delegated systemd unit cgroup, else xhagent.slice].",
 )
 @click.option(

@@ -1,7 +1,9 @@
 """`xhagent run`: the parts put together, in the order that keeps every promise.
 
 1. the state dir's lock and database (a second agent on it is refused before anything);
-2. the cgroup subtree (`locate()`), the agent moved into its leaf when it is delegated one;
+2. the cgroup subtree (`locate()`); when it is a delegated unit cgroup, that unit's own
+   processes moved into its leaf (the agent itself when it runs in that unit; the holder
+   of xhagent-workloads.service, the package's layout, when the subtree is named);
 3. the task leaves' controllers (what the node cannot enforce is said once, here);
 4. policies from the directory, CgroupPolicies reconciled;
 5. `recover()`: the tasks of the last run re-adopted or finished;

@@ -55,6 +55,10 @@ DEB_ONLY = {"usr/share/doc/xhagent/changelog.gz", "usr/share/lintian/overrides/x
 RPM_ONLY = {"usr/share/licenses/xhagent/LICENSE"}
 DEB_UNIT = "lib/systemd/system/xhagent.service"
 RPM_UNIT = "usr/lib/systemd/system/xhagent.service"
+# The unit whose delegated cgroup holds the workloads (never restarted with the agent).
+DEB_WORKLOADS = "lib/systemd/system/xhagent-workloads.service"
+RPM_WORKLOADS = "usr/lib/systemd/system/xhagent-workloads.service"
+WORKLOADS_SUBTREE = "system.slice/xhagent-workloads.service"
 
 
 def sh(*args, **kwargs) -> subprocess.CompletedProcess:
@@ -128,7 +132,7 @@ def test_deb_metadata_depends_and_conffiles(packages):
 
 def test_deb_holds_the_product(packages):
     entries = deb_entries(packages[0])
-    missing = (PRODUCT_FILES | PRODUCT_DIRS | {DEB_UNIT}) - entries.keys()
+    missing = (PRODUCT_FILES | PRODUCT_DIRS | {DEB_UNIT, DEB_WORKLOADS}) - entries.keys()
     assert not missing, missing
     assert entries["usr/bin/xhagent"].issym()
     assert entries["usr/bin/xhagent"].linkname == "/opt/xhagent/bin/xhagent"
@@ -208,12 +212,15 @@ def test_lintian_reports_no_errors(packages):
 
 # -- the unit --------------------------------------------------------------------------------------
 def verify_root(deb_tree: Path, tmp_path: Path) -> Path:
-    """The packaged files plus this host's units (the targets xhagent.service orders after)."""
+    """The packaged files plus this host's units (the targets xhagent.service orders after)
+    and /bin/sleep (coreutils, which every node has: xhagent-workloads.service's holder)."""
     root = tmp_path / "root"
     shutil.copytree(deb_tree, root, symlinks=True)
     shutil.copytree(
         "/lib/systemd/system", root / "lib/systemd/system", symlinks=True, dirs_exist_ok=True
     )
+    (root / "bin").mkdir(exist_ok=True)
+    shutil.copy2("/bin/sleep", root / "bin/sleep")
     return root
 
 
@@ -221,7 +228,8 @@ def analyze_verify(root: Path) -> subprocess.CompletedProcess:
     # --root resolves ExecStart= (/usr/bin/xhagent -> /opt/xhagent/bin/xhagent) inside the
     # packaged tree; Documentation=man:xhagent(1) is looked up in its man pages.
     env = {**os.environ, "MANPATH": str(root / "usr/share/man"), "SYSTEMD_LOG_LEVEL": "notice"}
-    return sh("systemd-analyze", "verify", f"--root={root}", "xhagent.service", env=env)
+    units = ("xhagent.service", "xhagent-workloads.service")
+    return sh("systemd-analyze", "verify", f"--root={root}", *units, env=env)
 
 
 def test_systemd_analyze_verify_is_clean(deb_tree, tmp_path):
@@ -232,22 +240,35 @@ def test_systemd_analyze_verify_is_clean(deb_tree, tmp_path):
     unit = root / DEB_UNIT
     unit.write_text(unit.read_text().replace("KillMode=process", "KillMode=procces"))
     (root / "opt/xhagent/bin/xhagent").unlink()
+    workloads = root / DEB_WORKLOADS
+    workloads.write_text(workloads.read_text().replace("Delegate=cpu", "Delegate=cpux"))
     res = analyze_verify(root)
     assert "kill mode" in res.stderr and "/usr/bin/xhagent" in res.stderr, res.stderr
+    assert "cpux" in res.stderr, res.stderr
 
 
-def test_unit_settings(deb_tree):
-    text = (deb_tree / DEB_UNIT).read_text()
+def unit_settings(path: Path) -> dict[str, str]:
     settings = {}
-    for line in text.splitlines():
+    for line in path.read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, _, value = line.partition("=")
             settings[key] = value
+    return settings
+
+
+def test_unit_settings(deb_tree):
+    settings = unit_settings(deb_tree / DEB_UNIT)
     assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
     assert settings["ExecStart"].split()[:2] == ["/usr/bin/xhagent", "run"]
+    # The subtree is the workloads unit's cgroup; the agent's own unit is not delegated, so
+    # its cgroup stays a leaf that systemd can always start the agent in again (systemd 252).
+    exec_start = settings["ExecStart"].split()
+    assert exec_start[exec_start.index("--subtree") + 1] == WORKLOADS_SUBTREE
+    assert "Delegate" not in settings
+    assert settings["Wants"] == settings["PartOf"] == "xhagent-workloads.service"
+    assert "xhagent-workloads.service" in settings["After"].split()
     assert settings["KillMode"] == "process"
     assert settings["Restart"] == "on-failure"
-    assert settings["Delegate"].split() == ["cpu", "cpuset", "io", "memory", "pids"]
     assert settings["RuntimeDirectory"] == "xhagent" and settings["StateDirectory"] == "xhagent"
     # Every capability the doctor's capabilities item requires survives the bounding set.
     from xhagent.doctor.system_probe import NEEDED
@@ -257,6 +278,17 @@ def test_unit_settings(deb_tree):
     # The agent writes its cgroups and a sysctl; these would break it.
     for breaking in ("ProtectControlGroups", "ProtectKernelTunables", "DelegateSubgroup"):
         assert breaking not in settings, breaking
+
+
+def test_workloads_unit_settings(deb_tree):
+    settings = unit_settings(deb_tree / DEB_WORKLOADS)
+    # A holder that keeps the delegated cgroup alive; stopping it never kills a workload,
+    # and nothing restarts it (systemd 252 could not place its new process: EBUSY).
+    assert settings["Delegate"].split() == ["cpu", "cpuset", "io", "memory", "pids"]
+    assert settings["ExecStart"] == "/bin/sleep infinity"
+    assert settings["KillMode"] == "process"
+    assert "Restart" not in settings and "DelegateSubgroup" not in settings
+    assert settings["WantedBy"] == "multi-user.target"
 
 
 # -- the packaged venv, run ------------------------------------------------------------------------
@@ -306,14 +338,16 @@ def test_rpm_metadata_and_requires(packages):
     assert rpm_query(rpm, "-c").split() == ["/etc/xhagent/agent.yaml"]
     scripts = rpm_query(rpm, "--scripts")
     assert "groupadd -r xhagent" in scripts.split("postinstall scriptlet")[0]  # in %pre
-    assert "try-restart xhagent.service" in scripts  # an upgrade restarts
-    assert "disable --now xhagent.service" in scripts  # an erase stops
+    assert "try-restart xhagent.service" in scripts  # an upgrade restarts the agent only
+    assert "try-restart xhagent-workloads" not in scripts
+    assert "disable --now xhagent.service xhagent-workloads.service" in scripts  # erase stops
 
 
 def test_rpm_file_list_matches_the_deb(packages):
     deb_all = deb_entries(packages[0])
     deb_files = {n for n, m in deb_all.items() if not m.isdir()}
-    deb_files = {RPM_UNIT if n == DEB_UNIT else n for n in deb_files} - DEB_ONLY
+    renamed = {DEB_UNIT: RPM_UNIT, DEB_WORKLOADS: RPM_WORKLOADS}
+    deb_files = {renamed.get(n, n) for n in deb_files} - DEB_ONLY
     dump = rpm_query(packages[1], "--dump").splitlines()
     rpm_files, rpm_dirs = set(), set()
     for line in dump:
@@ -433,8 +467,12 @@ def test_install_creates_the_group_enables_and_starts(packages, tmp_path):
     out = section(log, "postinst configure")
     assert "addgroup --system --quiet xhagent" in out
     assert "deb-systemd-helper enable xhagent.service" in out
+    assert "deb-systemd-helper enable xhagent-workloads.service" in out
     assert "systemctl --system daemon-reload" in out
-    assert "deb-systemd-invoke start xhagent.service" in out
+    # The workloads' unit first: the agent orders after it and uses its cgroup.
+    assert out.index("deb-systemd-invoke start xhagent-workloads.service") < out.index(
+        "deb-systemd-invoke start xhagent.service"
+    )
     assert "stop" not in out and "restart" not in out
 
 
@@ -449,17 +487,23 @@ def test_upgrade_restarts_without_a_stop(packages, tmp_path):
     out = section(log, "postinst configure 0.0.1")
     assert "deb-systemd-invoke restart xhagent.service" in out
     assert "deb-systemd-invoke stop" not in out
+    # The workloads' unit is started when it is not running (an upgrade from a build that
+    # had none), never restarted: its cgroup holds the running workloads.
+    assert "deb-systemd-invoke start xhagent-workloads.service" in out
+    assert "restart xhagent-workloads" not in out
 
 
 def test_remove_stops_and_keeps_state_purge_deletes_it(packages, tmp_path):
     scripts = deb_scripts(packages[0], tmp_path)
     log, left = run_scripts(scripts, tmp_path, [("prerm", "remove"), ("postrm", "remove")])
-    assert "deb-systemd-invoke stop xhagent.service" in section(log, "prerm remove")
+    stop = "deb-systemd-invoke stop xhagent.service xhagent-workloads.service"
+    assert stop in section(log, "prerm remove")
     assert left == {"/etc/xhagent", "/var/lib/xhagent/state.db"}
     steps = [("prerm", "remove"), ("postrm", "remove"), ("postrm", "purge")]
     log, left = run_scripts(scripts, tmp_path / "purge", steps)
     assert left == set()
     assert "deb-systemd-helper purge xhagent.service" in section(log, "postrm purge")
+    assert "deb-systemd-helper purge xhagent-workloads.service" in section(log, "postrm purge")
 
 
 def test_rpm_install_creates_the_group_and_applies_presets(packages, tmp_path):
@@ -468,7 +512,7 @@ def test_rpm_install_creates_the_group_and_applies_presets(packages, tmp_path):
     assert "groupadd -r xhagent" in section(log, "pre 1")
     out = section(log, "post 1")
     # The RPM way: the distribution's presets decide whether it is enabled and started.
-    assert "systemctl --no-reload preset xhagent.service" in out
+    assert "systemctl --no-reload preset xhagent-workloads.service xhagent.service" in out
     assert "systemctl daemon-reload" in out
 
 
@@ -480,13 +524,15 @@ def test_rpm_upgrade_restarts_without_a_stop(packages, tmp_path):
     assert "preset" not in section(log, "post 2")
     assert "disable" not in section(log, "preun 1") and "stop" not in section(log, "preun 1")
     assert "systemctl try-restart xhagent.service" in section(log, "postun 1")
+    assert "workloads" not in section(log, "postun 1")
     assert left == {"/etc/xhagent", "/var/lib/xhagent/state.db"}
 
 
 def test_rpm_erase_stops_and_keeps_state(packages, tmp_path):
     scripts = rpm_scripts(packages[1], tmp_path)
     log, left = run_scripts(scripts, tmp_path, [("preun", "0"), ("postun", "0")])
-    assert "systemctl --no-reload disable --now xhagent.service" in section(log, "preun 0")
+    erase = "systemctl --no-reload disable --now xhagent.service xhagent-workloads.service"
+    assert erase in section(log, "preun 0")
     assert "restart" not in section(log, "postun 0")
     # rpm itself removes only the package's files: the task records stay.
     assert "/var/lib/xhagent/state.db" in left
@@ -506,6 +552,7 @@ step install
 dpkg -i "$DEB" >/dev/null
 getent group xhagent
 readlink /etc/systemd/system/multi-user.target.wants/xhagent.service
+readlink /etc/systemd/system/multi-user.target.wants/xhagent-workloads.service
 xhagent version | head -1
 find /opt/xhagent -name '*.pyc' | head -1
 echo "task record" > /var/lib/xhagent/state.db
@@ -535,8 +582,9 @@ def test_deb_installs_reinstalls_removes_and_purges_with_dpkg(packages, tmp_path
     install = steps["install"].splitlines()
     assert install[0].startswith("xhagent:x:")  # the system group
     assert install[1] == "/lib/systemd/system/xhagent.service"  # enabled
-    assert install[2] == f"xhagent {VERSION}"  # /usr/bin/xhagent runs, as installed
-    assert install[3].startswith("/opt/xhagent/lib/python3.11/") and install[3].endswith(".pyc")
+    assert install[2] == "/lib/systemd/system/xhagent-workloads.service"  # enabled too
+    assert install[3] == f"xhagent {VERSION}"  # /usr/bin/xhagent runs, as installed
+    assert install[4].startswith("/opt/xhagent/lib/python3.11/") and install[4].endswith(".pyc")
     assert steps["reinstall"].strip() == "install ok installed"
     # remove: the conffile and the task records stay; the program, bytecode included, goes.
     removed = steps["remove"]

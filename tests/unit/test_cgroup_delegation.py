@@ -66,6 +66,64 @@ def test_explicit_choices_win():
         D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(UNIT), leaf="../x")
 
 
+WORKLOADS = "system.slice/xhagent-workloads.service"
+
+
+def test_a_named_subtree_its_manager_delegated_gets_the_leaf():
+    # The package's layout: the agent runs in xhagent.service (not delegated) and names the
+    # cgroup of xhagent-workloads.service (Delegate=), whose holder process is moved into
+    # the leaf so that controllers can be enabled for the workloads' groups.
+    p = D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(WORKLOADS), subtree=WORKLOADS)
+    assert (p.rel, p.how, p.leaf) == (WORKLOADS, "delegated", "agent.leaf")
+    assert "--subtree" in p.why and "trusted.delegate" in p.why
+    # A leading slash is the same cgroup; the agent's own cgroup plays no part.
+    p = D.decide_placement("/", systemd=False, mark=marks(WORKLOADS), subtree=f"/{WORKLOADS}")
+    assert (p.rel, p.how, p.leaf) == (WORKLOADS, "delegated", "agent.leaf")
+
+
+def test_a_named_unmarked_subtree_is_taken_as_given_without_a_leaf():
+    for own, delegated in ((f"/{UNIT}", None), (f"/{UNIT}", True), ("/", None)):
+        p = D.decide_placement(
+            own, systemd=True, mark=marks(UNIT), subtree="ops/agent.slice", delegated=delegated
+        )
+        assert (p.rel, p.how, p.leaf) == ("ops/agent.slice", "option", "")
+    # Unreadable marks (no xattrs) and the root: as given.
+    p = D.decide_placement("/", systemd=True, mark=marks(unreadable=True), subtree=WORKLOADS)
+    assert (p.rel, p.how, p.leaf) == (WORKLOADS, "option", "")
+    p = D.decide_placement("/", systemd=False, mark=lambda rel: True, subtree="/")
+    assert (p.rel, p.how, p.leaf) == ("", "option", "")
+
+
+def test_own_marked_cgroup_without_a_named_subtree_is_unchanged():
+    # Both marked: with no --subtree the agent's own delegated unit cgroup is the subtree.
+    p = D.decide_placement(f"/{UNIT}", systemd=True, mark=marks(UNIT, WORKLOADS))
+    assert (p.rel, p.how, p.leaf) == (UNIT, "delegated", "agent.leaf")
+    assert "--subtree" not in p.why
+
+
+def test_discovery_reads_the_named_subtrees_mark_and_locate_gives_it_a_leaf(tree):
+    root, proc, run = tree
+    (root / WORKLOADS).mkdir(parents=True)
+    run.mkdir()  # systemd: the agent's own cgroup is not delegated, which no longer matters
+    seen = []
+
+    def reader(path):
+        seen.append(path)
+        return path == root / WORKLOADS
+
+    p = D.discover_placement(root, WORKLOADS, proc_cgroup=proc, run_dir=run, reader=reader)
+    assert (p.rel, p.how, p.leaf) == (WORKLOADS, "delegated", "agent.leaf")
+    assert seen == [root / WORKLOADS]
+    hier = Hierarchy((), Mount(str(root), "cgroup2"), "unified")
+    sub = locate(WORKLOADS, hier, proc_cgroup=proc, run_dir=run, reader=reader)
+    assert sub.path == root / WORKLOADS and sub.agent_leaf == "agent.leaf"
+    # A named path is checked before any mark is read.
+    seen.clear()
+    with pytest.raises(ValueError):
+        locate("system.slice/../etc", hier, proc_cgroup=proc, run_dir=run, reader=reader)
+    assert seen == []
+
+
 @pytest.mark.parametrize(
     "attrs, expected",
     [
