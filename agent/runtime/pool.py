@@ -5,7 +5,8 @@ Regions (both `SharedQueues`):
   * tasks: one ring per worker plus one more, the owner's own (index `len(cpus)`), which
     it uses only to take a dead worker's queue back (`steal` needs a thief ring the
     caller owns, and the owner may not push to a worker's ring); and the global ring,
-    where `submit` pushes pickled `(task_id, fn, args, kwargs, priority, deadline)`;
+    where `submit` pushes each task as runtime.payload.encode_task makes it (a header, then
+    the pickled function and arguments);
   * results: one ring slot (the owner's collector waits on it) whose global ring carries
     the workers' batched ("claim", ...) and ("done", ...) messages (see runtime.worker).
 
@@ -16,7 +17,8 @@ onto the owner's ring and pushed back to the global ring for the others. Tasks i
 but died before claiming are failed once the pool is quiet (`_reconcile`).
 
 Functions travel by reference, as with multiprocessing's spawn method: they must be
-importable module-level functions; the workers get the owner's sys.path for that.
+importable module-level functions; the workers get the owner's sys.path (as it was when
+the pool started) for that. A task a worker cannot load fails alone, with TaskLoadError.
 """
 
 from __future__ import annotations
@@ -32,10 +34,16 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
+from .payload import TaskLoadError, encode_task
 from .queues import SharedQueues
 from .task import MAKE_CONDITION, LazyFuture, prime_instance_keys
 
+__all__ = ["Pool", "PoolClosed", "PoolFuture", "TaskLoadError", "WorkerLost"]
+
 POLL = 0.1  # seconds between checks that the workers live
+# A pool's choices of time slice source (runtime.preemption.MODES but "owner", which is the
+# pool's own arming from here, passed to its workers when the BPF program loaded)
+PREEMPT_MODES = ("auto", "bpf", "timer", "off")
 
 
 class WorkerLost(RuntimeError):
@@ -117,6 +125,8 @@ class Pool:
         start_timeout: float = 60.0,
         preempt: str = "auto",
     ):
+        if preempt not in PREEMPT_MODES:
+            raise ValueError(f"preempt {preempt!r} is not one of {', '.join(PREEMPT_MODES)}")
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         if not self.cpus:
             raise ValueError("a pool needs at least one CPU")
@@ -241,7 +251,7 @@ class Pool:
             tid = self._last_tid = next(self._ids)
             self._pending[tid] = fut
         try:
-            blob = pickle.dumps((tid, fn, args, kwargs, priority, deadline))
+            blob = encode_task(tid, fn, args, kwargs, priority, deadline)
             while not self._q.push_global(blob):
                 if self._closed:
                     raise PoolClosed("the pool was closed while the task waited for room")

@@ -43,6 +43,7 @@ import sys
 import time
 from time import perf_counter, perf_counter_ns
 
+from .payload import decode_task, encode_task
 from .queues import SharedQueues
 from .scheduler import Scheduler
 
@@ -60,7 +61,6 @@ RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 IO_WAIT = 0.001  # seconds asleep on the tasks' ring at most, where new work cannot wake it
-STOP = pickle.dumps(None)
 
 
 def encode_results(results: list, limit: int) -> list[bytes]:
@@ -191,7 +191,7 @@ class Worker:
             return False
         ids = []
         for n, blob in enumerate(batch):
-            item = pickle.loads(blob)
+            item = decode_task(blob)
             if item is None:  # the rest of the batch goes back for the other workers
                 self.stopping = True
                 for rest in batch[n + 1 :]:
@@ -283,7 +283,7 @@ def fan_out(first_id: int, fn, items, priority: int) -> int:
     q, index = w.q, w.index
     n = 0
     for n, item in enumerate(items, 1):
-        blob = pickle.dumps((first_id + n - 1, fn, (item,), {}, priority, None))
+        blob = encode_task(first_id + n - 1, fn, (item,), {}, priority, None)
         if not q.push_local(index, blob):
             while not q.push_global(blob):
                 time.sleep(0.001)
@@ -302,7 +302,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", type=int, required=True)
     ap.add_argument("--slice-ms", type=float, default=10.0)
     ap.add_argument("--owner", type=int, default=0, help="stop when no longer its child")
-    ap.add_argument("--preempt", choices=("auto", "bpf", "timer", "off", "owner"), default="auto")
+    from .preemption import MODES
+
+    ap.add_argument("--preempt", choices=MODES, default="auto")
     a = ap.parse_args(argv)
     os.sched_setaffinity(0, {a.cpu})
     q, r = _attach(a.queues), _attach(a.results)

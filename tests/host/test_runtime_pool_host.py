@@ -13,7 +13,7 @@ import pytest
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.subtree import locate
 from xhagent.runtime import api as rt
-from xhagent.runtime.pool import Pool, PoolClosed, WorkerLost
+from xhagent.runtime.pool import Pool, PoolClosed, TaskLoadError, WorkerLost
 from xhagent.runtime.queues import SharedQueues
 
 pytestmark = pytest.mark.host
@@ -286,6 +286,45 @@ def test_a_payload_over_a_slot_is_refused():
             pool.submit(square, b"x" * 2000)
         assert pool.stats()["pending"] == 0
         assert pool.submit(square, 4).result(T) == 16
+
+
+def refuse_to_load():
+    raise ValueError("this argument refuses to load")
+
+
+class LoadsBadly:
+    def __reduce__(self):
+        return refuse_to_load, ()
+
+
+def test_a_task_the_worker_cannot_load_fails_alone(tmp_path):
+    """A function whose module only the owner can import, and an argument that raises as it
+    is unpickled: each task fails with TaskLoadError naming why; the workers live on."""
+    with Pool(CPUS) as pool:
+        (tmp_path / "owner_only_module.py").write_text("def double(x):\n    return 2 * x\n")
+        sys.path.insert(0, str(tmp_path))  # after the workers started: theirs lacks it
+        try:
+            import owner_only_module
+        finally:
+            sys.path.remove(str(tmp_path))
+        futures = [pool.submit(owner_only_module.double, i) for i in range(20)]
+        bad_arg = pool.submit(square, LoadsBadly())
+        for fut in futures:
+            with pytest.raises(TaskLoadError, match="No module named 'owner_only_module'"):
+                fut.result(T)
+        with pytest.raises(TaskLoadError, match="ValueError: this argument refuses to load"):
+            bad_arg.result(T)
+        assert pool.map(square, range(100)) == [x * x for x in range(100)]
+        assert all(w.alive and w.proc.poll() is None for w in pool.workers)
+    sys.modules.pop("owner_only_module", None)
+
+
+def test_an_unknown_preemption_mode_is_refused_before_any_worker_starts(monkeypatch):
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    with pytest.raises(ValueError, match="preempt 'bogus' is not one of auto, bpf, timer, off"):
+        Pool(CPUS, preempt="bogus")
+    assert started == []
 
 
 def test_without_preemption_tasks_run_to_completion():
