@@ -162,6 +162,31 @@ def test_ten_thousand_small_tasks():
     print(f"\n10k tasks: Pool {ours:.0f}/s, ProcessPoolExecutor({len(CPUS)}) {theirs:.0f}/s")
 
 
+def rss_kb(pid):
+    return int(proc_field(pid, "VmRSS").split()[0])
+
+
+def test_a_million_tasks_leave_no_trace():
+    """After two warm-up rounds, 1M tasks (ten map rounds of 100k, one task per item) grow
+    no worker's RSS by more than 2 MiB, make no new task contexts, and leave the owner no
+    larger than after warm-up: nothing per task is kept on either side."""
+    with Pool(CPUS) as pool:
+        for _ in range(2):  # warm: the contexts a round of map needs are made
+            assert pool.map(square, range(100_000))[-1] == 99_999**2
+        workers = {w.pid: rss_kb(w.pid) for w in pool.workers}
+        owner = rss_kb(os.getpid())
+        contexts = [w["contexts"] for w in pool.stats()["workers"]]
+        for _ in range(10):
+            assert pool.map(square, range(100_000))[-1] == 99_999**2
+        grown = {pid: rss_kb(pid) - kb for pid, kb in workers.items()}
+        stats = pool.stats()
+        assert [w["contexts"] for w in stats["workers"]] == contexts
+        assert sum(w["done"] for w in stats["workers"]) == 1_200_000
+    print(f"\n1M tasks: workers' RSS grew {grown} kB; owner {rss_kb(os.getpid()) - owner} kB")
+    assert all(kb < 2048 for kb in grown.values()), grown
+    assert rss_kb(os.getpid()) - owner < 16 * 1024
+
+
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
 def test_dead_workers_queue_goes_back_to_the_others(tmp_path):
     """Tasks still on a dead worker's ring are stolen onto the owner's ring and pushed to
