@@ -61,6 +61,7 @@ class _Worker:
         self.claimed: set[int] = set()
         self.done = 0
         self.alive = True
+        self.retiring = False  # its CPU left the allowed set: stopping, not dead
         self.ready = False
         self.preempt = None  # the worker's slice source: bpf, timer or off
         self.contexts = 0  # task contexts it has ever made (flat once warm: they are reused)
@@ -181,7 +182,6 @@ class Pool:
     def _start(self, python: str, slice_ms: float, subtree: str | None, preempt: str) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # fns by reference
-        fds = (self._q.fd, self._r.fd)
         parent = None
         if subtree is not None:
             from xhagent.cgroups import Cgroup
@@ -190,23 +190,33 @@ class Pool:
             sub = locate(subtree)
             sub.ensure()
             parent = Cgroup(sub.group("pool").path).create(exist_ok=True)
-        for index, cpu in enumerate(self.cpus):
-            argv = [
-                python, "-m", "xhagent.runtime.worker",
-                "--queues", str(self._q.fd), "--results", str(self._r.fd),
-                "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
-                "--preempt", preempt, "--owner", str(os.getpid()),
-            ]  # fmt: skip
-            group = None
-            if parent is None:
-                proc = subprocess.Popen(argv, env=env, pass_fds=fds)
-            else:  # in its own leaf from its first instruction (clone3 CLONE_INTO_CGROUP)
-                group = type(parent)(parent.path / str(cpu)).create(exist_ok=True)
+        self._spawn_args = (python, slice_ms, preempt, env, parent)
+        for index in range(len(self.cpus)):
+            self.workers.append(self._spawn(index))
+
+    def _spawn(self, index: int) -> _Worker:
+        """Worker `index`, pinned to self.cpus[index], in its leaf pool/<cpu> when the pool
+        has a subtree (there from its first instruction: clone3 CLONE_INTO_CGROUP)."""
+        python, slice_ms, preempt, env, parent = self._spawn_args
+        cpu = self.cpus[index]
+        fds = (self._q.fd, self._r.fd)
+        argv = [
+            python, "-m", "xhagent.runtime.worker",
+            "--queues", str(self._q.fd), "--results", str(self._r.fd),
+            "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
+            "--preempt", preempt, "--owner", str(os.getpid()),
+        ]  # fmt: skip
+        group = None
+        if parent is None:
+            proc = subprocess.Popen(argv, env=env, pass_fds=fds)
+        else:
+            group = type(parent)(parent.path / str(cpu)).create(exist_ok=True)
+            if all(g.path != group.path for g in self._groups):  # a worker started again
                 self._groups.append(group)
-                proc = group.spawn(argv, env=env, pass_fds=fds)
-            self.workers.append(_Worker(index, cpu, proc, group))
-            if self._preempter is not None:  # its main thread's tid is its pid
-                self._preempter.arm(proc.pid, int(slice_ms * 1e6))
+            proc = group.spawn(argv, env=env, pass_fds=fds)
+        if self._preempter is not None:  # its main thread's tid is its pid
+            self._preempter.arm(proc.pid, int(slice_ms * 1e6))
+        return _Worker(index, cpu, proc, group)
 
     def _stop_workers(self, timeout: float) -> None:
         for w in self.workers:
@@ -375,17 +385,50 @@ class Pool:
         return n
 
     def _check_workers(self, r, q) -> None:
+        self._follow_cpus()
         for w in self.workers:
             if w.alive and w.proc.poll() is not None:
                 w.alive = False
                 self._drain(r)  # what it sent before it died counts
+                if w.retiring:
+                    self._retired(w, q)
+                    continue
                 if not w.ready:
                     self._ready.set()  # __init__ stops waiting and reports it
                 self._lost(w, q)
-        if not any(w.alive for w in self.workers):
+        if not any(w.alive or w.retiring for w in self.workers):
             self._fail_all(WorkerLost("every worker of the pool has died"))
         elif self._deaths:
             self._reconcile(r, q)
+
+    def _follow_cpus(self) -> None:
+        """The workers follow the CPUs this process may use (a cpuset shrunk, a CPU taken
+        offline): a worker whose CPU left is retired (SIGTERM: it finishes the batch it
+        runs, and what is queued on its ring goes back to the others when it has exited);
+        one whose CPU came back is started again, on the same ring. A pool never grows past
+        the CPUs it was made for."""
+        try:
+            allowed = os.sched_getaffinity(os.getpid())  # the process's, not this thread's
+        except OSError:
+            return
+        for w in list(self.workers):
+            if w.alive and not w.retiring and w.cpu not in allowed:
+                w.retiring = True
+                w.proc.terminate()
+                self._q.wake(w.index)
+            elif w.retiring and not w.alive and w.cpu in allowed and not self._stop:
+                fresh = self._spawn(w.index)
+                with self._lock:
+                    self.workers[w.index] = fresh
+
+    def _retired(self, w: _Worker, q) -> None:
+        """A retired worker has exited: anything it still held fails as lost (it finishes
+        its batch before it exits, so normally nothing), its ring goes back to the others."""
+        if self._preempter is not None:
+            self._preempter.disarm(w.pid)
+        q.wake(w.index)
+        self._fail_claimed(w, "was retired (its CPU left the allowed set)")
+        self._requeue(w, q)
 
     def _reconcile(self, r, q) -> None:
         """A worker killed between taking tasks off a ring and sending their claim leaves
@@ -418,6 +461,10 @@ class Pool:
         if self._preempter is not None:
             self._preempter.disarm(w.pid)
         q.wake(w.index)  # clears its sleeper flag if it died asleep: `sleepers()` counts live ones
+        self._fail_claimed(w, how)
+        self._requeue(w, q)
+
+    def _fail_claimed(self, w: _Worker, how: str) -> None:
         with self._lock:
             lost = sorted(w.claimed)
             w.claimed.clear()
@@ -428,8 +475,10 @@ class Pool:
             if fut is not None:
                 msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
                 _set(fut, False, WorkerLost(msg))
-        # Its queued tasks go back to the global ring: stolen onto the owner's ring (the
-        # dead worker writes nothing now) and popped from there.
+
+    def _requeue(self, w: _Worker, q) -> None:
+        """Its queued tasks go back to the global ring: stolen onto the owner's ring (the
+        exited worker writes nothing now) and popped from there."""
         mine = len(self.workers)
         while q.steal(mine, w.index):
             while (blob := q.pop_local(mine)) is not None:
@@ -460,6 +509,7 @@ class Pool:
                     "cpu": w.cpu,
                     "pid": w.pid,
                     "alive": w.alive,
+                    "retiring": w.retiring,  # with alive False: retired
                     "queued": local[w.index],
                     "running": len(w.claimed),
                     "done": w.done,

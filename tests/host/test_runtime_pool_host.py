@@ -188,6 +188,56 @@ def test_a_million_tasks_leave_no_trace():
     assert rss_kb(os.getpid()) - owner < 16 * 1024
 
 
+def set_process_affinity(cpus):
+    """Every thread of this process (as a cpuset change does), not only the calling one."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def wait_for(predicate, what, timeout=T):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_workers_follow_the_allowed_cpus():
+    """The owner's CPUs shrink (as a cpuset shrink or an offline CPU does to it): the worker
+    of the CPU that left retires and the tasks queued meanwhile all complete on the other;
+    the CPU comes back: a new worker is pinned to it and takes work."""
+    kept, leaving = CPUS[0], CPUS[1]
+    before = os.sched_getaffinity(0)
+    with Pool(CPUS) as pool:
+        old = pool.workers[1]
+        assert old.cpu == leaving
+        futs = [pool.submit(nap, 0.001) for _ in range(400)]
+        try:
+            set_process_affinity({kept})
+            wait_for(lambda: not pool.stats()["workers"][1]["alive"], "the worker to retire")
+            futs += [pool.submit(whoami) for _ in range(200)]
+            done = [f.result(T) for f in futs]
+            assert done[:400] == [0.001] * 400
+            assert {pid for pid, _ in done[400:]} == {pool.workers[0].pid}
+            row = pool.stats()["workers"][1]
+            assert row["retiring"] and not row["alive"] and row["running"] == 0
+        finally:
+            set_process_affinity(before)
+        wait_for(lambda: pool.stats()["workers"][1]["alive"], "a worker for the CPU back")
+        fresh = pool.workers[1]
+        assert fresh.pid != old.pid and fresh.cpu == leaving
+        wait_for(lambda: fresh.ready, "the new worker to be ready")
+        assert proc_field(fresh.pid, "Cpus_allowed_list") == str(leaving)
+        pids = {pid for pid, _ in pool.map(whoami_slowly, range(40))}
+        assert pids == {pool.workers[0].pid, fresh.pid}
+        assert pool.stats()["pending"] == 0
+
+
+def whoami_slowly(_):
+    time.sleep(0.01)  # long enough that both workers get some
+    return os.getpid(), os.sched_getaffinity(0)
+
+
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
 def test_dead_workers_queue_goes_back_to_the_others(tmp_path):
     """Tasks still on a dead worker's ring are stolen onto the owner's ring and pushed to
