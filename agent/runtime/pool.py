@@ -402,11 +402,12 @@ class Pool:
             self._reconcile(r, q)
 
     def _follow_cpus(self) -> None:
-        """The workers follow the CPUs this process may use (a cpuset shrunk, a CPU taken
-        offline): a worker whose CPU left is retired (SIGTERM: it finishes the batch it
-        runs, and what is queued on its ring goes back to the others when it has exited);
-        one whose CPU came back is started again, on the same ring. A pool never grows past
-        the CPUs it was made for."""
+        """The workers follow the CPUs this process may use, its CPU affinity (a cpuset
+        shrunk or a CPU taken offline changes it; so does the owner narrowing its own): a
+        worker whose CPU left is retired (SIGTERM: it finishes the batch it runs, and what
+        is queued on its ring goes back to the others when it has exited); one whose CPU
+        came back is started again, on the same ring. A pool never grows past the CPUs it
+        was made for."""
         try:
             allowed = os.sched_getaffinity(os.getpid())  # the process's, not this thread's
         except OSError:
