@@ -3,27 +3,15 @@ tools/vmtest --image's options, qemu command and results disk, and that tools/bo
 reports exactly the checks the host test asserts. The boot itself is
 tests/host/test_boot_image_host.py."""
 
-import importlib.machinery
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from tool_scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-vmtest = _load("xhagent_tools_vmtest_image", ROOT / "tools" / "vmtest")
-boot_image = _load("xhagent_tools_boot_image", ROOT / "tools" / "boot-image")
-boot_check = _load("xhagent_tools_boot_check", ROOT / "tools" / "boot-check")
+vmtest = load_script("xhagent_tools_vmtest_image", ROOT / "tools" / "vmtest")
+boot_image = load_script("xhagent_tools_boot_image", ROOT / "tools" / "boot-image")
+boot_check = load_script("xhagent_tools_boot_check", ROOT / "tools" / "boot-check")
 
 
 def test_the_host_test_asserts_every_check_the_guest_runs():

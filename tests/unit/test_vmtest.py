@@ -3,26 +3,14 @@ and the disk pattern the kernel tests compare against. Booting is tools/vmtest's
 end-to-end check."""
 
 import hashlib
-import importlib.machinery
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from tool_scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-vmtest = _load("xhagent_tools_vmtest", ROOT / "tools" / "vmtest")
-pattern = _load("xhagent_tests_pattern", ROOT / "tests" / "kernel" / "pattern.py")
+vmtest = load_script("xhagent_tools_vmtest", ROOT / "tools" / "vmtest")
+pattern = load_script("xhagent_tests_pattern", ROOT / "tests" / "kernel" / "pattern.py")
 
 
 def test_defaults_run_the_kernel_suite():
