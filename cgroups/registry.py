@@ -112,7 +112,7 @@ IO_MAX = CgroupFile(
     "io.max",
     "io",
     v.parse_nested_keyed,
-    v.format_io_max_lines,
+    v.format_nested_keyed,
     policy=("io", "max"),
     direction=_per_device_limit,
     matches=_limits_match,
@@ -125,7 +125,14 @@ IO_BFQ_WEIGHT = CgroupFile(
     matches=_entries_match,
     optional=True,
 )
-IO_COST_QOS = CgroupFile("io.cost.qos", "io", v.parse_nested_keyed, optional=True)  # root only
+# The root's io.cost settings per device (root only): `MAJ:MIN enable=1 ctrl=user rpct=...`
+# and `MAJ:MIN ctrl=user model=linear rbps=...`; a kernel without io.cost has neither.
+IO_COST_QOS = CgroupFile(
+    "io.cost.qos", "io", v.parse_nested_keyed, v.format_nested_keyed, optional=True
+)
+IO_COST_MODEL = CgroupFile(
+    "io.cost.model", "io", v.parse_nested_keyed, v.format_nested_keyed, optional=True
+)
 CPU_WEIGHT = CgroupFile("cpu.weight", "cpu", validate=v.weight, policy=("cpu", "weight"))
 CPU_IDLE = CgroupFile(
     "cpu.idle", "cpu", validate=v.boolean01, policy=("cpu", "idle"), optional=True

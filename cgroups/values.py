@@ -184,7 +184,8 @@ def format_weight_lines(value: dict[str, int]) -> list[str]:
     return [f"{key} {w}" for key, w in value.items()]
 
 
-def format_io_max_lines(value: dict[str, dict[str, int | str]]) -> list[str]:
+def format_nested_keyed(value: dict[str, dict[str, int | str]]) -> list[str]:
+    """`name key=value ...` lines, one per name: io.max, io.cost.model, io.cost.qos."""
     return [
         dev + " " + " ".join(f"{k}={v}" for k, v in limits.items()) for dev, limits in value.items()
     ]

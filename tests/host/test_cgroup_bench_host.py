@@ -15,7 +15,8 @@ pytestmark = pytest.mark.host
 # Before its "go", a reader notes the group it is in at that moment, under dev.<pid>.
 WHERE = (
     "import os, sys\nwhere = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0]\n"
-    "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nsys.stdin.readline()\nprint(0)\n"
+    "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nsys.stdin.readline()\n"
+    "print(0, 0)\n"
 )
 
 
@@ -32,7 +33,7 @@ def groups():
 def test_each_reader_is_in_its_group_before_it_is_told_to_go(groups, tmp_path, monkeypatch):
     monkeypatch.setattr(cgroup_bench, "READER", WHERE)
     base = tmp_path / "notes"
-    assert cgroup_bench._readers(groups, str(base), 4096, 512, 1, 1.0) == [0.0, 0.0]
+    assert cgroup_bench._readers(groups, str(base), 4096, 512, 1, 1.0) == [(0, 0), (0, 0)]
     seen = sorted(p.read_text().strip() for p in tmp_path.glob("notes.*"))
     unified = discover_hierarchy().unified.path
     assert seen == sorted(f"0::/{cg.path.relative_to(unified)}" for cg in groups)
@@ -43,8 +44,8 @@ def test_readers_read_o_direct_and_a_failing_one_is_reported(groups, monkeypatch
     data = Path("/var/tmp") / f"xhagent-bench-test-{os.getpid()}"
     data.write_bytes(os.urandom(1 << 20))
     try:
-        mibps = cgroup_bench._readers(groups, str(data), 1 << 20, 4096, 2, 0.5)
-        assert len(mibps) == 2 and all(m > 0 for m in mibps)
+        done = cgroup_bench._readers(groups, str(data), 1 << 20, 4096, 8, 0.5)
+        assert len(done) == 2 and all(ops > 0 and nbytes == ops * 4096 for ops, nbytes in done)
         monkeypatch.setattr(cgroup_bench, "READER", "import sys; sys.exit(3)")  # gone before its go
         with pytest.raises(RuntimeError, match=r"a reader failed: exit statuses \[3, 3\]"):
             cgroup_bench._readers(groups, str(data), 1 << 20, 4096, 1, 0.5)
