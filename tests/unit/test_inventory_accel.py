@@ -1,5 +1,6 @@
 """Accelerators besides NVIDIA GPUs: TPUs (accel class and vfio-bound) and generic accel-class
-devices on generated trees, and this host's (none, with the reason)."""
+devices on generated trees, this host's (none, with the reason), and placement of TPU tasks on
+the model built from them."""
 
 import json
 import sys
@@ -8,6 +9,8 @@ from pathlib import Path
 import pynvml
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent / "data/inventory"))
 import fakes  # noqa: E402
@@ -19,8 +22,8 @@ from xhagent.inventory.accel import AccelDevice, read_accel  # noqa: E402
 from xhagent.inventory.cli import inventory  # noqa: E402
 from xhagent.inventory.render import tree  # noqa: E402
 from xhagent.inventory.sysfs import LIVE_ROOTS  # noqa: E402
-from xhagent.policy.placement import Demand, evaluate  # noqa: E402
-from xhagent.policy.state import NodeResources  # noqa: E402
+from xhagent.policy.placement import Candidate, Demand, Reason, decide_demand, evaluate  # noqa: E402
+from xhagent.policy.state import Allocation, Cluster, NodeResources  # noqa: E402
 
 
 def roots(root: Path) -> Roots:
@@ -150,6 +153,14 @@ def test_mixed_gpu_and_tpu_host(tmp_path, monkeypatch):
     # The PCI list still has every function, TPUs and GPUs among them.
     vendors = [d.vendor_id for d in inv.pci]
     assert vendors.count(0x1AE0) == 2 and vendors.count(0x10DE) == 8
+    # Placement: the GPU task gets GPUs and no chip, the TPU task a chip and no GPU.
+    cluster = Cluster.of([node])
+    gpu = decide_demand("g", Demand("gpu", cpus=2, gpus=2), cluster).placed
+    tpu = decide_demand("t", Demand("tpu", cpus=2), cluster).placed
+    assert len(gpu.gpus) == 2 and gpu.tpus == ()
+    assert tpu.gpus == () and tpu.tpus == (0,)
+    # Its CPUs are on the chip's NUMA node (chip 0 is on node 0: CPUs 0-3, 8-11).
+    assert set(tpu.cpus) <= {0, 1, 2, 3, 8, 9, 10, 11}
 
 
 def test_cli_shows_accelerators(tmp_path, no_nvml):
@@ -193,3 +204,100 @@ def test_tree_says_why_there_are_none(tmp_path, no_nvml):
     fakes.server(tmp_path)
     text = tree(discover_node(roots(tmp_path), AgentConfig("n")))
     assert f"No accelerators: no {tmp_path}/sys/class/accel and no PCI device of vendor" in text
+
+
+# ------------------------------------------------------------------------- placement
+
+
+def tpu_node(name="t1", chips=4, others=()) -> model.Node:
+    """Two NUMA nodes of 4 CPUs; `chips` TPU v4 chips split over them; `others`: accelerators."""
+    numa = [
+        {
+            "id": n,
+            "l3": [
+                {
+                    "id": n,
+                    "cores": [
+                        {"id": c, "package": n, "cpus": [c]} for c in range(4 * n, 4 * n + 4)
+                    ],
+                }
+            ],
+        }
+        for n in range(2)
+    ]
+    accel = [
+        {
+            "index": i,
+            "kind": "tpu",
+            "name": f"accel{i}",
+            "model": "TPU v4",
+            "numaNode": i * 2 // chips,
+        }
+        for i in range(chips)
+    ] + [{"index": i, "kind": "accelerator", "name": o} for i, o in enumerate(others)]
+    return model.Node.from_dict(
+        {
+            "name": name,
+            "numa": numa,
+            "memory": {"total": 64 << 30, "available": 64 << 30},
+            "accelerators": accel,
+        }
+    )
+
+
+def test_tpu_task_fits_on_a_tpu_node_and_not_elsewhere():
+    d = Demand("tpu", cpus=2)
+    placed = evaluate(d, NodeResources(tpu_node()))
+    assert isinstance(placed, Candidate) and placed.tpus == (0,) and len(placed.cpus) == 2
+    cpu_only = tpu_node("c1", chips=0)
+    assert str(evaluate(d, NodeResources(cpu_only))) == "InsufficientTPUHardware: c1 has no TPU"
+    npu_only = tpu_node("c2", chips=0, others=["accel0"])
+    assert str(evaluate(d, NodeResources(npu_only))) == (
+        "InsufficientTPUHardware: c2 has no TPU (has accel0)"
+    )
+    # A CPU task never takes a chip.
+    assert evaluate(Demand("cpu", cpus=1), NodeResources(tpu_node())).tpus == ()
+
+
+def test_chips_are_held_until_released():
+    cluster = Cluster.of([tpu_node(chips=2)])
+    for task in ("a", "b"):
+        c = decide_demand(task, Demand("tpu", cpus=1), cluster).placed
+        cluster.commit(Allocation(task, c.node, c.cpus, c.memory, c.gpus, (), c.tpus))
+    full = decide_demand("c", Demand("tpu", cpus=1), cluster)
+    assert full.pending and [str(r) for r in full.reasons] == [
+        "InsufficientTPUHardware: t1 has 0 free TPU chips of 2 (TPU v4), task needs 1"
+    ]
+    with pytest.raises(ValueError, match=r"TPU chips \[0\] on t1 are already held"):
+        cluster.commit(Allocation("x", "t1", (), 0, tpus=(0,)))
+    cluster.release("a")
+    assert decide_demand("c", Demand("tpu", cpus=1), cluster).placed.tpus == (0,)
+
+
+def test_demand_of_a_tpu_task_asks_for_one_chip():
+    assert Demand("tpu", cpus=1).tpu_chips == 1
+    assert Demand("gpu", cpus=1, gpus=1).tpu_chips == 0
+    reason = evaluate(Demand("tpu", cpus=1, tpus=3), NodeResources(tpu_node(chips=2)))
+    assert isinstance(reason, Reason) and reason.detail.endswith("task needs 3")
+
+
+@settings(max_examples=60, deadline=None)
+@given(chips=st.integers(0, 4), tasks=st.integers(1, 6), numa_pref=st.booleans())
+def test_no_chip_is_ever_given_twice(chips, tasks, numa_pref):
+    cluster = Cluster.of([tpu_node(chips=chips)])
+    given_out = []
+    for i in range(tasks):
+        d = Demand("tpu", cpus=1, numa_single=numa_pref)
+        c = decide_demand(f"t{i}", d, cluster).placed
+        if c is None:
+            break
+        cluster.commit(Allocation(f"t{i}", c.node, c.cpus, 0, (), (), c.tpus))
+        given_out += c.tpus
+    assert len(given_out) == len(set(given_out)) == min(chips, tasks)
+
+
+def test_cpus_follow_the_chip_to_its_numa_node():
+    cluster = Cluster.of([tpu_node(chips=2)])  # chip 0 on NUMA node 0 (CPUs 0-3), chip 1 on 1
+    cluster.commit(Allocation("a", "t1", (0,), 0, tpus=(0,)))
+    c = decide_demand("b", Demand("tpu", cpus=2), cluster).placed
+    assert c.tpus == (1,) and set(c.cpus) <= {4, 5, 6, 7}
