@@ -50,6 +50,14 @@ Schema (one node; a file may also hold `nodes: [<node>, ...]`, optionally `versi
     io:
       - {name: nvme0n1, dev: "259:0", rotational: false, ioPoll: true, pollQueues: 4,
          sizeBytes: 3.84TB, numaNode: 0}
+    accelerators:                      # besides NVIDIA GPUs: TPU chips, the kernel's accel class
+      - index: 0                       # per kind: TPU chip 0 is TPU_VISIBLE_CHIPS=0
+        kind: tpu                      # tpu | accelerator
+        name: accel0
+        model: TPU v4                  # null when unknown
+        pciBusId: "0000:00:04.0"
+        numaNode: 0
+        deviceNodes: [/dev/accel0]
 
 Only `name` is required for a node; every list defaults to empty. A core's `siblings` are
 all its logical CPUs (reserved or offline ones included) so a scheduler can keep
@@ -263,6 +271,30 @@ class BlockIo:
         return "polled" if self.io_poll else "rotational" if self.rotational else "flash"
 
 
+ACCELERATOR_KINDS = ("tpu", "accelerator")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A TPU chip (placement hands these out to `deviceType: tpu` tasks) or another device of
+    the kernel's accel class (listed, not yet requested by any task)."""
+
+    index: int
+    kind: str
+    name: str
+    model: str | None = None
+    pci_bus_id: str = ""
+    numa_node: int | None = None
+    device_nodes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(
+            self.kind in ACCELERATOR_KINDS,
+            ("kind",),
+            f"{self.kind!r} is not one of {', '.join(ACCELERATOR_KINDS)}",
+        )
+
+
 @dataclass(frozen=True)
 class Labels:
     rack: str | None = None
@@ -304,6 +336,7 @@ class Node:
     memory: Memory = field(default_factory=Memory)
     gpus: tuple[Gpu, ...] = ()
     io: tuple[BlockIo, ...] = ()
+    accelerators: tuple[Accelerator, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.name != "", ("name",), "must not be empty")
@@ -325,7 +358,16 @@ class Node:
                 ("io", i, "numaNode"),
                 f"no NUMA node {dev.numa_node}",
             )
+        for i, acc in enumerate(self.accelerators):
+            _check(
+                acc.numa_node is None or not numa_ids or acc.numa_node in numa_ids,
+                ("accelerators", i, "numaNode"),
+                f"no NUMA node {acc.numa_node}",
+            )
         _unique([g.index for g in self.gpus], ("gpus",), "GPU index")
+        _unique(
+            [f"{a.kind} {a.index}" for a in self.accelerators], ("accelerators",), "accelerator"
+        )
         _unique([d.name for d in self.io], ("io",), "device name")
         object.__setattr__(self, "gpus", _with_islands(self.gpus))
 
@@ -345,6 +387,10 @@ class Node:
             if g.index == index:
                 return g
         raise KeyError(f"node {self.name} has no GPU {index}")
+
+    @property
+    def tpus(self) -> tuple[Accelerator, ...]:
+        return tuple(a for a in self.accelerators if a.kind == "tpu")
 
     def islands(self) -> dict[int, tuple[int, ...]]:
         """NVLink island id -> GPU indices in it."""

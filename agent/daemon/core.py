@@ -459,6 +459,7 @@ class Agent:
             "memory": placed.memory,
             "gpus": [self._gpu_uuid(g.index) for g in placed.gpus],
             "gpu_shares": [[g.index, g.memory, g.whole] for g in placed.gpus],
+            "tpus": list(placed.tpus),
             "unenforced": [u.to_json() for u in plan.unenforced],
         }
         leaf = self.executor.leaf(rec.id)

@@ -1,6 +1,7 @@
-"""Node inventory: what this machine has (CPUs, caches, NUMA, memory, PCIe, GPUs, block
-devices, labels); `build_model` turns what it found into the resource model the scheduling
-core consumes (`xhagent.node_model`, which lives on the ground floor).
+"""Node inventory: what this machine has (CPUs, caches, NUMA, memory, PCIe, GPUs, TPUs and
+other accelerators, block devices, labels); `build_model` turns what it found into the
+resource model the scheduling core consumes (`xhagent.node_model`, which lives on the ground
+floor).
 
 `from xhagent.inventory import discover_node, build_model`; readers take a `Roots` so a
 recorded sysfs/procfs tree can stand in for the live one.

@@ -20,7 +20,7 @@ from .sysfs import Roots
 )
 @click.option(
     "--section",
-    type=click.Choice(["cpu", "numa", "memory", "pci", "gpu", "block", "labels"]),
+    type=click.Choice(["cpu", "numa", "memory", "pci", "gpu", "accel", "block", "labels"]),
     help="Only this part of the inventory.",
 )
 @click.option(
@@ -63,7 +63,8 @@ def inventory(
     procfs_root: Path,
     dev_root: Path,
 ) -> None:
-    """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), block devices and labels."""
+    """Discover CPUs, caches, NUMA, memory, PCIe, GPUs (NVML), TPUs and other accelerators
+    (the accel class), block devices and labels."""
     from .. import node_model as model
     from ..config import ConfigError, check_reserved, load_config
     from .collect import build_model, discover_node

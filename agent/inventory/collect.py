@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .. import node_model as model
 from ..config import AgentConfig
+from .accel import AccelInventory, read_accel
 from .block import BlockDevice, read_block
 from .cpus import CpuInventory, read_cpus
 from .gpus import GpuInventory, read_gpus
@@ -24,9 +25,10 @@ class Inventory:
     pci: tuple[PciDevice, ...]
     gpu: GpuInventory
     block: tuple[BlockDevice, ...]
+    accel: AccelInventory = AccelInventory()
 
 
-SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "block", "labels")
+SECTIONS = ("cpu", "numa", "memory", "pci", "gpu", "accel", "block", "labels")
 
 
 def discover_node(
@@ -37,14 +39,16 @@ def discover_node(
     pci_ids: PciIds | None = None,
 ) -> Inventory:
     config = config or AgentConfig()
+    ids = pci_ids if pci_ids is not None else PciIds.load()
     return Inventory(
         config=config,
         cpu=read_cpus(roots, config.reserved_cpus),
         numa=tuple(read_numa(roots)),
         memory=read_memory(roots),
-        pci=tuple(read_pci(roots, pci_ids if pci_ids is not None else PciIds.load())),
+        pci=tuple(read_pci(roots, ids)),
         gpu=read_gpus(roots) if gpus else GpuInventory(False, "not probed"),
         block=tuple(read_block(roots)),
+        accel=read_accel(roots, ids),
     )
 
 
@@ -52,6 +56,26 @@ def _l3_key(inv: Inventory, cpu) -> tuple[int, int]:
     """(L3 id, size); a machine without an L3 in sysfs gets one domain per package."""
     cache = inv.cpu.cache_of(cpu, "L3")
     return (cache.id, cache.size_bytes) if cache else (cpu.package or 0, 0)
+
+
+def _accelerators(inv: Inventory, numa_ids) -> tuple[model.Accelerator, ...]:
+    """Numbered per kind in the inventory's order (accel class minor, then PCI address)."""
+    counts: dict[str, int] = {}
+    out = []
+    for d in inv.accel.devices:
+        index = counts[d.kind] = counts.get(d.kind, -1) + 1
+        out.append(
+            model.Accelerator(
+                index,
+                d.kind,
+                d.name,
+                d.model,
+                d.pci_address or "",
+                d.numa_node if d.numa_node in numa_ids else None,
+                d.device_nodes,
+            )
+        )
+    return tuple(out)
 
 
 def build_model(inv: Inventory) -> model.Node:
@@ -136,4 +160,5 @@ def build_model(inv: Inventory) -> model.Node:
             for d in inv.block
             if not d.virtual
         ),
+        accelerators=_accelerators(inv, numa_info),
     )

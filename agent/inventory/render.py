@@ -32,6 +32,10 @@ def _pci(d: PciDevice) -> dict[str, Any]:
     }
 
 
+def _pci_id(vendor: int | None, device: int | None) -> str | None:
+    return None if vendor is None or device is None else f"{vendor:04x}:{device:04x}"
+
+
 def nvlink_matrix(inv: Inventory) -> list[list[int]]:
     """Active NVLinks between each pair of GPUs (row: from, column: to)."""
     gpus = inv.gpu.gpus
@@ -60,6 +64,13 @@ def as_dict(inv: Inventory, section: str | None = None) -> dict[str, Any]:
             },
             "gpus": [{**_plain(g), "island": gpu.islands()[g.index]} for g in gpu.gpus],
             "nvlink_matrix": nvlink_matrix(inv),
+        },
+        "accel": {
+            "devices": [
+                {**_plain(d), "pci_id": _pci_id(d.vendor_id, d.device_id)}
+                for d in inv.accel.devices
+            ],
+            "reason": inv.accel.reason,
         },
         "block": [{**_plain(d), "size_bytes": d.size_bytes} for d in inv.block],
         "labels": {
@@ -114,6 +125,14 @@ def _attached(inv: Inventory, node: int | None, indent: str) -> list[str]:
                 f"cc {g.compute_capability}, "
                 f"{g.pci_bus_id}, NVLink peers {peers}, island {islands[g.index]})"
             )
+    for a in inv.accel.devices:
+        if a.numa_node == node:
+            what = "TPU" if a.kind == "tpu" else "Accelerator"
+            lines.append(
+                f"{indent}{what} {a.name} {a.model or _pci_id(a.vendor_id, a.device_id) or '-'} "
+                f"({a.pci_address or 'not on PCI'}, driver {a.driver or '-'}, "
+                f"{' '.join(a.device_nodes) or 'no device node'})"
+            )
     for d in inv.block:
         if d.numa_node == node and not d.virtual:
             traits = [
@@ -154,6 +173,8 @@ def tree(inv: Inventory) -> str:
         out.append(f"  (* reserved for the system: {','.join(map(str, inv.cpu.reserved))})")
     if not inv.gpu.available:
         out.append(f"  NVML unavailable: {inv.gpu.reason}")
+    if inv.accel.reason:
+        out.append(f"  No accelerators: {inv.accel.reason}")
     return "\n".join(out)
 
 

@@ -69,6 +69,7 @@ def _candidate(c: Candidate) -> dict:
         "cpus": list(c.cpus),
         "memory": c.memory,
         "gpus": [{"index": g.index, "memory": g.memory, "whole": g.whole} for g in c.gpus],
+        "tpus": list(c.tpus),
         "score": c.score,
         "parts": dict(c.parts),
     }
@@ -86,6 +87,8 @@ def describe(d: Demand) -> str:
     if d.gpus:
         each = f" with {human(d.gpu_memory)} free" if d.gpu_memory is not None else " (whole)"
         parts.append(f"{d.gpus} GPU{'s' if d.gpus > 1 else ''}{each}")
+    if d.tpu_chips:
+        parts.append(f"{d.tpu_chips} TPU chip{'s' if d.tpu_chips > 1 else ''}")
     if d.min_cuda:
         parts.append(f"CUDA >= {d.min_cuda[0]}.{d.min_cuda[1]}")
     if d.gpu_model:

@@ -2,13 +2,18 @@
 
 `Demand` is what a task needs once its winning policy's constraints are applied (a
 constraint only ever raises a request). Each node either yields a `Candidate` (the CPUs,
-GPUs and memory it would give, and a score) or exactly one `Reason` why not, checked in
-a fixed order (device, zone, GPU hardware, GPU memory, CPU, memory, IO class, NUMA, rack,
-node affinity) so the first thing a node lacks is what the user reads. Nothing is ever
-relaxed: a task that fits nowhere stays Pending with its reasons.
+GPUs, TPU chips and memory it would give, and a score) or exactly one `Reason` why not,
+checked in a fixed order (TPU hardware, zone, GPU hardware, GPU memory, CPU, memory, IO
+class, NUMA, rack, node affinity) so the first thing a node lacks is what the user reads.
 
-Scores (0..100) weigh NUMA locality (CPUs on one NUMA node with their GPUs), L3 sharing
-(fewest L3 domains for the CPU set), NVLink islands (GPUs on one island) and
+A `deviceType: tpu` task takes one whole TPU chip: the TaskSpec has no TPU count
+(`coreAssignment` names TPU cores, an affinity, and placement does not read it), so a TPU
+task needs at least one free chip of the node model's `accelerators` of kind tpu.
+
+Nothing is ever relaxed: a task that fits nowhere stays Pending with its reasons.
+
+Scores (0..100) weigh NUMA locality (CPUs on one NUMA node with their GPUs and TPU chips),
+L3 sharing (fewest L3 domains for the CPU set), NVLink islands (GPUs on one island) and
 fragmentation (best fit: the tightest NUMA node, GPU and memory that still fit).
 """
 
@@ -21,7 +26,7 @@ from ..node_model import Version
 from ..quantity import human
 from .policy import IO_CLASSES, Match, min_gpu_memory
 from .selector import Selector
-from .state import Allocation, Cluster, GpuShare, GpuState, NodeResources
+from .state import Allocation, Cluster, GpuShare, GpuState, NodeResources, TpuState
 from .task import Task
 
 DEFAULT_CPUS = 1
@@ -37,6 +42,7 @@ class Demand:
     gpu_memory: int | None = None  # per GPU; None: each GPU whole
     min_cuda: Version | None = None
     gpu_model: str | None = None
+    tpus: int = 0  # whole TPU chips; a tpu task needs at least 1 (`tpu_chips`)
     smt_exclusive: bool = False
     numa_single: bool = False
     numa_affinity: str = "none"
@@ -65,6 +71,7 @@ class Demand:
             gpu_memory=gpu_memory if gpus else None,
             min_cuda=c.gpu.min_cuda_version if gpus else None,
             gpu_model=c.gpu.model if gpus else None,
+            tpus=1 if task.device_type == "tpu" else 0,
             smt_exclusive=c.cpu.smt_exclusive,
             numa_single=c.cpu.numa == "single",
             numa_affinity=topo.numa_affinity or "none",
@@ -75,6 +82,10 @@ class Demand:
             same_node_as=topo.same_node_as,
             away_from=topo.away_from,
         )
+
+    @property
+    def tpu_chips(self) -> int:
+        return max(self.tpus, 1) if self.device_type == "tpu" else self.tpus
 
     @property
     def needs_peers(self) -> bool:
@@ -99,9 +110,12 @@ class Candidate:
     gpus: tuple[GpuShare, ...]
     score: float
     parts: tuple[tuple[str, float], ...]  # the score's components, each 0..1
+    tpus: tuple[int, ...] = ()  # TPU chip indices
 
     def allocation(self, task: Task) -> Allocation:
-        return Allocation(task.name, self.node, self.cpus, self.memory, self.gpus, task.labels)
+        return Allocation(
+            task.name, self.node, self.cpus, self.memory, self.gpus, task.labels, self.tpus
+        )
 
 
 @dataclass(frozen=True)
@@ -154,8 +168,11 @@ def decision_of(
 
 def evaluate(d: Demand, st: NodeResources, peers: Peers | None = None) -> Candidate | Reason:
     n = st.name
-    if d.device_type == "tpu":
-        return Reason("InsufficientTPUHardware", n, f"{n} has no TPU")
+    tpus: list[TpuState] = []
+    if d.tpu_chips:
+        tpus = [t for t in st.tpus if not t.holders]
+        if len(tpus) < d.tpu_chips:
+            return _tpu_reason(d, st, tpus)
     if d.zone is not None and st.zone != d.zone:
         where = f"is in zone {st.zone}" if st.zone else "has no zone label"
         return Reason("ZoneMismatch", n, f"{n} {where}, task needs zone {d.zone}")
@@ -186,7 +203,23 @@ def evaluate(d: Demand, st: NodeResources, peers: Peers | None = None) -> Candid
         return numas
     if peers is not None and (why := peers.check(d, st)) is not None:
         return why
-    return max((_place(d, st, units, gpus, numa) for numa in numas), key=lambda c: c.score)
+    return max((_place(d, st, units, gpus, numa, tpus) for numa in numas), key=lambda c: c.score)
+
+
+def _tpu_reason(d: Demand, st: NodeResources, free: list[TpuState]) -> Reason:
+    n = st.name
+    need = f"task needs {d.tpu_chips}"
+    if st.tpus:
+        models = ", ".join(sorted({t.model or "unknown model" for t in st.tpus}))
+        return Reason(
+            "InsufficientTPUHardware",
+            n,
+            f"{n} has {len(free)} free TPU chips of {len(st.tpus)} ({models}), {need}",
+        )
+    others = ", ".join(f"{a.name} {a.model or a.pci_bus_id or ''}".rstrip() for a in st.others)
+    return Reason(
+        "InsufficientTPUHardware", n, f"{n} has no TPU" + (f" (has {others})" if others else "")
+    )
 
 
 def _suitable_gpus(d: Demand, st: NodeResources) -> list[GpuState] | Reason:
@@ -312,20 +345,27 @@ def _numa_choices(
 
 
 def _place(
-    d: Demand, st: NodeResources, units: Units, gpus: list[GpuState], numa: int | None
+    d: Demand,
+    st: NodeResources,
+    units: Units,
+    gpus: list[GpuState],
+    numa: int | None,
+    tpus: list[TpuState],
 ) -> Candidate:
     if numa is not None and d.numa_affinity == "required":
         gpus = [g for g in gpus if g.numa == numa]
     chosen_gpus = _pick_gpus(d, gpus, numa)
-    home = numa if numa is not None else _home(chosen_gpus, units)
+    # TPU chips: local to `numa` first, then the lowest index.
+    chosen_tpus = sorted(tpus, key=lambda t: (numa is not None and t.numa != numa, t.index))
+    chosen_tpus = chosen_tpus[: d.tpu_chips]
+    home = numa if numa is not None else _home([*chosen_gpus, *chosen_tpus], units)
     cpus, used_domains = _pick_cpus(d, units, home, numa is not None)
     parts = {}
-    if d.cpus or d.gpus:
+    devices = [*chosen_gpus, *chosen_tpus]
+    if d.cpus or devices:
         on_home = sum(len(u) for dom, us in used_domains if dom == home for u in us)
         cpu_local = on_home / len(cpus) if cpus else 1.0
-        gpu_local = (
-            sum(g.numa == home for g in chosen_gpus) / len(chosen_gpus) if chosen_gpus else 1.0
-        )
+        gpu_local = sum(g.numa == home for g in devices) / len(devices) if devices else 1.0
         parts["numa"] = cpu_local * gpu_local
     if cpus:
         biggest = max(dom[2] for dom in units)
@@ -355,10 +395,11 @@ def _place(
         shares,
         score,
         tuple((k, round(v, 4)) for k, v in parts.items()),
+        tuple(sorted(t.index for t in chosen_tpus)),
     )
 
 
-def _home(gpus: list[GpuState], units: Units) -> int | None:
+def _home(gpus: list[GpuState | TpuState], units: Units) -> int | None:
     for g in gpus:
         if g.numa is not None:
             return g.numa

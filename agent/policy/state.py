@@ -2,9 +2,9 @@
 
 `node_model.Node` describes a node as discovered (frozen); the scheduler needs the
 same node minus what it has handed out. `NodeResources` keeps the handed-out part and answers
-"free CPUs on this L3 domain", "free memory on GPU 3"; `Cluster` holds the nodes, the
-placed tasks (for rack and node affinity) and a version that every change bumps, so a
-decision can say which state it was computed on.
+"free CPUs on this L3 domain", "free memory on GPU 3", "is TPU chip 2 held"; `Cluster` holds
+the nodes, the placed tasks (for rack and node affinity) and a version that every change
+bumps, so a decision can say which state it was computed on.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Allocation:
     memory: int
     gpus: tuple[GpuShare, ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
+    tpus: tuple[int, ...] = ()  # TPU chip indices, each held whole
 
 
 @dataclass
@@ -57,6 +58,14 @@ class GpuState:
     @property
     def free(self) -> int:
         return 0 if self.whole else self.base_free - self.reserved
+
+
+@dataclass
+class TpuState:
+    index: int
+    model: str | None
+    numa: int | None
+    holders: int = 0  # 0 or 1: a chip is held whole
 
 
 class NodeResources:
@@ -88,6 +97,8 @@ class NodeResources:
             )
             for g in node.gpus
         ]
+        self.tpus = [TpuState(a.index, a.model, a.numa_node) for a in node.tpus]
+        self.others = [a for a in node.accelerators if a.kind != "tpu"]
         self.io_rank = max((IO_CLASSES.index(d.io_class) for d in node.io), default=-1)
         self.io_classes = sorted({d.io_class for d in node.io}, key=IO_CLASSES.index)
         self.tasks: dict[str, Allocation] = {}
@@ -95,10 +106,16 @@ class NodeResources:
     def gpu(self, index: int) -> GpuState:
         return next(g for g in self.gpus if g.index == index)
 
+    def tpu(self, index: int) -> TpuState:
+        return next(t for t in self.tpus if t.index == index)
+
     def apply(self, a: Allocation) -> None:
         taken = set(a.cpus) - self.free_cpus
         if taken or a.memory > self.memory_free:
             raise ValueError(f"{a.task}: allocation on {self.name} overlaps (cpus {sorted(taken)})")
+        held = [i for i in a.tpus if self.tpu(i).holders]
+        if held:
+            raise ValueError(f"{a.task}: TPU chips {held} on {self.name} are already held")
         self.free_cpus -= set(a.cpus)
         self.memory_free -= a.memory
         for share in a.gpus:
@@ -106,6 +123,8 @@ class NodeResources:
             g.reserved += share.memory
             g.holders += 1
             g.whole = g.whole or share.whole
+        for i in a.tpus:
+            self.tpu(i).holders += 1
         self.tasks[a.task] = a
 
     def release(self, task: str) -> Allocation:
@@ -117,6 +136,8 @@ class NodeResources:
             g.reserved -= share.memory
             g.holders -= 1
             g.whole = g.whole and not share.whole
+        for i in a.tpus:
+            self.tpu(i).holders -= 1
         return a
 
 

@@ -22,6 +22,9 @@ def test_docstring_example_loads_and_round_trips():
     assert node.gpus[0].cuda_driver_version == (12, 4)
     assert node.islands() == {0: (0, 1)}
     assert node.io[0].io_class == "polled" and node.io[0].size_bytes == 3_840_000_000_000
+    assert [(t.index, t.model, t.device_nodes) for t in node.tpus] == [
+        (0, "TPU v4", ("/dev/accel0",))
+    ]
     assert m.load_nodes_text(m.dumps_yaml(node)) == [node]
     assert m.load_nodes_text(m.dumps_json([node, m.Node("other")])) == [node, m.Node("other")]
     assert m.Node.from_dict(node.to_dict()) == node
@@ -79,6 +82,19 @@ def test_islands_are_computed_from_peers():
         ),
         ("version: 2\nnodes: []", "f.yaml:1:10: version: unsupported version 2"),
         (
+            "name: x\naccelerators: [{index: 0, kind: fpga, name: a}]",
+            "f.yaml:2:33: accelerators.0.kind: 'fpga' is not one of tpu, accelerator",
+        ),
+        (
+            "name: x\naccelerators:\n"
+            "- {index: 0, kind: tpu, name: a}\n- {index: 0, kind: tpu, name: b}",
+            "f.yaml:3:1: accelerators: duplicate accelerator tpu 0",
+        ),
+        (
+            "name: x\nnuma: [{id: 0}]\naccelerators: [{index: 0, kind: tpu, name: a, numaNode: 1}]",
+            "accelerators.0.numaNode: no NUMA node 1",
+        ),
+        (
             "name: x\n"
             "numa: [{id: 0, l3: [{id: 0, cores: "
             "[{id: 0, package: 0, cpus: [1], siblings: [0]}]}]}]",
@@ -132,7 +148,7 @@ def test_sizes_and_versions():
                 "f.yaml:3:19: nodes.0.memory.total: size 99999999999999999999... "
                 "(403 characters) is larger than 8 EiB",
                 "f.yaml:4:8: nodes.0.foo: unknown key; "
-                "expected one of name, labels, reservedCpus, numa, memory, gpus, io",
+                "expected one of name, labels, reservedCpus, numa, memory, gpus, io, accelerators",
                 "f.yaml:6:18: nodes.1.gpus.0.index: -1 is out of range 0..9223372036854775807",
                 "f.yaml:6:53: nodes.1.gpus.0.memoryTotal: "
                 "expected a size such as 4096, 512MiB or 64GiB, got a date",

@@ -235,6 +235,7 @@ def test_cli_on_recorded_tree(server, no_nvml, tmp_path):
         "memory",
         "pci",
         "gpu",
+        "accel",
         "block",
         "labels",
     }

@@ -27,10 +27,11 @@ GiB = 2**30
 
 
 def make_node(
-    name="n1", numa=((4, 4),), smt=2, gpus=(), rack=None, zone=None, memory=64, io=()
+    name="n1", numa=((4, 4),), smt=2, gpus=(), rack=None, zone=None, memory=64, io=(), tpus=()
 ) -> Node:
     """numa: per NUMA node, the number of cores in each of its L3 domains.
-    gpus: (cuda, total GiB, free GiB, numa, island-peers, name) tuples."""
+    gpus: (cuda, total GiB, free GiB, numa, island-peers, name) tuples.
+    tpus: the NUMA node of each TPU chip."""
     cores_total = sum(sum(n) for n in numa)
     numa_out, core_id, l3_id = [], 0, 0
     for nid, doms in enumerate(numa):
@@ -75,6 +76,10 @@ def make_node(
             "gpus": gpu_out,
             "io": io_out,
             "memory": {"total": memory * GiB, "available": memory * GiB},
+            "accelerators": [
+                {"index": i, "kind": "tpu", "name": f"accel{i}", "model": "TPU v4", "numaNode": t}
+                for i, t in enumerate(tpus)
+            ],
         }
     )
 
@@ -225,6 +230,12 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             "ZoneMismatch: n1 has no zone label, task needs zone z1",
         ),
         (Demand("tpu", cpus=1), make_node("n1"), (), "InsufficientTPUHardware: n1 has no TPU"),
+        (
+            Demand("tpu", cpus=1),
+            make_node("n1", tpus=(0,)),
+            [Allocation("o", "n1", (), 0, tpus=(0,))],
+            "InsufficientTPUHardware: n1 has 0 free TPU chips of 1 (TPU v4), task needs 1",
+        ),
     ],
 )
 def test_every_reason_string(demand, node, allocs, expected):
@@ -439,6 +450,7 @@ def nodes(draw, name):
         draw(st.sampled_from([None, "z1", "z2"])),
         draw(st.sampled_from([8, 32, 64])),
         tuple(draw(st.lists(st.sampled_from(IO_CLASSES), max_size=2))),
+        tuple(draw(st.lists(st.integers(0, len(numa) - 1), max_size=2))),
     )
 
 
@@ -479,10 +491,14 @@ def clusters(draw):
     for i in range(draw(st.integers(0, 4))):
         app = draw(st.sampled_from(["sensor", "batch", "other"]))
         dem = Demand(
-            "cpu", cpus=draw(st.integers(1, 3)), memory=draw(st.sampled_from([0, 8 * GiB]))
+            draw(st.sampled_from(["cpu", "cpu", "tpu"])),
+            cpus=draw(st.integers(1, 3)),
+            memory=draw(st.sampled_from([0, 8 * GiB])),
         )
         if (c := decide_demand(f"r{i}", dem, cluster).placed) is not None:
-            cluster.commit(Allocation(f"r{i}", c.node, c.cpus, c.memory, c.gpus, (("app", app),)))
+            cluster.commit(
+                Allocation(f"r{i}", c.node, c.cpus, c.memory, c.gpus, (("app", app),), c.tpus)
+            )
     return cluster
 
 
@@ -491,8 +507,11 @@ def violations(d: Demand, cluster: Cluster, c) -> list[str]:
     st_ = cluster.nodes[c.node]
     node = st_.node
     out = []
-    if d.device_type == "tpu":
-        out.append("placed a TPU task")
+    if len(c.tpus) != d.tpu_chips or len(set(c.tpus)) != len(c.tpus):
+        out.append("tpu count")
+    for chip in c.tpus:
+        if st_.tpu(chip).holders:
+            out.append("tpu held")
     if len(c.cpus) < d.cpus or not set(c.cpus) <= st_.free_cpus or len(set(c.cpus)) != len(c.cpus):
         out.append("cpus")
     numa_of = {cpu: n for n, _, core in node.cores() for cpu in core.cpus}

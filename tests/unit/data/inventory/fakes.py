@@ -4,6 +4,8 @@ server(root): a 2-socket NUMA server, 4 cores x 2 SMT threads per socket (Linux 
   socket 0 = CPUs 0-3 + 8-11, socket 1 = 4-7 + 12-15), L1/L2 per core, one L3 per socket,
   SLIT 10/21, an NVMe disk with poll queues on node 1, a SATA disk on node 0, an empty loop0.
 gpu_box(root): the same server with 8 NVIDIA GPUs on PCIe (0-3 on node 0, 4-7 on node 1).
+tpu_chips(root, ...): Google TPU chips added to a tree, as the accel class (TPU v4+, /dev/accelN)
+  or bound to vfio-pci (TPU v2/v3, /dev/vfio/GROUP); npu(root): a generic accel-class device.
 FakeNvml: pynvml functions with values and errors as NVML returns them.
 """
 
@@ -135,6 +137,57 @@ def gpu_box(root: Path) -> tuple[Path, Path]:
     for i, addr in enumerate(GPU_BUS):
         pci(sys_, addr, 0x030200, 0x10DE, 0x2330, i // 4, "nvidia", ("32.0 GT/s PCIe", 16))
     return sys_, proc
+
+
+TPU_BUS = [f"0000:{b:02x}:00.0" for b in (0x05, 0x06, 0x85, 0x86)]
+
+
+def tpu_chips(
+    root: Path, device=0x005E, klass=0x088000, count=4, vfio=False, first_minor=0
+) -> list[str]:
+    """`count` Google TPU chips (vendor 0x1ae0), half on each NUMA node. As the accel class:
+    /sys/class/accel/accelN -> its PCI function, node /dev/accelN (Google's driver). With
+    `vfio`: driver vfio-pci, an IOMMU group per chip and /dev/vfio/GROUP, no accel class."""
+    sys_, dev = root / "sys", root / "dev"
+    for i, addr in enumerate(TPU_BUS[:count]):
+        numa = i * 2 // count
+        pci(sys_, addr, klass, 0x1AE0, device, numa, "vfio-pci" if vfio else "accel", None)
+        d = sys_ / "bus/pci/devices" / addr
+        if vfio:
+            group = sys_ / f"kernel/iommu_groups/{12 + i}"
+            group.mkdir(parents=True)
+            os.symlink(group, d / "iommu_group")
+            put(dev / f"vfio/{12 + i}", "")
+            put(dev / "vfio/vfio", "")
+        else:
+            name = f"accel{first_minor + i}"
+            (sys_ / "class/accel" / name).mkdir(parents=True)
+            os.symlink(d, sys_ / "class/accel" / name / "device")
+            put(dev / name, "")
+    return TPU_BUS[:count]
+
+
+def npu(root: Path, addr="0000:00:0b.0", minor=0) -> None:
+    """An Intel NPU (8086:7d1d, class 0x1200, driver intel_vpu) laid out as the kernel does:
+    the function under /sys/devices, bus/pci/devices and class/accel/accelN are relative
+    links to it, the node is /dev/accel/accelN."""
+    sys_ = root / "sys"
+    real = sys_ / "devices/pci0000:00" / addr
+    put(real / "vendor", "0x8086")
+    put(real / "device", "0x7d1d")
+    put(real / "class", "0x120000")
+    put(real / "numa_node", -1)
+    (sys_ / "bus/pci/drivers/intel_vpu").mkdir(parents=True, exist_ok=True)
+    os.symlink("../../../bus/pci/drivers/intel_vpu", real / "driver")
+    (real / f"accel/accel{minor}").mkdir(parents=True)
+    os.symlink(f"../../../{addr}", real / f"accel/accel{minor}/device")
+    (sys_ / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    os.symlink(f"../../../devices/pci0000:00/{addr}", sys_ / "bus/pci/devices" / addr)
+    (sys_ / "class/accel").mkdir(parents=True, exist_ok=True)
+    os.symlink(
+        f"../../devices/pci0000:00/{addr}/accel/accel{minor}", sys_ / f"class/accel/accel{minor}"
+    )
+    put(root / f"dev/accel/accel{minor}", "")
 
 
 def err(code: int) -> pynvml.NVMLError:
