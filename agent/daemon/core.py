@@ -472,6 +472,9 @@ class Agent:
         env = dict(task.env)
         if placed.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(placement["gpus"])
+        if placed.tpus:
+            # the model numbers TPU chips 0..N-1 in accel-minor (PCI) order, as libtpu does
+            env["TPU_VISIBLE_CHIPS"] = ",".join(str(i) for i in sorted(placed.tpus))
         try:
             uid, gid = resolve_run_as(task.user) if task.user else (None, None)
             started = self.executor.start(

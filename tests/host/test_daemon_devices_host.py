@@ -1,0 +1,68 @@
+"""Devices handed to a workload: the agent's scheduler core with this host's node model plus
+two TPU chips (this host has none; the chips exist only in the model), a real store, a real
+executor over a scratch subtree and a real shim. A `deviceType: tpu` task that prints its
+environment gets TPU_VISIBLE_CHIPS with the chip it was placed on, and the chip is held
+while it runs and free after."""
+
+import os
+import time
+from dataclasses import replace
+
+import pytest
+
+from xhagent.cgroups.subtree import locate
+from xhagent.daemon.core import Agent
+from xhagent.daemon.executor import Executor
+from xhagent.daemon.lifecycle import TERMINAL
+from xhagent.daemon.store import Store
+from xhagent.daemon.submission import parse_submission
+from xhagent.inventory import build_model, discover_node
+from xhagent.node_model import Accelerator
+
+pytestmark = pytest.mark.host
+
+TASK = """apiVersion: xh.scheduling/v1
+kind: Task
+metadata: {name: tpu-env}
+spec:
+  deviceType: tpu
+  command: [sh, -c, "echo chips=$TPU_VISIBLE_CHIPS; echo cuda=${CUDA_VISIBLE_DEVICES-unset}"]
+"""
+
+
+@pytest.fixture
+def agent(tmp_path):
+    node = build_model(discover_node())
+    chips = tuple(Accelerator(i, "tpu", f"accel{i}", "TPU v4") for i in range(2))
+    node = replace(node, accelerators=chips)
+    sub = locate(f"xhagent-devices-test-{os.getpid()}.slice")
+    store = Store.open(tmp_path / "state")
+    executor = Executor(sub, tmp_path / "state", 1 << 20)
+    executor.prepare()
+    a = Agent(store, executor, node, parse_submission, lambda: [])
+    yield a
+    store.close()
+    for rel in reversed(sub.walk()):
+        sub.group(rel).remove(kill_first=True)
+    sub.root.remove()
+
+
+def test_a_tpu_task_sees_the_chip_it_holds_and_gives_it_back(agent, tmp_path):
+    (rec,) = agent.submit(TASK, "tpu.yaml")
+    chips = agent.cluster.nodes[agent.node.name].tpus
+    deadline = time.monotonic() + 30
+    held = None
+    while rec.state not in TERMINAL:
+        agent.step()  # a step collects exits first, then starts: a start is seen running
+        rec = agent.get(rec.id)
+        if rec.placement and held is None:
+            held = sum(t.holders for t in chips)
+        assert time.monotonic() < deadline, f"still {rec.state}"
+        time.sleep(0.02)
+    assert rec.state == "Succeeded", rec
+    assert held == 1
+    chip = rec.placement["tpus"]
+    assert chip in ([0], [1])
+    out = agent.executor.runs / rec.id / str(rec.attempt) / "stdout"
+    assert out.read_text().split() == [f"chips={chip[0]}", "cuda=unset"]
+    assert sum(t.holders for t in agent.cluster.nodes[agent.node.name].tpus) == 0
