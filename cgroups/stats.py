@@ -41,9 +41,15 @@ class _PlainReader:
 
     def __init__(self, paths: list[Path]):
         self.paths = paths
+        self.reads = 0
 
     def read(self) -> list[bytes | None]:
-        return _plain(self.paths)
+        out = _plain(self.paths)
+        self.reads += sum(data is not None for data in out)  # a file absent here is no read
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {"plain": self.reads}
 
     def close(self) -> None:
         pass
@@ -57,6 +63,10 @@ class _SampledReader:
     def read(self) -> list[bytes | None]:
         snap = self.sampler.sample_packed()
         return [snap[i] for i in self._order]
+
+    def counts(self) -> dict[str, int]:
+        stats = self.sampler.stats
+        return {"io_uring": stats["uring"], "pread": stats["pread"]}
 
     def close(self) -> None:
         self.sampler.close()
@@ -101,6 +111,12 @@ class StatsSampler:
             if data is not None:
                 out[i][f.name] = f.parse(data.decode())
         return out
+
+    def reads(self) -> dict[str, int]:
+        """Files read so far, by how: `io_uring` (registered files), `pread` (files io_uring
+        would hand to its worker threads: read by a C loop instead), `plain` (the io engine
+        missing or refused: open, read, close in Python)."""
+        return self._reader.counts()
 
     def close(self) -> None:
         self._reader.close()

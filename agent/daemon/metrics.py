@@ -6,7 +6,8 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
   decisions. Counted once each, after the commit, never for a rolled-back change;
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
-  one batch; the run-queue latency of their tasks (`xhagent.bpf.runqlat`, where BPF
+  one batch (the files read by io_uring and by its fallbacks counted); the run-queue
+  latency of their tasks (`xhagent.bpf.runqlat`, where BPF
   loads: the groups watched are kept in step with the managed ones at each scrape); each
   task's delays (`xhagent.metrics.taskstats`: CPU, block I/O, swap-in, reclaim...) summed
   over the processes in its leaf; plus the agent's own process (`process_*`).
@@ -35,6 +36,7 @@ from ..cgroups.stats import StatsSampler
 from .lifecycle import TERMINAL, TaskState
 from .store import Event, Store, TaskRecord
 
+READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 # Seconds. Queue waits and starts: a few ms to minutes; runs: up to days.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
@@ -146,6 +148,7 @@ class _Census:
         # afresh only when the set of groups changed (a task started or ended)
         self._sampled: tuple[tuple[str, str], ...] = ()
         self._sampler: StatsSampler | None = None
+        self._reads = dict.fromkeys(READ_PATHS, 0)  # of samplers already closed
 
     def collect(self):
         by_state, pending = self.store.census()
@@ -165,6 +168,7 @@ class _Census:
         yield reasons
         groups = list(self.groups())
         yield from group_metrics(groups, self._stats(groups))
+        yield self._file_reads()
         if self.runq is not None:
             yield self._runq(groups)
         if self.taskstats is not None:
@@ -173,14 +177,27 @@ class _Census:
     def _stats(self, groups: list[tuple[str, Cgroup]]) -> list[dict]:
         key = tuple((name, str(g.path)) for name, g in groups)
         if key != self._sampled or self._sampler is None:
-            if self._sampler is not None:
-                self._sampler.close()
+            self.close()
             self._sampler = StatsSampler([g for _, g in groups])
             self._sampled = key
         return self._sampler.read()
 
+    def _file_reads(self) -> CounterMetricFamily:
+        fam = CounterMetricFamily(
+            "xhagent_stats_file_reads",
+            "Statistics files read for these metrics, by how: io_uring, or its fallbacks pread "
+            "(a file io_uring would hand to its worker threads) and plain (no io engine).",
+            labels=["via"],
+        )
+        now = self._sampler.reads() if self._sampler is not None else {}
+        for via in READ_PATHS:
+            fam.add_metric([via], self._reads[via] + now.get(via, 0))
+        return fam
+
     def close(self) -> None:
         if self._sampler is not None:
+            for via, n in self._sampler.reads().items():
+                self._reads[via] += n
             self._sampler.close()
             self._sampler = None
 

@@ -208,3 +208,21 @@ def test_stats_sampler_reads_groups_and_forgets_a_removed_one(slice_dir):
         second = stats.read()
         assert second[0]["cgroup.stat"]["nr_descendants"] == 1  # read now, not at open
         assert second[1] == {}  # removed: no statistics rather than the last ones
+
+
+def test_stats_sampler_counts_its_reads_by_how_and_plain_reads_where_the_engine_is_missing(
+    slice_dir, monkeypatch
+):
+    from xhagent.cgroups import stats as stats_module
+
+    groups = [Cgroup(slice_dir / n).create() for n in ("x", "y")]
+    with StatsSampler(groups) as stats:
+        assert stats.reads() == {"io_uring": 0, "pread": 0}
+        stats.read()
+        stats.read()
+        once = sum(stats.reads().values())
+        assert once > 0 and once % 2 == 0  # two passes over the same open files
+    monkeypatch.setattr(stats_module, "_sampler_class", lambda: None)
+    with StatsSampler(groups) as plain:
+        plain.read()
+        assert plain.reads() == {"plain": once // 2}

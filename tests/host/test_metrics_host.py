@@ -143,6 +143,14 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         )
         assert median is not None and 0 < median < 60  # a quantile of real starts
         assert prom.scalar('sum(xhagent_cgroup_cpu_usage_seconds_total{group="shims"})') > 0
+        # the groups' files were read by the io engine (io_uring, or pread where io_uring
+        # would punt), never by the plain fallback here, and the count rises per scrape
+        reads = 'sum(xhagent_stats_file_reads_total{via=~"io_uring|pread"})'
+        first = prom.scalar(reads)
+        assert first is not None and first > 0
+        assert prom.scalar('xhagent_stats_file_reads_total{via="plain"}') == 0
+        prom.wait_scrapes(1)
+        assert prom.scalar(reads) > first
         # the shims' group is always there, and its processes wake and wait for a CPU
         shims = 'xhagent_runq_latency_seconds_bucket{group="shims"}'
         runq = prom.scalar(f"histogram_quantile(0.9, sum by (le) ({shims}))")
