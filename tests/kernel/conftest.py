@@ -1,9 +1,10 @@
 """Kernel tests: they need full cgroup v2 and NVMe polling, so they run inside the guest VM
 that tools/vmtest boots (it sets XHAGENT_GUEST=1). Anywhere else they are skipped.
 
-Fixtures for every kernel test: `cgroup_root`, `cgroup` (a fresh child of the root,
-removed afterwards), `nvme_device`, `nvme_pattern` (tests/kernel/pattern.py: the bytes
-tools/vmtest put at the start of that disk).
+Fixtures for every kernel test: `cgroup_root`, `memory_root` / `cpu_root` (the root with
+that controller enabled for its children, taken back when the test enabled it), `cgroup`
+(a fresh child of the root, removed afterwards), `nvme_device`, `nvme_pattern`
+(tests/kernel/pattern.py: the bytes tools/vmtest put at the start of that disk).
 """
 
 import errno
@@ -11,6 +12,7 @@ import importlib.util
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,33 @@ def cgroup_root():
         fstypes = [f[2] for f in (line.split() for line in mounts) if f[1] == str(CGROUP_ROOT)]
     assert fstypes and fstypes[-1] == "cgroup2", f"{CGROUP_ROOT} is not a cgroup2 mount"
     return CGROUP_ROOT
+
+
+@contextmanager
+def controller_enabled(root, controller):
+    """`controller` in the root's subtree_control for the block; disabled again afterwards
+    only when this enabled it."""
+    control = root / "cgroup.subtree_control"
+    added = controller not in control.read_text().split()
+    if added:
+        control.write_text(f"+{controller}")
+    try:
+        yield root
+    finally:
+        if added:
+            control.write_text(f"-{controller}")
+
+
+@pytest.fixture
+def memory_root(cgroup_root):
+    with controller_enabled(cgroup_root, "memory"):
+        yield cgroup_root
+
+
+@pytest.fixture
+def cpu_root(cgroup_root):
+    with controller_enabled(cgroup_root, "cpu"):
+        yield cgroup_root
 
 
 @pytest.fixture

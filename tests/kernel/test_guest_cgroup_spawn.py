@@ -13,17 +13,6 @@ pytestmark = pytest.mark.kernel
 METHODS = ["clone3", "fork"]
 
 
-@pytest.fixture
-def memory_root(cgroup_root):
-    control = cgroup_root / "cgroup.subtree_control"
-    added = "memory" not in control.read_text().split()
-    if added:
-        control.write_text("+memory")
-    yield cgroup_root
-    if added:
-        control.write_text("-memory")
-
-
 def test_the_guest_kernel_takes_clone3_into_cgroup():
     assert spawn_method() == "clone3"
 

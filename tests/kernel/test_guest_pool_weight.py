@@ -30,17 +30,6 @@ def usage_us(group: Cgroup) -> int:
     return int(stat["usage_usec"])
 
 
-@pytest.fixture
-def cpu_root(cgroup_root):
-    control = cgroup_root / "cgroup.subtree_control"
-    added = "cpu" not in control.read_text().split()
-    if added:
-        control.write_text("+cpu")
-    yield cgroup_root
-    if added:
-        control.write_text("-cpu")
-
-
 def test_two_classes_share_one_cpu_by_their_cpu_weight(cpu_root):
     tag = uuid.uuid4().hex[:8]
     names = {"latency": f"xh-pool-latency-{tag}", "batch": f"xh-pool-batch-{tag}"}
