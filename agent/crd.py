@@ -138,8 +138,17 @@ def _cgroup_policy() -> F.Schema:
         },
         ["name"],
     )
-    spec = F.obj({"groups": F.array(_group(1)), "classes": F.array(task_class)})
-    spec["anyOf"] = [{"required": [k]} for k in cg.SPEC_FIELDS]  # groups, classes or both
+    # spec.ioCost: {DEV: {model: {...}, qos: {...}}}, io.cost.model's and io.cost.qos's keys
+    io_cost = F.map_of(
+        F.obj(
+            {
+                "model": F.obj({k: f.schema for k, f in cg.IO_COST_MODEL_KEYS.items()}),
+                "qos": F.obj({k: f.schema for k, f in cg.IO_COST_QOS_KEYS.items()}),
+            }
+        )
+    )
+    spec = F.obj({"groups": F.array(_group(1)), "classes": F.array(task_class), "ioCost": io_cost})
+    spec["anyOf"] = [{"required": [k]} for k in cg.SPEC_FIELDS]  # groups, classes, ioCost
     anything = {"x-kubernetes-preserve-unknown-fields": True}
     metadata = F.obj({"name": F.string(), "labels": anything, "annotations": anything})
     return _header("CgroupPolicy", cg.HEADER_REQUIRED, metadata, spec)

@@ -29,6 +29,10 @@ def integer(lo: int | None = None, hi: int | None = None) -> Schema:
     return _bounds({"type": "integer"}, lo, hi)
 
 
+def number(lo: float | None = None, hi: float | None = None) -> Schema:
+    return _bounds({"type": "number"}, lo, hi)
+
+
 def string(
     enum: Iterable[str] | None = None, pattern: str | None = None, max_length: int | None = None
 ) -> Schema:

@@ -160,8 +160,8 @@ def _policy_options(fn):
     fn = click.option(
         "--enable-io-cost",
         is_flag=True,
-        help="Enable io.cost in the cgroup2 root's io.cost.qos for devices given "
-        "per-device weights.",
+        help="Let the agent write the cgroup2 root's io.cost files: enable=1 in io.cost.qos "
+        "for devices given per-device weights, and the policy's spec.ioCost model and QoS.",
     )(fn)
     fn = click.option(
         "--own-root",

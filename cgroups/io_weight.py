@@ -96,20 +96,28 @@ class Enforcer:
 
 
 def enforcer(
-    majmin: str, cost_enabled: set[str], sched: str | None, will_enable_cost: bool = False
+    majmin: str,
+    cost_enabled: set[str],
+    sched: str | None,
+    will_enable_cost: bool = False,
+    by: str = "",
 ) -> Enforcer:
+    """`by`: what decides io.cost for the device (spec.ioCost), named in the note."""
     if majmin in cost_enabled or will_enable_cost:
-        return Enforcer(
-            majmin,
-            IO_COST,
-            "enabled in io.cost.qos" if majmin in cost_enabled else "io.cost.qos enable=1 planned",
+        note = (
+            "enabled in io.cost.qos" if majmin in cost_enabled else "io.cost.qos enable=1 planned"
         )
+        return Enforcer(majmin, IO_COST, f"{note} ({by})" if by else note)
     if sched == BFQ:
         return Enforcer(majmin, BFQ, "scheduler is bfq: io.bfq.weight written, scaled 1..1000")
+    why = (
+        f"{by} sets io.cost.qos enable=0"
+        if by
+        else "device not enabled in io.cost.qos "
+        "(pass --enable-io-cost where the agent owns the cgroup2 root)"
+    )
     return Enforcer(
         majmin,
         NONE,
-        f"per-device weight not enforced: device not enabled in io.cost.qos "
-        f"(pass --enable-io-cost where the agent owns the cgroup2 root) "
-        f"and scheduler is {sched or 'unknown'}",
+        f"per-device weight not enforced: {why} and scheduler is {sched or 'unknown'}",
     )

@@ -10,13 +10,19 @@
           children: [{name: web}]
       classes:                      # the agent's task classes (Task spec.class)
         - {name: latency, cpu: {weight: 1000}, io: {weight: 1000}}
+      ioCost:                       # the cgroup2 root's io.cost.model and io.cost.qos
+        nullb0:
+          model: {ctrl: user, model: linear, rbps: 8000000, rseqiops: 2000, ...}
+          qos: {enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, ...}
 
 Every field maps onto one registry file (registry.BY_POLICY); `io.devices` adds
 per-device lines to io.weight and `io.max` is per device. Errors are FILE:LINE:COL, all of
 a file's at once. A device this node does not have is not an error in the file: the policy
 keeps it in `absent` and `plan` refuses it as unsupported here. `classes` give the agent's
-task classes their cpu.weight and io.weight (100 each when not given); a file holds groups,
-classes or both.
+task classes their cpu.weight and io.weight (100 each when not given). `ioCost` gives a
+device's io.cost model and QoS, written to the root's io.cost.model and io.cost.qos (keys as
+the kernel names them, Documentation/admin-guide/cgroup-v2.rst); its devices resolve as
+io.devices do. A file holds groups, classes, ioCost or any of them together.
 """
 
 from __future__ import annotations
@@ -44,7 +50,44 @@ HEADER_FIELDS, HEADER_REQUIRED = (
     ("apiVersion", "kind", "spec"),
 )
 METADATA_FIELDS = ("name", "labels", "annotations")
-SPEC_FIELDS = ("groups", "classes")  # at least one of them
+SPEC_FIELDS = ("groups", "classes", "ioCost")  # at least one of them
+IO_COST_FIELDS = ("model", "qos")  # per device; at least one
+U64 = v.int_range(0, 2**63 - 1)  # the kernel takes u64; a CRD's integers are int64
+CTRL = v.choice("user", "auto")
+# spec.ioCost.DEV.model: io.cost.model's keys; with numbers, all six (the kernel would keep
+# the ones not given from whatever model the device had).
+IO_COST_MODEL_KEYS = {
+    "ctrl": CTRL,
+    "model": v.choice("linear"),
+    **{k: U64 for k in ("rbps", "rseqiops", "rrandiops", "wbps", "wseqiops", "wrandiops")},
+}
+IO_COST_MODEL_NUMBERS = tuple(IO_COST_MODEL_KEYS)[2:]
+# spec.ioCost.DEV.qos: io.cost.qos's keys; percentiles 0..100, latencies in µs, the vrate
+# bounds min/max in percent (the kernel clamps them to 1..10000).
+IO_COST_QOS_KEYS = {
+    "enable": v.boolean01,
+    "ctrl": CTRL,
+    "rpct": v.decimal(0, 100),
+    "rlat": U64,
+    "wpct": v.decimal(0, 100),
+    "wlat": U64,
+    "min": v.decimal(1, 10000),
+    "max": v.decimal(1, 10000),
+}
+IO_COST_QOS_NUMBERS = tuple(IO_COST_QOS_KEYS)[2:]
+IO_COST_WHAT = {
+    "ctrl": "ctrl",
+    "model": "model",
+    "enable": "enable (0 or 1)",
+    "rbps": "rate in bytes per second",
+    "wbps": "rate in bytes per second",
+    "rpct": "percentile",
+    "wpct": "percentile",
+    "rlat": "latency in µs",
+    "wlat": "latency in µs",
+    "min": "percentage",
+    "max": "percentage",
+}
 CLASS_FIELDS, CLASS_SECTIONS = ("name", "cpu", "io"), ("cpu", "io")
 WHAT = {"weight": "weight (1..10000)", "max": "limit", "cpus": "cpu list", "mems": "node list"}
 MAX_NESTING = 32  # levels of groups in one policy; deeper is a mistake (and recursion)
@@ -66,12 +109,24 @@ class GroupSpec:
 
 
 @dataclass
+class IoCostSpec:
+    """One device's io.cost settings: what the root's io.cost.model and io.cost.qos get."""
+
+    device: str  # the name the policy used
+    model: dict[str, Any] = field(default_factory=dict)  # key -> canonical value; {}: not set
+    qos: dict[str, Any] = field(default_factory=dict)
+    at: str = ""  # FILE:LINE:COL of the device's key
+
+
+@dataclass
 class CgroupPolicy:
     name: str
     file: str
     groups: list[GroupSpec]  # parents before children
     absent: list[str] = field(default_factory=list)  # "FILE:LINE:COL: devices this node lacks"
     classes: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> cpu, io weight
+    io_cost: dict[str, IoCostSpec] = field(default_factory=dict)  # MAJ:MIN -> its settings
+    io_cost_at: str = ""  # FILE:LINE:COL of spec.ioCost
 
     def controllers(self) -> dict[str, list[str]]:
         """controller -> groups whose settings need it."""
@@ -111,14 +166,17 @@ def _one(docs: list[Document], file: str, sys_root: Path) -> CgroupPolicy:
     spec = root["spec"]
     items, classes = [], []
     if doc.attempt(lambda: spec.mapping(SPEC_FIELDS), None) is not None:
-        if not spec["groups"].present and not spec["classes"].present:
-            doc.errors.add(spec.error("spec: expected groups, classes or both"))
+        if not any(spec[k].present for k in SPEC_FIELDS):
+            doc.errors.add(spec.error("spec: expected groups, classes, ioCost or several"))
         items = doc.attempt(lambda: spec["groups"].seq(default=[]), [])
         classes = doc.attempt(lambda: spec["classes"].seq(default=[]), [])
     for item in items:
         _group(item, "", policy, sys_root, 1)
     for item in classes:
         _class(item, policy)
+    if spec.present and isinstance(spec.value, dict) and spec["ioCost"].present:
+        with doc.collecting():
+            _io_cost(spec["ioCost"], policy, sys_root)
     doc.errors.raise_if_any()
     return policy
 
@@ -250,6 +308,81 @@ def _device(c: Cursor, dev: str, policy: CgroupPolicy, sys_root: Path) -> str | 
         return None
     except ValueError as exc:
         raise SpecError(c.doc.file, *pos, f"{c.where}: {exc}") from None
+
+
+def _io_cost(c: Cursor, policy: CgroupPolicy, sys_root: Path) -> None:
+    """spec.ioCost: {DEV: {model: {...}, qos: {...}}}; every device's errors collected."""
+    policy.io_cost_at = _loc(c)
+    for dev, entry in c.items():
+        with c.doc.collecting():
+            if not entry.fields(IO_COST_FIELDS):
+                continue
+            if not any(entry[k].present for k in IO_COST_FIELDS):
+                raise entry.error(f"{entry.where}: expected model, qos or both")
+            model = _io_cost_keys(entry["model"], IO_COST_MODEL_KEYS)
+            qos = _io_cost_keys(entry["qos"], IO_COST_QOS_KEYS)
+            with c.doc.collecting():
+                _check_model(entry["model"], model)
+            with c.doc.collecting():
+                _check_qos(entry["qos"], qos)
+            majmin = _device(c, str(dev), policy, sys_root)
+            if majmin is None:
+                continue
+            at = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)
+            if majmin in policy.io_cost:
+                raise SpecError(
+                    c.doc.file,
+                    *at,
+                    f"{c.where}: {dev} is {majmin}, "
+                    f"given already as {policy.io_cost[majmin].device}",
+                )
+            policy.io_cost[majmin] = IoCostSpec(
+                str(dev), model, qos, f"{c.doc.file}:{at[0]}:{at[1]}"
+            )
+
+
+def _io_cost_keys(c: Cursor, keys: dict[str, Callable[[Any], Any]]) -> dict[str, Any]:
+    """The keys of an io.cost.model or io.cost.qos mapping, in the kernel's order."""
+    out: dict[str, Any] = {}
+    if not c.present or not c.fields(keys):
+        return out
+    if not c.value:
+        c.doc.errors.add(c.error(f"{c.where}: expected at least one of {', '.join(keys)}"))
+    for k, check in keys.items():
+        if c[k].present:
+            with c.doc.collecting():
+                out[k] = c[k].parse(check, IO_COST_WHAT.get(k, "IOPS figure"))
+    return out
+
+
+def _check_model(c: Cursor, model: dict[str, Any]) -> None:
+    if not isinstance(c.value, dict):
+        return
+    numbers = [k for k in IO_COST_MODEL_NUMBERS if k in c.value]
+    if not numbers:
+        return
+    if c.value.get("ctrl") == "auto":
+        raise c["ctrl"].error(
+            f"{c.where}: ctrl auto takes no {', '.join(numbers)} (the kernel would switch to user)"
+        )
+    missing = [k for k in IO_COST_MODEL_NUMBERS if k not in c.value]
+    if missing:
+        raise c.error(
+            f"{c.where}: a user model needs all of {', '.join(IO_COST_MODEL_NUMBERS)}; "
+            f"missing {', '.join(missing)}"
+        )
+
+
+def _check_qos(c: Cursor, qos: dict[str, Any]) -> None:
+    if not isinstance(c.value, dict):
+        return
+    numbers = [k for k in IO_COST_QOS_NUMBERS if k in c.value]
+    if numbers and c.value.get("ctrl") == "auto":
+        raise c["ctrl"].error(
+            f"{c.where}: ctrl auto takes no {', '.join(numbers)} (the kernel would switch to user)"
+        )
+    if "min" in qos and "max" in qos and qos["min"] > qos["max"]:
+        raise c["min"].error(f"{c.where}: min {qos['min']:g} exceeds max {qos['max']:g}")
 
 
 def _io_limits(c: Cursor) -> dict[str, Any]:

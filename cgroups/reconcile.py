@@ -7,7 +7,8 @@ their ordering are tested on plain data. Order of a plan:
 2. enable controllers in `cgroup.subtree_control` top-down; a group holding processes
    first has them moved into a leaf child when a domain controller is enabled below it
    (no internal processes);
-3. switch io.cost on for devices that get per-device weights (only when allowed);
+3. write the policy's io.cost model, then its QoS (spec.ioCost), to the cgroup2 root, and
+   switch io.cost on for devices that get per-device weights (only when allowed);
 4. writes that loosen a limit (or are neutral, like weights) top-down, then writes that
    tighten one bottom-up; within a group, registry `order` breaks ties (cpu.max before
    cpu.max.burst when loosening, after it when tightening);
@@ -21,9 +22,11 @@ from typing import Any
 
 from . import io_weight
 from . import registry as R
+from . import values as v
 from .policy import CgroupPolicy
 
-ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable and io-cost go there
+ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable, io-cost and the
+# io.cost.model / io.cost.qos writes of spec.ioCost go there
 SUBTREE = ""  # the subtree's own directory
 PATH_MAX = 4096  # bytes of a path the kernel takes, its NUL included
 LONGEST_FILE = (
@@ -62,6 +65,9 @@ class Actual:
     subtree_is_top_level: bool = True  # its parent is the cgroup2 root
     systemd_root: bool = False  # systemd manages the root: never write it
     io_cost_enabled: set[str] = field(default_factory=set)
+    # The root's io.cost.model and io.cost.qos, parsed; a file absent here is absent there
+    # (a kernel without io.cost).
+    root_values: dict[str, Any] = field(default_factory=dict)
     schedulers: dict[str, str | None] = field(default_factory=dict)  # MAJ:MIN -> scheduler
     unsupported: set[str] = field(default_factory=set)  # registry files absent here
     mode: str = "unified"
@@ -74,7 +80,7 @@ class Actual:
 @dataclass(frozen=True)
 class Options:
     own_root: bool = False  # may enable controllers in the cgroup2 root's subtree_control
-    enable_io_cost: bool = False  # may write `MAJ:MIN enable=1` to the root's io.cost.qos
+    enable_io_cost: bool = False  # may write the root's io.cost.qos (and io.cost.model)
     prune: bool = False
     leaf: str = "leaf"  # where processes of an inner group are moved
 
@@ -91,9 +97,8 @@ class Action:
     def describe(self) -> str:
         where = "<cgroup2 root>" if self.group == ROOT else (self.group or "<subtree>")
         if self.kind == "write":
-            return (
-                f"write {where} {self.file} = {_show(self.value)} "
-                f"(was {_show(self.old)}; {self.phase})"
+            return f"write {where} {self.file} = {_show(self.value)} (was {_show(self.old)}" + (
+                f"; {self.phase})" if self.phase else ")"
             )
         if self.kind == "enable":
             return f"enable {where} +{' +'.join(self.value)}"
@@ -116,6 +121,8 @@ def _show(value: Any) -> str:
         return "unset"
     if isinstance(value, tuple):
         return " ".join(map(str, value))
+    if isinstance(value, dict) and value and all(isinstance(x, dict) for x in value.values()):
+        return "; ".join(v.format_nested_keyed(value))  # as the kernel reads: MAJ:MIN k=v ...
     return str(value)
 
 
@@ -147,6 +154,7 @@ def plan(policy: CgroupPolicy, actual: Actual, options: Options = Options()) -> 
         out.actions.append(Action("create", SUBTREE))
     out.actions += [Action("create", g.path) for g in policy.groups if g.path not in actual.groups]
     _controllers(policy, actual, options, out)
+    _io_cost(policy, actual, options, out)
     desired = _io_enforcement(policy, actual, options, out)
     _writes(policy, desired, actual, out)
     _prune(policy, actual, options, out)
@@ -265,18 +273,76 @@ def _controllers(policy: CgroupPolicy, actual: Actual, options: Options, out: Pl
         out.actions.append(Action("enable", path, R.SUBTREE_CONTROL.name, missing))
 
 
+def _may_write_root_io(actual: Actual, options: Options) -> bool:
+    return options.enable_io_cost and not actual.systemd_root
+
+
+def _io_cost(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) -> None:
+    """spec.ioCost: the root's io.cost.model then io.cost.qos, only the devices whose keys
+    differ from what the files read now."""
+    if not policy.io_cost:
+        return
+    at = policy.io_cost_at
+    missing = [f.name for f in R.ROOT_IO_COST if f.name not in actual.root_values]
+    if missing:
+        why = (
+            "the io controller is not in cgroup2 here"
+            if "io" not in actual.root_controllers
+            else "a kernel built without CONFIG_BLK_CGROUP_IOCOST"
+        )
+        out.errors.append(
+            f"{at}: spec.ioCost: this node has no io.cost (the cgroup2 root has no "
+            f"{' or '.join(missing)}: {why})"
+        )
+        return
+    if not _may_write_root_io(actual, options):
+        how = (
+            "systemd manages the cgroup2 root"
+            if actual.systemd_root
+            else "pass --enable-io-cost where the agent owns the cgroup2 root"
+        )
+        out.errors.append(
+            f"{at}: spec.ioCost needs the cgroup2 root's "
+            f"{' and '.join(f.name for f in R.ROOT_IO_COST)}: {how}"
+        )
+        return
+    for f in R.ROOT_IO_COST:
+        have = actual.root_values[f.name]
+        want = {
+            dev: keys
+            for dev, s in policy.io_cost.items()
+            if (keys := s.model if f is R.IO_COST_MODEL else s.qos)
+            and not f.matches(have, {dev: keys})
+        }
+        if want:
+            old = {dev: have[dev] for dev in want if dev in have} or None
+            out.actions.append(Action("write", ROOT, f.name, want, old))
+
+
+def _io_cost_planned(policy: CgroupPolicy, actual: Actual, options: Options) -> dict[str, int]:
+    """MAJ:MIN -> the `enable` spec.ioCost gives it, where the plan writes the root."""
+    if not _may_write_root_io(actual, options) or not all(
+        f.name in actual.root_values for f in R.ROOT_IO_COST
+    ):
+        return {}
+    return {dev: s.qos["enable"] for dev, s in policy.io_cost.items() if "enable" in s.qos}
+
+
 def _io_enforcement(
     policy: CgroupPolicy, actual: Actual, options: Options, out: Plan
 ) -> dict[str, dict[str, Any]]:
     """Desired settings per group, with per-device io weights kept only where something
     enforces them (io.cost, or BFQ through io.bfq.weight); the rest become warnings."""
     desired = {g.path: dict(g.settings) for g in policy.groups}
-    may_enable = options.enable_io_cost and not actual.systemd_root
+    may_enable = _may_write_root_io(actual, options)
+    # spec.ioCost's qos.enable decides for its devices; --enable-io-cost for the others.
+    planned = _io_cost_planned(policy, actual, options)
+    cost_on = {d for d in actual.io_cost_enabled if planned.get(d, 1)}
     # Disks BFQ schedules get every group's default weight through io.bfq.weight.
     bfq_disks = sorted(
         d
         for d, sched in actual.schedulers.items()
-        if sched == io_weight.BFQ and d not in actual.io_cost_enabled
+        if sched == io_weight.BFQ and d not in cost_on and planned.get(d) != 1
     )
     named = {
         d for g in policy.groups for d in (g.settings.get(R.IO_WEIGHT.name) or {}) if d != "default"
@@ -284,7 +350,7 @@ def _io_enforcement(
     if any(g.settings.get(R.IO_WEIGHT.name) for g in policy.groups):
         for dev in bfq_disks:
             if dev not in named:  # named ones get their enforcer below, io.cost possibly planned
-                out.enforcers[dev] = io_weight.enforcer(dev, actual.io_cost_enabled, io_weight.BFQ)
+                out.enforcers[dev] = io_weight.enforcer(dev, cost_on, io_weight.BFQ)
     for g in policy.groups:
         weights = g.settings.get(R.IO_WEIGHT.name)
         if not weights:
@@ -292,10 +358,15 @@ def _io_enforcement(
         bfq: dict[str, int] = {}
         for dev in (d for d in weights if d != "default"):
             if dev not in out.enforcers:
+                enable = dev not in planned and may_enable and dev not in cost_on
                 out.enforcers[dev] = io_weight.enforcer(
-                    dev, actual.io_cost_enabled, actual.schedulers.get(dev), may_enable
+                    dev,
+                    cost_on,
+                    actual.schedulers.get(dev),
+                    enable or planned.get(dev) == 1,
+                    "spec.ioCost" if dev in planned else "",
                 )
-                if may_enable and dev not in actual.io_cost_enabled:
+                if enable:
                     out.actions.append(Action("io-cost", ROOT, R.IO_COST_QOS.name, dev))
             enf = out.enforcers[dev]
             if enf.name == io_weight.BFQ:

@@ -126,13 +126,26 @@ IO_BFQ_WEIGHT = CgroupFile(
     optional=True,
 )
 # The root's io.cost settings per device (root only): `MAJ:MIN enable=1 ctrl=user rpct=...`
-# and `MAJ:MIN ctrl=user model=linear rbps=...`; a kernel without io.cost has neither.
+# and `MAJ:MIN ctrl=user model=linear rbps=...`; a kernel without io.cost has neither. A
+# CgroupPolicy's spec.ioCost sets them; what it gives must read back (other keys are the
+# kernel's). The model is written before the qos.
 IO_COST_QOS = CgroupFile(
-    "io.cost.qos", "io", v.parse_nested_keyed, v.format_nested_keyed, optional=True
+    "io.cost.qos",
+    "io",
+    v.parse_nested_keyed,
+    v.format_nested_keyed,
+    matches=_limits_match,
+    optional=True,
 )
 IO_COST_MODEL = CgroupFile(
-    "io.cost.model", "io", v.parse_nested_keyed, v.format_nested_keyed, optional=True
+    "io.cost.model",
+    "io",
+    v.parse_nested_keyed,
+    v.format_nested_keyed,
+    matches=_limits_match,
+    optional=True,
 )
+ROOT_IO_COST = (IO_COST_MODEL, IO_COST_QOS)  # in the order they are written
 CPU_WEIGHT = CgroupFile("cpu.weight", "cpu", validate=v.weight, policy=("cpu", "weight"))
 CPU_IDLE = CgroupFile(
     "cpu.idle", "cpu", validate=v.boolean01, policy=("cpu", "idle"), optional=True

@@ -98,6 +98,7 @@ def read_actual(
     }
     devices = {d for g in policy.groups for d in g.devices} | disks
     qos = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
+    root_values = {f.name: top.get(f) for f in R.ROOT_IO_COST if top.has(f)}
     return Actual(
         root_controllers=top.controllers(),
         parent_subtree_control=parent.subtree_control(),
@@ -105,6 +106,7 @@ def read_actual(
         subtree_is_top_level=sub.path.parent == top.path,
         systemd_root=systemd_manages_root(top.path),
         io_cost_enabled=io_weight.io_cost_enabled(qos),
+        root_values=root_values,
         schedulers={d: io_weight.scheduler(d, sys_root) for d in devices},
         unsupported={
             f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)
@@ -174,6 +176,8 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
                     f"{sub.top.path / R.IO_COST_QOS.name}: "
                     f"{action.value} enable=1 did not read back",
                 )
+        elif action.kind == "write" and action.file in {f.name for f in R.ROOT_IO_COST}:
+            _write_back(sub.top, R.BY_NAME[action.file], action.value)
         else:
             raise ValueError(f"{action.kind} is not allowed at the cgroup2 root")
         return
@@ -187,12 +191,17 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
     elif action.kind == "enable":
         cg.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
     elif action.kind == "write":
-        f = R.BY_NAME[action.file]
-        cg.set(f, action.value)
-        back = cg.get(f)
-        if not f.matches(back, action.value):
-            raise CgroupError(
-                0, f"{cg.path / f.name}: the kernel accepted {action.value} but reads back {back}"
-            )
+        _write_back(cg, R.BY_NAME[action.file], action.value)
     else:
         raise ValueError(f"unknown action {action.kind}")
+
+
+def _write_back(cg: Cgroup, f: R.CgroupFile, value: Any) -> None:
+    """Write a declared file and read it back: a value the kernel accepted but did not keep
+    is a refusal."""
+    cg.set(f, value)
+    back = cg.get(f)
+    if not f.matches(back, value):
+        raise CgroupError(
+            0, f"{cg.path / f.name}: the kernel accepted {value} but reads back {back}"
+        )

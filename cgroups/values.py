@@ -136,6 +136,35 @@ def partition(value: Any) -> str:
 partition.schema = F.string(enum=PARTITIONS)
 
 
+def choice(*words: str):
+    """One of a few words (io.cost's ctrl=user|auto, model=linear)."""
+
+    def check(value: Any) -> str:
+        if value not in words:
+            raise ValueError(f"expected {' or '.join(words)}")
+        return value
+
+    check.schema = F.string(enum=words)
+    return check
+
+
+def decimal(lo: int, hi: int):
+    """A number with at most two decimals (io.cost.qos percentages): the kernel keeps
+    hundredths and reads them back as `95.00`, which parse_scalar makes the float 95.0."""
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("expected a number")
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is out of range {lo}..{hi}")
+        if round(value, 2) != value:
+            raise ValueError("at most two decimals (the kernel keeps hundredths)")
+        return round(float(value), 2)
+
+    check.schema = F.number(lo, hi)
+    return check
+
+
 def majmin(value: str) -> str:
     if not _MAJMIN_RE.match(value):
         raise ValueError("expected MAJ:MIN")

@@ -189,5 +189,7 @@ def test_task_classes_with_their_weights_and_every_error_located():
         "c.yaml:8:14",
     ]
     assert "is declared twice" in str(info.value)
-    with pytest.raises(SpecError, match=r"^c.yaml:4:7: spec: expected groups, classes or both"):
+    with pytest.raises(
+        SpecError, match=r"^c.yaml:4:7: spec: expected groups, classes, ioCost or several"
+    ):
         load_policy_text(head.replace("spec:\n", "spec: {}\n"), "c.yaml")

@@ -214,7 +214,9 @@ MORE = [
     ("CgroupPolicy", "  groups:\n    - name: a\n      io: {max: {vda: {rbps: 1M, xbps: 2}}}\n"),
     ("CgroupPolicy", "  groups:\n    - {name: a, children: [{name: b, cpu: {weight: 0}}]}\n"),
     ("CgroupPolicy", "  classes:\n    - {name: Latency, cpu: {weight: 0}}\n"),
-    ("CgroupPolicy", "  {}\n"),  # groups, classes or both
+    ("CgroupPolicy", "  {}\n"),  # groups, classes, ioCost or several
+    ("CgroupPolicy", "  ioCost:\n    vda: {qos: {rpct: 101, ctrl: manual}}\n"),
+    ("CgroupPolicy", "  ioCost:\n    vda: {model: {rbps: -1}, qs: {}}\n"),
 ]
 
 
