@@ -359,7 +359,11 @@ class Simulation:
         if worst is None or not self.discipline.key(job) < self.discipline.key(worst):
             return None
         slot = self.by_id[self.slot_of[worst.name]]
-        if self._uses_memory(job):  # evicting it must also leave room in its GPU's memory
+        if self._uses_memory(job):
+            # A job that has a free share waits for memory, which only dwps evicts for; one
+            # that has none may take a share whose eviction also leaves room in memory.
+            if any(self.free.first("gpu", gpu) for gpu in self.gpus):
+                return None
             memory = self.gpus[slot.gpu].memory
             held = self.gpus[slot.gpu].by_owner.get(worst.name)
             room = memory.largest_free() if held is None else memory.hole_without(held)
