@@ -92,4 +92,16 @@ def summarize(
         },
         "makespan_ms": outcome.makespan_ns / MS,
         "classes": class_table(records, slas or {}, window_ns),
+        **({"gpu_memory": gpu_memory(outcome)} if outcome.gpu_memory_modelled else {}),
+    }
+
+
+def gpu_memory(outcome: Outcome) -> dict:
+    """Failed allocations per cause and, under dwps, what the evictions bought: `avoided`
+    is the fragmentation failures that an eviction turned into a start at that instant."""
+    return {
+        "failed_allocations": dict(outcome.failed_allocations),
+        "avoided": outcome.compactions,
+        "failed_compactions": outcome.failed_compactions,
+        "threshold_path": [[t / MS, v] for t, v in outcome.threshold_path],
     }

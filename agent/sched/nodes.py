@@ -8,6 +8,10 @@ Or, for quick what-ifs, a plain count per node:
     nodes:
       - {name: node-01, cpus: 8, gpus: 2, numaNodes: 2}
       - {name: node-02, cpus: 4}
+      - {name: node-03, cpus: 8, gpus: 1, gpuMemory: 16Gi, gpuShares: 8}
+
+`gpuMemory` (per GPU) turns on the simulator's GPU memory model; `gpuShares` is how many
+jobs one GPU runs at once (default 1), sharing that memory.
 
 A file whose node entries have a `cpus` count is read as the second kind.
 """
@@ -17,10 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import node_model as inventory
+from ..quantity import parse_size
 from ..spec import Cursor, SpecError, load_file, load_text
 from .simulator import NodeSpec
 
-NODE_FIELDS = {"name", "cpus", "gpus", "tpus", "numaNodes"}
+NODE_FIELDS = {"name", "cpus", "gpus", "tpus", "numaNodes", "gpuMemory", "gpuShares"}
 
 
 def parse(root: Cursor) -> list[NodeSpec]:
@@ -41,6 +46,8 @@ def parse(root: Cursor) -> list[NodeSpec]:
             ("gpus", "gpus", lambda f: f.int(0, 64, default=0)),
             ("tpus", "tpus", lambda f: f.int(0, 64, default=0)),
             ("numa_nodes", "numaNodes", lambda f: f.int(1, 64, default=1)),
+            ("gpu_memory", "gpuMemory", lambda f: f.parse(parse_size, "size", default=0)),
+            ("gpu_shares", "gpuShares", lambda f: f.int(1, 64, default=1)),
         ):
             with doc.collecting():
                 fields[key] = read(c[name])

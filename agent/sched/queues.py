@@ -6,6 +6,7 @@
     edf-pic   edf on the deadline inherited through resource waits (pic.py)
     fair      least vruntime first (fair.py); switches only when a slice ends
     mlq       level (mlq.py), then deadline; preemptive across levels
+    dwps      edf, plus GPU-memory-fragmentation preemption in the simulator (dwps.py)
 
 Keys can change while a job waits (a holder is boosted, a vruntime moves): `update`
 re-files the job; stale heap entries are skipped when they surface.
@@ -32,6 +33,7 @@ DESCRIPTIONS = {
     "edf-pic": "EDF where a job holding a resource runs with the deadline of a job waiting for it",
     "fair": "least priority-weighted run time first, in time slices",
     "mlq": "the workload's queue levels (queues:) in order, then EDF; earlier levels preempt",
+    "dwps": "EDF, and a GPU allocation that fails for fragmentation evicts a later-deadline job",
 }
 ALGORITHMS = tuple(DESCRIPTIONS)
 
@@ -55,7 +57,7 @@ def discipline(
         return Discipline(name, lambda j: (j.arrival_ns, j.name), preemptive=False)
     if name == "priority":
         return Discipline(name, lambda j: (-j.priority, j.arrival_ns, j.name), preemptive=True)
-    if name == "edf":
+    if name in ("edf", "dwps"):
         return Discipline(name, lambda j: (j.deadline, j.arrival_ns, j.name), preemptive=True)
     if name == "edf-pic":
         table = resources if resources is not None else ResourceTable()

@@ -73,10 +73,17 @@ def simulate(
     nodes = node_model.load_node_specs(nodes_path)
     if len(nodes) > max_nodes:
         raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
-    slots = sum(n.cpus + n.gpus + n.tpus for n in nodes)
+    slots = sum(n.cpus + n.gpus * n.gpu_shares + n.tpus for n in nodes)
     if slots > max_slots:
         raise Refused(
             f"{nodes_path}: {slots} CPUs, GPUs and TPUs in all, more than --max-slots {max_slots}"
+        )
+    if any(n.gpu_memory for n in nodes):
+        w.check_gpu_memory(max(n.gpu_memory for n in nodes))
+    elif algorithm == "dwps":
+        warn(
+            f"xhagent simulate: warning: {nodes_path} gives no GPU gpuMemory, "
+            "so dwps has no memory to defragment and runs as edf"
         )
     capacity = Counter(slot.device for slot in slots_of(nodes))
     try:
@@ -103,6 +110,7 @@ def render(report: dict) -> str:
         f"preemptions          {report['preemptions']}  migrations {report['migrations']}",
         "utilisation          "
         + "  ".join(f"{d} {u:.1%}" for d, u in report["utilisation"].items()),
+        *_gpu_memory_lines(report.get("gpu_memory")),
         "",
         (
             f"{'class':<16}{'jobs':>7}{'p95 ms':>10}{'SLA p95':>10}"
@@ -117,6 +125,24 @@ def render(report: dict) -> str:
             f"{sla_err:>9}{c['sla_violation_rate']:>11.1%}  {'yes' if c['meets_sla'] else 'NO'}"
         )
     return "\n".join(lines)
+
+
+def _gpu_memory_lines(g: dict | None) -> list[str]:
+    if g is None:
+        return []
+    failed = g["failed_allocations"]
+    lines = [
+        f"failed allocations   fragmentation {failed['fragmentation']}  "
+        f"capacity {failed['capacity']}"
+    ]
+    if g["threshold_path"]:
+        path = "  ".join(f"{t:.1f}ms {v:.2f}" for t, v in g["threshold_path"])
+        lines += [
+            f"dwps                 avoided {g['avoided']}  "
+            f"failed compactions {g['failed_compactions']}",
+            f"dwps threshold       {path}",
+        ]
+    return lines
 
 
 ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.items()) + "."

@@ -5,9 +5,13 @@ its device type and takes its `holds` resources when it is first dispatched, kee
 until it completes. Events are arrivals, completions and, for time-sliced algorithms,
 slice ends; after each batch of same-time events the ready queues are drained onto free
 slots, and preemptive algorithms displace the worst-keyed running job when a waiting one
-keys strictly better. Slot changes are committed through `snapshot.VersionedSlots`, so the
-simulator exercises the same compare-and-set path the agent uses. Nothing is random here:
-the same jobs give the same outcome.
+keys strictly better. A node may give its GPUs memory (`gpu_memory`, bytes each) and
+shares (`gpu_shares`, jobs one GPU runs at once): then a GPU job with `gpu_memory` needs a
+free share of a GPU *and* a free block of that GPU's memory (gpumem.py), allocated when
+it starts and freed when it stops; under `dwps` a request that fails for fragmentation
+may evict running jobs that key worse than it (dwps.py). Slot changes are committed
+through `snapshot.VersionedSlots`, so the simulator exercises the same compare-and-set path
+the agent uses. Nothing is random here: the same jobs give the same outcome.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from .dwps import Dwps, GpuMemory
 from .fair import FairShare, twfs_slice_ns
+from .gpumem import CAPACITY, FITS, FRAGMENTATION, GpuDevice
 from .job import Job
 from .mlq import MultiLevel
 from .pic import ResourceTable
@@ -38,6 +44,8 @@ class NodeSpec:
     numa_nodes: int = 1
     cpu_numa: tuple[int, ...] = ()  # NUMA node of each CPU / GPU when known (inventory)
     gpu_numa: tuple[int, ...] = ()
+    gpu_memory: int = 0  # bytes per GPU; 0: GPU memory is not modelled
+    gpu_shares: int = 1  # jobs one GPU runs at once (a slot each)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Slot:
     node: str
     device: str
     numa: int
+    gpu: str = ""  # the GPU whose memory this slot's job uses; "" when not modelled
 
     @property
     def place(self) -> tuple[str, int]:
@@ -53,25 +62,24 @@ class Slot:
 
 
 def slots_of(nodes: list[NodeSpec]) -> list[Slot]:
-    """One slot per CPU, GPU and TPU, on its NUMA node where known; otherwise a node's
-    devices are spread over its NUMA nodes in contiguous runs."""
+    """One slot per CPU and TPU and per share of a GPU, on its NUMA node where known;
+    otherwise a node's devices are spread over its NUMA nodes in contiguous runs."""
     slots = []
     for node in nodes:
-        for device, count, known in (
-            ("cpu", node.cpus, node.cpu_numa),
-            ("gpu", node.gpus, node.gpu_numa),
-            ("tpu", node.tpus, ()),
+        for device, count, known, shares in (
+            ("cpu", node.cpus, node.cpu_numa, 1),
+            ("gpu", node.gpus, node.gpu_numa, node.gpu_shares),
+            ("tpu", node.tpus, (), 1),
         ):
             per_numa = max(1, -(-count // node.numa_nodes))
-            slots += [
-                Slot(
-                    f"{node.name}/{device}{i}",
-                    node.name,
-                    device,
-                    known[i] if known else i // per_numa,
-                )
-                for i in range(count)
-            ]
+            for i in range(count):
+                unit = f"{node.name}/{device}{i}"
+                numa = known[i] if known else i // per_numa
+                gpu = unit if device == "gpu" and node.gpu_memory else ""
+                slots += [
+                    Slot(unit if shares == 1 else f"{unit}/{k}", node.name, device, numa, gpu)
+                    for k in range(shares)
+                ]
     return slots
 
 
@@ -93,7 +101,8 @@ class FreeSlots:
 
     @staticmethod
     def _keys(slot: Slot) -> tuple[tuple, ...]:
-        return (slot.device,), (slot.device, slot.node), (slot.device, *slot.place)
+        keys = (slot.device,), (slot.device, slot.node), (slot.device, *slot.place)
+        return (*keys, ("gpu", slot.gpu)) if slot.gpu else keys
 
     def take(self, slot: Slot) -> None:
         self.free.discard(self.index[slot.id])
@@ -148,6 +157,15 @@ class Outcome:
     intervals: list[tuple[str, str, int, int]] = field(
         default_factory=list
     )  # (slot, job, start, end)
+    gpu_memory_modelled: bool = False
+    # Jobs that could not start for lack of a large enough free block, counted once per
+    # wait: FRAGMENTATION (enough free bytes on a GPU with a free share) or CAPACITY.
+    failed_allocations: dict[str, int] = field(
+        default_factory=lambda: {FRAGMENTATION: 0, CAPACITY: 0}
+    )
+    compactions: int = 0  # dwps: fragmentation failures turned into a start by an eviction
+    failed_compactions: int = 0  # dwps: above the threshold, but no eviction made room
+    threshold_path: list[tuple[int, float]] = field(default_factory=list)  # (ns, threshold)
 
 
 # Events at one instant are all applied before the queues are drained, so their order
@@ -168,11 +186,19 @@ class Simulation:
         if len(set(names)) != len(names):
             raise SimulationError("job names must be unique")
         self.slots = slots_of(nodes)
+        memory_of = {n.name: n.gpu_memory for n in nodes}
+        self.gpus = {s.gpu: GpuDevice(memory_of[s.node]) for s in self.slots if s.gpu}
+        largest_gpu = max((g.total for g in self.gpus.values()), default=0)
         devices = {s.device for s in self.slots}
         for job in jobs:
             if job.device not in devices:
                 raise SimulationError(
                     f"job {job.name} needs a {job.device} but the nodes have none"
+                )
+            if self.gpus and job.device == "gpu" and job.gpu_memory > largest_gpu:
+                raise SimulationError(
+                    f"job {job.name} wants {job.gpu_memory} bytes of GPU memory, "
+                    f"more than the largest GPU has ({largest_gpu})"
                 )
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_ns, j.name))
         self.resources = ResourceTable()
@@ -199,13 +225,19 @@ class Simulation:
         self.events: list = []
         self.seq = itertools.count()
         self.now = 0
+        self.by_name = {j.name: j for j in jobs}
+        self.dwps = Dwps() if algorithm == "dwps" else None
+        self.failing: set[str] = set()  # jobs whose failed allocation is already counted
         self.out = Outcome(
             algorithm,
             [],
             {d: sum(s.device == d for s in self.slots) for d in devices},
             {d: 0 for d in devices},
             0,
+            gpu_memory_modelled=bool(self.gpus),
         )
+        if self.dwps is not None:
+            self.out.threshold_path.append((0, self.dwps.threshold.value))
 
     # -- events -------------------------------------------------------------------------
     def _at(self, t: int, kind: int, name: str, token: int = 0) -> None:
@@ -215,7 +247,7 @@ class Simulation:
         """Simulate every job; `progress(finished, total)` is called now and then."""
         for job in self.jobs:
             self._at(job.arrival_ns, _ARRIVE, job.name)
-        by_name = {j.name: j for j in self.jobs}
+        by_name = self.by_name
         batches = 0
         while self.events:
             batches += 1
@@ -268,6 +300,8 @@ class Simulation:
         self.victims[job.device].remove(job)
         self.least_running.remove(job)
         self.free.release(self.by_id[slot_id])
+        if self._uses_memory(job):
+            self.gpus[self.by_id[slot_id].gpu].release(job.name)
         ran = self.now - since
         if ran:
             self.out.intervals.append((slot_id, job.name, since, self.now))
@@ -291,6 +325,10 @@ class Simulation:
                 self.fair.migrate(job, previous, slot.place)
         self.last_place[job.name] = slot.place
         self.state.commit(PreemptionDecision(place={slot.id: job.name}), self.state.version)
+        if self._uses_memory(job):
+            placed = self.gpus[slot.gpu].allocate(job.name, job.gpu_memory)
+            assert placed is not None, f"{job.name} started on {slot.id} without room"
+            self.failing.discard(job.name)
         self.running[slot.id] = (job, self.now)
         self.slot_of[job.name] = slot.id
         self.busy[job.device] += 1
@@ -320,7 +358,78 @@ class Simulation:
         worst = self.victims[job.device].peek()
         if worst is None or not self.discipline.key(job) < self.discipline.key(worst):
             return None
-        return self.by_id[self.slot_of[worst.name]]
+        slot = self.by_id[self.slot_of[worst.name]]
+        if self._uses_memory(job):
+            # A job that has a free share waits for memory, which only dwps evicts for; one
+            # that has none may take a share whose eviction also leaves room in memory.
+            if any(self.free.first("gpu", gpu) for gpu in self.gpus):
+                return None
+            memory = self.gpus[slot.gpu].memory
+            held = self.gpus[slot.gpu].by_owner.get(worst.name)
+            room = memory.largest_free() if held is None else memory.hole_without(held)
+            if max(room, memory.largest_free()) < job.gpu_memory:
+                return None
+        return slot
+
+    def _preempt(self, victim: Job) -> None:
+        self._stop(victim)
+        self.records[victim.name].preemptions += 1
+        self.out.preemptions += 1
+        self.queues[victim.device].push(victim)
+
+    # -- GPU memory ---------------------------------------------------------------------
+    def _uses_memory(self, job: Job) -> bool:
+        return job.device == "gpu" and job.gpu_memory > 0 and bool(self.gpus)
+
+    def _place(self, job: Job) -> Slot | None:
+        """A free share of the first GPU whose memory has a block for the job; under dwps,
+        one made by evicting a worse-keyed job. A job that finds free shares but no block
+        counts as one failed allocation until it starts; with no free share it just waits."""
+        fragmented, any_share = [], False
+        for gpu, device in self.gpus.items():
+            slot = self.free.first("gpu", gpu)
+            if slot is None:
+                continue
+            any_share = True
+            verdict = device.verdict(job.gpu_memory)
+            if verdict == FITS:
+                return slot
+            if verdict == FRAGMENTATION:
+                fragmented.append(slot)
+        if self.dwps is not None:
+            for slot in fragmented:
+                if self._compact(job, slot):
+                    return slot
+        if any_share and job.name not in self.failing:
+            self.failing.add(job.name)
+            self.out.failed_allocations[FRAGMENTATION if fragmented else CAPACITY] += 1
+        return None
+
+    def _compact(self, job: Job, slot: Slot) -> bool:
+        """DWPS on `slot`'s GPU: above the threshold, evict the best-fitting job that keys
+        worse than `job` (only those are preemptible here); adapt the threshold."""
+        key = self.discipline.key(job)
+        memory = self.gpus[slot.gpu].memory
+        view = GpuMemory(
+            memory.total,
+            [
+                replace(a, preemptible=key < self.discipline.key(self.by_name[a.owner]))
+                for a in memory.allocations
+            ],
+        )
+        if self.dwps.metric(view) <= self.dwps.threshold.value:
+            return False
+        victims = self.dwps.decide(view, job.gpu_memory)
+        if victims:
+            self._preempt(self.by_name[victims[0].owner])
+            self.out.compactions += 1
+        else:
+            self.out.failed_compactions += 1
+        before = self.dwps.threshold.value
+        self.dwps.compaction(bool(victims))
+        if self.dwps.threshold.value != before:
+            self.out.threshold_path.append((self.now, self.dwps.threshold.value))
+        return bool(victims)
 
     def _rekey_holders(self) -> None:
         # Holders' keys move with the deadlines lent to them (edf-pic), queued or running.
@@ -338,15 +447,11 @@ class Simulation:
                     self.resources.acquire(job)  # registers the wait, lends the deadline
                     self._rekey_holders()
                     continue
-                slot = self._free_slot(job)
+                slot = self._place(job) if self._uses_memory(job) else self._free_slot(job)
                 if slot is None and self.discipline.preemptive:
                     slot = self._victim(job)
                     if slot is not None:
-                        victim = self.running[slot.id][0]
-                        self._stop(victim)
-                        self.records[victim.name].preemptions += 1
-                        self.out.preemptions += 1
-                        queue.push(victim)
+                        self._preempt(self.running[slot.id][0])
                 if slot is None:
                     break
                 queue.pop()

@@ -18,6 +18,7 @@
           priority: 80         # or {values: [20, 80], weights: [3, 1]}
           resources: [pcie]    # exclusive, held while the job is unfinished
           affinity: {tier: hot}
+          gpuMemory: 2Gi       # GPU jobs: bytes on the GPU (nodes with gpuMemory model it)
           sla: {p95Latency: 50ms, errorRate: 0.01}
       jobs:                    # explicit arrivals; fields default from their class
         - {name: j1, class: interactive, arrival: 0ms, runtime: 3ms, deadline: 10ms}
@@ -38,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..policy.units import parse_duration_ns
-from ..spec import Cursor, SpecError, load_file, load_text
+from ..quantity import format_size, parse_size
+from ..spec import Cursor, SpecError, SpecErrors, load_file, load_text
 from .job import DEVICE_TYPES, Job
 from .metrics import Sla
 from .mlq import Level, MultiLevel
@@ -87,6 +89,7 @@ class JobClass:
     resources: frozenset[str] = frozenset()
     affinity: dict[str, str] = field(default_factory=dict)
     sla: Sla = Sla()
+    gpu_memory: int = 0
 
     def job(self, name: str, arrival: int, runtime: int, rng: random.Random, **explicit) -> Job:
         if "deadline_ns" not in explicit:
@@ -98,7 +101,11 @@ class JobClass:
             values, weights = self.priorities
             explicit["priority"] = rng.choices(values, weights)[0]
         fields = dict(
-            cls=self.name, device=self.device, holds=self.resources, affinity=self.affinity
+            cls=self.name,
+            device=self.device,
+            holds=self.resources,
+            affinity=self.affinity,
+            gpu_memory=self.gpu_memory,
         )
         fields.update(explicit)
         return Job(name, arrival, runtime, **fields)
@@ -122,6 +129,24 @@ class Workload:
     classes: dict[str, JobClass] = field(default_factory=dict)
     explicit: list[Job] = field(default_factory=list)
     levels: MultiLevel | None = None
+    # Where each class's or explicit job's gpuMemory is written, to place the error of a
+    # demand no GPU of the nodes can hold.
+    gpu_memory_at: dict[str, Cursor] = field(default_factory=dict)
+
+    def check_gpu_memory(self, largest: int) -> None:
+        """SpecError at every gpuMemory larger than `largest` (the largest GPU's memory)."""
+        demands = [(c.gpu_memory, c.name) for c in self.classes.values()]
+        demands += [(j.gpu_memory, j.name) for j in self.explicit]
+        errors = [
+            self.gpu_memory_at[name].error(
+                f"gpuMemory {format_size(size)} is more than the largest GPU "
+                f"of the nodes has ({format_size(largest)})"
+            )
+            for size, name in demands
+            if size > largest and name in self.gpu_memory_at
+        ]
+        if errors:
+            raise errors[0] if len(errors) == 1 else SpecErrors(errors)
 
     @property
     def slas(self) -> dict[str, Sla]:
@@ -232,6 +257,7 @@ CLASS_FIELDS = {
     "resources",
     "affinity",
     "sla",
+    "gpuMemory",
 }
 JOB_FIELDS = {
     "name",
@@ -243,6 +269,7 @@ JOB_FIELDS = {
     "priority",
     "resources",
     "affinity",
+    "gpuMemory",
 }
 
 
@@ -261,6 +288,7 @@ def _job_class(c: Cursor) -> JobClass | None:
             lambda: frozenset(r.str() for r in c["resources"].seq(default=[])), frozenset()
         ),
         affinity=c.doc.attempt(lambda: _labels(c["affinity"]), {}),
+        gpu_memory=c.doc.attempt(lambda: _gpu_memory(c["gpuMemory"]), 0),
     )
     if c["deadlineSlack"].present:
         cls.slack = c.doc.attempt(lambda: _slack(c["deadlineSlack"]))
@@ -276,6 +304,11 @@ def _job_class(c: Cursor) -> JobClass | None:
                 _duration(s["p95Latency"], None), s["errorRate"].number(0, 1, default=None)
             )
     return cls if c.doc.errors.total == errors else None
+
+
+def _gpu_memory(c: Cursor) -> int:
+    """Bytes on the GPU: a size (`2Gi`, `512Mi`, a bare number of bytes), never negative."""
+    return c.parse(parse_size, "size", default=0)
 
 
 def _slack(c: Cursor) -> tuple[float, float]:
@@ -310,6 +343,8 @@ def _explicit_job(
         explicit["holds"] = c.doc.attempt(lambda: frozenset(r.str() for r in c["resources"].seq()))
     if c["affinity"].present:
         explicit["affinity"] = c.doc.attempt(lambda: _labels(c["affinity"]))
+    if c["gpuMemory"].present:
+        explicit["gpu_memory"] = c.doc.attempt(lambda: _gpu_memory(c["gpuMemory"]))
     runtime = c.doc.attempt(lambda: _duration(c["runtime"]))
     name = c.doc.attempt(lambda: c["name"].str(default=f"job-{index}"))
     with c.doc.collecting():
@@ -374,6 +409,8 @@ def parse(doc_root: Cursor) -> Workload:
                 raise c["name"].error(f"duplicate class {cls.name!r}")
             if cls is not None:
                 w.classes[cls.name] = cls
+                if c["gpuMemory"].present:
+                    w.gpu_memory_at[cls.name] = c["gpuMemory"]
     seen = set()
     for i, c in enumerate(doc.attempt(lambda: spec["jobs"].seq(default=[]), [])):
         job = _explicit_job(c, w.classes, declared, i)
@@ -384,6 +421,10 @@ def parse(doc_root: Cursor) -> Workload:
                 raise c["name"].error(f"duplicate job name {job.name!r}")
             seen.add(job.name)
             w.explicit.append(job)
+            if c["gpuMemory"].present or job.cls in w.gpu_memory_at:
+                w.gpu_memory_at[job.name] = (
+                    c["gpuMemory"] if c["gpuMemory"].present else w.gpu_memory_at[job.cls]
+                )
     if spec["queues"].present:
         w.levels = doc.attempt(lambda: _levels(spec["queues"]))
     doc.errors.raise_if_any()

@@ -541,6 +541,8 @@ def test_every_example_validates_by_its_kind(sys_root):
         kinds[path.name] = {describe_item(i).split(" ")[0] for i in load_any(path, sys_root)}
     assert kinds == {
         "cgroup-policy.yaml": {"CgroupPolicy"},
+        "dwps-gpu-memory.yaml": {"Workload"},
+        "dwps-gpu-nodes.yaml": {"node"},
         "nodes.yaml": {"node"},
         "task-hello.yaml": {"Task"},
         "task-infer.yaml": {"Task"},
