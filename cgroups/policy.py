@@ -290,17 +290,25 @@ def _per_device(
     for dev, value in c.items():
         with c.doc.collecting():
             parsed = value_of(value)  # checked even for a device this node lacks
-            majmin = _device(c, str(dev), policy, sys_root)
+            majmin = _device(c, dev, policy, sys_root)
             if majmin is not None:
                 spec.devices[majmin] = str(dev)
                 out[majmin] = parsed
     return out
 
 
-def _device(c: Cursor, dev: str, policy: CgroupPolicy, sys_root: Path) -> str | None:
+def _device(c: Cursor, dev: object, policy: CgroupPolicy, sys_root: Path) -> str | None:
     """MAJ:MIN of `dev`; None, noted in `policy.absent`, for a device this node lacks (the file
     is fine: the node is not); a name that cannot be a device is a file error."""
     pos = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)
+    if not isinstance(dev, str):
+        # YAML 1.1 reads an unquoted 252:0 as the base-60 number 15120
+        raise SpecError(
+            c.doc.file,
+            *pos,
+            f"{c.where}: device {dev!r} is a number, not a name: YAML reads an unquoted "
+            f'MAJ:MIN such as 252:0 as a base-60 number; quote it ("252:0")',
+        )
     try:
         return resolve_device(dev, sys_root)
     except NoSuchDevice as exc:
@@ -325,7 +333,7 @@ def _io_cost(c: Cursor, policy: CgroupPolicy, sys_root: Path) -> None:
                 _check_model(entry["model"], model)
             with c.doc.collecting():
                 _check_qos(entry["qos"], qos)
-            majmin = _device(c, str(dev), policy, sys_root)
+            majmin = _device(c, dev, policy, sys_root)
             if majmin is None:
                 continue
             at = c.doc.positions.get((*c.path, dev, "<key>")) or c.doc.position(c.path)

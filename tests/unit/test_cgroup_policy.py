@@ -134,6 +134,18 @@ def test_a_device_this_node_lacks_is_not_a_file_error_but_noted(sys_root):
     assert policy.groups[0].settings["io.weight"] == {"default": 200, "254:0": 300}
 
 
+def test_an_unquoted_maj_min_device_key_is_a_file_error_that_says_to_quote_it(sys_root):
+    # YAML 1.1 reads 254:0 as 254 * 60 + 0; quoted, the same key is the device vda
+    with pytest.raises(SpecError) as info:
+        load("    - name: a\n      io: {weight: 200, devices: {254:0: 300}}\n", sys_root)
+    assert str(info.value) == (
+        "p.yaml:7:35: spec.groups.0.io.devices: device 15240 is a number, not a name: YAML "
+        'reads an unquoted MAJ:MIN such as 252:0 as a base-60 number; quote it ("252:0")'
+    )
+    policy = load('    - name: a\n      io: {weight: 200, devices: {"254:0": 300}}\n', sys_root)
+    assert policy.groups[0].settings["io.weight"] == {"default": 200, "254:0": 300}
+
+
 def test_every_error_of_a_file_at_once_in_file_order(sys_root):
     text = (
         "    - name: a\n      cpu: {weight: 0, wieght: 3}\n      memory: {max: 4gb}\n"
