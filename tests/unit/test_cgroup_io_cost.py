@@ -266,31 +266,38 @@ def test_qos_enable_0_wins_over_enable_io_cost_for_its_device(sys_root):
 # ------------------------------------------------------------------ on a fake cgroup tree
 
 
+def _files(directory, files: dict[str, str]) -> None:
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
 @pytest.fixture
 def tree(tmp_path):
     """A cgroup2 root with io.cost (its files empty: no device configured) and the agent's
     subtree already there."""
     mount = tmp_path / "cg"
-    mount.mkdir()
-    for name, text in {
-        "cgroup.controllers": " ".join(ALL),
-        "cgroup.subtree_control": "",
-        "io.cost.model": "",
-        "io.cost.qos": "",
-        "cgroup.max.depth": "max",
-        "cgroup.max.descendants": "max",
-        "cgroup.stat": "nr_descendants 1\n",
-    }.items():
-        (mount / name).write_text(text)
-    sub = mount / "xhagent.slice"
-    sub.mkdir()
-    for name, text in {
-        "cgroup.controllers": " ".join(ALL),
-        "cgroup.subtree_control": "",
-        "cgroup.procs": "",
-        "cgroup.events": "populated 0\nfrozen 0\n",
-    }.items():
-        (sub / name).write_text(text)
+    _files(
+        mount,
+        {
+            "cgroup.controllers": " ".join(ALL),
+            "cgroup.subtree_control": "",
+            "io.cost.model": "",
+            "io.cost.qos": "",
+            "cgroup.max.depth": "max",
+            "cgroup.max.descendants": "max",
+            "cgroup.stat": "nr_descendants 1\n",
+        },
+    )
+    _files(
+        mount / "xhagent.slice",
+        {
+            "cgroup.controllers": " ".join(ALL),
+            "cgroup.subtree_control": "",
+            "cgroup.procs": "",
+            "cgroup.events": "populated 0\nfrozen 0\n",
+        },
+    )
     return Subtree(mount, "xhagent.slice")
 
 
