@@ -186,7 +186,7 @@ def describe_item(item: Any) -> str:
     """`SchedulingPolicy video-inference-strict`, `node node-01`, ... for reports."""
     from ..cgroups.policy import CgroupPolicy  # here: sched imports this package
     from ..config import AgentConfig
-    from ..sched.simulator import NodeSpec
+    from ..sched.slots import NodeSpec
     from ..sched.workload import Workload
 
     if isinstance(item, AgentConfig):

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import node_model as inventory
 from ..quantity import parse_size
 from ..spec import Cursor, SpecError, load_file, load_text
-from .simulator import NodeSpec
+from .slots import NodeSpec
 
 NODE_FIELDS = {"name", "cpus", "gpus", "tpus", "numaNodes", "gpuMemory", "gpuShares"}
 
