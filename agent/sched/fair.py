@@ -74,10 +74,13 @@ class FairShare:
             floor = weight_of(job.priority) * ACCEL_WEIGHT_FLOOR
             self.weight[job.name] = max(w * ACCEL_DECAY, floor)
 
+    def penalty(self, src: tuple[str, int], dst: tuple[str, int]) -> float:
+        """The distance-weighted migration penalty of a move from `src` to `dst` (vruntime)."""
+        return self.migration_cost_ns * (distance(src, dst) - LOCAL) / LOCAL
+
     def migrate(self, job: Job, src: tuple[str, int], dst: tuple[str, int]) -> float:
         """Charge the distance-weighted migration penalty; returns the vruntime added."""
-        d = distance(src, dst)
-        penalty = self.migration_cost_ns * (d - LOCAL) / LOCAL
+        penalty = self.penalty(src, dst)
         self.vruntime[job.name] = self.vruntime.get(job.name, self.min_vruntime) + penalty
         return penalty
 
