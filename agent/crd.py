@@ -86,6 +86,7 @@ def _scheduling_policy() -> F.Schema:
             "matchRules": F.array(rule, min_items=1),
             "priority": sp.PRIORITY.schema,
             "preemption": sp.PREEMPTION_FIELD.schema,
+            "migration": F.obj({k: f.schema for k, f in sp.MIGRATION.items()}),
         },
         sp.SPEC_REQUIRED,
     )

@@ -131,6 +131,13 @@ def Int(lo: int | None = None, hi: int | None = None, default: Any = None) -> Fi
     return Field(lambda c: c.int(lo, hi, **_default(default)), schema)
 
 
+def Number(lo: float | None = None, hi: float | None = None, default: Any = None) -> Field:  # noqa: N802
+    schema = number(lo, hi)
+    if default is not None:
+        schema["default"] = default
+    return Field(lambda c: c.number(lo, hi, **_default(default)), schema)
+
+
 def Choice(choices: Iterable[str], default: Any = None) -> Field:  # noqa: N802
     choices = tuple(choices)
     schema = string(enum=choices)

@@ -19,6 +19,7 @@ from ..node_model import VERSION_RE, Version, parse_version
 from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
 from ..spec import Cursor, Document
 from .selector import SELECTOR, Selector, parse_selector
+from .units import format_duration, parse_duration_ns
 
 API_VERSION = "xh.scheduling/v1"
 DEFAULT_PRIORITY = 50
@@ -71,12 +72,29 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """`spec.migration`: the load-driven migration controller (xhagent.sched.migration).
+    Every `interval`, a device above `hot_above` load may shed a migratable task onto one
+    below `idle_below`; a move stops the task for `checkpoint_ns` (simulation)."""
+
+    interval_ns: int = 5_000_000_000
+    hot_above: float = 0.85
+    idle_below: float = 0.3  # the seed's idle bound is lost from its text: ours
+    checkpoint_ns: int = 100_000_000
+
+    def __post_init__(self):
+        if not 0 <= self.idle_below < self.hot_above <= 1:
+            raise ValueError(f"idleBelow {self.idle_below} is not below hotAbove {self.hot_above}")
+
+
+@dataclass(frozen=True)
 class SchedulingPolicy:
     name: str
     rules: tuple[Rule, ...]
     priority: int = DEFAULT_PRIORITY
     preemption: str = "lower-priority"
     labels: tuple[tuple[str, str], ...] = ()
+    migration: Migration | None = None  # None: no migration controller
 
     def rule_for(self, labels: Mapping[str, str]) -> Rule | None:
         return next((r for r in self.rules if r.selector.matches(labels)), None)
@@ -108,10 +126,45 @@ def parse_name(cur: Cursor) -> str:
 HEADER_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 HEADER_REQUIRED = HEADER_FIELDS
 METADATA_FIELDS, METADATA_REQUIRED = ("name", "labels"), ("name",)
-SPEC_FIELDS, SPEC_REQUIRED = ("matchRules", "priority", "preemption"), ("matchRules",)
+SPEC_FIELDS = ("matchRules", "priority", "preemption", "migration")
+SPEC_REQUIRED = ("matchRules",)
 RULE_FIELDS, RULE_REQUIRED = ("selector", "constraints"), ("selector",)
 PRIORITY = F.Int(0, 100, default=DEFAULT_PRIORITY)
 PREEMPTION_FIELD = F.Choice(PREEMPTION, default="lower-priority")
+# A duration: `5s`, `250ms`, `1m30s`, or a whole number of seconds.
+DURATION_PATTERN = r"^((\d+(\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns))+$"
+
+
+def duration_field(lo_ns: int, hi_ns: int, default: int) -> F.Field:
+    """A duration within lo_ns..hi_ns; a bare number is whole seconds (what the CRD's
+    int-or-string can carry)."""
+
+    def read(c: Cursor) -> int:
+        if not c.present:
+            return default
+        if isinstance(c.value, float):
+            raise c.error(f"{c.where}: write {c.value}s: a bare number is whole seconds")
+        ns = c.parse(parse_duration_ns, "duration")
+        if not lo_ns <= ns <= hi_ns:
+            raise c.error(
+                f"{c.where}: {c.value} is out of range "
+                f"{format_duration(lo_ns) if lo_ns else 0}..{format_duration(hi_ns)}"
+            )
+        return ns
+
+    lo_s, hi_s = -(-lo_ns // 10**9), hi_ns // 10**9
+    schema = F.int_or_string(lo_s, hi_s, DURATION_PATTERN)
+    schema["default"] = format_duration(default)
+    return F.Field(read, schema)
+
+
+_M = Migration()
+MIGRATION: dict[str, F.Field] = {
+    "interval": duration_field(100_000_000, 3600 * 10**9, _M.interval_ns),
+    "hotAbove": F.Number(0, 1, default=_M.hot_above),
+    "idleBelow": F.Number(0, 1, default=_M.idle_below),
+    "checkpointCost": duration_field(0, 3600 * 10**9, _M.checkpoint_ns),
+}
 # One constraint item holds any of these (dotted: the path inside the item); an item is
 # `hardware`, `memory`, `io` or `topology`.
 CONSTRAINT_ITEM_FIELDS = ("hardware", "memory", "io", "topology")
@@ -166,7 +219,7 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
     root = doc.root
     name, labels = parse_metadata(root)
     spec, rules = root["spec"], []
-    priority, preemption = DEFAULT_PRIORITY, "lower-priority"
+    priority, preemption, migration = DEFAULT_PRIORITY, "lower-priority", None
     if spec.present and spec.fields(SPEC_FIELDS, required=SPEC_REQUIRED):
         if spec["matchRules"].present:
             items = doc.attempt(lambda: spec["matchRules"].seq(), None)
@@ -177,10 +230,37 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
                 )
         priority = doc.attempt(lambda: PRIORITY.read(spec["priority"]))
         preemption = doc.attempt(lambda: PREEMPTION_FIELD.read(spec["preemption"]))
+        if spec["migration"].present:
+            migration = parse_migration(spec["migration"])
     doc.errors.raise_if_any()
     return SchedulingPolicy(
-        name=name, rules=tuple(rules), priority=priority, preemption=preemption, labels=labels
+        name=name,
+        rules=tuple(rules),
+        priority=priority,
+        preemption=preemption,
+        labels=labels,
+        migration=migration,
     )
+
+
+def parse_migration(cur: Cursor) -> Migration | None:
+    """`spec.migration` (`{}`: every default); errors are kept in the document."""
+    if not cur.fields(MIGRATION):
+        return None
+    doc, errors = cur.doc, cur.doc.errors.total
+    read = {k: doc.attempt(lambda k=k: MIGRATION[k].read(cur[k])) for k in MIGRATION}
+    if doc.errors.total != errors:
+        return None
+    if not read["idleBelow"] < read["hotAbove"]:
+        at = cur["idleBelow"] if cur["idleBelow"].present else cur["hotAbove"]
+        doc.errors.add(
+            at.error(
+                f"{cur.where}.idleBelow: {read['idleBelow']} is not below "
+                f"hotAbove {read['hotAbove']}"
+            )
+        )
+        return None
+    return Migration(read["interval"], read["hotAbove"], read["idleBelow"], read["checkpointCost"])
 
 
 def parse_rule(rule: Cursor) -> Rule | None:
@@ -307,7 +387,21 @@ def dump_policy(p: SchedulingPolicy) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "SchedulingPolicy",
         "metadata": meta,
-        "spec": {"matchRules": rules, "priority": p.priority, "preemption": p.preemption},
+        "spec": {
+            "matchRules": rules,
+            "priority": p.priority,
+            "preemption": p.preemption,
+            **({} if p.migration is None else {"migration": dump_migration(p.migration)}),
+        },
+    }
+
+
+def dump_migration(m: Migration) -> dict[str, Any]:
+    return {
+        "interval": format_duration(m.interval_ns),
+        "hotAbove": m.hot_above,
+        "idleBelow": m.idle_below,
+        "checkpointCost": format_duration(m.checkpoint_ns),
     }
 
 

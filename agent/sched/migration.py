@@ -31,29 +31,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ..policy.placement import Demand, Peers, Reason, evaluate
-from ..policy.policy import Match
+from ..policy.policy import Match, Migration
 from ..policy.state import Cluster
 from ..policy.task import Task
 from .fair import FairShare
 
 ACCELERATORS = ("gpu", "tpu")
-INTERVAL_NS = 5_000_000_000
-HOT_ABOVE = 0.85
-IDLE_BELOW = 0.3
-
-
-@dataclass(frozen=True)
-class MigrationPolicy:
-    interval_ns: int = INTERVAL_NS
-    hot_above: float = HOT_ABOVE
-    idle_below: float = IDLE_BELOW
-    checkpoint_ns: int = 100_000_000  # what a move stops a task for (simulation)
-
-    def __post_init__(self):
-        if not 0 <= self.idle_below < self.hot_above <= 1:
-            raise ValueError(
-                f"migration: idleBelow {self.idle_below} must be below hotAbove {self.hot_above}"
-            )
 
 
 @dataclass(frozen=True)
@@ -148,7 +131,7 @@ def decide(
     devices: Iterable[Device],
     running: Iterable[Running],
     cluster: Cluster,
-    policy: MigrationPolicy,
+    policy: Migration,
     fair: FairShare,
     elapsed_ns: int,
     recently_moved: frozenset[str] = frozenset(),

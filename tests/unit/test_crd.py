@@ -167,6 +167,7 @@ NOT_IN_SCHEMA = {
     "is not a block device name": "device names are mapping keys; a CRD cannot constrain keys",
     "is larger than 8 EiB": "a size's text of any length matches; its value is the agent's",
     "exceeds the cpu.max quota": "cpu.max.burst against cpu.max is a rule across fields",
+    "is not below hotAbove": "migration.idleBelow against hotAbove is a rule across fields",
     "is declared twice": "unique names in a list (uniqueItems is refused in a CRD, and "
     "would compare whole items)",
 }

@@ -15,6 +15,7 @@ from xhagent.policy.policy import (
     Constraints,
     CpuConstraint,
     GpuConstraint,
+    Migration,
     Rule,
     SchedulingPolicy,
     Topology,
@@ -129,6 +130,37 @@ LOCATED_ERRORS = [
         "'always' is not one of never, lower-priority, deadline-driven",
     ),
     (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {hotAbove: 1.5}\n",
+        "p.yaml:7:25: spec.migration.hotAbove: 1.5 is out of range 0..1",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {hotAbove: 0.5, idleBelow: 0.5}\n",
+        "p.yaml:7:41: spec.migration.idleBelow: 0.5 is not below hotAbove 0.5",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {interval: 0}\n",
+        "p.yaml:7:25: spec.migration.interval: 0 is out of range 100ms..1h",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {interval: 1.5}\n",
+        "p.yaml:7:25: spec.migration.interval: write 1.5s: a bare number is whole seconds",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {interval: fast}\n",
+        "p.yaml:7:25: spec.migration.interval: 'fast' is not a valid duration: "
+        "expected a duration such as 250ms, 1.5s or 1h30m",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  migration: {intervalSeconds: 5}\n",
+        "p.yaml:7:15: unknown field 'spec.migration.intervalSeconds' (did you mean 'interval'?)",
+    ),
+    (
         "Task",
         "  deviceType: gpu\n  numThreads: 4\n",
         "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)",
@@ -241,6 +273,17 @@ def constraints(draw):
     )
 
 
+@st.composite
+def migrations(draw):
+    idle, hot = sorted(draw(st.lists(st.floats(0, 1), min_size=2, max_size=2, unique=True)))
+    return Migration(
+        draw(st.integers(100_000_000, 3600 * 10**9)),
+        hot,
+        idle,
+        draw(st.integers(0, 3600 * 10**9)),
+    )
+
+
 policies = st.builds(
     SchedulingPolicy,
     object_names,
@@ -248,6 +291,7 @@ policies = st.builds(
     st.integers(0, 100),
     st.sampled_from(["never", "lower-priority", "deadline-driven"]),
     label_sets,
+    st.none() | migrations(),
 )
 
 

@@ -9,17 +9,17 @@ from hypothesis import strategies as st
 from test_policy_placement import make_node
 
 from xhagent.node_model import Version
-from xhagent.policy.policy import Constraints, GpuConstraint, Match, Rule, Topology
+from xhagent.policy.policy import Constraints, GpuConstraint, Match, Migration, Rule, Topology
 from xhagent.policy.selector import Selector
 from xhagent.policy.state import Allocation, Cluster, GpuShare
 from xhagent.policy.task import Requests, Task
 from xhagent.sched.fair import FairShare
-from xhagent.sched.migration import Device, MigrationPolicy, Running, decide
+from xhagent.sched.migration import Device, Running, decide
 
 GiB = 2**30
 L4 = ("12.4", 24, 24, 0, ())
 OLD = ("11.8", 24, 24, 0, ())
-POLICY = MigrationPolicy()
+POLICY = Migration()
 NO_RULE = Match(None, None)
 
 
@@ -138,8 +138,8 @@ def test_one_move_per_hot_device_and_per_idle_device_a_round():
 
 
 def test_idle_must_be_below_hot():
-    with pytest.raises(ValueError, match="idleBelow 0.9 must be below hotAbove 0.85"):
-        MigrationPolicy(idle_below=0.9)
+    with pytest.raises(ValueError, match="idleBelow 0.9 is not below hotAbove 0.85"):
+        Migration(idle_below=0.9)
 
 
 # --------------------------------------------------------------------------- property
