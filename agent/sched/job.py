@@ -34,6 +34,9 @@ class Job:
     affinity: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     gpu_memory: int = 0  # bytes wanted on the GPU (DWPS)
     migratable: bool = True
+    # Device types it may be moved to run on (seed 003: the TPU runtime supports its
+    # operators); empty: only its own.
+    runs_on: frozenset[str] = frozenset()
 
     def __post_init__(self):
         if not 0 <= self.priority <= 100:
@@ -44,6 +47,8 @@ class Job:
             )
         if self.runtime_ns <= 0:
             raise ValueError(f"job {self.name}: runtime must be positive")
+        if self.runs_on and self.device not in self.runs_on:
+            raise ValueError(f"job {self.name}: runsOn does not include its device {self.device}")
 
     @property
     def deadline(self) -> float:

@@ -105,3 +105,39 @@ def gpu_memory(outcome: Outcome) -> dict:
         "failed_compactions": outcome.failed_compactions,
         "threshold_path": [[t / MS, v] for t, v in outcome.threshold_path],
     }
+
+
+def migration(with_: Outcome, without: Outcome, slas: dict[str, Sla], window_ns: int) -> dict:
+    """The controller's moves, each with its reason, and the same jobs run without it."""
+    m = with_.migration
+
+    def sla(outcome: Outcome) -> dict:
+        return {
+            "deadline_miss_ratio": _miss_ratio(outcome.records),
+            "missed": sum(r.missed for r in outcome.records),
+            "classes": {
+                name: {k: c[k] for k in ("p95_latency_ms", "error_rate", "meets_sla")}
+                for name, c in class_table(outcome.records, slas, window_ns).items()
+            },
+        }
+
+    return {
+        "interval_ms": m.interval_ns / MS,
+        "hot_above": m.hot_above,
+        "idle_below": m.idle_below,
+        "checkpoint_ms": m.checkpoint_ns / MS,
+        "moves": [
+            {
+                "at_ms": t / MS,
+                "task": mv.task,
+                "src": mv.src,
+                "dst": mv.dst,
+                "reason": mv.reason,
+                "penalty_ms": mv.penalty_ns / MS,
+            }
+            for t, mv in with_.moves
+        ],
+        "unenacted": with_.unenacted,
+        **sla(with_),
+        "without": sla(without),
+    }

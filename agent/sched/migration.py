@@ -6,7 +6,11 @@ follow, the TPU runtime supports its operators and its memory fits. Here:
 
 - a device is *hot* above `hot_above` and *idle* below `idle_below` (the seed's idle bound
   was lost from its text; 0.3 is ours), with room for one more task now; the gap between
-  the two is the hysteresis, and a task moved in the previous round stays where it is;
+  the two is the hysteresis. A task moved in the previous round stays where it is, and a
+  task never goes back to a device it left (`left`, kept by the caller): a lone task that
+  makes whichever device holds it hot would otherwise bounce between two. Such a lone
+  task moves only to another device type (which frees its device for the work only that
+  type can run): to a device of its own type it would carry the heat along;
 - "supports its operators" is the task's `runs_on` set of device types; GPU to GPU on
   another node (or the same) is a move as well;
 - every other hard constraint (CUDA version, GPU model and memory, zone, rack, affinity,
@@ -27,7 +31,7 @@ its GPU memory is unknown.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from ..policy.placement import Demand, Peers, Reason, evaluate
@@ -135,8 +139,11 @@ def decide(
     fair: FairShare,
     elapsed_ns: int,
     recently_moved: frozenset[str] = frozenset(),
+    left: Mapping[str, Collection[str]] | None = None,
 ) -> list[Move]:
-    """The moves of one round; none until `policy.interval_ns` has elapsed since the last."""
+    """The moves of one round; none until `policy.interval_ns` has elapsed since the last.
+    `recently_moved`: tasks moved in the last round; `left`: task -> devices it moved off."""
+    left = left or {}
     if elapsed_ns < policy.interval_ns:
         return []
     devices = [d for d in devices if d.kind in ACCELERATORS]
@@ -144,7 +151,9 @@ def decide(
     hot = sorted((d for d in devices if d.load > policy.hot_above), key=lambda d: (-d.load, d.id))
     idle = [d for d in devices if d.load < policy.idle_below and d.room]
     on: dict[str, list[Running]] = {}
+    holders: dict[str, int] = {}
     for r in running:
+        holders[r.device] = holders.get(r.device, 0) + 1
         if r.task.migratable and r.name not in recently_moved and r.device in by_id:
             on.setdefault(r.device, []).append(r)
     taken: set[str] = set()
@@ -155,6 +164,10 @@ def decide(
             view = without(cluster, r.name)
             for dst in idle:
                 if dst.id in taken or dst.id == src.id or dst.kind not in r.kinds:
+                    continue
+                if dst.id in left.get(r.name, ()):
+                    continue
+                if dst.kind == src.kind and holders[src.id] == 1:
                     continue
                 if admits(view, r, dst) is not None:
                     continue

@@ -78,6 +78,40 @@ def from_inventory(node: inventory.Node) -> NodeSpec:
         numa_nodes=max(1, len(node.numa)),
         cpu_numa=cpu_numa,
         gpu_numa=gpu_numa,
+        model=node,
+    )
+
+
+def as_model(spec: NodeSpec, slots) -> inventory.Node:
+    """The inventory node that placement checks hard constraints on: `spec.model` when the
+    nodes came from the inventory, else one made from the counts and `slots` (the
+    simulator's, for each device's NUMA node): no labels, GPUs of unknown CUDA version
+    (0.0, so a policy's minCudaVersion never admits one) and `gpuMemory` each, TPU chips."""
+    if spec.model is not None:
+        return spec.model
+    numa = {(s.device, s.index): s.numa for s in slots if s.node == spec.name}
+    return inventory.Node.from_dict(
+        {
+            "name": spec.name,
+            "numa": [{"id": k} for k in range(spec.numa_nodes)],
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": f"SIM-{spec.name}-{i}",
+                    "name": "simulated GPU",
+                    "memoryTotal": spec.gpu_memory,
+                    "memoryFree": spec.gpu_memory,
+                    "cudaDriverVersion": "0.0",
+                    "computeCapability": "0.0",
+                    "numaNode": numa[("gpu", i)],
+                }
+                for i in range(spec.gpus)
+            ],
+            "accelerators": [
+                {"index": i, "kind": "tpu", "name": f"tpu{i}", "numaNode": numa[("tpu", i)]}
+                for i in range(spec.tpus)
+            ],
+        }
     )
 
 

@@ -12,6 +12,8 @@ from functools import partial
 import click
 
 from ..node_model import ModelError
+from ..policy.documents import InputError, load_items
+from ..policy.policy import SchedulingPolicy
 from ..spec import SpecError
 from . import metrics
 from . import nodes as node_model
@@ -60,6 +62,7 @@ def simulate(
     max_slots: int = MAX_SLOTS,
     progress: Callable[[int, int], None] | None = None,
     warn: Callable[[str], None] = lambda line: None,
+    policy_path: str | None = None,
 ) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
     input, Refused past a cap."""
@@ -90,12 +93,34 @@ def simulate(
         jobs = w.generate(seed, capacity, max_jobs)
     except TooManyJobs as exc:
         raise Refused(f"{workload_path}: {exc}") from None
+    policies = load_policies(policy_path, warn) if policy_path else []
+    migration = next((p.migration for p in policies if p.migration is not None), None)
     try:
-        outcome = Simulation(jobs, nodes, algorithm, levels=w.levels).run(progress)
+        run = partial(Simulation, jobs, nodes, algorithm, levels=w.levels)
+        outcome = run(migration=migration, policies=tuple(policies)).run(progress)
+        # The same jobs without the controller: what its moves changed.
+        without = run().run(progress) if migration is not None else None
     except SimulationError as exc:
         raise SimulationError(f"{workload_path}: {exc}") from None
     report = metrics.summarize(outcome, w.slas, w.window_ns)
+    if without is not None:
+        report["migration"] = metrics.migration(outcome, without, w.slas, w.window_ns)
     return {"schema": 1, "workload": w.name, "seed": seed, **report}
+
+
+def load_policies(path: str, warn: Callable[[str], None]) -> list[SchedulingPolicy]:
+    """The file's SchedulingPolicies, highest priority first (ties: by name): their rules are
+    the jobs' hard constraints, the first one's `spec.migration` the controller's settings."""
+    policies = [p for p in load_items(path) if isinstance(p, SchedulingPolicy)]
+    if not policies:
+        raise InputError(f"{path}: no SchedulingPolicy in the file")
+    policies.sort(key=lambda p: (-p.priority, p.name))
+    if all(p.migration is None for p in policies):
+        warn(
+            f"xhagent simulate: warning: {path} has no spec.migration, "
+            "so no migration controller runs"
+        )
+    return policies
 
 
 def render(report: dict) -> str:
@@ -111,6 +136,7 @@ def render(report: dict) -> str:
         "utilisation          "
         + "  ".join(f"{d} {u:.1%}" for d, u in report["utilisation"].items()),
         *_gpu_memory_lines(report.get("gpu_memory")),
+        *_migration_lines(report.get("migration")),
         "",
         (
             f"{'class':<16}{'jobs':>7}{'p95 ms':>10}{'SLA p95':>10}"
@@ -142,6 +168,25 @@ def _gpu_memory_lines(g: dict | None) -> list[str]:
             f"failed compactions {g['failed_compactions']}",
             f"dwps threshold       {path}",
         ]
+    return lines
+
+
+def _migration_lines(m: dict | None) -> list[str]:
+    if m is None:
+        return []
+    w = m["without"]
+    lines = [
+        f"migration            every {m['interval_ms']:g} ms, hot > {m['hot_above']:g}, "
+        f"idle < {m['idle_below']:g}: {len(m['moves'])} moves",
+        f"  with / without     deadline-miss ratio {m['deadline_miss_ratio']:.4f} / "
+        f"{w['deadline_miss_ratio']:.4f}  missed {m['missed']} / {w['missed']}",
+    ]
+    for e in m["moves"][:10]:
+        lines.append(
+            f"  {e['at_ms']:>10.1f} ms  {e['task']}: {e['src']} -> {e['dst']} ({e['reason']})"
+        )
+    if len(m["moves"]) > 10:
+        lines.append(f"  ... {len(m['moves']) - 10} more (--json lists them all)")
     return lines
 
 
@@ -194,6 +239,13 @@ ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.item
     show_default=True,
     help="Refuse (exit 1) nodes with more CPUs, GPUs and TPUs in all than this.",
 )
+@click.option(
+    "--policy",
+    "policy_path",
+    metavar="P.yaml",
+    help="SchedulingPolicy file: its spec.migration runs the migration controller (reported "
+    "against the same run without it), its rules are the jobs' hard constraints.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def simulate_command(
     workload_path: str,
@@ -203,6 +255,7 @@ def simulate_command(
     max_jobs: int,
     max_nodes: int,
     max_slots: int,
+    policy_path: str | None,
     as_json: bool,
 ) -> None:
     """Discrete-event simulation of a workload under one queueing algorithm.
@@ -220,8 +273,9 @@ def simulate_command(
             max_slots=max_slots,
             progress=Progress(echo),
             warn=echo,
+            policy_path=policy_path,
         )
-    except (SpecError, ModelError, SimulationError) as exc:
+    except (SpecError, ModelError, SimulationError, InputError) as exc:
         echo(f"xhagent simulate: {exc}")
         sys.exit(2)
     except Refused as exc:

@@ -21,10 +21,13 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ..policy.policy import Migration, SchedulingPolicy
 from .dwps import Dwps, GpuMemory
 from .fair import FairShare, twfs_slice_ns
 from .gpumem import CAPACITY, FITS, FRAGMENTATION, GpuDevice
 from .job import Job
+from .migration import Move
+from .migrator import Migrator
 from .mlq import MultiLevel
 from .pic import ResourceTable
 from .queues import ReadyQueue, discipline, worst_first
@@ -79,11 +82,14 @@ class Outcome:
     compactions: int = 0  # dwps: fragmentation failures turned into a start by an eviction
     failed_compactions: int = 0  # dwps: above the threshold, but no eviction made room
     threshold_path: list[tuple[int, float]] = field(default_factory=list)  # (ns, threshold)
+    migration: Migration | None = None  # the controller's settings, when it ran
+    moves: list[tuple[int, Move]] = field(default_factory=list)  # (ns, move) it enacted
+    unenacted: int = 0  # moves dropped: the destination GPU's memory was too fragmented
 
 
 # Events at one instant are all applied before the queues are drained, so their order
 # only needs to be fixed for determinism.
-_ARRIVE, _DONE, _SLICE = 0, 1, 2
+_ARRIVE, _DONE, _SLICE, _ROUND = 0, 1, 2, 3
 
 
 class Simulation:
@@ -94,6 +100,8 @@ class Simulation:
         algorithm: str,
         levels: MultiLevel | None = None,
         migration_cost_ns: int = 2_000_000,
+        migration: Migration | None = None,
+        policies: tuple[SchedulingPolicy, ...] = (),
     ):
         names = [j.name for j in jobs]
         if len(set(names)) != len(names):
@@ -151,6 +159,11 @@ class Simulation:
         )
         if self.dwps is not None:
             self.out.threshold_path.append((0, self.dwps.threshold.value))
+        # The migration controller (migration.py): a round every interval, while jobs remain.
+        self.migrator = None
+        if migration is not None:
+            self.migrator = Migrator(migration, nodes, self.slots, policies, bool(self.gpus))
+            self.out.migration = migration
 
     # -- events -------------------------------------------------------------------------
     def _at(self, t: int, kind: int, name: str, token: int = 0) -> None:
@@ -160,15 +173,24 @@ class Simulation:
         """Simulate every job; `progress(finished, total)` is called now and then."""
         for job in self.jobs:
             self._at(job.arrival_ns, _ARRIVE, job.name)
+        if self.migrator is not None and self.jobs:
+            start = self.jobs[0].arrival_ns
+            self.migrator.last_ns = start
+            self._at(start + self.migrator.policy.interval_ns, _ROUND, "")
         by_name = self.by_name
         batches = 0
         while self.events:
+            if self.events[0][1] == _ROUND and self.finished == len(self.jobs):
+                break  # no job left to move: the round would only stretch the makespan
             batches += 1
             if progress is not None and batches % 4096 == 0:
                 progress(self.finished, len(self.jobs))
             self.now = self.events[0][0]
             while self.events and self.events[0][0] == self.now:
                 _, kind, _, name, token = heapq.heappop(self.events)
+                if kind == _ROUND:
+                    self._round()
+                    continue
                 job = by_name[name]
                 if kind == _ARRIVE:
                     self._ready(job)
@@ -193,6 +215,8 @@ class Simulation:
             self._ready(woken)
         self._rekey_holders()
         self.fair.forget(job)
+        if self.migrator is not None:
+            self.migrator.done(job.name)
 
     def _slice_end(self, job: Job) -> None:
         slot = self._stop(job)
@@ -216,6 +240,8 @@ class Simulation:
         if self._uses_memory(job):
             self.gpus[self.by_id[slot_id].gpu].release(job.name)
         ran = self.now - since
+        if self.migrator is not None:
+            self.migrator.ran(self.by_id[slot_id], ran)
         if ran:
             self.out.intervals.append((slot_id, job.name, since, self.now))
         self.remaining[job.name] -= ran
@@ -255,6 +281,37 @@ class Simulation:
             quantum = twfs_slice_ns(job, self.busy[job.device] / self.out.slots[job.device])
             if quantum < self.remaining[job.name]:
                 self._at(self.now + quantum, _SLICE, job.name, token)
+
+    # -- migration ----------------------------------------------------------------------
+    def _round(self) -> None:
+        free = {self.slots[i].id for i in self.free.free}
+        for move in self.migrator.round(self.now, self.running, free, self.fair):
+            self._move(move)
+        self._at(self.now + self.migrator.policy.interval_ns, _ROUND, "")
+
+    def _move(self, move: Move) -> None:
+        """Stop the job, charge fair share's penalty and the checkpoint, restart it on a
+        free slot of the destination device."""
+        job = self.by_name[move.task]
+        unit = self.migrator.units[self.migrator.by_id[move.dst]]
+        dst = next(s for s in unit.slots if self.free.index[s.id] in self.free.free)
+        kind = unit.kind
+        moved = job if kind == job.device else replace(job, device=kind)
+        if self._uses_memory(moved) and self.gpus[dst.gpu].verdict(moved.gpu_memory) != FITS:
+            self.out.unenacted += 1
+            return
+        src = self._stop(job)
+        self.by_name[job.name] = moved
+        for resource, holder in self.resources.holder.items():
+            if holder.name == job.name:
+                self.resources.holder[resource] = moved
+        self.remaining[job.name] += self.migrator.policy.checkpoint_ns
+        self.fair.migrate(moved, src.place, dst.place)
+        self.records[job.name].migrations += 1
+        self.out.migrations += 1
+        self.last_place[job.name] = dst.place  # counted here, not again by _start
+        self.out.moves.append((self.now, move))
+        self._start(moved, dst)
 
     def _free_slot(self, job: Job) -> Slot | None:
         """A free slot of the job's device, where it last ran if possible, else on its node

@@ -5,7 +5,8 @@ share of a GPU, and the free slots indexed so that finding one is a heap operati
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class NodeSpec:
     gpu_numa: tuple[int, ...] = ()
     gpu_memory: int = 0  # bytes per GPU; 0: GPU memory is not modelled
     gpu_shares: int = 1  # jobs one GPU runs at once (a slot each)
+    # The inventory's node (node_model.Node) this was made from, for the placement core's
+    # hard constraints (migration); None: nodes.as_model makes one from the counts.
+    model: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class Slot:
     device: str
     numa: int
     gpu: str = ""  # the GPU whose memory this slot's job uses; "" when not modelled
+    index: int = 0  # which of its node's CPUs, GPUs or TPUs
+    unit: str = ""  # that device ("node/gpu0"), shared by the slots of one GPU's shares
 
     @property
     def place(self) -> tuple[str, int]:
@@ -50,7 +56,15 @@ def slots_of(nodes: list[NodeSpec]) -> list[Slot]:
                 numa = known[i] if known else i // per_numa
                 gpu = unit if device == "gpu" and node.gpu_memory else ""
                 slots += [
-                    Slot(unit if shares == 1 else f"{unit}/{k}", node.name, device, numa, gpu)
+                    Slot(
+                        unit if shares == 1 else f"{unit}/{k}",
+                        node.name,
+                        device,
+                        numa,
+                        gpu,
+                        i,
+                        unit,
+                    )
                     for k in range(shares)
                 ]
     return slots

@@ -19,6 +19,8 @@
           resources: [pcie]    # exclusive, held while the job is unfinished
           affinity: {tier: hot}
           gpuMemory: 2Gi       # GPU jobs: bytes on the GPU (nodes with gpuMemory model it)
+          migratable: true     # the migration controller may move it (default false)
+          runsOn: [gpu, tpu]   # device types it can run on (default: its deviceType)
           sla: {p95Latency: 50ms, errorRate: 0.01}
       jobs:                    # explicit arrivals; fields default from their class
         - {name: j1, class: interactive, arrival: 0ms, runtime: 3ms, deadline: 10ms}
@@ -90,6 +92,8 @@ class JobClass:
     affinity: dict[str, str] = field(default_factory=dict)
     sla: Sla = Sla()
     gpu_memory: int = 0
+    migratable: bool = False
+    runs_on: frozenset[str] = frozenset()
 
     def job(self, name: str, arrival: int, runtime: int, rng: random.Random, **explicit) -> Job:
         if "deadline_ns" not in explicit:
@@ -106,6 +110,8 @@ class JobClass:
             holds=self.resources,
             affinity=self.affinity,
             gpu_memory=self.gpu_memory,
+            migratable=self.migratable,
+            runs_on=self.runs_on,
         )
         fields.update(explicit)
         return Job(name, arrival, runtime, **fields)
@@ -258,6 +264,8 @@ CLASS_FIELDS = {
     "affinity",
     "sla",
     "gpuMemory",
+    "migratable",
+    "runsOn",
 }
 JOB_FIELDS = {
     "name",
@@ -270,7 +278,19 @@ JOB_FIELDS = {
     "resources",
     "affinity",
     "gpuMemory",
+    "migratable",
+    "runsOn",
 }
+
+
+def _runs_on(c: Cursor, device: str | None) -> frozenset[str]:
+    """`runsOn: [gpu, tpu]`: the device types a job may run on, its own among them."""
+    kinds = frozenset(k.str(DEVICE_TYPES) for k in c.seq())
+    if device is not None and device not in kinds:
+        raise c.error(
+            f"{c.where}: lists {', '.join(sorted(kinds)) or 'nothing'}, not the deviceType {device}"
+        )
+    return kinds
 
 
 def _job_class(c: Cursor) -> JobClass | None:
@@ -289,7 +309,10 @@ def _job_class(c: Cursor) -> JobClass | None:
         ),
         affinity=c.doc.attempt(lambda: _labels(c["affinity"]), {}),
         gpu_memory=c.doc.attempt(lambda: _gpu_memory(c["gpuMemory"]), 0),
+        migratable=c.doc.attempt(lambda: c["migratable"].bool(default=False), False),
     )
+    if c["runsOn"].present:
+        cls.runs_on = c.doc.attempt(lambda: _runs_on(c["runsOn"], cls.device), frozenset())
     if c["deadlineSlack"].present:
         cls.slack = c.doc.attempt(lambda: _slack(c["deadlineSlack"]))
     if c["deadline"].present:
@@ -345,6 +368,13 @@ def _explicit_job(
         explicit["affinity"] = c.doc.attempt(lambda: _labels(c["affinity"]))
     if c["gpuMemory"].present:
         explicit["gpu_memory"] = c.doc.attempt(lambda: _gpu_memory(c["gpuMemory"]))
+    if c["migratable"].present:
+        explicit["migratable"] = c.doc.attempt(lambda: c["migratable"].bool())
+    if c["runsOn"].present:
+        device = explicit.get("device", cls.device)
+        explicit["runs_on"] = c.doc.attempt(lambda: _runs_on(c["runsOn"], device))
+    elif "device" in explicit and cls.runs_on and explicit["device"] not in cls.runs_on:
+        explicit["runs_on"] = frozenset()
     runtime = c.doc.attempt(lambda: _duration(c["runtime"]))
     name = c.doc.attempt(lambda: c["name"].str(default=f"job-{index}"))
     with c.doc.collecting():

@@ -1,20 +1,36 @@
 """The migration decision: a hot GPU sheds a migratable task onto an idle accelerator, never
 onto one that a hard constraint rules out, at most one move per task and device a round."""
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_policy_placement import make_node
 
 from xhagent.node_model import Version
-from xhagent.policy.policy import Constraints, GpuConstraint, Match, Migration, Rule, Topology
+from xhagent.policy.policy import (
+    Constraints,
+    GpuConstraint,
+    Match,
+    Migration,
+    Rule,
+    SchedulingPolicy,
+    Topology,
+)
 from xhagent.policy.selector import Selector
 from xhagent.policy.state import Allocation, Cluster, GpuShare
 from xhagent.policy.task import Requests, Task
 from xhagent.sched.fair import FairShare
+from xhagent.sched.job import Job
 from xhagent.sched.migration import Device, Running, decide
+from xhagent.sched.simulate import simulate_command
+from xhagent.sched.simulator import NodeSpec, Simulation
+from xhagent.sched.workload import load_workload_text
+from xhagent.spec import SpecError
 
 GiB = 2**30
 L4 = ("12.4", 24, 24, 0, ())
@@ -72,6 +88,7 @@ def test_no_move_before_the_interval_or_right_after_one():
     devices, running, cluster = seed_case()
     assert decide(devices, running, cluster, POLICY, FairShare(), POLICY.interval_ns - 1) == []
     assert run(devices, running, cluster, recently_moved=frozenset({"infer"})) == []
+    assert run(devices, running, cluster, left={"infer": {"node-b/tpu0"}}) == []
 
 
 def test_thresholds_are_strict_and_busy_devices_take_nothing():
@@ -96,9 +113,11 @@ def test_gpu_to_gpu_honours_cuda_version_memory_and_prefers_the_nearest():
     c = make_node("node-c", gpus=(L4,))
     t = task("train", gpu_memory=8 * GiB)
     other = task("other", gpu_memory=20 * GiB)
-    cluster = Cluster.of([a, c], [on_gpu(t, "node-a", 0), on_gpu(other, "node-a", 1)])
+    peer = task("peer", migratable=False, gpu_memory=8 * GiB)
+    allocations = [on_gpu(t, "node-a", 0), on_gpu(other, "node-a", 1), on_gpu(peer, "node-a", 0)]
+    cluster = Cluster.of([a, c], allocations)
     cuda = matching(Constraints(gpu=GpuConstraint(min_cuda_version=Version(12, 2))))
-    running = [Running(t, cuda, "node-a/gpu0")]
+    running = [Running(t, cuda, "node-a/gpu0"), Running(peer, NO_RULE, "node-a/gpu0")]
     devices = [
         Device("node-a", "gpu", 0, 0.9),
         Device("node-a", "gpu", 1, 0.2),  # 4 GiB free: too little
@@ -108,8 +127,10 @@ def test_gpu_to_gpu_honours_cuda_version_memory_and_prefers_the_nearest():
     (move,) = run(devices, running, cluster)
     assert move.dst == "node-c/gpu0"
     # without the CUDA constraint, the same node's idle GPU is nearer (no penalty)
-    (move,) = run(devices, [Running(t, NO_RULE, "node-a/gpu0")], cluster)
+    (move,) = run(devices, [Running(t, NO_RULE, "node-a/gpu0"), running[1]], cluster)
     assert (move.dst, move.penalty_ns) == ("node-a/gpu2", 0)
+    # alone on its GPU, it would only carry the heat to another GPU: it stays
+    assert run(devices, [Running(t, NO_RULE, "node-a/gpu0")], cluster) == []
 
 
 def test_one_move_per_hot_device_and_per_idle_device_a_round():
@@ -267,3 +288,122 @@ def test_no_move_ever_violates_a_hard_constraint(snapshot):
             )
         else:
             cluster.commit(Allocation(m.task, dst.node, (), 0, tpus=(dst.index,)))
+
+
+# --------------------------------------------------------------------------- simulated
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
+S = 10**9
+
+
+def hot_gpu_jobs(migratable=True, affinity=None):
+    """A 20 s migratable job on the only GPU, then a GPU request a second for 20 s."""
+    runs_on = frozenset({"gpu", "tpu"})
+    long = Job(
+        "long",
+        0,
+        20 * S,
+        60 * S,
+        device="gpu",
+        migratable=migratable,
+        runs_on=runs_on,
+        affinity=affinity or {},
+    )
+    reqs = [
+        Job(f"r{i}", (i + 1) * S, S // 10, (i + 1) * S + 2 * S, device="gpu") for i in range(20)
+    ]
+    return [long, *reqs]
+
+
+NODES = [NodeSpec("g", cpus=1, gpus=1), NodeSpec("t", cpus=1, tpus=1)]
+
+
+def test_the_simulator_moves_the_long_job_to_the_tpu_and_the_requests_meet_their_deadlines():
+    policy = Migration(checkpoint_ns=S // 5)
+    out = Simulation(hot_gpu_jobs(), NODES, "fifo", migration=policy).run()
+    ((at, move),) = out.moves
+    assert (at, move.task, move.src, move.dst) == (5 * S, "long", "g/gpu0", "t/tpu0")
+    long = out.records[0]
+    # it ran 5 s on the GPU, stopped for the checkpoint, and finished on the TPU
+    assert long.finish_ns == 20 * S + S // 5 and long.migrations == 1
+    assert [i for i in out.intervals if i[1] == "long"] == [
+        ("g/gpu0", "long", 0, 5 * S),
+        ("t/tpu0", "long", 5 * S, 20 * S + S // 5),
+    ]
+    without = Simulation(hot_gpu_jobs(), NODES, "fifo").run()
+    missed = sum(r.missed for r in out.records), sum(r.missed for r in without.records)
+    assert missed[0] < missed[1] and without.moves == [] and without.migrations == 0
+
+
+def test_the_simulator_never_moves_what_is_not_migratable_or_what_a_rule_forbids():
+    assert Simulation(hot_gpu_jobs(False), NODES, "fifo", migration=Migration()).run().moves == []
+    # plain nodes have no zone label: a rule that asks for one admits no TPU
+    zone = SchedulingPolicy(
+        "zoned",
+        (Rule(Selector((("app", "x"),)), Constraints(topology=Topology(zone="z1"))),),
+        migration=Migration(),
+    )
+    jobs = hot_gpu_jobs(affinity={"app": "x"})
+    out = Simulation(jobs, NODES, "fifo", migration=zone.migration, policies=(zone,)).run()
+    assert out.moves == []
+    other = hot_gpu_jobs(affinity={"app": "y"})  # the rule does not match it
+    assert Simulation(other, NODES, "fifo", migration=zone.migration, policies=(zone,)).run().moves
+
+
+def test_simulate_reports_moves_and_their_effect_on_deadlines():
+    args = [
+        "--workload",
+        str(EXAMPLES / "migration-hot-gpu.yaml"),
+        "--nodes",
+        str(EXAMPLES / "migration-nodes.yaml"),
+        "--policy",
+        str(EXAMPLES / "migration-policy.yaml"),
+        "--algorithm",
+        "fifo",
+        "--json",
+    ]
+    res = CliRunner().invoke(simulate_command, args)
+    assert res.exit_code == 0, res.output
+    m = json.loads(res.output)["migration"]
+    assert (m["interval_ms"], m["hot_above"], m["idle_below"]) == (5000, 0.85, 0.3)
+    kinds = [(mv["src"].split("/")[1][:3], mv["dst"].split("/")[1][:3]) for mv in m["moves"]]
+    assert kinds.count(("gpu", "tpu")) >= 10
+    assert all(a != b for a, b in kinds), "each batch runs alone: it only ever changes type"
+    assert all(" > 0.85, " in mv["reason"] and mv["task"].startswith("batch") for mv in m["moves"])
+    assert m["missed"] < m["without"]["missed"]
+    assert m["deadline_miss_ratio"] < m["without"]["deadline_miss_ratio"]
+    assert not m["without"]["classes"]["request"]["meets_sla"]
+
+
+def test_simulate_refuses_a_bad_policy_with_its_location(tmp_path):
+    bad = tmp_path / "p.yaml"
+    bad.write_text((EXAMPLES / "migration-policy.yaml").read_text().replace("0.85", "1.85"))
+    args = [
+        "--workload",
+        str(EXAMPLES / "migration-hot-gpu.yaml"),
+        "--nodes",
+        str(EXAMPLES / "migration-nodes.yaml"),
+        "--policy",
+        str(bad),
+    ]
+    res = CliRunner().invoke(simulate_command, args)
+    assert res.exit_code == 2
+    assert f"{bad}:14:15: spec.migration.hotAbove: 1.85 is out of range 0..1" in res.output
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ("runsOn: [tpu]", "spec.classes.0.runsOn: lists tpu, not the deviceType gpu"),
+        ("runsOn: [fpga]", "spec.classes.0.runsOn.0: 'fpga' is not one of cpu, gpu, tpu"),
+        ("migratable: maybe", "spec.classes.0.migratable: expected true or false"),
+    ],
+)
+def test_workload_migration_fields_are_checked(fields, message):
+    text = (
+        "kind: Workload\nspec:\n  classes:\n"
+        f"    - {{name: a, deviceType: gpu, rate: 1, {fields}}}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_workload_text(text, "w.yaml")
+    assert message in str(info.value)
