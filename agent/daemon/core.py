@@ -32,7 +32,7 @@ from ..policy.placement import Candidate, Demand, Reason, decide_demand
 from ..policy.policy import choose
 from ..policy.preemption import NO_DEADLINE
 from ..policy.state import Cluster
-from ..policy.task import Task
+from ..policy.task import Deadline, Task
 from ..spec import SpecError
 from .executor import Executor, resolve_run_as
 from .holdings import allocation_of
@@ -44,7 +44,9 @@ from .shim import ShimStatus, process_alive
 from .store import Event, Store, TaskRecord
 
 log = logging.getLogger("xhagent")
-MAX_PENDING_SCAN = 1000  # tasks placed per step at most; the rest wait for the next step
+# The oldest Pending tasks a step looks at; the rest wait for a later step. Only these are
+# held parsed, so the agent's memory does not grow with the backlog.
+MAX_PENDING_SCAN = 1000
 # A start takes milliseconds: a step starting a thousand tasks would leave exits, cancels
 # and API calls waiting seconds behind it.
 MAX_STARTS_PER_STEP = 16
@@ -89,7 +91,12 @@ class Agent:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified after every change
         self.cluster = Cluster.of([node])
-        self.tasks: dict[str, Task] = {}  # the parsed spec of every task not yet ended
+        # Parsed specs: of every task that holds a placement (or waits to restart), and of
+        # the Pending tasks the last step looked at; the rest are read again when their
+        # turn comes. Deadlines are kept for every task not yet ended: an int each.
+        self.tasks: dict[str, Task] = {}
+        self._window: dict[str, Task] = {}
+        self._deadlines: dict[str, int] = {}  # task id -> its deadline (ns since the epoch)
         self.supervised: dict[str, Supervised] = {}
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -122,8 +129,9 @@ class Agent:
                     )
                 )
         for rec, task in zip(out, tasks, strict=True):
-            if rec.state not in TERMINAL:
-                self.tasks.setdefault(rec.id, task)  # one dict operation: atomic in CPython
+            if rec.state not in TERMINAL and task.deadline is not None:
+                # one dict operation: atomic in CPython
+                self._deadlines.setdefault(rec.id, task.deadline.at(rec.created_ns))
         self.wake()
         return out
 
@@ -152,7 +160,7 @@ class Agent:
                 self.store.finish_intent(intent, "killed")
             else:
                 rec = self.store.transition(task_id, S.CANCELLED, expect=S.PENDING)
-                self.tasks.pop(task_id, None)
+                self._forget(task_id)
             self.changed.notify_all()
             return rec
 
@@ -161,7 +169,7 @@ class Agent:
             rec = self.store.get(task_id)
             if rec is None:
                 raise KeyError(task_id)
-            task = self.tasks.get(task_id) or self.task_of(rec)
+            task = self._parsed(rec)
             return explain(replace(task, name=task_id), self.policies(), self.cluster)
 
     def last_seq(self) -> int:
@@ -340,8 +348,7 @@ class Agent:
             )
         else:
             state = S.FAILED
-        self.tasks.pop(rec.id, None)
-        self._late.discard(rec.id)
+        self._forget(rec.id)
         return self.store.transition(rec.id, state, expect=rec.state, **fields)
 
     def _may_restart(self, task: Task, rec: TaskRecord) -> bool:
@@ -362,14 +369,16 @@ class Agent:
         now = self.clock()
         policies = self.policies()
         pending = self.store.list_tasks([S.PENDING], limit=MAX_PENDING_SCAN)
-        keyed = []
+        keyed, window = [], {}
         for rec in pending:
             try:
-                task = self.tasks.get(rec.id) or self.tasks.setdefault(rec.id, self.task_of(rec))
+                task = window[rec.id] = self._parsed(rec)
             except InvalidTask as exc:  # a document this version no longer reads
                 self.store.transition(rec.id, S.FAILED, expect=S.PENDING, error=str(exc))
+                self._forget(rec.id)
                 continue
             keyed.append((self.order_key(rec, task, policies), rec, task))
+        self._window = window
         started = 0
         for _, rec, task in sorted(keyed, key=lambda k: k[0]):
             if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
@@ -412,24 +421,24 @@ class Agent:
         """A task still waiting or running past its deadline is an event, once per run of
         the agent (a restart may say it again)."""
         now = self.clock()
-        for task_id, task in list(self.tasks.items()):  # submissions add to it meanwhile
-            if task.deadline is None or task_id in self._late:
+        for task_id, due in list(self._deadlines.items()):  # submissions add to it meanwhile
+            if task_id in self._late:
+                continue
+            if now <= due:
+                self._wake_at(due + 1)
                 continue
             rec = self.store.get(task_id)
             if rec is None or rec.state in TERMINAL:
+                self._deadlines.pop(task_id, None)
                 continue
-            due = task.deadline.at(rec.created_ns)
-            if now <= due:
-                self._wake_at(due + 1)
-            else:
                 self._late.add(task_id)
-                late_ms = (now - due) / 1e6
-                self.store.add_event(
-                    "DeadlineMissed",
-                    f"{rec.state} {late_ms:.0f} ms past its deadline",
-                    task_id=task_id,
-                    detail={"deadline_ns": due, "state": rec.state.value},
-                )
+            late_ms = (now - due) / 1e6
+            self.store.add_event(
+                "DeadlineMissed",
+                f"{rec.state} {late_ms:.0f} ms past its deadline",
+                task_id=task_id,
+                detail={"deadline_ns": due, "state": rec.state.value},
+            )
 
     def _keep_pending(self, rec: TaskRecord, reasons: list) -> None:
         as_dicts = [r if isinstance(r, dict) else _reason_dict(r) for r in reasons]
@@ -462,6 +471,7 @@ class Agent:
             "tpus": list(placed.tpus),
             "unenforced": [u.to_json() for u in plan.unenforced],
         }
+        self.tasks[rec.id] = task
         leaf = self.executor.leaf(rec.id)
         with self.store.atomic():
             intent = self.store.begin_intent(rec.id, "start", {"node": placed.node})
@@ -492,7 +502,7 @@ class Agent:
             with self.store.atomic():
                 self.store.transition(rec.id, S.FAILED, expect=S.STARTING, error=str(exc))
                 self.store.finish_intent(intent, "failed")
-            self.tasks.pop(rec.id, None)
+            self._forget(rec.id)
             return
         with self.store.atomic():
             self.store.transition(
@@ -560,6 +570,28 @@ class Agent:
                 return getattr(g, "uuid", None) or str(index)
         return str(index)
 
+    def _parsed(self, rec: TaskRecord) -> Task:
+        """The task's spec: kept while it holds a placement or was in the last step's
+        window, else read again from its document."""
+        return self.tasks.get(rec.id) or self._window.get(rec.id) or self.task_of(rec)
+
+    def note_deadline(self, rec: TaskRecord) -> None:
+        """Keep a task's deadline in mind (after a restart): from its record's summary,
+        else (a record an older version wrote) from its document."""
+        if "deadline" in rec.spec:
+            deadline = rec.spec["deadline"] and Deadline(*rec.spec["deadline"])
+        else:
+            deadline = self._parsed(rec).deadline
+        if deadline:
+            self._deadlines.setdefault(rec.id, deadline.at(rec.created_ns))
+
+    def _forget(self, task_id: str) -> None:
+        """The task ended: nothing of it stays in memory."""
+        self.tasks.pop(task_id, None)
+        self._window.pop(task_id, None)
+        self._deadlines.pop(task_id, None)
+        self._late.discard(task_id)
+
     def task_of(self, rec: TaskRecord) -> Task:
         return self.parse_tasks(rec.source, rec.source_file, None)[rec.spec["document"]]
 
@@ -578,6 +610,8 @@ def _summary(document: int, task: Task, match) -> dict:
         "policy": match.policy.name if match.policy else "",
         "device_type": task.device_type,
         "labels": dict(task.labels),
+        # [ns, relative]: a restart knows every deadline without parsing every document
+        "deadline": [task.deadline.ns, task.deadline.relative] if task.deadline else None,
     }
 
 

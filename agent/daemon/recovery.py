@@ -71,8 +71,8 @@ def recover(agent: Agent) -> dict[str, int]:
             if task_id not in live:
                 agent.executor.remove_leaf(task_id)
                 counts["orphan_leaves"] += 1
-        for rec in agent.records([S.PENDING]):
-            agent.tasks.setdefault(rec.id, agent.task_of(rec))
+        for rec in agent.records([*NEEDS_PLACEMENT, S.PENDING]):
+            agent.note_deadline(rec)
     return counts
 
 

@@ -361,6 +361,24 @@ def test_a_missed_deadline_is_an_event(agent, tmp_path):
     assert "DeadlineMissed: Running" in events and "ms past its deadline" in events
 
 
+def test_a_pending_tasks_deadline_is_kept_across_a_kill_9(agent, tmp_path):
+    # Pending for good (no node has 4096 CPUs); the agent is killed before the deadline and
+    # learns it again from the task's record, not from a spec held in memory
+    big = "  requests: {cpus: 4096}\n  deadline: 2s\n"
+    tid = agent.submit(task_file(tmp_path, "late-pending", ["true"], big))
+    assert agent.wait(tid, ("Pending",))["state"] == "Pending"
+    agent.stop(signal.SIGKILL)
+    agent.start()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        events = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
+        if "DeadlineMissed" in events:
+            break
+        time.sleep(0.2)
+    assert "DeadlineMissed: Pending" in events and "ms past its deadline" in events, events
+    agent.cli("cancel", tid, check=True)
+
+
 def test_a_full_state_dir_refuses_submissions_loses_nothing_and_recovers(tmp_path):
     state = tmp_path / "small"
     state.mkdir()
