@@ -85,7 +85,17 @@ def test_numa_memory_hugepages_and_block(server, no_nvml):
     ]
     assert inv.block[0].open_error.startswith(f"cannot open {server.dev}/nvme0n1: -ENOENT")
     assert inv.gpu.available is False
-    assert inv.gpu.reason == "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+    assert inv.gpu.reason == f"no NVIDIA driver: {server.sys}/bus/pci/drivers/nvidia absent"
+
+
+def test_nvml_says_why_when_the_driver_is_bound_but_nvml_fails(tmp_path, no_nvml):
+    sys_, proc = fakes.gpu_box(tmp_path)
+    inv = read_gpus(Roots(sys_, proc))
+    assert (inv.available, inv.reason, inv.gpus) == (
+        False,
+        "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+        (),
+    )
 
 
 def test_pci_devices_with_names(server):
@@ -214,7 +224,7 @@ def test_cli_on_recorded_tree(server, no_nvml, tmp_path):
     assert text.exit_code == 0, text.output
     assert (
         "Core 0 L2 2 MiB: PU 0* PU 8*" in text.output
-        and "NVML unavailable: NVMLError_LibraryNotFound" in text.output
+        and "NVML unavailable: no NVIDIA driver" in text.output
     )
     gpu = json.loads(runner.invoke(inventory, [*args, "--json", "--section", "gpu"]).output)
     assert gpu == {
@@ -223,7 +233,7 @@ def test_cli_on_recorded_tree(server, no_nvml, tmp_path):
                 "available": False,
                 "cuda_driver_version": None,
                 "driver_version": None,
-                "reason": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+                "reason": f"no NVIDIA driver: {server.sys}/bus/pci/drivers/nvidia absent",
             },
             "gpus": [],
             "nvlink_matrix": [],
