@@ -350,18 +350,14 @@ def test_the_simulator_never_moves_what_is_not_migratable_or_what_a_rule_forbids
     assert Simulation(other, NODES, "fifo", migration=zone.migration, policies=(zone,)).run().moves
 
 
+def example_args(policy) -> list[str]:
+    """simulate's arguments for the hot-GPU example under `policy`."""
+    workload, nodes = EXAMPLES / "migration-hot-gpu.yaml", EXAMPLES / "migration-nodes.yaml"
+    return ["--workload", str(workload), "--nodes", str(nodes), "--policy", str(policy)]
+
+
 def test_simulate_reports_moves_and_their_effect_on_deadlines():
-    args = [
-        "--workload",
-        str(EXAMPLES / "migration-hot-gpu.yaml"),
-        "--nodes",
-        str(EXAMPLES / "migration-nodes.yaml"),
-        "--policy",
-        str(EXAMPLES / "migration-policy.yaml"),
-        "--algorithm",
-        "fifo",
-        "--json",
-    ]
+    args = [*example_args(EXAMPLES / "migration-policy.yaml"), "--algorithm", "fifo", "--json"]
     res = CliRunner().invoke(simulate_command, args)
     assert res.exit_code == 0, res.output
     m = json.loads(res.output)["migration"]
@@ -378,14 +374,7 @@ def test_simulate_reports_moves_and_their_effect_on_deadlines():
 def test_simulate_refuses_a_bad_policy_with_its_location(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text((EXAMPLES / "migration-policy.yaml").read_text().replace("0.85", "1.85"))
-    args = [
-        "--workload",
-        str(EXAMPLES / "migration-hot-gpu.yaml"),
-        "--nodes",
-        str(EXAMPLES / "migration-nodes.yaml"),
-        "--policy",
-        str(bad),
-    ]
+    args = example_args(bad)
     res = CliRunner().invoke(simulate_command, args)
     assert res.exit_code == 2
     assert f"{bad}:14:15: spec.migration.hotAbove: 1.85 is out of range 0..1" in res.output
