@@ -1,0 +1,723 @@
+/* sched.c: the hot path of one worker's scheduler (xhagent._sched), in C.
+ *
+ * `Core` is the base type of agent/runtime/scheduler.py's Scheduler. It holds the run
+ * queues (per priority class: a binary heap of (deadline, seq, task) for EDF and a ring
+ * buffer FIFO of deadline-less tasks), the running task (`current`), and the two calls
+ * that every switch makes: `_next` (the scheduling decision) and `yield_` (go to the back
+ * of one's class, pick the next, switch to it). A yield costs one C call and one greenlet
+ * switch: no Python frame is pushed, nothing is allocated.
+ *
+ * The C path handles the common case only and hands everything else to the Python
+ * scheduler: `_next` calls `self._next_slow()` when an instrument is installed, a task
+ * crashed the run, another thread queued a wake-up (`_external`), or a timer is due; a
+ * task picked for its first step gets its context from `self._bind(task)` (Python: the
+ * context pool and its checked state transitions). The order is the scheduler's: class 0
+ * first; in a class the deadline heap (earliest first, ties by the order they became
+ * runnable) before the FIFO.
+ *
+ * Preemption's safe points: the SIGURG handler runs only between bytecodes, so never
+ * inside this C code; while C calls back into Python (the scheduler's own methods) the
+ * handler sees a frame of the runtime's files and does nothing. The clock is called from
+ * here only when it is a builtin (time.monotonic); a Python clock goes the slow way.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+
+typedef struct {
+    double when;
+    uint64_t seq;
+    PyObject *task;
+} hent;
+
+typedef struct {
+    PyObject **buf;     /* ring buffer, cap a power of two */
+    Py_ssize_t cap, head, len;
+    hent *heap;
+    Py_ssize_t hlen, hcap;
+} klass;
+
+/* The fields of a task that the hot path reads and writes: TaskHandle's C base. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *g;        /* `_g`: its context's greenlet, None before its first step */
+    char cancel;        /* `_cancel_requested` */
+    char preempt;       /* `_preempt_requested` */
+} TaskBase;
+
+static PyTypeObject *TaskBaseType = NULL;
+#define IS_TASK(o) PyObject_TypeCheck((o), TaskBaseType)
+#define TB(o) ((TaskBase *)(o))
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *current;
+    /* what _pick learnt of `current` (its class, deadline): a yield queues it without
+     * reading the task; invalid once Python sets `current` */
+    int cur_valid, cur_prio, cur_dl;
+    double cur_when;
+    PyObject *hub;
+    PyObject *crash;
+    PyObject *timers;
+    PyObject *external;
+    PyObject *clock;
+    Py_ssize_t alive;
+    int classes;
+    char instrumented;
+    klass *q;
+    uint64_t seq;
+} Core;
+
+static PyObject *s_priority, *s_deadline, *s_state, *s_switch,
+    *s_bind, *s_next_slow, *s_ctx_wait_park;
+static PyObject *Cancelled = NULL;   /* task.Cancelled, given by configure() */
+static PyObject *PENDING = NULL;     /* concurrent.futures' PENDING state string */
+static Core *running = NULL;         /* the scheduler running in this process */
+
+/* -- the queues ---------------------------------------------------------------------- */
+static int fifo_push(klass *k, PyObject *task) {
+    if (k->len == k->cap) {
+        Py_ssize_t ncap = k->cap ? k->cap * 2 : 64;
+        PyObject **nb = PyMem_Malloc(ncap * sizeof(PyObject *));
+        if (!nb) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k->len; i++)
+            nb[i] = k->buf[(k->head + i) & (k->cap - 1)];
+        PyMem_Free(k->buf);
+        k->buf = nb;
+        k->cap = ncap;
+        k->head = 0;
+    }
+    Py_INCREF(task);
+    k->buf[(k->head + k->len) & (k->cap - 1)] = task;
+    k->len++;
+    return 0;
+}
+
+static PyObject *fifo_pop(klass *k) {   /* a new reference; k->len > 0 */
+    PyObject *t = k->buf[k->head];
+    k->head = (k->head + 1) & (k->cap - 1);
+    k->len--;
+    return t;
+}
+
+static inline int hless(const hent *a, const hent *b) {
+    return a->when < b->when || (a->when == b->when && a->seq < b->seq);
+}
+
+static int heap_push(klass *k, double when, uint64_t seq, PyObject *task) {
+    if (k->hlen == k->hcap) {
+        Py_ssize_t ncap = k->hcap ? k->hcap * 2 : 16;
+        hent *nh = PyMem_Realloc(k->heap, ncap * sizeof(hent));
+        if (!nh) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->heap = nh;
+        k->hcap = ncap;
+    }
+    Py_INCREF(task);
+    Py_ssize_t i = k->hlen++;
+    hent e = {when, seq, task};
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!hless(&e, &k->heap[p]))
+            break;
+        k->heap[i] = k->heap[p];
+        i = p;
+    }
+    k->heap[i] = e;
+    return 0;
+}
+
+static PyObject *heap_pop(klass *k) {   /* a new reference; k->hlen > 0 */
+    PyObject *top = k->heap[0].task;
+    hent last = k->heap[--k->hlen];
+    Py_ssize_t i = 0, n = k->hlen;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && hless(&k->heap[c + 1], &k->heap[c]))
+            c++;
+        if (!hless(&k->heap[c], &last))
+            break;
+        k->heap[i] = k->heap[c];
+        i = c;
+    }
+    if (n)
+        k->heap[i] = last;
+    return top;
+}
+
+/* Queue `task` in its class: EDF heap if it has a deadline, else the FIFO. */
+static int core_ready(Core *s, PyObject *task) {
+    if (!IS_TASK(task)) {
+        PyErr_Format(PyExc_TypeError, "run queues take tasks (TaskBase), not %R", Py_TYPE(task));
+        return -1;
+    }
+    PyObject *p = PyObject_GetAttr(task, s_priority);
+    if (!p)
+        return -1;
+    long prio = PyLong_AsLong(p);
+    Py_DECREF(p);
+    if (prio == -1 && PyErr_Occurred())
+        return -1;
+    if (prio < 0 || prio >= s->classes) {
+        PyErr_Format(PyExc_ValueError, "priority class %ld is not in 0..%d", prio, s->classes - 1);
+        return -1;
+    }
+    klass *k = &s->q[prio];
+    PyObject *d = PyObject_GetAttr(task, s_deadline);
+    if (!d)
+        return -1;
+    if (d == Py_None) {
+        Py_DECREF(d);
+        return fifo_push(k, task);
+    }
+    double when = PyFloat_AsDouble(d);
+    Py_DECREF(d);
+    if (when == -1.0 && PyErr_Occurred())
+        return -1;
+    return heap_push(k, when, s->seq++, task);
+}
+
+/* -- the decision -------------------------------------------------------------------- */
+/* The greenlet to run next (a new reference): the first runnable task's, or the hub's. */
+static PyObject *core_pick(Core *s) {
+    for (int c = 0; c < s->classes; c++) {
+        klass *k = &s->q[c];
+        while (k->hlen || k->len) {
+            int dl = k->hlen != 0;
+            double when = dl ? k->heap[0].when : 0.0;
+            PyObject *task = dl ? heap_pop(k) : fifo_pop(k);
+            PyObject *g = TB(task)->g;
+            if (g && g != Py_None) {
+                Py_INCREF(g);
+            } else {   /* its first step: a context is bound (Python: the pool) */
+                PyObject *st = PyObject_GetAttr(task, s_state);
+                if (!st) {
+                    Py_DECREF(task);
+                    return NULL;
+                }
+                int pending = st == PENDING;
+                Py_DECREF(st);
+                if (!pending) {   /* cancelled before it started: its entry was left behind */
+                    Py_DECREF(task);
+                    continue;
+                }
+                g = PyObject_CallMethodOneArg((PyObject *)s, s_bind, task);
+                if (!g) {
+                    Py_DECREF(task);
+                    return NULL;
+                }
+                if (g == Py_None) {   /* the pool is at its max: the task waits for a context */
+                    Py_DECREF(g);
+                    PyObject *r = PyObject_CallMethodOneArg((PyObject *)s, s_ctx_wait_park, task);
+                    Py_DECREF(task);
+                    if (!r)
+                        return NULL;
+                    Py_DECREF(r);
+                    continue;
+                }
+            }
+            Py_SETREF(s->current, task);
+            s->cur_valid = 1;
+            s->cur_prio = c;
+            s->cur_dl = dl;
+            s->cur_when = when;
+            return g;
+        }
+    }
+    Py_INCREF(Py_None);
+    Py_SETREF(s->current, Py_None);
+    s->cur_valid = 0;
+    Py_INCREF(s->hub);
+    return s->hub;
+}
+
+/* Anything that needs the Python scheduler before the queues are looked at? */
+static int core_needs_slow(Core *s) {
+    if (s->instrumented || s->crash != Py_None)
+        return 1;
+    if (s->external != Py_None) {
+        Py_ssize_t n = PyObject_Size(s->external);
+        if (n != 0)
+            return n < 0 ? -1 : 1;
+    }
+    if (s->timers != Py_None && PyList_Check(s->timers) && PyList_GET_SIZE(s->timers)) {
+        if (!PyCFunction_Check(s->clock))
+            return 1;   /* a Python clock is called from Python frames only (safe points) */
+        PyObject *first = PyList_GET_ITEM(s->timers, 0);
+        if (!PyList_Check(first) || PyList_GET_SIZE(first) < 1)
+            return 1;
+        double when = PyFloat_AsDouble(PyList_GET_ITEM(first, 0));
+        if (when == -1.0 && PyErr_Occurred())
+            return -1;
+        PyObject *now_o = PyObject_CallNoArgs(s->clock);
+        if (!now_o)
+            return -1;
+        double now = PyFloat_AsDouble(now_o);
+        Py_DECREF(now_o);
+        if (now == -1.0 && PyErr_Occurred())
+            return -1;
+        return when <= now;
+    }
+    return 0;
+}
+
+static PyObject *core_next_impl(Core *s) {
+    int slow = core_needs_slow(s);
+    if (slow < 0)
+        return NULL;
+    if (slow)
+        return PyObject_CallMethodNoArgs((PyObject *)s, s_next_slow);
+    return core_pick(s);
+}
+
+static int switch_to(PyObject *g) {
+    PyObject *r = PyObject_CallMethodNoArgs(g, s_switch);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *raise_cancelled(void) {   /* NULL, with Cancelled raised */
+    PyErr_SetNone(Cancelled ? Cancelled : PyExc_RuntimeError);
+    return NULL;
+}
+
+static PyObject *core_yield_impl(Core *s) {
+    PyObject *task = s->current;
+    if (task == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "yield_ is called only inside a task");
+        return NULL;
+    }
+    if (!IS_TASK(task)) {
+        PyErr_SetString(PyExc_TypeError, "the current task is not a TaskBase");
+        return NULL;
+    }
+    if (TB(task)->cancel)
+        return raise_cancelled();
+    TB(task)->preempt = 0;   /* a yield is what a pending preemption asked for */
+    Py_INCREF(task);
+    PyObject *nxt = NULL, *me = TB(task)->g;   /* the caller's greenlet: none else runs it */
+    Py_XINCREF(me);
+    int rc;
+    if (s->cur_valid) {   /* _ready, knowing its class and deadline from _pick */
+        klass *k = &s->q[s->cur_prio];
+        rc = s->cur_dl ? heap_push(k, s->cur_when, s->seq++, task) : fifo_push(k, task);
+    } else {
+        rc = core_ready(s, task);
+    }
+    if (rc < 0)
+        goto fail;
+    nxt = core_next_impl(s);
+    if (!nxt)
+        goto fail;
+    if (nxt != me && switch_to(nxt) < 0)
+        goto fail;
+    Py_CLEAR(nxt);
+    Py_XDECREF(me);
+    int cancelled = TB(task)->cancel;
+    Py_DECREF(task);
+    if (cancelled)
+        return raise_cancelled();
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(nxt);
+    Py_XDECREF(me);
+    Py_DECREF(task);
+    return NULL;
+}
+
+/* -- the type ------------------------------------------------------------------------ */
+static int core_alloc_queues(Core *s, int classes) {
+    klass *q = PyMem_Calloc(classes, sizeof(klass));
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->q = q;
+    s->classes = classes;
+    return 0;
+}
+
+static void core_clear_queues(Core *s) {
+    if (!s->q)
+        return;
+    klass *q = s->q;
+    int n = s->classes;
+    s->q = NULL;
+    for (int c = 0; c < n; c++) {
+        klass *k = &q[c];
+        while (k->len) {
+            PyObject *t = fifo_pop(k);
+            Py_DECREF(t);
+        }
+        while (k->hlen) {
+            PyObject *t = k->heap[--k->hlen].task;
+            Py_DECREF(t);
+        }
+        PyMem_Free(k->buf);
+        PyMem_Free(k->heap);
+    }
+    PyMem_Free(q);
+}
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)args;
+    (void)kw;
+    Core *s = (Core *)type->tp_alloc(type, 0);
+    if (!s)
+        return NULL;
+    s->current = Py_NewRef(Py_None);
+    s->hub = Py_NewRef(Py_None);
+    s->crash = Py_NewRef(Py_None);
+    s->timers = Py_NewRef(Py_None);
+    s->external = Py_NewRef(Py_None);
+    s->clock = Py_NewRef(Py_None);
+    return (PyObject *)s;
+}
+
+static int core_traverse(Core *s, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(s));
+    Py_VISIT(s->current);
+    Py_VISIT(s->hub);
+    Py_VISIT(s->crash);
+    Py_VISIT(s->timers);
+    Py_VISIT(s->external);
+    Py_VISIT(s->clock);
+    if (s->q) {
+        for (int c = 0; c < s->classes; c++) {
+            klass *k = &s->q[c];
+            for (Py_ssize_t i = 0; i < k->len; i++)
+                Py_VISIT(k->buf[(k->head + i) & (k->cap - 1)]);
+            for (Py_ssize_t i = 0; i < k->hlen; i++)
+                Py_VISIT(k->heap[i].task);
+        }
+    }
+    return 0;
+}
+
+static int core_clear(Core *s) {
+    core_clear_queues(s);
+    Py_CLEAR(s->current);
+    Py_CLEAR(s->hub);
+    Py_CLEAR(s->crash);
+    Py_CLEAR(s->timers);
+    Py_CLEAR(s->external);
+    Py_CLEAR(s->clock);
+    return 0;
+}
+
+static void core_dealloc(Core *s) {
+    PyTypeObject *tp = Py_TYPE(s);
+    PyObject_GC_UnTrack(s);
+    if (running == s)
+        running = NULL;   /* cannot happen while it is held there; kept for safety */
+    core_clear(s);
+    tp->tp_free((PyObject *)s);
+    Py_DECREF(tp);
+}
+
+static PyObject *m_setup_queues(Core *s, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "need 1..1024 priority classes, not %ld", n);
+        return NULL;
+    }
+    core_clear_queues(s);
+    if (core_alloc_queues(s, (int)n) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int need_queues(Core *s) {
+    if (!s->q) {
+        PyErr_SetString(PyExc_RuntimeError, "scheduler core: queues not set up");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *m_ready(Core *s, PyObject *task) {
+    if (need_queues(s) < 0 || core_ready(s, task) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_pick(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_pick(s);
+}
+
+static PyObject *m_next(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_next_impl(s);
+}
+
+static PyObject *m_yield(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_yield_impl(s);
+}
+
+static PyObject *m_runnable_class(Core *s, PyObject *noarg) {
+    (void)noarg;
+    for (int c = 0; s->q && c < s->classes; c++)
+        if (s->q[c].len || s->q[c].hlen)
+            return PyLong_FromLong(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_queued(Core *s, PyObject *noarg) {
+    (void)noarg;
+    Py_ssize_t n = 0;
+    for (int c = 0; s->q && c < s->classes; c++)
+        n += s->q[c].len + s->q[c].hlen;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef core_methods[] = {
+    {"_setup_queues", (PyCFunction)m_setup_queues, METH_O, "make `n` empty priority classes"},
+    {"_ready", (PyCFunction)m_ready, METH_O, "queue a task at the back of its class (EDF heap or FIFO)"},
+    {"_pick", (PyCFunction)m_pick, METH_NOARGS,
+     "pop the most urgent runnable task, make it current; its greenlet (the hub's if none)"},
+    {"_next", (PyCFunction)m_next, METH_NOARGS,
+     "the scheduling decision: _next_slow() when hooks, a crash, outside wake-ups or a due "
+     "timer need Python, else _pick()"},
+    {"yield_", (PyCFunction)m_yield, METH_NOARGS,
+     "go to the back of this task's class; raises Cancelled if it was cancelled"},
+    {"runnable_class", (PyCFunction)m_runnable_class, METH_NOARGS,
+     "the most urgent class with a runnable task (None when none is)"},
+    {"_queued", (PyCFunction)m_queued, METH_NOARGS, "entries in the run queues"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *core_get_current(Core *s, void *closure) {
+    (void)closure;
+    return Py_NewRef(s->current ? s->current : Py_None);
+}
+
+static int core_set_current(Core *s, PyObject *v, void *closure) {
+    (void)closure;
+    if (!v) {
+        PyErr_SetString(PyExc_AttributeError, "current cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(v);
+    Py_XSETREF(s->current, v);
+    s->cur_valid = 0;   /* its class and deadline are read from it at its next yield */
+    return 0;
+}
+
+static PyGetSetDef core_getset[] = {
+    {"current", (getter)core_get_current, (setter)core_set_current,
+     "the running task (None in the hub)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef core_members[] = {
+    {"_hub", T_OBJECT, offsetof(Core, hub), 0, NULL},
+    {"_crash", T_OBJECT, offsetof(Core, crash), 0, NULL},
+    {"_timers", T_OBJECT, offsetof(Core, timers), 0, NULL},
+    {"_external", T_OBJECT, offsetof(Core, external), 0, NULL},
+    {"clock", T_OBJECT, offsetof(Core, clock), 0, NULL},
+    {"_alive", T_PYSSIZET, offsetof(Core, alive), 0, "live tasks"},
+    {"_instrumented", T_BOOL, offsetof(Core, instrumented), 0, NULL},
+    {"classes", T_INT, offsetof(Core, classes), READONLY, "priority classes"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_doc, "The C part of a worker's scheduler: run queues, current task, _next, yield_."},
+    {Py_tp_new, core_new},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_clear},
+    {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
+    {Py_tp_getset, core_getset},
+    {0, NULL},
+};
+
+static PyType_Spec core_spec = {
+    "xhagent._sched.Core",
+    sizeof(Core),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    core_slots,
+};
+
+/* -- TaskBase ---------------------------------------------------------------------- */
+static int task_traverse(TaskBase *t, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(t));
+    Py_VISIT(t->g);
+    return 0;
+}
+
+static int task_clear(TaskBase *t) {
+    Py_CLEAR(t->g);
+    return 0;
+}
+
+static void task_dealloc(TaskBase *t) {
+    PyTypeObject *tp = Py_TYPE(t);
+    PyObject_GC_UnTrack(t);
+    Py_CLEAR(t->g);
+    tp->tp_free((PyObject *)t);
+    Py_DECREF(tp);
+}
+
+static PyObject *empty_tuple = NULL;
+
+/* object.__new__'s allocation, which also sets up the instance's inline attribute values
+ * (the key table its class shares, TaskHandle's fields): PyType_GenericNew does not, and
+ * every task would get a dict of its own at its first attribute write. */
+static PyObject *task_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)args;
+    (void)kw;
+    return PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
+}
+
+static PyMemberDef task_members[] = {
+    {"_g", T_OBJECT, offsetof(TaskBase, g), 0,
+     "its context's greenlet (None before its first step and after its end)"},
+    {"_cancel_requested", T_BOOL, offsetof(TaskBase, cancel), 0, NULL},
+    {"_preempt_requested", T_BOOL, offsetof(TaskBase, preempt), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot task_slots[] = {
+    {Py_tp_doc, "The fields of a task that the scheduler's C path uses (TaskHandle's base)."},
+    {Py_tp_new, task_new},
+    {Py_tp_dealloc, task_dealloc},
+    {Py_tp_traverse, task_traverse},
+    {Py_tp_clear, task_clear},
+    {Py_tp_members, task_members},
+    {0, NULL},
+};
+
+static PyType_Spec task_spec = {
+    "xhagent._sched.TaskBase",
+    sizeof(TaskBase),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    task_slots,
+};
+
+/* -- module functions ---------------------------------------------------------------- */
+static PyObject *f_set_running(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    if (arg == Py_None) {
+        Py_CLEAR(running);
+        Py_RETURN_NONE;
+    }
+    PyObject *core_type = PyObject_GetAttrString(mod, "Core");
+    if (!core_type)
+        return NULL;
+    int ok = PyObject_TypeCheck(arg, (PyTypeObject *)core_type);
+    Py_DECREF(core_type);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "set_running takes a Core (or None)");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(running, (Core *)arg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_yield(PyObject *mod, PyObject *noarg) {
+    (void)mod;
+    (void)noarg;
+    Core *s = running;
+    if (!s) {
+        PyErr_SetString(PyExc_RuntimeError, "no runtime scheduler is running");
+        return NULL;
+    }
+    Py_INCREF(s);   /* the run may end (and drop it) while this task is switched out */
+    PyObject *r = s->q ? core_yield_impl(s) : (need_queues(s), NULL);
+    Py_DECREF(s);
+    return r;
+}
+
+static PyObject *f_configure(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *cancelled, *pending;
+    if (!PyArg_ParseTuple(args, "OO", &cancelled, &pending))
+        return NULL;
+    Py_INCREF(cancelled);
+    Py_XSETREF(Cancelled, cancelled);
+    Py_INCREF(pending);
+    Py_XSETREF(PENDING, pending);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_running", f_set_running, METH_O, "the Core that yield_() acts on (None: none)"},
+    {"yield_", f_yield, METH_NOARGS,
+     "the running scheduler's yield_: back of this task's class, the next one runs"},
+    {"configure", f_configure, METH_VARARGS,
+     "configure(Cancelled, PENDING): the exception a cancelled task gets, the fresh-task state"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *m) {
+#define INTERN(var, text)                                    \
+    if (!(var = PyUnicode_InternFromString(text)))           \
+        return -1;
+    INTERN(s_priority, "priority");
+    INTERN(s_deadline, "deadline");
+    INTERN(s_state, "_state");
+    INTERN(s_switch, "switch");
+    INTERN(s_bind, "_bind");
+    INTERN(s_next_slow, "_next_slow");
+    INTERN(s_ctx_wait_park, "_wait_for_context");
+#undef INTERN
+    if (!(empty_tuple = PyTuple_New(0)))
+        return -1;
+    PyObject *tb = PyType_FromModuleAndSpec(m, &task_spec, NULL);
+    if (!tb)
+        return -1;
+    TaskBaseType = (PyTypeObject *)tb;   /* kept: the module lives as long as the process */
+    Py_INCREF(tb);
+    if (PyModule_AddObject(m, "TaskBase", tb) < 0) {
+        Py_DECREF(tb);
+        return -1;
+    }
+    PyObject *t = PyType_FromModuleAndSpec(m, &core_spec, NULL);
+    if (!t)
+        return -1;
+    if (PyModule_AddObject(m, "Core", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "xhagent._sched",
+    "The scheduler's hot path in C: run queues, the pick, yield_.", 0, module_methods,
+    module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__sched(void) {
+    return PyModuleDef_Init(&moduledef);
+}
