@@ -23,6 +23,18 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).resolve().parent
 
 
+def greenlet_include() -> list[str]:
+    """Where greenlet.h is: greenlet ships it inside its package (a build requirement)."""
+    try:
+        import greenlet
+    except ImportError:
+        raise SystemExit(
+            "native build: greenlet is needed to build xhagent._sched (its greenlet.h):"
+            " .venv/bin/pip install 'greenlet>=3.1'"
+        ) from None
+    return [str(Path(greenlet.__file__).resolve().parent)]
+
+
 def build_grpc_modules():
     """protoc (from grpcio-tools) over every `.proto` under agent/.
 
@@ -91,6 +103,7 @@ setup(
         Extension(
             "xhagent._sched",
             sources=["native/sched.c"],
+            include_dirs=greenlet_include(),
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
         )
     ],

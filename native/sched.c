@@ -25,6 +25,8 @@
 #include <structmember.h>
 #include <stdint.h>
 
+#include "greenlet.h"   /* greenlet's C API (its package ships the header): a direct switch */
+
 typedef struct {
     double when;
     uint64_t seq;
@@ -278,8 +280,13 @@ static PyObject *core_next_impl(Core *s) {
     return core_pick(s);
 }
 
+static PyObject *empty_tuple = NULL;
+
 static int switch_to(PyObject *g) {
-    PyObject *r = PyObject_CallMethodNoArgs(g, s_switch);
+    /* greenlet's own entry, not the `switch` method: no lookup, no call machinery, and a
+     * shallower C stack, which greenlet copies out and back in at every switch */
+    PyObject *r = PyGreenlet_Check(g) ? PyGreenlet_Switch((PyGreenlet *)g, empty_tuple, NULL)
+                                      : PyObject_CallMethodNoArgs(g, s_switch);
     if (!r)
         return -1;
     Py_DECREF(r);
@@ -453,6 +460,42 @@ static PyObject *m_ready(Core *s, PyObject *task) {
     Py_RETURN_NONE;
 }
 
+/* _push(task, priority, deadline): _ready with the two fields given (a spawn has them in
+ * hand, checked), not read back from the task. */
+static PyObject *m_push(Core *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_push(task, priority, deadline)");
+        return NULL;
+    }
+    if (need_queues(s) < 0)
+        return NULL;
+    PyObject *task = args[0];
+    if (!IS_TASK(task)) {
+        PyErr_Format(PyExc_TypeError, "run queues take tasks (TaskBase), not %R", Py_TYPE(task));
+        return NULL;
+    }
+    long prio = PyLong_AsLong(args[1]);
+    if (prio == -1 && PyErr_Occurred())
+        return NULL;
+    if (prio < 0 || prio >= s->classes) {
+        PyErr_Format(PyExc_ValueError, "priority class %ld is not in 0..%d", prio, s->classes - 1);
+        return NULL;
+    }
+    klass *k = &s->q[prio];
+    int rc;
+    if (args[2] == Py_None) {
+        rc = fifo_push(k, task);
+    } else {
+        double when = PyFloat_AsDouble(args[2]);
+        if (when == -1.0 && PyErr_Occurred())
+            return NULL;
+        rc = heap_push(k, when, s->seq++, task);
+    }
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_pick(Core *s, PyObject *noarg) {
     (void)noarg;
     if (need_queues(s) < 0)
@@ -493,6 +536,8 @@ static PyObject *m_queued(Core *s, PyObject *noarg) {
 static PyMethodDef core_methods[] = {
     {"_setup_queues", (PyCFunction)m_setup_queues, METH_O, "make `n` empty priority classes"},
     {"_ready", (PyCFunction)m_ready, METH_O, "queue a task at the back of its class (EDF heap or FIFO)"},
+    {"_push", (PyCFunction)(void (*)(void))m_push, METH_FASTCALL,
+     "_push(task, priority, deadline): _ready with its class and deadline given"},
     {"_pick", (PyCFunction)m_pick, METH_NOARGS,
      "pop the most urgent runnable task, make it current; its greenlet (the hub's if none)"},
     {"_next", (PyCFunction)m_next, METH_NOARGS,
@@ -580,8 +625,6 @@ static void task_dealloc(TaskBase *t) {
     tp->tp_free((PyObject *)t);
     Py_DECREF(tp);
 }
-
-static PyObject *empty_tuple = NULL;
 
 /* object.__new__'s allocation, which also sets up the instance's inline attribute values
  * (the key table its class shares, TaskHandle's fields): PyType_GenericNew does not, and
@@ -687,6 +730,9 @@ static int module_exec(PyObject *m) {
     INTERN(s_ctx_wait_park, "_wait_for_context");
 #undef INTERN
     if (!(empty_tuple = PyTuple_New(0)))
+        return -1;
+    PyGreenlet_Import();
+    if (!_PyGreenlet_API)
         return -1;
     PyObject *tb = PyType_FromModuleAndSpec(m, &task_spec, NULL);
     if (!tb)

@@ -402,7 +402,7 @@ class Scheduler(_sched.Core):
         task.priority = priority
         task.deadline = deadline
         self._alive += 1
-        self._ready(task)
+        self._push(task, priority, deadline)
         if self._instrumented:
             self._call("task_spawned", task)
         return task
