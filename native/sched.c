@@ -55,22 +55,27 @@ static PyTypeObject *TaskBaseType = NULL;
 typedef struct {
     PyObject_HEAD
     PyObject *current;
-    /* what _pick learnt of `current` (its class, deadline): a yield queues it without
-     * reading the task; invalid once Python sets `current` */
-    int cur_valid, cur_prio, cur_dl;
+    /* what _pick learnt of the task it picked (its class, deadline): a yield of that task
+     * (still `current`) queues it without reading it */
+    int cur_prio, cur_dl;
     double cur_when;
     PyObject *hub;
     PyObject *crash;
     PyObject *timers;
     PyObject *external;
     PyObject *clock;
-    Py_ssize_t alive;
+    PyObject *free;      /* `_free`: the context pool's free list (a deque), most recent last */
+    PyObject *pool;      /* `pool`: the ContextPool (its `reused` count) */
+    PyObject *instrumented;   /* `_instrumented`: True when an instrument has hooks */
+    PyObject *cur_task;       /* the task cur_* describe (held, so its address stays its) */
     int classes;
-    char instrumented;
     klass *q;
     uint64_t seq;
 } Core;
 
+static PyObject *one = NULL;
+static PyObject *s_append, *s_state_attr, *s_task, *s_ctx, *s_greenlet, *s_reused, *s_pop;
+static PyObject *CTX_IDLE = NULL, *CTX_RUNNING = NULL, *CTX_REUSED = NULL;   /* ContextState */
 static PyObject *s_priority, *s_deadline, *s_state, *s_switch,
     *s_bind, *s_next_slow, *s_ctx_wait_park;
 static PyObject *Cancelled = NULL;   /* task.Cancelled, given by configure() */
@@ -188,6 +193,63 @@ static int core_ready(Core *s, PyObject *task) {
 }
 
 /* -- the decision -------------------------------------------------------------------- */
+/* Scheduler._bind's common case: a free context (most recently released first) whose state
+ * is Idle or Reused moves to Running, bound to `task`; its greenlet (a new reference). NULL
+ * with no error set: not the common case (no free context, another state), so the Python
+ * _bind decides (it grows the pool, or raises the illegal transition). */
+static PyObject *core_bind_fast(Core *s, PyObject *task) {
+    if (!s->free || s->free == Py_None || !s->pool || !CTX_RUNNING)
+        return NULL;
+    Py_ssize_t n = PyObject_Size(s->free);
+    if (n <= 0) {
+        if (n < 0)
+            PyErr_Clear();
+        return NULL;
+    }
+    PyObject *ctx = PyObject_CallMethodNoArgs(s->free, s_pop);
+    if (!ctx)
+        return NULL;
+    PyObject *g = NULL;
+    PyObject *state = PyObject_GetAttr(ctx, s_state_attr);
+    if (!state)
+        goto fail;
+    int reused = state == CTX_REUSED;
+    int idle = state == CTX_IDLE;
+    Py_DECREF(state);
+    if (!reused && !idle) {   /* back where it was: the Python _bind raises the illegal move */
+        PyObject *r = PyObject_CallMethodOneArg(s->free, s_append, ctx);
+        Py_DECREF(ctx);
+        Py_XDECREF(r);
+        return NULL;   /* an error if the append failed, else none: Python decides */
+    }
+    if (reused) {
+        PyObject *count = PyObject_GetAttr(s->pool, s_reused);
+        if (!count)
+            goto fail;
+        PyObject *more = PyNumber_Add(count, one);
+        Py_DECREF(count);
+        if (!more)
+            goto fail;
+        int rc = PyObject_SetAttr(s->pool, s_reused, more);
+        Py_DECREF(more);
+        if (rc < 0)
+            goto fail;
+    }
+    if (PyObject_SetAttr(ctx, s_state_attr, CTX_RUNNING) < 0 ||
+        PyObject_SetAttr(ctx, s_task, task) < 0 || PyObject_SetAttr(task, s_ctx, ctx) < 0)
+        goto fail;
+    g = PyObject_GetAttr(ctx, s_greenlet);
+    if (!g)
+        goto fail;
+    Py_INCREF(g);
+    Py_XSETREF(TB(task)->g, g);
+    Py_DECREF(ctx);
+    return g;
+fail:
+    Py_DECREF(ctx);
+    return NULL;
+}
+
 /* The greenlet to run next (a new reference): the first runnable task's, or the hub's. */
 static PyObject *core_pick(Core *s) {
     for (int c = 0; c < s->classes; c++) {
@@ -211,7 +273,9 @@ static PyObject *core_pick(Core *s) {
                     Py_DECREF(task);
                     continue;
                 }
-                g = PyObject_CallMethodOneArg((PyObject *)s, s_bind, task);
+                g = core_bind_fast(s, task);
+                if (!g && !PyErr_Occurred())
+                    g = PyObject_CallMethodOneArg((PyObject *)s, s_bind, task);
                 if (!g) {
                     Py_DECREF(task);
                     return NULL;
@@ -226,8 +290,9 @@ static PyObject *core_pick(Core *s) {
                     continue;
                 }
             }
+            Py_INCREF(task);
+            Py_XSETREF(s->cur_task, task);
             Py_SETREF(s->current, task);
-            s->cur_valid = 1;
             s->cur_prio = c;
             s->cur_dl = dl;
             s->cur_when = when;
@@ -236,14 +301,13 @@ static PyObject *core_pick(Core *s) {
     }
     Py_INCREF(Py_None);
     Py_SETREF(s->current, Py_None);
-    s->cur_valid = 0;
     Py_INCREF(s->hub);
     return s->hub;
 }
 
 /* Anything that needs the Python scheduler before the queues are looked at? */
 static int core_needs_slow(Core *s) {
-    if (s->instrumented || s->crash != Py_None)
+    if (s->instrumented != Py_False || s->crash != Py_None)
         return 1;
     if (s->external != Py_None) {
         Py_ssize_t n = PyObject_Size(s->external);
@@ -315,7 +379,7 @@ static PyObject *core_yield_impl(Core *s) {
     PyObject *nxt = NULL, *me = TB(task)->g;   /* the caller's greenlet: none else runs it */
     Py_XINCREF(me);
     int rc;
-    if (s->cur_valid) {   /* _ready, knowing its class and deadline from _pick */
+    if (task == s->cur_task) {   /* _ready, knowing its class and deadline from _pick */
         klass *k = &s->q[s->cur_prio];
         rc = s->cur_dl ? heap_push(k, s->cur_when, s->seq++, task) : fifo_push(k, task);
     } else {
@@ -388,6 +452,10 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     s->timers = Py_NewRef(Py_None);
     s->external = Py_NewRef(Py_None);
     s->clock = Py_NewRef(Py_None);
+    s->free = Py_NewRef(Py_None);
+    s->pool = Py_NewRef(Py_None);
+    s->instrumented = Py_NewRef(Py_False);
+    s->cur_task = Py_NewRef(Py_None);
     return (PyObject *)s;
 }
 
@@ -399,6 +467,10 @@ static int core_traverse(Core *s, visitproc visit, void *arg) {
     Py_VISIT(s->timers);
     Py_VISIT(s->external);
     Py_VISIT(s->clock);
+    Py_VISIT(s->free);
+    Py_VISIT(s->pool);
+    Py_VISIT(s->instrumented);
+    Py_VISIT(s->cur_task);
     if (s->q) {
         for (int c = 0; c < s->classes; c++) {
             klass *k = &s->q[c];
@@ -419,6 +491,10 @@ static int core_clear(Core *s) {
     Py_CLEAR(s->timers);
     Py_CLEAR(s->external);
     Py_CLEAR(s->clock);
+    Py_CLEAR(s->free);
+    Py_CLEAR(s->pool);
+    Py_CLEAR(s->instrumented);
+    Py_CLEAR(s->cur_task);
     return 0;
 }
 
@@ -551,38 +627,19 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *core_get_current(Core *s, void *closure) {
-    (void)closure;
-    return Py_NewRef(s->current ? s->current : Py_None);
-}
-
-static int core_set_current(Core *s, PyObject *v, void *closure) {
-    (void)closure;
-    if (!v) {
-        PyErr_SetString(PyExc_AttributeError, "current cannot be deleted");
-        return -1;
-    }
-    Py_INCREF(v);
-    Py_XSETREF(s->current, v);
-    s->cur_valid = 0;   /* its class and deadline are read from it at its next yield */
-    return 0;
-}
-
-static PyGetSetDef core_getset[] = {
-    {"current", (getter)core_get_current, (setter)core_set_current,
-     "the running task (None in the hub)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
+/* T_OBJECT_EX, never NULL after core_new: CPython 3.11 specializes attribute access to
+ * such slots (LOAD_ATTR_SLOT), so the Python half of the scheduler reads them cheaply. */
 static PyMemberDef core_members[] = {
-    {"_hub", T_OBJECT, offsetof(Core, hub), 0, NULL},
-    {"_crash", T_OBJECT, offsetof(Core, crash), 0, NULL},
-    {"_timers", T_OBJECT, offsetof(Core, timers), 0, NULL},
-    {"_external", T_OBJECT, offsetof(Core, external), 0, NULL},
-    {"clock", T_OBJECT, offsetof(Core, clock), 0, NULL},
-    {"_alive", T_PYSSIZET, offsetof(Core, alive), 0, "live tasks"},
-    {"_instrumented", T_BOOL, offsetof(Core, instrumented), 0, NULL},
-    {"classes", T_INT, offsetof(Core, classes), READONLY, "priority classes"},
+    {"current", T_OBJECT_EX, offsetof(Core, current), 0, "the running task (None in the hub)"},
+    {"_hub", T_OBJECT_EX, offsetof(Core, hub), 0, NULL},
+    {"_crash", T_OBJECT_EX, offsetof(Core, crash), 0, NULL},
+    {"_timers", T_OBJECT_EX, offsetof(Core, timers), 0, NULL},
+    {"_external", T_OBJECT_EX, offsetof(Core, external), 0, NULL},
+    {"clock", T_OBJECT_EX, offsetof(Core, clock), 0, NULL},
+    {"_free", T_OBJECT_EX, offsetof(Core, free), 0, "the context pool's free list"},
+    {"pool", T_OBJECT_EX, offsetof(Core, pool), 0, "the ContextPool"},
+    {"_instrumented", T_OBJECT_EX, offsetof(Core, instrumented), 0, NULL},
+    {"_nclasses", T_INT, offsetof(Core, classes), READONLY, "priority classes (C's count)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -594,7 +651,6 @@ static PyType_Slot core_slots[] = {
     {Py_tp_clear, core_clear},
     {Py_tp_methods, core_methods},
     {Py_tp_members, core_members},
-    {Py_tp_getset, core_getset},
     {0, NULL},
 };
 
@@ -632,11 +688,14 @@ static void task_dealloc(TaskBase *t) {
 static PyObject *task_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     (void)args;
     (void)kw;
-    return PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
+    PyObject *t = PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
+    if (t)
+        TB(t)->g = Py_NewRef(Py_None);   /* T_OBJECT_EX, never NULL: see core_members */
+    return t;
 }
 
 static PyMemberDef task_members[] = {
-    {"_g", T_OBJECT, offsetof(TaskBase, g), 0,
+    {"_g", T_OBJECT_EX, offsetof(TaskBase, g), 0,
      "its context's greenlet (None before its first step and after its end)"},
     {"_cancel_requested", T_BOOL, offsetof(TaskBase, cancel), 0, NULL},
     {"_preempt_requested", T_BOOL, offsetof(TaskBase, preempt), 0, NULL},
@@ -698,9 +757,14 @@ static PyObject *f_yield(PyObject *mod, PyObject *noarg) {
 
 static PyObject *f_configure(PyObject *mod, PyObject *args) {
     (void)mod;
-    PyObject *cancelled, *pending;
-    if (!PyArg_ParseTuple(args, "OO", &cancelled, &pending))
+    PyObject *cancelled, *pending, *idle = NULL, *run = NULL, *reused = NULL;
+    if (!PyArg_ParseTuple(args, "OO|OOO", &cancelled, &pending, &idle, &run, &reused))
         return NULL;
+    if (idle && run && reused) {
+        Py_XSETREF(CTX_IDLE, Py_NewRef(idle));
+        Py_XSETREF(CTX_RUNNING, Py_NewRef(run));
+        Py_XSETREF(CTX_REUSED, Py_NewRef(reused));
+    }
     Py_INCREF(cancelled);
     Py_XSETREF(Cancelled, cancelled);
     Py_INCREF(pending);
@@ -713,7 +777,8 @@ static PyMethodDef module_methods[] = {
     {"yield_", f_yield, METH_NOARGS,
      "the running scheduler's yield_: back of this task's class, the next one runs"},
     {"configure", f_configure, METH_VARARGS,
-     "configure(Cancelled, PENDING): the exception a cancelled task gets, the fresh-task state"},
+     "configure(Cancelled, PENDING[, IDLE, RUNNING, REUSED]): the exception a cancelled task "
+     "gets, the fresh-task state, the context states a bind moves between"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -722,6 +787,15 @@ static int module_exec(PyObject *m) {
     if (!(var = PyUnicode_InternFromString(text)))           \
         return -1;
     INTERN(s_priority, "priority");
+    INTERN(s_state_attr, "state");
+    INTERN(s_append, "append");
+    if (!(one = PyLong_FromLong(1)))
+        return -1;
+    INTERN(s_task, "task");
+    INTERN(s_ctx, "_ctx");
+    INTERN(s_greenlet, "greenlet");
+    INTERN(s_reused, "reused");
+    INTERN(s_pop, "pop");
     INTERN(s_deadline, "deadline");
     INTERN(s_state, "_state");
     INTERN(s_switch, "switch");

@@ -51,7 +51,7 @@ from xhagent import _sched
 from .context import ContextPool, ContextState, check
 from .task import Cancelled, TaskHandle, Trap
 
-_sched.configure(Cancelled, PENDING)
+_sched.configure(Cancelled, PENDING, ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED)
 
 BLOCKED = ContextState.BLOCKED
 IDLE, RUNNING_CTX, REUSED = ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED
@@ -100,6 +100,7 @@ class Scheduler(_sched.Core):
             raise ValueError(f"need at least one priority class, not {classes}")
         # Per class: a heap of (deadline, seq, task) and a FIFO of deadline-less tasks, in C.
         self._setup_queues(classes)
+        self.classes = classes
         self._seq = count()
         self._timers: list[list] = []  # heap of [when, seq, task, token, exception or None]
         self._external: deque = deque()  # (task, token) woken from other threads
@@ -159,7 +160,9 @@ class Scheduler(_sched.Core):
 
     def _bind(self, task: TaskHandle):
         """Bind a context to `task` (the pool's acquire, its common case inline: a free
-        context, most recently used first); its greenlet, or None at the pool's max."""
+        context, most recently used first); its greenlet, or None at the pool's max. `_pick`
+        does the common case in C (an Idle or Reused free context) and calls this for the
+        rest: a context to make, or a free one in a state the table refuses to bind."""
         free = self._free
         if free:
             ctx = free.pop()

@@ -9,6 +9,7 @@ import pytest
 
 from xhagent import _sched
 from xhagent.runtime import api as rt
+from xhagent.runtime.context import ContextState
 from xhagent.runtime.scheduler import NORMAL, Scheduler
 from xhagent.runtime.task import Cancelled, TaskHandle
 
@@ -135,3 +136,15 @@ def test_task_base_fields_default_and_a_task_has_no_dict_of_its_own():
     assert (t._g, t._cancel_requested, t._preempt_requested) == (None, False, False)
     with pytest.raises(Cancelled):
         raise Cancelled()
+
+
+def test_a_fresh_task_binds_a_reused_context_in_c_and_counts_it():
+    def main():
+        sched = rt._core._running
+        rt.spawn(int).join()  # its context is released, Reused, at the free list's end
+        before = sched.pool.reused
+        h = rt.spawn(rt.current_task)
+        assert h.join() is h and h._ctx.state is ContextState.REUSED
+        return sched.pool.reused - before
+
+    assert rt.run(main) == 1
