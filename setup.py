@@ -5,7 +5,8 @@ the workload shim and the gRPC modules.
 `ebpf/*.bpf.c` into `agent/bpf/objects/`, `native/shim.c` into `agent/daemon/xhagent-shim`
 and every `agent/**/*.proto` into `*_pb2.py` / `*_pb2_grpc.py` beside it (package data)
 before the package is collected; cffi's setuptools integration builds `xhagent._uring`,
-`xhagent._bpf` and `xhagent._spawn`.
+`xhagent._bpf`, `xhagent._spawn` and `xhagent._runq`, and `native/sched.c` is a plain
+extension, `xhagent._sched`.
 """
 
 import runpy
@@ -16,10 +17,22 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
+
+
+def greenlet_include() -> list[str]:
+    """Where greenlet.h is: greenlet ships it inside its package (a build requirement)."""
+    try:
+        import greenlet
+    except ImportError:
+        raise SystemExit(
+            "native build: greenlet is needed to build xhagent._sched (its greenlet.h):"
+            " .venv/bin/pip install 'greenlet>=3.1'"
+        ) from None
+    return [str(Path(greenlet.__file__).resolve().parent)]
 
 
 def build_grpc_modules():
@@ -83,6 +96,16 @@ setup(
         "native/bpf_build.py:ffibuilder",
         "native/spawn_build.py:ffibuilder",
         "native/runq_build.py:ffibuilder",
+    ],
+    # The scheduler's hot path (runtime.scheduler's base class): CPython's C API, not cffi,
+    # since it calls greenlet switches and reads task objects without a Python frame.
+    ext_modules=[
+        Extension(
+            "xhagent._sched",
+            sources=["native/sched.c"],
+            include_dirs=greenlet_include(),
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
+        )
     ],
     cmdclass={"build_py": build_py_with_bpf},
 )

@@ -21,6 +21,11 @@ Invariants (each operation below keeps them):
     in the order tasks became runnable. A task that yields goes behind the runnable tasks
     of its class that it ties with.
 
+The run queues, the pick and `yield_` are C (native/sched.c, the `_sched.Core` base): a
+yield is one C call and one greenlet switch, with no Python frame and no allocation; the C
+hands anything unusual (hooks, a crash, other threads' wake-ups, a due timer, a task's
+first step, which binds a context) back to the Python methods here.
+
 The run queues are not `xhagent.sched.queues.ReadyQueue`: that queue files frozen `Job`
 records by name in a dict and computes a Python key per push, which costs more than a
 whole trivial task here, and it has no O(1) path for the common deadline-less task. The
@@ -41,12 +46,16 @@ from typing import Protocol
 
 from greenlet import GreenletExit, getcurrent
 
+from xhagent import _sched
+
 from .context import ContextPool, ContextState, check
 from .task import Cancelled, TaskHandle, Trap
 
+_sched.configure(Cancelled, PENDING, ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED)
+
 BLOCKED = ContextState.BLOCKED
 IDLE, RUNNING_CTX, REUSED = ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED
-_new = object.__new__
+_new = TaskHandle.__new__  # TaskBase's: no __init__ call
 HIGH, NORMAL, LOW = 0, 1, 2
 HOOKS = ("task_spawned", "before_task_step", "after_task_step", "task_exited")
 
@@ -72,7 +81,11 @@ class Deadlock(RuntimeError):
     """Tasks are parked and nothing (no timer, no foreign future) can wake them."""
 
 
-class Scheduler:
+class Scheduler(_sched.Core):
+    """The run queues, `current`, `_next` (the decision: `_next_slow` for what needs
+    Python, else `_pick`), `_ready` (queue a task), `runnable_class` and `yield_` are the C
+    base's (native/sched.c); this class keeps everything else."""
+
     def __init__(
         self,
         *,
@@ -85,9 +98,9 @@ class Scheduler:
     ):
         if classes < 1:
             raise ValueError(f"need at least one priority class, not {classes}")
+        # Per class: a heap of (deadline, seq, task) and a FIFO of deadline-less tasks, in C.
+        self._setup_queues(classes)
         self.classes = classes
-        # Per class: a heap of (deadline, seq, task) and a FIFO of deadline-less tasks.
-        self._queues = [([], deque()) for _ in range(classes)]
         self._seq = count()
         self._timers: list[list] = []  # heap of [when, seq, task, token, exception or None]
         self._external: deque = deque()  # (task, token) woken from other threads
@@ -118,26 +131,14 @@ class Scheduler:
         for fn in self._hooks[hook]:
             fn(task)
 
-    # -- the run queues ----------------------------------------------------------------
-    def _ready(self, task: TaskHandle) -> None:
-        heap, fifo = self._queues[task.priority]
-        if task.deadline is None:
-            fifo.append(task)
-        else:
-            heappush(heap, (task.deadline, next(self._seq), task))
+    # -- the run queues (C: _ready, _pick, runnable_class) ------------------------------
+    def _next_slow(self):
+        """The scheduling decision when the C `_next` needs Python: instruments' hooks, a
+        crashed run, wake-ups from other threads, a due timer (or a clock in Python). The
+        greenlet to run next (the hub if none).
 
-    def runnable_class(self) -> int | None:
-        """The most urgent class with a runnable task (None when none is)."""
-        for priority, (heap, fifo) in enumerate(self._queues):
-            if heap or fifo:
-                return priority
-        return None
-
-    def _next(self):
-        """The one scheduling decision: the greenlet to run next (the hub if none).
-
-        Order: class 0 first; in a class, the deadline heap (EDF) before the FIFO of
-        deadline-less tasks."""
+        Order (`_pick`): class 0 first; in a class, the deadline heap (EDF) before the FIFO
+        of deadline-less tasks."""
         if self._instrumented and self.current is not None:
             self._call("after_task_step", self.current)
         timers = self._timers
@@ -146,27 +147,22 @@ class Scheduler:
         if self._external:
             self._drain_external()
         if self._crash is None:
-            for heap, fifo in self._queues:
-                while heap or fifo:
-                    task = heappop(heap)[2] if heap else fifo.popleft()
-                    g = task._g
-                    if g is None:  # its first step: bind a context
-                        if task._state is not PENDING:
-                            continue  # cancelled before it started; its entry was left behind
-                        g = self._bind(task)
-                        if g is None:
-                            self._ctx_wait.append(task)
-                            continue
-                    self.current = task
-                    if self._instrumented:
-                        self._call("before_task_step", task)
-                    return g
+            g = self._pick()
+            if self._instrumented and self.current is not None:
+                self._call("before_task_step", self.current)
+            return g
         self.current = None
         return self._hub
 
+    def _wait_for_context(self, task: TaskHandle) -> None:
+        """`_pick` found the pool at its max: the task waits for a released context."""
+        self._ctx_wait.append(task)
+
     def _bind(self, task: TaskHandle):
         """Bind a context to `task` (the pool's acquire, its common case inline: a free
-        context, most recently used first); its greenlet, or None at the pool's max."""
+        context, most recently used first); its greenlet, or None at the pool's max. `_pick`
+        does the common case in C (an Idle or Reused free context) and calls this for the
+        rest: a context to make, or a free one in a state the table refuses to bind."""
         free = self._free
         if free:
             ctx = free.pop()
@@ -339,6 +335,7 @@ class Scheduler:
         if _running is not None:
             raise RuntimeError("a scheduler is already running in this process")
         _running = self
+        _sched.set_running(self)
         self._hub, self._thread = getcurrent(), threading.get_ident()
         pmin, pmax, idle = self._pool_args
         self.pool = ContextPool(
@@ -365,6 +362,7 @@ class Scheduler:
             return main.result()
         finally:
             _running = None
+            _sched.set_running(None)
             if self._io is not None:
                 self._io.close()
                 self._io = None
@@ -407,10 +405,7 @@ class Scheduler:
         task.priority = priority
         task.deadline = deadline
         self._alive += 1
-        if deadline is None:
-            self._queues[priority][1].append(task)
-        else:
-            heappush(self._queues[priority][0], (deadline, next(self._seq), task))
+        self._push(task, priority, deadline)
         if self._instrumented:
             self._call("task_spawned", task)
         return task
@@ -420,26 +415,6 @@ class Scheduler:
         if task is None or threading.get_ident() != self._thread:
             raise RuntimeError("this runtime call is made only inside a task")
         return task
-
-    def yield_(self) -> None:
-        """Go to the back of this task's class; raises Cancelled if it was cancelled."""
-        task = self.current
-        if task is None:
-            raise RuntimeError("yield_ is called only inside a task")
-        if task._cancel_requested:
-            raise Cancelled()
-        if task._preempt_requested:
-            task._preempt_requested = False  # a yield is what a pending preemption asked for
-        if task.deadline is None:  # _ready and _switch_from, inline: this is the switch path
-            self._queues[task.priority][1].append(task)
-        else:
-            heappush(self._queues[task.priority][0], (task.deadline, next(self._seq), task))
-        me = task._g
-        nxt = self._next()
-        if nxt is not me:
-            nxt.switch()
-        if task._cancel_requested:
-            raise Cancelled()
 
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:

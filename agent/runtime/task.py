@@ -27,6 +27,8 @@ from concurrent.futures._base import (
     RUNNING,
 )
 
+from xhagent._sched import TaskBase
+
 __all__ = ["Cancelled", "LazyFuture", "MAKE_CONDITION", "TaskHandle", "Trap"]
 
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
@@ -93,22 +95,23 @@ class LazyFuture(Future):
         return self._cbs
 
 
-class TaskHandle(LazyFuture):
+class TaskHandle(TaskBase, LazyFuture):
     """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
 
-    Rarely set fields are class attributes, so a spawn writes five instance attributes
+    The fields a yield reads (`_g`, `_cancel_requested`, `_preempt_requested`) are its C
+    base's (native/sched.c), read there without an attribute lookup. Rarely set fields are
+    class attributes, so a spawn writes five instance attributes
     (the scheduler makes handles without calling __init__, writing the same five in the
     same order). Every field's name is in the class's shared key table before the first
     real handle exists (see prime_instance_keys)."""
 
     _ctx = None  # the Context it runs on, from its first step to its end
-    _g = None  # its context's greenlet (what a switch to it needs, one object nearer)
+    # _g (TaskBase): its context's greenlet (what a switch to it needs, one object nearer)
     _joiners = None  # [(task, park token)] parked on this task's end
-    _cancel_requested = False
+    # _cancel_requested, _preempt_requested (TaskBase): False until asked
     _parks = 0  # park token: counts this task's parks, so a stale wake-up is recognised
     _wake_exc = None  # what to raise in the task when it resumes from a park
     _critical = 0  # depth of critical() sections
-    _preempt_requested = False
 
     def __init__(self, sched, fn, args, priority, deadline):
         self._sched = sched
@@ -194,7 +197,7 @@ def prime_instance_keys(cls, first: tuple[str, ...] = ()) -> None:
         for name, value in vars(klass).items():
             if not name.startswith("__") and not callable(value) and not hasattr(value, "__get__"):
                 fields[name] = None
-    probe = object.__new__(cls)
+    probe = cls.__new__(cls)
     for name in fields:
         object.__setattr__(probe, name, None)
 

@@ -1,0 +1,843 @@
+/* sched.c: the hot path of one worker's scheduler (xhagent._sched), in C.
+ *
+ * `Core` is the base type of agent/runtime/scheduler.py's Scheduler. It holds the run
+ * queues (per priority class: a binary heap of (deadline, seq, task) for EDF and a ring
+ * buffer FIFO of deadline-less tasks), the running task (`current`), and the two calls
+ * that every switch makes: `_next` (the scheduling decision) and `yield_` (go to the back
+ * of one's class, pick the next, switch to it). A yield costs one C call and one greenlet
+ * switch: no Python frame is pushed, nothing is allocated.
+ *
+ * The C path handles the common case only and hands everything else to the Python
+ * scheduler: `_next` calls `self._next_slow()` when an instrument is installed, a task
+ * crashed the run, another thread queued a wake-up (`_external`), or a timer is due; a
+ * task picked for its first step gets its context from `self._bind(task)` (Python: the
+ * context pool and its checked state transitions). The order is the scheduler's: class 0
+ * first; in a class the deadline heap (earliest first, ties by the order they became
+ * runnable) before the FIFO.
+ *
+ * Preemption's safe points: the SIGURG handler runs only between bytecodes, so never
+ * inside this C code; while C calls back into Python (the scheduler's own methods) the
+ * handler sees a frame of the runtime's files and does nothing. The clock is called from
+ * here only when it is a builtin (time.monotonic); a Python clock goes the slow way.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+
+#include "greenlet.h"   /* greenlet's C API (its package ships the header): a direct switch */
+
+typedef struct {
+    double when;
+    uint64_t seq;
+    PyObject *task;
+} hent;
+
+typedef struct {
+    PyObject **buf;     /* ring buffer, cap a power of two */
+    Py_ssize_t cap, head, len;
+    hent *heap;
+    Py_ssize_t hlen, hcap;
+} klass;
+
+/* The fields of a task that the hot path reads and writes: TaskHandle's C base. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *g;        /* `_g`: its context's greenlet, None before its first step */
+    char cancel;        /* `_cancel_requested` */
+    char preempt;       /* `_preempt_requested` */
+} TaskBase;
+
+static PyTypeObject *TaskBaseType = NULL;
+#define IS_TASK(o) PyObject_TypeCheck((o), TaskBaseType)
+#define TB(o) ((TaskBase *)(o))
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *current;
+    /* what _pick learnt of the task it picked (its class, deadline): a yield of that task
+     * (still `current`) queues it without reading it */
+    int cur_prio, cur_dl;
+    double cur_when;
+    PyObject *hub;
+    PyObject *crash;
+    PyObject *timers;
+    PyObject *external;
+    PyObject *clock;
+    PyObject *free;      /* `_free`: the context pool's free list (a deque), most recent last */
+    PyObject *pool;      /* `pool`: the ContextPool (its `reused` count) */
+    PyObject *instrumented;   /* `_instrumented`: True when an instrument has hooks */
+    PyObject *cur_task;       /* the task cur_* describe (held, so its address stays its) */
+    int classes;
+    klass *q;
+    uint64_t seq;
+} Core;
+
+static PyObject *one = NULL;
+static PyObject *s_append, *s_state_attr, *s_task, *s_ctx, *s_greenlet, *s_reused, *s_pop;
+static PyObject *CTX_IDLE = NULL, *CTX_RUNNING = NULL, *CTX_REUSED = NULL;   /* ContextState */
+static PyObject *s_priority, *s_deadline, *s_state, *s_switch,
+    *s_bind, *s_next_slow, *s_ctx_wait_park;
+static PyObject *Cancelled = NULL;   /* task.Cancelled, given by configure() */
+static PyObject *PENDING = NULL;     /* concurrent.futures' PENDING state string */
+static Core *running = NULL;         /* the scheduler running in this process */
+
+/* -- the queues ---------------------------------------------------------------------- */
+static int fifo_push(klass *k, PyObject *task) {
+    if (k->len == k->cap) {
+        Py_ssize_t ncap = k->cap ? k->cap * 2 : 64;
+        PyObject **nb = PyMem_Malloc(ncap * sizeof(PyObject *));
+        if (!nb) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k->len; i++)
+            nb[i] = k->buf[(k->head + i) & (k->cap - 1)];
+        PyMem_Free(k->buf);
+        k->buf = nb;
+        k->cap = ncap;
+        k->head = 0;
+    }
+    Py_INCREF(task);
+    k->buf[(k->head + k->len) & (k->cap - 1)] = task;
+    k->len++;
+    return 0;
+}
+
+static PyObject *fifo_pop(klass *k) {   /* a new reference; k->len > 0 */
+    PyObject *t = k->buf[k->head];
+    k->head = (k->head + 1) & (k->cap - 1);
+    k->len--;
+    return t;
+}
+
+static inline int hless(const hent *a, const hent *b) {
+    return a->when < b->when || (a->when == b->when && a->seq < b->seq);
+}
+
+static int heap_push(klass *k, double when, uint64_t seq, PyObject *task) {
+    if (k->hlen == k->hcap) {
+        Py_ssize_t ncap = k->hcap ? k->hcap * 2 : 16;
+        hent *nh = PyMem_Realloc(k->heap, ncap * sizeof(hent));
+        if (!nh) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->heap = nh;
+        k->hcap = ncap;
+    }
+    Py_INCREF(task);
+    Py_ssize_t i = k->hlen++;
+    hent e = {when, seq, task};
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!hless(&e, &k->heap[p]))
+            break;
+        k->heap[i] = k->heap[p];
+        i = p;
+    }
+    k->heap[i] = e;
+    return 0;
+}
+
+static PyObject *heap_pop(klass *k) {   /* a new reference; k->hlen > 0 */
+    PyObject *top = k->heap[0].task;
+    hent last = k->heap[--k->hlen];
+    Py_ssize_t i = 0, n = k->hlen;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && hless(&k->heap[c + 1], &k->heap[c]))
+            c++;
+        if (!hless(&k->heap[c], &last))
+            break;
+        k->heap[i] = k->heap[c];
+        i = c;
+    }
+    if (n)
+        k->heap[i] = last;
+    return top;
+}
+
+/* Queue `task` in its class: EDF heap if it has a deadline, else the FIFO. */
+static int core_ready(Core *s, PyObject *task) {
+    if (!IS_TASK(task)) {
+        PyErr_Format(PyExc_TypeError, "run queues take tasks (TaskBase), not %R", Py_TYPE(task));
+        return -1;
+    }
+    PyObject *p = PyObject_GetAttr(task, s_priority);
+    if (!p)
+        return -1;
+    long prio = PyLong_AsLong(p);
+    Py_DECREF(p);
+    if (prio == -1 && PyErr_Occurred())
+        return -1;
+    if (prio < 0 || prio >= s->classes) {
+        PyErr_Format(PyExc_ValueError, "priority class %ld is not in 0..%d", prio, s->classes - 1);
+        return -1;
+    }
+    klass *k = &s->q[prio];
+    PyObject *d = PyObject_GetAttr(task, s_deadline);
+    if (!d)
+        return -1;
+    if (d == Py_None) {
+        Py_DECREF(d);
+        return fifo_push(k, task);
+    }
+    double when = PyFloat_AsDouble(d);
+    Py_DECREF(d);
+    if (when == -1.0 && PyErr_Occurred())
+        return -1;
+    return heap_push(k, when, s->seq++, task);
+}
+
+/* -- the decision -------------------------------------------------------------------- */
+/* Scheduler._bind's common case: a free context (most recently released first) whose state
+ * is Idle or Reused moves to Running, bound to `task`; its greenlet (a new reference). NULL
+ * with no error set: not the common case (no free context, another state), so the Python
+ * _bind decides (it grows the pool, or raises the illegal transition). */
+static PyObject *core_bind_fast(Core *s, PyObject *task) {
+    if (!s->free || s->free == Py_None || !s->pool || !CTX_RUNNING)
+        return NULL;
+    Py_ssize_t n = PyObject_Size(s->free);
+    if (n <= 0) {
+        if (n < 0)
+            PyErr_Clear();
+        return NULL;
+    }
+    PyObject *ctx = PyObject_CallMethodNoArgs(s->free, s_pop);
+    if (!ctx)
+        return NULL;
+    PyObject *g = NULL;
+    PyObject *state = PyObject_GetAttr(ctx, s_state_attr);
+    if (!state)
+        goto fail;
+    int reused = state == CTX_REUSED;
+    int idle = state == CTX_IDLE;
+    Py_DECREF(state);
+    if (!reused && !idle) {   /* back where it was: the Python _bind raises the illegal move */
+        PyObject *r = PyObject_CallMethodOneArg(s->free, s_append, ctx);
+        Py_DECREF(ctx);
+        Py_XDECREF(r);
+        return NULL;   /* an error if the append failed, else none: Python decides */
+    }
+    if (reused) {
+        PyObject *count = PyObject_GetAttr(s->pool, s_reused);
+        if (!count)
+            goto fail;
+        PyObject *more = PyNumber_Add(count, one);
+        Py_DECREF(count);
+        if (!more)
+            goto fail;
+        int rc = PyObject_SetAttr(s->pool, s_reused, more);
+        Py_DECREF(more);
+        if (rc < 0)
+            goto fail;
+    }
+    if (PyObject_SetAttr(ctx, s_state_attr, CTX_RUNNING) < 0 ||
+        PyObject_SetAttr(ctx, s_task, task) < 0 || PyObject_SetAttr(task, s_ctx, ctx) < 0)
+        goto fail;
+    g = PyObject_GetAttr(ctx, s_greenlet);
+    if (!g)
+        goto fail;
+    Py_INCREF(g);
+    Py_XSETREF(TB(task)->g, g);
+    Py_DECREF(ctx);
+    return g;
+fail:
+    Py_DECREF(ctx);
+    return NULL;
+}
+
+/* The greenlet to run next (a new reference): the first runnable task's, or the hub's. */
+static PyObject *core_pick(Core *s) {
+    for (int c = 0; c < s->classes; c++) {
+        klass *k = &s->q[c];
+        while (k->hlen || k->len) {
+            int dl = k->hlen != 0;
+            double when = dl ? k->heap[0].when : 0.0;
+            PyObject *task = dl ? heap_pop(k) : fifo_pop(k);
+            PyObject *g = TB(task)->g;
+            if (g && g != Py_None) {
+                Py_INCREF(g);
+            } else {   /* its first step: a context is bound (Python: the pool) */
+                PyObject *st = PyObject_GetAttr(task, s_state);
+                if (!st) {
+                    Py_DECREF(task);
+                    return NULL;
+                }
+                int pending = st == PENDING;
+                Py_DECREF(st);
+                if (!pending) {   /* cancelled before it started: its entry was left behind */
+                    Py_DECREF(task);
+                    continue;
+                }
+                g = core_bind_fast(s, task);
+                if (!g && !PyErr_Occurred())
+                    g = PyObject_CallMethodOneArg((PyObject *)s, s_bind, task);
+                if (!g) {
+                    Py_DECREF(task);
+                    return NULL;
+                }
+                if (g == Py_None) {   /* the pool is at its max: the task waits for a context */
+                    Py_DECREF(g);
+                    PyObject *r = PyObject_CallMethodOneArg((PyObject *)s, s_ctx_wait_park, task);
+                    Py_DECREF(task);
+                    if (!r)
+                        return NULL;
+                    Py_DECREF(r);
+                    continue;
+                }
+            }
+            Py_INCREF(task);
+            Py_XSETREF(s->cur_task, task);
+            Py_SETREF(s->current, task);
+            s->cur_prio = c;
+            s->cur_dl = dl;
+            s->cur_when = when;
+            return g;
+        }
+    }
+    Py_INCREF(Py_None);
+    Py_SETREF(s->current, Py_None);
+    Py_INCREF(s->hub);
+    return s->hub;
+}
+
+/* Anything that needs the Python scheduler before the queues are looked at? */
+static int core_needs_slow(Core *s) {
+    if (s->instrumented != Py_False || s->crash != Py_None)
+        return 1;
+    if (s->external != Py_None) {
+        Py_ssize_t n = PyObject_Size(s->external);
+        if (n != 0)
+            return n < 0 ? -1 : 1;
+    }
+    if (s->timers != Py_None && PyList_Check(s->timers) && PyList_GET_SIZE(s->timers)) {
+        if (!PyCFunction_Check(s->clock))
+            return 1;   /* a Python clock is called from Python frames only (safe points) */
+        PyObject *first = PyList_GET_ITEM(s->timers, 0);
+        if (!PyList_Check(first) || PyList_GET_SIZE(first) < 1)
+            return 1;
+        double when = PyFloat_AsDouble(PyList_GET_ITEM(first, 0));
+        if (when == -1.0 && PyErr_Occurred())
+            return -1;
+        PyObject *now_o = PyObject_CallNoArgs(s->clock);
+        if (!now_o)
+            return -1;
+        double now = PyFloat_AsDouble(now_o);
+        Py_DECREF(now_o);
+        if (now == -1.0 && PyErr_Occurred())
+            return -1;
+        return when <= now;
+    }
+    return 0;
+}
+
+static PyObject *core_next_impl(Core *s) {
+    int slow = core_needs_slow(s);
+    if (slow < 0)
+        return NULL;
+    if (slow)
+        return PyObject_CallMethodNoArgs((PyObject *)s, s_next_slow);
+    return core_pick(s);
+}
+
+static PyObject *empty_tuple = NULL;
+
+static int switch_to(PyObject *g) {
+    /* greenlet's own entry, not the `switch` method: no lookup, no call machinery, and a
+     * shallower C stack, which greenlet copies out and back in at every switch */
+    PyObject *r = PyGreenlet_Check(g) ? PyGreenlet_Switch((PyGreenlet *)g, empty_tuple, NULL)
+                                      : PyObject_CallMethodNoArgs(g, s_switch);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *raise_cancelled(void) {   /* NULL, with Cancelled raised */
+    PyErr_SetNone(Cancelled ? Cancelled : PyExc_RuntimeError);
+    return NULL;
+}
+
+static PyObject *core_yield_impl(Core *s) {
+    PyObject *task = s->current;
+    if (task == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "yield_ is called only inside a task");
+        return NULL;
+    }
+    if (!IS_TASK(task)) {
+        PyErr_SetString(PyExc_TypeError, "the current task is not a TaskBase");
+        return NULL;
+    }
+    if (TB(task)->cancel)
+        return raise_cancelled();
+    TB(task)->preempt = 0;   /* a yield is what a pending preemption asked for */
+    Py_INCREF(task);
+    PyObject *nxt = NULL, *me = TB(task)->g;   /* the caller's greenlet: none else runs it */
+    Py_XINCREF(me);
+    int rc;
+    if (task == s->cur_task) {   /* _ready, knowing its class and deadline from _pick */
+        klass *k = &s->q[s->cur_prio];
+        rc = s->cur_dl ? heap_push(k, s->cur_when, s->seq++, task) : fifo_push(k, task);
+    } else {
+        rc = core_ready(s, task);
+    }
+    if (rc < 0)
+        goto fail;
+    nxt = core_next_impl(s);
+    if (!nxt)
+        goto fail;
+    if (nxt != me && switch_to(nxt) < 0)
+        goto fail;
+    Py_CLEAR(nxt);
+    Py_XDECREF(me);
+    int cancelled = TB(task)->cancel;
+    Py_DECREF(task);
+    if (cancelled)
+        return raise_cancelled();
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(nxt);
+    Py_XDECREF(me);
+    Py_DECREF(task);
+    return NULL;
+}
+
+/* -- the type ------------------------------------------------------------------------ */
+static int core_alloc_queues(Core *s, int classes) {
+    klass *q = PyMem_Calloc(classes, sizeof(klass));
+    if (!q) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->q = q;
+    s->classes = classes;
+    return 0;
+}
+
+static void core_clear_queues(Core *s) {
+    if (!s->q)
+        return;
+    klass *q = s->q;
+    int n = s->classes;
+    s->q = NULL;
+    for (int c = 0; c < n; c++) {
+        klass *k = &q[c];
+        while (k->len) {
+            PyObject *t = fifo_pop(k);
+            Py_DECREF(t);
+        }
+        while (k->hlen) {
+            PyObject *t = k->heap[--k->hlen].task;
+            Py_DECREF(t);
+        }
+        PyMem_Free(k->buf);
+        PyMem_Free(k->heap);
+    }
+    PyMem_Free(q);
+}
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)args;
+    (void)kw;
+    Core *s = (Core *)type->tp_alloc(type, 0);
+    if (!s)
+        return NULL;
+    s->current = Py_NewRef(Py_None);
+    s->hub = Py_NewRef(Py_None);
+    s->crash = Py_NewRef(Py_None);
+    s->timers = Py_NewRef(Py_None);
+    s->external = Py_NewRef(Py_None);
+    s->clock = Py_NewRef(Py_None);
+    s->free = Py_NewRef(Py_None);
+    s->pool = Py_NewRef(Py_None);
+    s->instrumented = Py_NewRef(Py_False);
+    s->cur_task = Py_NewRef(Py_None);
+    return (PyObject *)s;
+}
+
+static int core_traverse(Core *s, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(s));
+    Py_VISIT(s->current);
+    Py_VISIT(s->hub);
+    Py_VISIT(s->crash);
+    Py_VISIT(s->timers);
+    Py_VISIT(s->external);
+    Py_VISIT(s->clock);
+    Py_VISIT(s->free);
+    Py_VISIT(s->pool);
+    Py_VISIT(s->instrumented);
+    Py_VISIT(s->cur_task);
+    if (s->q) {
+        for (int c = 0; c < s->classes; c++) {
+            klass *k = &s->q[c];
+            for (Py_ssize_t i = 0; i < k->len; i++)
+                Py_VISIT(k->buf[(k->head + i) & (k->cap - 1)]);
+            for (Py_ssize_t i = 0; i < k->hlen; i++)
+                Py_VISIT(k->heap[i].task);
+        }
+    }
+    return 0;
+}
+
+static int core_clear(Core *s) {
+    core_clear_queues(s);
+    Py_CLEAR(s->current);
+    Py_CLEAR(s->hub);
+    Py_CLEAR(s->crash);
+    Py_CLEAR(s->timers);
+    Py_CLEAR(s->external);
+    Py_CLEAR(s->clock);
+    Py_CLEAR(s->free);
+    Py_CLEAR(s->pool);
+    Py_CLEAR(s->instrumented);
+    Py_CLEAR(s->cur_task);
+    return 0;
+}
+
+static void core_dealloc(Core *s) {
+    PyTypeObject *tp = Py_TYPE(s);
+    PyObject_GC_UnTrack(s);
+    if (running == s)
+        running = NULL;   /* cannot happen while it is held there; kept for safety */
+    core_clear(s);
+    tp->tp_free((PyObject *)s);
+    Py_DECREF(tp);
+}
+
+static PyObject *m_setup_queues(Core *s, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "need 1..1024 priority classes, not %ld", n);
+        return NULL;
+    }
+    core_clear_queues(s);
+    if (core_alloc_queues(s, (int)n) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int need_queues(Core *s) {
+    if (!s->q) {
+        PyErr_SetString(PyExc_RuntimeError, "scheduler core: queues not set up");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *m_ready(Core *s, PyObject *task) {
+    if (need_queues(s) < 0 || core_ready(s, task) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* _push(task, priority, deadline): _ready with the two fields given (a spawn has them in
+ * hand, checked), not read back from the task. */
+static PyObject *m_push(Core *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_push(task, priority, deadline)");
+        return NULL;
+    }
+    if (need_queues(s) < 0)
+        return NULL;
+    PyObject *task = args[0];
+    if (!IS_TASK(task)) {
+        PyErr_Format(PyExc_TypeError, "run queues take tasks (TaskBase), not %R", Py_TYPE(task));
+        return NULL;
+    }
+    long prio = PyLong_AsLong(args[1]);
+    if (prio == -1 && PyErr_Occurred())
+        return NULL;
+    if (prio < 0 || prio >= s->classes) {
+        PyErr_Format(PyExc_ValueError, "priority class %ld is not in 0..%d", prio, s->classes - 1);
+        return NULL;
+    }
+    klass *k = &s->q[prio];
+    int rc;
+    if (args[2] == Py_None) {
+        rc = fifo_push(k, task);
+    } else {
+        double when = PyFloat_AsDouble(args[2]);
+        if (when == -1.0 && PyErr_Occurred())
+            return NULL;
+        rc = heap_push(k, when, s->seq++, task);
+    }
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_pick(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_pick(s);
+}
+
+static PyObject *m_next(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_next_impl(s);
+}
+
+static PyObject *m_yield(Core *s, PyObject *noarg) {
+    (void)noarg;
+    if (need_queues(s) < 0)
+        return NULL;
+    return core_yield_impl(s);
+}
+
+static PyObject *m_runnable_class(Core *s, PyObject *noarg) {
+    (void)noarg;
+    for (int c = 0; s->q && c < s->classes; c++)
+        if (s->q[c].len || s->q[c].hlen)
+            return PyLong_FromLong(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_queued(Core *s, PyObject *noarg) {
+    (void)noarg;
+    Py_ssize_t n = 0;
+    for (int c = 0; s->q && c < s->classes; c++)
+        n += s->q[c].len + s->q[c].hlen;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef core_methods[] = {
+    {"_setup_queues", (PyCFunction)m_setup_queues, METH_O, "make `n` empty priority classes"},
+    {"_ready", (PyCFunction)m_ready, METH_O, "queue a task at the back of its class (EDF heap or FIFO)"},
+    {"_push", (PyCFunction)(void (*)(void))m_push, METH_FASTCALL,
+     "_push(task, priority, deadline): _ready with its class and deadline given"},
+    {"_pick", (PyCFunction)m_pick, METH_NOARGS,
+     "pop the most urgent runnable task, make it current; its greenlet (the hub's if none)"},
+    {"_next", (PyCFunction)m_next, METH_NOARGS,
+     "the scheduling decision: _next_slow() when hooks, a crash, outside wake-ups or a due "
+     "timer need Python, else _pick()"},
+    {"yield_", (PyCFunction)m_yield, METH_NOARGS,
+     "go to the back of this task's class; raises Cancelled if it was cancelled"},
+    {"runnable_class", (PyCFunction)m_runnable_class, METH_NOARGS,
+     "the most urgent class with a runnable task (None when none is)"},
+    {"_queued", (PyCFunction)m_queued, METH_NOARGS, "entries in the run queues"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* T_OBJECT_EX, never NULL after core_new: CPython 3.11 specializes attribute access to
+ * such slots (LOAD_ATTR_SLOT), so the Python half of the scheduler reads them cheaply. */
+static PyMemberDef core_members[] = {
+    {"current", T_OBJECT_EX, offsetof(Core, current), 0, "the running task (None in the hub)"},
+    {"_hub", T_OBJECT_EX, offsetof(Core, hub), 0, NULL},
+    {"_crash", T_OBJECT_EX, offsetof(Core, crash), 0, NULL},
+    {"_timers", T_OBJECT_EX, offsetof(Core, timers), 0, NULL},
+    {"_external", T_OBJECT_EX, offsetof(Core, external), 0, NULL},
+    {"clock", T_OBJECT_EX, offsetof(Core, clock), 0, NULL},
+    {"_free", T_OBJECT_EX, offsetof(Core, free), 0, "the context pool's free list"},
+    {"pool", T_OBJECT_EX, offsetof(Core, pool), 0, "the ContextPool"},
+    {"_instrumented", T_OBJECT_EX, offsetof(Core, instrumented), 0, NULL},
+    {"_nclasses", T_INT, offsetof(Core, classes), READONLY, "priority classes (C's count)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot core_slots[] = {
+    {Py_tp_doc, "The C part of a worker's scheduler: run queues, current task, _next, yield_."},
+    {Py_tp_new, core_new},
+    {Py_tp_dealloc, core_dealloc},
+    {Py_tp_traverse, core_traverse},
+    {Py_tp_clear, core_clear},
+    {Py_tp_methods, core_methods},
+    {Py_tp_members, core_members},
+    {0, NULL},
+};
+
+static PyType_Spec core_spec = {
+    "xhagent._sched.Core",
+    sizeof(Core),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    core_slots,
+};
+
+/* -- TaskBase ---------------------------------------------------------------------- */
+static int task_traverse(TaskBase *t, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(t));
+    Py_VISIT(t->g);
+    return 0;
+}
+
+static int task_clear(TaskBase *t) {
+    Py_CLEAR(t->g);
+    return 0;
+}
+
+static void task_dealloc(TaskBase *t) {
+    PyTypeObject *tp = Py_TYPE(t);
+    PyObject_GC_UnTrack(t);
+    Py_CLEAR(t->g);
+    tp->tp_free((PyObject *)t);
+    Py_DECREF(tp);
+}
+
+/* object.__new__'s allocation, which also sets up the instance's inline attribute values
+ * (the key table its class shares, TaskHandle's fields): PyType_GenericNew does not, and
+ * every task would get a dict of its own at its first attribute write. */
+static PyObject *task_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    (void)args;
+    (void)kw;
+    PyObject *t = PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
+    if (t)
+        TB(t)->g = Py_NewRef(Py_None);   /* T_OBJECT_EX, never NULL: see core_members */
+    return t;
+}
+
+static PyMemberDef task_members[] = {
+    {"_g", T_OBJECT_EX, offsetof(TaskBase, g), 0,
+     "its context's greenlet (None before its first step and after its end)"},
+    {"_cancel_requested", T_BOOL, offsetof(TaskBase, cancel), 0, NULL},
+    {"_preempt_requested", T_BOOL, offsetof(TaskBase, preempt), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot task_slots[] = {
+    {Py_tp_doc, "The fields of a task that the scheduler's C path uses (TaskHandle's base)."},
+    {Py_tp_new, task_new},
+    {Py_tp_dealloc, task_dealloc},
+    {Py_tp_traverse, task_traverse},
+    {Py_tp_clear, task_clear},
+    {Py_tp_members, task_members},
+    {0, NULL},
+};
+
+static PyType_Spec task_spec = {
+    "xhagent._sched.TaskBase",
+    sizeof(TaskBase),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    task_slots,
+};
+
+/* -- module functions ---------------------------------------------------------------- */
+static PyObject *f_set_running(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    if (arg == Py_None) {
+        Py_CLEAR(running);
+        Py_RETURN_NONE;
+    }
+    PyObject *core_type = PyObject_GetAttrString(mod, "Core");
+    if (!core_type)
+        return NULL;
+    int ok = PyObject_TypeCheck(arg, (PyTypeObject *)core_type);
+    Py_DECREF(core_type);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "set_running takes a Core (or None)");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(running, (Core *)arg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *f_yield(PyObject *mod, PyObject *noarg) {
+    (void)mod;
+    (void)noarg;
+    Core *s = running;
+    if (!s) {
+        PyErr_SetString(PyExc_RuntimeError, "no runtime scheduler is running");
+        return NULL;
+    }
+    Py_INCREF(s);   /* the run may end (and drop it) while this task is switched out */
+    PyObject *r = s->q ? core_yield_impl(s) : (need_queues(s), NULL);
+    Py_DECREF(s);
+    return r;
+}
+
+static PyObject *f_configure(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *cancelled, *pending, *idle = NULL, *run = NULL, *reused = NULL;
+    if (!PyArg_ParseTuple(args, "OO|OOO", &cancelled, &pending, &idle, &run, &reused))
+        return NULL;
+    if (idle && run && reused) {
+        Py_XSETREF(CTX_IDLE, Py_NewRef(idle));
+        Py_XSETREF(CTX_RUNNING, Py_NewRef(run));
+        Py_XSETREF(CTX_REUSED, Py_NewRef(reused));
+    }
+    Py_INCREF(cancelled);
+    Py_XSETREF(Cancelled, cancelled);
+    Py_INCREF(pending);
+    Py_XSETREF(PENDING, pending);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_running", f_set_running, METH_O, "the Core that yield_() acts on (None: none)"},
+    {"yield_", f_yield, METH_NOARGS,
+     "the running scheduler's yield_: back of this task's class, the next one runs"},
+    {"configure", f_configure, METH_VARARGS,
+     "configure(Cancelled, PENDING[, IDLE, RUNNING, REUSED]): the exception a cancelled task "
+     "gets, the fresh-task state, the context states a bind moves between"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *m) {
+#define INTERN(var, text)                                    \
+    if (!(var = PyUnicode_InternFromString(text)))           \
+        return -1;
+    INTERN(s_priority, "priority");
+    INTERN(s_state_attr, "state");
+    INTERN(s_append, "append");
+    if (!(one = PyLong_FromLong(1)))
+        return -1;
+    INTERN(s_task, "task");
+    INTERN(s_ctx, "_ctx");
+    INTERN(s_greenlet, "greenlet");
+    INTERN(s_reused, "reused");
+    INTERN(s_pop, "pop");
+    INTERN(s_deadline, "deadline");
+    INTERN(s_state, "_state");
+    INTERN(s_switch, "switch");
+    INTERN(s_bind, "_bind");
+    INTERN(s_next_slow, "_next_slow");
+    INTERN(s_ctx_wait_park, "_wait_for_context");
+#undef INTERN
+    if (!(empty_tuple = PyTuple_New(0)))
+        return -1;
+    PyGreenlet_Import();
+    if (!_PyGreenlet_API)
+        return -1;
+    PyObject *tb = PyType_FromModuleAndSpec(m, &task_spec, NULL);
+    if (!tb)
+        return -1;
+    TaskBaseType = (PyTypeObject *)tb;   /* kept: the module lives as long as the process */
+    Py_INCREF(tb);
+    if (PyModule_AddObject(m, "TaskBase", tb) < 0) {
+        Py_DECREF(tb);
+        return -1;
+    }
+    PyObject *t = PyType_FromModuleAndSpec(m, &core_spec, NULL);
+    if (!t)
+        return -1;
+    if (PyModule_AddObject(m, "Core", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "xhagent._sched",
+    "The scheduler's hot path in C: run queues, the pick, yield_.", 0, module_methods,
+    module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__sched(void) {
+    return PyModuleDef_Init(&moduledef);
+}
