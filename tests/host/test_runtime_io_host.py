@@ -1,7 +1,8 @@
 """Tasks reading and writing through their scheduler's io_uring ring, on this kernel: the
-right bytes to the right task, one enter for a round's requests, errors to their own
-task, parked tasks beside running ones, the sleep on the ring woken by completions and by
-other threads, cancellation, more requests than the ring holds, and the same in a Pool."""
+right bytes to the right task, page-cache reads answered inline, requests that wait sent
+in one enter per round, errors to their own task, parked tasks beside running ones, the
+sleep on the ring woken by completions and by other threads, cancellation, more requests
+than the ring holds, and the same in a Pool."""
 
 import concurrent.futures
 import errno
@@ -33,7 +34,7 @@ def data_file(tmp_path):
     os.close(fd)
 
 
-def test_many_tasks_read_their_own_offsets_in_few_enters(data_file):
+def test_page_cache_reads_complete_inline_without_parking(data_file):
     fd, blob, _ = data_file
     order = list(range(256))[::-1]
 
@@ -44,14 +45,52 @@ def test_many_tasks_read_their_own_offsets_in_few_enters(data_file):
         tasks = [rt.spawn(reader, k) for k in order]
         got = [t.join() for t in tasks]
         ring = rt._core._running._io
-        return got, ring.enters, ring.ops
+        return got, [t._parks for t in tasks], ring.enters, ring.ops, ring.inline
 
-    got, enters, ops = rt.run(main)
-    assert len(got) == 256
+    got, parks, enters, ops, inline = rt.run(main)
+    assert [k for k, _ in got] == order
     for k, data in got:
         assert data == blob[k * BLOCK : (k + 1) * BLOCK]
-    assert ops == 256
-    assert enters <= 4  # one round: everything queued goes to the kernel together
+    assert ops == inline == 256 and enters == 256  # one enter each, answered inside it
+    assert parks == [0] * 256  # no reader ever gave its context up
+
+
+def test_a_request_that_waits_makes_the_next_ones_go_together(data_file):
+    """A pipe read cannot complete inside its enter: its task parks, and the next
+    EAGER_BACKOFF requests (page-cache reads here) are queued and sent in one enter
+    per round; the one after them is tried inline again."""
+    fd, blob, _ = data_file
+    r, w = os.pipe()
+    n = rio.EAGER_BACKOFF
+    try:
+
+        def main():
+            sched = rt._core._running
+            waiter = rt.spawn(rt.read, r, 10, 0)
+            rt.sleep(0.01)  # the waiter tried inline, parked
+            ring = sched._io
+            tried = (ring.inline, ring.inflight, waiter._parks)
+            e0 = ring.enters
+            batch = [rt.spawn(rt.read, fd, BLOCK, k * BLOCK) for k in range(n)]
+            got = [t.join() for t in batch]
+            batched = (ring.enters - e0, ring.inline, [t._parks for t in batch])
+            last = rt.spawn(rt.read, fd, BLOCK, 0)
+            last.join()
+            again = (ring.inline, last._parks)
+            os.write(w, b"done")
+            return tried, got, batched, again, waiter.join()
+
+        tried, got, batched, again, waited = rt.run(main)
+        assert tried == (0, 1, 1)
+        assert got == [blob[k * BLOCK : (k + 1) * BLOCK] for k in range(n)]
+        enters, inline, parks = batched
+        assert inline == 0 and parks == [1] * n
+        assert enters <= 3  # the round's pump, and the join's sleep on the ring
+        assert again == (1, 0)
+        assert waited == b"done"
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_short_read_at_eof_and_sizes(data_file):
@@ -512,6 +551,9 @@ def test_bench_io_cases_report_the_ratio_and_the_batching():
         assert cases[name]["ops_per_s"] > 0 and cases[name]["ops"] == 300
     assert cases["io_tasks"]["p50_us"] > 0 and cases["io_tasks"]["p99_us"] > 0
     assert cases["io_tasks"]["reads_per_pass"] == 300
-    assert cases["io_tasks"]["enters_per_pass"] <= 3  # one round's reads, one enter
+    assert cases["io_tasks"]["inline_per_pass"] == 300  # the page cache answers each inline
+    bound = report["bounds"]["io_tasks_vs_engine"]
+    noop, engine = cases["tasks_noop"]["ops_per_s"], cases["io_engine"]["ops_per_s"]
+    assert bound == round(1 / (1 / noop + 1 / engine) / engine, 3)
     ratio = report["ratios"]["io_tasks_vs_engine"]
     assert ratio == round(cases["io_tasks"]["ops_per_s"] / cases["io_engine"]["ops_per_s"], 3)
