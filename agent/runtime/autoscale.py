@@ -36,6 +36,7 @@ class ScaleConfig:
     shrink_factor: float = 0.8  # shrink per step (rounded down, at least one context)
     window_s: float = 5.0  # how long a condition must hold before it acts
     cooldown_s: float = 10.0  # quiet time after any change
+    interval_s: float = 1.0  # time between observations (runtime.scaling takes them)
 
     def __post_init__(self):
         problems = []
@@ -55,6 +56,7 @@ class ScaleConfig:
             ("shrink_factor", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
             ("window_s", lambda v: v >= 0, ">= 0 seconds"),
             ("cooldown_s", lambda v: v >= 0, ">= 0 seconds"),
+            ("interval_s", lambda v: v > 0, "> 0 seconds"),
         ):
             v = getattr(self, name)
             if not _finite(v) or not ok(v):

@@ -111,8 +111,9 @@ class Context:
 class ContextPool:
     """Free contexts, most recently used first (its stack is the one still in cache).
 
-    `min` contexts are made up front and never trimmed; at most `max` exist at once;
-    a free context idle for `idle_timeout` seconds (by `clock`) is ended by `trim`. A
+    `min` contexts are made up front and never trimmed; at most `max` exist at once, and at
+    most `cap` are bound at once (`max` unless an autoscale target set it: `resize`); a
+    free context idle for `idle_timeout` seconds (by `clock`) is ended by `trim`. A
     release may leave `idle_since` None instead of reading the clock (the scheduler does,
     once per task); such a context counts as idle from the first trim that sees it, so it
     is kept longer, never ended sooner.
@@ -146,6 +147,7 @@ class ContextPool:
         self.switch_away = switch_away or self._switch_home
         self.free: deque[Context] = deque()
         self.live = 0  # contexts in existence, free or bound
+        self.cap = max  # contexts bound at once, at most
         self.created = self.reused = self.parked = self.trimmed = 0
         # Contexts are made in a greenlet of their own, started here, near the bottom of
         # the stack: a greenlet starts with the C stack position and the Python recursion
@@ -170,7 +172,9 @@ class ContextPool:
         return self._factory.switch(getcurrent())
 
     def acquire(self, task) -> Context | None:
-        """A context bound to `task` (Running), or None when all `max` are bound."""
+        """A context bound to `task` (Running), or None when `cap` (at most `max`) are bound."""
+        if self.live - len(self.free) >= self.cap:
+            return None
         if self.free:
             ctx = self.free.pop()
             if ctx.state is ContextState.REUSED:
@@ -220,10 +224,13 @@ class ContextPool:
         return self._end_free(due, self.min)
 
     def resize(self, target: int) -> int:
-        """Apply an autoscale target: make free contexts until `target` exist (at most
-        `max`), or end free ones, longest idle first, down to `target` (at least `min`;
-        bound contexts are never ended). Returns the size reached."""
-        target = max(self.min, min(self.max, target))
+        """Apply an autoscale target: at most `target` contexts bound from now on (`cap`);
+        make free contexts until `target` exist (at most `max`), or end free ones, longest
+        idle first, down to `target` (at least `min`, and at least one context; bound
+        contexts are never ended: with more bound than the new cap, no task is bound until
+        enough are released). Returns the size reached."""
+        target = max(self.min, 1, min(self.max, target))
+        self.cap = target
         while self.live < target:
             self.free.append(self._new())  # newest idle_since: the free list stays in order
         self._end_free(lambda ctx: True, target)
@@ -245,6 +252,7 @@ class ContextPool:
         return {
             "live": self.live,
             "free": len(self.free),
+            "cap": self.cap,
             "created": self.created,
             "reused": self.reused,
             "parked": self.parked,

@@ -23,6 +23,7 @@ the pool started) for that. A task a worker cannot load fails alone, with TaskLo
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -37,6 +38,7 @@ from itertools import count
 from .payload import TaskLoadError, encode_task
 from .queues import SharedQueues
 from .task import MAKE_CONDITION, LazyFuture, prime_instance_keys
+from .worker import contexts_config
 
 __all__ = ["Pool", "PoolClosed", "PoolFuture", "TaskLoadError", "WorkerLost"]
 
@@ -65,6 +67,7 @@ class _Worker:
         self.ready = False
         self.preempt = None  # the worker's slice source: bpf, timer or off
         self.contexts = 0  # task contexts it has ever made (flat once warm: they are reused)
+        self.context_pool = None  # (live, cap, autoscale changes) at its last report
         self.steals = 0
 
     def describe(self) -> str:
@@ -125,9 +128,16 @@ class Pool:
         python: str = sys.executable,
         start_timeout: float = 60.0,
         preempt: str = "auto",
+        min_contexts: int = 0,
+        max_contexts: int = 65536,
+        idle_timeout: float = 300.0,
+        autoscale: bool | dict = False,
     ):
         if preempt not in PREEMPT_MODES:
             raise ValueError(f"preempt {preempt!r} is not one of {', '.join(PREEMPT_MODES)}")
+        # each worker's task contexts (runtime.worker.contexts_config: checked here, before
+        # any worker starts)
+        self._contexts = contexts_config(min_contexts, max_contexts, idle_timeout, autoscale)
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         if not self.cpus:
             raise ValueError("a pool needs at least one CPU")
@@ -205,6 +215,7 @@ class Pool:
             "--queues", str(self._q.fd), "--results", str(self._r.fd),
             "--index", str(index), "--cpu", str(cpu), "--slice-ms", str(slice_ms),
             "--preempt", preempt, "--owner", str(os.getpid()),
+            "--contexts", json.dumps(self._contexts),
         ]  # fmt: skip
         group = None
         if parent is None:
@@ -363,6 +374,7 @@ class Pool:
                     elif msg[0] == "stats":
                         w = self.workers[msg[1]]
                         w.contexts = msg[2]
+                        w.context_pool = msg[4]
                         w.steals += len(msg[3])
                         self._steal_ns.extend(msg[3])
                     elif msg[0] == "claim":
@@ -516,6 +528,7 @@ class Pool:
                     "done": w.done,
                     "preempt": w.preempt,
                     "contexts": w.contexts,
+                    **_context_pool(w.context_pool),
                     "steals": w.steals,
                 }
                 for w in self.workers
@@ -542,6 +555,11 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _context_pool(figures) -> dict:
+    live, cap, changes = figures if figures is not None else (None, None, None)
+    return {"contexts_live": live, "contexts_cap": cap, "autoscale_changes": changes}
 
 
 def _chunk(fn, items):

@@ -10,7 +10,7 @@ Invariants (each operation below keeps them):
   * One greenlet runs at a time: the hub, or the context of `self.current`.
   * A live task is in exactly one place: a run queue (runnable), `self.current` (running),
     parked (its context Blocked; a timer, a joiner list or a foreign future may hold a
-    wake-up for it), or the context wait list (picked while the pool was at its max).
+    wake-up for it), or the context wait list (picked while the pool was at its cap).
   * A task holds a context from its first step to its end, and only then; a queued task
     that has not started holds none, so cancelling it costs nothing.
   * A wake-up carries the park token it was made for (`task._parks` at park time); one
@@ -48,7 +48,9 @@ from greenlet import GreenletExit, getcurrent
 
 from xhagent import _sched
 
+from .autoscale import ScaleConfig
 from .context import ContextPool, ContextState, check
+from .scaling import ContextScaler
 from .task import Cancelled, TaskHandle, Trap
 
 _sched.configure(Cancelled, PENDING, ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED)
@@ -95,7 +97,11 @@ class Scheduler(_sched.Core):
         idle_timeout: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         instruments: Iterable[object] = (),
+        scale: ScaleConfig | None = None,
     ):
+        """`pool_min`/`pool_max`/`idle_timeout`: the context pool's (ContextPool). With
+        `scale`, its min and max replace pool_min and pool_max and the number of contexts
+        bound at once follows it (runtime.scaling)."""
         if classes < 1:
             raise ValueError(f"need at least one priority class, not {classes}")
         # Per class: a heap of (deadline, seq, task) and a FIFO of deadline-less tasks, in C.
@@ -113,7 +119,11 @@ class Scheduler(_sched.Core):
         self.clock = clock
         self.current: TaskHandle | None = None
         self.pool: ContextPool | None = None
+        if scale is not None:
+            pool_min, pool_max = scale.min, scale.max
         self._pool_args = (pool_min, pool_max, idle_timeout)
+        self._scale = scale
+        self._scaler: ContextScaler | None = None
         self._hub = None
         self._thread = None
         self._hooks: dict[str, list] = {h: [] for h in HOOKS}
@@ -155,8 +165,10 @@ class Scheduler(_sched.Core):
         return self._hub
 
     def _wait_for_context(self, task: TaskHandle) -> None:
-        """`_pick` found the pool at its max: the task waits for a released context."""
+        """`_pick` found the pool at its cap: the task waits for a released context."""
         self._ctx_wait.append(task)
+        if self._scaler is not None:
+            self._scaler.waiting()
 
     def _bind(self, task: TaskHandle):
         """Bind a context to `task` (the pool's acquire, its common case inline: a free
@@ -248,12 +260,22 @@ class Scheduler(_sched.Core):
 
     def _hand_over(self) -> None:
         """A context was just released: bind it to a task that found the pool full."""
-        while self._ctx_wait:
-            task = self._ctx_wait.popleft()
+        self._bind_waiting()
+        if self._scaler is not None:
+            self._scaler.tick(self)
+
+    def _bind_waiting(self) -> None:
+        """Bind free contexts (or make them, under the cap) to waiting tasks, oldest first."""
+        wait, scaler = self._ctx_wait, self._scaler
+        while wait:
+            task = wait[0]
+            if task._state is PENDING and self._bind(task) is None:
+                return  # the cap (or max) is reached
+            wait.popleft()
+            if scaler is not None:
+                scaler.left()
             if task._state is PENDING:
-                self._bind(task)
                 self._ready(task)
-                return
 
     def _drive(self, coro):
         """Step an `async def` task: each Trap it awaits is a blocking call made here."""
@@ -345,7 +367,14 @@ class Scheduler(_sched.Core):
             idle_timeout=idle,
             clock=self.clock,
         )
-        self._free = self.pool.free
+        if self._scale is None:
+            self._free = self.pool.free
+        else:
+            # No free list for the C bind, which does not know the cap: every first step
+            # binds through _bind and the pool's acquire.
+            self._free = None
+            self.pool.resize(max(1, pmin))
+            self._scaler = ContextScaler(self._scale, self.clock)
         try:
             main = self.spawn(fn, *args)
             while self._alive:
@@ -370,6 +399,10 @@ class Scheduler(_sched.Core):
     def _idle(self) -> None:
         """Nothing runnable: sleep until the next timer or an outside wake-up (or, with I/O
         in flight, a completion: the sleep is then on the ring)."""
+        if self._scaler is not None:
+            self._scaler.tick(self)  # tasks waiting for a context while nothing runs: grow
+            if self.runnable_class() is not None:
+                return
         self.pool.trim()
         io = self._io
         if io is not None and io.inflight:
@@ -380,6 +413,12 @@ class Scheduler(_sched.Core):
             self._wakeup.wait()
         else:
             raise Deadlock(f"{self._alive} tasks are parked and nothing can wake them")
+
+    def scale_tick(self) -> None:
+        """Let the autoscaler look now (a cheap clock check between its observations); a
+        task that loops without idling the scheduler (a pool worker's feeder) calls it."""
+        if self._scaler is not None:
+            self._scaler.tick(self)
 
     # -- what tasks call ---------------------------------------------------------------------
     def spawn(self, fn, *args, priority: int = NORMAL, deadline: float | None = None):

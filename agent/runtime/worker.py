@@ -2,7 +2,11 @@
 each task on the in-process scheduler, sending results back to the pool's owner.
 
     python -m xhagent.runtime.worker --queues FD_OR_PATH --results FD_OR_PATH \
-        --index I --cpu C [--slice-ms 10] [--preempt auto] [--owner PID]
+        --index I --cpu C [--slice-ms 10] [--preempt auto] [--owner PID] [--contexts JSON]
+
+`--contexts` is the task context pool's configuration (Pool's min_contexts, max_contexts,
+idle_timeout and autoscale, see `contexts_config`); the feeder's own context is added to
+min and max, so they count the tasks' contexts only.
 
 Feeding: a feeder task in the last priority class (it runs once every task it started
 has ended or parked, so its own loop never starves a low-class task) takes a batch of
@@ -23,10 +27,12 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("done", [(task_id, ok, value), ...])  the outcomes since the last one, sent when the
                                      feeder next runs (after the batch), or every
                                      RESULTS_PER_MESSAGE outcomes;
-  ("stats", index, contexts, steals) with a flush, when the count of contexts ever made or
-                                     the steal samples changed: `steals` are the latencies (ns)
-                                     of the steals since the last report, each from the start
-                                     of a look for work to a stolen task in hand.
+  ("stats", index, contexts, steals, pool) with a flush, when the count of contexts ever
+                                     made, the context pool's `pool` figures (live, cap and
+                                     the autoscaler's changes, without the feeder's context)
+                                     or the steal samples changed: `steals` are the latencies
+                                     (ns) of the steals since the last report, each from the
+                                     start of a look for work to a stolen task in hand.
 A `None` payload or SIGTERM stops the worker after the running batch.
 
 `fan_out` (a task, queued by `Pool.fan_out`) pushes calls onto its worker's own ring, where
@@ -36,6 +42,7 @@ the other workers steal them: the fork-join shape work stealing exists for.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import signal
@@ -43,6 +50,7 @@ import sys
 import time
 from time import perf_counter, perf_counter_ns
 
+from .autoscale import ScaleConfig
 from .payload import decode_task, encode_task
 from .queues import SharedQueues
 from .scheduler import Scheduler
@@ -98,7 +106,7 @@ class Worker:
     BATCH = FIRST_BATCH  # the preemption handler's top-up: max(IN_HAND, batch)
     batch = FIRST_BATCH  # the feeder's take, per instance once timed (see BATCH_WORK)
 
-    def __init__(self, queues, results, index: int, slice_ms: float = 10.0):
+    def __init__(self, queues, results, index: int, slice_ms: float = 10.0, contexts=None):
         self.q, self.r, self.index, self.slice_ms = queues, results, index, slice_ms
         self.n = queues.workers - 1  # the last ring is the owner's (rescue), not a worker's
         self.victim = (index + 1) % self.n
@@ -106,7 +114,8 @@ class Worker:
         self.out_size = 0
         self.results: list[tuple] = []  # (task_id, ok, value) not yet sent
         self.stopping = False
-        self.sched = Scheduler(classes=4)  # 0..2 for tasks, 3 for the feeder alone
+        # classes 0..2 for tasks, 3 for the feeder alone
+        self.sched = Scheduler(classes=4, **scheduler_options(contexts or {}))
         self.done = 0
         self.slices = self.preempted = 0  # preemption signals seen, and honoured
         self.preempter = None
@@ -114,7 +123,7 @@ class Worker:
         self.owner = 0  # the pool owner's pid: a worker outliving it stops when idle
         self.steal_ns: list[int] = []
         self.taken = 0  # tasks the last intake spawned
-        self.contexts_sent = 0
+        self.contexts_sent = (0, None)
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -128,13 +137,20 @@ class Worker:
             results, self.results = self.results, []
             for msg in encode_results(results, self.r.slot_size - 64):
                 self.send(msg)
-        if not self.out:
-            return
-        pool = self.sched.pool
+        sched = self.sched
+        if not self.out and sched._scaler is None:
+            return  # without autoscaling the figures below move only with tasks run
+        pool = sched.pool
         made = pool.created if pool is not None else 0
-        if self.steal_ns or made != self.contexts_sent:
-            self.send(pickle.dumps(("stats", self.index, made, self.steal_ns[-STEAL_SAMPLES:])))
-            self.steal_ns, self.contexts_sent = [], made
+        figures = None
+        if pool is not None:
+            scaler = sched._scaler
+            changes = scaler.changes + scaler.valves if scaler is not None else 0
+            figures = (pool.live - 1, pool.cap - 1, changes)  # the feeder's context left out
+        if self.steal_ns or (made, figures) != self.contexts_sent:
+            steals = self.steal_ns[-STEAL_SAMPLES:]
+            self.send(pickle.dumps(("stats", self.index, made, steals, figures)))
+            self.steal_ns, self.contexts_sent = [], (made, figures)
         self._push_out()
 
     def _push_out(self) -> None:
@@ -239,6 +255,7 @@ class Worker:
         sched = self.sched
         while not self.stopping:
             self.flush()
+            sched.scale_tick()
             if not self.intake(self.batch):
                 if self.io_wait():
                     sched.yield_()
@@ -268,6 +285,50 @@ class Worker:
         )  # pinned and attached
         self.flush()
         self.sched.run(lambda: sched.spawn(self.feeder, priority=sched.classes - 1))
+
+
+def contexts_config(
+    min_contexts: int = 0,
+    max_contexts: int = 65536,
+    idle_timeout: float = 300.0,
+    autoscale: bool | dict = False,
+) -> dict:
+    """The context pool's configuration as Pool takes it, checked (ValueError naming the
+    field) and made JSON for `--contexts`. `autoscale`: False, True (the seed's thresholds)
+    or a dict of ScaleConfig's thresholds (scale_up_wait_s, scale_up_factor,
+    shrink_idle_ratio, shrink_factor, window_s, cooldown_s, interval_s)."""
+    if not isinstance(autoscale, bool | dict):
+        raise ValueError(f"autoscale must be true, false or a dict of thresholds: {autoscale!r}")
+    if isinstance(autoscale, dict):
+        unknown = set(autoscale) - set(ScaleConfig.__dataclass_fields__) - {"min", "max"}
+        if unknown or "min" in autoscale or "max" in autoscale:
+            bad = sorted(unknown | ({"min", "max"} & set(autoscale)))
+            raise ValueError(
+                f"autoscale: unknown threshold(s) {', '.join(bad)} (min and max are"
+                " min_contexts and max_contexts)"
+            )
+    scale = {} if autoscale is True else autoscale or None
+    cfg = {"min": min_contexts, "max": max_contexts, "idle_timeout": idle_timeout, "scale": scale}
+    scheduler_options(cfg)  # every check, in the owner, before a worker starts
+    return cfg
+
+
+def scheduler_options(cfg: dict) -> dict:
+    """Scheduler keyword arguments for a `contexts_config` (its feeder's context added)."""
+    if not cfg:
+        return {}
+    lo, hi, idle = cfg["min"], cfg["max"], cfg["idle_timeout"]
+    for name, v in (("min_contexts", lo), ("max_contexts", hi)):
+        if type(v) is not int or v < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, not {v!r}")
+    if hi < 1 or lo > hi:
+        raise ValueError(f"contexts: need 1 <= max_contexts and min <= max, not {lo}..{hi}")
+    if type(idle) not in (int, float) or not idle > 0:
+        raise ValueError(f"idle_timeout must be a positive number of seconds, not {idle!r}")
+    out = {"pool_min": lo + 1, "pool_max": hi + 1, "idle_timeout": idle}
+    if cfg["scale"] is not None:
+        out["scale"] = ScaleConfig(min=lo + 1, max=hi + 1, **cfg["scale"])
+    return out
 
 
 # The Worker of this process, for tasks that use its rings (fan_out).
@@ -305,10 +366,11 @@ def main(argv=None) -> int:
     from .preemption import MODES
 
     ap.add_argument("--preempt", choices=MODES, default="auto")
+    ap.add_argument("--contexts", type=json.loads, default={})
     a = ap.parse_args(argv)
     os.sched_setaffinity(0, {a.cpu})
     q, r = _attach(a.queues), _attach(a.results)
-    w = Worker(q, r, a.index, a.slice_ms)
+    w = Worker(q, r, a.index, a.slice_ms, a.contexts)
     w.owner = a.owner
     # Run with -m, this module is __main__, a second copy: tasks import xhagent.runtime.worker
     # by name (fan_out), and that copy must know the Worker too.

@@ -544,3 +544,44 @@ def test_a_task_queued_behind_a_long_one_still_gets_a_slice():
         _, quick_ran = pool.submit(stamp, "quick").result(T)
         _, hog_end = hog.result(T)
     assert quick_ran < hog_end
+
+
+def napping(seconds):
+    rt.sleep(seconds)  # parks: its context stays bound meanwhile
+    return os.getpid()
+
+
+def test_autoscaling_grows_the_workers_context_cap_under_waits_and_shrinks_it_idle():
+    """One worker, at most 2 task contexts to start with: 300 tasks that each park 20 ms.
+    Parked tasks leave nothing runnable while others wait for a context, so the cap grows
+    at once (the valve) up to max; idle afterwards, it comes back down by halves."""
+    scale = {"window_s": 0.05, "cooldown_s": 0.05, "interval_s": 0.02, "shrink_factor": 0.5}
+    with Pool(CPUS[:1], min_contexts=1, max_contexts=200, autoscale=scale) as pool:
+        start = time.monotonic()
+        pids = set(pool.map(napping, [0.02] * 300, timeout=T))
+        took = time.monotonic() - start
+        grown = pool.stats()["workers"][0]
+        # idle, the feeder looks once per 0.5 s futex wait, and shrinks a step a look
+        deadline = time.monotonic() + T
+        while (shrunk := pool.stats()["workers"][0])["contexts_cap"] > 2:
+            assert time.monotonic() < deadline, ("the cap stayed up", grown, shrunk)
+            time.sleep(0.1)
+        idle_for = time.monotonic() - start - took
+    assert pids == {pool.workers[0].pid}
+    assert grown["contexts_cap"] > 2 and grown["autoscale_changes"] >= 1, grown
+    # 300 naps of 20 ms, 2 at a time, would take 3 s
+    assert took < 2.5, (took, grown)
+    assert shrunk["autoscale_changes"] > grown["autoscale_changes"]
+    assert shrunk["contexts_live"] <= 2 < grown["contexts_live"]
+    print(f"took {took:.2f} s, grown {grown}, back down after {idle_for:.1f} s: {shrunk}")
+
+
+def test_a_bad_context_configuration_is_refused_before_any_worker_starts():
+    with pytest.raises(ValueError, match="min_contexts must be a whole number"):
+        Pool(CPUS[:1], min_contexts=-1)
+    with pytest.raises(ValueError, match="min <= max"):
+        Pool(CPUS[:1], min_contexts=5, max_contexts=2)
+    with pytest.raises(ValueError, match="unknown threshold.*bogus"):
+        Pool(CPUS[:1], autoscale={"bogus": 1})
+    with pytest.raises(ValueError, match="window_s must be a finite number"):
+        Pool(CPUS[:1], autoscale={"window_s": -1})
