@@ -16,8 +16,9 @@ compares the median rounds (p50_us), which one stalled round does not move.
   raw greenlet switching at the same count is reported as the floor under any greenlet
   scheduler.
 - submit_vs_processpool: 2 workers, tasks submitted one by one with a future each, all
-  results gathered, against ProcessPoolExecutor(2).submit. The pool's futures and its
-  results channel belong to the process that made it, so the submitter is the owner.
+  results gathered, by another process (a PoolClient: results come back through the
+  pool's owner), against ProcessPoolExecutor(2).submit; the owner submitting the same
+  rounds is reported beside it (submit_owner).
 - map_vs_mp_pool: Pool.map against multiprocessing.Pool(2).imap_unordered, chunksize 64.
 - scaling_2_vs_1: ~1 ms CPU-bound tasks on 2 workers against 1.
 - imbalanced_vs_balanced: tasks queued by one worker on its own ring (Pool.fan_out: the
@@ -39,6 +40,7 @@ import multiprocessing
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -307,6 +309,43 @@ def _submit_round(submit, n: int) -> float:
     return time.perf_counter() - t
 
 
+class _ClientProcess:
+    """Another process with a PoolClient of the pool, doing submit rounds on request."""
+
+    def __init__(self, address):
+        code = "from xhagent.runtime.bench import client_rounds; client_rounds()"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(address)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def round(self, n: int) -> float:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client process exited ({self.proc.wait()})")
+        return float(line)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def client_rounds() -> None:
+    """The client process's side: a round of n submissions per line read, its seconds out."""
+    from .clients import PoolClient
+
+    with PoolClient(json.loads(sys.argv[1])) as client:
+        for line in sys.stdin:
+            print(_submit_round(client.submit, int(line)), flush=True)
+
+
 def _gather(futs) -> None:
     for f in futs:
         f.result(300)
@@ -399,22 +438,28 @@ def measure(quick: bool, progress) -> dict:
         }
 
         rounds, n = size["submit"]
-        progress(f"submit: {rounds} x {n} tasks one by one, and ProcessPoolExecutor(2)'s")
-        _submit_round(pool.submit, n)  # warm-up, the same run once
+        progress(
+            f"submit: {rounds} x {n} tasks one by one from another process, from the owner,"
+            " and ProcessPoolExecutor(2)'s"
+        )
+        client = stack.enter_context(_ClientProcess(pool.address))
+        for submit in (client.round, partial(_submit_round, pool.submit)):
+            submit(n)  # warm-up, the same run once
         _submit_round(ex.submit, n)
         before = [w["contexts"] for w in pool.stats()["workers"]]
-        ours, theirs = [], []
+        ours, owner, theirs = [], [], []
         for _ in range(rounds):
-            ours.append(_submit_round(pool.submit, n))
+            ours.append(client.round(n))
+            owner.append(_submit_round(pool.submit, n))
             theirs.append(_submit_round(ex.submit, n))
         after = [w["contexts"] for w in pool.stats()["workers"]]
         cases["submit"] = summarize(ours, n)
+        cases["submit_owner"] = summarize(owner, n)
         cases["submit_processpool"] = summarize(theirs, n)
         ratios["submit_vs_processpool"] = _ratio(cases["submit"], cases["submit_processpool"])
         details["submit"] = {
-            "submitter": "owner",
-            "why": "a Pool's futures and results channel live in the process that made it;"
-            " other processes can push to its rings but get no futures back",
+            "submitter": "another process (runtime.clients.PoolClient)",
+            "owner_vs_processpool": _ratio(cases["submit_owner"], cases["submit_processpool"]),
             "workers": 2,
         }
         memory["run_tasks"] = rounds * n

@@ -8,7 +8,9 @@ Regions (both `SharedQueues`):
     where `submit` pushes each task as runtime.payload.encode_task makes it (a header, then
     the pickled function and arguments);
   * results: one ring slot (the owner's collector waits on it) whose global ring carries
-    the workers' batched ("claim", ...) and ("done", ...) messages (see runtime.worker).
+    the workers' batched ("claim", ...) and ("done", ...) messages (see runtime.worker),
+    and the ("hello", ...) and ("bye", ...) of PoolClients in other processes, whose
+    outcomes the collector passes on to them (runtime.clients).
 
 Lost workers: the collector polls each worker's process every POLL seconds. A dead one's
 messages already in the results ring are applied first; then the tasks it had claimed
@@ -35,6 +37,7 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import FINISHED, PENDING
 from itertools import count
 
+from .clients import CLIENT_BASE, Relay
 from .payload import TaskLoadError, encode_task
 from .queues import SharedQueues
 from .task import MAKE_CONDITION, LazyFuture, prime_instance_keys
@@ -157,6 +160,7 @@ class Pool:
         self._groups = []
         self._ready = threading.Event()  # set once every worker has said it is pinned
         self._steal_ns: deque[int] = deque(maxlen=65536)  # the workers' newest steal latencies
+        self._relay = Relay()  # PoolClients of other processes (runtime.clients)
         self.workers: list[_Worker] = []
         self._preempter = None
         try:
@@ -259,6 +263,12 @@ class Pool:
         self._q.close()
         self._r.close()
 
+    @property
+    def address(self) -> tuple[str, str, int]:
+        """What a PoolClient in another process (of the same user, or root) connects to:
+        the run queues' and the results region's paths, and this process's pid."""
+        return (self._q.path, self._r.path, os.getpid())
+
     # -- submitting ------------------------------------------------------------------
     def submit(self, fn, /, *args, priority: int = 1, deadline: float | None = None, **kwargs):
         """Run `fn(*args, **kwargs)` on some worker; a Future of its result. `priority` is
@@ -360,6 +370,7 @@ class Pool:
 
     def _drain(self, r) -> int:
         n = 0
+        routed = []  # clients' outcomes
         while (blob := r.pop_global()) is not None:
             n += 1
             done = []
@@ -380,19 +391,28 @@ class Pool:
                     elif msg[0] == "claim":
                         w = self.workers[msg[1]]
                         for tid in msg[2]:
-                            if tid in self._pending:
+                            if tid in self._pending or tid >= CLIENT_BASE:
                                 self._claims[tid] = w.index
                                 w.claimed.add(tid)
-                    else:  # ("done", [(tid, ok, value), ...])
+                    elif msg[0] == "done":  # [(tid, ok, value), ...]
                         claims, pending, workers = self._claims, self._pending, self.workers
-                        for tid, ok, value in msg[1]:
-                            fut = pending.pop(tid, None)
+                        for item in msg[1]:
+                            tid = item[0]
                             wi = claims.pop(tid, None)
                             if wi is not None:
                                 workers[wi].claimed.discard(tid)
                                 workers[wi].done += 1
-                            if fut is not None:
-                                done.append((fut, ok, value))
+                            if tid >= CLIENT_BASE:
+                                routed.append(item)  # its value still sealed: see clients.py
+                            elif (fut := pending.pop(tid, None)) is not None:
+                                done.append((fut, item[1], item[2]))
+                    elif msg[0] == "hello":  # a PoolClient: (pid, its reply region's path)
+                        self._relay.hello(msg[1], msg[2])
+                    elif msg[0] == "bye":
+                        self._relay.bye(msg[1])
+            if routed:
+                self._relay.route(routed)
+                routed = []
             _complete(done)  # outside the pool's lock: callbacks may submit
         return n
 
@@ -408,6 +428,7 @@ class Pool:
                 if not w.ready:
                     self._ready.set()  # __init__ stops waiting and reports it
                 self._lost(w, q)
+        self._relay.check()
         if not any(w.alive or w.retiring for w in self.workers):
             self._fail_all(WorkerLost("every worker of the pool has died"))
         elif self._deaths:
@@ -484,10 +505,14 @@ class Pool:
             futs = [(t, self._pending.pop(t, None)) for t in lost]
             for t in lost:
                 self._claims.pop(t, None)
+        theirs = []
         for tid, fut in futs:
+            msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
             if fut is not None:
-                msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
                 _set(fut, False, WorkerLost(msg))
+            elif tid >= CLIENT_BASE:
+                theirs.append((tid, WorkerLost(msg)))
+        self._relay.lost(theirs)
 
     def _requeue(self, w: _Worker, q) -> None:
         """Its queued tasks go back to the global ring: stolen onto the owner's ring (the
@@ -547,6 +572,7 @@ class Pool:
         self._collector.join()
         self._drain(self._r)  # results that came in meanwhile still count
         self._fail_all(lambda tid: PoolClosed(f"the pool was closed before task {tid} ended"))
+        self._relay.close()  # each client fails what it still waits for
         self._stop_workers(timeout)
         self._release()
 

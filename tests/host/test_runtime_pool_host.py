@@ -2,6 +2,7 @@
 close with work outstanding, and throughput (printed beside ProcessPoolExecutor's)."""
 
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -585,3 +586,89 @@ def test_a_bad_context_configuration_is_refused_before_any_worker_starts():
         Pool(CPUS[:1], autoscale={"bogus": 1})
     with pytest.raises(ValueError, match="window_s must be a finite number"):
         Pool(CPUS[:1], autoscale={"window_s": -1})
+
+
+CLIENT = r"""
+import json, math, operator, os, sys, time
+from xhagent.runtime.clients import PoolClient
+
+address, case = json.loads(sys.argv[1]), sys.argv[2]
+out = {"pid": os.getpid()}
+with PoolClient(address) as client:
+    if case == "results":
+        futs = [client.submit(math.factorial, i) for i in range(1000)]
+        out["ok"] = all(f.result(60) == math.factorial(i) for i, f in enumerate(futs))
+        err = client.submit(operator.truediv, 1, 0).exception(60)
+        out["error"] = [type(err).__name__, str(err)]
+        out["pids"] = sorted({f.result(60) for f in [client.submit(os.getpid) for _ in range(200)]})
+        out["map"] = client.map(abs, range(-5, 0), timeout=60)
+        out["kw"] = client.submit(int, "ff", base=16).result(60)
+    else:  # a task that runs until its worker is killed, or the pool closed
+        fut = client.submit(time.sleep, 120)
+        print("submitted", flush=True)
+        err = fut.exception(120)
+        out["error"] = [type(err).__name__, str(err)]
+print(json.dumps(out), flush=True)
+"""
+
+
+def run_client(pool, case):
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT, json.dumps(pool.address), case],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_another_process_submits_with_futures():
+    with Pool(CPUS) as pool:
+        proc = run_client(pool, "results")
+        got = json.loads(proc.communicate(timeout=T)[0])
+        assert proc.returncode == 0
+        assert got["ok"] is True and got["kw"] == 255 and got["map"] == [5, 4, 3, 2, 1]
+        assert got["error"] == ["ZeroDivisionError", "division by zero"]
+        assert set(got["pids"]) <= {w.pid for w in pool.workers} and got["pids"]
+        assert pool.stats()["pending"] == 0  # none of it was the owner's
+        wait_for(lambda: not pool._relay.clients, "the client's bye")
+
+
+def test_a_clients_task_on_a_killed_worker_fails_with_worker_lost():
+    with Pool(CPUS) as pool:
+        proc = run_client(pool, "lost")
+        assert proc.stdout.readline().strip() == "submitted"
+
+        def running():
+            return [w for w in pool.workers if pool.stats()["workers"][w.index]["running"]]
+
+        wait_for(running, "the client's task to run")
+        (victim,) = running()
+        os.kill(victim.pid, signal.SIGKILL)
+        got = json.loads(proc.communicate(timeout=T)[0])
+        kind, msg = got["error"]
+        assert kind == "WorkerLost" and f"pid {victim.pid}" in msg, got
+        assert "died with signal 9" in msg
+        if len(CPUS) > 1:
+            assert pool.submit(square, 7).result(T) == 49  # the pool goes on
+
+
+def test_a_clients_outstanding_task_fails_when_the_pool_closes():
+    pool = Pool(CPUS[:1])
+    proc = run_client(pool, "closed")
+    assert proc.stdout.readline().strip() == "submitted"
+    wait_for(lambda: pool.stats()["workers"][0]["running"] == 1, "the client's task to run")
+    pool.close(timeout=1)
+    got = json.loads(proc.communicate(timeout=T)[0])
+    assert got["error"][0] == "PoolClosed" and "the pool was closed" in got["error"][1]
+
+
+def test_a_bad_address_is_refused_clearly(tmp_path):
+    from xhagent.runtime.clients import ClientError, PoolClient
+
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\0" * 4096)
+    with pytest.raises(ClientError, match="not an xhagent run-queue region"):
+        PoolClient((str(junk), str(junk), os.getpid()))
+    with pytest.raises(ClientError, match="No such file"):
+        PoolClient((str(tmp_path / "none"), str(junk), os.getpid()))
+    with pytest.raises(ClientError, match="pool address"):
+        PoolClient("nonsense")

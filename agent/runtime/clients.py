@@ -1,0 +1,253 @@
+"""Submitting to a Pool from another process, with futures: `PoolClient(pool.address)`.
+
+    with PoolClient(address) as client:      # address: Pool.address, passed by any means
+        fut = client.submit(fn, *args, priority=1, deadline=None, **kwargs)
+        client.map(fn, items)
+
+A client pushes its tasks onto the pool's global ring like the owner does (the same
+payload, pickled once); the workers run them as any other. Their outcomes come back
+through the pool's owner, which knows every claim and so every lost worker:
+
+  * task ids: a client's are its pid << 40 plus a count (the owner's stay below 2^40), so
+    the owner tells whose a claim or an outcome is from the id alone;
+  * a worker pickles a client task's value apart (`seal`), and the owner passes those bytes
+    on unread: a result class the client and the workers know need not exist in the owner;
+  * the client makes its own reply region (a memfd) and says hello on the owner's results
+    ring with its pid and the region's path; the owner's collector pushes the client's
+    outcomes there, one message per drained batch, and fails its claimed tasks with
+    WorkerLost when their worker dies, as it does its own;
+  * the owner forgets a client that says bye or whose process is gone; at close it tells
+    each client, whose outstanding futures then fail with PoolClosed, as they do when the
+    client sees the owner's process gone.
+
+The regions are reached through /proc/PID/fd paths, which only the same user (or root)
+may open. Not covered: a task that a worker took off the rings and died with before
+claiming it (the owner fails its own such tasks once the pool is quiet, `_reconcile`;
+a client's stays pending: use a timeout).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future
+from itertools import count
+
+from .payload import encode_task
+from .queues import SharedQueues
+
+CLIENT_SHIFT = 40
+CLIENT_BASE = 1 << CLIENT_SHIFT
+POLL = 0.1  # seconds between the client's checks that the owner lives
+PUSH_PATIENCE = 5.0  # seconds the owner retries a full client ring before dropping it
+
+
+class ClientError(RuntimeError):
+    """A bad address, or a pool that cannot be reached."""
+
+
+def seal(ok: bool, value) -> tuple[bool, bytes]:
+    """A client task's outcome as bytes the owner passes on unread; a value that does not
+    pickle becomes a RuntimeError saying so."""
+    try:
+        return ok, pickle.dumps(value)
+    except Exception as exc:
+        what = "result" if ok else "exception"
+        err = RuntimeError(f"its {what} could not be pickled: {type(exc).__name__}: {exc}")
+        return False, pickle.dumps(err)
+
+
+def _unseal(ok: bool, blob: bytes):
+    try:
+        return ok, pickle.loads(blob)
+    except Exception as exc:
+        return False, RuntimeError(f"its outcome did not unpickle here: {exc!r}")
+
+
+class Relay:
+    """The owner's side: the clients by pid, their reply regions, outcomes routed. Called
+    from the pool's collector thread only."""
+
+    def __init__(self):
+        self.clients: dict[int, SharedQueues] = {}
+
+    def hello(self, pid: int, path: str) -> None:
+        try:
+            region = SharedQueues.attach(path)
+        except (OSError, ValueError):
+            return  # gone already, or not a region: nothing to answer to
+        old = self.clients.pop(pid, None)
+        if old is not None:
+            old.close()
+        self.clients[pid] = region
+
+    def bye(self, pid: int) -> None:
+        region = self.clients.pop(pid, None)
+        if region is not None:
+            region.close()
+
+    def route(self, outcomes) -> None:
+        """(task_id, ok, sealed) of clients' tasks, to their clients."""
+        by_client = defaultdict(list)
+        for item in outcomes:
+            by_client[item[0] >> CLIENT_SHIFT].append(item)
+        for pid, items in by_client.items():
+            region = self.clients.get(pid)
+            if region is None:
+                continue  # the client left; nobody waits for these
+            limit = region.slot_size - 64
+            for blob in _messages(items, limit):
+                self._push(pid, region, blob)
+
+    def lost(self, failures) -> None:
+        """(task_id, exception) of clients' tasks that will not end."""
+        self.route([(tid, *seal(False, exc)) for tid, exc in failures])
+
+    def _push(self, pid: int, region: SharedQueues, blob: bytes) -> None:
+        deadline = time.monotonic() + PUSH_PATIENCE
+        while not region.push_global(blob):
+            if time.monotonic() > deadline or not _alive(pid):
+                self.bye(pid)  # a client that stopped reading must not stall the pool
+                return
+            time.sleep(0.0005)
+
+    def check(self) -> None:
+        for pid in [p for p in self.clients if not _alive(p)]:
+            self.bye(pid)
+
+    def close(self) -> None:
+        for pid, region in list(self.clients.items()):
+            self._push(pid, region, pickle.dumps(("closed",)))
+            self.bye(pid)
+
+
+def _messages(items: list, limit: int) -> list[bytes]:
+    blob = pickle.dumps(("done", items))
+    if len(blob) <= limit or len(items) == 1:
+        if len(blob) > limit:  # one outcome over a slot: its task fails with the reason
+            tid = items[0][0]
+            err = RuntimeError(f"task {tid}: its outcome is {len(blob)} bytes, over a slot")
+            blob = pickle.dumps(("done", [(tid, *seal(False, err))]))
+        return [blob]
+    mid = len(items) // 2
+    return _messages(items[:mid], limit) + _messages(items[mid:], limit)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PoolClient:
+    """Submit to the Pool at `address` (its `Pool.address`) from this process."""
+
+    def __init__(self, address):
+        try:
+            qpath, rpath, owner = address
+            self._q = SharedQueues.attach(qpath)
+        except (TypeError, ValueError, OSError) as exc:
+            raise ClientError(f"pool address {address!r}: {exc}") from None
+        try:
+            self._owner_r = SharedQueues.attach(rpath)
+        except (ValueError, OSError) as exc:
+            self._q.close()
+            raise ClientError(f"pool address {address!r}: {exc}") from None
+        self.owner = int(owner)
+        self._r = SharedQueues.create(1, 1024, slots=1024, slot_size=self._owner_r.slot_size)
+        self._base = os.getpid() << CLIENT_SHIFT
+        self._ids = count()
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._closed = False  # no more submissions, outstanding futures failed
+        self._shut = False  # close() has run
+        self._say(("hello", os.getpid(), self._r.path))
+        self._collector = threading.Thread(target=self._collect, name="pool-client", daemon=True)
+        self._collector.start()
+
+    def _say(self, msg) -> None:
+        blob = pickle.dumps([pickle.dumps(msg)])  # the shape of a worker's batch of messages
+        while not self._owner_r.push_global(blob):
+            time.sleep(0.0005)
+
+    def submit(self, fn, /, *args, priority: int = 1, deadline: float | None = None, **kwargs):
+        """As Pool.submit: a Future of `fn(*args, **kwargs)` run on some worker."""
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority {priority!r} is not in 0..2")
+        fut = Future()
+        with self._lock:
+            if self._closed:
+                from .pool import PoolClosed
+
+                raise PoolClosed("submit on a closed client")
+            tid = self._base | next(self._ids)
+            self._pending[tid] = fut
+        blob = encode_task(tid, fn, args, kwargs, priority, deadline)
+        while not self._q.push_global(blob):
+            if self._closed:
+                break
+            time.sleep(0.0005)  # the global ring is full: the workers are behind
+        return fut
+
+    def map(self, fn, iterable, timeout: float | None = None) -> list:
+        futs = [self.submit(fn, x) for x in iterable]
+        return [f.result(timeout) for f in futs]
+
+    def _collect(self) -> None:
+        r = self._r
+        while not self._closed and not self._shut:
+            blob = r.pop_global()
+            if blob is None:
+                if not r.wait(0, POLL) and not _alive(self.owner):
+                    self._fail_all(f"the pool's owner (pid {self.owner}) is gone")
+                    return
+                continue
+            msg = pickle.loads(blob)
+            if msg[0] == "closed":
+                self._fail_all("the pool was closed")
+                return
+            with self._lock:
+                done = [(self._pending.pop(tid, None), ok, sealed) for tid, ok, sealed in msg[1]]
+            for fut, ok, sealed in done:
+                if fut is None or not fut.set_running_or_notify_cancel():
+                    continue
+                ok, value = _unseal(ok, sealed)
+                fut.set_result(value) if ok else fut.set_exception(value)
+
+    def _fail_all(self, why: str) -> None:
+        from .pool import PoolClosed
+
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, {}
+        for tid, fut in pending.items():
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(PoolClosed(f"task {tid}: {why} before it ended"))
+
+    def close(self) -> None:
+        if self._shut:
+            return
+        self._shut = True
+        try:
+            self._say(("bye", os.getpid()))
+        except Exception:
+            pass  # the owner's region is what failed: nobody to tell
+        self._closed = True
+        self._r.wake(0)
+        self._collector.join()
+        self._fail_all("the client was closed")
+        for region in (self._q, self._owner_r, self._r):
+            region.close()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
