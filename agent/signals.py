@@ -82,3 +82,14 @@ def wait_exit_code(pid: int) -> int:
     """Wait for `pid`; its exit status as a shell reports it (128 + signal when killed)."""
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (signal 0: nothing is sent), ours or someone else's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, someone else's
+    return True

@@ -25,7 +25,7 @@ from ..cgroups import registry as R
 from ..cgroups.mounts import discover_hierarchy
 from ..cgroups.spawn import spawn_method, spawn_method_reason
 from ..cgroups.subtree import Subtree, locate
-from ..signals import signals_held
+from ..signals import pid_alive, signals_held
 from .report import Item, fail, ok
 
 # The controllers the agent's cgroup policies write to.
@@ -49,16 +49,6 @@ def _controllers_item(root: Cgroup, v1: tuple[str, ...]) -> Item:
 
 _PROBE_GROUP = re.compile(r"doctor-([1-9][0-9]{0,6})")
 PID_MAX_LIMIT = 1 << 22  # the kernel's largest pid_max: a larger number is nobody's pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, someone else's
-    return True
 
 
 def _dispose(group: Cgroup) -> None:
@@ -88,7 +78,7 @@ def remove_stale(parent: Path) -> list[str]:
             or int(match[1]) > PID_MAX_LIMIT
             or path.is_symlink()
             or not path.is_dir()
-            or _alive(int(match[1]))
+            or pid_alive(int(match[1]))
         ):
             continue
         try:

@@ -36,6 +36,7 @@ from collections import defaultdict
 from concurrent.futures import Future
 from itertools import count
 
+from ..signals import pid_alive
 from .payload import encode_task
 from .queues import SharedQueues
 
@@ -109,13 +110,13 @@ class Relay:
     def _push(self, pid: int, region: SharedQueues, blob: bytes) -> None:
         deadline = time.monotonic() + PUSH_PATIENCE
         while not region.push_global(blob):
-            if time.monotonic() > deadline or not _alive(pid):
+            if time.monotonic() > deadline or not pid_alive(pid):
                 self.bye(pid)  # a client that stopped reading must not stall the pool
                 return
             time.sleep(0.0005)
 
     def check(self) -> None:
-        for pid in [p for p in self.clients if not _alive(p)]:
+        for pid in [p for p in self.clients if not pid_alive(p)]:
             self.bye(pid)
 
     def close(self) -> None:
@@ -134,16 +135,6 @@ def _messages(items: list, limit: int) -> list[bytes]:
         return [blob]
     mid = len(items) // 2
     return _messages(items[:mid], limit) + _messages(items[mid:], limit)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PoolClient:
@@ -205,7 +196,7 @@ class PoolClient:
         while not self._closed and not self._shut:
             blob = r.pop_global()
             if blob is None:
-                if not r.wait(0, POLL) and not _alive(self.owner):
+                if not r.wait(0, POLL) and not pid_alive(self.owner):
                     self._fail_all(f"the pool's owner (pid {self.owner}) is gone")
                     return
                 continue
