@@ -43,6 +43,7 @@ from .task_exec import (
     DEFAULT_CLASS,
     DEFAULT_PREEMPTION,
     EXEC_FIELDS,
+    Checkpoint,
     RestartPolicy,
     RunAs,
     dump_exec,
@@ -105,6 +106,7 @@ class Task:
     restart_policy: RestartPolicy = RestartPolicy()
     preemption: str = DEFAULT_PREEMPTION
     enforce: tuple[str, ...] = ()
+    checkpoint: Checkpoint | None = None
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -148,6 +150,15 @@ def parse_task(doc: Document, require_command: bool = False) -> Task:
     spec, fields = doc.root["spec"], {}
     if spec.present and spec.fields(SPEC_FIELDS, required={"deviceType"}):
         fields = {**_spec(spec), **parse_exec(spec)}
+        if spec["checkpoint"].present and fields.get("migratable") is not True:
+            doc.errors.add(
+                key_error(
+                    spec,
+                    "checkpoint",
+                    "spec.checkpoint: only for a task with migratable: true (it runs when the "
+                    "agent moves the task to another device)",
+                )
+            )
     if require_command and isinstance(spec.value, dict):
         doc.attempt(lambda: _require_command(spec))
     doc.errors.raise_if_any()
