@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -238,15 +239,17 @@ def test_a_failing_checkpoint_starts_the_task_again_where_it_was(setup):
 
 CRASHING_AGENT = textwrap.dedent(
     """
-    import sys, time
+    import os, signal, sys, time
     sys.path.insert(0, {tests!r})
     from test_daemon_migration_host import make_agent, model
     from pathlib import Path
     from xhagent.cgroups.subtree import locate
     agent = make_agent(Path({state!r}), locate({sub!r}), model())
+    if {before_stop!r}:  # the intent is committed, the workload not yet stopped
+        agent.executor.kill = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)
     agent.submit({source!r}, "t.yaml")
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the checkpoint kills this process mid-move
+    while time.monotonic() < deadline:  # killed mid-move before this ends
         agent.step()
         time.sleep(0.02)
     sys.exit(3)
@@ -254,41 +257,58 @@ CRASHING_AGENT = textwrap.dedent(
 )
 
 
-def test_an_agent_killed_mid_move_is_completed_by_the_next_ones_recovery(setup):
+@pytest.mark.parametrize("point", ["before-stop", "in-checkpoint"])
+def test_an_agent_killed_mid_move_is_completed_by_the_next_ones_recovery(setup, point):
+    """A real kill -9 of an agent process (run by this test) at one point of a move: after
+    the intent is committed and before the stop, or in the checkpoint (after the stop, before
+    the restart: the hook's first run SIGKILLs its parent, the agent)."""
     new, sub, tmp = setup
     marker, ckpt = tmp / "killed-once", tmp / "ckpt"
-    # The first run of the hook SIGKILLs the agent (its parent) after the stop, before the
-    # restart; run again by the next agent's recovery, it completes.
+    kill = "" if point == "before-stop" else "kill -9 $PPID; sleep 5;"
     hook = ["sh", "-c", f"echo $XHAGENT_MIGRATE_TO >> {ckpt}; [ -e {marker} ] || "
-            f"{{ touch {marker}; kill -9 $PPID; sleep 5; }}"]  # fmt: skip
-    source = two(hook)
+            f"{{ touch {marker}; {kill} }}"]  # fmt: skip
     script = CRASHING_AGENT.format(
-        tests=os.path.dirname(__file__), state=str(tmp / "state"), sub=sub, source=source
+        tests=os.path.dirname(__file__),
+        state=str(tmp / "state"),
+        sub=sub,
+        source=two(hook),
+        before_stop=point == "before-stop",
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
-    assert marker.exists()
 
     agent = new()
     (intent,) = agent.store.open_intents()  # the move, begun and not finished
     assert intent.action == "migrate"
     mover_id = intent.task_id
-    stopped = agent.get(mover_id)
-    assert (stopped.state, stopped.attempt, stopped.migrated) == ("Pending", 1, 1)
+    cut = agent.get(mover_id)
+    if point == "before-stop":
+        assert (cut.state, cut.attempt, cut.migrated) == ("Running", 1, 0)
+        assert agent.executor.status(mover_id, 1).exit is None  # its workload still runs
+        assert not ckpt.exists()
+    else:
+        assert (cut.state, cut.attempt, cut.migrated) == ("Pending", 1, 1)
     counts = agent.recover()
     assert counts["moved"] == 1 and counts["adopted"] == 1, counts
     assert not agent.store.open_intents()
     recs = {r.name: r for r in agent.store.list_tasks()}
     moved, stay = recs["mover"], recs["pinned"]
     assert moved.id == mover_id and moved.state == "Running" and gpu_of(moved) == 1
-    assert moved.attempt == 2 and stdout(agent, moved) == ["cuda=GPU-model-1"]
+    assert (moved.attempt, moved.migrated) == (2, 1)
+    assert stdout(agent, moved) == ["cuda=GPU-model-1"]
     assert stay.state == "Running" and gpu_of(stay) == 0 and stay.attempt == 1
     assert_holdings_match(agent, moved, stay)
-    assert sorted(agent.executor.leaves()) == sorted([moved.id, stay.id])
     node = agent.node.name
-    assert ckpt.read_text().split() == [f"{node}/gpu1", f"{node}/gpu1"]  # run, cut, run again
+    runs = 1 if point == "before-stop" else 2  # cut in the hook: run, cut, run again
+    assert ckpt.read_text().split() == [f"{node}/gpu1"] * runs
     (event,) = events(agent, moved.id, "Migrated")
     assert event.detail["recovered"] is True and event.detail["to"] == f"{node}/gpu1"
-    # the first agent's workload of the mover is gone: one process tree, on GPU 1
+    # one workload per task: the first attempt was killed, each leaf holds one process
+    assert agent.executor.status(moved.id, 1).exit.signal == signal.SIGKILL
+    assert sorted(agent.executor.leaves()) == sorted([moved.id, stay.id])
+    for rec in (moved, stay):
+        procs = agent.executor.leaf(rec.id).read("cgroup.procs").split()
+        assert len(procs) == 1, (rec.name, procs)
+        assert Path(f"/proc/{procs[0]}/cmdline").read_bytes() == b"sleep\x00120\x00"
     step_until(agent, lambda: True)
     assert agent.get(moved.id).state == "Running" and agent.get(moved.id).attempt == 2
