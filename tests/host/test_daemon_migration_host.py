@@ -42,10 +42,12 @@ spec:
 """
 
 
-def gpu_task(name: str, migratable: bool, checkpoint: list[str] | None = None) -> str:
+def gpu_task(
+    name: str, migratable: bool, checkpoint: list[str] | None = None, timeout: str = "5s"
+) -> str:
     extra = "  migratable: true\n" if migratable else ""
     if checkpoint is not None:
-        extra += f"  checkpoint: {{command: {checkpoint!r}, timeout: 5s}}\n"
+        extra += f"  checkpoint: {{command: {checkpoint!r}, timeout: {timeout}}}\n"
     return (
         f"apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {{name: {name}}}\nspec:\n"
         "  deviceType: gpu\n  requests: {gpus: 1, gpuMemory: 8GiB}\n" + extra + "  command: "
@@ -100,9 +102,9 @@ def step_until(agent: Agent, done, timeout=20.0, what=""):
         time.sleep(0.02)
 
 
-def two(hook: list[str]) -> str:
+def two(hook: list[str], timeout: str = "5s") -> str:
     """A migratable task with `hook` as its checkpoint, then one that is not."""
-    return gpu_task("mover", True, hook) + "---\n" + gpu_task("pinned", False)
+    return gpu_task("mover", True, hook, timeout) + "---\n" + gpu_task("pinned", False)
 
 
 def running(agent: Agent, *recs):
@@ -221,20 +223,37 @@ def test_a_task_that_is_not_migratable_never_moves(setup, monkeypatch):
     assert_holdings_match(agent, *(agent.get(r.id) for r in (a, b, c)))
 
 
-def test_a_failing_checkpoint_starts_the_task_again_where_it_was(setup):
+@pytest.mark.parametrize(
+    ("hook", "timeout", "error"),
+    [
+        (
+            ["sh", "-c", "echo disk full >&2; exit 3"],
+            "5s",
+            "checkpoint failed with exit code 3: disk full",
+        ),
+        (
+            ["sh", "-c", "echo saving; sleep 30 & wait"],
+            "300ms",
+            "checkpoint timed out after 0.3s: saving",
+        ),
+    ],
+)
+def test_a_failing_checkpoint_starts_the_task_again_where_it_was(setup, hook, timeout, error):
     new, _, _ = setup
     agent = new()
-    hook = ["sh", "-c", "echo disk full >&2; exit 3"]
-    mover, pinned = agent.submit(two(hook), "t.yaml")
+    mover, pinned = agent.submit(two(hook, timeout), "t.yaml")
     step_until(agent, lambda: events(agent, mover.id, "MigrationAborted"), what="the abort")
     rec = agent.get(mover.id)
     assert rec.state == "Running" and gpu_of(rec) == 0 and rec.attempt == 2
     assert stdout(agent, rec) == ["cuda=GPU-model-0"]
     (event,) = events(agent, mover.id, "MigrationAborted")
-    assert event.detail["checkpoint"] == "failed"
-    assert event.detail["error"] == "checkpoint failed with exit code 3: disk full"
+    assert event.detail["checkpoint"] == "failed" and event.detail["error"] == error
+    assert event.message.startswith(f"not moved to {agent.node.name}/gpu1, started again on ")
     assert not events(agent, mover.id, "Migrated")
     assert_holdings_match(agent, rec, agent.get(pinned.id))
+    # a hook that timed out is killed with everything it started (its process group)
+    left = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True, text=True)
+    assert left.stdout.split() == []
 
 
 CRASHING_AGENT = textwrap.dedent(
