@@ -8,8 +8,9 @@ controller (one round per step once the interval has passed; the loop wakes for 
   UUID), else what the agent has booked on it (`booked`: a GPU held whole is 1.0, a shared
   one its reserved memory over its total; a TPU chip 1.0 held, 0.0 free). Every move says
   which source it used;
-- hands `decide` the Running tasks that hold exactly one device, the placement state and the
-  controller's memory (the tasks moved last round, the devices each task has left);
+- hands `decide` the Running tasks that hold exactly one device (with the device types each
+  may run on, its `runsOn`), the placement state and the controller's memory (the tasks
+  moved last round, the devices each task has left);
 - enacts each move of a task whose spec says `migratable: true` (decide moves no other):
   an intent `migrate` in the store first (from, to, the attempt it stops, why), then stop
   (`cgroup.kill` of its leaf, its exit recorded by its shim), give its allocation back,
@@ -242,9 +243,9 @@ class MigrationController:
             if len(devices) != 1:
                 continue
             match = choose(policies, task.label_map)
-            out.append(
-                migration.Running(replace(task, name=rec.id), match, f"{st.name}/{devices[0]}")
-            )
+            named = replace(task, name=rec.id)
+            device = f"{st.name}/{devices[0]}"
+            out.append(migration.Running(named, match, device, frozenset(task.runs_on)))
         return out
 
 

@@ -26,7 +26,7 @@ from xhagent.daemon.policies import parse_source
 from xhagent.daemon.store import Store
 from xhagent.daemon.submission import parse_submission
 from xhagent.inventory import build_model, discover_node
-from xhagent.node_model import Bytes, Gpu, Version
+from xhagent.node_model import Accelerator, Bytes, Gpu, Version
 
 pytestmark = pytest.mark.host
 
@@ -221,6 +221,49 @@ def test_a_task_that_is_not_migratable_never_moves(setup, monkeypatch):
         assert (rec.state, rec.attempt, rec.migrated) == ("Running", 1, 0)
         assert not [e for e in agent.store.events(task_id=rec.id) if "Migrat" in e.kind]
     assert_holdings_match(agent, *(agent.get(r.id) for r in (a, b, c)))
+
+
+XPU_TASK = """apiVersion: xh.scheduling/v1
+kind: Task
+metadata: {name: xpu}
+spec:
+  deviceType: gpu
+  requests: {gpus: 1}
+  migratable: true
+  runsOn: [gpu, tpu]
+  command: [sh, -c, 'echo cuda=${CUDA_VISIBLE_DEVICES-unset} chips=${TPU_VISIBLE_CHIPS-unset};
+    exec sleep 120']
+"""
+
+
+def test_a_task_that_runs_on_tpus_too_moves_from_a_hot_gpu_to_an_idle_chip(setup):
+    """The seed's case: a GPU held whole (booked load 1.0) by a task alone on it, an idle TPU
+    chip, the task's runsOn [gpu, tpu]: it moves to the chip and sees TPU_VISIBLE_CHIPS, no
+    CUDA_VISIBLE_DEVICES; it does not go back to the GPU it left."""
+    new, _, _ = setup
+    node = model(gpus=1)
+    node = replace(node, accelerators=(Accelerator(0, "tpu", "accel0", "TPU v4"),))
+    agent = new(node)
+    (rec,) = agent.submit(XPU_TASK, "t.yaml")
+    step_until(agent, running(agent, rec), what="running")
+    first = agent.get(rec.id)
+    assert first.placement["gpu_shares"][0][2] is True and first.placement["tpus"] == []
+    assert stdout(agent, first) == ["cuda=GPU-model-0", "chips=unset"]
+    step_until(agent, lambda: events(agent, rec.id, "Migrated"), what="the move")
+    moved = agent.get(rec.id)
+    assert moved.placement["tpus"] == [0] and moved.placement["gpu_shares"] == []
+    assert stdout(agent, moved) == ["cuda=unset", "chips=0"]
+    (event,) = events(agent, rec.id, "Migrated")
+    n = agent.node.name
+    assert (event.detail["from"], event.detail["to"]) == (f"{n}/gpu0", f"{n}/tpu0")
+    st = agent.cluster.nodes[n]
+    assert st.tasks[rec.id] == allocation_of(moved)
+    assert (st.gpu(0).holders, st.gpu(0).whole, st.tpu(0).holders) == (0, False, 1)
+    until = time.monotonic() + 0.5  # the chip is now "hot", the GPU idle: it stays
+    while time.monotonic() < until:
+        agent.step()
+        time.sleep(0.05)
+    assert len(events(agent, rec.id, "Migrated")) == 1 and agent.get(rec.id).attempt == 2
 
 
 @pytest.mark.parametrize(
