@@ -34,14 +34,16 @@ and it starts on the target when placement still admits it there, else where it 
 it waits in Pending like any task. It runs on one device at most, holding what it runs on.
 
 The checkpoint runs in the agent's own cgroup as the task's user (the task's leaf was killed
-and a killed leaf takes no new process, see executor.py), and the agent's loop waits for it:
-its timeout is at most 5 minutes.
+and a killed leaf takes no new process, see executor.py), in a session of its own whose
+process group is killed when it ends or times out (what it started and left there dies
+with it), and the agent's loop waits for it: its timeout is at most 5 minutes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 from dataclasses import replace
@@ -444,13 +446,13 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
                 close_fds=True,
                 **kw,
             )
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
+            ended = _wait_unreaped(proc.pid, timeout)
+            # The leader is not reaped yet (alive, or a zombie): its process group id cannot
+            # have been reused, so the kill reaches only what the hook started and left.
+            _kill_group(proc.pid)
+            code = proc.wait()
+            if not ended:
                 return f"checkpoint timed out after {timeout:g}s{_tail(log_path)}"
-            finally:
-                _kill_group(proc)  # what it left behind in its group
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return f"checkpoint could not run: {exc}"
     if code != 0:
@@ -459,15 +461,20 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
     return None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+    """Whether `pid` (our child) exited within `timeout`, leaving it unreaped (its pidfd)."""
+    fd = os.pidfd_open(pid)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        log.warning("checkpoint process %d did not exit after SIGKILL", proc.pid)
 
 
 def _tail(path: Path) -> str:
