@@ -215,7 +215,8 @@ class MigrationController:
             if g.index in measured:
                 load, sources[did] = measured[g.index], (NVML, "")
             else:
-                load, sources[did] = booked[did], (BOOKED, note)
+                why = note or f"NVML does not see GPU {g.index} by its UUID"
+                load, sources[did] = booked[did], (BOOKED, why)
             devices.append(
                 migration.Device(
                     st.name, "gpu", g.index, load, g.numa or 0, has_room(st, "gpu", g.index)
