@@ -1,12 +1,13 @@
 """The agent's scheduler loop: tasks from submission to their exit status (restart:
-recovery.py; preemption: preempting.py).
+recovery.py; preemption: preempting.py; load-driven moves between devices: migrating.py).
 
 One `Agent` owns the store, the executor and the placement state. Every public method and
 every loop step runs under one lock, so there is a single writer, and between steps:
 
 - a task in Starting, Running or Frozen holds its placement in `cluster`; no other does;
 - every action is committed before it is taken: a start is an intent in the store and a
-  Starting task before its leaf exists; the outcome is committed when known;
+  Starting task before its leaf exists, a move between devices an intent `migrate` before
+  its stop; the outcome is committed when known;
 - a task leaf exists only for a task in Starting, Running or Frozen.
 
 `recover()` re-establishes them after a restart, whatever point a kill -9 interrupted.
@@ -107,6 +108,9 @@ class Agent:
         self._worked = False  # something happened since the heap was last trimmed
         self._ended: set[str] = set()  # shims that ended before they could be watched
         self._last_full = 0.0  # monotonic time of the last look at every running task
+        from .migrating import MigrationController
+
+        self.migration = MigrationController(self)  # acts when a policy has spec.migration
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
@@ -270,6 +274,7 @@ class Agent:
             self._collect_exits(exited)
             thaw_frozen(self)
             self._place_pending()
+            self.migration.round()
             self._note_deadlines()
             self.changed.notify_all()
 
@@ -649,5 +654,6 @@ __all__ = ["Agent", "InvalidTask", "Refused", "SpecError"]
 
 def _restarts(rec: TaskRecord) -> int:
     """Restarts of its restart policy a task has had: its attempts after the first, but
-    for those that followed a preemption (killed and requeued: not a failure of its own)."""
-    return max(0, rec.attempt - 1 - rec.preempted)
+    for those that followed a preemption (killed and requeued: not a failure of its own)
+    or a migration (stopped to start on another device)."""
+    return max(0, rec.attempt - 1 - rec.preempted - rec.migrated)

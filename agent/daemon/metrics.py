@@ -2,8 +2,8 @@
 
 Two sources, so that a scrape reads nothing twice and misses nothing between scrapes:
 - what happened, from the store's committed events (`Store.on_commit` -> `observe`):
-  queue wait, start latency and run time by class, deadline misses, preemptions, placement
-  decisions. Counted once each, after the commit, never for a rolled-back change;
+  queue wait, start latency and run time by class, deadline misses, preemptions, migrations,
+  placement decisions. Counted once each, after the commit, never for a rolled-back change;
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
   one batch (the files read by io_uring and by its fallbacks counted); the run-queue
@@ -41,6 +41,12 @@ READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 DEFAULT_CLASS = "default"
+# migrating.py's events -> the result label of xhagent_migrations_total
+MIGRATION_RESULTS = {
+    "Migrated": "moved",
+    "MigrationAborted": "aborted",
+    "MigrationFailed": "failed",
+}
 DELAY_KINDS = ("cpu", "blkio", "swapin", "reclaim", "thrashing", "compact")
 
 
@@ -93,6 +99,13 @@ class AgentMetrics:
             ["class", "action"],
             **reg,
         )
+        self.migrations = Counter(
+            "xhagent_migrations",
+            "Load-driven moves of a task to another device, by class and result (moved; "
+            "aborted: started again where it was or requeued; failed: not stopped).",
+            ["class", "result"],
+            **reg,
+        )
         self.decisions = Counter(
             "xhagent_placement_decisions",
             "Placement decisions that changed a task: placed, or kept Pending with new reasons.",
@@ -110,6 +123,9 @@ class AgentMetrics:
                 self._transition(event, rec)
             elif event.kind == "DeadlineMissed":
                 self.deadline_misses.labels(self._class.get(event.task_id, DEFAULT_CLASS)).inc()
+            elif event.kind in MIGRATION_RESULTS:
+                cls = self._class.get(event.task_id, DEFAULT_CLASS)
+                self.migrations.labels(cls, MIGRATION_RESULTS[event.kind]).inc()
 
     def _transition(self, event: Event, rec: TaskRecord) -> None:
         old, new = TaskState(event.detail["from"]), rec.state
@@ -126,7 +142,9 @@ class AgentMetrics:
         elif new is TaskState.FROZEN:
             self.preemptions.labels(cls, "freeze").inc()
         elif new is TaskState.PENDING and old is TaskState.RUNNING:
-            self.preemptions.labels(cls, "kill").inc()
+            # requeued: killed for a preemptor, not stopped for a move or a restart's backoff
+            if rec.reasons and rec.reasons[0].get("kind") == "Preempted":
+                self.preemptions.labels(cls, "kill").inc()
         began = self._starting.pop(rec.id, None) if old is TaskState.STARTING else None
         if began is not None and new is TaskState.RUNNING:
             self.start_latency.labels(cls).observe(max(0, now - began) / 1e9)

@@ -5,7 +5,9 @@ Whatever point a kill -9 interrupted: a start that never reached the shim is rol
 preemption requeues), a workload that still runs is re-adopted through its shim (pid and
 start time checked), one that ended meanwhile is recorded with the status its shim wrote,
 one whose shim died without a record is killed and recorded as lost, a leaf's freeze state
-is made to match its task's record, and leaves no task owns are removed.
+is made to match its task's record, a move between devices that was under way is completed
+(migrating.py: stopped, checkpointed, started on its target or where it was), and leaves no
+task owns are removed.
 """
 
 from __future__ import annotations
@@ -26,11 +28,19 @@ def recover(agent: Agent) -> dict[str, int]:
     """Finish or roll back what a kill -9 interrupted, re-adopt the workloads that still
     run, record those that ended meanwhile with their real status, and remove leaves
     no task owns. Returns counts for the log."""
-    counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0}
+    from .migrating import resume_restart, resume_stop
+
+    counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0, "moved": 0}
+    moves = []  # (intent, the stopped task): started again once every placement is back
     with agent.lock:
         for intent in agent.store.open_intents():
             rec = agent.store.get(intent.task_id)
-            if intent.action == "start" and rec is not None and rec.state == S.STARTING:
+            if intent.action == "migrate" and rec is not None:
+                stopped = resume_stop(agent, rec, intent.args or {})
+                if stopped is not None:
+                    moves.append((intent, stopped))
+                    continue
+            elif intent.action == "start" and rec is not None and rec.state == S.STARTING:
                 status = agent.executor.status(rec.id, rec.attempt)
                 if status.started is None and status.exit is None:
                     # The shim never said it started: nothing of the workload runs.
@@ -66,6 +76,10 @@ def recover(agent: Agent) -> dict[str, int]:
                 agent.executor.kill(rec.id)
                 agent.finish(rec, status, lost=True)
                 counts["ended"] += 1
+        for intent, stopped in moves:
+            out = resume_restart(agent, stopped, intent.args or {})
+            agent.store.finish_intent(intent.id, f"recovered: {out['outcome']}")
+            counts["moved"] += bool(out.get("moved"))
         live = {r.id for r in agent.records(NEEDS_PLACEMENT)}
         for task_id in agent.executor.leaves():
             if task_id not in live:

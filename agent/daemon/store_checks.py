@@ -26,10 +26,19 @@ MAX_TASKS_PAGE, MAX_PAGE_BYTES = 1000, 16 << 20  # list_tasks: rows, and bytes o
 MAX_EVENTS_PAGE = 10_000
 MAX_ACTIVE_POLICIES = 1000  # the scheduler holds all of them in memory
 KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
-ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf"})
+ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf", "migrate"})
 TASK_FIELDS = frozenset(
-    {"reasons", "placement", "cgroup", "attempt", "preempted", "exit_code", "signal", "error"}
-    | {"started_ns", "ended_ns"}
+    {"reasons", "placement", "cgroup", "attempt", "preempted", "migrated", "exit_code", "signal"}
+    | {"error", "started_ns", "ended_ns"}
+)
+INTEGER_FIELDS = (
+    "attempt",
+    "preempted",
+    "migrated",
+    "exit_code",
+    "signal",
+    "started_ns",
+    "ended_ns",
 )
 # Crockford's base32, lower case: no i, l, o, u to misread when typed.
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -137,7 +146,7 @@ def field_values(fields: dict[str, Any]) -> dict[str, Any]:
     for key in ("cgroup", "error"):
         if out.get(key) is not None:
             out[key] = text(out[key], key, MAX_SHORT, cut=key == "error")
-    for key in ("attempt", "preempted", "exit_code", "signal", "started_ns", "ended_ns"):
+    for key in INTEGER_FIELDS:
         if key in out:
             out[key] = integer(out[key], key)
     return out

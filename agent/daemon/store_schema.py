@@ -96,7 +96,11 @@ V1 = sql(
 # restarts, and do not use up its restart policy's budget.
 V2 = sql("ALTER TABLE tasks ADD COLUMN preempted INTEGER NOT NULL DEFAULT 0")
 
-MIGRATIONS: list[Step] = [V1, V2]
+# How many of a task's attempts a migration ended (stopped to start again on another
+# device, xhagent.daemon.migrating): not restarts either.
+V3 = sql("ALTER TABLE tasks ADD COLUMN migrated INTEGER NOT NULL DEFAULT 0")
+
+MIGRATIONS: list[Step] = [V1, V2, V3]
 
 
 def latest() -> int:
@@ -137,6 +141,7 @@ class TaskRecord:
     cgroup: str | None
     attempt: int
     preempted: int
+    migrated: int
     exit_code: int | None
     signal: int | None
     error: str | None
@@ -150,7 +155,8 @@ class TaskRecord:
     spec: dict
 
     COLUMNS = (
-        "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, exit_code, "
+        "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, migrated, "
+        "exit_code, "
         "signal, error, "
         "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, source, source_file, spec"
     )

@@ -10,6 +10,7 @@
       priority: 80                    # 0..100; default: the winning policy's priority
       estimatedRuntime: 40ms
       migratable: true
+      runsOn: [gpu, tpu]              # device types a move may take it to (default: its own)
       computeGraphHash: <64 hex digits, SHA-256>
       memoryLayout: NCHW@64B
       streamId: 3                     # gpu, tpu only; numThreads: cpu; coreAssignment: tpu
@@ -37,12 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..quantity import format_size, parse_size
-from ..spec import Cursor, Document
+from ..spec import Cursor, Document, SpecError, SpecErrors
 from .policy import API_VERSION, parse_header, parse_metadata
 from .task_exec import (
     DEFAULT_CLASS,
     DEFAULT_PREEMPTION,
     EXEC_FIELDS,
+    Checkpoint,
     RestartPolicy,
     RunAs,
     dump_exec,
@@ -53,6 +55,12 @@ from .task_exec import require_command as _require_command
 from .units import format_duration, format_instant, parse_duration_ns, parse_instant_ns
 
 DEVICE_TYPES = ("cpu", "gpu", "tpu")
+MIGRATABLE_TYPES = ("gpu", "tpu")  # what `runsOn` may list: the accelerators a move goes to
+# fields that mean something only for `migratable: true`, with why (for the error)
+MIGRATION_FIELDS = {
+    "runsOn": "(the device types the agent may move the task to)",
+    "checkpoint": "(it runs when the agent moves the task to another device)",
+}
 # field -> device types it belongs to (seed 003, 2.2 table; requests.gpus follows streamId's logic)
 DEVICE_FIELDS = {"numThreads": ("cpu",), "streamId": ("gpu", "tpu"), "coreAssignment": ("tpu",)}
 GPU_REQUESTS = ("gpus", "gpuMemory")
@@ -91,6 +99,7 @@ class Task:
     priority: int | None = None
     estimated_runtime_ns: int | None = None
     migratable: bool | None = None
+    runs_on: tuple[str, ...] = ()  # device types a migration may move it to; (): its own
     compute_graph_hash: str | None = None
     memory_layout: str | None = None
     num_threads: int | None = None
@@ -105,6 +114,7 @@ class Task:
     restart_policy: RestartPolicy = RestartPolicy()
     preemption: str = DEFAULT_PREEMPTION
     enforce: tuple[str, ...] = ()
+    checkpoint: Checkpoint | None = None
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -132,6 +142,7 @@ SPEC_FIELDS = {
     "priority",
     "estimatedRuntime",
     "migratable",
+    "runsOn",
     "computeGraphHash",
     "memoryLayout",
     *DEVICE_FIELDS,
@@ -148,6 +159,11 @@ def parse_task(doc: Document, require_command: bool = False) -> Task:
     spec, fields = doc.root["spec"], {}
     if spec.present and spec.fields(SPEC_FIELDS, required={"deviceType"}):
         fields = {**_spec(spec), **parse_exec(spec)}
+        for key, why in MIGRATION_FIELDS.items():
+            if spec[key].present and fields.get("migratable") is not True:
+                doc.errors.add(
+                    key_error(spec, key, f"spec.{key}: only for a task with migratable: true {why}")
+                )
     if require_command and isinstance(spec.value, dict):
         doc.attempt(lambda: _require_command(spec))
     doc.errors.raise_if_any()
@@ -187,6 +203,7 @@ def _spec(spec: Cursor) -> dict[str, Any]:
             lambda: spec["estimatedRuntime"].parse(parse_duration_ns, "duration", default=None)
         ),
         migratable=doc.attempt(lambda: spec["migratable"].bool(default=None)),
+        runs_on=doc.attempt(lambda: _runs_on(spec["runsOn"], device), ()),
         compute_graph_hash=doc.attempt(
             lambda: _matching(
                 spec["computeGraphHash"],
@@ -205,6 +222,31 @@ def _spec(spec: Cursor) -> dict[str, Any]:
         stream_id=doc.attempt(lambda: spec["streamId"].int(0, 1 << 31, default=None)),
         core_assignment=doc.attempt(lambda: _cores(spec["coreAssignment"])),
     )
+
+
+def _runs_on(cur: Cursor, device: str | None) -> tuple[str, ...]:
+    """`runsOn: [gpu, tpu]`: the accelerator types a migration may move the task to, its own
+    deviceType among them (as a simulator workload's `runsOn`)."""
+    if not cur.present:
+        return ()
+    if device == "cpu":
+        raise cur.error(f"{cur.where}: only for deviceType gpu or tpu (this task is cpu)")
+    kinds, errors = [], []
+    for item in cur.seq():
+        try:
+            kind = item.str(MIGRATABLE_TYPES)
+            if kind in kinds:
+                raise item.error(f"{item.where}: {kind!r} is listed twice")
+            kinds.append(kind)
+        except SpecError as exc:
+            errors.append(exc)
+    if errors:
+        raise SpecErrors(errors)
+    if device is not None and device not in kinds:
+        raise cur.error(
+            f"{cur.where}: lists {', '.join(kinds) or 'nothing'}, not the deviceType {device}"
+        )
+    return tuple(kinds)
 
 
 def _requests(req: Cursor, device: str | None) -> Requests:
@@ -270,6 +312,7 @@ def dump_task(t: Task) -> dict[str, Any]:
             format_duration(t.estimated_runtime_ns) if t.estimated_runtime_ns is not None else None,
         ),
         ("migratable", t.migratable),
+        ("runsOn", list(t.runs_on) if t.runs_on else None),
         ("computeGraphHash", t.compute_graph_hash),
         ("memoryLayout", t.memory_layout),
         ("numThreads", t.num_threads),

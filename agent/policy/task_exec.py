@@ -9,6 +9,7 @@ class, restarts, preemption and the limits it demands be enforced.
     restartPolicy: {policy: OnFailure, maxRestarts: 3, backoff: 2s}   # or just OnFailure
     preemption: freeze                         # freeze (default) | kill | never
     enforce: [cpu, memory]                     # these limits or no start (stays Pending)
+    checkpoint: {command: [ckpt, --save], timeout: 30s}   # migratable tasks: run on a move
 
 Every field is checked for syntax only. A name in `user` is resolved against the node's user
 database when the task starts, not when the file is read: the file describes the task, not
@@ -40,6 +41,14 @@ another victim or leaves the preemptor Pending.
 enforced on the node: where one cannot be, the task stays Pending with a typed reason
 instead of running with that limit ignored. Without `enforce`, a task runs where a limit
 cannot be enforced, and `get`/`ps` say which limit was not and why.
+
+`checkpoint` (only with `migratable: true`) is what the daemon runs when it moves the task to
+another device (xhagent.daemon.migrating): after the workload is stopped and before it is
+started again on the new device. `command` is an argv like `command` (no shell unless it
+names one), run as the task's user, in its working directory, with its `env` plus
+XHAGENT_TASK_ID, XHAGENT_MIGRATE_FROM and XHAGENT_MIGRATE_TO and the old device's
+CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS; `timeout` is 1ms..5m, default 30s (the agent waits
+for it). A non-zero exit or a timeout cancels the move: the task starts again where it was.
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ EXEC_FIELDS = (
     "restartPolicy",
     "preemption",
     "enforce",
+    "checkpoint",
 )
 MAX_ARG_BYTES = 4096
 MAX_ARGV_BYTES = 128 << 10  # counted with each argument's terminating NUL, as execve does
@@ -84,6 +94,8 @@ BACKOFF_CAP_NS = 5 * 60 * 10**9
 PREEMPTION_MODES = ("freeze", "kill", "never")
 DEFAULT_PREEMPTION = "freeze"
 ENFORCEABLE = ("cpu", "cpuset", "memory", "io", "pids")
+DEFAULT_CHECKPOINT_TIMEOUT_NS = 30 * 10**9
+CHECKPOINT_TIMEOUT_CAP_NS = 5 * 60 * 10**9
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # POSIX portable user and group names, less a leading digit: an all-digit name is an id.
@@ -123,6 +135,20 @@ class RestartPolicy:
         }
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """`checkpoint`: the argv run between a migration's stop and its restart."""
+
+    command: tuple[str, ...]
+    timeout_ns: int = DEFAULT_CHECKPOINT_TIMEOUT_NS
+
+    def dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"command": list(self.command)}
+        if self.timeout_ns != DEFAULT_CHECKPOINT_TIMEOUT_NS:
+            out["timeout"] = format_duration(self.timeout_ns)
+        return out
+
+
 # ------------------------------------------------------------------------- parsing
 
 
@@ -143,6 +169,7 @@ def parse_exec(spec: Cursor) -> dict[str, Any]:
             DEFAULT_PREEMPTION,
         ),
         enforce=doc.attempt(lambda: parse_enforce(spec["enforce"]), ()),
+        checkpoint=doc.attempt(lambda: parse_checkpoint(spec["checkpoint"])),
     )
 
 
@@ -308,6 +335,31 @@ def parse_enforce(cur: Cursor) -> tuple[str, ...]:
     return tuple(controllers)
 
 
+def parse_checkpoint(cur: Cursor) -> Checkpoint | None:
+    if not cur.present:
+        return None
+    if not isinstance(cur.value, dict):
+        raise cur.error(
+            f"{cur.where}: expected a mapping such as {{command: [ckpt, --save], timeout: 30s}}"
+        )
+    cur.fields({"command", "timeout"}, required={"command"})
+    doc = cur.doc
+    command = doc.attempt(lambda: parse_command(cur["command"]))
+    timeout = doc.attempt(
+        lambda: _checkpoint_timeout(cur["timeout"]), DEFAULT_CHECKPOINT_TIMEOUT_NS
+    )
+    if command is None:
+        return None  # its error is in the document
+    return Checkpoint(command, timeout)
+
+
+def _checkpoint_timeout(cur: Cursor) -> int:
+    ns = cur.parse(parse_duration_ns, "duration", DEFAULT_CHECKPOINT_TIMEOUT_NS)
+    if not 10**6 <= ns <= CHECKPOINT_TIMEOUT_CAP_NS:
+        raise cur.error(f"{cur.where}: {cur.text} is out of range 1ms..5m")
+    return ns
+
+
 def require_command(spec: Cursor) -> None:
     """Refuse a Task that cannot run: `spec` (the document's `spec`) has no `command`.
     Placement reads no command, so only the daemon asks for it (`parse_task(...,
@@ -332,6 +384,7 @@ def dump_exec(t: Task) -> dict[str, Any]:
         ),
         ("preemption", t.preemption if t.preemption != DEFAULT_PREEMPTION else None),
         ("enforce", list(t.enforce) if t.enforce else None),
+        ("checkpoint", t.checkpoint.dump() if t.checkpoint is not None else None),
     )
     return {k: v for k, v in fields if v is not None}
 

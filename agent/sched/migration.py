@@ -34,7 +34,7 @@ import copy
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from ..policy.placement import Demand, Peers, Reason, evaluate
+from ..policy.placement import Candidate, Demand, Peers, Reason, evaluate
 from ..policy.policy import Match, Migration
 from ..policy.state import Cluster
 from ..policy.task import Task
@@ -100,6 +100,13 @@ def as_kind(task: Task, kind: str) -> Task:
 def admits(cluster: Cluster, r: Running, dst: Device) -> Reason | None:
     """None when placement would put `r` on `dst` (in `cluster`, where `r` no longer runs);
     else placement's reason."""
+    out = placement_on(cluster, r, dst)
+    return out if isinstance(out, Reason) else None
+
+
+def placement_on(cluster: Cluster, r: Running, dst: Device) -> Candidate | Reason:
+    """Where placement would put `r` on `dst` (in `cluster`, where `r` no longer runs): the
+    candidate whose device share the daemon enacts, or placement's reason."""
     demand = Demand.of(as_kind(r.task, dst.kind), r.match)
     if demand.gpus > 1:
         return Reason("NotMovable", dst.node, f"{r.name} needs {demand.gpus} GPUs")
@@ -111,8 +118,7 @@ def admits(cluster: Cluster, r: Running, dst: Device) -> Reason | None:
     view.tpus = [t for t in st.tpus if dst.kind == "tpu" and t.index == dst.index]
     if not (view.gpus or view.tpus):
         return Reason("UnknownDevice", dst.node, f"{dst.node} has no {dst.id}")
-    out = evaluate(demand, view, Peers(cluster) if demand.needs_peers else None)
-    return out if isinstance(out, Reason) else None
+    return evaluate(demand, view, Peers(cluster) if demand.needs_peers else None)
 
 
 def without(cluster: Cluster, task: str) -> Cluster:

@@ -105,6 +105,23 @@ def test_preemptions_misses_and_pending_reasons_are_counted(store, metrics, cloc
     assert value(m, "xhagent_tasks", state="Frozen", **{"class": "batch"}) == 1
 
 
+def test_a_migration_is_counted_as_one_and_not_as_a_preemption(store, metrics):
+    moved, retried = submit(store, "m", "latency"), submit(store, "r", "batch")
+    for t in (moved, retried):
+        store.transition(t.id, S.STARTING, placement=PLACED)
+        store.transition(t.id, S.RUNNING)
+    store.transition(moved.id, S.PENDING, reasons=[{"kind": "Migrating", "node": "n1"}])
+    store.transition(retried.id, S.PENDING, reasons=[{"kind": "BackOff", "node": ""}])
+    store.add_event("Migrated", "moved from n1/gpu0 to n1/gpu1: ...", task_id=moved.id)
+    store.add_event("MigrationAborted", "not moved to n1/gpu1: ...", task_id=moved.id)
+    m = metrics
+    assert value(m, "xhagent_migrations_total", result="moved", **{"class": "latency"}) == 1
+    assert value(m, "xhagent_migrations_total", result="aborted", **{"class": "latency"}) == 1
+    assert value(m, "xhagent_migrations_total", result="failed", **{"class": "latency"}) == 0
+    for cls in ("latency", "batch"):
+        assert value(m, "xhagent_preemptions_total", action="kill", **{"class": cls}) == 0
+
+
 def test_a_rolled_back_change_is_not_counted(store, metrics):
     t = submit(store, "r", "batch")
     with pytest.raises(RuntimeError), store.atomic():

@@ -477,3 +477,105 @@ def test_execution_fields_parse_dump_parse_is_identity(t):
     once = roundtrip(t)
     assert once == t
     assert roundtrip(once) == once
+
+
+def test_a_checkpoint_hook_parses_round_trips_and_belongs_to_migratable_tasks():
+    from xhagent.policy.task_exec import Checkpoint
+
+    t = task("  migratable: true\n  checkpoint: {command: [ckpt, --save, /x], timeout: 2s}\n")
+    assert t.checkpoint == Checkpoint(("ckpt", "--save", "/x"), 2 * S)
+    assert roundtrip(t) == t
+    plain = task("  migratable: true\n  checkpoint: {command: [ckpt]}\n")
+    assert plain.checkpoint == Checkpoint(("ckpt",), 30 * S)
+    assert dump_task(plain)["spec"]["checkpoint"] == {"command": ["ckpt"]}
+    assert task("  migratable: true\n").checkpoint is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "  checkpoint: {command: [ckpt]}\n",
+            "6:3: spec.checkpoint: only for a task with migratable: true (it runs when the "
+            "agent moves the task to another device)",
+        ),
+        (
+            "  migratable: false\n  checkpoint: {command: [ckpt]}\n",
+            "7:3: spec.checkpoint: only for a task with migratable: true (it runs when the "
+            "agent moves the task to another device)",
+        ),
+        (
+            "  migratable: true\n  checkpoint: {command: 'ckpt --save'}\n",
+            "7:25: spec.checkpoint.command: expected a list of arguments such as "
+            "[sh, -c, 'echo hi'], got a string",
+        ),
+        (
+            "  migratable: true\n  checkpoint: {command: [ckpt], timeout: 6m}\n",
+            "7:42: spec.checkpoint.timeout: 6m is out of range 1ms..5m",
+        ),
+        (
+            "  migratable: true\n  checkpoint: {command: [ckpt], timeout: 0s}\n",
+            "7:42: spec.checkpoint.timeout: 0s is out of range 1ms..5m",
+        ),
+        (
+            "  migratable: true\n  checkpoint: {command: [ckpt], timout: 1s}\n",
+            "7:33: unknown field 'spec.checkpoint.timout' (did you mean 'timeout'?)",
+        ),
+        (
+            "  migratable: true\n  checkpoint: {timeout: 1s}\n",
+            "7:15: missing required field 'spec.checkpoint.command'",
+        ),
+        (
+            "  migratable: true\n  checkpoint: [ckpt]\n",
+            "7:15: spec.checkpoint: expected a mapping such as "
+            "{command: [ckpt, --save], timeout: 30s}",
+        ),
+    ],
+)
+def test_each_checkpoint_mistake_is_one_located_error(body, message):
+    assert errors(body) == [f"t.yaml:{message}"]
+
+
+GPU_HEAD = HEAD.replace("deviceType: cpu", "deviceType: gpu")
+
+
+def gpu_errors(body: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_task(load_text(GPU_HEAD + body, "t.yaml")[0])
+    return str(info.value).splitlines()
+
+
+def test_runs_on_lists_the_device_types_a_move_may_take_a_migratable_task_to():
+    t = parse_task(load_text(GPU_HEAD + "  migratable: true\n  runsOn: [gpu, tpu]\n", "t")[0])
+    assert t.runs_on == ("gpu", "tpu") and roundtrip(t) == t
+    assert dump_task(t)["spec"]["runsOn"] == ["gpu", "tpu"]
+    assert parse_task(load_text(GPU_HEAD + "  migratable: true\n", "t")[0]).runs_on == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "  runsOn: [gpu, tpu]\n",
+            "6:3: spec.runsOn: only for a task with migratable: true (the device types the "
+            "agent may move the task to)",
+        ),
+        (
+            "  migratable: true\n  runsOn: [tpu]\n",
+            "7:11: spec.runsOn: lists tpu, not the deviceType gpu",
+        ),
+        (
+            "  migratable: true\n  runsOn: [gpu, gpu]\n",
+            "7:17: spec.runsOn.1: 'gpu' is listed twice",
+        ),
+        ("  migratable: true\n  runsOn: gpu\n", "7:11: spec.runsOn: expected a list, got a string"),
+    ],
+)
+def test_each_runs_on_mistake_is_one_located_error(body, message):
+    assert gpu_errors(body) == [f"t.yaml:{message}"]
+
+
+def test_runs_on_is_not_for_cpu_tasks():
+    assert errors("  migratable: true\n  runsOn: [gpu]\n") == [
+        "t.yaml:7:11: spec.runsOn: only for deviceType gpu or tpu (this task is cpu)"
+    ]

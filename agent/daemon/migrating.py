@@ -1,0 +1,536 @@
+"""Load-driven migration in the daemon (seed 003, chapter 1; issue 17): the decision is
+`xhagent.sched.migration.decide`, this module measures, asks it and enacts its moves.
+
+Every `interval` of the first SchedulingPolicy in force that has `spec.migration`, the
+controller (one round per step once the interval has passed; the loop wakes for it):
+
+- measures each GPU's and TPU chip's load: NVML's utilisation where NVML sees the GPU (by
+  UUID), else what the agent has booked on it (`booked`: a GPU held whole is 1.0, a shared
+  one its reserved memory over its total; a TPU chip 1.0 held, 0.0 free). Every move says
+  which source it used;
+- hands `decide` the Running tasks that hold exactly one device (with the device types each
+  may run on, its `runsOn`), the placement state and the controller's memory (the tasks
+  moved last round, the devices each task has left);
+- enacts each move of a task whose spec says `migratable: true` (decide moves no other):
+  an intent `migrate` in the store first (from, to, the attempt it stops, why), then stop
+  (`cgroup.kill` of its leaf, its exit recorded by its shim), give its allocation back,
+  run its checkpoint hook (`spec.checkpoint`, argv, no shell, with its timeout), and start
+  it again as a new attempt on the target: the same CPUs and memory, the target's GPU share
+  or TPU chip, CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS set for it. The old allocation is
+  released before the new one is committed, each once. A checkpoint that fails or times
+  out cancels the move: the task starts again where it was, and the event says why.
+
+Every move is an event (`Migrated`, or `MigrationAborted` when the task started again where
+it was) on the task, in the store's event stream (`xhagent events`, the API's watch):
+
+    {"kind": "Migrated", "task_id": ..., "message": "moved from n/gpu0 to n/gpu1: ...",
+     "detail": {"from": "n/gpu0", "to": "n/gpu1", "reason": "n/gpu0 load 1.00 > 0.85, ...",
+                "hot_load": 1.0, "target_load": 0.0, "load_source": "booked",
+                "checkpoint": "none" | "ok", "attempt": 2, "penalty_ns": 0.0}}
+
+A restart of the agent (kill -9) completes an open `migrate` intent (`recovery.py`): a task
+not yet stopped is stopped, its checkpoint is run (again: a hook must bear running twice),
+and it starts on the target when placement still admits it there, else where it was, else
+it waits in Pending like any task. It runs on one device at most, holding what it runs on.
+
+The checkpoint runs in the agent's own cgroup as the task's user (the task's leaf was killed
+and a killed leaf takes no new process, see executor.py), in a session of its own whose
+process group is killed when it ends or times out (what it started and left there dies
+with it), and the agent's loop waits for it: its timeout is at most 5 minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..policy.placement import Candidate, Reason
+from ..policy.policy import Migration, choose
+from ..policy.state import GpuShare, NodeResources
+from ..policy.task import Task
+from ..sched import migration
+from ..sched.fair import FairShare
+from .executor import resolve_run_as
+from .lifecycle import TaskState as S
+from .store import TaskRecord
+
+if TYPE_CHECKING:
+    from .core import Agent
+
+log = logging.getLogger("xhagent")
+
+BOOKED, NVML = "booked", "nvml"
+MIGRATING = "Migrating"  # the reason of a task between its stop and its restart
+STOP_TIMEOUT_S = 3.0
+OUTPUT_TAIL = 2000  # bytes of a failed checkpoint's output kept in its event
+
+
+# -- load --------------------------------------------------------------------------------------
+
+
+def booked_loads(st: NodeResources) -> dict[str, float]:
+    """Device id -> the share of it the agent has handed out (0..1)."""
+    out = {}
+    for g in st.gpus:
+        share = 1.0 if g.whole else (g.reserved / g.total if g.total > 0 else 0.0)
+        out[f"{st.name}/gpu{g.index}"] = min(1.0, max(0.0, share))
+    for t in st.tpus:
+        out[f"{st.name}/tpu{t.index}"] = 1.0 if t.holders else 0.0
+    return out
+
+
+def has_room(st: NodeResources, kind: str, index: int) -> bool:
+    if kind == "gpu":
+        g = st.gpu(index)
+        return not g.whole and g.free > 0
+    return not st.tpu(index).holders
+
+
+class NvmlLoad:
+    """GPU utilisation through NVML: tried once, and never again once it failed (`error`)."""
+
+    def __init__(self, sys_root: Path = Path("/sys")):
+        self.sys_root = sys_root
+        self.error: str | None = None
+        self._nvml = None
+
+    def sample(self, gpus) -> dict[int, float]:
+        """Model GPU index -> utilisation (0..1) of those NVML sees by UUID."""
+        if not gpus or self.error is not None:
+            return {}
+        if self._nvml is None:
+            self._nvml = self._init()
+            if self._nvml is None:
+                return {}
+        nvml, out = self._nvml, {}
+        for g in gpus:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                out[g.index] = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
+            except Exception as exc:  # NVMLError_*: that GPU's load is the booked one
+                log.debug("NVML utilisation of GPU %s: %s", g.uuid, exc)
+        if not out:
+            self.error = self.error or "NVML sees none of the node's GPUs"
+        return out
+
+    def _init(self):
+        # as the inventory: without the driver bound, NVML sees nothing (and pynvml costs
+        # resident memory for nothing)
+        if not (self.sys_root / "bus/pci/drivers/nvidia").is_dir():
+            self.error = f"no NVIDIA driver: {self.sys_root}/bus/pci/drivers/nvidia absent"
+            return None
+        try:
+            import pynvml as nvml
+
+            nvml.nvmlInit()
+        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, ...
+            self.error = f"NVML: {type(exc).__name__}: {exc}"
+            return None
+        return nvml
+
+
+# -- the controller -----------------------------------------------------------------------------
+
+
+class MigrationController:
+    def __init__(self, agent: Agent, nvml: NvmlLoad | None = None):
+        self.agent = agent
+        self.nvml = nvml or NvmlLoad()
+        self.fair = FairShare()
+        self.last_ns: int | None = None
+        self.moved: frozenset[str] = frozenset()  # moved in the last round
+        self.left: dict[str, set[str]] = {}  # task id -> devices it moved off
+
+    def policy(self) -> Migration | None:
+        for p in self.agent.policies():
+            if getattr(p, "migration", None) is not None:
+                return p.migration
+        return None
+
+    def round(self) -> list[dict]:
+        """One round when the interval has passed (under the agent's lock): the moves
+        enacted, as their events' details."""
+        agent = self.agent
+        policy = self.policy()
+        if policy is None:
+            self.last_ns = None
+            return []
+        now = agent.clock()
+        if self.last_ns is None:  # the first interval starts now
+            self.last_ns = now
+        elapsed = now - self.last_ns
+        if elapsed < policy.interval_ns:
+            agent._wake_at(self.last_ns + policy.interval_ns)
+            return []
+        running = self.running()
+        alive = {r.name for r in running}
+        self.left = {t: d for t, d in self.left.items() if t in alive}
+        if not any(r.task.migratable for r in running):
+            # nothing could move: no wake-ups of its own until a step starts the next interval
+            self.last_ns, self.moved = None, frozenset()
+            return []
+        self.last_ns = now
+        agent._wake_at(now + policy.interval_ns)
+        devices, sources = self.devices()
+        moves = migration.decide(
+            devices, running, agent.cluster, policy, self.fair, elapsed, self.moved, self.left
+        )
+        self.moved = frozenset(m.task for m in moves)
+        loads = {d.id: d.load for d in devices}
+        done = []
+        for m in moves:
+            detail = {
+                "from": m.src,
+                "to": m.dst,
+                "reason": m.reason,
+                "hot_load": round(loads[m.src], 4),
+                "target_load": round(loads[m.dst], 4),
+                "load_source": sources[m.src][0],
+                "penalty_ns": m.penalty_ns,
+            }
+            if sources[m.src][1]:
+                detail["load_note"] = sources[m.src][1]
+            out = move(agent, m.task, detail)
+            if out is not None and out.get("moved"):
+                self.left.setdefault(m.task, set()).add(m.src)
+                done.append(out)
+        return done
+
+    def devices(self) -> tuple[list[migration.Device], dict[str, tuple[str, str]]]:
+        """The node's accelerators with their loads, and each one's (source, note)."""
+        agent = self.agent
+        st = agent.cluster.nodes[agent.node.name]
+        booked = booked_loads(st)
+        measured = self.nvml.sample(agent.node.gpus) if st.gpus else {}
+        note = "" if measured else (self.nvml.error or "")
+        devices, sources = [], {}
+        for g in st.gpus:
+            did = f"{st.name}/gpu{g.index}"
+            if g.index in measured:
+                load, sources[did] = measured[g.index], (NVML, "")
+            else:
+                why = note or f"NVML does not see GPU {g.index} by its UUID"
+                load, sources[did] = booked[did], (BOOKED, why)
+            devices.append(
+                migration.Device(
+                    st.name, "gpu", g.index, load, g.numa or 0, has_room(st, "gpu", g.index)
+                )
+            )
+        for t in st.tpus:
+            did = f"{st.name}/tpu{t.index}"
+            sources[did] = (BOOKED, "")
+            devices.append(
+                migration.Device(
+                    st.name, "tpu", t.index, booked[did], t.numa or 0, has_room(st, "tpu", t.index)
+                )
+            )
+        return devices, sources
+
+    def running(self) -> list[migration.Running]:
+        """The Running tasks that hold exactly one accelerator, named by task id."""
+        agent = self.agent
+        st = agent.cluster.nodes[agent.node.name]
+        policies = agent.policies()
+        out = []
+        for rec in agent.records([S.RUNNING]):
+            task, held = agent.tasks.get(rec.id), st.tasks.get(rec.id)
+            if task is None or held is None:
+                continue
+            devices = [f"gpu{s.index}" for s in held.gpus] + [f"tpu{i}" for i in held.tpus]
+            if len(devices) != 1:
+                continue
+            match = choose(policies, task.label_map)
+            named = replace(task, name=rec.id)
+            device = f"{st.name}/{devices[0]}"
+            out.append(migration.Running(named, match, device, frozenset(task.runs_on)))
+        return out
+
+
+# -- enactment ----------------------------------------------------------------------------------
+
+
+def move(agent: Agent, task_id: str, detail: dict) -> dict | None:
+    """Stop `task_id`, run its checkpoint, start it on `detail["to"]` (or where it was, when
+    the checkpoint failed). Returns the event's detail, None when nothing was moved."""
+    rec = agent.store.get(task_id)
+    task = agent.tasks.get(task_id)
+    if rec is None or rec.state != S.RUNNING or task is None or not task.migratable:
+        return None
+    detail = {**detail, "attempt": rec.attempt, "placement": rec.placement}
+    intent = agent.store.begin_intent(task_id, "migrate", detail)
+    pending, why = stop(agent, rec, detail)
+    if pending is None:
+        agent.store.finish_intent(intent, f"not moved: {why}")
+        agent.store.add_event(
+            "MigrationFailed",
+            f"not moved from {detail['from']} to {detail['to']}: {why}",
+            task_id=task_id,
+            detail=_public(detail) | {"error": why},
+        )
+        return None
+    out = restart(agent, pending, task, detail)
+    agent.store.finish_intent(intent, out["outcome"])
+    return out
+
+
+def stop(agent: Agent, rec: TaskRecord, detail: dict) -> tuple[TaskRecord | None, str]:
+    """Kill the workload and requeue the task (Pending, reason Migrating, its allocation
+    given back): the Pending record, or None and why (it ended on its own: recorded as
+    such; it could not be stopped: it keeps running where it is)."""
+    agent.executor.kill(rec.id)
+    status = agent.wait_exit(rec, STOP_TIMEOUT_S)
+    ex = status.exit
+    if ex is None:
+        return None, f"the workload did not stop within {STOP_TIMEOUT_S:g}s"
+    if ex.signal != signal.SIGKILL:  # it ended before the kill landed: an end like any other
+        agent.finish(rec, status)
+        return None, "it ended on its own before it was stopped"
+    agent.release(rec.id)
+    agent.executor.remove_leaf(rec.id)
+    reason = {
+        "kind": MIGRATING,
+        "node": agent.node.name,
+        "detail": f"moving from {detail['from']} to {detail['to']}",
+    }
+    pending = agent.store.transition(
+        rec.id,
+        S.PENDING,
+        expect=S.RUNNING,
+        reasons=[reason],
+        note=f"stopped to move from {detail['from']} to {detail['to']}",
+        migrated=rec.migrated + 1,
+        exit_code=ex.exit_code,
+        signal=ex.signal,
+    )
+    return pending, ""
+
+
+def restart(agent: Agent, pending: TaskRecord, task: Task, detail: dict) -> dict:
+    """Checkpoint, then start the Pending task on the target, else where it was, else leave
+    it to the scheduler; records the event. Returns the event's detail plus `moved` and the
+    intent's `outcome`."""
+    st = agent.cluster.nodes[agent.node.name]
+    error = checkpoint(agent, pending, task, detail)
+    out = _public(detail)
+    out["checkpoint"] = "none" if task.checkpoint is None else ("ok" if error is None else "failed")
+    where = None
+    if error is None:
+        target = target_placement(agent, task, detail["placement"], detail["to"])
+        if isinstance(target, Reason):
+            error = f"the target no longer admits it: {target}"
+        elif not fits(st, target, pending.id):
+            error = "the target is taken"
+        else:
+            where = target
+    moving = where is not None
+    if where is None:
+        back = _candidate(detail["placement"])
+        where = back if fits(st, back, pending.id) else None
+    if error is not None:
+        out["error"] = error
+    if where is None:  # placed again by the scheduler, like any Pending task
+        out |= {"moved": False, "outcome": "requeued", "attempt": pending.attempt}
+        message = f"stopped on {detail['from']}; waits to be placed again: {error}"
+        agent.store.add_event("MigrationAborted", message, task_id=pending.id, detail=_clean(out))
+        return out
+    agent._start(pending, task, where)
+    rec = agent.store.get(pending.id)
+    out["attempt"] = rec.attempt
+    if rec.state not in (S.RUNNING, S.STARTING):  # the start failed: the task's own failure
+        out |= {"moved": False, "outcome": f"start failed: {rec.error}", "error": rec.error}
+        message = f"not moved to {detail['to']}: the start failed: {rec.error}"
+        agent.store.add_event("MigrationAborted", message, task_id=pending.id, detail=_clean(out))
+    elif moving:
+        out |= {"moved": True, "outcome": "moved"}
+        message = f"moved from {detail['from']} to {detail['to']}: {detail['reason']}"
+        agent.store.add_event("Migrated", message, task_id=pending.id, detail=_clean(out))
+    else:
+        out |= {"moved": False, "outcome": "restarted where it was"}
+        message = f"not moved to {detail['to']}, started again on {detail['from']}: {error}"
+        agent.store.add_event("MigrationAborted", message, task_id=pending.id, detail=_clean(out))
+    return out
+
+
+def target_placement(agent: Agent, task: Task, old: dict, dst: str) -> Candidate | Reason:
+    """The candidate on `dst` (a Device id) for a task no longer in the placement state: the
+    device share placement gives it there, its CPUs and memory as they were."""
+    node, _, device = dst.partition("/")
+    kind = device.rstrip("0123456789")
+    index = int(device[len(kind) :])
+    st = agent.cluster.nodes.get(node)
+    numa = 0
+    if st is not None and kind == "gpu" and any(g.index == index for g in st.gpus):
+        numa = st.gpu(index).numa or 0
+    elif st is not None and kind == "tpu" and any(t.index == index for t in st.tpus):
+        numa = st.tpu(index).numa or 0
+    match = choose(agent.policies(), task.label_map)
+    r = migration.Running(replace(task, name="migrating"), match, "")
+    got = migration.placement_on(agent.cluster, r, migration.Device(node, kind, index, 0.0, numa))
+    if isinstance(got, Reason):
+        return got
+    base = _candidate(old)
+    return replace(base, gpus=got.gpus, tpus=got.tpus)
+
+
+def _candidate(placement: dict) -> Candidate:
+    shares = tuple(GpuShare(i, m, w) for i, m, w in placement.get("gpu_shares", ()))
+    cpus = tuple(placement.get("cpus", ())) if placement.get("exclusive") else ()
+    return Candidate(
+        placement["node"],
+        cpus,
+        placement.get("memory", 0),
+        shares,
+        0.0,
+        (),
+        tuple(placement.get("tpus", ())),
+    )
+
+
+def fits(st: NodeResources, c: Candidate, task_id: str) -> bool:
+    """Whether `c` can be committed on `st` now without taking what another task holds:
+    its CPUs free, its memory, a GPU share's memory (a whole one: nobody on that GPU), its
+    TPU chips free."""
+    if task_id in st.tasks or not set(c.cpus) <= st.free_cpus or c.memory > st.memory_free:
+        return False
+    for share in c.gpus:
+        if not any(g.index == share.index for g in st.gpus):
+            return False
+        g = st.gpu(share.index)
+        if g.whole or (share.whole and g.holders) or share.memory > g.free:
+            return False
+    for i in c.tpus:
+        if not any(t.index == i for t in st.tpus) or st.tpu(i).holders:
+            return False
+    return True
+
+
+def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str | None:
+    """Run the task's checkpoint hook; None when it succeeded (or there is none), else why."""
+    hook = task.checkpoint
+    if hook is None:
+        return None
+    env = dict(task.env)
+    placement = detail.get("placement") or {}
+    if placement.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(placement["gpus"])
+    if placement.get("tpus"):
+        env["TPU_VISIBLE_CHIPS"] = ",".join(str(i) for i in sorted(placement["tpus"]))
+    env |= {
+        "XHAGENT_TASK_ID": rec.id,
+        "XHAGENT_MIGRATE_FROM": detail["from"],
+        "XHAGENT_MIGRATE_TO": detail["to"],
+    }
+    run_dir = agent.executor.run_dir(rec.id, rec.attempt)
+    run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    log_path = run_dir / "checkpoint"
+    timeout = hook.timeout_ns / 1e9
+    try:
+        kw = {}
+        if task.user:
+            uid, gid = resolve_run_as(task.user)
+            kw = {"user": uid, "group": gid, "extra_groups": []}
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(
+                list(hook.command),
+                env=env,
+                cwd=task.working_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a timeout kills all of it
+                close_fds=True,
+                **kw,
+            )
+            ended = _wait_unreaped(proc.pid, timeout)
+            # The leader is not reaped yet (alive, or a zombie): its process group id cannot
+            # have been reused, so the kill reaches only what the hook started and left.
+            _kill_group(proc.pid)
+            code = proc.wait()
+            if not ended:
+                return f"checkpoint timed out after {timeout:g}s{_tail(log_path)}"
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return f"checkpoint could not run: {exc}"
+    if code != 0:
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return f"checkpoint failed with {how}{_tail(log_path)}"
+    return None
+
+
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+    """Whether `pid` (our child) exited within `timeout`, leaving it unreaped (its pidfd)."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-OUTPUT_TAIL:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f": {data}" if data else ""
+
+
+def _public(detail: dict) -> dict:
+    return {k: v for k, v in detail.items() if k != "placement"}
+
+
+def _clean(out: dict) -> dict:
+    return {k: v for k, v in out.items() if k not in ("moved", "outcome", "placement")}
+
+
+# -- after a restart (recovery.py) ----------------------------------------------------------------
+
+
+def resume_stop(agent: Agent, rec: TaskRecord, args: dict) -> TaskRecord | None:
+    """The first half of an open `migrate` intent, before the placements are re-established:
+    the task stopped and Pending (to be restarted by `resume_restart`), or None when there is
+    nothing left of the move to do (it was restarted, or ended)."""
+    attempt = args.get("attempt")
+    if rec.attempt != attempt:  # started again already: the start's own intent covers it
+        return None
+    if rec.state == S.PENDING and (rec.reasons or [{}])[0].get("kind") == MIGRATING:
+        return rec
+    if rec.state != S.RUNNING:
+        return None
+    pending, why = stop(agent, rec, args)
+    if pending is None:
+        log.warning("task %s: a move cut by a restart could not be completed: %s", rec.id, why)
+    return pending
+
+
+def resume_restart(agent: Agent, rec: TaskRecord, args: dict) -> dict:
+    """The second half, once every live task holds its placement again."""
+    task = agent.tasks.get(rec.id) or agent.task_of(rec)
+    agent.tasks[rec.id] = task
+    out = restart(agent, rec, task, {**args, "recovered": True})
+    return out
+
+
+__all__ = [
+    "BOOKED",
+    "MIGRATING",
+    "NVML",
+    "MigrationController",
+    "NvmlLoad",
+    "booked_loads",
+    "fits",
+    "move",
+    "resume_restart",
+    "resume_stop",
+]
