@@ -64,7 +64,8 @@ def weight_of(priority: int) -> float:
 
 def from_task(task, submitted_ns: int = 0, default_runtime_ns: int = 1_000_000) -> Job:
     """A `xhagent.policy.task.Task` as a Job submitted at `submitted_ns`: its class is the
-    `app` label, its runtime the estimate (or `default_runtime_ns`), unset priority 50."""
+    `app` label, its runtime the estimate (or `default_runtime_ns`), unset priority 50;
+    migratable only when it says `migratable: true`, as the daemon moves it."""
     labels = dict(task.labels)
     return Job(
         name=task.name,
@@ -76,5 +77,7 @@ def from_task(task, submitted_ns: int = 0, default_runtime_ns: int = 1_000_000) 
         device=task.device_type,
         affinity=labels,
         gpu_memory=task.requests.gpu_memory or 0,
-        migratable=True if task.migratable is None else task.migratable,
+        # as the daemon: only `migratable: true` moves, and then to its runsOn types
+        migratable=bool(task.migratable),
+        runs_on=frozenset(task.runs_on),
     )

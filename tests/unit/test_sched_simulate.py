@@ -1,6 +1,7 @@
 """Workload files, the simulator's reports, `xhagent simulate` and `bench sched` quality."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,11 @@ def test_policy_task_maps_to_a_job():
     assert (job.name, job.device, job.cls) == ("infer-1", "gpu", "video-ai-infer")
     assert job.deadline_ns == 1_000 + 33_000_000 and job.runtime_ns == 12_500_000
     assert job.priority == 50 and job.affinity["stream"] == "cam-7"
+    assert task.migratable is True and job.migratable is True
+    unset = from_task(replace(task, migratable=None))
+    assert unset.migratable is False  # not moved unless it says so, as in the daemon
+    moved = from_task(replace(task, runs_on=("gpu", "tpu")))
+    assert moved.runs_on == {"gpu", "tpu"} and job.runs_on == frozenset()
 
 
 BAD_WORKLOAD = """kind: Workload
