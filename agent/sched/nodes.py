@@ -71,13 +71,16 @@ def from_inventory(node: inventory.Node) -> NodeSpec:
     numa_of_cpu = {cpu: numa.id for numa in node.numa for cpu in numa.cpus}
     cpu_numa = tuple(numa_of_cpu[c] for c in node.allocatable_cpus)
     gpu_numa = tuple(g.numa_node or 0 for g in node.gpus)
+    tpu_numa = tuple(t.numa_node or 0 for t in node.tpus)
     return NodeSpec(
         node.name,
         cpus=len(cpu_numa),
         gpus=len(gpu_numa),
+        tpus=len(tpu_numa),
         numa_nodes=max(1, len(node.numa)),
         cpu_numa=cpu_numa,
         gpu_numa=gpu_numa,
+        tpu_numa=tpu_numa,
         model=node,
     )
 

@@ -18,6 +18,7 @@ class NodeSpec:
     numa_nodes: int = 1
     cpu_numa: tuple[int, ...] = ()  # NUMA node of each CPU / GPU when known (inventory)
     gpu_numa: tuple[int, ...] = ()
+    tpu_numa: tuple[int, ...] = ()
     gpu_memory: int = 0  # bytes per GPU; 0: GPU memory is not modelled
     gpu_shares: int = 1  # jobs one GPU runs at once (a slot each)
     # The inventory's node (node_model.Node) this was made from, for the placement core's
@@ -48,7 +49,7 @@ def slots_of(nodes: list[NodeSpec]) -> list[Slot]:
         for device, count, known, shares in (
             ("cpu", node.cpus, node.cpu_numa, 1),
             ("gpu", node.gpus, node.gpu_numa, node.gpu_shares),
-            ("tpu", node.tpus, (), 1),
+            ("tpu", node.tpus, node.tpu_numa, 1),
         ):
             per_numa = max(1, -(-count // node.numa_nodes))
             for i in range(count):

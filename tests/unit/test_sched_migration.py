@@ -396,3 +396,14 @@ def test_workload_migration_fields_are_checked(fields, message):
     with pytest.raises(SpecError) as info:
         load_workload_text(text, "w.yaml")
     assert message in str(info.value)
+
+
+def test_an_inventory_node_gives_the_simulator_its_tpu_chips_on_their_numa_nodes():
+    from xhagent.sched.nodes import from_inventory
+    from xhagent.sched.slots import slots_of
+
+    node = make_node(numa=((2,), (2,)), smt=1, tpus=(1, 0, 1))
+    spec = from_inventory(node)
+    assert (spec.cpus, spec.tpus, spec.tpu_numa) == (4, 3, (1, 0, 1))
+    tpu = sorted((s.unit, s.numa) for s in slots_of([spec]) if s.device == "tpu")
+    assert tpu == [("n1/tpu0", 1), ("n1/tpu1", 0), ("n1/tpu2", 1)]
