@@ -35,7 +35,7 @@ def preempt_for(agent: Agent, rec: TaskRecord, task: Task, demand: Demand, polic
     for other in agent.store.list_tasks([S.RUNNING], limit=1000):
         held = agent.cluster.nodes[agent.node.name].tasks.get(other.id)
         other_task = agent.tasks.get(other.id)
-        if held is None or other_task is None or not held.cpus and not held.gpus:
+        if held is None or other_task is None or not (held.cpus or held.gpus or held.tpus):
             continue  # holds nothing a placement could take (a shared task)
         p, d = agent.standing(other, other_task, policies)
         running.append(Standing(held, p, d, other_task.preemption, other.started_ns or 0))

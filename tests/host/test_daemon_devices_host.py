@@ -2,7 +2,8 @@
 two TPU chips (this host has none; the chips exist only in the model), a real store, a real
 executor over a scratch subtree and a real shim. A `deviceType: tpu` task that prints its
 environment gets TPU_VISIBLE_CHIPS with the chip it was placed on, and the chip is held
-while it runs and free after."""
+while it runs and free after; a task that holds only a chip (no CPU) is a preemption victim
+like any other."""
 
 import os
 import time
@@ -66,3 +67,43 @@ def test_a_tpu_task_sees_the_chip_it_holds_and_gives_it_back(agent, tmp_path):
     out = agent.executor.runs / rec.id / str(rec.attempt) / "stdout"
     assert out.read_text().split() == [f"chips={chip[0]}", "cuda=unset"]
     assert sum(t.holders for t in agent.cluster.nodes[agent.node.name].tpus) == 0
+
+
+def tpu_task(name, priority, command):
+    return f"""apiVersion: xh.scheduling/v1
+kind: Task
+metadata: {{name: {name}}}
+spec:
+  deviceType: tpu
+  priority: {priority}
+  requests: {{cpus: 0}}
+  preemption: kill
+  command: {command}
+"""
+
+
+def step_until(agent, task_id, states, timeout=30):
+    deadline = time.monotonic() + timeout
+    while (rec := agent.get(task_id)).state not in states:
+        assert time.monotonic() < deadline, f"{task_id} still {rec.state}"
+        agent.step()
+        time.sleep(0.02)
+    return rec
+
+
+def test_a_task_holding_only_a_tpu_chip_is_preempted_for_a_higher_one(agent):
+    """Both chips held by low tasks that hold no CPU: a higher task that wants a chip
+    kills one of them (it was never a candidate while victims had to hold CPUs or GPUs)."""
+    lows = [agent.submit(tpu_task(f"low{i}", 10, '[sleep, "60"]'), "low.yaml")[0] for i in (0, 1)]
+    for rec in lows:
+        step_until(agent, rec.id, {"Running"})
+    (high,) = agent.submit(tpu_task("high", 90, "[sh, -c, 'echo chips=$TPU_VISIBLE_CHIPS']"), "h")
+    high = step_until(agent, high.id, TERMINAL)
+    assert high.state == "Succeeded", high
+    after = [agent.get(rec.id) for rec in lows]
+    assert sorted(r.preempted for r in after) == [0, 1], after
+    spared = next(r for r in after if r.preempted == 0)
+    assert spared.state == "Running"
+    out = agent.executor.runs / high.id / str(high.attempt) / "stdout"
+    assert out.read_text().split() == [f"chips={high.placement['tpus'][0]}"]
+    assert high.placement["tpus"] != spared.placement["tpus"]
