@@ -198,7 +198,7 @@ def evaluate(d: Demand, st: NodeResources, peers: Peers | None = None) -> Candid
     if d.io_class is not None and st.io_rank < IO_CLASSES.index(d.io_class):
         has = ", ".join(st.io_classes) or "no block device"
         return Reason("InsufficientIOClass", n, f"{n} has no {d.io_class} block device (has {has})")
-    numas = _numa_choices(d, st, units, gpus)
+    numas = _numa_choices(d, st, units, gpus, tpus)
     if isinstance(numas, Reason):
         return numas
     if peers is not None and (why := peers.check(d, st)) is not None:
@@ -304,34 +304,48 @@ def _cpu_units(d: Demand, st: NodeResources) -> Units:
 
 
 def _numa_choices(
-    d: Demand, st: NodeResources, units: Units, gpus: list[GpuState]
+    d: Demand, st: NodeResources, units: Units, gpus: list[GpuState], tpus: list[TpuState]
 ) -> list[int | None] | Reason:
-    """NUMA nodes to try (None: any mix); a Reason when single-NUMA placement is impossible."""
+    """NUMA nodes to try (None: any mix); a Reason when single-NUMA placement is impossible.
+    `numaAffinity: required` puts the CPUs and the devices (GPUs, TPU chips) on one."""
     per_numa = {numa: 0 for numa in st.numa_ids}
     for numa, _, size in units:
         per_numa[numa] += size
     single = d.numa_single or d.numa_affinity == "required"
-    strict_gpu = d.numa_affinity == "required" and d.gpus
-    if not single or not (d.cpus or strict_gpu):
+    # (what, how many wanted, the usable ones) of each device kind that must be local
+    strict = [
+        (what, want, have)
+        for what, want, have in (("GPUs", d.gpus, gpus), ("TPU chips", d.tpu_chips, tpus))
+        if d.numa_affinity == "required" and want
+    ]
+    if not single or not (d.cpus or strict):
         # Each NUMA node that could hold the CPUs alone; a mix only when none can.
         fitting = [k for k in per_numa if per_numa[k] >= d.cpus]
         return fitting if len(per_numa) > 1 and d.cpus and fitting else [None]
+
+    def local(k, have) -> int:
+        return sum(dev.numa == k for dev in have)
+
     ok = [
         k
         for k in per_numa
-        if per_numa[k] >= d.cpus and (not strict_gpu or sum(g.numa == k for g in gpus) >= d.gpus)
+        if per_numa[k] >= d.cpus and all(local(k, have) >= want for _, want, have in strict)
     ]
     if ok:
         return ok
     n = st.name
     most = max(per_numa.values(), default=0)
-    if strict_gpu:
-        local = max((sum(g.numa == k for g in gpus) for k in per_numa), default=0)
+    if strict:
+        wanted = " and ".join(f"{want} usable {what}" for what, want, _ in strict)
+        most_local = ", ".join(
+            f"{max((local(k, have) for k in per_numa), default=0)} {what}"
+            for what, _, have in strict
+        )
         return Reason(
             "NUMAAffinityUnsatisfiable",
             n,
-            f"{n} has no NUMA node with {d.cpus} free CPUs and {d.gpus} usable GPUs local to it "
-            f"(at most {most} CPUs, {local} GPUs on one NUMA node)",
+            f"{n} has no NUMA node with {d.cpus} free CPUs and {wanted} local to it "
+            f"(at most {most} CPUs, {most_local} on one NUMA node)",
         )
     return Reason(
         "NUMAAffinityUnsatisfiable",
@@ -354,6 +368,7 @@ def _place(
 ) -> Candidate:
     if numa is not None and d.numa_affinity == "required":
         gpus = [g for g in gpus if g.numa == numa]
+        tpus = [t for t in tpus if t.numa == numa]
     chosen_gpus = _pick_gpus(d, gpus, numa)
     # TPU chips: local to `numa` first, then the lowest index.
     chosen_tpus = sorted(tpus, key=lambda t: (numa is not None and t.numa != numa, t.index))

@@ -51,7 +51,7 @@ class Topology:
     rack_affinity: str | None = None
     rack_peers: Selector | None = None  # whose rack; default: the rule's own selector
     zone: str | None = None
-    numa_affinity: str | None = None  # CPUs and GPUs on one NUMA node
+    numa_affinity: str | None = None  # CPUs and devices (GPUs, TPU chips) on one NUMA node
     same_node_as: Selector | None = None
     away_from: Selector | None = None
 

@@ -229,6 +229,13 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
             (),
             "ZoneMismatch: n1 has no zone label, task needs zone z1",
         ),
+        (
+            Demand("tpu", cpus=2, numa_affinity="required"),
+            make_node("n1", numa=((2,), (2,)), tpus=(1, 1)),
+            [Allocation("o", "n1", (2, 3, 6, 7), 0)],
+            "NUMAAffinityUnsatisfiable: n1 has no NUMA node with 2 free CPUs and 1 usable TPU chips"
+            " local to it (at most 4 CPUs, 2 TPU chips on one NUMA node)",
+        ),
         (Demand("tpu", cpus=1), make_node("n1"), (), "InsufficientTPUHardware: n1 has no TPU"),
         (
             Demand("tpu", cpus=1),
@@ -240,6 +247,30 @@ GPU_DEMAND = Demand("gpu", cpus=1, gpus=1, gpu_memory=16 * GiB)
 )
 def test_every_reason_string(demand, node, allocs, expected):
     assert reason(demand, node, allocs) == expected
+
+
+def test_numa_affinity_required_puts_a_tpu_chip_beside_the_cpus():
+    node = make_node("n1", numa=((2,), (2,)), smt=1, tpus=(0, 1))
+    c = evaluate(
+        Demand("tpu", cpus=2, numa_affinity="required"),
+        Cluster.of(
+            [node],
+            [
+                Allocation("o", "n1", (), 0, tpus=(1,)),
+            ],
+        ).nodes["n1"],
+    )
+    assert c.tpus == (0,) and set(c.cpus) == {0, 1}  # chip 0 and CPUs 0-1 on NUMA node 0
+    c = evaluate(
+        Demand("tpu", cpus=2, numa_affinity="required"),
+        Cluster.of(
+            [node],
+            [
+                Allocation("o", "n1", (), 0, tpus=(0,)),
+            ],
+        ).nodes["n1"],
+    )
+    assert c.tpus == (1,) and set(c.cpus) == {2, 3}  # chip 1 and NUMA node 1's CPUs
 
 
 SENSOR = Selector((("app", "sensor"),))
@@ -512,6 +543,11 @@ def violations(d: Demand, cluster: Cluster, c) -> list[str]:
     for chip in c.tpus:
         if st_.tpu(chip).holders:
             out.append("tpu held")
+    numa_of = {cpu: n for n, _, core in node.cores() for cpu in core.cpus}
+    if d.numa_affinity == "required" and c.cpus:
+        home = numa_of[c.cpus[0]].id
+        if any(st_.tpu(chip).numa != home for chip in c.tpus):
+            out.append("tpu numa")
     if len(c.cpus) < d.cpus or not set(c.cpus) <= st_.free_cpus or len(set(c.cpus)) != len(c.cpus):
         out.append("cpus")
     numa_of = {cpu: n for n, _, core in node.cores() for cpu in core.cpus}
