@@ -389,8 +389,8 @@ class Agent:
             if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
                 self._wake_at(now)
                 break
-            if not self._backoff_over(task, rec, now):
-                continue
+            if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
+                continue  # (busy: between a migration's stop and restart, its hook running)
             why = enforcement_reason(task.enforce, self.executor.missing)
             if why:
                 self._keep_pending(

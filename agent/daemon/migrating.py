@@ -36,7 +36,10 @@ it waits in Pending like any task. It runs on one device at most, holding what i
 The checkpoint runs in the agent's own cgroup as the task's user (the task's leaf was killed
 and a killed leaf takes no new process, see executor.py), in a session of its own whose
 process group is killed when it ends or times out (what it started and left there dies
-with it), and the agent's loop waits for it: its timeout is at most 5 minutes.
+with it). The loop does not wait for it: the task stays Pending (reason `Migrating`, left
+alone by the scheduler) while every step looks at the hook (`poll_hooks`, every
+HOOK_POLL_S while it runs), and the step that sees it end starts the task. Only recovery
+runs a hook to its end before it goes on (at most its timeout, 5 minutes at most).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,6 +72,7 @@ log = logging.getLogger("xhagent")
 BOOKED, NVML = "booked", "nvml"
 MIGRATING = "Migrating"  # the reason of a task between its stop and its restart
 STOP_TIMEOUT_S = 3.0
+HOOK_POLL_S = 0.05  # how often a step looks at a running checkpoint
 OUTPUT_TAIL = 2000  # bytes of a failed checkpoint's output kept in its event
 
 
@@ -146,6 +151,7 @@ class MigrationController:
         self.last_ns: int | None = None
         self.moved: frozenset[str] = frozenset()  # moved in the last round
         self.left: dict[str, set[str]] = {}  # task id -> devices it moved off
+        self.hooks: dict[str, Hook] = {}  # task id -> its checkpoint, running
 
     def policy(self) -> Migration | None:
         for p in self.agent.policies():
@@ -154,27 +160,29 @@ class MigrationController:
         return None
 
     def round(self) -> list[dict]:
-        """One round when the interval has passed (under the agent's lock): the moves
-        enacted, as their events' details."""
+        """Every step (under the agent's lock): the moves whose checkpoint ended since, then
+        a round of decisions when the interval has passed. The moves that ended, as their
+        events' details."""
         agent = self.agent
+        done = self.poll_hooks()
         policy = self.policy()
         if policy is None:
             self.last_ns = None
-            return []
+            return done
         now = agent.clock()
         if self.last_ns is None:  # the first interval starts now
             self.last_ns = now
         elapsed = now - self.last_ns
         if elapsed < policy.interval_ns:
             agent._wake_at(self.last_ns + policy.interval_ns)
-            return []
+            return done
         running = self.running()
-        alive = {r.name for r in running}
+        alive = {r.name for r in running} | set(self.hooks)
         self.left = {t: d for t, d in self.left.items() if t in alive}
         if not any(r.task.migratable for r in running):
             # nothing could move: no wake-ups of its own until a step starts the next interval
             self.last_ns, self.moved = None, frozenset()
-            return []
+            return done
         self.last_ns = now
         agent._wake_at(now + policy.interval_ns)
         devices, sources = self.devices()
@@ -183,7 +191,6 @@ class MigrationController:
         )
         self.moved = frozenset(m.task for m in moves)
         loads = {d.id: d.load for d in devices}
-        done = []
         for m in moves:
             detail = {
                 "from": m.src,
@@ -201,6 +208,28 @@ class MigrationController:
                 self.left.setdefault(m.task, set()).add(m.src)
                 done.append(out)
         return done
+
+    def poll_hooks(self) -> list[dict]:
+        """Finish the moves whose checkpoint ended (or ran out of time); the loop is woken
+        again for those still running."""
+        agent, done = self.agent, []
+        now = time.monotonic()
+        for task_id, hook in list(self.hooks.items()):
+            ended = _wait_unreaped(hook.proc.pid, 0)
+            if not ended and now < hook.deadline:
+                agent._wake_at(agent.clock() + int(1e9 * min(HOOK_POLL_S, hook.deadline - now)))
+                continue
+            del self.hooks[task_id]
+            out = finish_move(agent, task_id, hook, hook.result(ended))
+            if out.get("moved"):
+                self.left.setdefault(task_id, set()).add(hook.detail["from"])
+                done.append(out)
+        return done
+
+    def busy(self, task_id: str) -> bool:
+        """Whether `task_id` is between its stop and its restart (its checkpoint runs): the
+        scheduler leaves it alone meanwhile."""
+        return task_id in self.hooks
 
     def devices(self) -> tuple[list[migration.Device], dict[str, tuple[str, str]]]:
         """The node's accelerators with their loads, and each one's (source, note)."""
@@ -274,8 +303,26 @@ def move(agent: Agent, task_id: str, detail: dict) -> dict | None:
             detail=_public(detail) | {"error": why},
         )
         return None
-    out = restart(agent, pending, task, detail)
+    hook = start_checkpoint(agent, pending, task, detail)
+    if isinstance(hook, Hook):  # the loop goes on; poll_hooks restarts the task when it ends
+        hook.intent, hook.task = intent, task
+        agent.migration.hooks[task_id] = hook
+        agent._wake_at(agent.clock() + int(HOOK_POLL_S * 1e9))
+        return None
+    out = restart(agent, pending, task, detail, hook)
     agent.store.finish_intent(intent, out["outcome"])
+    return out
+
+
+def finish_move(agent: Agent, task_id: str, hook: Hook, error: str | None) -> dict:
+    """The checkpoint of a move ended (`error`: None, or why it failed): start the task."""
+    pending = agent.store.get(task_id)
+    if pending is None or pending.state != S.PENDING or pending.attempt != hook.attempt:
+        state = pending.state if pending is not None else "gone"
+        agent.store.finish_intent(hook.intent, f"not restarted: the task is {state} now")
+        return {"moved": False}
+    out = restart(agent, pending, hook.task, hook.detail, error)
+    agent.store.finish_intent(hook.intent, out["outcome"])
     return out
 
 
@@ -311,12 +358,12 @@ def stop(agent: Agent, rec: TaskRecord, detail: dict) -> tuple[TaskRecord | None
     return pending, ""
 
 
-def restart(agent: Agent, pending: TaskRecord, task: Task, detail: dict) -> dict:
-    """Checkpoint, then start the Pending task on the target, else where it was, else leave
-    it to the scheduler; records the event. Returns the event's detail plus `moved` and the
-    intent's `outcome`."""
+def restart(agent: Agent, pending: TaskRecord, task: Task, detail: dict, error: str | None) -> dict:
+    """After the checkpoint (`error`: None when it succeeded or there is none, else why
+    not), start the Pending task on the target, else where it was, else leave it to the
+    scheduler; records the event. Returns the event's detail plus `moved` and the intent's
+    `outcome`."""
     st = agent.cluster.nodes[agent.node.name]
-    error = checkpoint(agent, pending, task, detail)
     out = _public(detail)
     out["checkpoint"] = "none" if task.checkpoint is None else ("ok" if error is None else "failed")
     where = None
@@ -410,8 +457,34 @@ def fits(st: NodeResources, c: Candidate, task_id: str) -> bool:
     return True
 
 
-def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str | None:
-    """Run the task's checkpoint hook; None when it succeeded (or there is none), else why."""
+class Hook:
+    """A checkpoint hook running: its process (not reaped until it is done with), the
+    monotonic time it must end by, and what its end is for."""
+
+    def __init__(self, proc: subprocess.Popen, timeout: float, log_path: Path, detail: dict):
+        self.proc, self.timeout, self.log_path, self.detail = proc, timeout, log_path, detail
+        self.deadline = time.monotonic() + timeout
+        self.attempt = 0
+        self.intent = None
+        self.task: Task | None = None
+
+    def result(self, ended: bool) -> str | None:
+        """Its outcome once it ended (`ended`) or ran out of time: None, or why it failed.
+        What it started and left in its process group is killed either way; the leader is
+        not reaped before that, so its process group id cannot have been reused."""
+        _kill_group(self.proc.pid)
+        code = self.proc.wait()
+        if not ended:
+            return f"checkpoint timed out after {self.timeout:g}s{_tail(self.log_path)}"
+        if code != 0:
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return f"checkpoint failed with {how}{_tail(self.log_path)}"
+        return None
+
+
+def start_checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> Hook | None | str:
+    """Start the task's checkpoint hook: its Hook, None when the task has none, or why it
+    could not start."""
     hook = task.checkpoint
     if hook is None:
         return None
@@ -429,7 +502,6 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
     run_dir = agent.executor.run_dir(rec.id, rec.attempt)
     run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
     log_path = run_dir / "checkpoint"
-    timeout = hook.timeout_ns / 1e9
     try:
         kw = {}
         if task.user:
@@ -447,19 +519,20 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
                 close_fds=True,
                 **kw,
             )
-            ended = _wait_unreaped(proc.pid, timeout)
-            # The leader is not reaped yet (alive, or a zombie): its process group id cannot
-            # have been reused, so the kill reaches only what the hook started and left.
-            _kill_group(proc.pid)
-            code = proc.wait()
-            if not ended:
-                return f"checkpoint timed out after {timeout:g}s{_tail(log_path)}"
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return f"checkpoint could not run: {exc}"
-    if code != 0:
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        return f"checkpoint failed with {how}{_tail(log_path)}"
-    return None
+    started = Hook(proc, hook.timeout_ns / 1e9, log_path, detail)
+    started.attempt = rec.attempt
+    return started
+
+
+def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str | None:
+    """Run the task's checkpoint hook to its end (recovery's form, before the loop runs);
+    None when it succeeded (or there is none), else why."""
+    hook = start_checkpoint(agent, rec, task, detail)
+    if not isinstance(hook, Hook):
+        return hook
+    return hook.result(_wait_unreaped(hook.proc.pid, hook.timeout))
 
 
 def _wait_unreaped(pid: int, timeout: float) -> bool:
@@ -518,8 +591,8 @@ def resume_restart(agent: Agent, rec: TaskRecord, args: dict) -> dict:
     """The second half, once every live task holds its placement again."""
     task = agent.tasks.get(rec.id) or agent.task_of(rec)
     agent.tasks[rec.id] = task
-    out = restart(agent, rec, task, {**args, "recovered": True})
-    return out
+    detail = {**args, "recovered": True}
+    return restart(agent, rec, task, detail, checkpoint(agent, rec, task, detail))
 
 
 __all__ = [

@@ -299,6 +299,44 @@ def test_a_failing_checkpoint_starts_the_task_again_where_it_was(setup, hook, ti
     assert left.stdout.split() == []
 
 
+QUICK = """apiVersion: xh.scheduling/v1
+kind: Task
+metadata: {name: quick}
+spec:
+  deviceType: cpu
+  command: [sh, -c, 'echo hi']
+"""
+
+
+def test_the_loop_goes_on_while_a_checkpoint_runs(setup):
+    """A 1.5 s checkpoint: meanwhile the mover waits in Pending (reason Migrating) where the
+    scheduler leaves it, and a task submitted then runs and ends; the move completes after."""
+    new, _, tmp = setup
+    agent = new()
+    done = tmp / "ckpt-done"
+    mover, pinned = agent.submit(two(["sh", "-c", f"sleep 1.5; touch {done}"]), "t.yaml")
+    step_until(agent, lambda: migrating_now(agent, mover), what="the checkpoint to start")
+    started = time.monotonic()
+    (quick,) = agent.submit(QUICK, "quick.yaml")
+    step_until(agent, lambda: agent.get(quick.id).state == "Succeeded", what="the quick task")
+    assert not done.exists() and time.monotonic() - started < 1.5  # within the hook's run
+    rec = agent.get(mover.id)
+    assert migrating_now(agent, mover) and rec.attempt == 1 and rec.placement is None
+    step_until(agent, lambda: events(agent, mover.id, "Migrated"), what="the move")
+    moved = agent.get(mover.id)
+    assert done.exists() and moved.state == "Running" and gpu_of(moved) == 1
+    assert_holdings_match(agent, moved, agent.get(pinned.id))
+    assert not agent.store.open_intents() and not agent.migration.hooks
+
+
+def migrating_now(agent: Agent, rec) -> bool:
+    cur = agent.get(rec.id)
+    kinds = [r["kind"] for r in cur.reasons or []]
+    return (
+        cur.state == "Pending" and kinds == [migrating.MIGRATING] and agent.migration.busy(rec.id)
+    )
+
+
 CRASHING_AGENT = textwrap.dedent(
     """
     import os, signal, sys, time
