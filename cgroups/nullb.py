@@ -25,7 +25,7 @@ NULLB = CONFIGFS / "nullb"
 
 # What `bench cgroup-io --device nullb` measures on: 4 GiB, blk-mq, 16 requests in flight
 # that complete 1 ms after submission: 16k IOPS at most, above the io.cost model the bench
-# writes (2,000 random reads/s at vrate 100%), so io.cost throttles. Completions after
+# writes (4,000 random reads/s at vrate 100% at most), so io.cost throttles. Completions after
 # 200 µs (80k IOPS) let the readers' CPU, not io.cost, set more of the split in the
 # emulated guest: 500/100 gave 4.1-4.5:1 there, against 4.8-4.9:1 with 1 ms.
 BENCH_SETTINGS = {

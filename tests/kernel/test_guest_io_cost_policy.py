@@ -23,9 +23,9 @@ metadata: {{name: guest-io-cost}}
 spec:
   ioCost:
     {disk}:
-      model: {{ctrl: user, model: linear, rbps: 8000000, rseqiops: 2000, rrandiops: 2000,
+      model: {{ctrl: user, model: linear, rbps: 16000000, rseqiops: 4000, rrandiops: 4000,
               wbps: 80000000, wseqiops: 20000, wrandiops: 20000}}
-      qos: {{enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 1000}}
+      qos: {{enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 100}}
   groups:
     - name: heavy
       io: {{weight: 500, devices: {{{disk}: 800}}}}

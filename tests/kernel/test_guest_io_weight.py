@@ -1,9 +1,9 @@
 """io.weight where a device queue, not the emulator, is the bottleneck: `bench cgroup-io
 --device nullb` makes a null_blk disk (1 ms timer completions, 16 in flight), writes a
 fixed io.cost model whose budget sits below what that disk does, and has groups read it
-at once. The split follows the weights: 500/100 with the first group's share within 0.05
-of 5/6, 500/100/10 and the nested pair in the order their weights give; BFQ's split is
-reported; and the run leaves nothing behind."""
+at once. The split follows the weights: 500/100 within 15% of 5:1 (the first group's
+share within 0.05 of 5/6), 500/100/10 and the nested pair in the order their weights
+give; BFQ's split is reported; and the run leaves nothing behind."""
 
 import json
 import subprocess
@@ -39,16 +39,17 @@ def runs(result):
 
 
 def test_two_groups_split_the_disk_by_their_weights(bench):
-    """500/100 wants shares 0.833 / 0.167 (5:1). Measured with the host idle: 4.79-4.90:1
-    in three runs, 4.24:1 in a fourth (shares 0.81 / 0.19); the emulated NVMe disk, where
-    io.cost does not throttle, gives 1.7:1 (0.63). So the first group's share is held to
-    within 0.05 of 5/6, and the ratio to at least 3.5."""
+    """500/100 wants shares 0.833 / 0.167 (5:1): the first group's share is held within
+    0.05 of 5/6 and the ratio within 15% of 5. With the vrate capped at 100% the budget
+    stays below what either reader can issue: 4.60-4.96:1 in eight runs of the bench.
+    (Uncapped: 4.24:1 and 3.93:1 in 2 of 13 runs; on the emulated NVMe disk, where io.cost
+    does not throttle, 1.7:1.)"""
     result, _ = bench
     two = runs(result)["two"]
     assert result["enforcer"]["two"] == {result["majmin"]: "io.cost"}
     assert two["weight_share"] == [0.8333, 0.1667]
     assert two["share"][0] == pytest.approx(0.8333, abs=0.05), two
-    assert two["achieved_ratio_first_to_last"] >= 3.5, two
+    assert 5 * 0.85 <= two["achieved_ratio_first_to_last"] <= 5 * 1.15, two
     # io.cost charged each group for what it read: the heavier one more
     assert two["cost_usage_us"][0] > two["cost_usage_us"][1] > 0
 

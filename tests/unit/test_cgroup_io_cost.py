@@ -21,17 +21,17 @@ IO_COST = (
     + """\
   ioCost:
     nullb0:
-      model: {ctrl: user, model: linear, rbps: 8000000, rseqiops: 2000, rrandiops: 2000,
+      model: {ctrl: user, model: linear, rbps: 16000000, rseqiops: 4000, rrandiops: 4000,
               wbps: 80000000, wseqiops: 20000, wrandiops: 20000}
-      qos: {enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 1000}
+      qos: {enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 100}
 """
 )
 MODEL = {
     "ctrl": "user",
     "model": "linear",
-    "rbps": 8000000,
-    "rseqiops": 2000,
-    "rrandiops": 2000,
+    "rbps": 16000000,
+    "rseqiops": 4000,
+    "rrandiops": 4000,
     "wbps": 80000000,
     "wseqiops": 20000,
     "wrandiops": 20000,
@@ -44,7 +44,7 @@ QOS = {
     "wpct": 95.0,
     "wlat": 5000,
     "min": 1.0,
-    "max": 1000.0,
+    "max": 100.0,
 }
 # What the kernel's files read once the bench's values are in (blk-iocost.c's formats).
 MODEL_TEXT = f"250:0 {NULLB_MODEL}\n"
@@ -163,7 +163,7 @@ def test_the_model_is_written_before_the_qos_at_the_root(sys_root):
     )
     assert p.actions[1].describe() == (
         "write <cgroup2 root> io.cost.qos = 250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 "
-        "wpct=95.0 wlat=5000 min=1.0 max=1000.0 (was unset)"
+        "wpct=95.0 wlat=5000 min=1.0 max=100.0 (was unset)"
     )
 
 
@@ -312,11 +312,11 @@ def test_plan_apply_read_back_and_a_second_plan_plans_nothing(tree, sys_root, mo
     assert out.applied and out.report.ok, out.report.failed
     assert [a.file for a in out.report.applied] == ["io.cost.model", "io.cost.qos"]
     assert (tree.mount / "io.cost.model").read_text() == (
-        "250:0 ctrl=user model=linear rbps=8000000 rseqiops=2000 rrandiops=2000 "
+        "250:0 ctrl=user model=linear rbps=16000000 rseqiops=4000 rrandiops=4000 "
         "wbps=80000000 wseqiops=20000 wrandiops=20000"
     )
     assert (tree.mount / "io.cost.qos").read_text() == (
-        "250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 wpct=95.0 wlat=5000 min=1.0 max=1000.0"
+        "250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 wpct=95.0 wlat=5000 min=1.0 max=100.0"
     )
     # the kernel's own spelling of the same values (`95.00`) is the same to the planner
     (tree.mount / "io.cost.qos").write_text(QOS_TEXT)
