@@ -5,17 +5,22 @@
         client.map(fn, items)
 
 A client pushes its tasks onto the pool's global ring like the owner does (the same
-payload, pickled once); the workers run them as any other. Their outcomes come back
-through the pool's owner, which knows every claim and so every lost worker:
+payload, pickled once); the workers run them as any other and push their outcomes straight
+into the client's own reply region, while the pool's owner, which knows every claim and so
+every lost worker, answers for the tasks that will not end:
 
-  * task ids: a client's are its pid << 40 plus a count (the owner's stay below 2^40), so
-    the owner tells whose a claim or an outcome is from the id alone;
-  * a worker pickles a client task's value apart (`seal`), and the owner passes those bytes
-    on unread: a result class the client and the workers know need not exist in the owner;
-  * the client makes its own reply region (a memfd) and says hello on the owner's results
-    ring with its pid and the region's path; the owner's collector pushes the client's
-    outcomes there, one message per drained batch, and fails its claimed tasks with
-    WorkerLost when their worker dies, as it does its own;
+  * task ids: a client's are its pid << 40, its reply region's fd << 32, plus a count (the
+    owner's stay below 2^40), so the owner tells whose a claim is, and a worker where the
+    outcome goes (`/proc/PID/fd/FD`), from the id alone;
+  * a worker pickles a client task's value apart (`seal`): one value that does not load in
+    the client fails its own task, not the batch; it pushes the batch to the region
+    (`Replies`: attached once, checked to be the same file at each use, since a pid and fd
+    may come back as another process's) and tells the owner which tasks ended, so that it
+    drops their claims. A region it cannot reach (or fd 0 in the id: no region), and the
+    WorkerLost of a dead worker's claimed tasks, go through the owner instead, which passes
+    the sealed bytes on unread;
+  * the client makes its reply region (a memfd) and says hello on the owner's results
+    ring with its pid and the region's path;
   * the owner forgets a client that says bye or whose process is gone; at close it tells
     each client, whose outstanding futures then fail with PoolClosed, as they do when the
     client sees the owner's process gone.
@@ -37,11 +42,13 @@ from concurrent.futures import Future
 from itertools import count
 
 from ..signals import pid_alive
+from .futures import PoolFuture, complete_all
 from .payload import encode_task
 from .queues import SharedQueues
 
 CLIENT_SHIFT = 40
 CLIENT_BASE = 1 << CLIENT_SHIFT
+FD_SHIFT = 32  # the reply region's fd, 1..255 (0: none, through the owner)
 POLL = 0.1  # seconds between the client's checks that the owner lives
 PUSH_PATIENCE = 5.0  # seconds the owner retries a full client ring before dropping it
 
@@ -74,6 +81,7 @@ class Relay:
 
     def __init__(self):
         self.clients: dict[int, SharedQueues] = {}
+        self.routed = 0  # outcomes passed on (the rest went from the workers themselves)
 
     def hello(self, pid: int, path: str) -> None:
         try:
@@ -92,6 +100,7 @@ class Relay:
 
     def route(self, outcomes) -> None:
         """(task_id, ok, sealed) of clients' tasks, to their clients."""
+        self.routed += len(outcomes)
         by_client = defaultdict(list)
         for item in outcomes:
             by_client[item[0] >> CLIENT_SHIFT].append(item)
@@ -108,12 +117,8 @@ class Relay:
         self.route([(tid, *seal(False, exc)) for tid, exc in failures])
 
     def _push(self, pid: int, region: SharedQueues, blob: bytes) -> None:
-        deadline = time.monotonic() + PUSH_PATIENCE
-        while not region.push_global(blob):
-            if time.monotonic() > deadline or not pid_alive(pid):
-                self.bye(pid)  # a client that stopped reading must not stall the pool
-                return
-            time.sleep(0.0005)
+        if not _push(pid, region, blob):
+            self.bye(pid)  # a client that stopped reading must not stall the pool
 
     def check(self) -> None:
         for pid in [p for p in self.clients if not pid_alive(p)]:
@@ -123,6 +128,65 @@ class Relay:
         for pid, region in list(self.clients.items()):
             self._push(pid, region, pickle.dumps(("closed",)))
             self.bye(pid)
+
+
+class Replies:
+    """A worker's side: its clients' outcomes pushed straight to their reply regions."""
+
+    def __init__(self):
+        self.regions: dict[tuple[int, int], tuple[SharedQueues, tuple[int, int]]] = {}
+
+    def send(self, outcomes: list) -> tuple[list[int], list]:
+        """Push (task_id, ok, sealed) to their clients: (the ids sent, the outcomes this
+        worker could not deliver, for the owner to pass on)."""
+        by_region = defaultdict(list)
+        for item in outcomes:
+            tid = item[0]
+            by_region[(tid >> CLIENT_SHIFT, (tid >> FD_SHIFT) & 0xFF)].append(item)
+        sent, rest = [], []
+        for (pid, fd), items in by_region.items():
+            region = self._region(pid, fd) if fd else None
+            if region is None:
+                rest += items
+                continue
+            for blob in _messages(items, region.slot_size - 64):
+                _push(pid, region, blob)  # one that gave up: the client stopped reading
+            sent += [item[0] for item in items]
+        return sent, rest
+
+    def _region(self, pid: int, fd: int) -> SharedQueues | None:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._drop((pid, fd))
+            return None
+        got = self.regions.get((pid, fd))
+        if got is not None and got[1] == (st.st_dev, st.st_ino):
+            return got[0]
+        self._drop((pid, fd))  # another file by now: a new process with the same pid
+        try:
+            region = SharedQueues.attach(path)
+        except (OSError, ValueError):
+            return None
+        self.regions[(pid, fd)] = (region, (st.st_dev, st.st_ino))
+        return region
+
+    def _drop(self, key) -> None:
+        got = self.regions.pop(key, None)
+        if got is not None:
+            got[0].close()
+
+
+def _push(pid: int, region: SharedQueues, blob: bytes) -> bool:
+    """Push `blob`, retrying while the ring is full, for PUSH_PATIENCE at most and only
+    while `pid` (the reader) lives; whether it went."""
+    deadline = time.monotonic() + PUSH_PATIENCE
+    while not region.push_global(blob):
+        if time.monotonic() > deadline or not pid_alive(pid):
+            return False
+        time.sleep(0.0005)
+    return True
 
 
 def _messages(items: list, limit: int) -> list[bytes]:
@@ -153,7 +217,8 @@ class PoolClient:
             raise ClientError(f"pool address {address!r}: {exc}") from None
         self.owner = int(owner)
         self._r = SharedQueues.create(1, 1024, slots=1024, slot_size=self._owner_r.slot_size)
-        self._base = os.getpid() << CLIENT_SHIFT
+        fd = self._r.fd if 0 < self._r.fd < 256 else 0  # else every outcome via the owner
+        self._base = os.getpid() << CLIENT_SHIFT | fd << FD_SHIFT
         self._ids = count()
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
@@ -172,7 +237,7 @@ class PoolClient:
         """As Pool.submit: a Future of `fn(*args, **kwargs)` run on some worker."""
         if not 0 <= priority <= 2:
             raise ValueError(f"priority {priority!r} is not in 0..2")
-        fut = Future()
+        fut = PoolFuture()
         with self._lock:
             if self._closed:
                 from .pool import PoolClosed
@@ -205,12 +270,8 @@ class PoolClient:
                 self._fail_all("the pool was closed")
                 return
             with self._lock:
-                done = [(self._pending.pop(tid, None), ok, sealed) for tid, ok, sealed in msg[1]]
-            for fut, ok, sealed in done:
-                if fut is None or not fut.set_running_or_notify_cancel():
-                    continue
-                ok, value = _unseal(ok, sealed)
-                fut.set_result(value) if ok else fut.set_exception(value)
+                got = [(self._pending.pop(tid, None), ok, sealed) for tid, ok, sealed in msg[1]]
+            complete_all([(fut, *_unseal(ok, sealed)) for fut, ok, sealed in got if fut])
 
     def _fail_all(self, why: str) -> None:
         from .pool import PoolClosed
@@ -218,9 +279,12 @@ class PoolClient:
         with self._lock:
             self._closed = True
             pending, self._pending = self._pending, {}
-        for tid, fut in pending.items():
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(PoolClosed(f"task {tid}: {why} before it ended"))
+        complete_all(
+            [
+                (fut, False, PoolClosed(f"task {tid}: {why} before it ended"))
+                for tid, fut in pending.items()
+            ]
+        )
 
     def close(self) -> None:
         if self._shut:

@@ -33,14 +33,13 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures._base import FINISHED, PENDING
+from concurrent.futures import Future
 from itertools import count
 
 from .clients import CLIENT_BASE, Relay
+from .futures import PoolFuture, complete, complete_all
 from .payload import TaskLoadError, encode_task
 from .queues import SharedQueues
-from .task import MAKE_CONDITION, LazyFuture, prime_instance_keys
 from .worker import contexts_config
 
 __all__ = ["Pool", "PoolClosed", "PoolFuture", "TaskLoadError", "WorkerLost"]
@@ -75,48 +74,6 @@ class _Worker:
 
     def describe(self) -> str:
         return f"worker {self.index} (cpu {self.cpu}, pid {self.pid})"
-
-
-class PoolFuture(LazyFuture):
-    """A future of the pool's: a LazyFuture (its Condition and lists made on first use).
-
-    Completion (`_complete`, the collector's) holds MAKE_CONDITION: with no Condition
-    made, nobody waits, and nobody can start to until the outcome is written; with one,
-    it is Future's own set_result under it."""
-
-    def __init__(self):
-        pass  # everything starts as a class default
-
-
-prime_instance_keys(PoolFuture)  # see there: the collector writes _result on thousands at once
-
-
-def _complete(done: list) -> None:
-    """Complete (future, ok, value) triples: those nobody touched under one lock hold,
-    the rest as Future does it."""
-    slow = []
-    with MAKE_CONDITION:
-        for item in done:
-            fut = item[0]
-            if fut._cond is None and type(fut) is PoolFuture and fut._state is PENDING:
-                if item[1]:
-                    fut._result = item[2]
-                else:
-                    fut._exception = item[2]
-                fut._state = FINISHED
-            else:
-                slow.append(item)
-    for fut, ok, value in slow:
-        _set(fut, ok, value)
-
-
-def _set(fut: Future, ok: bool, value) -> None:
-    if type(fut) is PoolFuture and fut._cond is None:
-        return _complete([(fut, ok, value)])
-    try:
-        fut.set_result(value) if ok else fut.set_exception(value)
-    except InvalidStateError:
-        pass  # cancelled by its caller meanwhile; the worker ran it anyway
 
 
 class Pool:
@@ -339,7 +296,7 @@ class Pool:
             with self._lock:
                 lost = [f for t in tids if (f := self._pending.pop(t, None)) is not None]
             for f in lost:
-                _set(f, False, exc)
+                complete(f, False, exc)
 
         head.add_done_callback(failed)
         return futs
@@ -406,6 +363,12 @@ class Pool:
                                 routed.append(item)  # its value still sealed: see clients.py
                             elif (fut := pending.pop(tid, None)) is not None:
                                 done.append((fut, item[1], item[2]))
+                    elif msg[0] == "ended":  # clients' tasks a worker answered itself
+                        w = self.workers[msg[1]]
+                        for tid in msg[2]:
+                            if self._claims.pop(tid, None) is not None:
+                                w.claimed.discard(tid)
+                                w.done += 1
                     elif msg[0] == "hello":  # a PoolClient: (pid, its reply region's path)
                         self._relay.hello(msg[1], msg[2])
                     elif msg[0] == "bye":
@@ -413,7 +376,7 @@ class Pool:
             if routed:
                 self._relay.route(routed)
                 routed = []
-            _complete(done)  # outside the pool's lock: callbacks may submit
+            complete_all(done)  # outside the pool's lock: callbacks may submit
         return n
 
     def _check_workers(self, r, q) -> None:
@@ -509,7 +472,7 @@ class Pool:
         for tid, fut in futs:
             msg = f"{w.describe()} {how} while running task {tid} (or holding it, claimed)"
             if fut is not None:
-                _set(fut, False, WorkerLost(msg))
+                complete(fut, False, WorkerLost(msg))
             elif tid >= CLIENT_BASE:
                 theirs.append((tid, WorkerLost(msg)))
         self._relay.lost(theirs)
@@ -531,7 +494,7 @@ class Pool:
                 w.claimed.clear()
         for tid, fut in pending.items():
             exc = exc_for(tid) if callable(exc_for) else exc_for
-            _set(fut, False, exc)
+            complete(fut, False, exc)
 
     # -- the rest --------------------------------------------------------------------
     def stats(self) -> dict:

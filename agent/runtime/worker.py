@@ -27,6 +27,8 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("done", [(task_id, ok, value), ...])  the outcomes since the last one, sent when the
                                      feeder next runs (after the batch), or every
                                      RESULTS_PER_MESSAGE outcomes;
+  ("ended", index, [task_id, ...])   other processes' tasks whose outcomes this worker
+                                     pushed to their clients itself (runtime.clients);
   ("stats", index, contexts, steals, pool) with a flush, when the count of contexts ever
                                      made, the context pool's `pool` figures (live, cap and
                                      the autoscaler's changes, without the feeder's context)
@@ -51,7 +53,7 @@ import time
 from time import perf_counter, perf_counter_ns
 
 from .autoscale import ScaleConfig
-from .clients import CLIENT_BASE, seal
+from .clients import CLIENT_BASE, Replies, seal
 from .payload import decode_task, encode_task
 from .queues import SharedQueues
 from .scheduler import Scheduler
@@ -125,6 +127,8 @@ class Worker:
         self.steal_ns: list[int] = []
         self.taken = 0  # tasks the last intake spawned
         self.contexts_sent = (0, None)
+        self.clients = False  # outcomes of other processes' tasks are in self.results
+        self.replies = Replies()
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -136,8 +140,17 @@ class Worker:
     def flush(self) -> None:
         if self.results:
             results, self.results = self.results, []
-            for msg in encode_results(results, self.r.slot_size - 64):
-                self.send(msg)
+            if self.clients:  # other processes' tasks ran: their outcomes go straight back
+                self.clients = False
+                theirs = [r for r in results if r[0] >= CLIENT_BASE]
+                results = [r for r in results if r[0] < CLIENT_BASE]
+                sent, rest = self.replies.send(theirs)
+                results += rest  # undeliverable here: the owner passes them on
+                if sent:
+                    self.send(pickle.dumps(("ended", self.index, sent)))
+            if results:
+                for msg in encode_results(results, self.r.slot_size - 64):
+                    self.send(msg)
         sched = self.sched
         if not self.out and sched._scaler is None:
             return  # without autoscaling the figures below move only with tasks run
@@ -169,8 +182,9 @@ class Worker:
             outcome = (task_id, True, fn(*args, **kwargs))
         except Exception as exc:
             outcome = (task_id, False, exc)
-        if task_id >= CLIENT_BASE:  # another process's: the owner passes it on unread
+        if task_id >= CLIENT_BASE:  # another process's (runtime.clients)
             outcome = (task_id, *seal(outcome[1], outcome[2]))
+            self.clients = True
         # Read self.results only now: a flush at a preemption point inside fn swaps it.
         self.results.append(outcome)
         self.done += 1

@@ -595,7 +595,9 @@ from xhagent.runtime.clients import PoolClient
 address, case = json.loads(sys.argv[1]), sys.argv[2]
 out = {"pid": os.getpid()}
 with PoolClient(address) as client:
-    if case == "results":
+    if case == "relayed":  # no reply fd in the ids: every outcome through the owner
+        client._base &= ~(0xFF << 32)
+    if case in ("results", "relayed"):
         futs = [client.submit(math.factorial, i) for i in range(1000)]
         out["ok"] = all(f.result(60) == math.factorial(i) for i, f in enumerate(futs))
         err = client.submit(operator.truediv, 1, 0).exception(60)
@@ -620,9 +622,12 @@ def run_client(pool, case):
     )
 
 
-def test_another_process_submits_with_futures():
+@pytest.mark.parametrize("how", ["results", "relayed"])
+def test_another_process_submits_with_futures(how):
+    """`results`: the workers push the outcomes to the client; `relayed`: the ids name no
+    reply region, and the owner passes every outcome on."""
     with Pool(CPUS) as pool:
-        proc = run_client(pool, "results")
+        proc = run_client(pool, how)
         got = json.loads(proc.communicate(timeout=T)[0])
         assert proc.returncode == 0
         assert got["ok"] is True and got["kw"] == 255 and got["map"] == [5, 4, 3, 2, 1]
@@ -630,6 +635,9 @@ def test_another_process_submits_with_futures():
         assert set(got["pids"]) <= {w.pid for w in pool.workers} and got["pids"]
         assert pool.stats()["pending"] == 0  # none of it was the owner's
         wait_for(lambda: not pool._relay.clients, "the client's bye")
+        routed = pool._relay.routed
+        assert routed == 0 if how == "results" else routed == 1000 + 1 + 200 + 1 + 5
+        assert not pool._claims  # every claim dropped, by the ends the workers reported
 
 
 def test_a_clients_task_on_a_killed_worker_fails_with_worker_lost():

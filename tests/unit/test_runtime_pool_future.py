@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from xhagent.runtime.pool import PoolFuture, _complete, _set
+from xhagent.runtime.futures import PoolFuture, complete, complete_all
 
 
 def test_completed_untouched_then_read_like_a_future():
     ok, bad = PoolFuture(), PoolFuture()
-    _complete([(ok, True, 42), (bad, False, ValueError("no"))])
+    complete_all([(ok, True, 42), (bad, False, ValueError("no"))])
     assert ok._cond is None and bad._cond is None  # no lock was ever made
     assert ok.done() and ok.result(0) == 42 and ok.exception(0) is None
     with pytest.raises(ValueError, match="no"):
@@ -27,7 +27,7 @@ def test_a_thread_waiting_before_completion_is_woken():
     waiter.start()
     while fut._cond is None:  # the waiter has made the Condition and may be waiting in it
         threading.Event().wait(0.001)
-    _set(fut, True, "late")
+    complete(fut, True, "late")
     waiter.join(10)
     assert got == ["late"]
 
@@ -37,13 +37,13 @@ def test_cancelled_first_stays_cancelled_and_callbacks_run():
     seen = []
     fut.add_done_callback(lambda f: seen.append(f.cancelled()))
     assert fut.cancel()
-    _complete([(fut, True, 1)])  # the worker ran it anyway: the result is dropped
+    complete_all([(fut, True, 1)])  # the worker ran it anyway: the result is dropped
     assert fut.cancelled() and seen == [True]
 
 
 def test_wait_and_as_completed_accept_it():
     futs = [PoolFuture() for _ in range(3)]
-    threading.Timer(0.01, _complete, [[(f, True, i) for i, f in enumerate(futs)]]).start()
+    threading.Timer(0.01, complete_all, [[(f, True, i) for i, f in enumerate(futs)]]).start()
     done, _ = concurrent.futures.wait(futs, timeout=10)
     assert done == set(futs)
     assert sorted(f.result() for f in concurrent.futures.as_completed(futs, 10)) == [0, 1, 2]

@@ -4,7 +4,7 @@ thousands of them gets a dict of its own (an allocation per task that the collec
 import gc
 
 from xhagent.runtime import api as rt
-from xhagent.runtime.pool import PoolFuture, _complete
+from xhagent.runtime.futures import PoolFuture, complete_all
 from xhagent.runtime.scheduler import Scheduler
 
 
@@ -36,6 +36,6 @@ def test_thousands_of_finished_tasks_have_no_dict_of_their_own():
 
 def test_thousands_of_completed_pool_futures_have_no_dict_of_their_own():
     futs = [PoolFuture() for _ in range(3000)]
-    _complete([(f, i % 2 == 0, i if i % 2 == 0 else ValueError(i)) for i, f in enumerate(futs)])
+    complete_all([(f, i % 2 == 0, i if i % 2 == 0 else ValueError(i)) for i, f in enumerate(futs)])
     assert futs[0].result() == 0 and isinstance(futs[1].exception(), ValueError)
     assert _own_dicts(futs) == 0
