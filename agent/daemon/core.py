@@ -37,7 +37,14 @@ from ..policy.task import Deadline, Task
 from ..spec import SpecError
 from .executor import Executor, resolve_run_as
 from .holdings import allocation_of
-from .leaf import CLASS_WEIGHTS, DEFAULT_WEIGHT, class_weights, enforcement_reason, plan_leaf
+from .leaf import (
+    CLASS_WEIGHTS,
+    DEFAULT_WEIGHT,
+    LeafPlan,
+    class_weights,
+    enforcement_reason,
+    plan_leaf,
+)
 from .lifecycle import BACKOFF, NEEDS_PLACEMENT, TERMINAL
 from .lifecycle import TaskState as S
 from .preempting import preempt_for, thaw_frozen
@@ -450,8 +457,8 @@ class Agent:
         if [dict(r) for r in rec.reasons] != as_dicts:
             self.store.transition(rec.id, S.PENDING, expect=S.PENDING, reasons=as_dicts)
 
-    def _start(self, rec: TaskRecord, task: Task, placed: Candidate) -> None:
-        cpus = placed.cpus or self._shared_cpus()
+    def leaf_plan(self, task: Task, cpus) -> LeafPlan:
+        """The limits of `task`'s leaf on `cpus`: its cpuset, memory and class weights."""
         missing = dict(self.executor.missing)
         try:
             weights = class_weights(task.task_class, self.classes())
@@ -459,13 +466,17 @@ class Agent:
             weights = (DEFAULT_WEIGHT, DEFAULT_WEIGHT)
             for controller in ("cpu", "io"):
                 missing.setdefault(controller, f"{exc.args[0]}: the default weight applies")
-        plan = plan_leaf(
+        return plan_leaf(
             cpus=cpus,
             mems=self._mems_of(cpus),
             memory=task.requests.memory,
             weights=weights,
             missing=missing,
         )
+
+    def _start(self, rec: TaskRecord, task: Task, placed: Candidate) -> None:
+        cpus = placed.cpus or self._shared_cpus()
+        plan = self.leaf_plan(task, cpus)
         placement = {
             "node": placed.node,
             "cpus": list(cpus),

@@ -82,11 +82,14 @@ class Executor:
         cwd: str | None,
         uid: int | None,
         gid: int | None,
+        run_dir: Path | None = None,
     ) -> shim.ShimStarted:
         """Create the leaf with its limits, then start the shim, which starts the workload
-        inside the leaf. A failure leaves no leaf behind."""
+        inside the leaf. A failure leaves no leaf behind. `run_dir`: where the shim keeps
+        its records and the output (default: the attempt's; a migration's checkpoint hook
+        runs in the task's leaf with a directory of its own)."""
         leaf = self.leaf(task_id)
-        run_dir = self.run_dir(task_id, attempt)
+        run_dir = run_dir or self.run_dir(task_id, attempt)
         run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
         # children of a group that was once written to cgroup.kill (see shim.py).

@@ -33,22 +33,22 @@ not yet stopped is stopped, its checkpoint is run (again: a hook must bear runni
 and it starts on the target when placement still admits it there, else where it was, else
 it waits in Pending like any task. It runs on one device at most, holding what it runs on.
 
-The checkpoint runs in the agent's own cgroup as the task's user (the task's leaf was killed
-and a killed leaf takes no new process, see executor.py), in a session of its own whose
-process group is killed when it ends or times out (what it started and left there dies
-with it). The loop does not wait for it: the task stays Pending (reason `Migrating`, left
-alone by the scheduler) while every step looks at the hook (`poll_hooks`, every
-HOOK_POLL_S while it runs), and the step that sees it end starts the task. Only recovery
-runs a hook to its end before it goes on (at most its timeout, 5 minutes at most).
+The checkpoint runs in the task's leaf, made again for it (its memory limit and class
+weights, on the CPUs no task holds alone: its own were given back), as the task's user,
+under a shim like a workload, its output in the stopped attempt's directory
+(`checkpoint/stdout`, `stderr`); when it ends or times out the leaf is killed and removed
+with whatever the hook left running. The loop does not wait for it: the task stays Pending
+(reason `Migrating`, left alone by the scheduler) while every step looks at the hook's
+record (`poll_hooks`, every HOOK_POLL_S while it runs), and the step that sees it end
+starts the task. Only recovery runs a hook to its end before it goes on (at most its
+timeout, 5 minutes at most), after killing what a run cut by the restart left in the leaf.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import select
+import shutil
 import signal
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +60,7 @@ from ..policy.state import GpuShare, NodeResources
 from ..policy.task import Task
 from ..sched import migration
 from ..sched.fair import FairShare
+from . import shim
 from .executor import resolve_run_as
 from .lifecycle import TaskState as S
 from .store import TaskRecord
@@ -72,6 +73,7 @@ log = logging.getLogger("xhagent")
 BOOKED, NVML = "booked", "nvml"
 MIGRATING = "Migrating"  # the reason of a task between its stop and its restart
 STOP_TIMEOUT_S = 3.0
+CHECKPOINT = "checkpoint"  # the hook's run directory, in the stopped attempt's
 HOOK_POLL_S = 0.05  # how often a step looks at a running checkpoint
 OUTPUT_TAIL = 2000  # bytes of a failed checkpoint's output kept in its event
 
@@ -215,12 +217,11 @@ class MigrationController:
         agent, done = self.agent, []
         now = time.monotonic()
         for task_id, hook in list(self.hooks.items()):
-            ended = _wait_unreaped(hook.proc.pid, 0)
-            if not ended and now < hook.deadline:
+            if not hook.ended() and now < hook.deadline:
                 agent._wake_at(agent.clock() + int(1e9 * min(HOOK_POLL_S, hook.deadline - now)))
                 continue
             del self.hooks[task_id]
-            out = finish_move(agent, task_id, hook, hook.result(ended))
+            out = finish_move(agent, task_id, hook, hook.result())
             if out.get("moved"):
                 self.left.setdefault(task_id, set()).add(hook.detail["from"])
                 done.append(out)
@@ -305,7 +306,7 @@ def move(agent: Agent, task_id: str, detail: dict) -> dict | None:
         return None
     hook = start_checkpoint(agent, pending, task, detail)
     if isinstance(hook, Hook):  # the loop goes on; poll_hooks restarts the task when it ends
-        hook.intent, hook.task = intent, task
+        hook.intent, hook.task, hook.detail = intent, task, detail
         agent.migration.hooks[task_id] = hook
         agent._wake_at(agent.clock() + int(HOOK_POLL_S * 1e9))
         return None
@@ -458,33 +459,49 @@ def fits(st: NodeResources, c: Candidate, task_id: str) -> bool:
 
 
 class Hook:
-    """A checkpoint hook running: its process (not reaped until it is done with), the
-    monotonic time it must end by, and what its end is for."""
+    """A checkpoint hook running in the task's leaf under a shim of its own: where its
+    records are, the monotonic time it must end by, and what its end is for."""
 
-    def __init__(self, proc: subprocess.Popen, timeout: float, log_path: Path, detail: dict):
-        self.proc, self.timeout, self.log_path, self.detail = proc, timeout, log_path, detail
+    def __init__(self, agent: Agent, task_id: str, started, run_dir: Path, timeout: float):
+        self.agent, self.task_id, self.started = agent, task_id, started
+        self.run_dir, self.timeout = run_dir, timeout
         self.deadline = time.monotonic() + timeout
         self.attempt = 0
         self.intent = None
         self.task: Task | None = None
+        self.detail: dict = {}
 
-    def result(self, ended: bool) -> str | None:
-        """Its outcome once it ended (`ended`) or ran out of time: None, or why it failed.
-        What it started and left in its process group is killed either way; the leader is
-        not reaped before that, so its process group id cannot have been reused."""
-        _kill_group(self.proc.pid)
-        code = self.proc.wait()
-        if not ended:
-            return f"checkpoint timed out after {self.timeout:g}s{_tail(self.log_path)}"
-        if code != 0:
-            how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            return f"checkpoint failed with {how}{_tail(self.log_path)}"
+    def ended(self) -> bool:
+        return shim.read_status(self.run_dir).exit is not None
+
+    def result(self) -> str | None:
+        """Its outcome, once it ended or ran out of time: None, or why it failed. The leaf
+        is killed and removed either way, with whatever the hook started and left there."""
+        executor = self.agent.executor
+        ex = shim.read_status(self.run_dir).exit
+        timed_out = ex is None
+        if timed_out:
+            executor.kill(self.task_id)
+            ex = _wait_record(self.run_dir, STOP_TIMEOUT_S)
+        executor.remove_leaf(self.task_id)
+        if self.started.process is not None:
+            self.started.process.wait(STOP_TIMEOUT_S)  # the shim, the agent's child: reaped
+        output = _tail(self.run_dir)
+        if timed_out:
+            return f"checkpoint timed out after {self.timeout:g}s{output}"
+        if ex.error:
+            return f"checkpoint could not run: {ex.message or ex.error}"
+        if ex.signal:
+            return f"checkpoint failed with signal {ex.signal}{output}"
+        if ex.exit_code:
+            return f"checkpoint failed with exit code {ex.exit_code}{output}"
         return None
 
 
 def start_checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> Hook | None | str:
-    """Start the task's checkpoint hook: its Hook, None when the task has none, or why it
-    could not start."""
+    """Start the task's checkpoint hook in its leaf (made again: its memory limit and class
+    weights, on the CPUs no task holds alone), as its user, under a shim: the Hook, None
+    when the task has none, or why it could not start."""
     hook = task.checkpoint
     if hook is None:
         return None
@@ -499,31 +516,22 @@ def start_checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) ->
         "XHAGENT_MIGRATE_FROM": detail["from"],
         "XHAGENT_MIGRATE_TO": detail["to"],
     }
-    run_dir = agent.executor.run_dir(rec.id, rec.attempt)
-    run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    log_path = run_dir / "checkpoint"
+    run_dir = agent.executor.run_dir(rec.id, rec.attempt) / CHECKPOINT
+    if run_dir.exists():  # a run cut by a restart of the agent: this one starts afresh
+        shutil.rmtree(run_dir)
     try:
-        kw = {}
-        if task.user:
-            uid, gid = resolve_run_as(task.user)
-            kw = {"user": uid, "group": gid, "extra_groups": []}
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(
-                list(hook.command),
-                env=env,
-                cwd=task.working_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a timeout kills all of it
-                close_fds=True,
-                **kw,
-            )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        agent.executor.remove_leaf(rec.id)  # and kills what that run left running
+        uid, gid = resolve_run_as(task.user) if task.user else (None, None)
+        # its own CPUs were given back at the stop, and may be another task's by now
+        plan = agent.leaf_plan(task, agent._shared_cpus())
+        started = agent.executor.start(
+            rec.id, rec.attempt, plan, list(hook.command), env, task.working_dir, uid, gid, run_dir
+        )
+    except (OSError, ValueError) as exc:
         return f"checkpoint could not run: {exc}"
-    started = Hook(proc, hook.timeout_ns / 1e9, log_path, detail)
-    started.attempt = rec.attempt
-    return started
+    out = Hook(agent, rec.id, started, run_dir, hook.timeout_ns / 1e9)
+    out.attempt, out.detail = rec.attempt, detail
+    return out
 
 
 def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str | None:
@@ -532,31 +540,29 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
     hook = start_checkpoint(agent, rec, task, detail)
     if not isinstance(hook, Hook):
         return hook
-    return hook.result(_wait_unreaped(hook.proc.pid, hook.timeout))
+    _wait_record(hook.run_dir, hook.timeout)
+    return hook.result()
 
 
-def _wait_unreaped(pid: int, timeout: float) -> bool:
-    """Whether `pid` (our child) exited within `timeout`, leaving it unreaped (its pidfd)."""
-    fd = os.pidfd_open(pid)
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
+def _wait_record(run_dir: Path, timeout: float):
+    """The shim's exit record in `run_dir` once written, within `timeout`; else None."""
+    deadline = time.monotonic() + timeout
+    while (ex := shim.read_status(run_dir).exit) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ex
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()[-OUTPUT_TAIL:].decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-    return f": {data}" if data else ""
+def _tail(run_dir: Path) -> str:
+    """The end of the hook's output (stdout, then stderr), for its event."""
+    parts = []
+    for name in ("stdout", "stderr"):
+        try:
+            data = (run_dir / name).read_bytes()[-OUTPUT_TAIL:].decode("utf-8", "replace")
+        except OSError:
+            continue
+        if data.strip():
+            parts.append(data.strip())
+    return f": {' '.join(parts)[-OUTPUT_TAIL:]}" if parts else ""
 
 
 def _public(detail: dict) -> dict:

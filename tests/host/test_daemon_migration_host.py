@@ -309,12 +309,14 @@ spec:
 
 
 def test_the_loop_goes_on_while_a_checkpoint_runs(setup):
-    """A 1.5 s checkpoint: meanwhile the mover waits in Pending (reason Migrating) where the
-    scheduler leaves it, and a task submitted then runs and ends; the move completes after."""
+    """A 1.5 s checkpoint, in the task's own leaf: meanwhile the mover waits in Pending
+    (reason Migrating) where the scheduler leaves it, and a task submitted then runs and
+    ends; the move completes after."""
     new, _, tmp = setup
     agent = new()
     done = tmp / "ckpt-done"
-    mover, pinned = agent.submit(two(["sh", "-c", f"sleep 1.5; touch {done}"]), "t.yaml")
+    hook = ["sh", "-c", f"sleep 1.5; grep ^0:: /proc/self/cgroup > {done}"]
+    mover, pinned = agent.submit(two(hook), "t.yaml")
     step_until(agent, lambda: migrating_now(agent, mover), what="the checkpoint to start")
     started = time.monotonic()
     (quick,) = agent.submit(QUICK, "quick.yaml")
@@ -325,6 +327,9 @@ def test_the_loop_goes_on_while_a_checkpoint_runs(setup):
     step_until(agent, lambda: events(agent, mover.id, "Migrated"), what="the move")
     moved = agent.get(mover.id)
     assert done.exists() and moved.state == "Running" and gpu_of(moved) == 1
+    # the hook ran in the task's own leaf (made again for it), not in the agent's group
+    sub = agent.executor.sub.root.path.name
+    assert done.read_text().strip().endswith(f"/{sub}/tasks/{mover.id}"), done.read_text()
     assert_holdings_match(agent, moved, agent.get(pinned.id))
     assert not agent.store.open_intents() and not agent.migration.hooks
 
@@ -344,6 +349,7 @@ CRASHING_AGENT = textwrap.dedent(
     from test_daemon_migration_host import make_agent, model
     from pathlib import Path
     from xhagent.cgroups.subtree import locate
+    Path({pidfile!r}).write_text(str(os.getpid()))  # for the hook that kills it
     agent = make_agent(Path({state!r}), locate({sub!r}), model())
     if {before_stop!r}:  # the intent is committed, the workload not yet stopped
         agent.executor.kill = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)
@@ -361,10 +367,10 @@ CRASHING_AGENT = textwrap.dedent(
 def test_an_agent_killed_mid_move_is_completed_by_the_next_ones_recovery(setup, point):
     """A real kill -9 of an agent process (run by this test) at one point of a move: after
     the intent is committed and before the stop, or in the checkpoint (after the stop, before
-    the restart: the hook's first run SIGKILLs its parent, the agent)."""
+    the restart: the hook's first run SIGKILLs the agent)."""
     new, sub, tmp = setup
-    marker, ckpt = tmp / "killed-once", tmp / "ckpt"
-    kill = "" if point == "before-stop" else "kill -9 $PPID; sleep 5;"
+    marker, ckpt, pidfile = tmp / "killed-once", tmp / "ckpt", tmp / "agent.pid"
+    kill = "" if point == "before-stop" else f"kill -9 $(cat {pidfile}); sleep 5;"
     hook = ["sh", "-c", f"echo $XHAGENT_MIGRATE_TO >> {ckpt}; [ -e {marker} ] || "
             f"{{ touch {marker}; {kill} }}"]  # fmt: skip
     script = CRASHING_AGENT.format(
@@ -373,6 +379,7 @@ def test_an_agent_killed_mid_move_is_completed_by_the_next_ones_recovery(setup, 
         sub=sub,
         source=two(hook),
         before_stop=point == "before-stop",
+        pidfile=str(pidfile),
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
