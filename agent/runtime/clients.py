@@ -50,7 +50,7 @@ CLIENT_SHIFT = 40
 CLIENT_BASE = 1 << CLIENT_SHIFT
 FD_SHIFT = 32  # the reply region's fd, 1..255 (0: none, through the owner)
 POLL = 0.1  # seconds between the client's checks that the owner lives
-PUSH_PATIENCE = 5.0  # seconds the owner retries a full client ring before dropping it
+PUSH_PATIENCE = 5.0  # seconds a full client ring is retried (by a worker or the owner)
 
 
 class ClientError(RuntimeError):
@@ -58,8 +58,8 @@ class ClientError(RuntimeError):
 
 
 def seal(ok: bool, value) -> tuple[bool, bytes]:
-    """A client task's outcome as bytes the owner passes on unread; a value that does not
-    pickle becomes a RuntimeError saying so."""
+    """A client task's outcome as bytes, loaded only by the client and each apart; a value
+    that does not pickle becomes a RuntimeError saying so."""
     try:
         return ok, pickle.dumps(value)
     except Exception as exc:
