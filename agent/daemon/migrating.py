@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -221,7 +222,11 @@ class MigrationController:
                 agent._wake_at(agent.clock() + int(1e9 * min(HOOK_POLL_S, hook.deadline - now)))
                 continue
             del self.hooks[task_id]
-            out = finish_move(agent, task_id, hook, hook.result())
+            try:
+                error = hook.result()
+            except (OSError, ValueError) as exc:  # the leaf or the records: still restart it
+                error = f"checkpoint could not be finished: {exc}"
+            out = finish_move(agent, task_id, hook, error)
             if out.get("moved"):
                 self.left.setdefault(task_id, set()).add(hook.detail["from"])
                 done.append(out)
@@ -484,8 +489,7 @@ class Hook:
             executor.kill(self.task_id)
             ex = _wait_record(self.run_dir, STOP_TIMEOUT_S)
         executor.remove_leaf(self.task_id)
-        if self.started.process is not None:
-            self.started.process.wait(STOP_TIMEOUT_S)  # the shim, the agent's child: reaped
+        _reap(self.started.process)
         output = _tail(self.run_dir)
         if timed_out:
             return f"checkpoint timed out after {self.timeout:g}s{output}"
@@ -542,6 +546,21 @@ def checkpoint(agent: Agent, rec: TaskRecord, task: Task, detail: dict) -> str |
         return hook
     _wait_record(hook.run_dir, hook.timeout)
     return hook.result()
+
+
+def _reap(shim_process) -> None:
+    """Reap the hook's shim (the agent's child), which ends once it has written the hook's
+    exit record; one that does not is killed rather than left a zombie or a stalled step."""
+    if shim_process is None:
+        return
+    try:
+        shim_process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("checkpoint shim pid %d did not end: killed", shim_process.pid)
+        shim_process.kill()
+        shim_process.wait()
+    except OSError as exc:
+        log.warning("checkpoint shim pid %d: %s", shim_process.pid, exc)
 
 
 def _wait_record(run_dir: Path, timeout: float):
