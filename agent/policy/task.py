@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..quantity import format_size, parse_size
-from ..spec import Cursor, Document, SpecError, SpecErrors
+from ..spec import Cursor, Document
 from .policy import API_VERSION, parse_header, parse_metadata
 from .task_exec import (
     DEFAULT_CLASS,
@@ -47,6 +47,7 @@ from .task_exec import (
     Checkpoint,
     RestartPolicy,
     RunAs,
+    distinct_choices,
     dump_exec,
     key_error,
     parse_exec,
@@ -231,22 +232,12 @@ def _runs_on(cur: Cursor, device: str | None) -> tuple[str, ...]:
         return ()
     if device == "cpu":
         raise cur.error(f"{cur.where}: only for deviceType gpu or tpu (this task is cpu)")
-    kinds, errors = [], []
-    for item in cur.seq():
-        try:
-            kind = item.str(MIGRATABLE_TYPES)
-            if kind in kinds:
-                raise item.error(f"{item.where}: {kind!r} is listed twice")
-            kinds.append(kind)
-        except SpecError as exc:
-            errors.append(exc)
-    if errors:
-        raise SpecErrors(errors)
+    kinds = distinct_choices(cur, MIGRATABLE_TYPES)
     if device is not None and device not in kinds:
         raise cur.error(
             f"{cur.where}: lists {', '.join(kinds) or 'nothing'}, not the deviceType {device}"
         )
-    return tuple(kinds)
+    return kinds
 
 
 def _requests(req: Cursor, device: str | None) -> Requests:

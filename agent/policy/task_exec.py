@@ -318,21 +318,24 @@ def _backoff(cur: Cursor) -> int:
     return ns
 
 
-def parse_enforce(cur: Cursor) -> tuple[str, ...]:
-    if not cur.present:
-        return ()
-    controllers, errors = [], []
+def distinct_choices(cur: Cursor, choices) -> tuple[str, ...]:
+    """A list of names out of `choices`, each at most once; every bad item reported."""
+    names, errors = [], []
     for item in cur.seq():
         try:
-            name = item.str(ENFORCEABLE)
-            if name in controllers:
+            name = item.str(choices)
+            if name in names:
                 raise item.error(f"{item.where}: {name!r} is listed twice")
-            controllers.append(name)
+            names.append(name)
         except SpecError as exc:
             errors.append(exc)
     if errors:
         raise SpecErrors(errors)
-    return tuple(controllers)
+    return tuple(names)
+
+
+def parse_enforce(cur: Cursor) -> tuple[str, ...]:
+    return distinct_choices(cur, ENFORCEABLE) if cur.present else ()
 
 
 def parse_checkpoint(cur: Cursor) -> Checkpoint | None:
