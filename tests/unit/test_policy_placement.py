@@ -249,28 +249,15 @@ def test_every_reason_string(demand, node, allocs, expected):
     assert reason(demand, node, allocs) == expected
 
 
-def test_numa_affinity_required_puts_a_tpu_chip_beside_the_cpus():
+@pytest.mark.parametrize(
+    "held,chip,cpus",
+    [((1,), (0,), {0, 1}), ((0,), (1,), {2, 3})],  # the free chip's NUMA node's CPUs
+)
+def test_numa_affinity_required_puts_a_tpu_chip_beside_the_cpus(held, chip, cpus):
     node = make_node("n1", numa=((2,), (2,)), smt=1, tpus=(0, 1))
-    c = evaluate(
-        Demand("tpu", cpus=2, numa_affinity="required"),
-        Cluster.of(
-            [node],
-            [
-                Allocation("o", "n1", (), 0, tpus=(1,)),
-            ],
-        ).nodes["n1"],
-    )
-    assert c.tpus == (0,) and set(c.cpus) == {0, 1}  # chip 0 and CPUs 0-1 on NUMA node 0
-    c = evaluate(
-        Demand("tpu", cpus=2, numa_affinity="required"),
-        Cluster.of(
-            [node],
-            [
-                Allocation("o", "n1", (), 0, tpus=(0,)),
-            ],
-        ).nodes["n1"],
-    )
-    assert c.tpus == (1,) and set(c.cpus) == {2, 3}  # chip 1 and NUMA node 1's CPUs
+    st_ = Cluster.of([node], [Allocation("o", "n1", (), 0, tpus=held)]).nodes["n1"]
+    c = evaluate(Demand("tpu", cpus=2, numa_affinity="required"), st_)
+    assert c.tpus == chip and set(c.cpus) == cpus
 
 
 SENSOR = Selector((("app", "sensor"),))
