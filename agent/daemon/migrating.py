@@ -18,7 +18,8 @@ controller (one round per step once the interval has passed; the loop wakes for 
   it again as a new attempt on the target: the same CPUs and memory, the target's GPU share
   or TPU chip, CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS set for it. The old allocation is
   released before the new one is committed, each once. A checkpoint that fails or times
-  out cancels the move: the task starts again where it was, and the event says why.
+  out cancels the move: the task starts again where it was, and the event says why; the
+  controller does not stop it for a move again while the agent runs.
 
 Every move is an event (`Migrated`, or `MigrationAborted` when the task started again where
 it was) on the task, in the store's event stream (`xhagent events`, the API's watch):
@@ -154,6 +155,9 @@ class MigrationController:
         self.last_ns: int | None = None
         self.moved: frozenset[str] = frozenset()  # moved in the last round
         self.left: dict[str, set[str]] = {}  # task id -> devices it moved off
+        # tasks whose checkpoint failed or timed out: not stopped for a move again (each try
+        # kills the workload, and a hook that failed once is likely to again)
+        self.refused: set[str] = set()
         self.hooks: dict[str, Hook] = {}  # task id -> its checkpoint, running
 
     def policy(self) -> Migration | None:
@@ -182,6 +186,7 @@ class MigrationController:
         running = self.running()
         alive = {r.name for r in running} | set(self.hooks)
         self.left = {t: d for t, d in self.left.items() if t in alive}
+        self.refused &= alive
         if not any(r.task.migratable for r in running):
             # nothing could move: no wake-ups of its own until a step starts the next interval
             self.last_ns, self.moved = None, frozenset()
@@ -189,8 +194,9 @@ class MigrationController:
         self.last_ns = now
         agent._wake_at(now + policy.interval_ns)
         devices, sources = self.devices()
+        skip = self.moved | self.refused
         moves = migration.decide(
-            devices, running, agent.cluster, policy, self.fair, elapsed, self.moved, self.left
+            devices, running, agent.cluster, policy, self.fair, elapsed, skip, self.left
         )
         self.moved = frozenset(m.task for m in moves)
         loads = {d.id: d.load for d in devices}
@@ -207,10 +213,19 @@ class MigrationController:
             if sources[m.src][1]:
                 detail["load_note"] = sources[m.src][1]
             out = move(agent, m.task, detail)
-            if out is not None and out.get("moved"):
-                self.left.setdefault(m.task, set()).add(m.src)
-                done.append(out)
+            if out is not None:
+                self._ended(m.task, out)
+                if out.get("moved"):
+                    done.append(out)
         return done
+
+    def _ended(self, task_id: str, out: dict) -> None:
+        """What the controller keeps of a move that ended: the device a moved task left, a
+        task whose checkpoint failed."""
+        if out.get("moved"):
+            self.left.setdefault(task_id, set()).add(out["from"])
+        elif out.get("checkpoint") == "failed":
+            self.refused.add(task_id)
 
     def poll_hooks(self) -> list[dict]:
         """Finish the moves whose checkpoint ended (or ran out of time); the loop is woken
@@ -222,13 +237,14 @@ class MigrationController:
                 agent._wake_at(agent.clock() + int(1e9 * min(HOOK_POLL_S, hook.deadline - now)))
                 continue
             del self.hooks[task_id]
+            self.moved = self.moved | {task_id}  # moved or not: not stopped again at once
             try:
                 error = hook.result()
             except (OSError, ValueError) as exc:  # the leaf or the records: still restart it
                 error = f"checkpoint could not be finished: {exc}"
             out = finish_move(agent, task_id, hook, error)
+            self._ended(task_id, out)
             if out.get("moved"):
-                self.left.setdefault(task_id, set()).add(hook.detail["from"])
                 done.append(out)
         return done
 

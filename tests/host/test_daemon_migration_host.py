@@ -294,9 +294,16 @@ def test_a_failing_checkpoint_starts_the_task_again_where_it_was(setup, hook, ti
     assert event.message.startswith(f"not moved to {agent.node.name}/gpu1, started again on ")
     assert not events(agent, mover.id, "Migrated")
     assert_holdings_match(agent, rec, agent.get(pinned.id))
-    # a hook that timed out is killed with everything it started (its process group)
+    # a hook that timed out is killed with everything it started (its leaf)
     left = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True, text=True)
     assert left.stdout.split() == []
+    # not stopped again: five intervals on, GPU 0 still hot, the task runs the same attempt
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        agent.step()
+        time.sleep(0.05)
+    assert agent.get(mover.id).attempt == 2
+    assert len(events(agent, mover.id, "MigrationAborted")) == 1
 
 
 QUICK = """apiVersion: xh.scheduling/v1
