@@ -46,6 +46,8 @@ typedef struct {
     PyObject *g;        /* `_g`: its context's greenlet, None before its first step */
     char cancel;        /* `_cancel_requested` */
     char preempt;       /* `_preempt_requested` */
+    PyObject *coro;     /* `_coro`: an `async def` task's coroutine once started, else None */
+    PyObject *local;    /* `_local`: its task-local storage while it waits without a context */
 } TaskBase;
 
 static PyTypeObject *TaskBaseType = NULL;
@@ -68,6 +70,11 @@ typedef struct {
     PyObject *pool;      /* `pool`: the ContextPool (its `reused` count) */
     PyObject *instrumented;   /* `_instrumented`: True when an instrument has hooks */
     PyObject *cur_task;       /* the task cur_* describe (held, so its address stays its) */
+    /* A context offered by a coroutine task that yields (borrowed, set only around that
+     * pick): a picked task that holds none (fresh, or a coroutine that handed its own on)
+     * takes it over instead of binding one; `offered` says it was taken. */
+    PyObject *offer_ctx, *offer_g;
+    int offered;
     int classes;
     klass *q;
     uint64_t seq;
@@ -79,6 +86,9 @@ static PyObject *CTX_IDLE = NULL, *CTX_RUNNING = NULL, *CTX_REUSED = NULL;   /* 
 static PyObject *s_priority, *s_deadline, *s_state, *s_switch,
     *s_bind, *s_next_slow, *s_ctx_wait_park;
 static PyObject *Cancelled = NULL;   /* task.Cancelled, given by configure() */
+static PyObject *TrapType = NULL, *YIELD = NULL;   /* task.Trap and api's yield trap */
+static PyObject *F_RUNNING = NULL;   /* concurrent.futures' RUNNING state string */
+static PyObject *s_fn, *s_args, *s_local, *s_throw, *s_value;
 static PyObject *PENDING = NULL;     /* concurrent.futures' PENDING state string */
 static Core *running = NULL;         /* the scheduler running in this process */
 
@@ -250,6 +260,20 @@ fail:
     return NULL;
 }
 
+/* A yielding coroutine task's context, taken over by `task`, which holds none: its
+ * greenlet (a new reference). The context stays Running; no release, no bind. */
+static PyObject *take_offer(Core *s, PyObject *task) {
+    PyObject *ctx = s->offer_ctx, *g = s->offer_g;
+    if (PyObject_SetAttr(ctx, s_task, task) < 0 || PyObject_SetAttr(task, s_ctx, ctx) < 0)
+        return NULL;
+    s->offer_ctx = s->offer_g = NULL;
+    s->offered = 1;
+    Py_INCREF(g);
+    Py_XSETREF(TB(task)->g, g);
+    Py_INCREF(g);
+    return g;
+}
+
 /* The greenlet to run next (a new reference): the first runnable task's, or the hub's. */
 static PyObject *core_pick(Core *s) {
     for (int c = 0; c < s->classes; c++) {
@@ -261,19 +285,21 @@ static PyObject *core_pick(Core *s) {
             PyObject *g = TB(task)->g;
             if (g && g != Py_None) {
                 Py_INCREF(g);
-            } else {   /* its first step: a context is bound (Python: the pool) */
-                PyObject *st = PyObject_GetAttr(task, s_state);
-                if (!st) {
-                    Py_DECREF(task);
-                    return NULL;
+            } else {   /* its first step, or a coroutine's next after it handed its context on */
+                if (TB(task)->coro == Py_None) {
+                    PyObject *st = PyObject_GetAttr(task, s_state);
+                    if (!st) {
+                        Py_DECREF(task);
+                        return NULL;
+                    }
+                    int pending = st == PENDING;
+                    Py_DECREF(st);
+                    if (!pending) {   /* cancelled before it started: its entry was left behind */
+                        Py_DECREF(task);
+                        continue;
+                    }
                 }
-                int pending = st == PENDING;
-                Py_DECREF(st);
-                if (!pending) {   /* cancelled before it started: its entry was left behind */
-                    Py_DECREF(task);
-                    continue;
-                }
-                g = core_bind_fast(s, task);
+                g = s->offer_ctx ? take_offer(s, task) : core_bind_fast(s, task);
                 if (!g && !PyErr_Occurred())
                     g = PyObject_CallMethodOneArg((PyObject *)s, s_bind, task);
                 if (!g) {
@@ -362,6 +388,16 @@ static PyObject *raise_cancelled(void) {   /* NULL, with Cancelled raised */
     return NULL;
 }
 
+/* The back of its class for the running task (_ready, knowing its class and deadline from
+ * _pick when it is the task _pick made current). */
+static int requeue(Core *s, PyObject *task) {
+    if (task == s->cur_task) {
+        klass *k = &s->q[s->cur_prio];
+        return s->cur_dl ? heap_push(k, s->cur_when, s->seq++, task) : fifo_push(k, task);
+    }
+    return core_ready(s, task);
+}
+
 static PyObject *core_yield_impl(Core *s) {
     PyObject *task = s->current;
     if (task == Py_None) {
@@ -378,14 +414,7 @@ static PyObject *core_yield_impl(Core *s) {
     Py_INCREF(task);
     PyObject *nxt = NULL, *me = TB(task)->g;   /* the caller's greenlet: none else runs it */
     Py_XINCREF(me);
-    int rc;
-    if (task == s->cur_task) {   /* _ready, knowing its class and deadline from _pick */
-        klass *k = &s->q[s->cur_prio];
-        rc = s->cur_dl ? heap_push(k, s->cur_when, s->seq++, task) : fifo_push(k, task);
-    } else {
-        rc = core_ready(s, task);
-    }
-    if (rc < 0)
+    if (requeue(s, task) < 0)
         goto fail;
     nxt = core_next_impl(s);
     if (!nxt)
@@ -402,6 +431,190 @@ static PyObject *core_yield_impl(Core *s) {
 fail:
     Py_XDECREF(nxt);
     Py_XDECREF(me);
+    Py_DECREF(task);
+    return NULL;
+}
+
+
+/* -- coroutine tasks ----------------------------------------------------------------- */
+static PyObject *new_cancelled(void) {
+    return PyObject_CallNoArgs(Cancelled ? Cancelled : PyExc_RuntimeError);
+}
+
+/* The exception now set, as an instance, cleared (3.11: no PyErr_GetRaisedException). */
+static PyObject *fetch_exception(void) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (v && tb)
+        PyException_SetTraceback(v, tb);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    return v;
+}
+
+/* coro.throw(exc): like PyIter_Send, a StopIteration raised is the coroutine's return. */
+static PySendResult throw_into(PyObject *coro, PyObject *exc, PyObject **out) {
+    *out = PyObject_CallMethodOneArg(coro, s_throw, exc);
+    if (*out)
+        return PYGEN_NEXT;
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration))
+        return PYGEN_ERROR;
+    PyObject *stop = fetch_exception();
+    *out = stop ? PyObject_GetAttr(stop, s_value) : NULL;
+    Py_XDECREF(stop);
+    return *out ? PYGEN_RETURN : PYGEN_ERROR;
+}
+
+/* ctx's task waits without it (its storage kept with it); `nxt`, which took it over, gets
+ * its own storage back in the context. */
+static int hand_on(PyObject *ctx, PyObject *task, PyObject *nxt) {
+    Py_XSETREF(TB(task)->g, Py_NewRef(Py_None));
+    if (PyObject_SetAttr(task, s_ctx, Py_None) < 0)
+        return -1;
+    PyObject *local = PyObject_GetAttr(ctx, s_local);
+    if (!local)
+        return -1;
+    int kept = PyDict_Check(local) && PyDict_GET_SIZE(local) > 0;
+    if (kept)
+        Py_XSETREF(TB(task)->local, local);
+    else
+        Py_DECREF(local);
+    PyObject *theirs = TB(nxt)->local;
+    if (theirs != Py_None) {
+        TB(nxt)->local = Py_NewRef(Py_None);
+        int rc = PyObject_SetAttr(ctx, s_local, theirs);
+        Py_DECREF(theirs);
+        return rc;
+    }
+    if (!kept)
+        return 0;
+    PyObject *fresh = PyDict_New();
+    if (!fresh)
+        return -1;
+    int rc = PyObject_SetAttr(ctx, s_local, fresh);
+    Py_DECREF(fresh);
+    return rc;
+}
+
+/* _drive(ctx): run the task bound to `ctx` (an `async def` task whose coroutine is in
+ * `_coro`) until a task ends on this context; its result, or its exception raised. Each
+ * Trap it awaits is a runtime call made here on its behalf. At a yield (`YIELD`) it goes
+ * to the back of its class and, when the task picked next holds no context (a fresh task,
+ * or a coroutine task that handed its own on), hands this context over to it and waits
+ * without one: the next step runs here, with no greenlet switch and no stack copied. The
+ * task that ends may so be another than the one the call began with: `ctx.task`. */
+static PyObject *core_drive(Core *s, PyObject *ctx) {
+    PyObject *me = PyObject_GetAttr(ctx, s_greenlet);
+    if (!me)
+        return NULL;
+    PyObject *task = PyObject_GetAttr(ctx, s_task);
+    if (!task) {
+        Py_DECREF(me);
+        return NULL;
+    }
+    PyObject *value = Py_NewRef(Py_None), *exc = NULL, *out = NULL;
+    if (!IS_TASK(task) || TB(task)->coro == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "_drive: the context's task has no coroutine");
+        goto fail;
+    }
+    if (TB(task)->cancel && !(exc = new_cancelled()))
+        goto fail;
+    for (;;) {
+        PyObject *coro = Py_NewRef(TB(task)->coro);
+        PySendResult r;
+        if (exc) {
+            r = throw_into(coro, exc, &out);
+            Py_CLEAR(exc);
+        } else {
+            r = PyIter_Send(coro, value, &out);
+        }
+        Py_DECREF(coro);
+        Py_CLEAR(value);
+        if (r == PYGEN_RETURN)
+            goto done;
+        if (r == PYGEN_ERROR)
+            goto fail;
+        if (out == YIELD) {
+            Py_CLEAR(out);
+            if (TB(task)->cancel) {
+                if (!(exc = new_cancelled()))
+                    goto fail;
+                continue;
+            }
+            TB(task)->preempt = 0;   /* a yield is what a pending preemption asked for */
+            if (requeue(s, task) < 0)
+                goto fail;
+            s->offer_ctx = ctx;
+            s->offer_g = me;
+            s->offered = 0;
+            PyObject *nxt = core_next_impl(s);
+            s->offer_ctx = s->offer_g = NULL;
+            if (!nxt)
+                goto fail;
+            if (s->offered) {   /* `current` took this context over: run it here */
+                s->offered = 0;
+                Py_DECREF(nxt);
+                PyObject *taker = Py_NewRef(s->current);
+                if (hand_on(ctx, task, taker) < 0) {
+                    Py_DECREF(taker);
+                    goto fail;
+                }
+                Py_SETREF(task, taker);
+                if (TB(task)->coro == Py_None) {   /* its first step */
+                    if (PyObject_SetAttr(task, s_state, F_RUNNING) < 0)
+                        goto fail;
+                    PyObject *fn = PyObject_GetAttr(task, s_fn);
+                    PyObject *args = fn ? PyObject_GetAttr(task, s_args) : NULL;
+                    out = args ? PyObject_Call(fn, args, NULL) : NULL;
+                    Py_XDECREF(fn);
+                    Py_XDECREF(args);
+                    if (!out)
+                        goto fail;
+                    if (!PyCoro_CheckExact(out))
+                        goto done;   /* a plain function task, run to its end here */
+                    Py_XSETREF(TB(task)->coro, out);
+                    out = NULL;
+                }
+            } else {   /* this task keeps the context; back when it is picked again */
+                int rc = nxt == me ? 0 : switch_to(nxt);
+                Py_DECREF(nxt);
+                if (rc < 0) {   /* handed to the coroutine (its `finally`), as from a Trap */
+                    exc = fetch_exception();
+                    continue;
+                }
+            }
+            if (TB(task)->cancel && !(exc = new_cancelled()))
+                goto fail;
+            value = Py_NewRef(Py_None);
+            continue;
+        }
+        if (Py_TYPE(out) != (PyTypeObject *)TrapType) {
+            PyErr_Format(PyExc_TypeError, "runtime tasks can await only runtime awaitables, not %R",
+                         out);
+            Py_CLEAR(out);
+            exc = fetch_exception();
+            continue;
+        }
+        /* a blocking runtime call (sleep, join, a read): made here, parking this context */
+        PyObject *fn = PyObject_GetAttr(out, s_fn);
+        PyObject *args = fn ? PyObject_GetAttr(out, s_args) : NULL;
+        Py_CLEAR(out);
+        value = args ? PyObject_Call(fn, args, NULL) : NULL;
+        Py_XDECREF(fn);
+        Py_XDECREF(args);
+        if (!value && !(exc = fetch_exception()))   /* handed to the coroutine */
+            goto fail;
+    }
+done:
+    Py_DECREF(me);
+    Py_DECREF(task);
+    return out;
+fail:
+    Py_XDECREF(value);
+    Py_XDECREF(exc);
+    Py_XDECREF(out);
+    Py_DECREF(me);
     Py_DECREF(task);
     return NULL;
 }
@@ -593,6 +806,21 @@ static PyObject *m_yield(Core *s, PyObject *noarg) {
     return core_yield_impl(s);
 }
 
+static PyObject *m_drive(Core *s, PyObject *ctx) {
+    if (need_queues(s) < 0)
+        return NULL;
+    if (!TrapType || !YIELD || !F_RUNNING) {
+        PyErr_SetString(PyExc_RuntimeError, "scheduler core: configure_coro() not called");
+        return NULL;
+    }
+    Py_INCREF(s);
+    Py_INCREF(ctx);
+    PyObject *r = core_drive(s, ctx);
+    Py_DECREF(ctx);
+    Py_DECREF(s);
+    return r;
+}
+
 static PyObject *m_runnable_class(Core *s, PyObject *noarg) {
     (void)noarg;
     for (int c = 0; s->q && c < s->classes; c++)
@@ -621,6 +849,9 @@ static PyMethodDef core_methods[] = {
      "timer need Python, else _pick()"},
     {"yield_", (PyCFunction)m_yield, METH_NOARGS,
      "go to the back of this task's class; raises Cancelled if it was cancelled"},
+    {"_drive", (PyCFunction)m_drive, METH_O,
+     "_drive(ctx): run ctx's coroutine task (and those it hands ctx to at yields) until a "
+     "task ends on ctx; its result"},
     {"runnable_class", (PyCFunction)m_runnable_class, METH_NOARGS,
      "the most urgent class with a runnable task (None when none is)"},
     {"_queued", (PyCFunction)m_queued, METH_NOARGS, "entries in the run queues"},
@@ -666,11 +897,15 @@ static PyType_Spec core_spec = {
 static int task_traverse(TaskBase *t, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(t));
     Py_VISIT(t->g);
+    Py_VISIT(t->coro);
+    Py_VISIT(t->local);
     return 0;
 }
 
 static int task_clear(TaskBase *t) {
     Py_CLEAR(t->g);
+    Py_CLEAR(t->coro);
+    Py_CLEAR(t->local);
     return 0;
 }
 
@@ -678,6 +913,8 @@ static void task_dealloc(TaskBase *t) {
     PyTypeObject *tp = Py_TYPE(t);
     PyObject_GC_UnTrack(t);
     Py_CLEAR(t->g);
+    Py_CLEAR(t->coro);
+    Py_CLEAR(t->local);
     tp->tp_free((PyObject *)t);
     Py_DECREF(tp);
 }
@@ -689,8 +926,11 @@ static PyObject *task_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     (void)args;
     (void)kw;
     PyObject *t = PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
-    if (t)
-        TB(t)->g = Py_NewRef(Py_None);   /* T_OBJECT_EX, never NULL: see core_members */
+    if (t) {   /* T_OBJECT_EX, never NULL: see core_members */
+        TB(t)->g = Py_NewRef(Py_None);
+        TB(t)->coro = Py_NewRef(Py_None);
+        TB(t)->local = Py_NewRef(Py_None);
+    }
     return t;
 }
 
@@ -699,6 +939,10 @@ static PyMemberDef task_members[] = {
      "its context's greenlet (None before its first step and after its end)"},
     {"_cancel_requested", T_BOOL, offsetof(TaskBase, cancel), 0, NULL},
     {"_preempt_requested", T_BOOL, offsetof(TaskBase, preempt), 0, NULL},
+    {"_coro", T_OBJECT_EX, offsetof(TaskBase, coro), 0,
+     "an async def task's coroutine once it has started (None: not started, or not one)"},
+    {"_local", T_OBJECT_EX, offsetof(TaskBase, local), 0,
+     "its task-local storage while it waits without a context (None otherwise)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -772,6 +1016,17 @@ static PyObject *f_configure(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *f_configure_coro(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *trap, *yield_trap, *running_state;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &trap, &yield_trap, &running_state))
+        return NULL;
+    Py_XSETREF(TrapType, Py_NewRef(trap));
+    Py_XSETREF(YIELD, Py_NewRef(yield_trap));
+    Py_XSETREF(F_RUNNING, Py_NewRef(running_state));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"set_running", f_set_running, METH_O, "the Core that yield_() acts on (None: none)"},
     {"yield_", f_yield, METH_NOARGS,
@@ -779,6 +1034,9 @@ static PyMethodDef module_methods[] = {
     {"configure", f_configure, METH_VARARGS,
      "configure(Cancelled, PENDING[, IDLE, RUNNING, REUSED]): the exception a cancelled task "
      "gets, the fresh-task state, the context states a bind moves between"},
+    {"configure_coro", f_configure_coro, METH_VARARGS,
+     "configure_coro(Trap, YIELD, RUNNING): what coroutine tasks await, the trap that is a "
+     "yield, the started-task state"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -802,6 +1060,11 @@ static int module_exec(PyObject *m) {
     INTERN(s_bind, "_bind");
     INTERN(s_next_slow, "_next_slow");
     INTERN(s_ctx_wait_park, "_wait_for_context");
+    INTERN(s_fn, "fn");
+    INTERN(s_args, "args");
+    INTERN(s_local, "local");
+    INTERN(s_throw, "throw");
+    INTERN(s_value, "value");
 #undef INTERN
     if (!(empty_tuple = PyTuple_New(0)))
         return -1;

@@ -93,12 +93,14 @@ def local() -> dict:
 
 
 def sleep_async(seconds: float) -> Trap:
-    """`await sleep_async(s)` in an `async def` task."""
-    return Trap(sleep, seconds)
+    """`await sleep_async(s)` in an `async def` task (0 or less: a yield)."""
+    return Trap(sleep, seconds) if seconds > 0 else _core.YIELD
 
 
 def yield_async() -> Trap:
-    return Trap(yield_)
+    """`await yield_async()`: the back of the task's class. In a task spawned with an `async
+    def` function, the next task that holds no context takes this one's over: no switch."""
+    return _core.YIELD
 
 
 class _Critical:

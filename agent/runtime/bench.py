@@ -11,10 +11,12 @@ compares the median rounds (p50_us), which one stalled round does not move.
 - spawn_vs_asyncio: inside one pool worker (one core), a task spawns 200k trivial subtasks,
   then joins them all; asyncio's create_task + gather of as many of the same coroutine, in
   the same worker process.
-- switch_vs_asyncio: tasks that each yield 10 times against asyncio tasks that await
-  sleep(0) 10 times, at 20k tasks at once (the figure; 5k with --quick) and at 1 task;
-  raw greenlet switching at the same count is reported as the floor under any greenlet
-  scheduler.
+- switch_vs_asyncio: `async def` tasks that each await `yield_async()` 10 times against
+  asyncio tasks that await sleep(0) 10 times (the same coroutine on both sides), at 20k
+  tasks at once (the figure; 5k with --quick) and at 1 task. Plain-function tasks calling
+  `yield_()` (a greenlet switch each) are timed in the same rounds (`switch_plain`, their
+  ratio in `details.switch`), and raw greenlet switching at the same count as the floor
+  under any greenlet scheduler.
 - submit_vs_processpool: 2 workers, tasks submitted one by one with a future each, all
   results gathered, by another process (a PoolClient: results come back through the
   pool's owner), against ProcessPoolExecutor(2).submit; the owner submitting the same
@@ -131,6 +133,13 @@ def _yielder():
         yield_()
 
 
+async def _coro_yielder():
+    from xhagent.runtime.api import yield_async
+
+    for _ in range(YIELDS):
+        await yield_async()
+
+
 async def _ayielder():
     sleep = asyncio.sleep
     for _ in range(YIELDS):
@@ -156,9 +165,10 @@ def _asyncio_round(loop, coro_fn, n: int) -> float:
     return loop.run_until_complete(main())
 
 
-def _pair_rounds(fn, coro_fn, rounds: int, n: int, repeat: int = 1) -> dict:
+def _pair_rounds(fn, coro_fn, rounds: int, n: int, repeat: int = 1, collect=False) -> dict:
     """Rounds of ours and asyncio's, interleaved, after one warm-up round each. `repeat`
-    rounds of n tasks are timed as one (for n=1, where a round is too short to time)."""
+    rounds of n tasks are timed as one (for n=1, where a round is too short to time).
+    `collect`: each round starts from a collected heap (gc.collect() before it, untimed)."""
     loop = asyncio.new_event_loop()
     try:
         _rt_round(fn, n)
@@ -166,7 +176,11 @@ def _pair_rounds(fn, coro_fn, rounds: int, n: int, repeat: int = 1) -> dict:
         gc.collect()
         ours, theirs = [], []
         for _ in range(rounds):
+            if collect:
+                gc.collect()
             ours.append(sum(_rt_round(fn, n) for _ in range(repeat)))
+            if collect:
+                gc.collect()
             theirs.append(sum(_asyncio_round(loop, coro_fn, n) for _ in range(repeat)))
     finally:
         loop.close()
@@ -177,8 +191,16 @@ def worker_spawn(rounds: int, n: int) -> dict:
     return _pair_rounds(_trivial, _atrivial, rounds, n)
 
 
-def worker_switch(rounds: int, n: int, repeat: int = 1) -> dict:
-    return _pair_rounds(_yielder, _ayielder, rounds, n, repeat)
+def worker_switch(rounds: int, n: int, repeat: int = 1, plain: bool = False) -> dict:
+    """`plain`: plain-function tasks calling yield_(), else async def tasks."""
+    # Collected before each round: with 20k tasks alive across a round, the collector's
+    # full passes (which walk every live task, coroutine and context) otherwise land in
+    # every other round, ours or asyncio's alike, and the rounds alternate ~40% apart.
+    try:
+        fn = _yielder if plain else _coro_yielder
+        return _pair_rounds(fn, _ayielder, rounds, n, repeat, collect=True)
+    finally:
+        worker_trim()
 
 
 def worker_greenlet_floor(rounds: int, n: int) -> list[float]:
@@ -235,7 +257,19 @@ def worker_parked(n: int) -> dict:
             w.join()
         except BaseException:
             pass
+    worker_trim()
     return {"bytes_per_parked_context": round((after - before) / n), "parked_contexts": n}
+
+
+def worker_trim() -> int:
+    """End this worker's free contexts now, as its idle timeout would later: a case that
+    leaves tens of thousands of them (parked or yielding tasks, one context each) would
+    otherwise slow the collector, and so every case after it. How many were ended."""
+    from xhagent.runtime import scheduler
+
+    pool = scheduler._running.pool
+    pool.trim()  # stamps the contexts released without a clock reading
+    return pool.trim(pool.clock() + pool.idle_timeout)
 
 
 def _nap(seconds: float) -> None:
@@ -422,6 +456,11 @@ def measure(quick: bool, progress) -> dict:
         cases["switch"] = summarize(r["runtime"], ops)
         cases["switch_asyncio"] = summarize(r["asyncio"], ops)
         ratios["switch_vs_asyncio"] = _ratio(cases["switch"], cases["switch_asyncio"])
+        # after the figure's rounds: the 20k contexts plain tasks leave made slow the GC of
+        # all that came after them, asyncio's included
+        r = pool.submit(worker_switch, rounds, tasks, 1, True).result(600)
+        cases["switch_plain"] = summarize(r["runtime"], ops)
+        cases["switch_plain_asyncio"] = summarize(r["asyncio"], ops)
         floor = pool.submit(worker_greenlet_floor, rounds, tasks).result(600)
         cases["switch_greenlet_floor"] = summarize(floor, ops)
         rounds, repeat = size["switch_one"]
@@ -431,6 +470,12 @@ def measure(quick: bool, progress) -> dict:
         details["switch"] = {
             "tasks": tasks,
             "yields_per_task": YIELDS,
+            "what": "switch: async def tasks awaiting yield_async(), which hand their context"
+            " over to the next coroutine task (no greenlet switch); switch_plain: plain-function"
+            " tasks calling yield_(), a greenlet switch each",
+            "plain_function_tasks_vs_asyncio": _ratio(
+                cases["switch_plain"], cases["switch_plain_asyncio"]
+            ),
             "vs_asyncio_at_1_task": _ratio(cases["switch_1_task"], cases["switch_1_task_asyncio"]),
             "greenlet_floor_vs_asyncio": _ratio(
                 cases["switch_greenlet_floor"], cases["switch_asyncio"]

@@ -11,8 +11,13 @@ Invariants (each operation below keeps them):
   * A live task is in exactly one place: a run queue (runnable), `self.current` (running),
     parked (its context Blocked; a timer, a joiner list or a foreign future may hold a
     wake-up for it), or the context wait list (picked while the pool was at its cap).
-  * A task holds a context from its first step to its end, and only then; a queued task
-    that has not started holds none, so cancelling it costs nothing.
+  * A plain-function task holds a context from its first step to its end, and only then;
+    a queued task that has not started holds none, so cancelling it costs nothing. An
+    `async def` task holds one while a step runs and while it is parked; at a yield, when
+    the task picked next holds none, it hands its context over to that one and waits in
+    its run queue without one (its `_coro` set, its storage in `_local`), to be bound again
+    like a fresh task: a run of coroutine tasks that yield to each other runs on one
+    context, with no greenlet switch.
   * A wake-up carries the park token it was made for (`task._parks` at park time); one
     whose token is stale, or whose task is no longer Blocked, does nothing. So timers,
     joiner lists and foreign callbacks are never cleaned eagerly.
@@ -54,6 +59,9 @@ from .scaling import ContextScaler
 from .task import Cancelled, TaskHandle, Trap
 
 _sched.configure(Cancelled, PENDING, ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED)
+# What `await yield_async()` yields: the C drive (`_drive`) requeues the task without a call.
+YIELD = Trap(_sched.yield_)
+_sched.configure_coro(Trap, YIELD, RUNNING)
 
 BLOCKED = ContextState.BLOCKED
 IDLE, RUNNING_CTX, REUSED = ContextState.IDLE, ContextState.RUNNING, ContextState.REUSED
@@ -212,24 +220,34 @@ class Scheduler(_sched.Core):
         pool = self.pool
         free = pool.free
         while True:
-            task._state = RUNNING
+            # The C _drive may hand this context on at a coroutine's yield: the task whose
+            # outcome comes back is then `ctx.task`, read again in each branch below.
             try:
-                # Without arguments, a plain call: CPython runs a Python callee in the same C
-                # frame, so the context's stack (copied at every greenlet switch) stays short.
-                result = task.fn(*task.args) if task.args else task.fn()
-                if type(result) is CoroutineType:
-                    result = self._drive(result)
+                if task._coro is None:
+                    task._state = RUNNING
+                    # Without arguments, a plain call: CPython runs a Python callee in the same
+                    # C frame, so the context's stack (copied at every greenlet switch) stays short.
+                    result = task.fn(*task.args) if task.args else task.fn()
+                    if type(result) is CoroutineType:
+                        task._coro = result
+                        result = self._drive(ctx)
+                else:  # a coroutine task bound again after it handed its context on
+                    if task._local is not None:
+                        ctx.local, task._local = task._local, None
+                    result = self._drive(ctx)
             except Cancelled:
-                self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
+                self._exit(ctx.task, CANCELLED_AND_NOTIFIED, None, None)
             except Exception as exc:
-                self._exit(task, FINISHED, None, exc)
+                self._exit(ctx.task, FINISHED, None, exc)
             except GreenletExit:
                 raise  # the context itself is being ended (a dead run's greenlets collected)
             except BaseException as exc:  # KeyboardInterrupt, SystemExit: the run must stop
-                self._exit(task, FINISHED, None, exc)
+                self._exit(ctx.task, FINISHED, None, exc)
                 self._crash = exc
             else:
                 # _exit's common case inline: a result, nobody waiting from another thread
+                task = ctx.task
+                task._coro = None
                 task._result = result
                 task._state = FINISHED
                 if task._cond is not None:
@@ -269,16 +287,21 @@ class Scheduler(_sched.Core):
         wait, scaler = self._ctx_wait, self._scaler
         while wait:
             task = wait[0]
-            if task._state is PENDING and self._bind(task) is None:
+            # a fresh task, or a coroutine task waiting without a context (its _coro set)
+            waits = task._state is PENDING or task._coro is not None
+            if waits and self._bind(task) is None:
                 return  # the cap (or max) is reached
             wait.popleft()
             if scaler is not None:
                 scaler.left()
-            if task._state is PENDING:
+            if waits:
                 self._ready(task)
 
-    def _drive(self, coro):
-        """Step an `async def` task: each Trap it awaits is a blocking call made here."""
+    def await_in_task(self, coro):
+        """Run coroutine `coro` to its end inside the current task (a plain-function task
+        that got one, e.g. a pool task whose function is `async def`): each Trap it awaits
+        is a blocking call made here, a yield included. Tasks spawned with an `async def`
+        function are driven by the C `_drive` instead."""
         value = exc = None
         while True:
             try:
@@ -297,6 +320,7 @@ class Scheduler(_sched.Core):
     def _exit(self, task: TaskHandle, state: str, result, exc) -> None:
         task._finish(state, result, exc)
         task.args = ()
+        task._coro = None
         self._alive -= 1
         if task._joiners:
             self._wake_joiners(task)
@@ -333,7 +357,7 @@ class Scheduler(_sched.Core):
 
     def _wake(self, task: TaskHandle, token: int, exc: BaseException | None = None) -> None:
         ctx = task._ctx
-        if task._parks != token or ctx.state is not BLOCKED:
+        if task._parks != token or ctx is None or ctx.state is not BLOCKED:
             return  # stale: the task was woken already, and may be parked on something else
         self.pool.unpark(ctx)
         task._wake_exc = exc
@@ -503,7 +527,7 @@ class Scheduler(_sched.Core):
             return False
         if threading.get_ident() != self._thread:
             raise RuntimeError("cancel a task from its scheduler's thread")
-        if task._ctx is None:  # never ran: ends now; its queue entry is skipped later
+        if task._ctx is None and task._coro is None:  # never ran: ends now (its entry is skipped)
             self._exit(task, CANCELLED_AND_NOTIFIED, None, None)
             return True
         task._cancel_requested = True

@@ -51,6 +51,7 @@ import signal
 import sys
 import time
 from time import perf_counter, perf_counter_ns
+from types import CoroutineType
 
 from .autoscale import ScaleConfig
 from .clients import CLIENT_BASE, Replies, seal
@@ -179,7 +180,10 @@ class Worker:
         # Outcomes are pickled together when the feeder next flushes (one pickle per batch,
         # not one per task, and one to load at the owner's).
         try:
-            outcome = (task_id, True, fn(*args, **kwargs))
+            value = fn(*args, **kwargs)
+            if type(value) is CoroutineType:  # an `async def` function: run here, its traps too
+                value = self.sched.await_in_task(value)
+            outcome = (task_id, True, value)
         except Exception as exc:
             outcome = (task_id, False, exc)
         if task_id >= CLIENT_BASE:  # another process's (runtime.clients)

@@ -51,6 +51,12 @@ def nap(seconds):
     return seconds
 
 
+async def a_square(x):
+    await rt.yield_async()
+    await rt.sleep_async(0.001)
+    return x * x
+
+
 def proc_field(pid, name):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -67,8 +73,12 @@ def test_submit_map_and_exceptions():
             pool.submit(fail, "boom").result(T)
         with pytest.raises(RuntimeError, match="cannot be sent back"):
             pool.submit(unpicklable).result(T)
+        # an `async def` function: its coroutine is run in the worker, not sent back
+        assert pool.submit(a_square, 7).result(T) == 49
+        assert pool.map(a_square, range(20)) == [x * x for x in range(20)]
         stats = pool.stats()
-        assert stats["pending"] == 0 and sum(w["done"] for w in stats["workers"]) == 1 + 200 + 8 + 2
+        done = 1 + 200 + 8 + 2 + 1 + 20
+        assert stats["pending"] == 0 and sum(w["done"] for w in stats["workers"]) == done
 
 
 def test_workers_are_pinned_and_gone_after_close():

@@ -26,6 +26,8 @@ OUR_CASES = (
     "switch_1_task",
     "switch_1_task_asyncio",
     "switch_greenlet_floor",
+    "switch_plain",
+    "switch_plain_asyncio",
     "submit",
     "submit_owner",
     "submit_processpool",
