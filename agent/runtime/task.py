@@ -72,6 +72,14 @@ class LazyFuture(Future):
     _exception = None
     _state = PENDING
 
+    def result(self, timeout: float | None = None):
+        # Done with a result: no lock to take. The outcome is written before the state
+        # (complete_all, _finish), so a FINISHED read here sees it. Future.result would make
+        # the Condition this class defers, and take it, for an outcome already in hand.
+        if self._state is FINISHED and self._exception is None:
+            return self._result
+        return Future.result(self, timeout)
+
     @property
     def _condition(self):
         cond = self._cond
