@@ -46,6 +46,7 @@ typedef struct {
     PyObject *g;        /* `_g`: its context's greenlet, None before its first step */
     char cancel;        /* `_cancel_requested` */
     char preempt;       /* `_preempt_requested` */
+    PyObject *ctx;      /* `_ctx`: the Context it runs on (None while it holds none) */
     PyObject *coro;     /* `_coro`: an `async def` task's coroutine once started, else None */
     PyObject *local;    /* `_local`: its task-local storage while it waits without a context */
 } TaskBase;
@@ -81,7 +82,7 @@ typedef struct {
 } Core;
 
 static PyObject *one = NULL;
-static PyObject *s_append, *s_state_attr, *s_task, *s_ctx, *s_greenlet, *s_reused, *s_pop;
+static PyObject *s_append, *s_state_attr, *s_task, *s_greenlet, *s_reused, *s_pop;
 static PyObject *CTX_IDLE = NULL, *CTX_RUNNING = NULL, *CTX_REUSED = NULL;   /* ContextState */
 static PyObject *s_priority, *s_deadline, *s_state, *s_switch,
     *s_bind, *s_next_slow, *s_ctx_wait_park;
@@ -246,8 +247,10 @@ static PyObject *core_bind_fast(Core *s, PyObject *task) {
             goto fail;
     }
     if (PyObject_SetAttr(ctx, s_state_attr, CTX_RUNNING) < 0 ||
-        PyObject_SetAttr(ctx, s_task, task) < 0 || PyObject_SetAttr(task, s_ctx, ctx) < 0)
+        PyObject_SetAttr(ctx, s_task, task) < 0)
         goto fail;
+    Py_INCREF(ctx);
+    Py_XSETREF(TB(task)->ctx, ctx);
     g = PyObject_GetAttr(ctx, s_greenlet);
     if (!g)
         goto fail;
@@ -264,8 +267,9 @@ fail:
  * greenlet (a new reference). The context stays Running; no release, no bind. */
 static PyObject *take_offer(Core *s, PyObject *task) {
     PyObject *ctx = s->offer_ctx, *g = s->offer_g;
-    if (PyObject_SetAttr(ctx, s_task, task) < 0 || PyObject_SetAttr(task, s_ctx, ctx) < 0)
+    if (PyObject_SetAttr(ctx, s_task, task) < 0)
         return NULL;
+    Py_XSETREF(TB(task)->ctx, Py_NewRef(ctx));
     s->offer_ctx = s->offer_g = NULL;
     s->offered = 1;
     Py_INCREF(g);
@@ -470,8 +474,7 @@ static PySendResult throw_into(PyObject *coro, PyObject *exc, PyObject **out) {
  * its own storage back in the context. */
 static int hand_on(PyObject *ctx, PyObject *task, PyObject *nxt) {
     Py_XSETREF(TB(task)->g, Py_NewRef(Py_None));
-    if (PyObject_SetAttr(task, s_ctx, Py_None) < 0)
-        return -1;
+    Py_XSETREF(TB(task)->ctx, Py_NewRef(Py_None));
     PyObject *local = PyObject_GetAttr(ctx, s_local);
     if (!local)
         return -1;
@@ -897,6 +900,7 @@ static PyType_Spec core_spec = {
 static int task_traverse(TaskBase *t, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(t));
     Py_VISIT(t->g);
+    Py_VISIT(t->ctx);
     Py_VISIT(t->coro);
     Py_VISIT(t->local);
     return 0;
@@ -904,6 +908,7 @@ static int task_traverse(TaskBase *t, visitproc visit, void *arg) {
 
 static int task_clear(TaskBase *t) {
     Py_CLEAR(t->g);
+    Py_CLEAR(t->ctx);
     Py_CLEAR(t->coro);
     Py_CLEAR(t->local);
     return 0;
@@ -913,6 +918,7 @@ static void task_dealloc(TaskBase *t) {
     PyTypeObject *tp = Py_TYPE(t);
     PyObject_GC_UnTrack(t);
     Py_CLEAR(t->g);
+    Py_CLEAR(t->ctx);
     Py_CLEAR(t->coro);
     Py_CLEAR(t->local);
     tp->tp_free((PyObject *)t);
@@ -928,6 +934,7 @@ static PyObject *task_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *t = PyBaseObject_Type.tp_new(type, empty_tuple, NULL);
     if (t) {   /* T_OBJECT_EX, never NULL: see core_members */
         TB(t)->g = Py_NewRef(Py_None);
+        TB(t)->ctx = Py_NewRef(Py_None);
         TB(t)->coro = Py_NewRef(Py_None);
         TB(t)->local = Py_NewRef(Py_None);
     }
@@ -939,6 +946,9 @@ static PyMemberDef task_members[] = {
      "its context's greenlet (None before its first step and after its end)"},
     {"_cancel_requested", T_BOOL, offsetof(TaskBase, cancel), 0, NULL},
     {"_preempt_requested", T_BOOL, offsetof(TaskBase, preempt), 0, NULL},
+    {"_ctx", T_OBJECT_EX, offsetof(TaskBase, ctx), 0,
+     "the Context it runs on (None before its first step, after its end, and while a "
+     "coroutine task waits without one)"},
     {"_coro", T_OBJECT_EX, offsetof(TaskBase, coro), 0,
      "an async def task's coroutine once it has started (None: not started, or not one)"},
     {"_local", T_OBJECT_EX, offsetof(TaskBase, local), 0,
@@ -963,6 +973,59 @@ static PyType_Spec task_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     task_slots,
 };
+
+/* -- YieldAwait: what `await yield_async()` awaits --------------------------------------- */
+/* An awaitable that is its own iterator and yields YIELD once: no generator and no frame
+ * per await, as a Python `__await__` would make. */
+typedef struct {
+    PyObject_HEAD
+    char done;
+} YieldAwait;
+
+static PyTypeObject *YieldAwaitType = NULL;
+
+static PyObject *ya_self(PyObject *self) {
+    return Py_NewRef(self);
+}
+
+static PyObject *ya_next(YieldAwait *y) {
+    if (y->done)
+        return NULL;   /* exhausted, no exception: the await's value is None */
+    y->done = 1;
+    return Py_NewRef(YIELD ? YIELD : Py_None);
+}
+
+static void ya_dealloc(PyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot ya_slots[] = {
+    {Py_tp_doc, "await-able once: yields the scheduler's YIELD trap (yield_async())"},
+    {Py_am_await, ya_self},
+    {Py_tp_iter, ya_self},
+    {Py_tp_iternext, ya_next},
+    {Py_tp_dealloc, ya_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec ya_spec = {
+    "xhagent._sched.YieldAwait", sizeof(YieldAwait), 0, Py_TPFLAGS_DEFAULT, ya_slots,
+};
+
+static PyObject *f_yield_async(PyObject *mod, PyObject *noarg) {
+    (void)mod;
+    (void)noarg;
+    if (!YIELD) {
+        PyErr_SetString(PyExc_RuntimeError, "scheduler core: configure_coro() not called");
+        return NULL;
+    }
+    YieldAwait *y = PyObject_New(YieldAwait, YieldAwaitType);
+    if (y)
+        y->done = 0;
+    return (PyObject *)y;
+}
 
 /* -- module functions ---------------------------------------------------------------- */
 static PyObject *f_set_running(PyObject *mod, PyObject *arg) {
@@ -1034,6 +1097,8 @@ static PyMethodDef module_methods[] = {
     {"configure", f_configure, METH_VARARGS,
      "configure(Cancelled, PENDING[, IDLE, RUNNING, REUSED]): the exception a cancelled task "
      "gets, the fresh-task state, the context states a bind moves between"},
+    {"yield_async", f_yield_async, METH_NOARGS,
+     "`await yield_async()` in an async def task: a yield (its YIELD trap, no generator made)"},
     {"configure_coro", f_configure_coro, METH_VARARGS,
      "configure_coro(Trap, YIELD, RUNNING): what coroutine tasks await, the trap that is a "
      "yield, the started-task state"},
@@ -1050,7 +1115,6 @@ static int module_exec(PyObject *m) {
     if (!(one = PyLong_FromLong(1)))
         return -1;
     INTERN(s_task, "task");
-    INTERN(s_ctx, "_ctx");
     INTERN(s_greenlet, "greenlet");
     INTERN(s_reused, "reused");
     INTERN(s_pop, "pop");
@@ -1078,6 +1142,15 @@ static int module_exec(PyObject *m) {
     Py_INCREF(tb);
     if (PyModule_AddObject(m, "TaskBase", tb) < 0) {
         Py_DECREF(tb);
+        return -1;
+    }
+    PyObject *ya = PyType_FromModuleAndSpec(m, &ya_spec, NULL);
+    if (!ya)
+        return -1;
+    YieldAwaitType = (PyTypeObject *)ya;   /* kept, as TaskBase */
+    Py_INCREF(ya);
+    if (PyModule_AddObject(m, "YieldAwait", ya) < 0) {
+        Py_DECREF(ya);
         return -1;
     }
     PyObject *t = PyType_FromModuleAndSpec(m, &core_spec, NULL);

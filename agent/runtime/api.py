@@ -92,15 +92,15 @@ def local() -> dict:
     return _sched()._in_task()._ctx.local
 
 
-def sleep_async(seconds: float) -> Trap:
+def sleep_async(seconds: float):
     """`await sleep_async(s)` in an `async def` task (0 or less: a yield)."""
-    return Trap(sleep, seconds) if seconds > 0 else _core.YIELD
+    return Trap(sleep, seconds) if seconds > 0 else _c.yield_async()
 
 
-def yield_async() -> Trap:
-    """`await yield_async()`: the back of the task's class. In a task spawned with an `async
-    def` function, the next task that holds no context takes this one's over: no switch."""
-    return _core.YIELD
+# `await yield_async()`: the back of the task's class. In a task spawned with an `async def`
+# function, the next task that holds no context takes this one's over: no switch. In C: an
+# awaitable yielding the scheduler's YIELD trap, with no generator made per await.
+yield_async = _c.yield_async
 
 
 class _Critical:

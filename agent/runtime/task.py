@@ -106,14 +106,16 @@ class LazyFuture(Future):
 class TaskHandle(TaskBase, LazyFuture):
     """A spawned task: its outcome, its cancellation, and what the scheduler keeps on it.
 
-    The fields a yield reads (`_g`, `_cancel_requested`, `_preempt_requested`) are its C
-    base's (native/sched.c), read there without an attribute lookup. Rarely set fields are
+    The fields a yield or a hand-over reads (`_g`, `_ctx`, `_coro`, `_local`,
+    `_cancel_requested`, `_preempt_requested`) are its C base's (native/sched.c), read
+    there without an attribute lookup. Rarely set fields are
     class attributes, so a spawn writes five instance attributes
     (the scheduler makes handles without calling __init__, writing the same five in the
     same order). Every field's name is in the class's shared key table before the first
     real handle exists (see prime_instance_keys)."""
 
-    _ctx = None  # the Context it runs on, from its first step to its end
+    # _ctx (TaskBase): the Context it runs on, from its first step to its end (a coroutine
+    # task's between steps: see the scheduler)
     # _g (TaskBase): its context's greenlet (what a switch to it needs, one object nearer)
     _joiners = None  # [(task, park token)] parked on this task's end
     # _cancel_requested, _preempt_requested (TaskBase): False until asked
