@@ -149,6 +149,7 @@ class ContextPool:
         self.live = 0  # contexts in existence, free or bound
         self.cap = max  # contexts bound at once, at most
         self.created = self.reused = self.parked = self.trimmed = 0
+        self.blocked = 0  # bound to a parked task now (`parked` counts every park)
         # Contexts are made in a greenlet of their own, started here, near the bottom of
         # the stack: a greenlet starts with the C stack position and the Python recursion
         # depth of whoever first switches into it, so contexts made by contexts made by
@@ -202,9 +203,11 @@ class ContextPool:
     def park(self, ctx: Context) -> None:
         ctx.move(ContextState.BLOCKED)
         self.parked += 1
+        self.blocked += 1
 
     def unpark(self, ctx: Context) -> None:
         ctx.move(ContextState.RUNNING)
+        self.blocked -= 1
 
     def trim(self, now: float | None = None) -> int:
         """End free contexts idle for `idle_timeout` or more, keeping `min` alive.
@@ -256,5 +259,6 @@ class ContextPool:
             "created": self.created,
             "reused": self.reused,
             "parked": self.parked,
+            "blocked": self.blocked,
             "trimmed": self.trimmed,
         }

@@ -547,8 +547,19 @@ class Pool:
 
 
 def _context_pool(figures) -> dict:
-    live, cap, changes = figures if figures is not None else (None, None, None)
-    return {"contexts_live": live, "contexts_cap": cap, "autoscale_changes": changes}
+    """A worker's last reported context and preemption figures (None before its first)."""
+    live, cap, changes, free, blocked, slices, preempted = figures or (None,) * 7
+    running = None if live is None else live - free - blocked
+    return {
+        "contexts_live": live,
+        "contexts_cap": cap,
+        "autoscale_changes": changes,
+        "contexts_free": free,  # Idle or Reused: in the free list
+        "contexts_running": running,  # bound to a task that runs or is runnable
+        "contexts_blocked": blocked,  # bound to a parked task
+        "preempt_signals": slices or 0,  # time-slice signals the worker saw
+        "preemptions": preempted or 0,  # of those, the ones that switched tasks
+    }
 
 
 def _chunk(fn, items):

@@ -30,8 +30,9 @@ Messages to the owner (the global ring of the results region), pickled lists:
   ("ended", index, [task_id, ...])   other processes' tasks whose outcomes this worker
                                      pushed to their clients itself (runtime.clients);
   ("stats", index, contexts, steals, pool) with a flush, when the count of contexts ever
-                                     made, the context pool's `pool` figures (live, cap and
-                                     the autoscaler's changes, without the feeder's context)
+                                     made, the context pool's `pool` figures (live, cap, the
+                                     autoscaler's changes, free, blocked, without the feeder's
+                                     context, then the preemption signals seen and honoured)
                                      or the steal samples changed: `steals` are the latencies
                                      (ns) of the steals since the last report, each from the
                                      start of a look for work to a stolen task in hand.
@@ -73,6 +74,7 @@ RESULTS_PER_MESSAGE = 256  # outcomes held at most before a flush
 STEAL_SAMPLES = 256  # kept per report at most: a worker stealing non-stop keeps the newest
 IDLE_WAIT = 0.5  # seconds per futex wait; the loop also checks for a stop between waits
 IO_WAIT = 0.001  # seconds asleep on the tasks' ring at most, where new work cannot wake it
+STATS_EVERY = 0.5  # seconds between reports of preemption counts alone (a long task's)
 
 
 def encode_results(results: list, limit: int) -> list[bytes]:
@@ -128,6 +130,7 @@ class Worker:
         self.steal_ns: list[int] = []
         self.taken = 0  # tasks the last intake spawned
         self.contexts_sent = (0, None)
+        self.signals_sent, self.signals_at = (0, 0), 0.0  # preemption counts last reported
         self.clients = False  # outcomes of other processes' tasks are in self.results
         self.replies = Replies()
 
@@ -153,16 +156,24 @@ class Worker:
                 for msg in encode_results(results, self.r.slot_size - 64):
                     self.send(msg)
         sched = self.sched
+        # Without autoscaling the figures below move only with tasks run, but for the
+        # preemption counts, which a long task moves alone: those go at most every
+        # STATS_EVERY seconds when nothing else is sent.
+        signals = (self.slices, self.preempted)
         if not self.out and sched._scaler is None:
-            return  # without autoscaling the figures below move only with tasks run
+            if signals == self.signals_sent or perf_counter() - self.signals_at < STATS_EVERY:
+                return
         pool = sched.pool
         made = pool.created if pool is not None else 0
         figures = None
         if pool is not None:
             scaler = sched._scaler
             changes = scaler.changes + scaler.valves if scaler is not None else 0
-            figures = (pool.live - 1, pool.cap - 1, changes)  # the feeder's context left out
+            # the feeder's context left out: it is always bound, never free or blocked
+            figures = (pool.live - 1, pool.cap - 1, changes, len(pool.free), pool.blocked)
+            figures += signals
         if self.steal_ns or (made, figures) != self.contexts_sent:
+            self.signals_sent, self.signals_at = signals, perf_counter()
             steals = self.steal_ns[-STEAL_SAMPLES:]
             self.send(pickle.dumps(("stats", self.index, made, steals, figures)))
             self.steal_ns, self.contexts_sent = [], (made, figures)

@@ -2,7 +2,9 @@
 with prometheus_client's own parser and the naming conventions, and the exporter over a
 real loopback socket. No root needed."""
 
+import os
 import re
+import time
 import urllib.error
 import urllib.request
 
@@ -269,3 +271,72 @@ def test_debug_endpoints_only_when_asked_for(store, metrics):
         stop.set()
         busy.join()
         exporter.stop()
+
+
+# -- a Pool's collector (runtime.metrics), over real worker processes ------------------------
+def square(x):
+    return x * x
+
+
+def spin(seconds):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pass
+    return seconds
+
+
+def samples(registry) -> dict:
+    """{(sample name, sorted label items): value} of one exposition, parsed back."""
+    text = generate_latest(registry).decode()
+    assert lint(text) == []
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_a_pools_collector_reports_its_workers_tasks_contexts_steals_and_preemptions():
+    from prometheus_client import CollectorRegistry
+
+    from xhagent.runtime.metrics import PoolCollector
+    from xhagent.runtime.pool import Pool
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    registry = CollectorRegistry()
+    with Pool(cpus, slice_ms=10, preempt="timer") as pool:
+        registry.register(PoolCollector(pool))
+        assert pool.map(square, range(50)) == [x * x for x in range(50)]
+        # CPU hogs queued on one worker's own ring: time-sliced there, and stolen by the other
+        hogs = pool.fan_out(spin, [0.15] * 6)
+        assert [f.result(60) for f in hogs] == [0.15] * 6
+        deadline = time.monotonic() + 10
+        while True:  # the workers' last reports come with their next flush
+            got = samples(registry)
+            done = sum(v for (n, _), v in got.items() if n == "xhagent_pool_tasks_total")
+            signals = sum(
+                v for (n, _), v in got.items() if n == "xhagent_pool_preempt_signals_total"
+            )
+            if done >= 50 + 6 + 1 and signals > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert done >= 50 + 6 + 1  # + the fan_out task that queued the hogs
+        assert signals > 0
+        assert got[("xhagent_pool_workers", (("state", "alive"),))] == len(cpus)
+        assert got[("xhagent_pool_global_tasks_queued", ())] == 0
+        for w in pool.workers:
+            key = (("cpu", str(w.cpu)), ("worker", str(w.index)))
+            states = {
+                s: got[
+                    (
+                        "xhagent_pool_contexts",
+                        (("cpu", str(w.cpu)), ("state", s), ("worker", str(w.index))),
+                    )
+                ]
+                for s in ("free", "running", "blocked")
+            }
+            assert states["blocked"] == 0 and states["free"] >= 1, states
+            assert got[("xhagent_pool_contexts_created_total", key)] >= 1
+            assert got[("xhagent_pool_tasks_queued", key)] == 0
+        if len(cpus) > 1:  # the hogs were queued on one worker's ring: the other stole some
+            assert sum(v for (n, _), v in got.items() if n == "xhagent_pool_steals_total") >= 1

@@ -115,11 +115,12 @@ def test_park_and_unpark_follow_the_table():
     pool = ContextPool(lambda task: None, min=1, max=1)
     ctx = pool.acquire("t")
     pool.park(ctx)
-    assert ctx.state is S.BLOCKED and pool.parked == 1
+    assert ctx.state is S.BLOCKED and pool.parked == 1 and pool.stats()["blocked"] == 1
     with pytest.raises(IllegalTransition):
         pool.release(ctx)  # a parked task is woken before its context is released
     pool.unpark(ctx)
     assert ctx.state is S.RUNNING
+    assert pool.stats()["blocked"] == 0 and pool.parked == 1  # a gauge, and a count of parks
 
 
 def test_idle_timeout_trims_free_contexts_down_to_min():
