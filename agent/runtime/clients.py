@@ -26,9 +26,12 @@ every lost worker, answers for the tasks that will not end:
     client sees the owner's process gone.
 
 The regions are reached through /proc/PID/fd paths, which only the same user (or root)
-may open. Not covered: a task that a worker took off the rings and died with before
-claiming it (the owner fails its own such tasks once the pool is quiet, `_reconcile`;
-a client's stays pending: use a timeout).
+may open. A task that a worker took off the rings and died with before claiming it is
+known to nobody: once the pool is quiet after a death (the owner's `_reconcile`: every
+ring empty, nothing claimed, every live worker asleep, at two polls in a row) the owner
+tells each client the time of the first such poll, and the client fails with WorkerLost
+its tasks still pending whose push had returned before then (their outcomes, pushed
+before the owner heard of their end, would have come first).
 """
 
 from __future__ import annotations
@@ -119,6 +122,12 @@ class Relay:
     def _push(self, pid: int, region: SharedQueues, blob: bytes) -> None:
         if not _push(pid, region, blob):
             self.bye(pid)  # a client that stopped reading must not stall the pool
+
+    def quiet_loss(self, since: float, why: str) -> None:
+        """Tell every client the pool was quiet from `since` (time.monotonic) after a worker
+        died: its tasks pushed before then and still pending were lost with that worker."""
+        for pid, region in list(self.clients.items()):
+            self._push(pid, region, pickle.dumps(("lost", since, why)))
 
     def check(self) -> None:
         for pid in [p for p in self.clients if not pid_alive(p)]:
@@ -250,6 +259,7 @@ class PoolClient:
             if self._closed:
                 break
             time.sleep(0.0005)  # the global ring is full: the workers are behind
+        fut._pushed = time.monotonic()  # after the push: see "lost" in _collect
         return fut
 
     def map(self, fn, iterable, timeout: float | None = None) -> list:
@@ -269,9 +279,23 @@ class PoolClient:
             if msg[0] == "closed":
                 self._fail_all("the pool was closed")
                 return
+            if msg[0] == "lost":
+                self._lost_before(*msg[1:])
+                continue
             with self._lock:
                 got = [(self._pending.pop(tid, None), ok, sealed) for tid, ok, sealed in msg[1]]
             complete_all([(fut, *_unseal(ok, sealed)) for fut, ok, sealed in got if fut])
+
+    def _lost_before(self, since: float, why: str) -> None:
+        """The owner found the pool quiet from `since` after a worker died: a task pushed
+        before then and still pending was taken by that worker and never claimed."""
+        from .pool import WorkerLost
+
+        with self._lock:
+            lost = [(t, f) for t, f in self._pending.items() if f._pushed < since]
+            for t, _ in lost:
+                del self._pending[t]
+        complete_all([(f, False, WorkerLost(f"task {t} was lost with {why}")) for t, f in lost])
 
     def _fail_all(self, why: str) -> None:
         from .pool import PoolClosed

@@ -16,6 +16,8 @@ class PoolFuture(LazyFuture):
     made, nobody waits, and nobody can start to until the outcome is written; with one,
     it is Future's own set_result under it."""
 
+    _pushed = float("inf")  # a client's: when its push returned (time.monotonic)
+
     def __init__(self):
         pass  # everything starts as a class default
 

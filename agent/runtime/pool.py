@@ -108,6 +108,8 @@ class Pool:
         self._ids = count()
         self._last_tid = -1  # the last task id handed out: the reconciler's "no submissions"
         self._deaths: list[str] = []
+        self._deaths_told = 0  # of them, those the clients were told of (_reconcile)
+        self._quiet_at = 0.0
         self._quiet_mark = None
         self._pending: dict[int, Future] = {}
         self._claims: dict[int, int] = {}  # task id -> worker index
@@ -431,25 +433,30 @@ class Pool:
         """A worker killed between taking tasks off a ring and sending their claim leaves
         futures that no ring and no worker holds. After a death, once the pool is quiet at
         two polls in a row (every live worker asleep, every ring empty, nothing claimed,
-        the same futures pending), the futures still pending can only be those."""
+        the same futures pending), the futures still pending can only be those. The
+        clients are told too, with the time of the first quiet poll: a task of theirs
+        pushed before it and still pending can only be such a task (runtime.clients)."""
+        now = time.monotonic()  # before the look: a push seen done before `now` is in it
         self._drain(r)
         local, glob = q.lengths()
         live = sum(w.alive for w in self.workers)
         with self._lock:
-            quiet = not glob and not any(local) and not self._claims and self._pending
-            quiet = quiet and q.sleepers() == live
-            mark = (self._last_tid, frozenset(self._pending)) if quiet else None
+            idle = not glob and not any(local) and not self._claims and q.sleepers() == live
+            owed = len(self._deaths) > self._deaths_told and bool(self._relay.clients)
+            quiet = idle and (bool(self._pending) or owed)
+            mark = (self._last_tid, frozenset(self._pending), len(self._deaths)) if quiet else None
         if mark is None or mark != self._quiet_mark:
-            self._quiet_mark = mark
+            self._quiet_mark, self._quiet_at = mark, now
             return
         self._quiet_mark = None
         deaths = "; ".join(self._deaths)
-        self._fail_all(
-            lambda tid: WorkerLost(
-                f"task {tid} was lost with a worker that died after taking it off the"
-                f" queues and before reporting it ({deaths})"
-            )
+        why = (
+            f"a worker that died after taking it off the queues and before reporting it ({deaths})"
         )
+        if owed:
+            self._relay.quiet_loss(self._quiet_at, why)
+            self._deaths_told = len(self._deaths)
+        self._fail_all(lambda tid: WorkerLost(f"task {tid} was lost with {why}"))
 
     def _lost(self, w: _Worker, q) -> None:
         code = w.proc.returncode

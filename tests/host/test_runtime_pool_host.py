@@ -615,6 +615,12 @@ with PoolClient(address) as client:
         out["pids"] = sorted({f.result(60) for f in [client.submit(os.getpid) for _ in range(200)]})
         out["map"] = client.map(abs, range(-5, 0), timeout=60)
         out["kw"] = client.submit(int, "ff", base=16).result(60)
+    elif case == "unclaimed":  # a task the test takes off the ring as a dying worker would
+        fut = client.submit(math.factorial, 5)
+        print("submitted", flush=True)
+        err = fut.exception(60)
+        out["error"] = [type(err).__name__, str(err)]
+        out["after"] = client.submit(math.factorial, 4).result(60)  # later tasks still run
     else:  # a task that runs until its worker is killed, or the pool closed
         fut = client.submit(time.sleep, 120)
         print("submitted", flush=True)
@@ -667,6 +673,31 @@ def test_a_clients_task_on_a_killed_worker_fails_with_worker_lost():
         assert "died with signal 9" in msg
         if len(CPUS) > 1:
             assert pool.submit(square, 7).result(T) == 49  # the pool goes on
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two workers")
+def test_a_clients_task_taken_but_unclaimed_by_a_dead_worker_fails():
+    """As the owner's own case above, for another process's task: nobody but the dead
+    worker ever knew of it; the owner, once the pool is quiet, tells the client when."""
+    with Pool(CPUS) as pool:
+        for w in pool.workers:
+            os.kill(w.pid, signal.SIGSTOP)
+        dead, other = pool.workers
+        try:
+            proc = run_client(pool, "unclaimed")
+            assert proc.stdout.readline().strip() == "submitted"
+            q = SharedQueues.attach(pool._q.fd)
+            assert q.pop_global() is not None  # taken, and never claimed
+            q.close()
+            os.kill(dead.pid, signal.SIGKILL)
+        finally:
+            os.kill(other.pid, signal.SIGCONT)
+        got = json.loads(proc.communicate(timeout=T)[0])
+        kind, msg = got["error"]
+        assert kind == "WorkerLost" and "before reporting it" in msg, got
+        assert f"pid {dead.pid}" in msg and "died with signal 9" in msg
+        assert got["after"] == 24
+        assert pool.stats()["pending"] == 0
 
 
 def test_a_clients_outstanding_task_fails_when_the_pool_closes():
