@@ -79,8 +79,13 @@ def trace() -> None:
     help="Comma-separated subset of: switch, wakeup, wakeup_new, exit, fork.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@click.option(
+    "--metrics-addr",
+    help="While recording, serve /metrics here (HOST:PORT, port 0: any free one): events "
+    "recorded and lost (xhagent_trace_*).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, duration, cgroup, pids, events, as_json, command) -> None:
+def record(output, duration, cgroup, pids, events, as_json, metrics_addr, command) -> None:
     """Record sched_switch/wakeup/exit/fork into OUTPUT.
 
     With `-- COMMAND ...`, trace the command and its descendants and stop when it exits,
@@ -104,6 +109,12 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
     if command and not command[0]:
         _fail("the command after -- is empty", BAD_INPUT)
     try:
+        from ..metrics.exporter import parse_addr
+
+        metrics_at = parse_addr(metrics_addr) if metrics_addr is not None else None
+    except ValueError as exc:
+        _fail(f"--metrics-addr: {exc}", BAD_INPUT)
+    try:
         cgroup = check_cgroup(cgroup) if cgroup is not None else None
         pids = [check_pid(p) for p in pids]
         OutputFile.check(output)
@@ -114,7 +125,22 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         _fail("recording needs root (loading BPF programs)")
     tty = sys.stderr.isatty()
 
+    figures = exporter = None
+    if metrics_at is not None:
+        from ..metrics.exporter import Exporter
+        from .metrics import TraceMetrics
+
+        figures = TraceMetrics()
+        try:
+            exporter = Exporter(figures.registry, metrics_at)
+        except OSError as exc:
+            _fail(f"--metrics-addr: cannot serve: {exc.strerror or exc}")
+        exporter.start()
+        click.echo(f"trace: metrics at {exporter.url}", err=True)
+
     def progress(events: int, lost: int, elapsed: float) -> None:
+        if figures is not None:
+            figures.update(events, lost, elapsed)
         line = f"trace: {events} events, {lost} lost, {elapsed:.1f} s"
         click.echo(f"\r{line}" if tty else line, err=True, nl=not tty)
 
@@ -136,6 +162,9 @@ def record(output, duration, cgroup, pids, events, as_json, command) -> None:
         _fail(f"{exc.filename or output}: cannot write: {exc.strerror or exc}")
     except Terminated as exc:
         _fail(f"{exc}; {output} left as it was", exc.exit_code)
+    finally:
+        if exporter is not None:
+            exporter.stop()
     if tty:
         click.echo("", err=True)
     click.echo(

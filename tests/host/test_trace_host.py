@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -328,3 +329,46 @@ def test_a_cgroup_v1_directory_is_refused(run_xhagent, tmp_path):
     )
     assert res.returncode == 2 and f"--cgroup {v1}: not a cgroup v2 directory" in res.stderr
     assert os.listdir(tmp_path) == []
+
+
+def scrape(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_a_recording_serves_its_events_and_losses_to_prometheus(tmp_path):
+    out = tmp_path / "t.xht"
+    # a command of ~3 s: the recorder reports its figures once a second
+    busy = "for i in $(seq 150); do sleep 0.02; done"
+    rec = start_record("-o", str(out), "--metrics-addr", "127.0.0.1:0", "--", "sh", "-c", busy)
+    try:
+        line = rec.stderr.readline()
+        assert line.startswith("trace: metrics at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].strip()
+        first = scrape(url)  # served from the start, before the first progress report
+        assert first["xhagent_trace_lost_events_total"] == 0
+        deadline = time.monotonic() + 30
+        while (got := scrape(url))["xhagent_trace_events_total"] == 0:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        assert got["xhagent_trace_recording_seconds"] >= 1.0  # the first report: after 1 s
+        assert got["xhagent_trace_lost_events_total"] == 0
+        _, err = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode == 0, err
+    assert len(TraceFile(out)) >= got["xhagent_trace_events_total"]  # the file has them all
+    with pytest.raises(OSError):  # the endpoint ends with the recording
+        scrape(url)
+
+
+def test_a_bad_metrics_address_is_refused_before_recording(tmp_path, run_xhagent):
+    res = run_xhagent(
+        "trace", "record", "-o", str(tmp_path / "x"), "--metrics-addr", "nowhere", "--duration", "1"
+    )
+    assert res.returncode == 2 and "--metrics-addr" in res.stderr and "HOST:PORT" in res.stderr
+    assert not (tmp_path / "x").exists()
