@@ -553,8 +553,10 @@ static PyObject *core_drive(Core *s, PyObject *ctx) {
             s->offered = 0;
             PyObject *nxt = core_next_impl(s);
             s->offer_ctx = s->offer_g = NULL;
-            if (!nxt)
+            if (!nxt) {
+                s->offered = 0;
                 goto fail;
+            }
             if (s->offered) {   /* `current` took this context over: run it here */
                 s->offered = 0;
                 Py_DECREF(nxt);
@@ -583,7 +585,8 @@ static PyObject *core_drive(Core *s, PyObject *ctx) {
                 int rc = nxt == me ? 0 : switch_to(nxt);
                 Py_DECREF(nxt);
                 if (rc < 0) {   /* handed to the coroutine (its `finally`), as from a Trap */
-                    exc = fetch_exception();
+                    if (!(exc = fetch_exception()))
+                        goto fail;
                     continue;
                 }
             }
@@ -596,7 +599,8 @@ static PyObject *core_drive(Core *s, PyObject *ctx) {
             PyErr_Format(PyExc_TypeError, "runtime tasks can await only runtime awaitables, not %R",
                          out);
             Py_CLEAR(out);
-            exc = fetch_exception();
+            if (!(exc = fetch_exception()))
+                goto fail;
             continue;
         }
         /* a blocking runtime call (sleep, join, a read): made here, parking this context */
