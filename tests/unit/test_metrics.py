@@ -307,9 +307,11 @@ def test_a_pools_collector_reports_its_workers_tasks_contexts_steals_and_preempt
     with Pool(cpus, slice_ms=10, preempt="timer") as pool:
         registry.register(PoolCollector(pool))
         assert pool.map(square, range(50)) == [x * x for x in range(50)]
-        # CPU hogs queued on one worker's own ring: time-sliced there, and stolen by the other
-        hogs = pool.fan_out(spin, [0.15] * 6)
-        assert [f.result(60) for f in hogs] == [0.15] * 6
+        # 200 short CPU-bound tasks queued on one worker's own ring: more than one batch
+        # (at most 64 taken at once), so the rest waits there for ~0.3 s, long enough for
+        # the other worker to steal; the CPU-clock timer signals each worker meanwhile
+        hogs = pool.fan_out(spin, [0.005] * 200)
+        assert [f.result(60) for f in hogs] == [0.005] * 200
         deadline = time.monotonic() + 10
         while True:  # the workers' last reports come with their next flush
             got = samples(registry)
@@ -317,10 +319,10 @@ def test_a_pools_collector_reports_its_workers_tasks_contexts_steals_and_preempt
             signals = sum(
                 v for (n, _), v in got.items() if n == "xhagent_pool_preempt_signals_total"
             )
-            if done >= 50 + 6 + 1 and signals > 0 or time.monotonic() > deadline:
+            if done >= 50 + 200 + 1 and signals > 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert done >= 50 + 6 + 1  # + the fan_out task that queued the hogs
+        assert done >= 50 + 200 + 1  # + the fan_out task that queued the hogs
         assert signals > 0
         assert got[("xhagent_pool_workers", (("state", "alive"),))] == len(cpus)
         assert got[("xhagent_pool_global_tasks_queued", ())] == 0
@@ -338,5 +340,5 @@ def test_a_pools_collector_reports_its_workers_tasks_contexts_steals_and_preempt
             assert states["blocked"] == 0 and states["free"] >= 1, states
             assert got[("xhagent_pool_contexts_created_total", key)] >= 1
             assert got[("xhagent_pool_tasks_queued", key)] == 0
-        if len(cpus) > 1:  # the hogs were queued on one worker's ring: the other stole some
+        if len(cpus) > 1:  # they were queued on one worker's ring: the other stole some
             assert sum(v for (n, _), v in got.items() if n == "xhagent_pool_steals_total") >= 1
