@@ -94,7 +94,7 @@ def local() -> dict:
 
 def sleep_async(seconds: float):
     """`await sleep_async(s)` in an `async def` task (0 or less: a yield)."""
-    return Trap(sleep, seconds) if seconds > 0 else _c.yield_async()
+    return _c.yield_async() if seconds <= 0 else Trap(sleep, seconds)
 
 
 # `await yield_async()`: the back of the task's class. In a task spawned with an `async def`

@@ -340,6 +340,8 @@ class Scheduler(_sched.Core):
         called only once the park is certain (a cancelled task does not park), so no
         wake-up is ever filed under a token the task might use for a later park."""
         task = self.current
+        if timeout is not None and timeout != timeout:  # NaN: a timer that never comes due
+            raise ValueError("a timeout must be a number of seconds, not NaN")
         if task._cancel_requested:
             raise Cancelled()
         task._parks += 1

@@ -254,3 +254,21 @@ def test_coroutine_tasks_under_a_context_cap_wait_and_run():
     results, created = Scheduler(pool_max=4).run(main)
     assert results == list(range(20))
     assert created <= 4
+
+
+def test_a_nan_sleep_or_timeout_is_refused_not_parked_for_ever():
+    async def co():
+        await rt.sleep_async(float("nan"))
+
+    def main():
+        with pytest.raises(ValueError, match="NaN"):
+            rt.sleep(float("nan"))
+        h = rt.spawn(co)
+        with pytest.raises(ValueError, match="NaN"):
+            h.join()
+        other = rt.spawn(rt.sleep, 0.01)
+        with pytest.raises(ValueError, match="NaN"):
+            other.join(float("nan"))
+        return other.join()
+
+    assert rt.run(main) is None
