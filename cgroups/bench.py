@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -40,7 +42,12 @@ from .subtree import locate
 
 # Each reader is a process (its own cgroup member) running the engine's O_DIRECT sink
 # stream: random BLOCK-byte reads with DEPTH of them in flight, the queue kept full across
-# batches (fio's randread at iodepth=DEPTH). It prints the reads done and the bytes read.
+# batches (fio's randread at iodepth=DEPTH). Once its imports and ring are ready it says so
+# and waits for the window, two CLOCK_MONOTONIC times (system-wide, so the same for all
+# readers): it reads from its "go" until the window closes and counts only the reads it
+# harvested inside the window, so every counted read was made while all readers were
+# reading. It prints those reads, their bytes, and how long after the window opened its
+# first read went out (negative: before, as it should).
 READER = r"""
 import os, random, sys, time
 from array import array
@@ -48,28 +55,33 @@ from xhagent.io import aligned_buffer
 from xhagent.io.direct import DirectFile
 dev = sys.argv[1]
 size, block, depth = (int(a) for a in sys.argv[2:5])
-seconds = float(sys.argv[5])
 slots = max(depth, 64)
+batch = 16  # reads per feed: a read is counted at its batch's harvest, so keep batches small
 rng = random.Random(os.getpid())
 blocks = size // block
-sys.stdin.readline()  # go: every reader is up (each started inside its own group)
 f = DirectFile(dev, poll=False, entries=max(64, 2 * depth))
+print("ready", flush=True)
+opens, closes = (float(t) for t in sys.stdin.readline().split()[1:3])
 ops = nbytes = 0
 def take(done):
     global ops, nbytes
     if done is not None:
         done.check()
-        ops += len(done.res)
-        nbytes += sum(done.res)
+        if opens <= time.monotonic() <= closes:
+            ops += len(done.res)
+            nbytes += sum(done.res)
 with aligned_buffer(slots * block) as buf:
     stream = f.stream(block, depth=depth, slots=slots)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        take(stream.feed(array("Q", (rng.randrange(blocks) * block for _ in range(64))), buf))
+    first = time.monotonic()
+    while time.monotonic() < closes:
+        take(stream.feed(array("Q", (rng.randrange(blocks) * block for _ in range(batch))), buf))
     take(stream.finish())
 f.close()
-print(ops, nbytes)
+print(ops, nbytes, first - opens)
 """
+# From the "go" to the window's opening: the readers' first reads go out and io.cost sees
+# every group busy before anything is counted (fio's ramp_time).
+RAMP_S = 0.5
 HEAD = (
     "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\n"
     "metadata: {name: bench-cgroup-io}\nspec:\n  groups:\n"
@@ -178,10 +190,10 @@ NULLB_QOS = "enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.
 def _readers(
     groups: list[Cgroup], dev: str, size: int, block: int, depth: int, seconds: float
 ) -> list[tuple[int, int]]:
-    """(reads, bytes) of one reader per group, all reading at the same time. Each reader is
-    started inside its group (Cgroup.spawn), so none of its reads is charged elsewhere; a
-    line on stdin starts them together once all are up."""
-    argv = [sys.executable, "-c", READER, dev, str(size), str(block), str(depth), str(seconds)]
+    """(reads, bytes) of one reader per group over the same `seconds`-long window. Each
+    reader is started inside its group (Cgroup.spawn), so none of its reads is charged
+    elsewhere; once all are ready, one line on stdin gives them the window, RAMP_S ahead."""
+    argv = [sys.executable, "-c", READER, dev, str(size), str(block), str(depth)]
     readers: list[tuple[Spawned, object, object]] = []
     try:
         for group in groups:
@@ -197,15 +209,23 @@ def _readers(
                 os.close(go_r)
                 os.close(out_w)
             readers.append((child, os.fdopen(go_w, "w"), os.fdopen(out_r, "r")))
-        for _, go, _ in readers:
+        deadline = time.monotonic() + 60
+        ready = [_ready(result, deadline) for _, _, result in readers]
+        opens = time.monotonic() + RAMP_S
+        for _, go, _ in readers:  # without a window (one reader failed) the others end too
             try:
-                go.write("go\n")
+                go.write(f"go {opens!r} {opens + seconds!r}\n" if all(ready) else "")
                 go.close()
             except BrokenPipeError:
                 pass  # that reader is already gone: its exit status says why
-        deadline = time.monotonic() + seconds + 60
-        for child, _, _ in readers:  # each prints one line: it fits the pipe, so wait first
-            child.wait(timeout=max(deadline - time.monotonic(), 0.001))
+        deadline = opens + seconds + 60
+        try:
+            for child, _, _ in readers:  # each prints one line: it fits the pipe, so wait first
+                child.wait(timeout=max(deadline - time.monotonic(), 0.001))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"a reader was still running {seconds + 60:g} s after its go"
+            ) from None
         out = [result.read() for _, _, result in readers]
     finally:
         for child, go, result in readers:
@@ -214,11 +234,26 @@ def _readers(
                 child.wait()
             go.close()
             result.close()
-    if any(child.returncode for child, _, _ in readers):
+    if any(child.returncode for child, _, _ in readers) or not all(ready):
         raise RuntimeError(
             f"a reader failed: exit statuses {[child.returncode for child, _, _ in readers]}"
         )
-    return [tuple(int(x) for x in o.split()) for o in out]
+    done = [o.split() for o in out]
+    for group, (_, _, late) in zip(groups, done, strict=True):
+        if float(late) > 0:
+            raise RuntimeError(
+                f"the reader in {group.path} began {float(late) * 1000:.0f} ms after the "
+                f"measured window opened ({RAMP_S} s after its go): its figures would count "
+                "time the others read alone"
+            )
+    return [(int(ops), int(nbytes)) for ops, nbytes, _ in done]
+
+
+def _ready(result, deadline: float) -> bool:
+    """Wait for a reader's "ready" line; False when it ended (or stayed silent) before."""
+    if not select.select([result], [], [], max(deadline - time.monotonic(), 0))[0]:
+        return False
+    return result.readline() == "ready\n"
 
 
 def _split(done: list[tuple[int, int]], case: Case, seconds: float, usage: list) -> dict:

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.host
 # Before its "go", a reader notes the group it is in at that moment, under dev.<pid>.
 WHERE = (
     "import os, sys\nwhere = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0]\n"
-    "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nsys.stdin.readline()\n"
-    "print(0, 0)\n"
+    "open(sys.argv[1] + '.' + str(os.getpid()), 'w').write(where)\nprint('ready', flush=True)\n"
+    "sys.stdin.readline()\nprint(0, 0, -1.0)\n"
 )
 
 
@@ -51,4 +51,13 @@ def test_readers_read_o_direct_and_a_failing_one_is_reported(groups, monkeypatch
             cgroup_bench._readers(groups, str(data), 1 << 20, 4096, 1, 0.5)
     finally:
         data.unlink()
+    assert all(cg.events()["populated"] == 0 for cg in groups)
+
+
+def test_a_reader_that_began_after_the_window_opened_fails_the_run(groups, tmp_path, monkeypatch):
+    """Its count would include time the others read alone: the run is refused, not reported."""
+    late = "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\nprint(5, 20480, 0.25)\n"
+    monkeypatch.setattr(cgroup_bench, "READER", late)
+    with pytest.raises(RuntimeError, match=r"began 250 ms after the measured window opened"):
+        cgroup_bench._readers(groups, str(tmp_path / "dev"), 4096, 512, 1, 0.5)
     assert all(cg.events()["populated"] == 0 for cg in groups)

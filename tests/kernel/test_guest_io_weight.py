@@ -1,10 +1,12 @@
 """io.weight where a device queue, not the emulator, is the bottleneck: `bench cgroup-io
 --device nullb` makes a null_blk disk (1 ms timer completions, 16 in flight), writes a
 fixed io.cost model whose budget sits below what that disk does, and has groups read it
-at once. The split follows the weights: 500/100 within 15% of 5:1 (the first group's
-share within 0.05 of 5/6), 500/100/10 and the nested pair in the order their weights
-give; BFQ's split is reported; and the run leaves nothing behind."""
+at once, counting only the reads of a window in which every reader reads. Each group's
+share follows its weight: 500/100 within 15% of 5:1, every share of the three-way and
+nested cases within SHARE_TOLERANCE of what the weights give; BFQ's split is reported; and
+the run leaves nothing behind."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -16,6 +18,9 @@ from xhagent.cgroups.io_weight import io_cost_enabled
 
 pytestmark = pytest.mark.kernel
 NULLB = Path("/sys/kernel/config/nullb")
+# Four runs of the bench in the guest gave every share within 0.012 of the weights' (the
+# 10-weight group's 0.0157-0.0165 of 0.0164 wanted); 0.03 leaves room for a busier host.
+SHARE_TOLERANCE = 0.03
 
 
 @pytest.fixture(scope="module")
@@ -39,35 +44,30 @@ def runs(result):
 
 
 def test_two_groups_split_the_disk_by_their_weights(bench):
-    """500/100 wants shares 0.833 / 0.167 (5:1): the first group's share is held within
-    0.05 of 5/6 and the ratio within 15% of 5. With the vrate capped at 100% the budget
-    stays below what either reader can issue: 4.60-4.96:1 in eight runs of the bench.
-    (Uncapped: 4.24:1 and 3.93:1 in 2 of 13 runs; on the emulated NVMe disk, where io.cost
-    does not throttle, 1.7:1.)"""
+    """500/100 wants shares 0.833 / 0.167 (5:1): 5.00-5.05:1 in four runs of the bench.
+    Before the readers shared one counted window the first to start read alone for a
+    while, which the small group gained most from: 4.02-4.96:1."""
     result, _ = bench
     two = runs(result)["two"]
     assert result["enforcer"]["two"] == {result["majmin"]: "io.cost"}
     assert two["weight_share"] == [0.8333, 0.1667]
-    assert two["share"][0] == pytest.approx(0.8333, abs=0.05), two
+    assert two["share"] == pytest.approx(two["weight_share"], abs=SHARE_TOLERANCE), two
     assert 5 * 0.85 <= two["achieved_ratio_first_to_last"] <= 5 * 1.15, two
     # io.cost charged each group for what it read: the heavier one more
     assert two["cost_usage_us"][0] > two["cost_usage_us"][1] > 0
 
 
-def test_three_groups_and_the_nested_pair_come_in_weight_order(bench):
-    """The nested case: the parents split 200/100 (2/3 : 1/3), within 0.08, and inside the
-    first parent the 300-weight child leads the 100 one. The children's own shares are not
-    held: the 100 child got 0.18-0.20 (1/6 wanted) in two runs and 0.25 in a third, where
-    io.cost gave it what its sibling left unused."""
+@pytest.mark.parametrize("case", ["three", "nested"])
+def test_three_groups_and_the_nested_pair_get_their_hierarchical_shares(bench, case):
+    """500/100/10 wants 0.820 / 0.164 / 0.016; the nested pair (200/100 at the top, 300/100
+    under the first) 0.500 / 0.167 / 0.333. The order is asserted on its own so that a
+    failure says whether the weights were inverted or only loose."""
     result, _ = bench
-    three, nested = runs(result)["three"], runs(result)["nested"]
-    assert three["IOPS"][0] > three["IOPS"][1] > three["IOPS"][2] > 0, three
-    # p0-200/c0-300 (1/2) > p1-100 (1/3) > p0-200/c1-100 (1/6)
-    got = dict(zip(nested["groups"], nested["IOPS"], strict=True))
-    assert got["p0-200/c0-300"] > got["p1-100"] > got["p0-200/c1-100"] > 0, nested
-    share = dict(zip(nested["groups"], nested["share"], strict=True))
-    parent = share["p0-200/c0-300"] + share["p0-200/c1-100"]
-    assert parent == pytest.approx(2 / 3, abs=0.08), nested
+    run = runs(result)[case]
+    assert result["enforcer"][case] == {result["majmin"]: "io.cost"}
+    ranked = sorted(range(len(run["IOPS"])), key=lambda i: -run["weight_share"][i])
+    assert all(run["IOPS"][a] > run["IOPS"][b] > 0 for a, b in itertools.pairwise(ranked)), run
+    assert run["share"] == pytest.approx(run["weight_share"], abs=SHARE_TOLERANCE), run
 
 
 def test_the_bfq_case_runs_under_bfq_alone_and_reports_its_split(bench):
