@@ -453,6 +453,39 @@ int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned m
 	return ret < 0 && n == 0 ? ret : (int)n;
 }
 
+int xh_rt_now(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	      uint64_t offset, uint64_t user_data, int64_t *res, int64_t *out, unsigned max)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0, seen = 0;
+	int ret;
+
+	*res = INT64_MIN;
+	if (!sqe)
+		return -EBUSY;
+	prep_rw(sqe, opcode, fd, buf + buf_off, len, offset, -1);
+	io_uring_sqe_set_data64(sqe, user_data);
+	/* no GETEVENTS: a read the page cache answers completes inside the submit itself */
+	ret = io_uring_submit(ring);
+	if (ret == -EINTR || ret == -EAGAIN || ret == -EBUSY)
+		ret = 0;
+	io_uring_for_each_cqe(ring, head, cqe) {
+		if (cqe->user_data == user_data && *res == INT64_MIN) {
+			*res = cqe->res;
+		} else {
+			if (n == max)
+				break;
+			out[2 * n] = (int64_t)cqe->user_data;
+			out[2 * n + 1] = cqe->res;
+			n++;
+		}
+		seen++;
+	}
+	io_uring_cq_advance(ring, seen);
+	return ret < 0 && n == 0 && *res == INT64_MIN ? ret : (int)n;
+}
+
 int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);

@@ -97,6 +97,13 @@ int xh_prep_file_chain(struct io_uring *ring, const char *path, unsigned slot, v
  * many, or the negative errno of a refused enter (an interrupted or timed-out wait is not
  * one). */
 int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned max);
+/* One request tried inline: queued and submitted in one io_uring_enter (as xh_rt_prep then
+ * xh_rt_enter with wait_ns 0, in one call). When its completion is ready after the enter,
+ * its result goes to *res; other ready completions go to out as in xh_rt_enter. *res is
+ * INT64_MIN when it did not complete (it stays in flight under user_data). Returns how many
+ * others, or the negative errno of a refused enter (-EBUSY: the SQ is full, nothing queued). */
+int xh_rt_now(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
+	      uint64_t offset, uint64_t user_data, int64_t *res, int64_t *out, unsigned max);
 /* Arm a one-shot POLLIN on `fd` (an eventfd that other threads write to wake the ring's
  * sleeper); its completion carries user_data. -EBUSY when the SQ is full. */
 int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);

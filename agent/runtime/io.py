@@ -9,9 +9,11 @@ One ring per scheduler (so one per pool worker), made by the first read or write
 scheduler whose tasks do no I/O has none.
 
 A request is first tried inline: it goes to the kernel in an io_uring_enter of its own,
-and a read or write the page cache answers completes inside that enter, so the task gets
-its result without parking (one system call, ~1 us here; a park and a wake cost several
-times that, and while 10k tasks wait for one round, all of them hold a context). A request
+queued, submitted and reaped in one C call (xh_rt_now), and a read or write the page cache
+answers completes inside that enter, so the task gets its result without parking (one
+system call, ~1.1 us here with the call; a park and a wake cost several times that, and
+while 10k tasks wait for one round, all of them hold a context). A preemption asked while
+the request is made waits for it, and is honoured by a yield when it returns. A request
 that does not complete inline (a device read, an empty pipe) parks its task, and the next
 EAGER_BACKOFF requests are not tried inline but batched: each is queued in the submission
 queue, its task parks and other tasks run meanwhile. Everything the tasks of a round queued
@@ -56,6 +58,7 @@ FUTEX = (1 << 64) - 3  # user_data of the FUTEX_WAIT on a pool worker's run-queu
 _FUTEX_SIGNED = FUTEX - (1 << 64)
 READ, WRITE = 0, 1
 EAGER_BACKOFF = 64  # requests batched after one that did not complete inline
+_NOT_DONE = -(1 << 63)  # xh_rt_now's result of a request still in flight (INT64_MIN)
 
 
 class IoUnavailable(KernelError):
@@ -119,6 +122,8 @@ class TaskRing:
         self._backlog: list = []  # (rec, op, fd, buffer, nbytes, offset) waiting for a slot
         self._out = array("q", bytes(16 * self.ring.cq_entries))
         self._outp = ffi.cast("int64_t *", ffi.from_buffer(self._out))
+        self._res = array("q", [0])  # xh_rt_now's result of the request it tried inline
+        self._resp = ffi.cast("int64_t *", ffi.from_buffer(self._res))
         # the slab, made by the first small read (its pages are touched as slots are used)
         self._slab = self._slab_p = self._slab_mv = None
         self.inflight = self.queued = 0
@@ -151,43 +156,86 @@ class TaskRing:
         rec = [task, 0, None, None, cbuf]
         # Until parked, a preemption would let another task's request in halfway through
         # this one (the ring's state, self._rec): the handler's yield waits, as in
-        # critical(). The park gives the CPU up, which is what a pending preemption asked.
+        # critical(). The park gives the CPU up, which is what a pending preemption asked;
+        # a request answered inline yields for it on the way out, as critical() does.
+        inline = False
         task._critical += 1
         try:
             if self._free and not self._backlog:
-                self._prep(rec, op, fd, cbuf, nbytes, offset)
                 if self._eager_after <= 0:
-                    self._enter(0)
-                    if rec[2] is not None:
-                        self.inline += 1
-                        return rec
-                    self._eager_after = EAGER_BACKOFF
+                    inline = self._now(rec, op, fd, cbuf, nbytes, offset)
+                    if not inline:
+                        self._eager_after = EAGER_BACKOFF
                 else:
+                    self._prep(rec, op, fd, cbuf, nbytes, offset)
                     self._eager_after -= 1
             else:
                 self._backlog.append((rec, op, fd, cbuf, nbytes, offset))
-            if self._pump is None or task.priority < self._pump_class:
-                self._pump_class = task.priority
-                self._pump = sched._spawn(self._run_pump, (), task.priority, None)
-            self._rec = rec
-            sched._park(self._register)
+            if not inline:
+                if self._pump is None or task.priority < self._pump_class:
+                    self._pump_class = task.priority
+                    self._pump = sched._spawn(self._run_pump, (), task.priority, None)
+                self._rec = rec
+                sched._park(self._register)
         finally:
             self._rec = None
             task._critical -= 1
-            if not task._critical:
+            if not task._critical and not inline:
                 task._preempt_requested = False
+        if inline:
+            self.inline += 1
+            if task._preempt_requested and not task._critical:
+                sched.yield_()
         return rec
 
     def _register(self, task, token) -> None:
         self._rec[1] = token
 
+    def _now(self, rec, op, fd, cbuf, nbytes, offset) -> bool:
+        """Queue and submit the request in one call (xh_rt_now); True when it completed
+        there (its result in rec), False when it is in flight (registered as _prep does)."""
+        i = self._free[-1]
+        if cbuf is None:
+            if self._slab is None:
+                self._make_slab()
+            at, ptr = i * SLOT, self._slab_p
+        else:
+            at, ptr = 0, cbuf
+        n = lib.xh_rt_now(
+            self._r, op, fd, ptr, at, nbytes, offset, i, self._resp, self._outp, self.limit
+        )
+        if n == -_errno.EBUSY:  # the SQ is full: the queued way submits it first
+            self._prep(rec, op, fd, cbuf, nbytes, offset)
+            return False
+        self._free.pop()
+        self.enters += 1
+        self.queued = 0
+        res = self._res[0]
+        if res != _NOT_DONE:
+            self._free.append(i)
+            self.ops += 1
+            rec[2] = res
+            if cbuf is None and res > 0:
+                rec[3] = self._slab_mv[at : at + res].tobytes()
+        else:
+            self._reqs[i] = rec
+            self.inflight += 1
+        if n < 0:
+            raise UringError.from_res(n, "io_uring_enter (runtime ring)")
+        if n:
+            self._reap(n)
+        return res != _NOT_DONE
+
+    def _make_slab(self) -> None:
+        self._slab = bytearray(self.limit * SLOT)
+        self._slab_p = ffi.from_buffer(self._slab)
+        self._slab_mv = memoryview(self._slab)
+
     def _prep(self, rec, op, fd, cbuf, nbytes, offset) -> None:
         i = self._free.pop()
         if cbuf is None:
             if self._slab is None:
-                self._slab = bytearray(self.limit * SLOT)
-                self._slab_p = ffi.from_buffer(self._slab)
-                self._slab_mv = memoryview(self._slab)
+                self._make_slab()
             cbuf, at = self._slab_p, i * SLOT
         else:
             at = 0
@@ -211,6 +259,10 @@ class TaskRing:
         self.queued = 0
         if n < 0:
             raise UringError.from_res(n, "io_uring_enter (runtime ring)")
+        return self._reap(n) if n else 0
+
+    def _reap(self, n: int) -> int:
+        """Deliver the n completions xh_rt_enter or xh_rt_now left in the out array."""
         if n:
             out, reqs, free, wake = self._out, self._reqs, self._free, self.sched._wake
             got = 0

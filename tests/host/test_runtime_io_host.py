@@ -389,13 +389,8 @@ def test_a_preemption_inside_a_request_waits_for_its_park(data_file, monkeypatch
     its own request over this one's, but leave the yield to the park."""
     fd, blob, _ = data_file
     yielded = []
-    prep = rio.TaskRing._prep
-
-    def preempted_prep(self, *args):
-        yielded.append(rt.request_preempt())
-        return prep(self, *args)
-
-    monkeypatch.setattr(rio.TaskRing, "_prep", preempted_prep)
+    for name in ("_prep", "_now"):  # queued, or tried inline
+        monkeypatch.setattr(rio.TaskRing, name, _preempted(getattr(rio.TaskRing, name), yielded))
 
     def main():
         tasks = [rt.spawn(rio.read, fd, BLOCK, k * BLOCK) for k in range(8)]
@@ -404,7 +399,41 @@ def test_a_preemption_inside_a_request_waits_for_its_park(data_file, monkeypatch
     got, still_requested = rt.run(main)
     assert yielded == [False] * 8
     assert got == [blob[k * BLOCK : (k + 1) * BLOCK] for k in range(8)]
-    assert still_requested == [False] * 8  # the park answered the request
+    assert still_requested == [False] * 8  # the park, or the yield after it, answered it
+
+
+def _preempted(method, asked: list):
+    """`method` with the time-slice handler's request_preempt() made at its start."""
+
+    def preempted(self, *args):
+        asked.append(rt.request_preempt())
+        return method(self, *args)
+
+    return preempted
+
+
+def test_a_preemption_asked_during_an_inline_read_yields_when_the_read_returns(
+    data_file, monkeypatch
+):
+    """A read the page cache answers inline never parks: the deferred preemption is honoured
+    as critical() does, by a yield on the way out, not dropped."""
+    fd, blob, _ = data_file
+    asked, order = [], []
+    monkeypatch.setattr(rio.TaskRing, "_now", _preempted(rio.TaskRing._now, asked))
+
+    def reader():
+        data = rio.read(fd, BLOCK, 0)
+        order.append("read returned")
+        return data
+
+    def main():
+        tasks = [rt.spawn(reader), rt.spawn(order.append, "the other task ran")]
+        return [t.join() for t in tasks]
+
+    got, _ = rt.run(main)
+    assert asked == [False]  # deferred: inside the request
+    assert got == blob[:BLOCK]
+    assert order == ["the other task ran", "read returned"]
 
 
 def test_a_scheduler_without_io_has_no_ring():
