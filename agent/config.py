@@ -10,6 +10,10 @@
     subtree: xhagent.slice      # default: discovered (the delegated unit cgroup); the
                                 # packaged unit passes --subtree, which wins
     logCap: 16Mi                # per task output stream
+    pool:                       # a runtime worker pool the agent hosts (default: none)
+      cpus: auto                # auto: every CPU the agent may use, reserved ones excluded;
+                                # or a cpu list ("2-7", [2, 3])
+      sliceMs: 10               # its preemption time slice (0: no preemption)
 
 Ground floor: every package may read it; `xhagent run`'s options override the file.
 
@@ -40,7 +44,10 @@ FIELDS = (
     "policiesDir",
     "subtree",
     "logCap",
+    "pool",
 )
+POOL_FIELDS = ("cpus", "sliceMs")
+MAX_SLICE_MS = 10_000.0
 PATHS = {"stateDir": "state_dir", "socket": "socket", "policiesDir": "policies_dir"}
 MAX_LOG_CAP = 1 << 40
 
@@ -65,9 +72,20 @@ class AgentConfig:
     log_cap: int | None = None
     source: str | None = None
     reserved_at: str = field(default="", compare=False)  # FILE:LINE:COL of reservedCpus
+    pool: PoolConfig | None = None
 
 
-def _reserved(c: Cursor) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class PoolConfig:
+    """The runtime pool `xhagent run` hosts: `cpus` None is auto (see daemon/pooling.py)."""
+
+    cpus: tuple[int, ...] | None = None
+    slice_ms: float = 10.0
+    at: str = field(default="", compare=False)  # "FILE:LINE:COL: pool.cpus", for errors
+
+
+def _cpus(c: Cursor, name: str) -> tuple[int, ...]:
+    expected = f'{name}: expected a cpu list such as "0,64" or "0-1" or [0, 64]'
     if isinstance(c.value, list):
         return tuple(sorted({item.int(0, MAX_CPUS - 1) for item in c.seq()}))
     if isinstance(c.value, int) and not isinstance(c.value, bool):
@@ -76,13 +94,22 @@ def _reserved(c: Cursor) -> tuple[int, ...]:
         try:
             return tuple(sorted(set(parse_cpulist(c.value))))
         except ValueError as exc:
-            raise c.error(
-                f'reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], '
-                f"got {c.value!r}: {exc}"
-            ) from None
-    raise c.error(
-        f'reservedCpus: expected a cpu list such as "0,64" or "0-1" or [0, 64], got {c.value!r}'
-    )
+            raise c.error(f"{expected}, got {c.value!r}: {exc}") from None
+    raise c.error(f"{expected}, got {c.value!r}")
+
+
+def _pool(c: Cursor, source: str) -> PoolConfig:
+    c.mapping(POOL_FIELDS)
+    cpus = c["cpus"]
+    at = "{}:{}:{}".format(source, *c.doc.position(cpus.path if cpus.present else c.path))
+    values: dict = {"at": f"{at}: {'pool.cpus' if cpus.present else 'pool'}"}
+    if cpus.present and cpus.value != "auto":
+        values["cpus"] = _cpus(cpus, "pool.cpus")
+        if not values["cpus"]:
+            raise cpus.error('pool.cpus: no CPU named (leave it out, or "auto", for all)')
+    if c["sliceMs"].present:
+        values["slice_ms"] = float(c["sliceMs"].number(0, MAX_SLICE_MS))
+    return PoolConfig(**values)
 
 
 def _labels(c: Cursor) -> Labels:
@@ -118,7 +145,7 @@ def _config(docs, source: str) -> AgentConfig:
         values["labels"] = _labels(root["labels"]) if root["labels"].present else Labels()
     with doc.collecting():
         if root["reservedCpus"].present:
-            values["reserved_cpus"] = _reserved(root["reservedCpus"])
+            values["reserved_cpus"] = _cpus(root["reservedCpus"], "reservedCpus")
             values["reserved_at"] = "{}:{}:{}".format(source, *doc.position(("reservedCpus",)))
     for key, attr in PATHS.items():
         with doc.collecting():
@@ -130,6 +157,9 @@ def _config(docs, source: str) -> AgentConfig:
     with doc.collecting():
         if root["logCap"].present:
             values["log_cap"] = _size(root["logCap"])
+    with doc.collecting():
+        if root["pool"].present:
+            values["pool"] = _pool(root["pool"], source)
     try:
         doc.errors.raise_if_any()
     except SpecError as exc:
@@ -184,6 +214,7 @@ def load_config(path: Path | None) -> AgentConfig:
 
 __all__ = [
     "AgentConfig",
+    "PoolConfig",
     "ConfigError",
     "DEFAULT_CONFIG",
     "check_reserved",

@@ -14,9 +14,12 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
+
+from ..cliparams import FiniteFloat
 
 
 def _fail(message: str, code: int = 1):
@@ -118,6 +121,21 @@ def task_json(msg) -> dict:
     help="Serve /debug/stacks, /debug/profile?seconds=N and /debug/heap on the metrics "
     "address; heap also traces allocations (costs memory and time).",
 )
+@click.option(
+    "--pool",
+    "pool_cpus",
+    default=None,
+    metavar="off|auto|CPULIST",
+    help="Host a runtime worker pool for other processes' Python work (`agent_pool()`): "
+    "auto: every CPU the agent may use but the reserved ones; or a cpu list such as 2-7 "
+    "[default: agent.yaml's pool:, else off].",
+)
+@click.option(
+    "--pool-slice-ms",
+    type=FiniteFloat(0, 10_000, lo_open=False, unit=" ms"),
+    default=None,
+    help="The pool's preemption time slice, 0..10000 (0: none) [default: agent.yaml's, else 10].",
+)
 def run(
     config_path,
     state_dir,
@@ -127,6 +145,8 @@ def run(
     log_format,
     metrics_addr,
     debug_endpoints,
+    pool_cpus,
+    pool_slice_ms,
 ) -> None:
     """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
     from ..config import ConfigError, check_reserved, load_config
@@ -154,6 +174,14 @@ def run(
         node = build_model(inv)
     except ConfigError as exc:
         _fail(str(exc), 2)
+    try:
+        pool = _pool_settings(config.pool, pool_cpus, pool_slice_ms)
+        if pool is not None:  # refused here, before the state dir or the subtree is touched
+            from .pooling import pool_cpus as resolve_pool
+
+            resolve_pool(pool, node.reserved_cpus)
+    except ValueError as exc:
+        _fail(str(exc), 2)
     policies_dir = policies_dir or config.policies_dir
     if policies_dir is None and DEFAULT_POLICIES.is_dir():
         policies_dir = DEFAULT_POLICIES
@@ -166,6 +194,7 @@ def run(
         log_cap=config.log_cap or DEFAULT_LOG_CAP,
         metrics_addr=metrics,
         debug_endpoints=debug_endpoints != "off",
+        pool=pool,
     )
     if debug_endpoints == "heap":
         import tracemalloc
@@ -197,6 +226,33 @@ def run(
         except OSError as exc:  # stopping anyway; the manager sees the exit
             logging.getLogger("xhagent").warning("STOPPING=1 not delivered: %s", exc)
         daemon.close()
+
+
+def _pool_settings(config, cpus: str | None, slice_ms: float | None):
+    """agent.yaml's pool (a PoolConfig or None) with --pool and --pool-slice-ms over it."""
+    from ..config import PoolConfig
+    from ..cpulist import parse_cpulist
+
+    if cpus == "off":
+        if slice_ms is not None:
+            raise ValueError("--pool-slice-ms is for a pool, and --pool is off")
+        return None
+    if cpus is None and config is None:
+        if slice_ms is not None:
+            raise ValueError("--pool-slice-ms is for a pool: name one with --pool or pool:")
+        return None
+    pool = config or PoolConfig(at="--pool")
+    if cpus is not None:
+        try:
+            wanted = None if cpus == "auto" else tuple(sorted(set(parse_cpulist(cpus))))
+        except ValueError as exc:
+            raise ValueError(f"--pool {cpus!r}: {exc} (off, auto or a cpu list)") from None
+        if wanted == ():
+            raise ValueError("--pool: no CPU named (auto: all the agent may use)")
+        pool = replace(pool, cpus=wanted, at="--pool")
+    if slice_ms is not None:
+        pool = replace(pool, slice_ms=slice_ms)
+    return pool
 
 
 class _JsonFormatter(logging.Formatter):

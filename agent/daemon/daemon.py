@@ -7,7 +7,8 @@
 3. the task leaves' controllers (what the node cannot enforce is said once, here);
 4. policies from the directory, CgroupPolicies reconciled;
 5. `recover()`: the tasks of the last run re-adopted or finished;
-6. the socket, then the loop.
+6. the worker pool, when configured (pooling.py): its workers in `pool/<cpu>` leaves;
+7. the socket, then the loop.
 
 SIGTERM and SIGINT stop serving and leave workloads running (their shims record them);
 SIGHUP re-reads the policy directory. The loop runs in its own thread; the main thread
@@ -31,6 +32,7 @@ from ..cgroups.enact import apply_policy
 from ..cgroups.lock import SubtreeLock
 from ..cgroups.reconcile import Options
 from ..cgroups.subtree import locate
+from ..config import PoolConfig
 from ..node_model import Node
 from . import api
 from .core import Agent
@@ -56,6 +58,7 @@ class Settings:
     log_cap: int = DEFAULT_LOG_CAP
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     debug_endpoints: bool = False  # /debug/ on the metrics port
+    pool: PoolConfig | None = None  # the worker pool to host; None: none
     extra: dict = field(default_factory=dict)
 
 
@@ -87,6 +90,7 @@ class Daemon:
         self.runq = None  # the run-queue latency probe, where BPF loads
         self.metrics = None
         self.taskstats = None  # the delay accounting client, where netlink allows
+        self.pool = None  # the hosted runtime Pool, when settings.pool asks for one
         self._thread: threading.Thread | None = None
 
     def report(self, kind: str, message: str, task_id: str | None = None) -> None:
@@ -106,6 +110,11 @@ class Daemon:
 
     def _start(self) -> None:
         s = self.settings
+        pool_cpus = None
+        if s.pool is not None:  # a pool that cannot be is refused before anything happens
+            from .pooling import pool_cpus as resolve_pool
+
+            pool_cpus = resolve_pool(s.pool, s.node.reserved_cpus)
         sub = locate(s.subtree)
         with SubtreeLock(sub.path).acquire():
             if sub.agent_leaf:
@@ -125,11 +134,19 @@ class Daemon:
         )
         counts = self.agent.recover()
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
+        if pool_cpus is not None:
+            from .pooling import start_pool
+
+            self.pool = start_pool(pool_cpus, s.pool.slice_ms, sub, self.report)
         if s.metrics_addr is not None:
             self._serve_metrics(s.metrics_addr, sub, executor)
         info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}
         if self.exporter is not None:
             info["metrics_addr"] = self.exporter.url
+        if self.pool is not None:
+            from .pooling import describe
+
+            info["pool"] = describe(self.pool)
         self.service = AgentService(self.agent, policies, info)
         self.server = api.bind(self.service, s.socket)
         self.policies = policies
@@ -179,6 +196,10 @@ class Daemon:
         except OSError as exc:
             self.report("NotObserved", f"task delays: {exc}")
         metrics = AgentMetrics(self.store, groups, runq, self.taskstats)
+        if self.pool is not None:
+            from ..runtime.metrics import PoolCollector
+
+            metrics.registry.register(PoolCollector(self.pool))
         self.metrics = metrics
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
@@ -273,6 +294,9 @@ class Daemon:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self.pool is not None:  # its clients' pending tasks fail with PoolClosed
+            self.pool.close()
+            self.pool = None
         if self.watch is not None:
             self.watch.close()
             self.watch = None

@@ -15,8 +15,9 @@ from .api import ApiError, connect
 
 
 class LocalAgent:
-    def __init__(self, base: Path, subtree: str, policies: bool = True):
+    def __init__(self, base: Path, subtree: str, policies: bool = True, extra: tuple = ()):
         self.base = Path(base)
+        self.extra = list(extra)  # more `xhagent run` options, such as ("--pool", "auto")
         self.subtree = subtree
         self.state = self.base / "state"
         self.socket = self.base / "run" / "agent.sock"
@@ -60,6 +61,7 @@ class LocalAgent:
         ]
         if self.policies is not None:
             args += ["--policies-dir", str(self.policies)]
+        args += self.extra
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout

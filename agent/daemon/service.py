@@ -241,6 +241,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             socket=str(self.info.get("socket", "")),
             state_dir=str(self.info.get("state_dir", "")),
             metrics_addr=str(self.info.get("metrics_addr", "")),
+            pool_json=str(self.info.get("pool", "")),
         )
 
 

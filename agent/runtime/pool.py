@@ -81,7 +81,7 @@ class Pool:
         self,
         cpus=None,
         slice_ms: float = 10.0,
-        subtree: str | None = None,
+        subtree=None,  # str (for locate()) or a located Subtree: workers in <subtree>/pool/<cpu>
         *,
         ring_size: int = 4096,
         slot_size: int = 4096,
@@ -160,7 +160,7 @@ class Pool:
             from xhagent.cgroups import Cgroup
             from xhagent.cgroups.subtree import locate
 
-            sub = locate(subtree)
+            sub = locate(subtree) if isinstance(subtree, str) else subtree  # or a Subtree
             sub.ensure()
             parent = Cgroup(sub.group("pool").path).create(exist_ok=True)
         self._spawn_args = (python, slice_ms, preempt, env, parent)
