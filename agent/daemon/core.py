@@ -512,6 +512,7 @@ class Agent:
                 task.working_dir,
                 uid,
                 gid,
+                trace=task.trace,
             )
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
             self.release(rec.id)

@@ -91,6 +91,7 @@ class Daemon:
         self.metrics = None
         self.taskstats = None  # the delay accounting client, where netlink allows
         self.pool = None  # the hosted runtime Pool, when settings.pool asks for one
+        self.tracer = None  # the scheduler traces of tasks with `trace: true`
         self._thread: threading.Thread | None = None
 
     def report(self, kind: str, message: str, task_id: str | None = None) -> None:
@@ -123,6 +124,10 @@ class Daemon:
                     self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
             executor = Executor(sub, s.state_dir, s.log_cap)
             missing = executor.prepare()
+        from .tracing import TaskTracer
+
+        executor.tracer = self.tracer = TaskTracer()
+        executor.on_trace = lambda task_id, kind, message: self.report(kind, message, task_id)
         self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")
         for controller, why in sorted(missing.items()):
             self.report("NotEnforced", f"{controller}: {why}; tasks run without its limits")
@@ -200,6 +205,7 @@ class Daemon:
             from ..runtime.metrics import PoolCollector
 
             metrics.registry.register(PoolCollector(self.pool))
+        metrics.registry.register(self.tracer)
         self.metrics = metrics
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe
@@ -297,6 +303,9 @@ class Daemon:
         if self.pool is not None:  # its clients' pending tasks fail with PoolClosed
             self.pool.close()
             self.pool = None
+        if self.tracer is not None:  # running tasks' traces end here; the tasks go on
+            self.tracer.close()
+            self.tracer = None
         if self.watch is not None:
             self.watch.close()
             self.watch = None

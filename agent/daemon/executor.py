@@ -36,6 +36,10 @@ class Executor:
         self.runs = state_dir / "tasks"
         self.log_cap = log_cap
         self.missing: dict[str, str] = {}
+        # scheduler traces of tasks with `trace: true` (tracing.TaskTracer), and where what
+        # became of one is told: on_trace(task_id, event kind, message)
+        self.tracer = None
+        self.on_trace = lambda task_id, kind, message: None
 
     # -- setup ----------------------------------------------------------------------------
     def prepare(self) -> dict[str, str]:
@@ -83,11 +87,13 @@ class Executor:
         uid: int | None,
         gid: int | None,
         run_dir: Path | None = None,
+        trace: bool = False,
     ) -> shim.ShimStarted:
         """Create the leaf with its limits, then start the shim, which starts the workload
         inside the leaf. A failure leaves no leaf behind. `run_dir`: where the shim keeps
         its records and the output (default: the attempt's; a migration's checkpoint hook
-        runs in the task's leaf with a directory of its own)."""
+        runs in the task's leaf with a directory of its own). `trace`: the leaf's scheduler
+        events are recorded from before the workload starts until the leaf is removed."""
         leaf = self.leaf(task_id)
         run_dir = run_dir or self.run_dir(task_id, attempt)
         run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
@@ -98,6 +104,14 @@ class Executor:
             for f, value in plan.settings:
                 if not (f.optional and not leaf.has(f)):
                     leaf.set(f, value)
+            if trace:
+                why = (
+                    self.tracer.begin(task_id, leaf.path, run_dir)
+                    if self.tracer is not None
+                    else "the agent records no traces"
+                )
+                if why is not None:
+                    self.on_trace(task_id, "TraceNotRecorded", f"runs untraced: {why}")
             return shim.start_shim(
                 run_dir,
                 leaf,
@@ -149,6 +163,24 @@ class Executor:
         except CgroupError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+        finally:  # the leaf is empty: its processes' last events are in the ring
+            self._end_trace(task_id)
+
+    def _end_trace(self, task_id: str) -> None:
+        if self.tracer is None or not self.tracer.recording(task_id):
+            return
+        try:
+            done = self.tracer.end(task_id)
+        except OSError as exc:
+            self.on_trace(task_id, "TraceNotRecorded", f"the trace could not be finished: {exc}")
+            return
+        if done is not None:
+            self.on_trace(
+                task_id,
+                "TraceRecorded",
+                f"{done['events']} events ({done['lost']} lost) in {done['seconds']:.1f}s: "
+                f"{done['path']}",
+            )
 
     def leaves(self) -> list[str]:
         """Task ids that have a leaf now."""

@@ -22,6 +22,7 @@
       restartPolicy: {policy: OnFailure, maxRestarts: 5, backoff: 500ms}
       preemption: kill                # freeze (default) | kill | never
       enforce: [cpuset, memory]
+      trace: true                     # its scheduler events recorded per attempt
 
 `requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
 `minMemoryGB`) each GPU is taken whole. The fields from `command` on say how the task runs
@@ -116,6 +117,7 @@ class Task:
     preemption: str = DEFAULT_PREEMPTION
     enforce: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None
+    trace: bool = False  # record its scheduler events (xhagent.daemon.tracing)
 
     @property
     def label_map(self) -> dict[str, str]:

@@ -10,6 +10,7 @@ class, restarts, preemption and the limits it demands be enforced.
     preemption: freeze                         # freeze (default) | kill | never
     enforce: [cpu, memory]                     # these limits or no start (stays Pending)
     checkpoint: {command: [ckpt, --save], timeout: 30s}   # migratable tasks: run on a move
+    trace: true                                # record its scheduler events (default false)
 
 Every field is checked for syntax only. A name in `user` is resolved against the node's user
 database when the task starts, not when the file is read: the file describes the task, not
@@ -49,6 +50,11 @@ names one), run as the task's user, in its working directory, with its `env` plu
 XHAGENT_TASK_ID, XHAGENT_MIGRATE_FROM and XHAGENT_MIGRATE_TO and the old device's
 CUDA_VISIBLE_DEVICES / TPU_VISIBLE_CHIPS; `timeout` is 1ms..5m, default 30s (the agent waits
 for it). A non-zero exit or a timeout cancels the move: the task starts again where it was.
+
+`trace: true` has the agent record the task's scheduler events (sched_switch, wakeups,
+forks and exits of the processes in its leaf, by eBPF) for each attempt, into
+`<state>/tasks/<id>/<attempt>/sched.xht`, the format of `xhagent trace record`
+(xhagent.daemon.tracing).
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ EXEC_FIELDS = (
     "preemption",
     "enforce",
     "checkpoint",
+    "trace",
 )
 MAX_ARG_BYTES = 4096
 MAX_ARGV_BYTES = 128 << 10  # counted with each argument's terminating NUL, as execve does
@@ -170,6 +177,7 @@ def parse_exec(spec: Cursor) -> dict[str, Any]:
         ),
         enforce=doc.attempt(lambda: parse_enforce(spec["enforce"]), ()),
         checkpoint=doc.attempt(lambda: parse_checkpoint(spec["checkpoint"])),
+        trace=doc.attempt(lambda: spec["trace"].bool(default=False), False),
     )
 
 
@@ -388,6 +396,7 @@ def dump_exec(t: Task) -> dict[str, Any]:
         ("preemption", t.preemption if t.preemption != DEFAULT_PREEMPTION else None),
         ("enforce", list(t.enforce) if t.enforce else None),
         ("checkpoint", t.checkpoint.dump() if t.checkpoint is not None else None),
+        ("trace", True if t.trace else None),
     )
     return {k: v for k, v in fields if v is not None}
 

@@ -1,0 +1,201 @@
+"""Scheduler traces of the tasks that ask for one (`spec.trace: true`).
+
+Each attempt of such a task gets its own recording: the sched_trace BPF program filtered on
+the task's leaf (its processes and their descendants, by cgroup id), attached after the
+leaf is made and before the shim starts the workload, so its first event is in; streamed by
+C into `<run dir>/sched.xht.partial` and, when the leaf goes (exit, cancel, kill), finished
+and renamed `sched.xht` (fsynced): the file of `xhagent trace record`, for `trace export`,
+`stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S.
+
+At most MAX_RECORDINGS at once (each holds its own BPF programs and ring buffer); a task
+beyond them, or on a node where BPF does not load, runs untraced and the reason is its
+event. After a kill -9 of the agent a recording is cut: its `.partial` file stays with the
+records of up to a second before (the trace tools read it, saying it did not finish), and
+the adopted task goes on untraced.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+MAX_RECORDINGS = 8
+POLL_S = 0.1
+FLUSH_EVERY = 10  # polls: the records C buffers reach the file at least once a second
+TRACE_FILE = "sched.xht"
+PARTIAL = ".partial"
+
+
+@dataclass
+class _Recording:
+    task_id: str
+    path: Path  # the finished file's
+    fd: int
+    st: object  # SchedTrace
+    sink: object  # RingSink
+    header: object  # trace.fmt.Header
+    started: float
+
+
+class TaskTracer:
+    """The recordings of the running tasks; begin() and end() from the agent's loop, the
+    drain in a thread of its own, collect() from the exporter's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: dict[str, _Recording] = {}
+        self._events = self._lost = self._done = 0  # of finished recordings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, task_id: str, leaf: Path, run_dir: Path) -> str | None:
+        """Start recording the leaf's processes into run_dir; None, or why it does not."""
+        from ..bpf.sched_trace import TRACEPOINTS, SchedTrace
+        from ..trace.fmt import Header, clock_offset_ns, write_header
+
+        with self._lock:
+            if len(self._live) >= MAX_RECORDINGS:
+                return f"{MAX_RECORDINGS} traces are recording already (the most at once)"
+        path = run_dir / TRACE_FILE
+        partial = path.with_name(path.name + PARTIAL)
+        try:
+            st = SchedTrace()
+        except Exception as exc:  # no BPF here (not root, no BTF, a refused load)
+            return f"the sched_trace BPF program does not load: {exc}"
+        fd = -1
+        try:
+            cgroup_id = st.filter_cgroup(str(leaf))
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+            header = Header(
+                clock_offset_ns(),
+                {
+                    "filter": {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
+                    "task": task_id,
+                    "hostname": socket.gethostname(),
+                    "kernel": platform.release(),
+                    "ncpus": os.cpu_count(),
+                    "started_realtime_ns": time.time_ns(),
+                    "attach": st.flavour,
+                    "record": "xh_sched_event",
+                    "events": list(TRACEPOINTS),
+                },
+            )
+            write_header(fd, header)
+            sink = st.start(fd, TRACEPOINTS)
+        except OSError as exc:
+            st.close()
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(partial)  # made just now, by this call
+            return f"{exc.filename or 'sched_trace'}: {exc.strerror or exc}"
+        rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic())
+        with self._lock:
+            self._live[task_id] = rec
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._drain, name="xhagent-traces", daemon=True
+                )
+                self._thread.start()
+        return None
+
+    def end(self, task_id: str) -> dict | None:
+        """Finish the task's recording, if it has one: {path, events, lost, seconds}."""
+        from ..trace.fmt import finish_header
+
+        with self._lock:
+            rec = self._live.pop(task_id, None)
+            if rec is None:
+                return None
+            try:  # under the lock: the drain thread must not poll a closed sink
+                rec.sink.poll(0)
+                rec.sink.flush()
+                written, _, foreign = rec.sink.stats()
+                lost_per_cpu = rec.st.dropped_per_cpu()
+            finally:
+                rec.st.close()
+        elapsed = time.monotonic() - rec.started
+        header = rec.header
+        header.records = written
+        header.lost = sum(lost_per_cpu) + foreign
+        header.meta.update(
+            elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
+        )
+        try:
+            finish_header(rec.fd, header)
+            os.fsync(rec.fd)
+        finally:
+            os.close(rec.fd)
+        os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
+        with self._lock:
+            self._events += written
+            self._lost += header.lost
+            self._done += 1
+        return {"path": str(rec.path), "events": written, "lost": header.lost, "seconds": elapsed}
+
+    def recording(self, task_id: str) -> bool:
+        with self._lock:
+            return task_id in self._live
+
+    def _drain(self) -> None:
+        ticks = 0
+        while not self._stop.wait(POLL_S):
+            ticks += 1
+            with self._lock:
+                for rec in self._live.values():
+                    try:
+                        rec.sink.poll(0)
+                        if ticks % FLUSH_EVERY == 0:  # on disk, should the agent be killed
+                            rec.sink.flush()
+                    except OSError:
+                        pass  # a full disk: counted as the sink's, seen again at end()
+                if not self._live:
+                    self._thread = None
+                    return
+
+    def close(self) -> None:
+        """The agent stops: recordings of running tasks are finished as they are (the
+        workloads go on untraced)."""
+        for task_id in list(self._live):
+            try:
+                self.end(task_id)
+            except OSError:
+                pass
+        self._stop.set()
+
+    def collect(self):
+        with self._lock:  # end() frees a recording's sink and maps under the same lock
+            events, lost, done, live = self._events, self._lost, self._done, len(self._live)
+            for rec in self._live.values():
+                written, buffered, foreign = rec.sink.stats()
+                events += written + buffered
+                lost += sum(rec.st.dropped_per_cpu()) + foreign
+        fams = (
+            (
+                CounterMetricFamily,
+                "xhagent_trace_events",
+                "Scheduler events of traced tasks recorded.",
+                events,
+            ),
+            (
+                CounterMetricFamily,
+                "xhagent_trace_lost_events",
+                "Scheduler events of traced tasks lost: a per-CPU ring buffer was full.",
+                lost,
+            ),
+            (GaugeMetricFamily, "xhagent_traces_recording", "Task traces recording now.", live),
+            (CounterMetricFamily, "xhagent_traces_finished", "Task traces finished.", done),
+        )
+        for kind, name, text, value in fams:
+            fam = kind(name, text)
+            fam.add_metric([], value)
+            yield fam
+
+    def describe(self):
+        return []
