@@ -17,8 +17,6 @@ the adopted task goes on untraced.
 from __future__ import annotations
 
 import os
-import platform
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -58,7 +56,8 @@ class TaskTracer:
     def begin(self, task_id: str, leaf: Path, run_dir: Path) -> str | None:
         """Start recording the leaf's processes into run_dir; None, or why it does not."""
         from ..bpf.sched_trace import TRACEPOINTS, SchedTrace
-        from ..trace.fmt import Header, clock_offset_ns, write_header
+        from ..trace.fmt import write_header
+        from ..trace.recorder import new_header
 
         with self._lock:
             if len(self._live) >= MAX_RECORDINGS:
@@ -73,19 +72,11 @@ class TaskTracer:
         try:
             cgroup_id = st.filter_cgroup(str(leaf))
             fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
-            header = Header(
-                clock_offset_ns(),
-                {
-                    "filter": {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
-                    "task": task_id,
-                    "hostname": socket.gethostname(),
-                    "kernel": platform.release(),
-                    "ncpus": os.cpu_count(),
-                    "started_realtime_ns": time.time_ns(),
-                    "attach": st.flavour,
-                    "record": "xh_sched_event",
-                    "events": list(TRACEPOINTS),
-                },
+            header = new_header(
+                {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
+                st.flavour,
+                TRACEPOINTS,
+                task=task_id,
             )
             write_header(fd, header)
             sink = st.start(fd, TRACEPOINTS)
@@ -107,37 +98,25 @@ class TaskTracer:
 
     def end(self, task_id: str) -> dict | None:
         """Finish the task's recording, if it has one: {path, events, lost, seconds}."""
-        from ..trace.fmt import finish_header
+        from ..trace.recorder import end_records
 
-        with self._lock:
+        with self._lock:  # the drain thread must not poll a sink being freed
             rec = self._live.pop(task_id, None)
             if rec is None:
                 return None
-            try:  # under the lock: the drain thread must not poll a closed sink
-                rec.sink.poll(0)
-                rec.sink.flush()
-                written, _, foreign = rec.sink.stats()
-                lost_per_cpu = rec.st.dropped_per_cpu()
+            elapsed = time.monotonic() - rec.started
+            try:
+                written, _, _ = end_records(rec.fd, rec.header, rec.sink, rec.st, elapsed)
+                os.fsync(rec.fd)
             finally:
                 rec.st.close()
-        elapsed = time.monotonic() - rec.started
-        header = rec.header
-        header.records = written
-        header.lost = sum(lost_per_cpu) + foreign
-        header.meta.update(
-            elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
-        )
-        try:
-            finish_header(rec.fd, header)
-            os.fsync(rec.fd)
-        finally:
-            os.close(rec.fd)
-        os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
-        with self._lock:
+                os.close(rec.fd)
+            os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
+            lost = rec.header.lost
             self._events += written
-            self._lost += header.lost
+            self._lost += lost
             self._done += 1
-        return {"path": str(rec.path), "events": written, "lost": header.lost, "seconds": elapsed}
+        return {"path": str(rec.path), "events": written, "lost": lost, "seconds": elapsed}
 
     def recording(self, task_id: str) -> bool:
         with self._lock:

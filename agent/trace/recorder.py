@@ -117,6 +117,40 @@ def check_pid(pid: int) -> int:
     return pid
 
 
+def new_header(filt: dict, flavour: str, events, **meta) -> Header:
+    """The header of a recording about to start (its counts come at end_records)."""
+    return Header(
+        clock_offset_ns(),
+        {
+            "filter": filt,
+            **meta,
+            "hostname": socket.gethostname(),
+            "kernel": platform.release(),
+            "ncpus": os.cpu_count(),
+            "started_realtime_ns": time.time_ns(),
+            "attach": flavour,
+            "record": "xh_sched_event",
+            "events": list(events),
+        },
+    )
+
+
+def end_records(fd: int, header: Header, sink, st, elapsed: float) -> tuple[int, list[int], int]:
+    """Write what the ring still holds and the header's final counts (the file is then
+    complete); (records written, lost per CPU, foreign records)."""
+    sink.poll(0)
+    sink.flush()
+    written, _, foreign = sink.stats()
+    lost_per_cpu = st.dropped_per_cpu()
+    header.records = written
+    header.lost = sum(lost_per_cpu) + foreign
+    header.meta.update(
+        elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
+    )
+    finish_header(fd, header)
+    return written, lost_per_cpu, foreign
+
+
 def record(
     path: str,
     *,
@@ -164,19 +198,7 @@ def record(
                     filt["command_pid"] = proc.pid
                 if filt["kind"] == "pids":
                     st.filter_pids(list(pids) + ([proc.pid] if proc else []))
-                header = Header(
-                    clock_offset_ns(),
-                    {
-                        "filter": filt,
-                        "hostname": socket.gethostname(),
-                        "kernel": platform.release(),
-                        "ncpus": os.cpu_count(),
-                        "started_realtime_ns": time.time_ns(),
-                        "attach": st.flavour,
-                        "record": "xh_sched_event",
-                        "events": list(events),
-                    },
-                )
+                header = new_header(filt, st.flavour, events)
                 write_header(out.fd, header)
                 sink = st.start(out.fd, events)
                 # from here on a signal ends the recording (or goes to the command), and
@@ -205,19 +227,10 @@ def record(
                             break
                     # records committed on other CPUs just before the stop
                     time.sleep(0.02)
-                    sink.poll(0)
-                    sink.flush()
-                    elapsed = time.monotonic() - t0
-                    written, _, foreign = sink.stats()
-                    lost_per_cpu = st.dropped_per_cpu()
-                    header.records = written
-                    header.lost = sum(lost_per_cpu) + foreign
-                    header.meta.update(
-                        elapsed_ns=int(elapsed * 1e9),
-                        lost_per_cpu=lost_per_cpu,
-                        foreign_records=foreign,
+                    written, lost_per_cpu, foreign = end_records(
+                        out.fd, header, sink, st, time.monotonic() - t0
                     )
-                    finish_header(out.fd, header)
+                    elapsed = header.meta["elapsed_ns"] / 1e9
                     out.commit()
         finally:
             if gate is not None:  # failed before the command was let go: it exits (125)
