@@ -187,7 +187,13 @@ static __always_inline int on_wakeup(bool btf, struct task_struct *p, __u16 type
 	return 0;
 }
 
-static __always_inline int on_exit(bool btf, struct task_struct *p, bool group_dead)
+/* group_dead is read from the task, not taken from the tracepoint: Linux gave
+ * sched_process_exit a group_dead argument only in 6.16, and on older kernels (Debian 12's
+ * 6.1) a program that reads a second argument is refused (tp_btf: "doesn't have 2-th
+ * argument") or cannot attach (raw_tp: EINVAL). do_exit() has already decremented
+ * signal->live when the tracepoint fires, so the thread that took it to 0 sees 0; a
+ * sibling exiting in the same instant may see 0 too and be reported group_dead as well. */
+static __always_inline int on_exit(bool btf, struct task_struct *p)
 {
 	struct xh_sched_event *e;
 
@@ -197,7 +203,7 @@ static __always_inline int on_exit(bool btf, struct task_struct *p, bool group_d
 	if (!e)
 		return 0;
 	fill_prev(btf, e, p);
-	e->aux = group_dead;
+	e->aux = (btf ? p->signal->live.counter : BPF_CORE_READ(p, signal, live.counter)) == 0;
 	submit(e);
 	return 0;
 }
@@ -243,9 +249,9 @@ int BPF_PROG(btf_wakeup_new, struct task_struct *p)
 }
 
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(btf_exit, struct task_struct *p, bool group_dead)
+int BPF_PROG(btf_exit, struct task_struct *p)
 {
-	return on_exit(true, p, group_dead);
+	return on_exit(true, p);
 }
 
 SEC("tp_btf/sched_process_fork")
@@ -274,9 +280,9 @@ int BPF_PROG(raw_wakeup_new, struct task_struct *p)
 }
 
 SEC("raw_tp/sched_process_exit")
-int BPF_PROG(raw_exit, struct task_struct *p, bool group_dead)
+int BPF_PROG(raw_exit, struct task_struct *p)
 {
-	return on_exit(false, p, group_dead);
+	return on_exit(false, p);
 }
 
 SEC("raw_tp/sched_process_fork")

@@ -28,3 +28,39 @@ def test_doctor_ebpf_items_ok_in_guest():
     items = {i.name: i for i in probe()}
     bad = {n: i.reason for n, i in items.items() if not i.ok}
     assert not bad, f"{platform.release()}: {bad}"
+
+
+def test_trace_record_on_6_1_loads_tp_btf_and_reports_exits(tmp_path):
+    """sched_trace on Debian's 6.1: every tracepoint attaches with tp_btf (6.1's
+    sched_process_exit has no group_dead argument, which a program reading one could not
+    load or attach to), and the exits of a traced command say group_dead for its processes."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.xht"
+    rec = subprocess.run(
+        [sys.executable, "-m", "xhagent.cli", "trace", "record", "-o", str(out), "--json"]
+        + ["--", "sh", "-c", "sleep 0.05; sleep 0.05"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rec.returncode == 0, rec.stderr
+    from xhagent.trace.fmt import TraceFile
+
+    trace = TraceFile(out)
+    assert trace.header.meta["attach"] == "tp_btf", trace.header.meta
+    assert set(trace.header.meta["events"]) >= {"switch", "wakeup", "exit", "fork"}
+    perf = subprocess.run(
+        [sys.executable, "-m", "xhagent.cli", "trace", "export", str(out)]
+        + ["--format", "perf", "-o", "-"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert perf.returncode == 0, perf.stderr
+    exits = [line for line in perf.stdout.splitlines() if "sched:sched_process_exit:" in line]
+    # the two sleeps and the shell, each the last of its thread group
+    assert sum("group_dead=true" in line for line in exits) >= 3, exits
+    assert json.loads(rec.stdout)["lost"] == 0
