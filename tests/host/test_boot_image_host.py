@@ -33,6 +33,7 @@ CHECKS = [
     "upgrade_restarts_the_agent_only",
     "stop_then_start",
     "journal_structured",
+    "hosted_pool_and_task_trace",
 ]
 # Known failures of the product on this node, found by this test, each with why (strict
 # xfail: once fixed, the test says so, and the entry goes). None now: the restart EBUSY of
