@@ -7,7 +7,7 @@ C into `<run dir>/sched.xht.partial` and, when the leaf goes (exit, cancel, kill
 and renamed `sched.xht` (fsynced): the file of `xhagent trace record`, for `trace export`,
 `stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S.
 
-At most MAX_RECORDINGS at once (each holds its own BPF programs and ring buffer); a task
+At most MAX_RECORDINGS at once (each holds its own BPF programs and 16 MiB ring); a task
 beyond them, or on a node where BPF does not load, runs untraced and the reason is its
 event. After a kill -9 of the agent a recording is cut: its `.partial` file stays with the
 records of up to a second before (the trace tools read it, saying it did not finish), and
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-MAX_RECORDINGS = 8
+MAX_RECORDINGS = 4  # each holds its own BPF programs and a 16 MiB ring buffer (kernel memory)
 POLL_S = 0.1
 FLUSH_EVERY = 10  # polls: the records C buffers reach the file at least once a second
 TRACE_FILE = "sched.xht"
