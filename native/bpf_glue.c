@@ -26,16 +26,34 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int capture_print(enum libbpf_print_level level, const char *fmt, va_list ap)
 {
-    char line[4096];
+    char small[4096], *line = small;
+    const char *text;
+    va_list again;
     int n;
 
     if (level == LIBBPF_DEBUG)
         return 0;
-    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_copy(again, ap);
+    n = vsnprintf(small, sizeof(small), fmt, ap);
+    /* A verifier log comes as one message and names its failure at the end: format it
+     * whole rather than keep its first 4 KiB. */
+    if (n >= (int)sizeof(small)) {
+        line = malloc((size_t)n + 1);
+        if (line)
+            vsnprintf(line, (size_t)n + 1, fmt, again);
+        else {
+            line = small;
+            n = sizeof(small) - 1;
+        }
+    }
+    va_end(again);
     if (n <= 0)
-        return 0;
-    if ((size_t)n >= sizeof(line))
-        n = sizeof(line) - 1;
+        goto out;
+    text = line;
+    if ((size_t)n > LOG_CAP) {            /* its tail alone */
+        text = line + (n - LOG_CAP);
+        n = LOG_CAP;
+    }
     pthread_mutex_lock(&log_lock);
     if (log_len + n > LOG_CAP) {          /* drop the oldest text */
         size_t drop = log_len + n - LOG_CAP;
@@ -44,9 +62,12 @@ static int capture_print(enum libbpf_print_level level, const char *fmt, va_list
         memmove(log_buf, log_buf + drop, log_len - drop);
         log_len -= drop;
     }
-    memcpy(log_buf + log_len, line, n);
+    memcpy(log_buf + log_len, text, n);
     log_len += n;
     pthread_mutex_unlock(&log_lock);
+out:
+    if (line != small)
+        free(line);
     return n;
 }
 
