@@ -1,6 +1,9 @@
 """eBPF probes: vmlinux BTF, a tp_btf/sched_switch program counting switches, its ring
 buffer delivering our own switches, and bpf_send_signal_thread() preempting the main
-thread from a cpu-clock perf event. Each loads and runs the real program (< ~1.5 s)."""
+thread from a cpu-clock perf event. Each loads and runs the real program (< ~1.5 s).
+Then the programs the product runs, each loaded and attached as it would be:
+sched_trace (`xhagent trace record`, a task's `trace: true`) and runqlat (the agent's
+run-queue latency metrics)."""
 
 from __future__ import annotations
 
@@ -108,5 +111,35 @@ def _send_signal() -> Item:
     )
 
 
+def _sched_trace() -> Item:
+    from ..bpf.sched_trace import TRACEPOINTS, SchedTrace
+
+    name = "ebpf.sched_trace"
+    try:
+        with SchedTrace() as st, open(os.devnull, "wb") as sink:
+            st.filter_pids([os.getpid()])
+            st.start(sink.fileno(), TRACEPOINTS)
+            return ok(name, attach=st.flavour, events=list(TRACEPOINTS))
+    except OSError as exc:
+        return fail(
+            name,
+            _reason("load and attach sched_trace", exc)
+            + ": `xhagent trace record` and tasks' `trace: true` cannot run here",
+        )
+
+
+def _runqlat() -> Item:
+    from ..bpf.runqlat import RunqLatency
+
+    name = "ebpf.runqlat"
+    try:
+        RunqLatency().close()
+    except OSError as exc:
+        return fail(
+            name, f"{exc.strerror or errno_reason(exc)}: the agent serves no run-queue latency"
+        )
+    return ok(name)
+
+
 def probe() -> list[Item]:
-    return [_btf(), *_sched_switch(), _send_signal()]
+    return [_btf(), *_sched_switch(), _send_signal(), _sched_trace(), _runqlat()]

@@ -165,8 +165,11 @@ def test_doctor_items_ok_quick_and_clean():
         "ebpf.tp_btf_sched_switch": (True, None),
         "ebpf.ringbuf": (True, None),
         "ebpf.send_signal_thread": (True, None),
+        "ebpf.sched_trace": (True, None),
+        "ebpf.runqlat": (True, None),
     }
     detail = {i.name: i.detail for i in items}
+    assert detail["ebpf.sched_trace"]["attach"] == "tp_btf"
     assert detail["ebpf.btf"]["size"] > 0
     assert detail["ebpf.tp_btf_sched_switch"]["events"] > 0
     assert detail["ebpf.ringbuf"]["records"] > 0

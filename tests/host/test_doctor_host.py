@@ -86,7 +86,14 @@ def test_cgroup_items_match_mountinfo(report):
 
 
 def test_ebpf_items(report):
-    for name in ("ebpf.btf", "ebpf.tp_btf_sched_switch", "ebpf.ringbuf", "ebpf.send_signal_thread"):
+    for name in (
+        "ebpf.btf",
+        "ebpf.tp_btf_sched_switch",
+        "ebpf.ringbuf",
+        "ebpf.send_signal_thread",
+        "ebpf.sched_trace",
+        "ebpf.runqlat",
+    ):
         assert report[name]["ok"], (name, report[name])
     assert report["ebpf.tp_btf_sched_switch"]["events"] > 0
 
