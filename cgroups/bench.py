@@ -82,6 +82,7 @@ print(ops, nbytes, first - opens)
 # From the "go" to the window's opening: the readers' first reads go out and io.cost sees
 # every group busy before anything is counted (fio's ramp_time).
 RAMP_S = 0.5
+KILL_WAIT_S = 30  # for a reader to exit after SIGKILL before the run gives up on it
 HEAD = (
     "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\n"
     "metadata: {name: bench-cgroup-io}\nspec:\n  groups:\n"
@@ -228,12 +229,21 @@ def _readers(
             ) from None
         out = [result.read() for _, _, result in readers]
     finally:
+        stuck = []
         for child, go, result in readers:
             if child.returncode is None:
                 child.kill()
-                child.wait()
+                try:
+                    child.wait(timeout=KILL_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    stuck.append(f"{child.pid} ({_where(child.pid)})")
             go.close()
             result.close()
+        if stuck:  # never wait for ever on a process the kernel holds
+            raise RuntimeError(
+                f"reader(s) {', '.join(stuck)} still there {KILL_WAIT_S} s after SIGKILL: "
+                "held in the kernel (their I/O never completed)"
+            )
     if any(child.returncode for child, _, _ in readers) or not all(ready):
         raise RuntimeError(
             f"a reader failed: exit statuses {[child.returncode for child, _, _ in readers]}"
@@ -247,6 +257,16 @@ def _readers(
                 "time the others read alone"
             )
     return [(int(ops), int(nbytes)) for ops, nbytes, _ in done]
+
+
+def _where(pid: int) -> str:
+    """Where the kernel holds a process: its state and wait channel."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except OSError:
+        return "gone"
+    return f"state {state}, wchan {wchan}"
 
 
 def _ready(result, deadline: float) -> bool:

@@ -24,19 +24,30 @@ SHARE_TOLERANCE = 0.03
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench(tmp_path_factory):
     if not NULLB.is_dir():
         pytest.fail(f"{NULLB} is missing: tools/vmtest loads null_blk and mounts configfs")
     before = sorted(p.name for p in Path("/sys/block").iterdir())
-    proc = subprocess.run(
-        [sys.executable, "-m", "xhagent.cli", "bench", "cgroup-io", "--device", "nullb"]
-        + ["--seconds", "5", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout), before
+    # Output to files, not pipes: a reader the kernel held after its bench was killed
+    # would keep a pipe open, and the test would wait on it for ever.
+    out = tmp_path_factory.mktemp("bench") / "out"
+    with open(out, "w+") as stdout, open(out.with_name("err"), "w+") as err:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "xhagent.cli", "bench", "cgroup-io", "--device", "nullb"]
+                + ["--seconds", "5", "--json"],
+                stdout=stdout,
+                stderr=err,
+                text=True,
+                timeout=400,
+            )
+        except subprocess.TimeoutExpired:
+            err.seek(0)
+            pytest.fail(f"bench cgroup-io did not end within 400 s: {err.read()[-2000:]}")
+        err.seek(0)
+        stdout.seek(0)
+        assert proc.returncode == 0, err.read()
+        return json.loads(stdout.read()), before
 
 
 def runs(result):
