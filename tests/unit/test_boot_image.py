@@ -47,7 +47,8 @@ def test_the_image_boots_its_own_kernel_with_the_9p_guests_settings(tmp_path):
     # The check unit in the image writes to the disk vmtest attaches under this serial.
     assert any(f"serial={vmtest.RESULTS_SERIAL}" in d for d in devices)
     assert f"virtio-{vmtest.RESULTS_SERIAL}" in boot_image.CHECK_UNIT_TEXT
-    assert "-no-reboot" in cmd and "tcg" in cmd
+    assert "-no-reboot" in cmd and cmd[cmd.index("-accel") + 1] == "tcg,thread=single"
+    assert "softlockup_panic=1" in append
 
 
 def test_results_are_read_up_to_the_nul():

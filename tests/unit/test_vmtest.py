@@ -148,12 +148,18 @@ def test_vng_command_line(tmp_path):
         ["--cpus", "3"],
         ["--append", "cgroup_no_v1=all"],
         ["--append", "nvme.poll_queues=1"],
+        ["--append", "softlockup_panic=1"],
         ["--rwdir", str(tmp_path)],
     ):
         assert any(cmd[i : i + len(flag)] == flag for i in range(len(cmd))), flag
     qemu = [a for a in cmd if a.startswith("--qemu-opts=")]
     assert len(qemu) == 1
     assert f"file={tmp_path / 'nvme.img'}" in qemu[0] and "-device nvme," in qemu[0]
+    # emulated: every vCPU on one thread (see TCG)
+    assert qemu[0].startswith("--qemu-opts=-accel tcg,thread=single ")
+    assert "--verbose" not in cmd
+    args = vmtest.parse_args(["--console", "--", "true"])
+    assert "--verbose" in vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args)
     assert cmd[-2] == "--exec" and cmd[-1].endswith(f"--guest {tmp_path}")
 
 
@@ -192,8 +198,7 @@ def test_kvm_only_with_hardware_virtualisation(tmp_path, monkeypatch):
     (tmp_path / "kvm_intel").mkdir()
     assert vmtest.hardware_kvm(tmp_path)
     args = vmtest.parse_args(["--", "true"])
-    assert "--disable-kvm" not in vmtest.vng_command(
-        Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args, kvm=True
-    )
+    cmd = vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args, kvm=True)
+    assert "--disable-kvm" not in cmd and not any("-accel" in a for a in cmd)
     monkeypatch.setattr(vmtest.os, "access", lambda path, mode: False)
     assert not vmtest.hardware_kvm(tmp_path)
