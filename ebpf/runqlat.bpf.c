@@ -82,7 +82,7 @@ static __always_inline void dequeue(struct task_struct *t)
 {
 	__u32 pid = t->pid, slot;
 	struct runq_hist *h;
-	__u64 *start, cgid, wait;
+	__u64 *start, cgid, wait, idx;
 
 	start = bpf_map_lookup_elem(&enqueued, &pid);
 	if (!start)
@@ -98,8 +98,15 @@ static __always_inline void dequeue(struct task_struct *t)
 	slot = log2_u64(wait / 1000);
 	if (slot >= RUNQ_SLOTS)
 		slot = RUNQ_SLOTS - 1;
+	/* Linux 6.1's verifier loses the clamp's bound in the code the compiler makes of it
+	 * ("R2 unbounded memory access"): the index is checked again at the access, as a
+	 * 64-bit value behind a barrier the compiler cannot see through. */
+	idx = slot;
+	asm volatile("" : "+r"(idx));
+	if (idx >= RUNQ_SLOTS)
+		return;
 	/* the same group's tasks run on every CPU at once */
-	__sync_fetch_and_add(&h->slots[slot], 1);
+	__sync_fetch_and_add(&h->slots[idx], 1);
 	__sync_fetch_and_add(&h->sum_ns, wait);
 }
 
