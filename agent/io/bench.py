@@ -139,6 +139,12 @@ def ratios(cases: dict) -> dict:
             named[f"files_{name}_{way}_vs_kept_pread"] = cpu_ops(
                 f"files_{name}_{way}", f"files_{name}_kept_pread"
             )
+        # The ceiling of both Sampler ratios: a sample that re-reads every file in one C call
+        # and builds nothing pays only the kernel's read of each file and its system call.
+        for peer in ("loop", "kept_pread"):
+            named[f"files_{name}_reread_vs_{peer}"] = cpu_ops(
+                f"files_{name}_sampler_reread", f"files_{name}_{peer}"
+            )
     return {k: v for k, v in named.items() if v is not None}
 
 
@@ -699,10 +705,14 @@ def _sampler_cases(name: str, paths: list[str], seconds, cases, notes) -> None:
             s.drop(list(s.errors))  # gone before it could be opened: as the peer skips it
         gone = 0
 
-        def sampled(s: Sampler, packed: bool = False):
+        def sampled(s: Sampler, packed: bool = False, reread: bool = False):
             def read(_paths):
                 nonlocal gone
-                out = s.sample_packed().files_read if packed else s.sample()
+                if reread:  # the C pass alone, nothing built: what no reader of them beats
+                    s._read()
+                    out = len(s) if s._complete else sum(1 for n in s._res if n >= 0)
+                else:
+                    out = s.sample_packed().files_read if packed else s.sample()
                 if s.gone:  # what a collector does with an exited process
                     gone += len(s.drop_gone())
                 return out
@@ -715,6 +725,7 @@ def _sampler_cases(name: str, paths: list[str], seconds, cases, notes) -> None:
             "sampler": sampled(sampler),
             "sampler_packed": sampled(sampler, packed=True),
             "sampler_pread": sampled(by_pread),
+            "sampler_reread": sampled(sampler, reread=True),
         }
         runs: dict[str, list] = {k: [] for k in turns}
         for _ in range(SAMPLER_RUNS):

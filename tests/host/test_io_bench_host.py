@@ -12,7 +12,7 @@ from xhagent.cgroups import discover_hierarchy
 pytestmark = pytest.mark.host
 
 FILE_SETS = ("tree", "proc", "cgroupfs", "cgroup")
-SAMPLER_WAYS = ("kept_pread", "sampler", "sampler_packed", "sampler_pread")
+SAMPLER_WAYS = ("kept_pread", "sampler", "sampler_packed", "sampler_pread", "sampler_reread")
 FILE_CASES = {
     f"files_{s}_{w}"
     for s in FILE_SETS
@@ -73,6 +73,10 @@ def test_bench_io_json_has_every_case_and_ratio(run_xhagent):
     assert SAMPLER_TARGETS <= set(report["targets_met"]) and SAMPLER_TARGETS <= set(
         report["ratios"]
     )
+    # the ceiling of each Sampler ratio: the C pass alone, building nothing
+    for s in ("tree", "proc", "cgroup"):
+        for peer in ("loop", "kept_pread"):
+            assert report["ratios"][f"files_{s}_reread_vs_{peer}"] > 0
     assert report["notes"]["files_tree_sampler"].startswith(
         "1000 files held open; a sample reads 1000 through io_uring (registered files) and 0 "
         "with pread"
