@@ -18,7 +18,6 @@ within a priority) and keeps the rest Pending with a reason per node.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import selectors
@@ -27,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from .. import heap
 from ..node_model import Node
 from ..policy.explanation import Explanation, explain
 from ..policy.placement import Candidate, Demand, Reason, decide_demand
@@ -255,7 +255,7 @@ class Agent:
                     self._worked = True
                 elif self._worked:  # a quiet SAFETY_S after work: give its memory back
                     self._worked = False
-                    _trim_heap()
+                    heap.trim()
             except Exception:
                 log.exception("scheduler step failed")
                 timeout, failed = 1.0, True  # and then a look at everything again
@@ -634,23 +634,6 @@ def _summary(document: int, task: Task, match) -> dict:
 
 def _reason_dict(r: Reason) -> dict:
     return {"kind": r.kind, "node": r.node, "detail": str(r)}
-
-
-def _trim_heap() -> None:
-    """glibc keeps freed heap pages for reuse; a daemon idle after a burst of requests
-    should not hold them (malloc_trim returns them to the kernel; a no-op elsewhere)."""
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(None)
-            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc.malloc_trim(0)
-
-
-_libc = None
 
 
 def _drain(fd: int) -> None:

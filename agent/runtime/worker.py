@@ -20,6 +20,10 @@ a completion and a push end that sleep alike (Linux 6.7+; before, the sleep is c
 IO_WAIT to look at the queues). Payloads stay in the rings, where others may steal them,
 until the feeder takes them; only a round's batch is ever private to this process.
 
+Memory: a worker keeps the heap memory its tasks free (heap.keep_freed), so that the next
+burst's allocations (10k reads' results) take no page faults, and gives it back to the
+kernel (heap.trim) once it has been idle a whole IDLE_WAIT.
+
 Messages to the owner (the global ring of the results region), pickled lists:
   ("ready", index, pid, preempt)     once pinned and attached (preempt: the slice source);
   ("claim", index, [task_id, ...])   sent before a batch runs, so the owner knows whose
@@ -54,6 +58,7 @@ import time
 from time import perf_counter, perf_counter_ns
 from types import CoroutineType
 
+from .. import heap
 from .autoscale import ScaleConfig
 from .clients import CLIENT_BASE, Replies, seal
 from .payload import decode_task, encode_task
@@ -133,6 +138,10 @@ class Worker:
         self.signals_sent, self.signals_at = (0, 0), 0.0  # preemption counts last reported
         self.clients = False  # outcomes of other processes' tasks are in self.results
         self.replies = Replies()
+        # Freed heap memory stays for the next burst (heap.keep_freed) until the worker has
+        # been idle a whole IDLE_WAIT: then it goes back to the kernel, once.
+        self.idle_waits = 0
+        self.heap_used = False
 
     # -- results ---------------------------------------------------------------------
     def send(self, msg: bytes) -> None:
@@ -295,10 +304,15 @@ class Worker:
                     self.q.wait(self.index, 0.001)
                     sched.yield_()
                 else:
+                    if self.heap_used and self.idle_waits:
+                        self.heap_used = False
+                        heap.trim()
+                    self.idle_waits += 1
                     self.q.wait(self.index, IDLE_WAIT)
                     if self.owner and os.getppid() != self.owner:
                         self.stopping = True  # the owner died without closing the pool
                 continue
+            self.idle_waits, self.heap_used = 0, True
             start = perf_counter()
             sched.yield_()  # the batch runs; the feeder comes back after it
             took = perf_counter() - start
@@ -312,6 +326,7 @@ class Worker:
 
     def main(self) -> None:
         sched = self.sched
+        heap.keep_freed()
         self.send(
             pickle.dumps(("ready", self.index, os.getpid(), self.preempt))
         )  # pinned and attached

@@ -203,6 +203,26 @@ def test_a_million_tasks_leave_no_trace():
     assert rss_kb(os.getpid()) - owner < 16 * 1024
 
 
+def burst(blocks):
+    """Allocate `blocks` 4 KiB objects and free them: this worker's RSS in kB with them held
+    and after the free."""
+    held = [bytes(4096) for _ in range(blocks)]
+    with_them = rss_kb(os.getpid())
+    del held
+    return with_them, rss_kb(os.getpid())
+
+
+def test_a_worker_keeps_freed_heap_until_it_idles():
+    """64 MiB of 4 KiB objects freed stays in the worker's heap (glibc would give the top of
+    the heap back at the free), for the next burst; once the worker has idled a while it is
+    given back to the kernel."""
+    with Pool(CPUS[:1]) as pool:
+        pid = pool.workers[0].pid
+        with_them, after_free = pool.submit(burst, 16384).result(60)
+        assert with_them - after_free < 8 * 1024, (with_them, after_free)
+        wait_for(lambda: rss_kb(pid) < with_them - 48 * 1024, "the idle worker's heap trimmed")
+
+
 def set_process_affinity(cpus):
     """Every thread of this process (as a cpuset change does), not only the calling one."""
     for tid in os.listdir("/proc/self/task"):

@@ -20,6 +20,7 @@ GROUND_FLOOR = (
     "xhagent.inputs",
     "xhagent.spec",
     "xhagent.signals",
+    "xhagent.heap",
     "xhagent.cliparams",
     "xhagent.node_model",
     "xhagent.outputs",
