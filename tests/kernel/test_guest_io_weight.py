@@ -32,22 +32,45 @@ def bench(tmp_path_factory):
     # would keep a pipe open, and the test would wait on it for ever.
     out = tmp_path_factory.mktemp("bench") / "out"
     with open(out, "w+") as stdout, open(out.with_name("err"), "w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "xhagent.cli", "bench", "cgroup-io", "--device", "nullb"]
+            + ["--seconds", "5", "--json"],
+            stdout=stdout,
+            stderr=err,
+            text=True,
+        )
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "xhagent.cli", "bench", "cgroup-io", "--device", "nullb"]
-                + ["--seconds", "5", "--json"],
-                stdout=stdout,
-                stderr=err,
-                text=True,
-                timeout=400,
-            )
+            proc.wait(timeout=400)
         except subprocess.TimeoutExpired:
+            # Not subprocess.run's kill-then-wait: a bench held in the kernel (D state) would
+            # make that wait for ever, and the whole guest stage with it.
+            proc.kill()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
             err.seek(0)
-            pytest.fail(f"bench cgroup-io did not end within 400 s: {err.read()[-2000:]}")
+            pytest.fail(
+                f"bench cgroup-io did not end within 400 s: {err.read()[-2000:]}\n"
+                f"tasks held in the kernel: {held_tasks()}"
+            )
         err.seek(0)
         stdout.seek(0)
         assert proc.returncode == 0, err.read()
         return json.loads(stdout.read()), before
+
+
+def held_tasks() -> dict[str, str]:
+    """{pid comm: kernel stack} of every task in uninterruptible sleep (state D)."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "D":
+                comm = (stat.parent / "comm").read_text().strip()
+                out[f"{stat.parent.name} {comm}"] = (stat.parent / "stack").read_text()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+    return out
 
 
 def runs(result):
