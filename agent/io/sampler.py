@@ -7,6 +7,10 @@ file's content, so a periodic reader keeps its files open. Each file goes one of
 chosen per mount by `xhagent.io.nowait`: an io_uring read through a registered file for the
 files io_uring reads inline, a pread from C for those whose reads io_uring would hand to an
 io-wq worker (procfs, sysfs, cgroupfs), where the punt costs more than the read.
+Inline is not always cheaper: on a tmpfs here a ring pass cost more than the same files
+read by pread from C. So "auto" times its first samples both ways (TRIALS passes each,
+taking turns) and keeps the ring only where its quickest pass beats pread's; `ring_kept`
+says what it chose. A set that gains files the ring would read is timed again.
 
 A sample is one read per file into a buffer of the file's own size; a file that fills its
 buffer may be longer, so its buffer grows (GROWTH times, up to `max_bytes`) and the whole set
@@ -29,6 +33,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import time
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import compress
@@ -44,6 +49,8 @@ FIT_MIN = 64  # bytes: the smallest buffer a file is fitted down to
 MAX_PASSES = 8  # per sample: growth to max_bytes takes 3, re-opened files 1 more
 GONE_ERRNOS = frozenset({errno.ENODEV, errno.ESRCH, errno.ENOENT})
 VIA = ("auto", "uring", "pread")
+TRIALS = 3  # passes timed each way ("auto") before the faster way is kept
+_clock = time.perf_counter_ns
 
 _LIVE, _GONE, _FAILED = 0, 1, 2  # per-file state: read each sample, vanished, could not open
 _READ = (0).__le__  # res -> whether the file has bytes in this sample
@@ -106,8 +113,9 @@ class Sampler:
     """Keeps `paths` open (O_RDONLY | O_CLOEXEC, and O_NOATIME where allowed) and re-reads
     them all per `sample()`.
 
-    `via`: "auto" (io_uring for the files it reads inline, pread for the rest), "uring" or
-    "pread" (every file that way). A file longer than `max_bytes` is reported in `errors`
+    `via`: "auto" (io_uring for the files it reads inline, pread for the rest, and pread for
+    all once the first samples show the ring slower: `ring_kept`), "uring" or "pread" (every
+    file that way). A file longer than `max_bytes` is reported in `errors`
     (EFBIG) rather than cut short. After each sample, `gone`, `replaced` and `errors` say which
     files have no fresh bytes and why (see the module's text); `stats` counts the reads made
     each way. A path that cannot be opened stays in the set and in `errors` until it is
@@ -160,6 +168,10 @@ class Sampler:
         self._gone_dirs: dict[str, list[int]] | None = None  # gone files by directory
         self._entries = entries
         self._ring_refused = via == "pread"
+        # "auto": whether the ring's pass beat pread's (None: not timed yet), and while
+        # timing, the (ring, pread) passes' nanoseconds
+        self.ring_kept: bool | None = None
+        self._trials: tuple[list[int], list[int]] | None = None
         self.add(paths)
 
     # -- the set ----------------------------------------------------------------------
@@ -189,6 +201,8 @@ class Sampler:
         by_uring = sum(1 for p in new if self._uring_way(p))
         if by_uring and self._have_ring():
             self._grow_table(self._table - len(self._free_slots) + by_uring)
+            if self.via == "auto":  # the set's cost changes: time both ways again
+                self.ring_kept, self._trials = None, None
         for path in new:
             i = len(self._paths)
             self._index[path] = i
@@ -300,12 +314,18 @@ class Sampler:
             raise ValueError("sample of a closed Sampler")
         if self._dirty or self._gone_count:
             return self._read_settling(None)
+        if self._trials is not None:
+            return self._read_timed()
         flags = lib.xh_sample(self._ring_ptr, self._c)
         self._reads_uring += self._n_uring
         self._reads_pread += self._n_pread
         if flags:
             return self._read_settling(flags)
-        # every file read, none grew: the common case costs no Python per file
+        return self._clean()
+
+    def _clean(self) -> int:
+        """The end of a sample whose one pass read every file, none grown: the common case
+        costs no Python per file."""
         self._samples += 1
         self._complete = self._all_live
         if self._open_errors:
@@ -315,6 +335,31 @@ class Sampler:
         if self.replaced:
             self.replaced = frozenset()
         return 0
+
+    def _read_timed(self) -> int:
+        """A sample while "auto" times the ring against pread: the ways take turns, and
+        after TRIALS clean passes each the one with the quickest pass is kept (a pass that
+        needs settling is not counted)."""
+        ring_ns, pread_ns = self._trials
+        by_ring = len(ring_ns) <= len(pread_ns)
+        start = _clock()
+        flags = lib.xh_sample(self._ring_ptr if by_ring else ffi.NULL, self._c)
+        took = _clock() - start
+        if by_ring:
+            self._reads_uring += self._n_uring
+            self._reads_pread += self._n_pread
+        else:
+            self._reads_pread += self._live_count
+        if flags:
+            return self._read_settling(flags)
+        (ring_ns if by_ring else pread_ns).append(took)
+        if len(pread_ns) >= TRIALS:
+            self._trials = None
+            self.ring_kept = min(ring_ns) <= min(pread_ns)
+            if not self.ring_kept:
+                self._ring_ptr = ffi.NULL
+                self._n_uring, self._n_pread = 0, self._live_count
+        return self._clean()
 
     def _read_settling(self, flags: int | None) -> int:
         """A sample that has more to do than one pass: files to re-open, failures to sort
@@ -592,11 +637,14 @@ class Sampler:
         ]
         c.fd, c.slot, c.base, c.off, c.cap, c.res, c.pos = self._keep
         self._c = c
-        self._ring_ptr = self._ring._ring if self._ring_live else ffi.NULL
+        by_ring = self._ring_live and self.ring_kept is not False
+        self._ring_ptr = self._ring._ring if by_ring else ffi.NULL
         self._all_live = self._live_count == n
         self._keys = dict.fromkeys(self._index)  # a dict's keys: sized once (see sample)
-        self._n_uring = sum(1 for s in self._slot_a if s >= 0) if self._ring_live else 0
+        self._n_uring = sum(1 for s in self._slot_a if s >= 0) if by_ring else 0
         self._n_pread = self._live_count - self._n_uring
+        if self.via == "auto" and self._n_uring and self.ring_kept is None and self._trials is None:
+            self._trials = ([], [])
         self._dirty = False
 
     @property

@@ -1,12 +1,13 @@
 """Sampler without io_uring (a kernel or seccomp profile that refuses it): every file by
-pread from C, the same bytes; bad arguments refused up front."""
+pread from C, the same bytes; "auto" keeps the ring only when its timed passes beat
+pread's; bad arguments refused up front."""
 
 import errno
 
 import pytest
 
 from xhagent.io import sampler as sampler_mod
-from xhagent.io.sampler import Sampler
+from xhagent.io.sampler import TRIALS, Sampler
 
 
 def test_without_a_ring_every_file_is_read_with_pread(tmp_path, monkeypatch):
@@ -22,6 +23,45 @@ def test_without_a_ring_every_file_is_read_with_pread(tmp_path, monkeypatch):
     with Sampler(paths, via="uring") as s:
         assert s.sample() == {p: open(p, "rb").read() for p in paths}
         assert s.stats["uring"] == 0 and s.stats["pread"] == len(paths)
+
+
+class _AllInline:
+    """A router that sends every file to the ring, whatever the test's mount is."""
+
+    def punted(self, path) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("ring_ns, kept", [(900, False), (100, True)])
+def test_auto_keeps_the_way_its_timed_passes_favour(tmp_path, monkeypatch, ring_ns, kept):
+    monkeypatch.setattr(sampler_mod, "Router", _AllInline)
+    paths = []
+    for i in range(40):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(b"line %d\n" % i * (1 + i % 3))
+        paths.append(str(p))
+    want = {p: open(p, "rb").read() for p in paths}
+    # each timed pass reads the clock twice; the ring's and pread's passes take turns
+    ticks = iter([0, ring_ns, 0, 500] * TRIALS + [0, 1, 0, 1])
+    monkeypatch.setattr(sampler_mod, "_clock", ticks.__next__)
+    with Sampler(paths) as s:
+        assert s.sample() == want  # sizes the buffers; every file through the ring
+        assert s.stats["uring"] == len(paths) and s.ring_kept is None
+        assert s.sample() == want  # the buffers fitted to the files: laid out again
+        for _ in range(2 * TRIALS):
+            assert s.ring_kept is None
+            assert s.sample() == want
+        assert s.ring_kept is kept
+        before = s.stats
+        assert s.sample() == want
+        got = {k: s.stats[k] - before[k] for k in ("uring", "pread")}
+        assert got == ({"uring": len(paths), "pread": 0} if kept else {"uring": 0, "pread": 40})
+        extra = tmp_path / "extra"
+        extra.write_bytes(b"new\n")
+        s.add([extra])  # the set changed: both ways are timed again, from the ring
+        assert s.ring_kept is None
+        assert s.sample() == {**want, str(extra): b"new\n"}
+        assert s.stats["uring"] - before["uring"] == (2 if kept else 1) * len(paths) + 1
 
 
 def test_bad_arguments_are_refused(tmp_path):
