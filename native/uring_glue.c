@@ -486,6 +486,32 @@ int xh_rt_now(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf
 	return ret < 0 && n == 0 && *res == INT64_MIN ? ret : (int)n;
 }
 
+int64_t xh_rt_each(struct io_uring *ring, int fd, char *dst, const uint64_t *offs, unsigned n,
+		   unsigned len)
+{
+	int64_t total = 0, res;
+	struct io_uring_cqe *cqe;
+	int ret;
+
+	for (unsigned i = 0; i < n; i++) {
+		ret = xh_rt_now(ring, XH_OP_READ, fd, dst, (uint64_t)i * len, len, offs[i], i, &res,
+				NULL, 0);
+		if (ret < 0)
+			return ret;
+		if (res == INT64_MIN) {  /* not answered inside the enter: wait for it */
+			ret = io_uring_wait_cqe(ring, &cqe);
+			if (ret < 0)
+				return ret;
+			res = cqe->res;
+			io_uring_cqe_seen(ring, cqe);
+		}
+		if (res < 0)
+			return res;
+		total += res;
+	}
+	return total;
+}
+
 int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(ring);

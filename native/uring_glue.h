@@ -104,6 +104,12 @@ int xh_rt_enter(struct io_uring *ring, int64_t wait_ns, int64_t *out, unsigned m
  * others, or the negative errno of a refused enter (-EBUSY: the SQ is full, nothing queued). */
 int xh_rt_now(struct io_uring *ring, int opcode, int fd, char *buf, uint64_t buf_off, unsigned len,
 	      uint64_t offset, uint64_t user_data, int64_t *res, int64_t *out, unsigned max);
+/* The floor of a task's inline read, for the bench: n reads of `len` bytes at offs[i] into
+ * dst + i * len, each queued, submitted and reaped alone as xh_rt_now does (a read that
+ * does not complete inside its enter is waited for). Returns the bytes read in all, or the
+ * first negative errno. The ring must have nothing else in flight. */
+int64_t xh_rt_each(struct io_uring *ring, int fd, char *dst, const uint64_t *offs, unsigned n,
+		   unsigned len);
 /* Arm a one-shot POLLIN on `fd` (an eventfd that other threads write to wake the ring's
  * sleeper); its completion carries user_data. -EBUSY when the SQ is full. */
 int xh_rt_poll(struct io_uring *ring, int fd, uint64_t user_data);

@@ -7,6 +7,9 @@ Both run in one pool worker (pinned, as tasks run in production), on the same fi
 the same random 4 KiB offsets, from the page cache (the file is written and read once
 beforehand):
   * io_engine: `xhagent.io.read_batch` of the N reads, one call whose per-op loop is C;
+  * io_engine_each, for reading the figure: the same reads from one C loop, each entered
+    alone as a task's inline read is (xh_rt_now), into the engine's destination: what a
+    task's read costs the kernel and the ring with no Python, no task and no bytes object;
   * io_tasks: N tasks spawned at once, each `rt.read(fd, 4096, offset)`, all joined;
     ops/s over the whole (spawn to last join), p50/p99 of each read's call-to-return,
     and per pass the enters made and the reads answered inline (without a park);
@@ -20,7 +23,10 @@ clock reads, latencies from one pass with them), after a warm-up pass.
 `bounds.io_tasks_vs_engine` is what the ratio would be if a reading task cost no more
 than a task that does nothing plus the engine's own read (1 / (1/noop + 1/engine), over
 the engine): the ceiling that the task's spawn, step and join put on the ratio however
-cheap the read path gets.
+cheap the read path gets. `bounds.io_each_vs_engine` is io_engine_each over io_engine:
+the ceiling of a task whose read is entered alone, if the task itself cost nothing.
+`budget_ns` says what a task may cost in all at the target (1 / (0.7 x engine)), and how
+much of that is left beside a read entered alone.
 """
 
 from __future__ import annotations
@@ -67,6 +73,29 @@ def _engine(fd: int, offsets: array, rounds: int) -> dict:
             seconds.append(time.perf_counter() - start)
         lat = read_batch(ring, fd, offsets, BLOCK, buf, latencies=True).check().lat_ns
     return _summary(n, seconds, lat)
+
+
+def _engine_each(fd: int, offsets: array, rounds: int) -> dict:
+    from xhagent.io.ring import Ring, UringError, ffi, lib
+
+    n = len(offsets)
+    buf = bytearray(n * BLOCK)
+    dst, offs = ffi.from_buffer(buf), ffi.from_buffer("uint64_t[]", offsets)
+
+    def one_pass() -> float:
+        start = time.perf_counter()
+        got = lib.xh_rt_each(ring._ring, fd, dst, offs, n, BLOCK)
+        took = time.perf_counter() - start
+        if got < 0:
+            raise UringError.from_res(got, "io_engine_each")
+        if got != n * BLOCK:
+            raise RuntimeError("io_engine_each: a short read from the page cache")
+        return took
+
+    with Ring(256) as ring:
+        one_pass()  # warm-up
+        seconds = [one_pass() for _ in range(rounds)]
+    return _summary(n, seconds, ())
 
 
 def _tasks(fd: int, offsets: array, rounds: int, how: str = "read") -> dict:
@@ -137,6 +166,7 @@ def measure(path: str, ops: int, seed: int, rounds: int) -> dict:
         offs = array("Q", (rng.randrange(blocks) * BLOCK for _ in range(ops)))
         return {
             "io_engine": _engine(fd, offs, rounds),
+            "io_engine_each": _engine_each(fd, offs, rounds),
             "io_tasks": _tasks(fd, offs, rounds),
             "io_tasks_into": _tasks(fd, offs, rounds, "into"),
             "tasks_noop": _tasks(fd, offs, rounds, "noop"),
@@ -170,6 +200,7 @@ def cases(quick: bool = False, *, ops: int = OPS, in_pool: bool = True) -> dict:
     cpus = got.pop("cpu")
     engine, tasks = got["io_engine"]["ops_per_s"], got["io_tasks"]["ops_per_s"]
     noop = got["tasks_noop"]["ops_per_s"]
+    each = got["io_engine_each"]["ops_per_s"]
     return {
         "cases": got,
         "ratios": {"io_tasks_vs_engine": round(tasks / engine, 3) if engine else None},
@@ -177,7 +208,15 @@ def cases(quick: bool = False, *, ops: int = OPS, in_pool: bool = True) -> dict:
         "bounds": {
             "io_tasks_vs_engine": round(1 / (1 / noop + 1 / engine) / engine, 3)
             if engine and noop
-            else None
+            else None,
+            "io_each_vs_engine": round(each / engine, 3) if engine else None,
+        },
+        "budget_ns": {
+            "task_at_target": round(1e9 / (0.7 * engine), 1) if engine else None,
+            "left_beside_a_read_entered_alone": round(1e9 / (0.7 * engine) - 1e9 / each, 1)
+            if engine and each
+            else None,
+            "task_doing_nothing": round(1e9 / noop, 1) if noop else None,
         },
         "notes": {
             "io": (

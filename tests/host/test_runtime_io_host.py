@@ -576,7 +576,7 @@ def test_bench_io_cases_report_the_ratio_and_the_batching():
 
     report = bench_io.cases(quick=True, ops=300, in_pool=False)
     cases = report["cases"]
-    for name in ("io_engine", "io_tasks", "io_tasks_into", "tasks_noop"):
+    for name in ("io_engine", "io_engine_each", "io_tasks", "io_tasks_into", "tasks_noop"):
         assert cases[name]["ops_per_s"] > 0 and cases[name]["ops"] == 300
     assert cases["io_tasks"]["p50_us"] > 0 and cases["io_tasks"]["p99_us"] > 0
     assert cases["io_tasks"]["reads_per_pass"] == 300
@@ -586,3 +586,9 @@ def test_bench_io_cases_report_the_ratio_and_the_batching():
     assert bound == round(1 / (1 / noop + 1 / engine) / engine, 3)
     ratio = report["ratios"]["io_tasks_vs_engine"]
     assert ratio == round(cases["io_tasks"]["ops_per_s"] / cases["io_engine"]["ops_per_s"], 3)
+    each = cases["io_engine_each"]["ops_per_s"]
+    assert report["bounds"]["io_each_vs_engine"] == round(each / engine, 3)
+    budget = report["budget_ns"]
+    assert budget["task_at_target"] == round(1e9 / (0.7 * engine), 1)
+    left = budget["task_at_target"] - 1e9 / each
+    assert budget["left_beside_a_read_entered_alone"] == pytest.approx(left, abs=0.11)
