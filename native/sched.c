@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
 #include <stdint.h>
 
 #include "greenlet.h"   /* greenlet's C API (its package ships the header): a direct switch */
@@ -1031,6 +1032,164 @@ static PyObject *f_yield_async(PyObject *mod, PyObject *noarg) {
     return (PyObject *)y;
 }
 
+/* -- InlineRead: a task's small read, answered inside its own io_uring_enter ------------- */
+/* runtime.io's fast path for `rt.read(fd, n <= SLOT, offset)`: the inline try of
+ * TaskRing._now (the same xh_rt_now of xhagent._uring, called through its address, into the
+ * ring's slab slot on top of the free list) and, when the page cache answered it inside the
+ * enter and nothing else completed, the bytes, with no Python frame. Anything else goes
+ * back to Python: None when nothing was tried (no task, a cancelled one, the wrong thread, a
+ * backlog, no free slot, a full SQ, arguments for the checks there), (slot, others) when the
+ * try was made and did not end alone (TaskRing._landed finishes it). The SIGURG handler
+ * runs between bytecodes only, so nothing can interleave with the try. */
+typedef int (*rt_now_fn)(void *ring, int opcode, int fd, char *buf, uint64_t buf_off,
+                         unsigned len, uint64_t offset, uint64_t user_data, int64_t *res,
+                         int64_t *out, unsigned max);
+
+typedef struct {
+    PyObject_HEAD
+    rt_now_fn now;
+    void *ring;             /* NULL once closed */
+    char *slab;             /* NULL until the ring's slab is made */
+    int64_t *res, *out;
+    unsigned max, slot;
+    PyObject *free, *backlog;   /* the TaskRing's lists */
+    unsigned long thread;
+    unsigned long long reads;   /* reads answered here, whole */
+} InlineRead;
+
+static int ir_init(InlineRead *r, PyObject *args, PyObject *kw) {
+    unsigned long long now, ring, res, out;
+    unsigned max, slot;
+    PyObject *free, *backlog;
+    (void)kw;
+    if (!PyArg_ParseTuple(args, "KKKKIIO!O!", &now, &ring, &res, &out, &max, &slot,
+                          &PyList_Type, &free, &PyList_Type, &backlog))
+        return -1;
+    r->now = (rt_now_fn)(uintptr_t)now;
+    r->ring = (void *)(uintptr_t)ring;
+    r->res = (int64_t *)(uintptr_t)res;
+    r->out = (int64_t *)(uintptr_t)out;
+    r->max = max;
+    r->slot = slot;
+    Py_XSETREF(r->free, Py_NewRef(free));
+    Py_XSETREF(r->backlog, Py_NewRef(backlog));
+    r->thread = PyThread_get_thread_ident();
+    return 0;
+}
+
+static int ir_arg(PyObject *o, long long lo, long long hi, long long *v) {
+    int overflow;
+    if (!PyLong_CheckExact(o))
+        return 0;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    return !overflow && *v >= lo && *v <= hi;
+}
+
+static PyObject *ir_read(InlineRead *r, PyObject *const *args, Py_ssize_t nargs) {
+    long long fd, nbytes, offset;
+    Py_ssize_t nfree;
+    Core *s = running;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read(fd, nbytes, offset)");
+        return NULL;
+    }
+    if (!r->ring || !r->slab || !s || !s->current || !IS_TASK(s->current) ||
+        TB(s->current)->cancel || PyThread_get_thread_ident() != r->thread ||
+        PyList_GET_SIZE(r->backlog) || !(nfree = PyList_GET_SIZE(r->free)) ||
+        !ir_arg(args[0], 0, INT32_MAX, &fd) || !ir_arg(args[1], 0, r->slot, &nbytes) ||
+        !ir_arg(args[2], 0, INT64_MAX, &offset))
+        Py_RETURN_NONE;
+    long i = PyLong_AsLong(PyList_GET_ITEM(r->free, nfree - 1));
+    if (i < 0 || (unsigned long)i >= r->max) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    uint64_t at = (uint64_t)i * r->slot;
+    int n = r->now(r->ring, 0 /* XH_OP_READ */, (int)fd, r->slab, at, (unsigned)nbytes,
+                   (uint64_t)offset, (uint64_t)i, r->res, r->out, r->max);
+    if (n == -EBUSY)   /* no SQE: nothing was queued */
+        Py_RETURN_NONE;
+    if (n == 0 && *r->res >= 0) {
+        r->reads++;
+        return PyBytes_FromStringAndSize(r->slab + at, (Py_ssize_t)*r->res);
+    }
+    return Py_BuildValue("(li)", i, n);
+}
+
+static PyObject *ir_set_slab(InlineRead *r, PyObject *arg) {
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    r->slab = (char *)(uintptr_t)addr;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ir_close(InlineRead *r, PyObject *noarg) {
+    (void)noarg;
+    r->ring = NULL;
+    r->slab = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ir_reads(InlineRead *r, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(r->reads);
+}
+
+static int ir_traverse(InlineRead *r, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(r));
+    Py_VISIT(r->free);
+    Py_VISIT(r->backlog);
+    return 0;
+}
+
+static int ir_clear(InlineRead *r) {
+    Py_CLEAR(r->free);
+    Py_CLEAR(r->backlog);
+    r->ring = NULL;
+    return 0;
+}
+
+static void ir_dealloc(InlineRead *r) {
+    PyTypeObject *tp = Py_TYPE(r);
+    PyObject_GC_UnTrack(r);
+    ir_clear(r);
+    tp->tp_free((PyObject *)r);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef ir_methods[] = {
+    {"read", (PyCFunction)(void (*)(void))ir_read, METH_FASTCALL,
+     "read(fd, nbytes, offset): bytes, None (not tried) or (slot, others) (tried, not alone)"},
+    {"set_slab", (PyCFunction)ir_set_slab, METH_O, "the address of the ring's slab"},
+    {"close", (PyCFunction)ir_close, METH_NOARGS, "the ring is closing: try nothing more"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ir_getset[] = {
+    {"reads", (getter)ir_reads, NULL, "reads answered here, whole", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot ir_slots[] = {
+    {Py_tp_doc, "InlineRead(xh_rt_now, ring, res, out, max, slot, free, backlog): the fast "
+                "path of a task's small read (see runtime.io)"},
+    {Py_tp_init, ir_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_methods, ir_methods},
+    {Py_tp_getset, ir_getset},
+    {Py_tp_traverse, ir_traverse},
+    {Py_tp_clear, ir_clear},
+    {Py_tp_dealloc, ir_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec ir_spec = {
+    "xhagent._sched.InlineRead", sizeof(InlineRead), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, ir_slots,
+};
+
 /* -- module functions ---------------------------------------------------------------- */
 static PyObject *f_set_running(PyObject *mod, PyObject *arg) {
     (void)mod;
@@ -1155,6 +1314,13 @@ static int module_exec(PyObject *m) {
     Py_INCREF(ya);
     if (PyModule_AddObject(m, "YieldAwait", ya) < 0) {
         Py_DECREF(ya);
+        return -1;
+    }
+    PyObject *ir = PyType_FromModuleAndSpec(m, &ir_spec, NULL);
+    if (!ir)
+        return -1;
+    if (PyModule_AddObject(m, "InlineRead", ir) < 0) {
+        Py_DECREF(ir);
         return -1;
     }
     PyObject *t = PyType_FromModuleAndSpec(m, &core_spec, NULL);

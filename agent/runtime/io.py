@@ -12,19 +12,21 @@ A request is first tried inline: it goes to the kernel in an io_uring_enter of i
 queued, submitted and reaped in one C call (xh_rt_now), and a read or write the page cache
 answers completes inside that enter, so the task gets its result without parking (one
 system call, ~1.1 us here with the call; a park and a wake cost several times that, and
-while 10k tasks wait for one round, all of them hold a context). A preemption asked while
-the request is made waits for it, and is honoured by a yield when it returns. A request
-that does not complete inline (a device read, an empty pipe) parks its task, and the next
-EAGER_BACKOFF requests are not tried inline but batched: each is queued in the submission
-queue, its task parks and other tasks run meanwhile. Everything the tasks of a round queued
-goes to the kernel in one io_uring_enter, made by a pump task queued behind
-the round (at the back of the class of the first task that queued a request), so a task
-that keeps yielding cannot hold the requests back; that enter also reaps what the kernel
-completed inside it (the page cache answers there) and wakes those tasks. While requests
-stay in flight, the pump reaps again after each round of whatever tasks are runnable;
-with nothing runnable the scheduler sleeps on the ring itself: a completion, the next
-timer, a future completed by another thread (an eventfd polled through the ring) and, in
-a pool worker, new work in its run queues all end that sleep. At most ENTRIES requests
+while 10k tasks wait for one round, all of them hold a context). A small `read` makes that
+try from C (`_sched.InlineRead`) and, when it ends alone, returns its bytes with no Python
+in between; whatever else happens there is finished here, as for any other request. A
+preemption asked while the request is made waits for it, and is honoured by a yield when it
+returns. A request that does not complete inline (a device read, an empty pipe) parks its
+task, and the next EAGER_BACKOFF requests are not tried inline but batched: each is queued
+in the submission queue, its task parks and other tasks run meanwhile. Everything the tasks
+of a round queued goes to the kernel in one io_uring_enter, made by a pump task queued
+behind the round (at the back of the class of the first task that queued a request), so a
+task that keeps yielding cannot hold the requests back; that enter also reaps what the
+kernel completed inside it (the page cache answers there) and wakes those tasks. While
+requests stay in flight, the pump reaps again after each round of whatever tasks are
+runnable; with nothing runnable the scheduler sleeps on the ring itself: a completion, the
+next timer, a future completed by another thread (an eventfd polled through the ring) and,
+in a pool worker, new work in its run queues all end that sleep. At most ENTRIES requests
 are in the kernel at once; more wait their turn in order.
 
 Errors: a failed request raises in its own task an OSError (`UringError`) with the
@@ -43,6 +45,7 @@ import os
 import threading
 from array import array
 
+from .. import _sched
 from ..errors import KernelError, errno_reason
 from ..io.ring import Ring, UringError, ffi, lib
 from . import scheduler as _core
@@ -102,7 +105,8 @@ class TaskRing:
 
     `inflight`: requests prepared and not yet completed (queued ones included);
     `enters`: io_uring_enter calls made; `ops`: completions delivered; `inline`: requests
-    that completed in their own enter, without parking their task.
+    that completed in their own enter, without parking their task (those answered whole
+    by the native fast path, `fast.reads`, included in all three).
 
     A request of at most SLOT bytes reads into its own slot of one slab (the slot index is
     its user_data), copied out when it is reaped: no buffer is made and pinned per read."""
@@ -127,7 +131,7 @@ class TaskRing:
         # the slab, made by the first small read (its pages are touched as slots are used)
         self._slab = self._slab_p = self._slab_mv = None
         self.inflight = self.queued = 0
-        self.enters = self.ops = self.inline = 0
+        self._enters = self._ops = self._inline = 0
         self._pump = None  # the pump task queued for this round, and its class
         self._eager_after = 0  # requests to queue before the next one is tried inline
         self._pump_class = None
@@ -136,22 +140,47 @@ class TaskRing:
         self._polling = False
         self._futex = None  # (address, value) of the armed FUTEX_WAIT, if one is
         self.futex_wait = bool(lib.xh_rt_futex_supported(self._r))  # Linux 6.7 and later
+        addr = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
+        self.fast = _sched.InlineRead(
+            addr(ffi.addressof(lib, "xh_rt_now")),
+            addr(self._r),
+            addr(self._resp),
+            addr(self._outp),
+            self.limit,
+            SLOT,
+            self._free,
+            self._backlog,
+        )
         old = sched._wakeup
         sched._wakeup = _Wakeup(self.efd)
         if old.is_set():
             sched._wakeup.set()
 
+    @property
+    def enters(self) -> int:
+        return self._enters + self.fast.reads
+
+    @property
+    def ops(self) -> int:
+        return self._ops + self.fast.reads
+
+    @property
+    def inline(self) -> int:
+        return self._inline + self.fast.reads
+
     # -- a task's request ------------------------------------------------------------------
-    def request(self, op: int, fd: int, cbuf, nbytes: int, offset: int) -> list:
+    def request(self, op: int, fd: int, cbuf, nbytes: int, offset: int, landed=None) -> list:
         """One read or write, tried inline, else queued with the calling task parked until
         it completes (see the module's docstring). `cbuf`: what
         the kernel reads from or writes to (bytes, or cffi memory), None for a slab slot.
+        `landed` (slot, others): the fast path (`fast.read`) made the inline try of this
+        slot read already, and it did not end alone (see _landed).
         Returns the request's record: [task, token, result (bytes moved or -errno), the
         bytes read into a slot, cbuf]; the record holds `cbuf` for the kernel until the
         completion, even when the task is cancelled meanwhile."""
         sched = self.sched
         task = sched.current
-        if task._cancel_requested:
+        if task._cancel_requested and landed is None:
             raise Cancelled()
         rec = [task, 0, None, None, cbuf]
         # Until parked, a preemption would let another task's request in halfway through
@@ -161,7 +190,11 @@ class TaskRing:
         inline = False
         task._critical += 1
         try:
-            if self._free and not self._backlog:
+            if landed is not None:
+                inline = self._landed(rec, landed[0], landed[1], None, landed[0] * SLOT)
+                if not inline:
+                    self._eager_after = EAGER_BACKOFF
+            elif self._free and not self._backlog:
                 if self._eager_after <= 0:
                     inline = self._now(rec, op, fd, cbuf, nbytes, offset)
                     if not inline:
@@ -183,7 +216,7 @@ class TaskRing:
             if not task._critical and not inline:
                 task._preempt_requested = False
         if inline:
-            self.inline += 1
+            self._inline += 1
             if task._preempt_requested and not task._critical:
                 sched.yield_()
         return rec
@@ -207,13 +240,19 @@ class TaskRing:
         if n == -_errno.EBUSY:  # the SQ is full: the queued way submits it first
             self._prep(rec, op, fd, cbuf, nbytes, offset)
             return False
+        return self._landed(rec, i, n, cbuf, at)
+
+    def _landed(self, rec, i: int, n: int, cbuf, at: int) -> bool:
+        """Request i (slot i's bytes at `at` when `cbuf` is None) was tried inline, by _now
+        or by the fast path: True with its result in rec when it completed in its enter,
+        else False with it registered in flight; the n other completions found are reaped."""
         self._free.pop()
-        self.enters += 1
+        self._enters += 1
         self.queued = 0
         res = self._res[0]
         if res != _NOT_DONE:
             self._free.append(i)
-            self.ops += 1
+            self._ops += 1
             rec[2] = res
             if cbuf is None and res > 0:
                 rec[3] = self._slab_mv[at : at + res].tobytes()
@@ -230,6 +269,7 @@ class TaskRing:
         self._slab = bytearray(self.limit * SLOT)
         self._slab_p = ffi.from_buffer(self._slab)
         self._slab_mv = memoryview(self._slab)
+        self.fast.set_slab(int(ffi.cast("uintptr_t", self._slab_p)))
 
     def _prep(self, rec, op, fd, cbuf, nbytes, offset) -> None:
         i = self._free.pop()
@@ -255,7 +295,7 @@ class TaskRing:
         """Submit what is queued, wait up to wait_ns (0: not at all, -1: no limit) when
         nothing is ready, wake the tasks whose requests completed; how many did."""
         n = lib.xh_rt_enter(self._r, wait_ns, self._outp, self.limit)
-        self.enters += 1
+        self._enters += 1
         self.queued = 0
         if n < 0:
             raise UringError.from_res(n, "io_uring_enter (runtime ring)")
@@ -289,7 +329,7 @@ class TaskRing:
                     wake(rec[0], rec[1])  # a stale token (a cancelled task) does nothing
                 got += 1
             self.inflight -= got
-            self.ops += got
+            self._ops += got
             if self._backlog:
                 self._admit()
             return got
@@ -352,6 +392,7 @@ class TaskRing:
     def close(self) -> None:
         """Cancel what is in flight (waiting for the kernel to let go of the buffers)."""
         if not self.ring.closed:
+            self.fast.close()
             self.ring.pending = self.inflight + self._polling + (self._futex is not None)
             self.ring.close()
             wakeup = threading.Event()  # the eventfd's number may be reused once closed
@@ -385,6 +426,18 @@ def _fail(res: int, what: str, fd: int, offset: int) -> UringError:
 def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
     """Up to `nbytes` at `offset` of `fd` (fewer at EOF), through the scheduler's ring; the
     task parks meanwhile. OSError (UringError) with the kernel's errno on failure."""
+    sched = _core._running
+    if sched is not None:
+        ring = sched._io
+        if ring is not None and ring._eager_after <= 0:
+            got = ring.fast.read(fd, nbytes, offset)
+            if type(got) is bytes:
+                return got
+            if got is not None:  # tried, and not ended alone: finished as any request
+                res = (rec := ring.request(READ, fd, None, nbytes, offset, got))[2]
+                if res < 0:
+                    raise _fail(res, "read", fd, offset)
+                return rec[3] or b""
     if nbytes <= SLOT:
         if nbytes < 0 or offset < 0:
             raise ValueError(f"read: nbytes {nbytes} and offset {offset} must be >= 0")

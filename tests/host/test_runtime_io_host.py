@@ -383,11 +383,70 @@ def test_more_requests_than_the_ring_holds_wait_their_turn():
             os.close(w)
 
 
+class _NoFastPath:
+    """In place of _sched.InlineRead: tries nothing, so every request takes the Python path."""
+
+    reads = 0
+
+    def __init__(self, *args):
+        pass
+
+    def read(self, fd, nbytes, offset):
+        return None
+
+    def set_slab(self, addr):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_small_reads_end_in_c_and_what_does_not_end_alone_is_handed_back(data_file):
+    """After the first small read (which makes the ring and its slab), page-cache reads are
+    answered by the native fast path; a read that fails, one that has to wait (a pipe) and
+    one whose enter also brings another request's completion are finished in Python."""
+    fd, blob, _ = data_file
+    r, w = os.pipe()
+    closed = 999_999  # no file (a freed low number would be the ring's eventfd's next)
+    try:
+
+        def main():
+            ring_of = rt._core._running
+            assert rt.read(fd, BLOCK, 0) == blob[:BLOCK]  # makes the ring: the Python path
+            ring = ring_of._io
+            fast0 = ring.fast.reads
+            got = [rt.read(fd, BLOCK, k * BLOCK) for k in range(1, 9)]
+            assert got == [blob[k * BLOCK : (k + 1) * BLOCK] for k in range(1, 9)]
+            assert ring.fast.reads - fast0 == 8 and ring.inline == 9 and ring.enters == 9
+            with pytest.raises(OSError) as failed:
+                rt.read(closed, 10, 0)
+            assert failed.value.errno == errno.EBADF and ring.fast.reads - fast0 == 8
+            waiter = rt.spawn(rt.read, r, 10, 0)
+            rt.sleep(0.01)  # tried from C, parked by Python
+            assert (waiter._parks, ring.inflight) == (1, 1)
+            for k in range(rio.EAGER_BACKOFF):  # the reads after a wait are batched
+                assert rt.read(fd, 10, k) == blob[k : k + 10]
+            assert ring.inflight == 1
+            os.write(w, b"late")  # the waiter's completion is posted
+            inline, fast = ring.inline, ring.fast.reads
+            assert rt.read(fd, 100, 5) == blob[5:105]
+            # tried from C, which found the waiter's completion too: finished in Python
+            assert (ring.inline - inline, ring.fast.reads - fast, ring.inflight) == (1, 0, 0)
+            return waiter.join()
+
+        assert rt.run(main) == b"late"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_preemption_inside_a_request_waits_for_its_park(data_file, monkeypatch):
     """What the time-slice handler does at a safe point (request_preempt), done halfway
     through queueing a request: it must not switch to another task, which could queue
-    its own request over this one's, but leave the yield to the park."""
+    its own request over this one's, but leave the yield to the park. (The native fast
+    path has no point between bytecodes to be preempted at: it is off here.)"""
     fd, blob, _ = data_file
+    monkeypatch.setattr(rio._sched, "InlineRead", _NoFastPath)
     yielded = []
     for name in ("_prep", "_now"):  # queued, or tried inline
         monkeypatch.setattr(rio.TaskRing, name, _preempted(getattr(rio.TaskRing, name), yielded))
