@@ -735,9 +735,7 @@ def _sampler_cases(name: str, paths: list[str], seconds, cases, notes) -> None:
                 runs[k].append(files_case(read, paths, seconds / SAMPLER_RUNS, cpu=True))
         for k, r in runs.items():
             cases[f"files_{name}_{k}"] = merge_runs(r)
-        per_sample = {
-            k: sampler.stats[k] // max(1, sampler.stats["samples"]) for k in ("uring", "pread")
-        }
+        per_sample = sampler.ways
         notes[f"files_{name}_sampler"] = (
             f"{len(sampler)} files held open; a sample reads {per_sample['uring']} through "
             f"io_uring (registered files) and {per_sample['pread']} with pread, in one C call"

@@ -308,6 +308,12 @@ class Sampler:
             "regrown": self._repeats,
         }
 
+    @property
+    def ways(self) -> dict[str, int]:
+        """The files a sample reads each way now: {"uring": n, "pread": n} (after the
+        first sample; "auto" moves them all to pread once timing shows the ring slower)."""
+        return {"uring": self._n_uring, "pread": self._n_pread}
+
     def _read(self) -> int:
         """One sample; returns the flags of its last C pass (XH_SAMPLE_*)."""
         if self._closed:

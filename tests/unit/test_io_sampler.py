@@ -52,6 +52,7 @@ def test_auto_keeps_the_way_its_timed_passes_favour(tmp_path, monkeypatch, ring_
             assert s.ring_kept is None
             assert s.sample() == want
         assert s.ring_kept is kept
+        assert s.ways == ({"uring": 40, "pread": 0} if kept else {"uring": 0, "pread": 40})
         before = s.stats
         assert s.sample() == want
         got = {k: s.stats[k] - before[k] for k in ("uring", "pread")}
