@@ -1034,13 +1034,16 @@ static PyObject *f_yield_async(PyObject *mod, PyObject *noarg) {
 
 /* -- InlineRead: a task's small read, answered inside its own io_uring_enter ------------- */
 /* runtime.io's fast path for `rt.read(fd, n <= SLOT, offset)`: the inline try of
- * TaskRing._now (the same xh_rt_now of xhagent._uring, called through its address, into the
- * ring's slab slot on top of the free list) and, when the page cache answered it inside the
- * enter and nothing else completed, the bytes, with no Python frame. Anything else goes
- * back to Python: None when nothing was tried (no task, a cancelled one, the wrong thread, a
- * backlog, no free slot, a full SQ, arguments for the checks there), (slot, others) when the
- * try was made and did not end alone (TaskRing._landed finishes it). The SIGURG handler
- * runs between bytecodes only, so nothing can interleave with the try. */
+ * TaskRing._now (the same xh_rt_now of xhagent._uring, called through its address) with
+ * the slot on top of the free list as its user_data, made straight into the bytes object
+ * the task gets (fresh, seen by nobody until it is filled: one copy, the kernel's). When
+ * the page cache answered it inside the enter and nothing else completed, that object is
+ * returned, with no Python frame. Anything else goes back to Python: None when nothing was
+ * tried (no task, a cancelled one, the wrong thread, a backlog, no free slot, a full SQ,
+ * arguments for the checks there), (slot, others, buffer) when the try was made and did
+ * not end alone (TaskRing._landed finishes it; the buffer stays the kernel's until its
+ * completion). The SIGURG handler runs between bytecodes only, so nothing can interleave
+ * with the try. */
 typedef int (*rt_now_fn)(void *ring, int opcode, int fd, char *buf, uint64_t buf_off,
                          unsigned len, uint64_t offset, uint64_t user_data, int64_t *res,
                          int64_t *out, unsigned max);
@@ -1049,7 +1052,6 @@ typedef struct {
     PyObject_HEAD
     rt_now_fn now;
     void *ring;             /* NULL once closed */
-    char *slab;             /* NULL until the ring's slab is made */
     int64_t *res, *out;
     unsigned max, slot;
     PyObject *free, *backlog;   /* the TaskRing's lists */
@@ -1093,11 +1095,10 @@ static PyObject *ir_read(InlineRead *r, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "read(fd, nbytes, offset)");
         return NULL;
     }
-    if (!r->ring || !r->slab || !s || !s->current || !IS_TASK(s->current) ||
-        TB(s->current)->cancel || PyThread_get_thread_ident() != r->thread ||
-        PyList_GET_SIZE(r->backlog) || !(nfree = PyList_GET_SIZE(r->free)) ||
-        !ir_arg(args[0], 0, INT32_MAX, &fd) || !ir_arg(args[1], 0, r->slot, &nbytes) ||
-        !ir_arg(args[2], 0, INT64_MAX, &offset))
+    if (!r->ring || !s || !s->current || !IS_TASK(s->current) || TB(s->current)->cancel ||
+        PyThread_get_thread_ident() != r->thread || PyList_GET_SIZE(r->backlog) ||
+        !(nfree = PyList_GET_SIZE(r->free)) || !ir_arg(args[0], 0, INT32_MAX, &fd) ||
+        !ir_arg(args[1], 0, r->slot, &nbytes) || !ir_arg(args[2], 0, INT64_MAX, &offset))
         Py_RETURN_NONE;
     long i = PyLong_AsLong(PyList_GET_ITEM(r->free, nfree - 1));
     if (i < 0 || (unsigned long)i >= r->max) {
@@ -1105,30 +1106,28 @@ static PyObject *ir_read(InlineRead *r, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         Py_RETURN_NONE;
     }
-    uint64_t at = (uint64_t)i * r->slot;
-    int n = r->now(r->ring, 0 /* XH_OP_READ */, (int)fd, r->slab, at, (unsigned)nbytes,
-                   (uint64_t)offset, (uint64_t)i, r->res, r->out, r->max);
-    if (n == -EBUSY)   /* no SQE: nothing was queued */
-        Py_RETURN_NONE;
-    if (n == 0 && *r->res >= 0) {
-        r->reads++;
-        return PyBytes_FromStringAndSize(r->slab + at, (Py_ssize_t)*r->res);
-    }
-    return Py_BuildValue("(li)", i, n);
-}
-
-static PyObject *ir_set_slab(InlineRead *r, PyObject *arg) {
-    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
-    if (addr == (unsigned long long)-1 && PyErr_Occurred())
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
+    if (!data)
         return NULL;
-    r->slab = (char *)(uintptr_t)addr;
-    Py_RETURN_NONE;
+    int n = r->now(r->ring, 0 /* XH_OP_READ */, (int)fd, PyBytes_AS_STRING(data), 0,
+                   (unsigned)nbytes, (uint64_t)offset, (uint64_t)i, r->res, r->out, r->max);
+    if (n == -EBUSY) {   /* no SQE: nothing was queued */
+        Py_DECREF(data);
+        Py_RETURN_NONE;
+    }
+    int64_t got = *r->res;
+    if (n == 0 && got >= 0) {
+        r->reads++;
+        if (got < nbytes && _PyBytes_Resize(&data, (Py_ssize_t)got) < 0)
+            return NULL;
+        return data;
+    }
+    return Py_BuildValue("(liN)", i, n, data);
 }
 
 static PyObject *ir_close(InlineRead *r, PyObject *noarg) {
     (void)noarg;
     r->ring = NULL;
-    r->slab = NULL;
     Py_RETURN_NONE;
 }
 
@@ -1161,8 +1160,8 @@ static void ir_dealloc(InlineRead *r) {
 
 static PyMethodDef ir_methods[] = {
     {"read", (PyCFunction)(void (*)(void))ir_read, METH_FASTCALL,
-     "read(fd, nbytes, offset): bytes, None (not tried) or (slot, others) (tried, not alone)"},
-    {"set_slab", (PyCFunction)ir_set_slab, METH_O, "the address of the ring's slab"},
+     "read(fd, nbytes, offset): bytes, None (not tried) or (slot, others, buffer) (tried, "
+     "not ended alone)"},
     {"close", (PyCFunction)ir_close, METH_NOARGS, "the ring is closing: try nothing more"},
     {NULL, NULL, 0, NULL},
 };

@@ -174,7 +174,7 @@ class TaskRing:
         it completes (see the module's docstring). `cbuf`: what
         the kernel reads from or writes to (bytes, or cffi memory), None for a slab slot.
         `landed` (slot, others): the fast path (`fast.read`) made the inline try of this
-        slot read already, and it did not end alone (see _landed).
+        read into `cbuf` already, and it did not end alone (see _landed).
         Returns the request's record: [task, token, result (bytes moved or -errno), the
         bytes read into a slot, cbuf]; the record holds `cbuf` for the kernel until the
         completion, even when the task is cancelled meanwhile."""
@@ -191,7 +191,7 @@ class TaskRing:
         task._critical += 1
         try:
             if landed is not None:
-                inline = self._landed(rec, landed[0], landed[1], None, landed[0] * SLOT)
+                inline = self._landed(rec, landed[0], landed[1], cbuf, 0)
                 if not inline:
                     self._eager_after = EAGER_BACKOFF
             elif self._free and not self._backlog:
@@ -269,7 +269,6 @@ class TaskRing:
         self._slab = bytearray(self.limit * SLOT)
         self._slab_p = ffi.from_buffer(self._slab)
         self._slab_mv = memoryview(self._slab)
-        self.fast.set_slab(int(ffi.cast("uintptr_t", self._slab_p)))
 
     def _prep(self, rec, op, fd, cbuf, nbytes, offset) -> None:
         i = self._free.pop()
@@ -434,10 +433,11 @@ def read(fd: int, nbytes: int, offset: int = 0) -> bytes:
             if type(got) is bytes:
                 return got
             if got is not None:  # tried, and not ended alone: finished as any request
-                res = (rec := ring.request(READ, fd, None, nbytes, offset, got))[2]
+                i, n, data = got
+                res = ring.request(READ, fd, data, nbytes, offset, (i, n))[2]
                 if res < 0:
                     raise _fail(res, "read", fd, offset)
-                return rec[3] or b""
+                return data if res == nbytes else data[:res]
     if nbytes <= SLOT:
         if nbytes < 0 or offset < 0:
             raise ValueError(f"read: nbytes {nbytes} and offset {offset} must be >= 0")

@@ -418,6 +418,9 @@ def test_small_reads_end_in_c_and_what_does_not_end_alone_is_handed_back(data_fi
             got = [rt.read(fd, BLOCK, k * BLOCK) for k in range(1, 9)]
             assert got == [blob[k * BLOCK : (k + 1) * BLOCK] for k in range(1, 9)]
             assert ring.fast.reads - fast0 == 8 and ring.inline == 9 and ring.enters == 9
+            assert rt.read(fd, BLOCK, len(blob) - 100) == blob[-100:]  # short, at EOF
+            assert rt.read(fd, 10, len(blob)) == b"" and ring.fast.reads - fast0 == 10
+            fast0 += 2
             with pytest.raises(OSError) as failed:
                 rt.read(closed, 10, 0)
             assert failed.value.errno == errno.EBADF and ring.fast.reads - fast0 == 8
