@@ -49,6 +49,8 @@ def test_the_image_boots_its_own_kernel_with_the_9p_guests_settings(tmp_path):
     assert f"virtio-{vmtest.RESULTS_SERIAL}" in boot_image.CHECK_UNIT_TEXT
     assert "-no-reboot" in cmd and cmd[cmd.index("-accel") + 1] == "tcg,thread=single"
     assert "softlockup_panic=1" in append
+    monitor = tmp_path / "run" / "monitor.sock"
+    assert cmd[cmd.index("-monitor") + 1] == f"unix:{monitor},server=on,wait=off"
 
 
 def test_results_are_read_up_to_the_nul():

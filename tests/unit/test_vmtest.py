@@ -157,6 +157,8 @@ def test_vng_command_line(tmp_path):
     assert f"file={tmp_path / 'nvme.img'}" in qemu[0] and "-device nvme," in qemu[0]
     # emulated: every vCPU on one thread (see TCG)
     assert qemu[0].startswith("--qemu-opts=-accel tcg,thread=single ")
+    # the monitor a timed-out run's vCPUs are described from
+    assert qemu[0].endswith(f" -monitor unix:{tmp_path / 'monitor.sock'},server=on,wait=off")
     assert "--verbose" not in cmd
     args = vmtest.parse_args(["--console", "--", "true"])
     assert "--verbose" in vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), tmp_path, args)
@@ -202,3 +204,30 @@ def test_kvm_only_with_hardware_virtualisation(tmp_path, monkeypatch):
     assert "--disable-kvm" not in cmd and not any("-accel" in a for a in cmd)
     monkeypatch.setattr(vmtest.os, "access", lambda path, mode: False)
     assert not vmtest.hardware_kvm(tmp_path)
+
+
+def test_no_monitor_where_its_socket_path_would_be_too_long(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    assert vmtest.monitor_path(deep) is None and vmtest.monitor_opts(None) == []
+    args = vmtest.parse_args(["--", "true"])
+    cmd = vmtest.vng_command(Path("/v/vng"), Path("/k/vmlinuz"), deep, args)
+    assert "-monitor" not in next(a for a in cmd if a.startswith("--qemu-opts="))
+    assert vmtest.monitor_path(tmp_path) == tmp_path / "monitor.sock"
+
+
+def test_the_guest_saves_its_text_symbols_for_the_host(tmp_path):
+    kallsyms = tmp_path / "proc-kallsyms"
+    kallsyms.write_text(
+        "ffffffff81000000 T _stext\n"
+        "ffffffff82000000 D jiffies\n"
+        "ffffffffc0a01000 t null_handle_cmd\t[null_blk]\n"
+        "ffffffff81a2b3a0 W weak_fn\n"
+    )
+    vmtest.save_text_symbols(tmp_path, kallsyms)
+    saved = (tmp_path / vmtest.KALLSYMS_FILE).read_text().splitlines()
+    assert saved == [
+        "ffffffff81000000 T _stext",
+        "ffffffffc0a01000 t null_handle_cmd\t[null_blk]",
+        "ffffffff81a2b3a0 W weak_fn",
+    ]
+    vmtest.save_text_symbols(tmp_path / "absent-dir", kallsyms)  # said, not raised
