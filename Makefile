@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMPS := .cache/stamps
 
-NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py agent/daemon/v1/*.proto)
+NATIVE_SOURCES := pyproject.toml setup.py $(wildcard native/*.py native/*.c native/*.h ebpf/*.bpf.c ebpf/*.h ebpf/build.py agent/daemon/api/v1/*.proto)
 
 .PHONY: run test setup deps guest-kernel viewer test-host test-kernel package clean
 

@@ -2,7 +2,7 @@
 the workload shim and the gRPC modules.
 
 `pip install .` and `pip install -e .` both run build_py, which compiles every
-`ebpf/*.bpf.c` into `agent/bpf/objects/`, `native/shim.c` into `agent/daemon/xhagent-shim`
+`ebpf/*.bpf.c` into `agent/bpf/objects/`, `native/shim.c` into `agent/daemon/exec/xhagent-shim`
 and every `agent/**/*.proto` into `*_pb2.py` / `*_pb2_grpc.py` beside it (package data)
 before the package is collected; cffi's setuptools integration builds `xhagent._uring`,
 `xhagent._bpf`, `xhagent._spawn` and `xhagent._runq`, and `native/sched.c` is a plain
@@ -39,8 +39,8 @@ def build_grpc_modules():
     """protoc (from grpcio-tools) over every `.proto` under agent/.
 
     The include root maps `xhagent` to `agent`, as pyproject's package-dir does, so that
-    agent/daemon/v1/agent.proto compiles as xhagent/daemon/v1/agent.proto and the generated
-    `_pb2_grpc` imports `from xhagent.daemon.v1 import agent_pb2` without any edit. protoc
+    agent/daemon/api/v1/agent.proto compiles as xhagent/daemon/api/v1/agent.proto and the generated
+    `_pb2_grpc` imports `from xhagent.daemon.api.v1 import agent_pb2` without any edit. protoc
     writes under that virtual name, so it writes into a scratch folder; a module is replaced
     only when its text changed, which keeps mtimes (and bytecode) of an unchanged build.
     """

@@ -17,33 +17,33 @@ from .signals import Terminated
 
 # name -> "module:attribute" of a click command or group; one line per subcommand.
 COMMANDS = {
-    "apply": "xhagent.daemon.cli:apply",
+    "apply": "xhagent.daemon.api.cli:apply",
     "bench": "xhagent.cli:bench",
-    "cancel": "xhagent.daemon.cli:cancel",
+    "cancel": "xhagent.daemon.api.cli:cancel",
     "cgroup": "xhagent.cgroups.cli:cgroup",
     "crd": "xhagent.crd:crd_command",
-    "delete": "xhagent.daemon.cli:delete",
-    "events": "xhagent.daemon.cli:events",
-    "explain": "xhagent.daemon.cli:explain",
-    "get": "xhagent.daemon.cli:get",
+    "delete": "xhagent.daemon.api.cli:delete",
+    "events": "xhagent.daemon.api.cli:events",
+    "explain": "xhagent.daemon.api.cli:explain",
+    "get": "xhagent.daemon.api.cli:get",
     "inventory": "xhagent.inventory.cli:inventory",
-    "logs": "xhagent.daemon.cli:logs",
+    "logs": "xhagent.daemon.api.cli:logs",
     "policy": "xhagent.policy.cli:policy",
-    "ps": "xhagent.daemon.cli:ps",
-    "run": "xhagent.daemon.cli:run",
+    "ps": "xhagent.daemon.api.cli:ps",
+    "run": "xhagent.daemon.run:run",
     "simulate": "xhagent.sched.simulate:simulate_command",
-    "submit": "xhagent.daemon.cli:submit",
+    "submit": "xhagent.daemon.api.cli:submit",
     "trace": "xhagent.trace.cli:trace",
 }
 # `xhagent bench NAME`, likewise.
 BENCHMARKS: dict[str, str] = {
-    "agent": "xhagent.daemon.bench:bench_agent",
-    "cgroup-io": "xhagent.cgroups.bench:bench_cgroup_io",
-    "io": "xhagent.io.bench:bench_io",
-    "metrics": "xhagent.metrics.bench:bench_metrics",
-    "pool": "xhagent.runtime.bench:bench_pool",
-    "sched": "xhagent.sched.bench:bench_sched",
-    "trace": "xhagent.trace.bench:bench_trace",
+    "agent": "xhagent.bench.agent:bench_agent",
+    "cgroup-io": "xhagent.bench.cgroup_io:bench_cgroup_io",
+    "io": "xhagent.bench.io:bench_io",
+    "metrics": "xhagent.bench.metrics:bench_metrics",
+    "pool": "xhagent.bench.pool:bench_pool",
+    "sched": "xhagent.bench.sched:bench_sched",
+    "trace": "xhagent.bench.trace:bench_trace",
 }
 
 

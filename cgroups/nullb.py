@@ -37,6 +37,20 @@ BENCH_SETTINGS = {
     "hw_queue_depth": 16,
     "memory_backed": 0,
 }
+# The io.cost model and QoS that `bench cgroup-io` writes for the disk it makes: a linear
+# model whose random-read budget (4,000 IOPS) sits below what the disk and one reader do
+# (~5,000 IOPS under emulation, BENCH_SETTINGS), so io.cost, not the disk, decides who gets
+# what. The QoS caps the vrate at 100% (max=100): with max=1000 io.cost raised it while
+# latencies stayed low, the budget grew past what the 500-weight group's one reader can
+# issue, and what that group left went to the 100-weight one (4.2:1 for 5:1 in one run of
+# four, with a 2,000 IOPS model; with a budget wholly above the disk's capacity, 3.7:1). A
+# 2,000 IOPS model under the cap gave the 10-weight group of 500/100/10 more than the 100
+# one in one run of four: its share, 20 IOPS, is within io.cost's own margins.
+NULLB_MODEL = (
+    "ctrl=user model=linear rbps=16000000 rseqiops=4000 rrandiops=4000 "
+    "wbps=80000000 wseqiops=20000 wrandiops=20000"
+)
+NULLB_QOS = "enable=1 ctrl=user rpct=95.00 rlat=5000 wpct=95.00 wlat=5000 min=1.00 max=100.00"
 
 
 class NullBlkError(RuntimeError):

@@ -1,5 +1,5 @@
-"""Compile `native/shim.c` into the executable `agent/daemon/xhagent-shim` (package data of
-`xhagent.daemon`), called by setup.py's build_py.
+"""Compile `native/shim.c` into the executable `agent/daemon/exec/xhagent-shim` (package data
+of `xhagent.daemon.exec`), called by setup.py's build_py.
 
 A separate program, not an extension module: it supervises a workload after the agent's
 process is gone. spawn_glue.c is linked in, not copied: the shim starts workloads the way
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SHIM = HERE.parent / "agent" / "daemon" / "xhagent-shim"
+SHIM = HERE.parent / "agent" / "daemon" / "exec" / "xhagent-shim"
 SHIM_SOURCES = [HERE / "shim.c", HERE / "spawn_glue.c", HERE / "spawn_glue.h"]
 SHIM_FLAGS = ["-O2", "-Wall", "-Wextra"]
 

@@ -222,7 +222,7 @@ def stage(work: Path, env: Path) -> Path:
     # are the venv's bin/ and the shim; modules, shared objects and data are 0644.
     programs = {
         *(venv / "bin").iterdir(),
-        *venv.glob("lib/python*/site-packages/xhagent/daemon/xhagent-shim"),
+        *venv.glob("lib/python*/site-packages/xhagent/daemon/exec/xhagent-shim"),
     }
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():

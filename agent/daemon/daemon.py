@@ -34,14 +34,15 @@ from ..cgroups.reconcile import Options
 from ..cgroups.subtree import locate
 from ..config import PoolConfig
 from ..node_model import Node
-from . import api
-from .core import Agent
-from .executor import Executor
-from .policies import PolicySet
-from .service import AgentService
-from .store import Store
-from .submission import parse_submission
-from .watch import DirectoryWatch
+from .api import transport as api
+from .api.service import AgentService
+from .exec.executor import Executor
+from .loop.faults import Faults
+from .loop.scheduler import Scheduler
+from .loop.submission import parse_submission
+from .policies.policy_set import PolicySet
+from .policies.watch import DirectoryWatch
+from .store.store import Store
 
 log = logging.getLogger("xhagent")
 DEFAULT_POLICIES = Path("/etc/xhagent/policies.d")
@@ -84,7 +85,8 @@ class Daemon:
         self.settings = settings
         self.store: Store | None = None
         self.server = None
-        self.agent: Agent | None = None
+        self.scheduler: Scheduler | None = None
+        self.faults = Faults()
         self.watch: DirectoryWatch | None = None
         self.exporter = None
         self.runq = None  # the run-queue latency probe, where BPF loads
@@ -113,7 +115,7 @@ class Daemon:
         s = self.settings
         pool_cpus = None
         if s.pool is not None:  # a pool that cannot be is refused before anything happens
-            from .pooling import pool_cpus as resolve_pool
+            from .exec.pooling import pool_cpus as resolve_pool
 
             pool_cpus = resolve_pool(s.pool, s.node.reserved_cpus)
         sub = locate(s.subtree)
@@ -124,7 +126,7 @@ class Daemon:
                     self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
             executor = Executor(sub, s.state_dir, s.log_cap)
             missing = executor.prepare()
-        from .tracing import TaskTracer
+        from .exec.tracing import TaskTracer
 
         executor.tracer = self.tracer = TaskTracer()
         executor.on_trace = lambda task_id, kind, message: self.report(kind, message, task_id)
@@ -134,13 +136,19 @@ class Daemon:
         policies = PolicySet(s.policies_dir, self.store, time.time_ns, self.report)
         policies.reload()
         self._reconcile(policies, sub)
-        self.agent = Agent(
-            self.store, executor, s.node, parse_submission, policies.scheduling, policies.classes
+        self.scheduler = Scheduler(
+            self.store,
+            executor,
+            s.node,
+            parse_submission,
+            policies.scheduling,
+            policies.classes,
+            faults=self.faults,
         )
-        counts = self.agent.recover()
+        counts = self.scheduler.recover()
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
         if pool_cpus is not None:
-            from .pooling import start_pool
+            from .exec.pooling import start_pool
 
             self.pool = start_pool(pool_cpus, s.pool.slice_ms, sub, self.report)
         if s.metrics_addr is not None:
@@ -149,18 +157,18 @@ class Daemon:
         if self.exporter is not None:
             info["metrics_addr"] = self.exporter.url
         if self.pool is not None:
-            from .pooling import describe
+            from .exec.pooling import describe
 
             info["pool"] = describe(self.pool)
-        self.service = AgentService(self.agent, policies, info)
+        self.service = AgentService(self.scheduler, policies, info, self.faults)
         self.server = api.bind(self.service, s.socket)
         self.policies = policies
         self.sub = sub
         if s.policies_dir is not None and s.policies_dir.is_dir():
             self.watch = DirectoryWatch(s.policies_dir)
-        self._thread = threading.Thread(target=self.agent.run, name="xhagent-loop", daemon=True)
+        self._thread = threading.Thread(target=self.scheduler.run, name="xhagent-loop", daemon=True)
         self._thread.start()
-        self.agent.wake()
+        self.scheduler.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
 
     def _delay_accounting(self) -> None:
@@ -176,7 +184,7 @@ class Daemon:
 
     def _serve_metrics(self, addr: tuple[str, int], sub, executor: Executor) -> None:
         from ..metrics.exporter import Exporter
-        from .executor import SHIMS, TASKS
+        from .exec.executor import SHIMS, TASKS
         from .metrics import AgentMetrics
 
         def groups():
@@ -200,7 +208,7 @@ class Daemon:
             self.taskstats = TaskStats()
         except OSError as exc:
             self.report("NotObserved", f"task delays: {exc}")
-        metrics = AgentMetrics(self.store, groups, runq, self.taskstats)
+        metrics = AgentMetrics(self.store, groups, runq, self.taskstats, self.faults)
         if self.pool is not None:
             from ..runtime.metrics import PoolCollector
 
@@ -234,7 +242,7 @@ class Daemon:
     def reload(self, names=None) -> None:
         if self.policies.reload(names):
             self._reconcile(self.policies, self.sub)
-            self.agent.wake()
+            self.scheduler.wake()
 
     def serve_forever(self) -> None:
         """Until SIGTERM or SIGINT (main thread only)."""
@@ -295,11 +303,12 @@ class Daemon:
         if self.taskstats is not None:
             self.taskstats.close()
             self.taskstats = None
-        if self.agent is not None:
-            self.agent.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+            self.scheduler.close()
         if self.pool is not None:  # its clients' pending tasks fail with PoolClosed
             self.pool.close()
             self.pool = None

@@ -33,8 +33,8 @@ from prometheus_client.utils import floatToGoString
 
 from ..cgroups import Cgroup
 from ..cgroups.stats import StatsSampler
-from .lifecycle import TERMINAL, TaskState
-from .store import Event, Store, TaskRecord
+from .loop.faults import Faults
+from .store import TERMINAL, Event, Store, TaskRecord, TaskState
 
 READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 # Seconds. Queue waits and starts: a few ms to minutes; runs: up to days.
@@ -59,6 +59,7 @@ class AgentMetrics:
         groups: Callable[[], Iterable[tuple[str, Cgroup]]],
         runq=None,
         taskstats=None,
+        faults: Faults | None = None,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -89,7 +90,7 @@ class AgentMetrics:
         )
         self.deadline_misses = Counter(
             "xhagent_deadline_misses",
-            "Tasks found past their deadline, by class.",
+            "Tasks found past their deadline (each once per run of the agent), by class.",
             ["class"],
             **reg,
         )
@@ -116,6 +117,8 @@ class AgentMetrics:
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
         self.census = _Census(store, groups, runq, taskstats, self._class)
         self.registry.register(self.census)
+        if faults is not None:
+            self.registry.register(_InternalErrors(faults))
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:
@@ -129,7 +132,7 @@ class AgentMetrics:
 
     def _transition(self, event: Event, rec: TaskRecord) -> None:
         old, new = TaskState(event.detail["from"]), rec.state
-        cls = (rec.spec or {}).get("class") or DEFAULT_CLASS
+        cls = rec.summary.task_class or DEFAULT_CLASS
         self._class[rec.id] = cls
         now = event.ts_ns
         if new is TaskState.STARTING:
@@ -143,7 +146,7 @@ class AgentMetrics:
             self.preemptions.labels(cls, "freeze").inc()
         elif new is TaskState.PENDING and old is TaskState.RUNNING:
             # requeued: killed for a preemptor, not stopped for a move or a restart's backoff
-            if rec.reasons and rec.reasons[0].get("kind") == "Preempted":
+            if rec.first_reason == "Preempted":
                 self.preemptions.labels(cls, "kill").inc()
         began = self._starting.pop(rec.id, None) if old is TaskState.STARTING else None
         if began is not None and new is TaskState.RUNNING:
@@ -154,6 +157,23 @@ class AgentMetrics:
         if new in TERMINAL:
             self._class.pop(rec.id, None)
             self._starting.pop(rec.id, None)
+
+
+class _InternalErrors:
+    """The agent's own failures by where (loop.faults): each place exists from the start."""
+
+    def __init__(self, faults: Faults):
+        self.faults = faults
+
+    def collect(self):
+        fam = CounterMetricFamily(
+            "xhagent_internal_errors",
+            "Internal errors of the agent's own loops (not of tasks or requests), by where.",
+            labels=["where"],
+        )
+        for where, n in sorted(self.faults.totals().items()):
+            fam.add_metric([where], n)
+        yield fam
 
 
 class _Census:

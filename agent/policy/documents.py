@@ -102,9 +102,9 @@ def _kind_of(docs: list[Document]) -> str:
 def _kindless(doc: Document) -> str:
     keys = set(doc.value)
     if "nodes" in keys:
-        from ..sched.nodes import _is_plain  # the simulator's own test of its plain format
+        from ..sched.nodes import is_plain_format  # the simulator's own test of its format
 
-        return "plain-nodes" if _is_plain([doc]) else "nodes"
+        return "plain-nodes" if is_plain_format([doc]) else "nodes"
     if "name" in keys:
         return "nodes"
     if keys & CONFIG_KEYS:

@@ -117,7 +117,7 @@ class Task:
     preemption: str = DEFAULT_PREEMPTION
     enforce: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None
-    trace: bool = False  # record its scheduler events (xhagent.daemon.tracing)
+    trace: bool = False  # record its scheduler events (xhagent.daemon.exec.tracing)
 
     @property
     def label_map(self) -> dict[str, str]:

@@ -44,7 +44,7 @@ instead of running with that limit ignored. Without `enforce`, a task runs where
 cannot be enforced, and `get`/`ps` say which limit was not and why.
 
 `checkpoint` (only with `migratable: true`) is what the daemon runs when it moves the task to
-another device (xhagent.daemon.migrating): after the workload is stopped and before it is
+another device (xhagent.daemon.loop.migration): after the workload is stopped and before it is
 started again on the new device. `command` is an argv like `command` (no shell unless it
 names one), run as the task's user, in its working directory, with its `env` plus
 XHAGENT_TASK_ID, XHAGENT_MIGRATE_FROM and XHAGENT_MIGRATE_TO and the old device's
@@ -54,7 +54,7 @@ for it). A non-zero exit or a timeout cancels the move: the task starts again wh
 `trace: true` has the agent record the task's scheduler events (sched_switch, wakeups,
 forks and exits of the processes in its leaf, by eBPF) for each attempt, into
 `<state>/tasks/<id>/<attempt>/sched.xht`, the format of `xhagent trace record`
-(xhagent.daemon.tracing).
+(xhagent.daemon.exec.tracing).
 """
 
 from __future__ import annotations

@@ -118,7 +118,10 @@ def as_model(spec: NodeSpec, slots) -> inventory.Node:
     )
 
 
-def _is_plain(docs) -> bool:
+def is_plain_format(docs) -> bool:
+    """Whether a file's documents are the plain format (node entries with a `cpus` count),
+    not the inventory's node model: `load_node_specs` and the policy inputs' file kinds
+    (xhagent.policy.documents) both go by it."""
     value = docs[0].value if docs else None
     entries = value.get("nodes") if isinstance(value, dict) else None
     return isinstance(entries, list) and any(isinstance(n, dict) and "cpus" in n for n in entries)
@@ -130,7 +133,7 @@ def load_node_specs(path: str | Path) -> list[NodeSpec]:
     docs = load_file(path)
     if not docs:
         raise SpecError(str(path), 1, 1, "empty file: expected `nodes: [...]`")
-    if _is_plain(docs):
+    if is_plain_format(docs):
         return parse(docs[0].root)
     return [from_inventory(n) for n in inventory.from_documents(docs, str(path))]
 

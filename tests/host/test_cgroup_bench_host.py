@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from xhagent.bench import cgroup_io as cgroup_bench
 from xhagent.cgroups import Cgroup
-from xhagent.cgroups import bench as cgroup_bench
 from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host

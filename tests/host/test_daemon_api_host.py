@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.daemon.api import bind
-from xhagent.daemon.v1 import agent_pb2 as pb
-from xhagent.daemon.v1 import agent_pb2_grpc as pb_grpc
+from xhagent.daemon.api.transport import bind
+from xhagent.daemon.api.v1 import agent_pb2 as pb
+from xhagent.daemon.api.v1 import agent_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.host
 NOBODY = 65534
@@ -24,8 +24,8 @@ NOBODY = 65534
 CLIENT = """
 import site, sys
 site.addsitedir(sys.argv[2])  # this venv's packages alone (python -S): none of the system's
-from xhagent.daemon.api import ApiError, connect
-from xhagent.daemon.v1 import agent_pb2 as pb
+from xhagent.daemon.api.transport import ApiError, connect
+from xhagent.daemon.api.v1 import agent_pb2 as pb
 try:
     with connect(sys.argv[1]) as client:
         print(client.Health(pb.HealthRequest()).status)

@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from xhagent.cgroups.subtree import locate
-from xhagent.daemon.core import Agent
-from xhagent.daemon.executor import Executor
-from xhagent.daemon.lifecycle import TERMINAL
+from xhagent.daemon.exec.executor import Executor
+from xhagent.daemon.loop.scheduler import Scheduler
+from xhagent.daemon.loop.submission import parse_submission
 from xhagent.daemon.store import Store
-from xhagent.daemon.submission import parse_submission
+from xhagent.daemon.store.states import TERMINAL
 from xhagent.inventory import build_model, discover_node
 from xhagent.node_model import Accelerator
 
@@ -40,7 +40,7 @@ def agent(tmp_path):
     store = Store.open(tmp_path / "state")
     executor = Executor(sub, tmp_path / "state", 1 << 20)
     executor.prepare()
-    a = Agent(store, executor, node, parse_submission, lambda: [])
+    a = Scheduler(store, executor, node, parse_submission, lambda: [])
     yield a
     store.close()
     for rel in reversed(sub.walk()):
@@ -50,7 +50,7 @@ def agent(tmp_path):
 
 def test_a_tpu_task_sees_the_chip_it_holds_and_gives_it_back(agent, tmp_path):
     (rec,) = agent.submit(TASK, "tpu.yaml")
-    chips = agent.cluster.nodes[agent.node.name].tpus
+    chips = agent.lifecycle.cluster.nodes[agent.node.name].tpus
     deadline = time.monotonic() + 30
     held = None
     while rec.state not in TERMINAL:
@@ -62,11 +62,11 @@ def test_a_tpu_task_sees_the_chip_it_holds_and_gives_it_back(agent, tmp_path):
         time.sleep(0.02)
     assert rec.state == "Succeeded", rec
     assert held == 1
-    chip = rec.placement["tpus"]
+    chip = list(rec.placement.tpus)
     assert chip in ([0], [1])
     out = agent.executor.runs / rec.id / str(rec.attempt) / "stdout"
     assert out.read_text().split() == [f"chips={chip[0]}", "cuda=unset"]
-    assert sum(t.holders for t in agent.cluster.nodes[agent.node.name].tpus) == 0
+    assert sum(t.holders for t in agent.lifecycle.cluster.nodes[agent.node.name].tpus) == 0
 
 
 def tpu_task(name, priority, command):
@@ -105,5 +105,5 @@ def test_a_task_holding_only_a_tpu_chip_is_preempted_for_a_higher_one(agent):
     spared = next(r for r in after if r.preempted == 0)
     assert spared.state == "Running"
     out = agent.executor.runs / high.id / str(high.attempt) / "stdout"
-    assert out.read_text().split() == [f"chips={high.placement['tpus'][0]}"]
-    assert high.placement["tpus"] != spared.placement["tpus"]
+    assert out.read_text().split() == [f"chips={high.placement.tpus[0]}"]
+    assert high.placement.tpus != spared.placement.tpus

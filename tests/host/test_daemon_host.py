@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from xhagent.bench.local_agent import LocalAgent
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
-from xhagent.daemon.local import LocalAgent
 
 pytestmark = pytest.mark.host
 
@@ -222,8 +222,8 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
     import random
     import threading
 
-    from xhagent.daemon.api import ApiError, connect
-    from xhagent.daemon.v1 import agent_pb2 as pb
+    from xhagent.daemon.api.transport import ApiError, connect
+    from xhagent.daemon.api.v1 import agent_pb2 as pb
 
     rng = random.Random(7)
     acked: dict[int, str] = {}  # submission -> task id, as the submitter was told
@@ -346,7 +346,7 @@ def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
 
 def agent_cpus(agent) -> list[int]:
     with agent.client() as c:
-        from xhagent.daemon.v1 import agent_pb2 as pb
+        from xhagent.daemon.api.v1 import agent_pb2 as pb
 
         inv = json.loads(c.Inventory(pb.InventoryRequest()).json)
     return [
@@ -443,7 +443,7 @@ def test_sighup_rereads_the_policy_directory_and_keeps_serving(agent, tmp_path):
 def test_workloads_that_end_at_once_are_collected_under_a_steady_load(agent, tmp_path):
     """A workload that ends before its start is recorded leaves no shim to watch; its end
     must still be collected while requests keep the loop from ever being idle."""
-    from xhagent.daemon.v1 import agent_pb2 as pb
+    from xhagent.daemon.api.v1 import agent_pb2 as pb
 
     stop = threading.Event()
     # each submission wakes the loop, and none can start (no backlog of starts)

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups.subtree import locate
-from xhagent.daemon import migrating
-from xhagent.daemon.core import Agent
-from xhagent.daemon.executor import Executor
-from xhagent.daemon.holdings import allocation_of
-from xhagent.daemon.policies import parse_source
+from xhagent.daemon.exec.executor import Executor
+from xhagent.daemon.loop import migration as migrating
+from xhagent.daemon.loop.lifecycle import allocation_of
+from xhagent.daemon.loop.scheduler import Scheduler
+from xhagent.daemon.loop.submission import parse_submission
+from xhagent.daemon.policies.sources import parse_source
 from xhagent.daemon.store import Store
-from xhagent.daemon.submission import parse_submission
 from xhagent.inventory import build_model, discover_node
 from xhagent.node_model import Accelerator, Bytes, Gpu, Version
 
@@ -69,10 +69,10 @@ def policies():
     return [parse_source(POLICY, "policy.yaml")[0].value]
 
 
-def make_agent(state, sub, node) -> Agent:
+def make_agent(state, sub, node) -> Scheduler:
     executor = Executor(sub, state, 1 << 20)
     executor.prepare()
-    return Agent(Store.open(state), executor, node, parse_submission, policies)
+    return Scheduler(Store.open(state), executor, node, parse_submission, policies)
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def setup(tmp_path):
     sub = locate(name)
     made = []
 
-    def new(node=None) -> Agent:
+    def new(node=None) -> Scheduler:
         a = make_agent(tmp_path / "state", sub, node or model())
         made.append(a)
         return a
@@ -94,7 +94,7 @@ def setup(tmp_path):
     sub.root.remove()
 
 
-def step_until(agent: Agent, done, timeout=20.0, what=""):
+def step_until(agent: Scheduler, done, timeout=20.0, what=""):
     deadline = time.monotonic() + timeout
     while not done():
         agent.step()
@@ -107,11 +107,11 @@ def two(hook: list[str], timeout: str = "5s") -> str:
     return gpu_task("mover", True, hook, timeout) + "---\n" + gpu_task("pinned", False)
 
 
-def running(agent: Agent, *recs):
+def running(agent: Scheduler, *recs):
     return lambda: all(agent.get(r.id).state == "Running" for r in recs)
 
 
-def stdout(agent: Agent, rec) -> list[str]:
+def stdout(agent: Scheduler, rec) -> list[str]:
     path = agent.executor.runs / rec.id / str(rec.attempt) / "stdout"
     deadline = time.monotonic() + 5
     while not path.exists() or not path.read_text():
@@ -121,16 +121,16 @@ def stdout(agent: Agent, rec) -> list[str]:
 
 
 def gpu_of(rec) -> int:
-    (share,) = rec.placement["gpu_shares"]
-    return share[0]
+    (share,) = rec.placement.gpus
+    return share.index
 
 
-def events(agent: Agent, task_id: str, kind: str):
+def events(agent: Scheduler, task_id: str, kind: str):
     return [e for e in agent.store.events(task_id=task_id) if e.kind == kind]
 
 
-def assert_holdings_match(agent: Agent, *recs):
-    st = agent.cluster.nodes[agent.node.name]
+def assert_holdings_match(agent: Scheduler, *recs):
+    st = agent.lifecycle.cluster.nodes[agent.node.name]
     for rec in recs:
         assert st.tasks[rec.id] == allocation_of(rec)
     holders = {g.index: g.holders for g in st.gpus}
@@ -153,13 +153,13 @@ def test_a_migratable_task_on_a_hot_gpu_moves_to_the_idle_one_with_its_new_env(s
     first = agent.get(mover.id)
     assert (gpu_of(first), gpu_of(agent.get(pinned.id))) == (0, 0)  # packed: GPU 0 is hot
     assert stdout(agent, first) == ["cuda=GPU-model-0"]
-    old_shim = agent.supervised[mover.id].shim_pid
+    old_shim = agent.lifecycle.shim_pid(mover.id)
 
     step_until(agent, lambda: events(agent, mover.id, "Migrated"), what="the move")
     moved, stay = agent.get(mover.id), agent.get(pinned.id)
     node = agent.node.name
     assert moved.state == "Running" and gpu_of(moved) == 1 and moved.attempt == 2
-    assert moved.migrated == 1 and moved.placement["gpus"] == ["GPU-model-1"]
+    assert moved.migrated == 1 and moved.placement.gpu_uuids == ["GPU-model-1"]
     assert stdout(agent, moved) == ["cuda=GPU-model-1"]
     assert ckpt.read_text().split() == [f"{node}/gpu0", f"{node}/gpu1", "GPU-model-0"]
     (event,) = events(agent, mover.id, "Migrated")
@@ -247,16 +247,16 @@ def test_a_task_that_runs_on_tpus_too_moves_from_a_hot_gpu_to_an_idle_chip(setup
     (rec,) = agent.submit(XPU_TASK, "t.yaml")
     step_until(agent, running(agent, rec), what="running")
     first = agent.get(rec.id)
-    assert first.placement["gpu_shares"][0][2] is True and first.placement["tpus"] == []
+    assert first.placement.gpus[0].whole is True and first.placement.tpus == ()
     assert stdout(agent, first) == ["cuda=GPU-model-0", "chips=unset"]
     step_until(agent, lambda: events(agent, rec.id, "Migrated"), what="the move")
     moved = agent.get(rec.id)
-    assert moved.placement["tpus"] == [0] and moved.placement["gpu_shares"] == []
+    assert moved.placement.tpus == (0,) and moved.placement.gpus == ()
     assert stdout(agent, moved) == ["cuda=unset", "chips=0"]
     (event,) = events(agent, rec.id, "Migrated")
     n = agent.node.name
     assert (event.detail["from"], event.detail["to"]) == (f"{n}/gpu0", f"{n}/tpu0")
-    st = agent.cluster.nodes[n]
+    st = agent.lifecycle.cluster.nodes[n]
     assert st.tasks[rec.id] == allocation_of(moved)
     assert (st.gpu(0).holders, st.gpu(0).whole, st.tpu(0).holders) == (0, False, 1)
     until = time.monotonic() + 0.5  # the chip is now "hot", the GPU idle: it stays
@@ -341,9 +341,9 @@ def test_the_loop_goes_on_while_a_checkpoint_runs(setup):
     assert not agent.store.open_intents() and not agent.migration.hooks
 
 
-def migrating_now(agent: Agent, rec) -> bool:
+def migrating_now(agent: Scheduler, rec) -> bool:
     cur = agent.get(rec.id)
-    kinds = [r["kind"] for r in cur.reasons or []]
+    kinds = [r.kind for r in cur.reasons]
     return (
         cur.state == "Pending" and kinds == [migrating.MIGRATING] and agent.migration.busy(rec.id)
     )

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from xhagent.daemon.api import connect
-from xhagent.daemon.local import LocalAgent
-from xhagent.daemon.v1 import agent_pb2 as pb
+from xhagent.bench.local_agent import LocalAgent
+from xhagent.daemon.api.transport import connect
+from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host
 

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from xhagent.bench.local_agent import LocalAgent
 from xhagent.cgroups.mounts import discover_hierarchy
-from xhagent.daemon.api import connect
-from xhagent.daemon.local import LocalAgent
-from xhagent.daemon.v1 import agent_pb2 as pb
+from xhagent.daemon.api.transport import connect
+from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host
 
 # Another process: its tasks are stdlib functions, which the agent's workers can import.
 CLIENT = """
 import json, math, os, sys, time
-from xhagent.daemon.pooling import agent_pool
+from xhagent.daemon.api.pool_client import agent_pool
 with agent_pool(sys.argv[1]) as pool:
     if sys.argv[2] == "work":
         facts = [f.result(30) for f in [pool.submit(math.factorial, n) for n in range(200)]]
@@ -172,7 +172,7 @@ def test_an_agent_without_a_pool_says_so_to_a_client(tmp_path):
     a.start()
     try:
         assert health(a).pool_json == ""
-        from xhagent.daemon.pooling import agent_pool
+        from xhagent.daemon.api.pool_client import agent_pool
 
         with pytest.raises(RuntimeError, match=r"hosts no pool \(xhagent run --pool\)"):
             agent_pool(a.socket)

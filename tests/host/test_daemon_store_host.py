@@ -5,8 +5,7 @@ import subprocess
 
 import pytest
 
-from xhagent.daemon.lifecycle import TaskState
-from xhagent.daemon.store import Store, StoreFull
+from xhagent.daemon.store import Store, StoreFull, TaskState, TaskSummary
 
 pytestmark = pytest.mark.host
 
@@ -28,7 +27,7 @@ def submit(store, i):
         kind="cpu",
         source=f"kind: Task\nmetadata: {{name: j{i}}}\n# {'x' * 2000}\n",
         source_file=f"j{i}.yaml",
-        spec={"i": i},
+        summary=TaskSummary(document=0, task_class="batch", priority=i),
         idempotency_key=f"k{i}",
     )
 

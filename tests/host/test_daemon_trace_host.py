@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_host import Agent, task_file
 
-from xhagent.daemon.tracing import MAX_RECORDINGS, TaskTracer
+from xhagent.daemon.exec.tracing import MAX_RECORDINGS, TaskTracer
 
 pytestmark = pytest.mark.host
 

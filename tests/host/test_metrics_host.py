@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.daemon.local import LocalAgent
+from xhagent.bench.local_agent import LocalAgent
 
 pytestmark = pytest.mark.host
 

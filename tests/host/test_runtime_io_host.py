@@ -634,9 +634,9 @@ def test_pool_tasks_read_through_their_workers_ring(data_file):
 
 
 def test_bench_io_cases_report_the_ratio_and_the_batching():
-    from xhagent.runtime import bench_io
+    from xhagent.bench import pool_io
 
-    report = bench_io.cases(quick=True, ops=300, in_pool=False)
+    report = pool_io.cases(quick=True, ops=300, in_pool=False)
     cases = report["cases"]
     for name in ("io_engine", "io_engine_each", "io_tasks", "io_tasks_into", "tasks_noop"):
         assert cases[name]["ops_per_s"] > 0 and cases[name]["ops"] == 300

@@ -555,10 +555,10 @@ def test_a_preempted_worker_does_not_hoard_the_queue():
 
 @pytest.mark.parametrize("preempt", ["bpf", "timer"])
 def test_a_sleeper_beside_a_hog_wakes_within_slices(preempt):
-    """The bench's pair (xhagent.runtime.bench_preempt) for 1.2 s: a task sleeping 5 ms
+    """The bench's pair (xhagent.bench.pool_preempt) for 1.2 s: a task sleeping 5 ms
     beside a pure-Python hog on one worker runs again within a few slices of its due time,
     not at the hog's end, and costs the hog little."""
-    from xhagent.runtime.bench_preempt import measure_source
+    from xhagent.bench.pool_preempt import measure_source
 
     m = measure_source(preempt, 1.2, CPUS[0], 10.0)
     assert m["source"] == preempt

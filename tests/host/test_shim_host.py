@@ -14,8 +14,8 @@ import pytest
 
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
-from xhagent.daemon import shim as shim_mod
-from xhagent.daemon.shim import ShimError, process_alive, read_status, start_shim
+from xhagent.daemon.exec import shim as shim_mod
+from xhagent.daemon.exec.shim import ShimError, process_alive, read_status, start_shim
 
 pytestmark = pytest.mark.host
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
@@ -141,7 +141,7 @@ def test_the_shim_outlives_its_starter(leaves, tmp_path):
     helper = f"""
 import json, sys, time
 from xhagent.cgroups import Cgroup
-from xhagent.daemon.shim import start_shim
+from xhagent.daemon.exec.shim import start_shim
 s = start_shim({str(tmp_path)!r}, Cgroup({str(task.path)!r}), Cgroup({str(shim_leaf.path)!r}),
                ["sh", "-c", "sleep 2; exit 7"], {ENV!r})
 print(json.dumps([s.shim_pid, s.shim_start_time]), flush=True)

@@ -200,7 +200,7 @@ def test_cgroup_filter(tmp_path):
 
 
 def perf_missing() -> str | None:
-    from xhagent.trace.bench import perf_missing as why
+    from xhagent.bench.trace import perf_missing as why
 
     return why()
 
@@ -209,7 +209,7 @@ def test_perf_agrees(tmp_path, run_xhagent):
     why = perf_missing()
     if why:
         pytest.skip(why)
-    from xhagent.trace.bench import perf_command
+    from xhagent.bench.trace import perf_command
 
     data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
     xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "-o", path, "--", *WORKLOAD]

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from xhagent.daemon.local import LocalAgent
-from xhagent.daemon.v1 import agent_pb2 as pb
+from xhagent.bench.local_agent import LocalAgent
+from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.kernel
 CONTROLLERS = ["cpu", "cpuset", "io", "memory", "pids"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups import Cgroup, nullb
-from xhagent.cgroups.bench import NULLB_MODEL, NULLB_QOS
 from xhagent.cgroups.io_weight import io_cost_enabled
+from xhagent.cgroups.nullb import NULLB_MODEL, NULLB_QOS
 
 pytestmark = pytest.mark.kernel
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from xhagent.cgroups import bench as cgroup_bench
+from xhagent.bench import cgroup_io as cgroup_bench
 from xhagent.cli import main
 
 

@@ -5,9 +5,9 @@ may write the root, only on a kernel with io.cost), applied and read back, idemp
 import pytest
 
 from xhagent.cgroups import state
-from xhagent.cgroups.bench import NULLB_MODEL, NULLB_QOS
 from xhagent.cgroups.enact import apply_policy, plan_policy
 from xhagent.cgroups.group import Cgroup
+from xhagent.cgroups.nullb import NULLB_MODEL, NULLB_QOS
 from xhagent.cgroups.policy import load_policy_text
 from xhagent.cgroups.reconcile import ROOT, Actual, ActualGroup, Options, plan
 from xhagent.cgroups.subtree import Subtree
@@ -15,7 +15,7 @@ from xhagent.spec import SpecError
 
 ALL = ["cpu", "cpuset", "io", "memory", "pids"]
 HEAD = "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {name: t}\nspec:\n"
-# The bench's model and QoS (cgroups/bench.py), as a policy writes them.
+# The bench's model and QoS (cgroups/nullb.py), as a policy writes them.
 IO_COST = (
     HEAD
     + """\

@@ -4,8 +4,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from xhagent.bench.io import bench_io
 from xhagent.cliparams import FiniteFloat
-from xhagent.io.bench import bench_io
 
 
 @click.command()

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from xhagent.daemon import api
-from xhagent.daemon.api import AgentUnavailable, ApiError, BindError, bind, connect
-from xhagent.daemon.v1 import agent_pb2 as pb
-from xhagent.daemon.v1 import agent_pb2_grpc as pb_grpc
+from xhagent.daemon.api import transport as api
+from xhagent.daemon.api.transport import AgentUnavailable, ApiError, BindError, bind, connect
+from xhagent.daemon.api.v1 import agent_pb2 as pb
+from xhagent.daemon.api.v1 import agent_pb2_grpc as pb_grpc
 
 NO_GROUP = "xhagent-test-no-such-group"
 
@@ -132,8 +132,8 @@ def test_stale_socket_is_replaced(sock):
 
 CHILD_AGENT = """
 import sys, time
-from xhagent.daemon.api import bind
-from xhagent.daemon.v1 import agent_pb2_grpc
+from xhagent.daemon.api.transport import bind
+from xhagent.daemon.api.v1 import agent_pb2_grpc
 bind(agent_pb2_grpc.AgentServicer(), sys.argv[1], group=sys.argv[2])
 print("serving", flush=True)
 time.sleep(60)
@@ -273,8 +273,8 @@ def test_message_limits_admit_a_4_mib_document(sock, served):
 
 FORKING_AGENT = """
 import os, sys
-from xhagent.daemon.api import bind, connect
-from xhagent.daemon.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
+from xhagent.daemon.api.transport import bind, connect
+from xhagent.daemon.api.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
 class Servicer(pb_grpc.AgentServicer):
     def Health(self, request, context):
         return pb.HealthResponse(status="ok")

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from xhagent.daemon.lifecycle import (
+from xhagent.daemon.store.states import (
     NEEDS_PLACEMENT,
     TERMINAL,
     TRANSITIONS,

@@ -5,7 +5,13 @@ and NVML's refusal where no NVIDIA driver is bound."""
 import sys
 import types
 
-from xhagent.daemon.migrating import MigrationController, NvmlLoad, booked_loads, fits, has_room
+from xhagent.daemon.loop.migration import (
+    MigrationController,
+    NvmlLoad,
+    booked_loads,
+    has_room,
+)
+from xhagent.daemon.loop.moves import fits
 from xhagent.node_model import Accelerator, Bytes, Gpu, Node, Version
 from xhagent.policy.placement import Candidate
 from xhagent.policy.state import Allocation, Cluster, GpuShare
@@ -100,7 +106,7 @@ def test_nvml_utilisation_where_it_sees_the_gpu_booked_share_elsewhere(tmp_path,
     c.commit(Allocation("a", "n", (), 0, (GpuShare(1, 4 * GIB, False),)))
     st = c.nodes["n"]
     agent = types.SimpleNamespace(cluster=c, node=st.node)
-    ctl = MigrationController(agent, NvmlLoad(sys_root=tmp_path))
+    ctl = MigrationController(agent, nvml=NvmlLoad(sys_root=tmp_path))
     devices, sources = ctl.devices()
     loads = {d.id: d.load for d in devices}
     assert loads == {"n/gpu0": 0.9, "n/gpu1": 0.25, "n/gpu2": 0.0, "n/tpu0": 0.0, "n/tpu1": 0.0}

@@ -4,8 +4,8 @@ pure, no root, no pool started."""
 import pytest
 
 from xhagent.config import ConfigError, PoolConfig, parse_config
-from xhagent.daemon.cli import _pool_settings
-from xhagent.daemon.pooling import PoolConfigError, resolve_cpus
+from xhagent.daemon.exec.pooling import PoolConfigError, resolve_cpus
+from xhagent.daemon.run import pool_settings
 
 
 def test_auto_is_every_cpu_the_agent_may_use_but_the_reserved_ones():
@@ -53,18 +53,18 @@ def test_the_config_says_where_a_bad_pool_is():
 
 def test_the_options_override_the_file():
     file = PoolConfig(cpus=(2, 3), slice_ms=5.0, at="a:2:9: pool.cpus")
-    assert _pool_settings(None, None, None) is None
-    assert _pool_settings(file, None, None) == file
-    assert _pool_settings(file, "off", None) is None
-    got = _pool_settings(file, "1", None)
+    assert pool_settings(None, None, None) is None
+    assert pool_settings(file, None, None) == file
+    assert pool_settings(file, "off", None) is None
+    got = pool_settings(file, "1", None)
     assert (got.cpus, got.slice_ms, got.at) == ((1,), 5.0, "--pool")  # the file's slice kept
-    assert _pool_settings(None, "auto", 0.0) == PoolConfig(cpus=None, slice_ms=0.0)
-    assert _pool_settings(file, None, 20.0).slice_ms == 20.0
+    assert pool_settings(None, "auto", 0.0) == PoolConfig(cpus=None, slice_ms=0.0)
+    assert pool_settings(file, None, 20.0).slice_ms == 20.0
     with pytest.raises(ValueError, match="--pool-slice-ms is for a pool"):
-        _pool_settings(None, None, 3.0)
+        pool_settings(None, None, 3.0)
     with pytest.raises(ValueError, match="--pool-slice-ms is for a pool, and --pool is off"):
-        _pool_settings(file, "off", 3.0)
+        pool_settings(file, "off", 3.0)
     with pytest.raises(ValueError, match=r"--pool 'x': .*\(off, auto or a cpu list\)"):
-        _pool_settings(None, "x", None)
+        pool_settings(None, "x", None)
     with pytest.raises(ValueError, match="--pool: no CPU named"):
-        _pool_settings(None, " ", None)
+        pool_settings(None, " ", None)

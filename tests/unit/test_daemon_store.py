@@ -2,6 +2,7 @@
 SIGKILLed at a random moment); the disk-full case needs a tmpfs and lives in tests/host."""
 
 import hashlib
+import math
 import os
 import random
 import signal
@@ -12,18 +13,22 @@ import time
 
 import pytest
 
-from xhagent.daemon import store_schema
-from xhagent.daemon.lifecycle import IllegalTransition, TaskState
 from xhagent.daemon.store import (
     Conflict,
     NotFound,
+    Placement,
     Store,
     StoreError,
+    TaskSummary,
+    WaitReason,
     format_task_id,
     parse_task_id,
 )
+from xhagent.daemon.store import schema as store_schema
+from xhagent.daemon.store.states import IllegalTransition, TaskState
 
-S = TaskState
+N1, N2 = Placement("n1", (), False), Placement("n2", (), False)
+SUMMARY = TaskSummary(document=0, task_class="batch", priority=None, device_type="cpu")
 DOC = "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: %s}\nspec: {deviceType: cpu}\n"
 
 
@@ -33,10 +38,14 @@ def submit(store, name="job", key=None, **kw):
         kind="cpu",
         source=DOC % name,
         source_file=f"{name}.yaml",
-        spec={"deviceType": "cpu"},
+        summary=SUMMARY,
         idempotency_key=key,
         **kw,
     )
+
+
+def labelled(labels) -> TaskSummary:
+    return TaskSummary(document=0, task_class="batch", priority=None, labels=labels)
 
 
 def digest(path):
@@ -54,12 +63,12 @@ def test_create_and_reopen_keeps_the_data(tmp_path):
     d = tmp_path / "state"
     with Store.open(d) as s:
         a, b = submit(s, "a"), submit(s, "b")
-        s.transition(a.id, S.STARTING, placement={"node": "n1", "cpus": [2, 3]})
+        s.transition(a.id, TaskState.STARTING, placement=Placement("n1", (2, 3), exclusive=True))
     assert d.stat().st_mode & 0o777 == 0o700
     with Store.open(d) as s:
         got = s.get(a.id)
-        assert got.state is S.STARTING and got.placement == {"node": "n1", "cpus": [2, 3]}
-        assert got.attempt == 1 and got.source == DOC % "a" and got.spec == {"deviceType": "cpu"}
+        assert got.state is TaskState.STARTING and got.placement == Placement("n1", (2, 3), True)
+        assert got.attempt == 1 and got.source == DOC % "a" and got.summary == SUMMARY
         assert [t.id for t in s.list_tasks()] == [a.id, b.id]
         assert submit(s, "c").id > b.id  # ids keep sorting by submission after a reopen
         with sqlite3.connect(d / "state.db") as c:
@@ -90,12 +99,12 @@ def test_transition_compare_and_set_conflict_changes_nothing(store):
     t = submit(store)
     seq = store.last_event_seq()
     with pytest.raises(Conflict, match=f"task {t.id} is Pending, expected Running"):
-        store.transition(t.id, S.FROZEN, expect=S.RUNNING)
+        store.transition(t.id, TaskState.FROZEN, expect=TaskState.RUNNING)
     with pytest.raises(Conflict, match="expected Frozen or Running"):
-        store.transition(t.id, S.CANCELLED, expect=[S.RUNNING, S.FROZEN])
+        store.transition(t.id, TaskState.CANCELLED, expect=[TaskState.RUNNING, TaskState.FROZEN])
     assert store.get(t.id) == t and store.last_event_seq() == seq
-    done = store.transition(t.id, S.CANCELLED, expect=S.PENDING, note="by the user")
-    assert done.state is S.CANCELLED and done.ended_ns is not None
+    done = store.transition(t.id, TaskState.CANCELLED, expect=TaskState.PENDING, note="by the user")
+    assert done.state is TaskState.CANCELLED and done.ended_ns is not None
     (ev,) = store.events(seq)
     assert (ev.kind, ev.message, ev.detail) == (
         "Transition",
@@ -108,55 +117,57 @@ def test_illegal_transition_raises_and_changes_nothing(store):
     t = submit(store)
     seq = store.last_event_seq()
     with pytest.raises(IllegalTransition, match=f"task {t.id}: Pending -> Running"):
-        store.transition(t.id, S.RUNNING, placement={"node": "n1"})
+        store.transition(t.id, TaskState.RUNNING, placement=N1)
     with pytest.raises(StoreError, match="Starting needs a placement"):
-        store.transition(t.id, S.STARTING)
+        store.transition(t.id, TaskState.STARTING)
     with pytest.raises(NotFound, match="no task t0000999"):
-        store.transition("t0000999", S.CANCELLED)
+        store.transition("t0000999", TaskState.CANCELLED)
     with pytest.raises(TypeError, match="unknown fields: colour"):
-        store.transition(t.id, S.CANCELLED, colour="red")
+        store.transition(t.id, TaskState.CANCELLED, colour="red")
     assert store.get(t.id) == t and store.last_event_seq() == seq
 
 
 def test_a_run_records_fields_and_a_restart_goes_back_to_pending(store):
     t = submit(store)
-    store.transition(t.id, S.STARTING, placement={"node": "n1"})
-    run = store.transition(t.id, S.RUNNING, cgroup="/sys/fs/cgroup/xhagent.slice/t1")
+    store.transition(t.id, TaskState.STARTING, placement=N1)
+    run = store.transition(t.id, TaskState.RUNNING, cgroup="/sys/fs/cgroup/xhagent.slice/t1")
     assert run.started_ns and run.cgroup.endswith("/t1")
     back = store.transition(
         t.id,
-        S.PENDING,
+        TaskState.PENDING,
         exit_code=1,
-        reasons=[{"kind": "BackOff", "detail": "restart 2 after exit code 1", "until_ns": 5}],
+        reasons=[WaitReason("BackOff", "", "restart 2 after exit code 1")],
     )
     assert back.placement is None and back.cgroup is None and back.exit_code == 1
-    assert back.reasons == (
-        {"kind": "BackOff", "detail": "restart 2 after exit code 1", "until_ns": 5},
-    )
-    again = store.transition(t.id, S.STARTING, placement={"node": "n2"})
+    assert back.reasons == (WaitReason("BackOff", "", "restart 2 after exit code 1"),)
+    again = store.transition(t.id, TaskState.STARTING, placement=N2)
     assert again.attempt == 2 and again.reasons == () and again.exit_code is None
-    assert again.started_ns is None and again.placement == {"node": "n2"}
+    assert again.started_ns is None and again.placement == N2
     last = store.events(task_id=t.id)[-2:]
     assert last[0].detail == {"from": "Running", "to": "Pending", "exit_code": 1}
     assert last[1].detail == {"from": "Pending", "to": "Starting", "node": "n2"}
-    with pytest.raises(StoreError, match="needs a kind"):
-        store.transition(t.id, S.PENDING, reasons=[{"detail": "no kind"}])
+    with pytest.raises(StoreError, match="a WaitReason with a kind"):
+        store.transition(t.id, TaskState.PENDING, reasons=[WaitReason("", "", "no kind")])
+    with pytest.raises(StoreError, match="a WaitReason with a kind"):  # typed, not a dict
+        store.transition(t.id, TaskState.PENDING, reasons=[{"kind": "BackOff"}])
+    with pytest.raises(StoreError, match="a placement is a Placement, not dict"):
+        store.transition(t.id, TaskState.STARTING, placement={"node": "n1"})
 
 
 def test_pending_reasons_from_placement(store):
     from xhagent.policy.placement import Reason
 
     r = Reason("InsufficientGPUHardware", "node-03", "node-03 lacks CUDA 12.2 runtime")
-    t = submit(store, reasons=[r])
-    assert t.reasons == (
-        {"kind": "InsufficientGPUHardware", "node": "node-03", "detail": r.detail},
-    )
+    t = submit(store, reasons=[WaitReason(r.kind, r.node, str(r))])
+    assert t.reasons == (WaitReason("InsufficientGPUHardware", "node-03", str(r)),)
+    with pytest.raises(StoreError, match="a WaitReason"):  # the placement's own type is not
+        submit(store, "other", reasons=[r])
 
 
 def test_events_come_in_order_after_since_seq(store):
     a, b = submit(store, "a"), submit(store, "b")
     store.add_event("NodeLabels", "rack changed", detail={"rack": "r2"})
-    store.transition(a.id, S.CANCELLED)
+    store.transition(a.id, TaskState.CANCELLED)
     all_ = store.events()
     assert [e.seq for e in all_] == sorted(e.seq for e in all_) and len(all_) == 4
     assert [e.kind for e in store.events(all_[1].seq)] == ["NodeLabels", "Transition"]
@@ -179,7 +190,7 @@ def test_intents_open_and_finished_survive_a_reopen(tmp_path):
     with Store.open(d) as s:
         t = submit(s)
         with s.atomic():
-            s.transition(t.id, S.STARTING, placement={"node": "n1"})
+            s.transition(t.id, TaskState.STARTING, placement=N1)
             start = s.begin_intent(t.id, "start", {"cgroup": "/x/t1"})
         freeze = s.begin_intent(t.id, "freeze")
         s.finish_intent(freeze, "ok: frozen 1")
@@ -206,14 +217,14 @@ def test_atomic_rolls_back_everything_inside(store):
     t = submit(store)
     seq = store.last_event_seq()
     with pytest.raises(RuntimeError), store.atomic():
-        store.transition(t.id, S.STARTING, placement={"node": "n1"})
+        store.transition(t.id, TaskState.STARTING, placement=N1)
         store.begin_intent(t.id, "start")
         raise RuntimeError("the shim failed before the commit")
     assert store.get(t.id) == t and store.open_intents() == [] and store.last_event_seq() == seq
 
 
 def test_an_error_inside_atomic_ends_the_whole_update(store, monkeypatch):
-    from xhagent.daemon.store_schema import TaskRecord
+    from xhagent.daemon.store import TaskRecord
 
     t = submit(store)
     seq = store.last_event_seq()
@@ -259,29 +270,35 @@ def test_policy_versions_and_removal(store):
 
 def test_inputs_are_bounded(store):
     with pytest.raises(StoreError, match="its document is 1048577 bytes, more than the limit"):
-        store.submit(name="big", kind="cpu", source="x" * ((1 << 20) + 1), source_file="b", spec={})
+        store.submit(
+            name="big", kind="cpu", source="x" * ((1 << 20) + 1), source_file="b", summary=SUMMARY
+        )
     with pytest.raises(StoreError, match="cannot be stored as JSON"):
-        store.submit(name="nan", kind="cpu", source="x", source_file="n", spec={"x": float("nan")})
+        store.submit(
+            name="nan", kind="cpu", source="x", source_file="n", summary=labelled({"x": math.nan})
+        )
     with pytest.raises(StoreError, match="task name must be a non-empty string"):
-        store.submit(name="", kind="cpu", source="x", source_file="n", spec={})
+        store.submit(name="", kind="cpu", source="x", source_file="n", summary=SUMMARY)
     with pytest.raises(StoreError, match="task name is not valid UTF-8"):
-        store.submit(name="\udc80", kind="cpu", source="x", source_file="n", spec={})
-    with pytest.raises(StoreError, match="its spec is not valid UTF-8"):
-        store.submit(name="s", kind="cpu", source="x", source_file="n", spec={"\udc80": 1})
+        store.submit(name="\udc80", kind="cpu", source="x", source_file="n", summary=SUMMARY)
+    with pytest.raises(StoreError, match="its summary is not valid UTF-8"):
+        store.submit(
+            name="s", kind="cpu", source="x", source_file="n", summary=labelled({"\udc80": "1"})
+        )
     t = submit(store)
     with pytest.raises(StoreError, match="exit_code must be a 64-bit integer or None, not 1844"):
-        store.transition(t.id, S.FAILED, exit_code=2**64)
+        store.transition(t.id, TaskState.FAILED, exit_code=2**64)
     with pytest.raises(StoreError, match="attempt must be a 64-bit integer or None, not '1'"):
-        store.transition(t.id, S.FAILED, attempt="1")
-    long = store.transition(t.id, S.FAILED, error="e" * 100_000).error
+        store.transition(t.id, TaskState.FAILED, attempt="1")
+    long = store.transition(t.id, TaskState.FAILED, error="e" * 100_000).error
     assert len(long.encode()) <= 4096 and long.endswith("…")
     assert store.list_tasks() == [store.get(t.id)]
 
 
 def test_list_tasks_filters_and_pages(store):
     ids = [submit(store, f"j{i}").id for i in range(5)]
-    store.transition(ids[1], S.CANCELLED)
-    assert [t.id for t in store.list_tasks([S.PENDING])] == ids[:1] + ids[2:]
+    store.transition(ids[1], TaskState.CANCELLED)
+    assert [t.id for t in store.list_tasks([TaskState.PENDING])] == ids[:1] + ids[2:]
     assert [t.id for t in store.list_tasks(limit=2)] == ids[:2]
     assert [t.id for t in store.list_tasks(after=ids[2])] == ids[3:]
     assert [t.id for t in store.list_tasks(["Cancelled"])] == [ids[1]]
@@ -386,7 +403,9 @@ def test_a_version_1_database_gains_the_preemption_count(tmp_path, monkeypatch):
         )
     with Store.open(d) as s:  # migrated to the latest on open
         assert (s.get("t0000001").attempt, s.get("t0000001").preempted) == (1, 0)
-        rec = s.transition("t0000001", S.PENDING, reasons=[{"kind": "Preempted"}], preempted=1)
+        rec = s.transition(
+            "t0000001", TaskState.PENDING, reasons=[WaitReason("Preempted")], preempted=1
+        )
         assert (rec.attempt, rec.preempted) == (1, 1)
 
 
@@ -407,12 +426,12 @@ def test_a_failing_migration_leaves_the_previous_version(tmp_path, monkeypatch):
 SUBMITTER = """
 import sys
 from pathlib import Path
-from xhagent.daemon.store import Store
+from xhagent.daemon.store import Store, TaskSummary
 store = Store.open(Path(sys.argv[1]))
 i = int(sys.argv[2])
 while True:
     t = store.submit(name=f"j{i}", kind="cpu", source=f"doc {i}", source_file="-",
-                     spec={"i": i}, idempotency_key=f"k{i}")
+                     summary=TaskSummary(i, "batch", None), idempotency_key=f"k{i}")
     if i % 3 == 0 and t.state == "Pending":  # a retry may find it cancelled already
         store.transition(t.id, "Cancelled")
     print(i, t.id, flush=True)  # acknowledged: the commit returned
@@ -451,7 +470,9 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(tmp_path):
             by_key[t.idempotency_key] = t
         for i, tid in acked.items():
             assert by_key[f"k{i}"].id == tid
-            assert by_key[f"k{i}"].state is (S.CANCELLED if i % 3 == 0 else S.PENDING)
+            assert by_key[f"k{i}"].state is (
+                TaskState.CANCELLED if i % 3 == 0 else TaskState.PENDING
+            )
         # Nothing beyond one possibly committed but unacknowledged submission per kill.
         assert set(by_key) <= {f"k{i}" for i in range(max(acked) + 2)}
     with sqlite3.connect(d / "state.db") as c:

@@ -7,8 +7,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from xhagent.io import bench
-from xhagent.io.bench import (
+from xhagent.bench import io as bench
+from xhagent.bench.io import (
     fio_argv,
     merge_runs,
     paired,

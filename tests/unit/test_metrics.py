@@ -13,14 +13,13 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from xhagent.daemon.lifecycle import TaskState
 from xhagent.daemon.metrics import AgentMetrics
-from xhagent.daemon.store import Store
+from xhagent.daemon.store import Placement, Store, TaskSummary, WaitReason
+from xhagent.daemon.store.states import TaskState
 from xhagent.metrics.exporter import Exporter, parse_addr
 
-S = TaskState
 DOC = "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: %s}\nspec: {deviceType: cpu}\n"
-PLACED = {"node": "n1", "cpus": [0]}
+PLACED = Placement("n1", (0,), exclusive=True)
 
 
 class Clock:
@@ -59,7 +58,7 @@ def submit(store, name, cls):
         kind="cpu",
         source=DOC % name,
         source_file=f"{name}.yaml",
-        spec={"deviceType": "cpu", "class": cls},
+        summary=TaskSummary(document=0, task_class=cls, priority=None, device_type="cpu"),
         idempotency_key=None,
     )
 
@@ -71,11 +70,11 @@ def value(m, name, **labels):
 def test_a_task_life_fills_the_class_histograms_once(store, metrics, clock):
     t = submit(store, "a", "latency")
     clock.advance(0.004)
-    store.transition(t.id, S.STARTING, placement=PLACED)
+    store.transition(t.id, TaskState.STARTING, placement=PLACED)
     clock.advance(0.020)
-    store.transition(t.id, S.RUNNING)
+    store.transition(t.id, TaskState.RUNNING)
     clock.advance(3.0)
-    store.transition(t.id, S.SUCCEEDED, exit_code=0)
+    store.transition(t.id, TaskState.SUCCEEDED, exit_code=0)
     m = metrics
     assert value(m, "xhagent_task_queue_wait_seconds_count", **{"class": "latency"}) == 1
     assert value(m, "xhagent_task_queue_wait_seconds_sum", **{"class": "latency"}) == 0.004
@@ -90,12 +89,12 @@ def test_a_task_life_fills_the_class_histograms_once(store, metrics, clock):
 def test_preemptions_misses_and_pending_reasons_are_counted(store, metrics, clock):
     frozen, killed, waiting = (submit(store, n, "batch") for n in ("f", "k", "w"))
     for t in (frozen, killed):
-        store.transition(t.id, S.STARTING, placement=PLACED)
-        store.transition(t.id, S.RUNNING)
-    store.transition(frozen.id, S.FROZEN)
-    reason = {"kind": "Preempted", "node": "n1", "detail": "by t9"}
-    store.transition(killed.id, S.PENDING, reasons=[reason])
-    store.transition(waiting.id, S.PENDING, reasons=[{"kind": "Insufficient", "node": "n1"}])
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.RUNNING)
+    store.transition(frozen.id, TaskState.FROZEN)
+    reason = WaitReason("Preempted", "n1", "by t9")
+    store.transition(killed.id, TaskState.PENDING, reasons=[reason])
+    store.transition(waiting.id, TaskState.PENDING, reasons=[WaitReason("Insufficient", "n1")])
     store.add_event("DeadlineMissed", "Running 5 ms past its deadline", task_id=frozen.id)
     m = metrics
     assert value(m, "xhagent_preemptions_total", action="freeze", **{"class": "batch"}) == 1
@@ -110,10 +109,10 @@ def test_preemptions_misses_and_pending_reasons_are_counted(store, metrics, cloc
 def test_a_migration_is_counted_as_one_and_not_as_a_preemption(store, metrics):
     moved, retried = submit(store, "m", "latency"), submit(store, "r", "batch")
     for t in (moved, retried):
-        store.transition(t.id, S.STARTING, placement=PLACED)
-        store.transition(t.id, S.RUNNING)
-    store.transition(moved.id, S.PENDING, reasons=[{"kind": "Migrating", "node": "n1"}])
-    store.transition(retried.id, S.PENDING, reasons=[{"kind": "BackOff", "node": ""}])
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.RUNNING)
+    store.transition(moved.id, TaskState.PENDING, reasons=[WaitReason("Migrating", "n1")])
+    store.transition(retried.id, TaskState.PENDING, reasons=[WaitReason("BackOff")])
     store.add_event("Migrated", "moved from n1/gpu0 to n1/gpu1: ...", task_id=moved.id)
     store.add_event("MigrationAborted", "not moved to n1/gpu1: ...", task_id=moved.id)
     m = metrics
@@ -127,10 +126,10 @@ def test_a_migration_is_counted_as_one_and_not_as_a_preemption(store, metrics):
 def test_a_rolled_back_change_is_not_counted(store, metrics):
     t = submit(store, "r", "batch")
     with pytest.raises(RuntimeError), store.atomic():
-        store.transition(t.id, S.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
         raise RuntimeError("the start failed before the commit")
     assert value(metrics, "xhagent_placement_decisions_total", result="placed") == 0
-    assert store.get(t.id).state is S.PENDING
+    assert store.get(t.id).state is TaskState.PENDING
 
 
 def test_a_failing_observer_does_not_undo_the_commit(store):
@@ -139,8 +138,8 @@ def test_a_failing_observer_does_not_undo_the_commit(store):
 
     store.on_commit = broken
     t = submit(store, "o", "batch")
-    store.transition(t.id, S.STARTING, placement=PLACED)
-    assert store.get(t.id).state is S.STARTING
+    store.transition(t.id, TaskState.STARTING, placement=PLACED)
+    assert store.get(t.id).state is TaskState.STARTING
 
 
 UNIT_WORDS = re.compile(r"(latency|wait|duration|time|delay|stall|usage)", re.IGNORECASE)
@@ -169,8 +168,8 @@ def lint(text: str) -> list[str]:
 
 def test_the_exposition_parses_and_follows_the_naming_conventions(store, metrics, clock):
     t = submit(store, "x", "latency")
-    store.transition(t.id, S.STARTING, placement=PLACED)
-    store.transition(t.id, S.RUNNING)
+    store.transition(t.id, TaskState.STARTING, placement=PLACED)
+    store.transition(t.id, TaskState.RUNNING)
     text = generate_latest(metrics.registry).decode()
     assert lint(text) == []
     names = {f.name for f in text_string_to_metric_families(text)}

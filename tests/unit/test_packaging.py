@@ -42,11 +42,11 @@ def test_ebpf_build_names_the_debian_package_of_a_missing_tool(monkeypatch):
 
 def test_the_shim_executable_ships_as_package_data_and_stays_out_of_git():
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "xhagent-shim" in tool["package-data"]["xhagent.daemon"]
+    assert "xhagent-shim" in tool["package-data"]["xhagent.daemon.exec"]
     assert "xhagent.daemon" in tool["packages"]
-    assert "/agent/daemon/xhagent-shim" in (ROOT / ".gitignore").read_text().splitlines()
+    assert "/agent/daemon/exec/xhagent-shim" in (ROOT / ".gitignore").read_text().splitlines()
     build = runpy.run_path(str(ROOT / "native" / "shim_build.py"))
-    assert build["SHIM"] == ROOT / "agent" / "daemon" / "xhagent-shim"
+    assert build["SHIM"] == ROOT / "agent" / "daemon" / "exec" / "xhagent-shim"
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -69,7 +69,7 @@ def _requirement_floor(requirements, name):
 def test_dependency_floors_are_what_the_generated_modules_check():
     # The generated modules refuse, at import, a runtime older than the protoc that made them.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    v1 = ROOT / "agent" / "daemon" / "v1"
+    v1 = ROOT / "agent" / "daemon" / "api" / "v1"
     pb2 = (v1 / "agent_pb2.py").read_text()
     gencode = re.search(r"Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", pb2).groups()
     grpc_made = re.search(
@@ -96,7 +96,7 @@ def test_makefile_bootstraps_the_build_requirements_and_rebuilds_on_a_changed_pr
     (tools,) = (req for req in requires if req.startswith("grpcio-tools"))
     assert tools in installed
     sources = re.search(r"^NATIVE_SOURCES := (.*)$", makefile, re.M)[1]
-    assert "agent/daemon/v1/*.proto" in sources
+    assert "agent/daemon/api/v1/*.proto" in sources
 
 
 def test_build_puts_the_grpc_modules_and_the_proto_in_the_package(tmp_path):
@@ -107,7 +107,7 @@ def test_build_puts_the_grpc_modules_and_the_proto_in_the_package(tmp_path):
         check=True,
         capture_output=True,
     )
-    v1 = tmp_path / "xhagent" / "daemon" / "v1"
+    v1 = tmp_path / "xhagent" / "daemon" / "api" / "v1"
     assert {p.name for p in v1.iterdir()} >= {
         "__init__.py",
         "agent.proto",
@@ -116,7 +116,8 @@ def test_build_puts_the_grpc_modules_and_the_proto_in_the_package(tmp_path):
     }
     # The generated import line resolves inside the built `xhagent`, not in the source tree.
     probe = (
-        "import xhagent.daemon.v1.agent_pb2_grpc as m, xhagent as x; print(m.__file__, x.__file__)"
+        "import xhagent.daemon.api.v1.agent_pb2_grpc as m, xhagent as x; "
+        "print(m.__file__, x.__file__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe],

@@ -190,7 +190,7 @@ def test_node_file(text, value):
 
 @pytest.mark.parametrize("text,value", SIXTEEN)
 def test_bench_io_size(text, value, monkeypatch):
-    from xhagent.io import bench
+    from xhagent.bench import io as bench
 
     seen = []
     monkeypatch.setattr(bench, "_check_room", lambda nbytes: None)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xhagent.runtime.bench import TARGETS
+from xhagent.bench.pool import TARGETS
 
 OURS = (
     "spawn_vs_asyncio",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xhagent.runtime.bench_preempt import _pct, hog_loss
+from xhagent.bench.pool_preempt import _pct, hog_loss
 
 
 def test_percentile_is_the_nearest_rank():
@@ -51,7 +51,7 @@ def test_windows_the_hog_never_ran_in_are_left_out():
 
 
 def test_a_node_without_bpf_gets_the_timers_figures_and_the_reason(monkeypatch):
-    from xhagent.runtime import bench_preempt
+    from xhagent.bench import pool_preempt
 
     windows = [(1000.0 * (0.99 if k % 2 else 1.0), 0.1, 0.1) for k in range(12)]
 
@@ -69,9 +69,9 @@ def test_a_node_without_bpf_gets_the_timers_figures_and_the_reason(monkeypatch):
             "cpu_share": 1.0,
         }
 
-    monkeypatch.setattr(bench_preempt, "measure_source", measure)
-    monkeypatch.setattr(bench_preempt, "asyncio_pair", lambda d: {"lat": [d], "hog_rate": 1.0})
-    out = bench_preempt.cases(quick=True, cpu=0)
+    monkeypatch.setattr(pool_preempt, "measure_source", measure)
+    monkeypatch.setattr(pool_preempt, "asyncio_pair", lambda d: {"lat": [d], "hog_rate": 1.0})
+    out = pool_preempt.cases(quick=True, cpu=0)
     assert "-EPERM" in out["cases"]["preempt_bpf"]["error"]
     assert out["ratios"]["preempt_p99_vs_slice_bpf"] is None
     assert out["ratios"]["preempt_p99_vs_slice_timer"] == 1.2  # p99 of 100: the 2nd largest

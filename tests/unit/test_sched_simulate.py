@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from xhagent.sched import bench, workload
+from xhagent.bench import sched as bench
+from xhagent.sched import workload
 from xhagent.sched.job import from_task
 from xhagent.sched.simulate import simulate, simulate_command
 from xhagent.spec import SpecError

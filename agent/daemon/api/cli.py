@@ -1,0 +1,298 @@
+"""`xhagent run` (the daemon) and its clients: submit, ps, get, cancel, logs, events, apply,
+delete, explain.
+
+Every client finds the agent at `--socket PATH`, else $XHAGENT_SOCKET, else
+/run/xhagent/xhagent.sock. Exit status: 0 done; 1 refused or failed (no agent, a task
+that already ended; `submit --wait`: a task did not succeed); 2 bad input (the agent's
+FILE:LINE:COL errors).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+
+def fail(message: str, code: int = 1):
+    click.echo(f"xhagent: {message}", err=True)
+    sys.exit(code)
+
+
+def socket_option(fn):
+    return click.option(
+        "--socket",
+        "socket_path",
+        default=None,
+        metavar="PATH",
+        help="The agent's socket [default: $XHAGENT_SOCKET, else /run/xhagent/xhagent.sock].",
+    )(fn)
+
+
+def _client(socket_path: str | None):
+    from .transport import ApiError, connect, resolve_socket
+
+    try:
+        return connect(resolve_socket(socket_path))
+    except ApiError as exc:
+        fail(str(exc), exc.exit_code)
+
+
+def _call(fn, *args, **kw):
+    from .transport import ApiError
+
+    try:
+        return fn(*args, **kw)
+    except ApiError as exc:
+        fail(str(exc), exc.exit_code)
+
+
+def _pb():
+    from .v1 import agent_pb2
+
+    return agent_pb2
+
+
+def task_json(msg) -> dict:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+# -- clients -----------------------------------------------------------------------------------
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--wait", is_flag=True, help="Wait until every task ended; exit 1 unless all succeeded."
+)
+@click.option(
+    "--key", default="", help="Idempotency key: submitting again with it makes no duplicate."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@socket_option
+def submit(files, wait, key, as_json, socket_path) -> None:
+    """Submit the Task documents of FILES ('-' for standard input)."""
+    from ...spec import SpecError, read_text
+
+    pb = _pb()
+    client = _client(socket_path)
+    tasks = []
+    for name in files:
+        try:
+            source = read_text(name)
+        except SpecError as exc:
+            fail(str(exc), 2)
+        reply = _call(
+            client.Submit,
+            pb.SubmitRequest(
+                source=source, file_name=name, idempotency_key=f"{key}:{name}" if key else ""
+            ),
+        )
+        tasks += reply.tasks
+    if not as_json:
+        for t in tasks:
+            click.echo(f"{t.id} {t.name} {t.state}")
+    if wait:
+        tasks = [_wait_ended(client, t.id) for t in tasks]
+    if as_json:
+        click.echo(json.dumps([task_json(t) for t in tasks], indent=2))
+    elif wait:
+        for t in tasks:
+            click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
+    if wait and any(t.state != "Succeeded" for t in tasks):
+        sys.exit(1)
+
+
+def _wait_ended(client, task_id: str):
+    pb = _pb()
+    while True:
+        task = _call(client.Get, pb.GetRequest(id=task_id)).task
+        if task.state in ("Succeeded", "Failed", "Cancelled"):
+            return task
+        time.sleep(0.1)
+
+
+def _outcome(t) -> str:
+    if t.HasField("exit_code"):
+        return f" (exit {t.exit_code})"
+    if t.HasField("signal"):
+        return f" (signal {t.signal})"
+    return f" ({t.error})" if t.error else ""
+
+
+@click.command()
+@click.option("--all", "all_", is_flag=True, help="Ended tasks too.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@socket_option
+def ps(all_, as_json, socket_path) -> None:
+    """The agent's tasks: id, name, state, where, and why a Pending task waits."""
+    pb = _pb()
+    tasks = _call(_client(socket_path).List, pb.ListRequest(all=all_, limit=1000)).tasks
+    if as_json:
+        click.echo(json.dumps([task_json(t) for t in tasks], indent=2))
+        return
+    click.echo(f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE")
+    for t in tasks:
+        note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")
+        if t.unenforced and not note:
+            note = "not enforced: " + ", ".join(u.limit.split("=")[0] for u in t.unenforced)
+        cpus = ",".join(map(str, t.cpus)) or "-"
+        click.echo(f"{t.id:<10} {t.name[:24]:<24} {t.state:<10} {cpus[:10]:<10} {note}")
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@socket_option
+def get(task_id, as_json, socket_path) -> None:
+    """One task in full: state, placement, limits not enforced and why, outcome."""
+    t = _call(_client(socket_path).Get, _pb().GetRequest(id=task_id)).task
+    if as_json:
+        click.echo(json.dumps(task_json(t), indent=2))
+        return
+    click.echo(f"{t.id} {t.name}: {t.state}{_outcome(t)} (attempt {t.attempt})")
+    if t.node:
+        click.echo(f"  node {t.node}, cpus {','.join(map(str, t.cpus))}")
+    for r in t.reasons:
+        click.echo(f"  waiting: {r.detail}")
+    for u in t.unenforced:
+        click.echo(f"  not enforced: {u.limit}: {u.reason}")
+    if t.error:
+        click.echo(f"  error: {t.error}")
+
+
+@click.command()
+@click.argument("task_id")
+@socket_option
+def cancel(task_id, socket_path) -> None:
+    """Stop a task: kill its processes (cgroup.kill) and remove its leaf."""
+    t = _call(_client(socket_path).Cancel, _pb().CancelRequest(id=task_id)).task
+    click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the task ends.")
+@click.option(
+    "--stream", type=click.Choice(["both", "stdout", "stderr"]), default="both", show_default=True
+)
+@socket_option
+def logs(task_id, follow, stream, socket_path) -> None:
+    """A task's output (its current attempt's stdout and stderr)."""
+    pb = _pb()
+    which = {
+        "both": pb.LOG_STREAM_BOTH,
+        "stdout": pb.LOG_STREAM_STDOUT,
+        "stderr": pb.LOG_STREAM_STDERR,
+    }[stream]
+    client = _client(socket_path)
+    chunks = _call(client.Logs, pb.LogsRequest(id=task_id, stream=which, follow=follow))
+    from .transport import ApiError
+
+    try:
+        for chunk in chunks:
+            out = sys.stderr if chunk.stream == pb.LOG_STREAM_STDERR else sys.stdout
+            out.buffer.write(chunk.data)
+            out.flush()
+    except ApiError as exc:
+        fail(str(exc), exc.exit_code)
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
+@click.option("--task", "task_id", default="", help="Only this task's events.")
+@click.option("--since", type=int, default=0, show_default=True, help="After this sequence number.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@socket_option
+def events(follow, task_id, since, as_json, socket_path) -> None:
+    """The agent's event stream: submissions, transitions, policy changes."""
+    from .transport import ApiError
+
+    pb = _pb()
+    client = _client(socket_path)
+    request = pb.WatchRequest(since_seq=since, task_id=task_id, follow=follow)
+    stream = _call(client.Watch, request)
+    try:
+        for ev in stream:
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        {
+                            "seq": ev.seq,
+                            "ts_ns": ev.ts_ns,
+                            "task_id": ev.task_id,
+                            "kind": ev.kind,
+                            "message": ev.message,
+                            "detail": json.loads(ev.detail_json or "{}"),
+                        }
+                    )
+                )
+            else:
+                when = time.strftime("%H:%M:%S", time.localtime(ev.ts_ns / 1e9))
+                click.echo(f"{ev.seq:>6} {when} {ev.task_id or '-':<9} {ev.kind}: {ev.message}")
+    except ApiError as exc:
+        fail(str(exc), exc.exit_code)
+
+
+@click.command()
+@click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="A SchedulingPolicy or CgroupPolicy file.",
+)
+@socket_option
+def apply(path, socket_path) -> None:
+    """Apply policies through the agent (kept until `xhagent delete policy NAME`)."""
+    from ...spec import SpecError, read_text
+
+    try:
+        source = read_text(path)
+    except SpecError as exc:
+        fail(str(exc), 2)
+    reply = _call(
+        _client(socket_path).ApplyPolicy, _pb().ApplyPolicyRequest(source=source, file_name=path)
+    )
+    for p in reply.policies:
+        click.echo(f"applied {p.kind} {p.name} (version {p.version})")
+
+
+@click.group()
+def delete() -> None:
+    """Remove something the agent keeps."""
+
+
+@delete.command("policy")
+@click.argument("name")
+@click.option("--kind", type=click.Choice(["SchedulingPolicy", "CgroupPolicy"]), default=None)
+@socket_option
+def delete_policy(name, kind, socket_path) -> None:
+    """Remove a policy applied through the API."""
+    reply = _call(
+        _client(socket_path).RemovePolicy, _pb().RemovePolicyRequest(kind=kind or "", name=name)
+    )
+    click.echo(f"removed {reply.removed.kind} {reply.removed.name}")
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@socket_option
+def explain(task_id, as_json, socket_path) -> None:
+    """Where a task goes or why it waits: every node's verdict."""
+    reply = _call(_client(socket_path).Explain, _pb().ExplainRequest(id=task_id))
+    if as_json:
+        click.echo(reply.detail_json)
+        return
+    click.echo(
+        f"{task_id}: {'Pending' if reply.pending else 'placed'}"
+        + (f" (policy {reply.policy})" if reply.policy else "")
+    )
+    for v in reply.verdicts:
+        click.echo(f"  {v.node}: " + (f"fits (score {v.score:.3f})" if v.fits else v.reason))

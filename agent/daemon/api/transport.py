@@ -1,0 +1,408 @@
+"""The agent's gRPC surface on a unix socket: where the socket is, serving the `Agent`
+service there (`bind`), and the client the CLI uses (`connect`).
+
+The contract is `v1/agent.proto` (package `xhagent.v1`). This module is plumbing only:
+what each RPC does is the daemon's servicer, whose methods (`@unary`) raise
+`InvalidArgument`, `FailedPrecondition` and `NotFound` so that every client sees the same
+status codes.
+
+    server = bind(servicer, resolve_socket(socket_option))    # the daemon
+    server.stop(grace=5)
+
+    with connect(resolve_socket(socket_option)) as agent:      # a CLI command
+        print(agent.Health(HealthRequest()).status)            # ApiError: print, exit_code
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import os
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+# The daemon forks (task starts, helpers) while grpc's threads run; grpc's fork handlers
+# cannot help a server then, and log a line for every fork. Read once, when grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
+
+from ...errors import errno_reason  # noqa: E402
+from .v1 import agent_pb2_grpc  # noqa: E402
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "AgentClient",
+    "AgentUnavailable",
+    "ApiError",
+    "BindError",
+    "Server",
+    "FailedPrecondition",
+    "Failure",
+    "InvalidArgument",
+    "NotFound",
+    "bind",
+    "connect",
+    "resolve_socket",
+    "unary",
+]
+
+DEFAULT_SOCKET = "/run/xhagent/xhagent.sock"
+SOCKET_ENV = "XHAGENT_SOCKET"
+# A request carries YAML of at most 4 MiB (the project's input bound) plus a few fields: the
+# transport's limit sits just above the bound, so that a document at the bound still fits
+# with the rest of its request; the bound itself is the input readers' and the servicer's.
+MAX_REQUEST_BYTES = 4 * 2**20 + 64 * 2**10
+# Responses are the agent's own (task lists, inventory JSON) and may be larger.
+MAX_RESPONSE_BYTES = 64 * 2**20
+# Details travel in a header that grpc refuses past 16 KiB, percent-encoding non-ASCII bytes
+# (x3): 4 KiB of UTF-8 always fits, and holds the README's first 20 error lines as a rule.
+MAX_DETAILS_BYTES = 4096
+_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
+
+
+class ApiError(Exception):
+    """A failed RPC: `code` is the status code's name (`INVALID_ARGUMENT`), str() the
+    server's details as a user reads them."""
+
+    def __init__(self, code: str, details: str):
+        super().__init__(details or code)
+        self.code = code
+        self.details = details
+
+    @property
+    def exit_code(self) -> int:
+        # README: 2 for bad input, 1 for what the node refused or could not do.
+        return 2 if self.code == "INVALID_ARGUMENT" else 1
+
+
+class AgentUnavailable(ApiError):
+    """No agent answers at the socket, or this user may not reach it."""
+
+    def __init__(self, message: str):
+        super().__init__("UNAVAILABLE", message)
+
+
+class BindError(Exception):
+    """The socket cannot be served: another agent has it, or the path is unsafe."""
+
+
+def resolve_socket(cli_value: str | None) -> Path:
+    """`--socket PATH`, else $XHAGENT_SOCKET, else /run/xhagent/xhagent.sock."""
+    return Path(cli_value or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+
+
+def bind(
+    servicer: agent_pb2_grpc.AgentServicer,
+    path: Path,
+    *,
+    group: str = "xhagent",
+) -> Server:
+    """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
+
+    Access is the file system's: when `group` exists the socket is root:group 0660 and a
+    directory bind creates is root:group 0750, so members of the group are clients;
+    otherwise the socket is 0600 and only root connects. An existing directory keeps its
+    owner and mode (the operator's or systemd's RuntimeDirectory=): it must let the group
+    search it, and is refused when others may write in it (they could swap the socket).
+
+    A socket another process answers on is refused (BindError with its pid); one nothing
+    listens on is a leftover of a killed agent and is replaced; any other kind of file is
+    refused and left alone. Two agents starting at once are kept apart by the daemon's
+    state lock, taken before this. The servicer's methods are coroutines (`@unary`, or
+    asyncio generators for streams) and what blocks runs on the servicer's `executor`.
+    """
+    path = Path(path)
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise BindError(f"{path}: a socket path has at most {_SUN_PATH_MAX} bytes")
+    gid = _group_id(group)
+    _prepare_dir(path.parent, gid)
+    _clear_stale(path)
+    server = Server(servicer)
+    # grpc listens as soon as the port is added: the socket must be born private. The umask
+    # is the process's, but it only tightens what another thread creates in this instant.
+    umask = os.umask(0o177)
+    try:
+        server.add_port(f"unix:{path}")
+    except RuntimeError as exc:
+        server.stop(None)
+        raise BindError(f"{path}: cannot bind: {exc}") from None
+    finally:
+        os.umask(umask)
+    try:
+        if gid is not None:
+            os.chown(path, -1, gid)
+            os.chmod(path, 0o660)
+        server.start()
+    except BaseException:
+        server.stop(None)
+        raise
+    return server
+
+
+class Server:
+    """grpc's asyncio server on an event loop thread of its own.
+
+    Why asyncio: grpc's threaded server wakes a thread five times a second to poll its
+    queue, and on a VM every wake-up from idle costs CPU time. The asyncio server sleeps in
+    the loop's selector until a request comes, so an idle agent costs only grpc core's own
+    timers. The servicer's methods are coroutines that hand what blocks to its executor
+    (`unary`), so a slow call never stalls the loop.
+    """
+
+    def __init__(self, servicer: agent_pb2_grpc.AgentServicer):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="xhagent-grpc", daemon=True
+        )
+        self._thread.start()
+        self._server = self._call(self._create(servicer))
+
+    @staticmethod
+    async def _create(servicer) -> grpc.aio.Server:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
+            ],
+        )
+        agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+        return server
+
+    def _call(self, coro, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def add_port(self, address: str) -> None:
+        async def add():
+            self._server.add_insecure_port(address)
+
+        self._call(add())
+
+    def start(self) -> None:
+        self._call(self._server.start())
+
+    def stop(self, grace: float | None) -> None:
+        """Refuse new calls, give running ones `grace` seconds, then end the loop thread."""
+        if self._loop.is_closed():
+            return
+
+        async def shutdown():
+            await self._server.stop(grace)
+            # calls grpc let go of but whose coroutines still wait (on an executor): ended
+            # here, not destroyed pending with the loop
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self._call(shutdown(), None)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+def _group_id(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def _prepare_dir(folder: Path, gid: int | None) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(folder, 0o700)  # opened to the group only once it is the right group
+    except FileExistsError:
+        pass
+    else:
+        if gid is not None:
+            os.chown(folder, -1, gid)
+        os.chmod(folder, 0o750)
+        return
+    st = os.stat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BindError(f"{folder}: not a directory")
+    if st.st_mode & stat.S_IWOTH:
+        raise BindError(
+            f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            "anyone could replace the socket; use a directory only root writes in"
+        )
+    if st.st_uid not in (0, os.geteuid()):
+        raise BindError(f"{folder} belongs to uid {st.st_uid}, who could replace the socket")
+
+
+def _clear_stale(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise BindError(f"{path} exists and is not a socket: remove it or choose another --socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        try:
+            probe.connect(os.fsencode(path))
+        except ConnectionRefusedError:
+            os.unlink(path)  # nothing listens: what a SIGKILLed agent leaves behind
+            return
+        except TimeoutError:
+            raise BindError(f"another agent serves at {path} (busy)") from None
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid = struct.unpack("3i", creds)[0]
+    raise BindError(f"another agent serves at {path}" + (f" (pid {pid})" if pid else ""))
+
+
+def connect(path: Path, *, timeout: float | None = 30.0) -> AgentClient:
+    """A client of the agent at `path`; AgentUnavailable at once when none answers there or
+    this user may not reach it. `timeout` bounds each unary call (streams are unbounded)."""
+    path = Path(path)
+    if (err := _unreachable(path)) is not None:
+        raise err
+    return AgentClient(path, timeout=timeout)
+
+
+def _unreachable(path: Path) -> AgentUnavailable | None:
+    """Why no agent answers at `path`, by the errno of a plain connect; None when one does.
+    grpc's own UNAVAILABLE text names no errno a user can act on."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5)
+        try:
+            probe.connect(os.fsencode(path))
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
+            return AgentUnavailable(f"no agent at {path}: start it with `xhagent run`")
+        except PermissionError:
+            return AgentUnavailable(
+                f"{path}: permission denied: run as root or as a member of group xhagent"
+            )
+        except TimeoutError:
+            return AgentUnavailable(f"the agent at {path} does not answer")
+        except OSError as exc:
+            return AgentUnavailable(errno_reason(exc, str(path)))
+    return None
+
+
+class AgentClient:
+    """The `Agent` service's RPCs under their proto names, `client.Health(HealthRequest())`.
+
+    A failure raises ApiError (AgentUnavailable when the agent is gone); a server stream is
+    an iterator, and dropping it (or close()) cancels the call.
+    """
+
+    def __init__(self, path: Path, *, timeout: float | None = 30.0):
+        self.path = Path(path)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            f"unix:{self.path}",
+            options=[
+                ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+                ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
+            ],
+        )
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = getattr(self._stub, name)
+        if isinstance(method, grpc.UnaryStreamMultiCallable):
+            return lambda request, **kw: self._stream(method, request, **kw)
+        return lambda request, **kw: self._unary(method, request, **kw)
+
+    def _unary(self, method, request, **kw):
+        kw.setdefault("timeout", self.timeout)
+        try:
+            return method(request, **kw)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _stream(self, method, request, **kw) -> Iterator:
+        call = method(request, **kw)  # started now, not at the first next()
+
+        def items():
+            try:
+                yield from call
+            except grpc.RpcError as exc:
+                raise self._error(exc) from None
+            finally:
+                call.cancel()  # a stream the caller stopped reading ends on the server too
+
+        return items()
+
+    def _error(self, exc: grpc.RpcError) -> ApiError:
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and (gone := _unreachable(self.path)):
+            return gone
+        return ApiError(code.name, details)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _fit(message: str) -> str:
+    """Whole lines of `message` up to MAX_DETAILS_BYTES, then how many were left out."""
+    if len(message.encode()) <= MAX_DETAILS_BYTES:
+        return message
+    lines, kept, size = message.splitlines(), [], 0
+    for line in lines:
+        size += len(line.encode()) + 1
+        if size > MAX_DETAILS_BYTES - 64:
+            break
+        kept.append(line)
+    if not kept:  # one line too long on its own
+        return message.encode()[: MAX_DETAILS_BYTES - 4].decode(errors="ignore") + " ..."
+    return "\n".join([*kept, f"... {len(lines) - len(kept)} more lines"])
+
+
+class Failure(Exception):
+    """What a servicer method raises to end its call with `code` and the message as details
+    (cut to fit a header: `_fit`)."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(Failure):
+    """Bad input: `FILE:LINE:COL: message` lines, in file order (the CLI exits 2)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FailedPrecondition(Failure):
+    """The node will not or cannot do it (the CLI exits 1)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class NotFound(Failure):
+    """No task or policy by that id or name (the CLI exits 1)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+def unary(impl):
+    """A servicer method from a plain function `impl(self, request) -> reply`: run on the
+    servicer's `executor` (it may block: the store, the agent's lock), its `Failure` turned
+    into the call's status. grpc's asyncio server drives the coroutine."""
+
+    async def method(self, request, context):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.executor, impl, self, request
+            )
+        except Failure as failure:
+            await context.abort(failure.code, _fit(str(failure)))
+
+    method.__name__ = method.__qualname__ = impl.__name__
+    method.__doc__ = impl.__doc__
+    return method

@@ -1,0 +1,217 @@
+"""The daemon's hands: task leaves in the agent's subtree, and the shims that run workloads.
+
+Layout under the subtree (every path through `Subtree.resolve`, so nothing is written
+outside it):
+
+    <subtree>/tasks/<id>   one leaf per task: its workload's process tree, its limits
+    <subtree>/shims        the shims (outside the task leaves: `cgroup.kill` of a task
+                           leaves its shim alive to record the status)
+    <state>/tasks/<id>/<attempt>/   the shim's records (`started`, `exit`) and the
+                                    attempt's output (`stdout`, `stderr`)
+
+At `prepare()` the controllers the node has are enabled for the task leaves; the ones it
+lacks are reported with the reason (`missing`), for the tasks' `unenforced` lists.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import pwd
+from pathlib import Path
+
+from ...cgroups import Cgroup, CgroupError
+from ...cgroups import registry as R
+from ...cgroups.subtree import Subtree
+from . import shim
+from .leaf import CONTROLLERS, LeafPlan
+
+TASKS = "tasks"
+SHIMS = "shims"
+
+
+class Executor:
+    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int):
+        self.sub = sub
+        self.runs = state_dir / "tasks"
+        self.log_cap = log_cap
+        self.missing: dict[str, str] = {}
+        # scheduler traces of tasks with `trace: true` (tracing.TaskTracer), and where what
+        # became of one is told: on_trace(task_id, event kind, message)
+        self.tracer = None
+        self.on_trace = lambda task_id, kind, message: None
+
+    # -- setup ----------------------------------------------------------------------------
+    def prepare(self) -> dict[str, str]:
+        """Create `tasks` and `shims`, enable what the node has for the task leaves; returns
+        (and keeps) the controllers that cannot be enforced, each with why."""
+        self.runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root = self.sub.ensure()
+        tasks = self.sub.group(TASKS).create(exist_ok=True)
+        self.sub.group(SHIMS).create(exist_ok=True)
+        available = set(root.controllers())
+        self.missing = {
+            c: f"the {c} controller is not available in cgroup2 at {root.path}"
+            for c in CONTROLLERS
+            if c not in available
+        }
+        wanted = [c for c in CONTROLLERS if c in available]
+        for group in (root, tasks):
+            enabled = set(group.subtree_control())
+            todo = [c for c in wanted if c not in enabled]
+            if not todo:
+                continue
+            try:
+                group.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in todo))
+            except CgroupError as exc:  # e.g. EBUSY: processes in a group that is not a leaf
+                for c in todo:
+                    self.missing[c] = f"enabling {c} in {group.path}: {exc}"
+                wanted = [c for c in wanted if c not in todo]
+        return self.missing
+
+    # -- one task ---------------------------------------------------------------------------
+    def leaf(self, task_id: str) -> Cgroup:
+        return self.sub.group(f"{TASKS}/{task_id}")
+
+    def run_dir(self, task_id: str, attempt: int) -> Path:
+        return self.runs / task_id / str(attempt)
+
+    def start(
+        self,
+        task_id: str,
+        attempt: int,
+        plan: LeafPlan,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        uid: int | None,
+        gid: int | None,
+        run_dir: Path | None = None,
+        trace: bool = False,
+    ) -> shim.ShimStarted:
+        """Create the leaf with its limits, then start the shim, which starts the workload
+        inside the leaf. A failure leaves no leaf behind. `run_dir`: where the shim keeps
+        its records and the output (default: the attempt's; a migration's checkpoint hook
+        runs in the task's leaf with a directory of its own). `trace`: the leaf's scheduler
+        events are recorded from before the workload starts until the leaf is removed."""
+        leaf = self.leaf(task_id)
+        run_dir = run_dir or self.run_dir(task_id, attempt)
+        run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
+        # children of a group that was once written to cgroup.kill (see shim.py).
+        leaf.create()
+        try:
+            for f, value in plan.settings:
+                if not (f.optional and not leaf.has(f)):
+                    leaf.set(f, value)
+            if trace:
+                why = (
+                    self.tracer.begin(task_id, leaf.path, run_dir)
+                    if self.tracer is not None
+                    else "the agent records no traces"
+                )
+                if why is not None:
+                    self.on_trace(task_id, "TraceNotRecorded", f"runs untraced: {why}")
+            return shim.start_shim(
+                run_dir,
+                leaf,
+                self.sub.group(SHIMS),
+                argv,
+                env,
+                cwd=cwd,
+                uid=uid,
+                gid=gid,
+                log_cap=self.log_cap,
+            )
+        except BaseException:
+            self.remove_leaf(task_id)
+            raise
+
+    def status(self, task_id: str, attempt: int) -> shim.ShimStatus:
+        return shim.read_status(self.run_dir(task_id, attempt))
+
+    def shim_alive(self, started: shim.ShimStarted) -> bool:
+        """Whether the shim a `started` record names still runs (its pid not reused)."""
+        return shim.process_alive(started.shim_pid, started.shim_start_time)
+
+    def oom_kills(self, task_id: str) -> int:
+        """memory.events oom_kill of the task's leaf (0 without the memory controller)."""
+        leaf = self.leaf(task_id)
+        try:
+            return int(leaf.get(R.MEMORY_EVENTS).get("oom_kill", 0))
+        except (CgroupError, OSError, ValueError):
+            return 0
+
+    def kill(self, task_id: str, timeout: float = 2.0) -> None:
+        """SIGKILL the task's processes (thawed first: a frozen task dies only once thawed)."""
+        leaf = self.leaf(task_id)
+        if not leaf.path.is_dir():
+            return
+        if leaf.read(R.FREEZE.name).strip() == "1":
+            leaf.thaw(timeout)
+        if leaf.events().get("populated"):
+            leaf.kill(timeout)
+
+    def set_frozen(self, task_id: str, frozen: bool, timeout: float = 2.0) -> None:
+        """Freeze or thaw the leaf to match the task's record (after a restart)."""
+        leaf = self.leaf(task_id)
+        if not leaf.path.is_dir():
+            return
+        if (leaf.read(R.FREEZE.name).strip() == "1") != frozen:
+            leaf.freeze(timeout) if frozen else leaf.thaw(timeout)
+
+    def remove_leaf(self, task_id: str) -> None:
+        leaf = self.leaf(task_id)
+        try:
+            leaf.remove(kill_first=True)
+        except CgroupError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        finally:  # the leaf is empty: its processes' last events are in the ring
+            self._end_trace(task_id)
+
+    def _end_trace(self, task_id: str) -> None:
+        if self.tracer is None or not self.tracer.recording(task_id):
+            return
+        try:
+            done = self.tracer.end(task_id)
+        except OSError as exc:
+            self.on_trace(task_id, "TraceNotRecorded", f"the trace could not be finished: {exc}")
+            return
+        if done is not None:
+            self.on_trace(
+                task_id,
+                "TraceRecorded",
+                f"{done['events']} events ({done['lost']} lost) in {done['seconds']:.1f}s: "
+                f"{done['path']}",
+            )
+
+    def leaves(self) -> list[str]:
+        """Task ids that have a leaf now."""
+        base = self.sub.resolve(TASKS)
+        try:
+            return sorted(p.name for p in base.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+
+def resolve_run_as(run_as) -> tuple[int, int]:
+    """(uid, gid) of a Task's `user`, resolved when it starts (as the README says); a name
+    this node does not know is the task's failure, not the agent's."""
+    user, group = run_as.user, run_as.group
+    if isinstance(user, int):
+        uid, gid = user, user
+    else:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"user {user!r}: no such user on this node") from None
+        uid, gid = entry.pw_uid, entry.pw_gid
+    if isinstance(group, int):
+        gid = group
+    elif group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"group {group!r}: no such group on this node") from None
+    return uid, gid

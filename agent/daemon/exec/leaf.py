@@ -1,0 +1,97 @@
+"""What a task's cgroup leaf gets, decided without touching the kernel.
+
+A placed task runs in `tasks/<id>` with its placement's CPUs (and the memory nodes of
+their NUMA nodes), its memory request as `memory.max`, and its class's `cpu.weight` and
+`io.weight`. Where the node lacks a controller the task still runs, and each setting that
+could not be made is listed as unenforced with the reason; a task that names the
+controller in `enforce` stays Pending instead (`EnforcementUnavailable`). Never a silent
+downgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ...cgroups import registry as R
+from ...cpulist import format_cpulist
+from ..store.records import Unenforced
+
+# Class -> (cpu.weight, io.weight). The kernel's default weight is 100: batch work gets it,
+# latency-sensitive work ten times as much, best-effort work a tenth.
+CLASS_WEIGHTS: dict[str, tuple[int, int]] = {
+    "latency": (1000, 1000),
+    "batch": (100, 100),
+    "besteffort": (10, 10),
+}
+CONTROLLERS = ("cpu", "cpuset", "io", "memory", "pids")
+DEFAULT_WEIGHT = 100
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    settings: tuple[tuple[R.CgroupFile, object], ...]  # written in this order
+    unenforced: tuple[Unenforced, ...]
+
+
+def class_weights(name: str, classes: Mapping[str, tuple[int, int]] = CLASS_WEIGHTS):
+    """(cpu.weight, io.weight) of a class; KeyError with the known names when undefined."""
+    try:
+        return classes[name]
+    except KeyError:
+        raise KeyError(
+            f"class {name!r} is not defined (defined: {', '.join(sorted(classes))})"
+        ) from None
+
+
+def class_table(policies: Iterable[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """The built-in classes, then each CgroupPolicy's (a later one wins a name)."""
+    table = dict(CLASS_WEIGHTS)
+    for classes in policies:
+        table.update(classes)
+    return table
+
+
+def plan_leaf(
+    *,
+    cpus: Iterable[int],
+    mems: Iterable[int],
+    memory: int | None,
+    weights: tuple[int, int],
+    missing: Mapping[str, str],
+) -> LeafPlan:
+    """The settings of a leaf; `missing` maps each controller the node cannot enforce in the
+    agent's subtree to why (e.g. "cpu is not available in cgroup2 (held by cgroup v1)")."""
+    cpu_weight, io_weight = weights
+    wanted: list[tuple[str, R.CgroupFile, object]] = []
+    cpus = sorted(set(cpus))
+    if cpus:
+        wanted.append(("cpuset", R.CPUSET_CPUS, format_cpulist(cpus)))
+        mems = sorted(set(mems))
+        if mems:
+            wanted.append(("cpuset", R.CPUSET_MEMS, format_cpulist(mems)))
+    if memory:
+        wanted.append(("memory", R.MEMORY_MAX, memory))
+        # a limit the task could swap past is no limit (where the kernel has swap at all)
+        wanted.append(("memory", R.MEMORY_SWAP_MAX, 0))
+    wanted.append(("cpu", R.CPU_WEIGHT, cpu_weight))
+    wanted.append(("io", R.IO_WEIGHT, {"default": io_weight}))
+    settings, unenforced = [], []
+    for controller, f, value in wanted:
+        if controller in missing:
+            if f is R.MEMORY_SWAP_MAX:  # said once, by memory.max
+                continue
+            shown = value["default"] if isinstance(value, dict) else value
+            unenforced.append(Unenforced(controller, f"{f.name}={shown}", missing[controller]))
+        else:
+            settings.append((f, value))
+    return LeafPlan(tuple(settings), tuple(unenforced))
+
+
+def enforcement_reason(enforce: Iterable[str], missing: Mapping[str, str]) -> str | None:
+    """The Pending reason when the task demands a controller this node cannot enforce."""
+    lacking = [c for c in enforce if c in missing]
+    if not lacking:
+        return None
+    why = "; ".join(f"{c}: {missing[c]}" for c in lacking)
+    return f"EnforcementUnavailable: the task demands enforcement this node cannot give ({why})"

@@ -1,0 +1,195 @@
+"""The agent's side of the workload shim (`xhagent-shim`, native/shim.c): start one, read the
+records it leaves in the task's directory, and tell a live process from a reused pid.
+
+The shim is the workload's parent, so the workload's status survives the agent: a restarted
+agent reads `TASKDIR/started` and `TASKDIR/exit` instead of waiting on a child it no longer has.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from ...cgroups import Cgroup, Spawned
+
+SHIM = Path(__file__).resolve().parent / "xhagent-shim"
+DEFAULT_LOG_CAP = 16 << 20
+STARTED, EXIT = "started", "exit"
+
+
+class ShimError(OSError):
+    """The shim or its workload could not start; the message is the shim's own when it gave one."""
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+@dataclass(frozen=True)
+class ShimStarted:
+    shim_pid: int
+    shim_start_time: int
+    pid: int  # the workload
+    start_time: int  # its /proc/PID/stat field 22: with the pid, the pid-reuse guard
+    spawn_method: str
+    started_ns: int
+    # not in the record: the shim as the caller's child, from start_shim only
+    process: Spawned | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ShimExit:
+    """The workload's end (`exit_code` or `signal`), or why it never ran or is no longer
+    supervised (`error`, `errno`, `message`)."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    core_dumped: bool = False
+    ended_ns: int | None = None
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    error: str | None = None
+    errno: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ShimStatus:
+    started: ShimStarted | None
+    exit: ShimExit | None
+
+
+def shim_path() -> Path:
+    if not os.access(SHIM, os.X_OK):
+        raise FileNotFoundError(
+            errno.ENOENT, f"{SHIM}: the workload shim is missing; rebuild with make setup"
+        )
+    return SHIM
+
+
+def _record(task_dir: Path, name: str, kind: type) -> object | None:
+    path = task_dir / name
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(text)
+        known = {f.name for f in fields(kind)} - {"process"}
+        if not isinstance(data, dict) or not data or set(data) - known:
+            raise ValueError("not a record of the shim")
+        return kind(**data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: malformed shim record ({exc}): {text[:200]!r}") from None
+
+
+def read_status(task_dir: str | os.PathLike) -> ShimStatus:
+    """The records in `task_dir`; None for one not written (yet). The shim writes each whole
+    (rename after fsync), so a malformed one is corruption and raises ValueError."""
+    task_dir = Path(task_dir)
+    return ShimStatus(_record(task_dir, STARTED, ShimStarted), _record(task_dir, EXIT, ShimExit))
+
+
+def start_shim(
+    task_dir: str | os.PathLike,
+    task_group: Cgroup,
+    shim_group: Cgroup,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    log_cap: int = DEFAULT_LOG_CAP,
+    timeout: float = 5.0,
+    method: str | None = None,
+) -> ShimStarted:
+    """Start `argv` (no shell; PATH looked up in `env`) in `task_group` under a new shim in
+    `shim_group`, and wait up to `timeout` for the shim's `started` record.
+
+    `task_dir` must exist and hold no records yet. The workload gets `env`, stdin /dev/null,
+    stdout and stderr into `task_dir` (each capped at `log_cap` bytes). A workload that could
+    not start raises ShimError with the shim's message (`exec /bin/nope: No such file or
+    directory`), the shim reaped; so does a shim that says nothing within `timeout` (it is
+    killed; a workload it may have started stays in `task_group` for the caller to kill).
+
+    Reaping: the shim is the caller's child. Keep the returned `process` (a Spawned, with its
+    pidfd) and call its `wait()` or `poll()` once `exit` is written (the pidfd turns readable
+    when it ends). An agent that restarts has no such child: the shim was reparented and is
+    reaped by its new parent; the records and `process_alive` are all that is needed then.
+    """
+    task_dir = Path(task_dir)
+    for name in (STARTED, EXIT):
+        if (task_dir / name).exists():
+            raise ShimError(errno.EEXIST, f"{task_dir / name} exists: a task directory serves once")
+    cmd = [str(shim_path()), "--dir", str(task_dir), "--cgroup", str(task_group.path)]
+    cmd += ["--log-cap", str(int(log_cap))]
+    if cwd is not None:
+        cmd += ["--cwd", os.fspath(cwd)]
+    if (uid is None) != (gid is None):
+        raise ValueError("uid and gid go together")
+    if uid is not None:
+        cmd += ["--uid", str(int(uid)), "--gid", str(int(gid))]
+    if method is not None:
+        cmd += ["--method", method]
+    # The shim's stdout is a pipe it closes once its `started` record is written (or when it
+    # exits): the wait below wakes on that instead of polling the directory.
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        shim = shim_group.spawn(
+            [*cmd, "--", *argv], env=env, stdin=null, stdout=ready_w, stderr=null,
+            start_new_session=True,
+        )  # fmt: skip
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(null)
+        os.close(ready_w)
+    try:
+        return _await_started(shim, task_dir, ready_r, cmd[0], timeout)
+    finally:
+        os.close(ready_r)
+
+
+def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: float):
+    deadline = time.monotonic() + timeout
+    told = False  # the pipe closed: the records are final, poll them no more than a little
+    while True:
+        gone = shim.poll() is not None  # before the read: what it wrote before exiting is seen
+        status = read_status(task_dir)
+        if status.exit is not None and status.exit.error is not None:
+            shim.wait(timeout)
+            raise ShimError(status.exit.errno or errno.EIO, status.exit.message or "shim failed")
+        if status.started is not None:
+            return replace(status.started, process=shim)
+        if gone:
+            why = f"{shim_name} exited with {shim.returncode} and left no record in {task_dir}"
+            raise ShimError(errno.EIO, why)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            shim.kill()
+            shim.wait()
+            why = f"{shim_name} left no record in {task_dir} within {timeout:g}s (killed)"
+            raise ShimError(errno.ETIMEDOUT, why)
+        if told:
+            time.sleep(0.005)
+        elif select.select([ready], [], [], left)[0]:
+            told = os.read(ready, 64) == b""
+
+
+def process_alive(pid: int, start_time: int) -> bool:
+    """True only while `pid` is the process that started at `start_time` (field 22 of
+    /proc/PID/stat) and has not exited: a reused pid or a zombie is not it."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    rest = stat[stat.rindex(b")") + 2 :].split()  # the command may hold spaces and parentheses
+    return rest[0] not in (b"Z", b"X") and int(rest[19]) == start_time

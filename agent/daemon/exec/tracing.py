@@ -1,0 +1,180 @@
+"""Scheduler traces of the tasks that ask for one (`spec.trace: true`).
+
+Each attempt of such a task gets its own recording: the sched_trace BPF program filtered on
+the task's leaf (its processes and their descendants, by cgroup id), attached after the
+leaf is made and before the shim starts the workload, so its first event is in; streamed by
+C into `<run dir>/sched.xht.partial` and, when the leaf goes (exit, cancel, kill), finished
+and renamed `sched.xht` (fsynced): the file of `xhagent trace record`, for `trace export`,
+`stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S.
+
+At most MAX_RECORDINGS at once (each holds its own BPF programs and 16 MiB ring); a task
+beyond them, or on a node where BPF does not load, runs untraced and the reason is its
+event. After a kill -9 of the agent a recording is cut: its `.partial` file stays with the
+records of up to a second before (the trace tools read it, saying it did not finish), and
+the adopted task goes on untraced.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+MAX_RECORDINGS = 4  # each holds its own BPF programs and a 16 MiB ring buffer (kernel memory)
+POLL_S = 0.1
+FLUSH_EVERY = 10  # polls: the records C buffers reach the file at least once a second
+TRACE_FILE = "sched.xht"
+PARTIAL = ".partial"
+
+
+@dataclass
+class _Recording:
+    task_id: str
+    path: Path  # the finished file's
+    fd: int
+    st: object  # SchedTrace
+    sink: object  # RingSink
+    header: object  # trace.fmt.Header
+    started: float
+
+
+class TaskTracer:
+    """The recordings of the running tasks; begin() and end() from the agent's loop, the
+    drain in a thread of its own, collect() from the exporter's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: dict[str, _Recording] = {}
+        self._events = self._lost = self._done = 0  # of finished recordings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, task_id: str, leaf: Path, run_dir: Path) -> str | None:
+        """Start recording the leaf's processes into run_dir; None, or why it does not."""
+        from ...bpf.sched_trace import TRACEPOINTS, SchedTrace
+        from ...trace.fmt import write_header
+        from ...trace.recorder import new_header
+
+        with self._lock:
+            if len(self._live) >= MAX_RECORDINGS:
+                return f"{MAX_RECORDINGS} traces are recording already (the most at once)"
+        path = run_dir / TRACE_FILE
+        partial = path.with_name(path.name + PARTIAL)
+        try:
+            st = SchedTrace()
+        except Exception as exc:  # no BPF here (not root, no BTF, a refused load)
+            return f"the sched_trace BPF program does not load: {exc}"
+        fd = -1
+        try:
+            cgroup_id = st.filter_cgroup(str(leaf))
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+            header = new_header(
+                {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
+                st.flavour,
+                TRACEPOINTS,
+                task=task_id,
+            )
+            write_header(fd, header)
+            sink = st.start(fd, TRACEPOINTS)
+        except OSError as exc:
+            st.close()
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(partial)  # made just now, by this call
+            return f"{exc.filename or 'sched_trace'}: {exc.strerror or exc}"
+        rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic())
+        with self._lock:
+            self._live[task_id] = rec
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._drain, name="xhagent-traces", daemon=True
+                )
+                self._thread.start()
+        return None
+
+    def end(self, task_id: str) -> dict | None:
+        """Finish the task's recording, if it has one: {path, events, lost, seconds}."""
+        from ...trace.recorder import end_records
+
+        with self._lock:  # the drain thread must not poll a sink being freed
+            rec = self._live.pop(task_id, None)
+            if rec is None:
+                return None
+            elapsed = time.monotonic() - rec.started
+            try:
+                written, _, _ = end_records(rec.fd, rec.header, rec.sink, rec.st, elapsed)
+                os.fsync(rec.fd)
+            finally:
+                rec.st.close()
+                os.close(rec.fd)
+            os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
+            lost = rec.header.lost
+            self._events += written
+            self._lost += lost
+            self._done += 1
+        return {"path": str(rec.path), "events": written, "lost": lost, "seconds": elapsed}
+
+    def recording(self, task_id: str) -> bool:
+        with self._lock:
+            return task_id in self._live
+
+    def _drain(self) -> None:
+        ticks = 0
+        while not self._stop.wait(POLL_S):
+            ticks += 1
+            with self._lock:
+                for rec in self._live.values():
+                    try:
+                        rec.sink.poll(0)
+                        if ticks % FLUSH_EVERY == 0:  # on disk, should the agent be killed
+                            rec.sink.flush()
+                    except OSError:
+                        pass  # a full disk: counted as the sink's, seen again at end()
+                if not self._live:
+                    self._thread = None
+                    return
+
+    def close(self) -> None:
+        """The agent stops: recordings of running tasks are finished as they are (the
+        workloads go on untraced)."""
+        for task_id in list(self._live):
+            try:
+                self.end(task_id)
+            except OSError:
+                pass
+        self._stop.set()
+
+    def collect(self):
+        with self._lock:  # end() frees a recording's sink and maps under the same lock
+            events, lost, done, live = self._events, self._lost, self._done, len(self._live)
+            for rec in self._live.values():
+                written, buffered, foreign = rec.sink.stats()
+                events += written + buffered
+                lost += sum(rec.st.dropped_per_cpu()) + foreign
+        fams = (
+            (
+                CounterMetricFamily,
+                "xhagent_trace_events",
+                "Scheduler events of traced tasks recorded.",
+                events,
+            ),
+            (
+                CounterMetricFamily,
+                "xhagent_trace_lost_events",
+                "Scheduler events of traced tasks lost: a per-CPU ring buffer was full.",
+                lost,
+            ),
+            (GaugeMetricFamily, "xhagent_traces_recording", "Task traces recording now.", live),
+            (CounterMetricFamily, "xhagent_traces_finished", "Task traces finished.", done),
+        )
+        for kind, name, text, value in fams:
+            fam = kind(name, text)
+            fam.add_metric([], value)
+            yield fam
+
+    def describe(self):
+        return []

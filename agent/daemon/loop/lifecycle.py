@@ -1,0 +1,478 @@
+"""One task's way through the node, from its placement to its end: the one object that
+starts, supervises, finishes, evicts and releases tasks, and keeps their deadlines.
+
+`Lifecycle` owns what placed tasks hold: the placement state (`cluster`), the parsed spec of
+every task that holds a placement, the shims it supervises (each one's pidfd on the loop's
+`Wakeups`) and the deadline bookkeeping. Preemption, migration and recovery change a task
+only through its public methods. Its invariants, between two of its calls:
+
+- a task in Starting, Running or Frozen holds its placement in `cluster`; no other does;
+- a start is an intent in the store and a Starting record before its leaf exists; its
+  outcome (Running, or Failed) is committed once the shim answered;
+- a task leaf exists only for a task in Starting, Running or Frozen;
+- a missed deadline is reported once per task per run of the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from ...node_model import Node
+from ...policy.placement import Candidate
+from ...policy.state import Allocation, Cluster, GpuShare
+from ...policy.task import Deadline, Task
+from ..exec.executor import Executor, resolve_run_as
+from ..exec.leaf import DEFAULT_WEIGHT, LeafPlan, class_weights, plan_leaf
+from ..exec.shim import ShimStatus
+from ..store import BACKOFF, TERMINAL, HeldGpu, Placement, Store, TaskRecord, TaskState, WaitReason
+
+log = logging.getLogger("xhagent")
+
+
+def allocation_of(rec: TaskRecord) -> Allocation:
+    """What the task holds, as its record says: a frozen one keeps its memory, GPUs and TPU
+    chips, not its CPUs."""
+    placed = rec.placement
+    if placed is None:
+        return Allocation(rec.id, "", (), 0, ())
+    exclusive = placed.exclusive and rec.state != TaskState.FROZEN
+    shares = tuple(GpuShare(g.index, g.memory, g.whole) for g in placed.gpus)
+    return Allocation(
+        rec.id,
+        placed.node,
+        placed.cpus if exclusive else (),
+        placed.memory,
+        shares,
+        tpus=placed.tpus,
+    )
+
+
+def candidate_of(placement: Placement) -> Candidate:
+    """The candidate that would place a task again exactly where `placement` held it."""
+    shares = tuple(GpuShare(g.index, g.memory, g.whole) for g in placement.gpus)
+    cpus = placement.cpus if placement.exclusive else ()
+    return Candidate(placement.node, cpus, placement.memory, shares, 0.0, (), placement.tpus)
+
+
+def restarts(rec: TaskRecord) -> int:
+    """Restarts of its restart policy a task has had: its attempts after the first, but
+    for those that followed a preemption (killed and requeued: not a failure of its own)
+    or a migration (stopped to start on another device)."""
+    return max(0, rec.attempt - 1 - rec.preempted - rec.migrated)
+
+
+class Deadlines:
+    """When each task not yet ended is due (ns since the epoch), and which were reported."""
+
+    def __init__(self):
+        self._due: dict[str, int] = {}
+        self._reported: set[str] = set()
+
+    def note(self, task_id: str, due: int) -> None:
+        self._due.setdefault(task_id, due)  # one dict operation: safe from any thread
+
+    def forget(self, task_id: str) -> None:
+        self._due.pop(task_id, None)
+        self._reported.discard(task_id)
+
+    def overdue(self, now: int) -> tuple[list[tuple[str, int]], int | None]:
+        """The tasks past their deadline not yet reported, each marked reported now, and
+        the next time one falls due (None: none will)."""
+        late, upcoming = [], None
+        for task_id, due in list(self._due.items()):  # submissions add to it meanwhile
+            if task_id in self._reported:
+                continue
+            if now <= due:
+                upcoming = due if upcoming is None else min(upcoming, due)
+                continue
+            self._reported.add(task_id)
+            late.append((task_id, due))
+        return late, upcoming
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+
+@dataclass
+class Supervised:
+    shim_pid: int
+    pidfd: int | None  # readable when the shim exits; None: found by a full look
+    process: object | None = None  # our child's Spawned (reaped when it ends); None: adopted
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        node: Node,
+        parse_tasks: Callable[..., list[Task]],
+        classes: Callable[[], Mapping[str, tuple[int, int]]],
+        clock: Callable[[], int],
+        wakeups,
+    ):
+        self.store = store
+        self.executor = executor
+        self.node = node
+        self.clock = clock
+        self.cluster = Cluster.of([node])  # what every placed task holds
+        self.deadlines = Deadlines()
+        self._parse_tasks = parse_tasks  # (source, file name, classes or None) -> Tasks
+        self._classes = classes
+        self._wakeups = wakeups
+        self._specs: dict[str, Task] = {}  # of every task that holds a placement
+        self._supervised: dict[str, Supervised] = {}
+        self._ended: set[str] = set()  # shims that ended before they could be watched
+
+    # -- what is known of tasks ------------------------------------------------------------------
+    def spec(self, task_id: str) -> Task | None:
+        """The parsed spec of a task that holds a placement (or is being moved)."""
+        return self._specs.get(task_id)
+
+    def read_spec(self, rec: TaskRecord) -> Task:
+        """The task's spec: the one kept, else parsed again from its document."""
+        task = self._specs.get(rec.id)
+        if task is None:
+            task = self._parse_tasks(rec.source, rec.source_file, None)[rec.summary.document]
+        return task
+
+    def keep_spec(self, task_id: str, task: Task) -> None:
+        self._specs[task_id] = task
+
+    def hold(self, rec: TaskRecord) -> None:
+        """After a restart: `rec` holds its placement again, and its spec is kept."""
+        self._specs.setdefault(rec.id, self.read_spec(rec))
+        self.cluster.commit(allocation_of(rec))
+
+    def note_deadline(self, rec: TaskRecord, task: Task | None = None) -> None:
+        """Keep a task's deadline in mind: from `task`, else its record's summary, else (a
+        record an older version wrote) its document."""
+        if task is not None:
+            deadline = task.deadline
+        elif not rec.summary.legacy:
+            deadline = rec.summary.deadline and Deadline(*rec.summary.deadline)
+        else:
+            deadline = self.read_spec(rec).deadline
+        if deadline:
+            self.deadlines.note(rec.id, deadline.at(rec.created_ns))
+
+    def report_deadlines(self) -> None:
+        """A task still waiting or running past its deadline is an event, once per run of
+        the agent (a restart may say it again); the loop wakes for the next one due."""
+        now = self.clock()
+        late, upcoming = self.deadlines.overdue(now)
+        if upcoming is not None:
+            self._wakeups.at(upcoming + 1)
+        for task_id, due in late:
+            rec = self.store.get(task_id)
+            if rec is None or rec.state in TERMINAL:
+                self.deadlines.forget(task_id)
+                continue
+            self.store.add_event(
+                "DeadlineMissed",
+                f"{rec.state} {(now - due) / 1e6:.0f} ms past its deadline",
+                task_id=task_id,
+                detail={"deadline_ns": due, "state": rec.state.value},
+            )
+
+    def forget(self, task_id: str) -> None:
+        """The task ended: nothing of it stays in memory."""
+        self._specs.pop(task_id, None)
+        self.deadlines.forget(task_id)
+
+    # -- starting ---------------------------------------------------------------------------------
+    def leaf_plan(self, task: Task, cpus: Iterable[int]) -> LeafPlan:
+        """The limits of `task`'s leaf on `cpus`: its cpuset, memory and class weights."""
+        missing = dict(self.executor.missing)
+        try:
+            weights = class_weights(task.task_class, self._classes())
+        except KeyError as exc:  # its class was removed since it was submitted: said, not hidden
+            weights = (DEFAULT_WEIGHT, DEFAULT_WEIGHT)
+            for controller in ("cpu", "io"):
+                missing.setdefault(controller, f"{exc.args[0]}: the default weight applies")
+        cpus = tuple(cpus)
+        return plan_leaf(
+            cpus=cpus,
+            mems=self._mems_of(cpus),
+            memory=task.requests.memory,
+            weights=weights,
+            missing=missing,
+        )
+
+    def shared_cpus(self) -> tuple[int, ...]:
+        """The CPUs no task holds alone (all of them when every one is held)."""
+        held = {c for _, a in self.cluster.placed() for c in a.cpus}
+        cpus = self.node.allocatable_cpus
+        return tuple(c for c in cpus if c not in held) or cpus
+
+    def start(self, rec: TaskRecord, task: Task, placed: Candidate) -> TaskRecord:
+        """Pending -> Starting -> Running on `placed`; Failed (its placement given back) when
+        the workload cannot start. The record as it ends up."""
+        cpus = placed.cpus or self.shared_cpus()
+        plan = self.leaf_plan(task, cpus)
+        placement = Placement(
+            node=placed.node,
+            cpus=tuple(cpus),
+            exclusive=bool(placed.cpus),
+            memory=placed.memory,
+            gpus=tuple(
+                HeldGpu(g.index, g.memory, g.whole, self._gpu_uuid(g.index)) for g in placed.gpus
+            ),
+            tpus=tuple(placed.tpus),
+            unenforced=plan.unenforced,
+        )
+        self._specs[rec.id] = task
+        leaf = self.executor.leaf(rec.id)
+        with self.store.atomic():
+            intent = self.store.begin_intent(rec.id, "start", {"node": placed.node})
+            rec = self.store.transition(
+                rec.id,
+                TaskState.STARTING,
+                expect=TaskState.PENDING,
+                placement=placement,
+                cgroup=str(leaf.path),
+            )
+        self.cluster.commit(allocation_of(rec))
+        env = dict(task.env) | visible_devices(placement)
+        try:
+            uid, gid = resolve_run_as(task.user) if task.user else (None, None)
+            started = self.executor.start(
+                rec.id,
+                rec.attempt,
+                plan,
+                list(task.command or ()),
+                env,
+                task.working_dir,
+                uid,
+                gid,
+                trace=task.trace,
+            )
+        except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
+            self.release(rec.id)
+            with self.store.atomic():
+                rec = self.store.transition(
+                    rec.id, TaskState.FAILED, expect=TaskState.STARTING, error=str(exc)
+                )
+                self.store.finish_intent(intent, "failed")
+            self.forget(rec.id)
+            return rec
+        with self.store.atomic():
+            rec = self.store.transition(
+                rec.id,
+                TaskState.RUNNING,
+                expect=TaskState.STARTING,
+                started_ns=started.started_ns,
+            )
+            self.store.finish_intent(intent, "started")
+        self.supervise(rec.id, started.shim_pid, started.process)
+        return rec
+
+    # -- supervision ------------------------------------------------------------------------------
+    def supervise(self, task_id: str, shim_pid: int, process) -> None:
+        """Watch the shim's pidfd: our child's own (valid even once it is reaped, which
+        `start_shim` does for a workload that ended at once), else one opened by pid."""
+        pidfd = None
+        if process is not None and process.returncode is not None:
+            # start_shim reaped it: the workload ended at once, its records are final
+            self._ended_now(task_id)
+        else:
+            try:
+                if process is not None and process.pidfd is not None:
+                    pidfd = os.dup(process.pidfd)
+                else:
+                    pidfd = os.pidfd_open(shim_pid)
+                self._wakeups.watch(pidfd, task_id)
+            except ProcessLookupError:  # not our child, and gone already
+                self._ended_now(task_id)
+            except OSError:  # no pidfd (EMFILE...): found by the next full look
+                if pidfd is not None:
+                    os.close(pidfd)
+                    pidfd = None
+                self._wakeups.at(self.clock())
+        self._supervised[task_id] = Supervised(shim_pid, pidfd, process)
+
+    def _ended_now(self, task_id: str) -> None:
+        self._ended.add(task_id)
+        self._wakeups.at(self.clock())
+
+    def take_ended(self) -> set[str]:
+        """The tasks whose shims ended before they could be watched, since the last call."""
+        ended, self._ended = self._ended, set()
+        return ended
+
+    def shim_pid(self, task_id: str) -> int | None:
+        """The pid of the shim supervising `task_id`'s workload; None when none is."""
+        sup = self._supervised.get(task_id)
+        return sup.shim_pid if sup else None
+
+    def unwatched(self) -> bool:
+        """Whether a supervised shim has no pidfd (its end raises no event)."""
+        return any(sup.pidfd is None for sup in self._supervised.values())
+
+    def release(self, task_id: str) -> None:
+        """Give back what the task holds and stop supervising its shim (reaped when ours)."""
+        try:
+            self.cluster.release(task_id)
+        except KeyError:
+            pass
+        sup = self._supervised.pop(task_id, None)
+        if sup is None:
+            return
+        if sup.pidfd is not None:
+            self._wakeups.unwatch(sup.pidfd)
+            os.close(sup.pidfd)
+        if sup.process is not None:  # our child: reap it (it exits right after its record)
+            try:
+                sup.process.wait(timeout=2.0)
+            except Exception:
+                log.warning(
+                    "shim %d of task %s did not exit after its record", sup.shim_pid, task_id
+                )
+
+    # -- ending -----------------------------------------------------------------------------------
+    def collect_exits(self, exited: set[str] | None) -> None:
+        """Record the ends of Running tasks: of `exited` (their shims' pidfds said so), or,
+        with None, of every Running task (a full look). From the records, not from what is
+        supervised: an end that could not be committed (a full disk) is found again."""
+        if exited is None:
+            recs = list(self.store.each_task([TaskState.RUNNING]))
+        else:
+            got = (self.store.get(t) for t in exited)
+            recs = [r for r in got if r and r.state == TaskState.RUNNING]
+        for rec in recs:
+            status = self.executor.status(rec.id, rec.attempt)
+            if status.exit is not None:
+                self.finish(rec, status)
+            elif (exited is not None and rec.id in exited) or (
+                exited is None
+                and status.started is not None
+                and not self.executor.shim_alive(status.started)
+            ):
+                # the shim ended without its record (killed): nothing supervises the
+                # workload any more, and its pidfd would stay readable for ever
+                self.executor.kill(rec.id)
+                self.finish(rec, self.executor.status(rec.id, rec.attempt), lost=True)
+
+    def wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.executor.status(rec.id, rec.attempt)
+            if status.exit is not None or time.monotonic() > deadline:
+                return status
+            time.sleep(0.005)
+
+    def kill(self, rec: TaskRecord, timeout: float = 3.0) -> ShimStatus:
+        """SIGKILL the task's processes and wait (at most `timeout`) for its shim's record."""
+        self.executor.kill(rec.id)
+        return self.wait_exit(rec, timeout)
+
+    def finish(
+        self, rec: TaskRecord, status: ShimStatus, cancelled: bool = False, lost: bool = False
+    ) -> TaskRecord:
+        """Record how the workload ended, give back its placement and leaf, and queue it
+        again (BackOff) when its restart policy says so."""
+        ex = status.exit
+        if ex is None:
+            error = (
+                "the workload's supervisor (shim) ended without a record"
+                if lost
+                else "no exit status was recorded"
+            )
+        else:
+            error = ex.message
+        code = ex.exit_code if ex else None
+        oom = self.executor.oom_kills(rec.id)
+        self.release(rec.id)
+        self.executor.remove_leaf(rec.id)
+        fields = {"exit_code": code, "signal": ex.signal if ex else None, "error": error}
+        if oom:
+            fields["error"] = "OOMKilled: the task reached its memory.max"
+        task = self._specs.get(rec.id)
+        if cancelled:
+            state = TaskState.CANCELLED
+        elif code == 0 and not oom:
+            state = TaskState.SUCCEEDED
+        elif task is not None and may_restart(task, rec):
+            delay = task.restart_policy.delay_ns(restarts(rec))
+            reason = WaitReason(
+                BACKOFF,
+                "",
+                f"restart {restarts(rec) + 1} of {task.restart_policy.max_restarts} "
+                f"in {delay / 1e9:g}s",
+            )
+            return self.store.transition(
+                rec.id,
+                TaskState.PENDING,
+                expect=rec.state,
+                reasons=[reason],
+                ended_ns=self.clock(),
+                **fields,
+            )
+        else:
+            state = TaskState.FAILED
+        self.forget(rec.id)
+        return self.store.transition(rec.id, state, expect=rec.state, **fields)
+
+    def evict(
+        self,
+        rec: TaskRecord,
+        status: ShimStatus,
+        reason: WaitReason,
+        note: str,
+        *,
+        preempted: bool = False,
+        migrated: bool = False,
+        intent: tuple[int, str] | None = None,
+    ) -> TaskRecord:
+        """A stopped task back to Pending (not an end of its own: a preemption or a move),
+        its placement and leaf given back, the attempt's outcome kept; `intent` (id,
+        outcome) is finished in the same transaction."""
+        self.release(rec.id)
+        self.executor.remove_leaf(rec.id)
+        ex = status.exit
+        with self.store.atomic():
+            pending = self.store.transition(
+                rec.id,
+                TaskState.PENDING,
+                expect=rec.state,
+                reasons=[reason],
+                note=note,
+                preempted=rec.preempted + int(preempted),
+                migrated=rec.migrated + int(migrated),
+                exit_code=ex.exit_code if ex else None,
+                signal=ex.signal if ex else None,
+            )
+            if intent is not None:
+                self.store.finish_intent(*intent)
+        return pending
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _mems_of(self, cpus: Iterable[int]) -> list[int]:
+        want = set(cpus)
+        return [n.id for n in self.node.numa if want & set(n.cpus)]
+
+    def _gpu_uuid(self, index: int) -> str:
+        for g in self.node.gpus:
+            if g.index == index:
+                return getattr(g, "uuid", None) or str(index)
+        return str(index)
+
+
+def may_restart(task: Task, rec: TaskRecord) -> bool:
+    policy = task.restart_policy
+    return policy.policy == "OnFailure" and restarts(rec) < policy.max_restarts
+
+
+def visible_devices(placement: Placement) -> dict[str, str]:
+    """The environment that hands a task its GPUs and TPU chips."""
+    env = {}
+    if placement.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(placement.gpu_uuids)
+    if placement.tpus:
+        # the model numbers TPU chips 0..N-1 in accel-minor (PCI) order, as libtpu does
+        env["TPU_VISIBLE_CHIPS"] = ",".join(str(i) for i in sorted(placement.tpus))
+    return env

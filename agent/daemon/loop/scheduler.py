@@ -1,0 +1,343 @@
+"""The agent's scheduler loop: requests from the API, and the steps that take tasks from
+submission to their exit status.
+
+One `Scheduler` owns the loop; each task's way from placement to its end is its
+`Lifecycle`'s (lifecycle.py), preemption is preemption.py's, load-driven moves between
+devices migration.py's, the restart after a kill -9 recovery.py's. Every request that
+changes a task and every step runs under one lock, so there is a single writer; the
+invariants between steps are the lifecycle's.
+
+The loop wakes (wakeups.py) on a submission, a cancel, a policy change, a shim's exit (its
+pidfd) or the time something falls due; a step collects exits, thaws what may resume,
+starts what fits in the order of the tasks' standing (ranking.py: priority, then deadline)
+and keeps the rest Pending with a reason per node, runs the migration controller and
+reports missed deadlines. A step that raises is an internal error (faults.py): counted,
+logged when it starts and when it clears, and tried again a second later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from ... import heap
+from ...node_model import Node
+from ...policy.explanation import Explanation, explain
+from ...policy.placement import Demand, decide_demand
+from ...policy.policy import choose
+from ...policy.task import Deadline, Task
+from ..exec.executor import Executor
+from ..exec.leaf import CLASS_WEIGHTS, enforcement_reason
+from ..store import (
+    NEEDS_PLACEMENT,
+    TERMINAL,
+    Event,
+    Store,
+    TaskRecord,
+    TaskState,
+    TaskSummary,
+    WaitReason,
+)
+from .faults import Faults
+from .lifecycle import Lifecycle, restarts
+from .migration import MigrationController
+from .preemption import preempt_for, thaw_frozen
+from .ranking import Standing, order_key, standing
+from .recovery import recover
+from .submission import InvalidTask
+from .wakeups import Wakeups
+
+# The oldest Pending tasks a step looks at; the rest wait for a later step. Only these are
+# held parsed, so the agent's memory does not grow with the backlog.
+MAX_PENDING_SCAN = 1000
+# A start takes milliseconds: a step starting a thousand tasks would leave exits, cancels
+# and API calls waiting seconds behind it.
+MAX_STARTS_PER_STEP = 16
+FULL_LOOK_S = 1.0  # under load, how often tasks whose shim has no pidfd are looked at
+STEP = "scheduler_step"  # where the loop's internal errors are counted
+
+
+class RequestRefused(RuntimeError):
+    """The request is valid but cannot be done (a task that already ended, ...)."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        node: Node,
+        parse_tasks: Callable[..., list[Task]],
+        policies: Callable[[], list],
+        classes: Callable[[], Mapping[str, tuple[int, int]]] = lambda: dict(CLASS_WEIGHTS),
+        clock: Callable[[], int] = time.time_ns,
+        faults: Faults | None = None,
+    ):
+        self.store = store
+        self.executor = executor
+        self.node = node
+        self.policies = policies  # the SchedulingPolicies in force now
+        self.clock = clock
+        self.faults = faults or Faults()
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # notified after every change
+        self.wakeups = Wakeups(clock)
+        # (source, file name, classes or None) -> Tasks; InvalidTask when bad
+        self._parse_tasks = parse_tasks
+        self._classes = classes  # task class -> (cpu.weight, io.weight), in force now
+        self.lifecycle = Lifecycle(store, executor, node, parse_tasks, classes, clock, self.wakeups)
+        self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
+        # The Pending tasks the last step looked at, parsed; the rest are read again when
+        # their turn comes.
+        self._window: dict[str, Task] = {}
+        self._stopping = False
+        self._worked = False  # something happened since the heap was last trimmed
+        self._last_full = 0.0  # monotonic time of the last look at every running task
+
+    # -- requests (any thread) ----------------------------------------------------------------
+    def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
+        """Parse and commit; the loop places them. Not under the lock: the store serialises
+        its writers, and a submission must not wait for a step that is starting tasks."""
+        tasks = self._parse_tasks(source, file_name, self._classes())
+        out = []
+        with self.store.atomic():  # all of a file's tasks, or none
+            for i, task in enumerate(tasks):
+                out.append(
+                    self.store.submit(
+                        name=task.name,
+                        kind="Task",
+                        source=source,
+                        source_file=file_name,
+                        summary=summary_of(i, task),
+                        idempotency_key=f"{key}#{i}" if key else None,
+                    )
+                )
+        for rec, task in zip(out, tasks, strict=True):
+            if rec.state not in TERMINAL:
+                self.lifecycle.note_deadline(rec, task)
+        self.wakeups.wake()
+        return out
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        return self.store.get(task_id)
+
+    def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
+        wanted = [TaskState(s) for s in states] or (
+            None if all_ else [s for s in TaskState if s not in TERMINAL]
+        )
+        return self.store.list_tasks(wanted, limit=min(limit, 1000))
+
+    def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
+        """Each task's priority and deciding policy as scheduling uses them now."""
+        policies = self.policies()
+        out = []
+        for rec in recs:
+            s = rec.summary
+            own, labels, deadline = s.priority, s.labels, s.deadline
+            if s.legacy:  # a record an older xhagent wrote: its document says
+                try:
+                    task = self._parsed(rec)
+                except InvalidTask:
+                    task = None
+                if task is not None:
+                    own, labels = task.priority, task.label_map
+                    deadline = (task.deadline.ns, task.deadline.relative) if task.deadline else None
+            due = Deadline(*deadline).at(rec.created_ns) if deadline else None
+            out.append(standing(own, labels, due, policies))
+        return out
+
+    def ended(self, task_id: str) -> bool:
+        rec = self.get(task_id)
+        return rec is None or rec.state in TERMINAL
+
+    def cancel(self, task_id: str) -> TaskRecord:
+        with self.lock:
+            rec = self.store.get(task_id)
+            if rec is None:
+                raise KeyError(task_id)
+            if rec.state in TERMINAL:
+                raise RequestRefused(f"task {task_id} already ended ({rec.state})")
+            if rec.state in NEEDS_PLACEMENT:
+                intent = self.store.begin_intent(task_id, "kill")
+                rec = self.lifecycle.finish(rec, self.lifecycle.kill(rec), cancelled=True)
+                self.store.finish_intent(intent, "killed")
+            else:
+                rec = self.store.transition(task_id, TaskState.CANCELLED, expect=TaskState.PENDING)
+                self._forget(task_id)
+            self.changed.notify_all()
+            return rec
+
+    def explain(self, task_id: str) -> Explanation:
+        with self.lock:
+            rec = self.store.get(task_id)
+            if rec is None:
+                raise KeyError(task_id)
+            task = self._parsed(rec)
+            return explain(replace(task, name=task_id), self.policies(), self.lifecycle.cluster)
+
+    def last_seq(self) -> int:
+        with self.lock:
+            return self.store.last_event_seq()
+
+    def wait_events(self, since: int, task_id: str | None, timeout: float) -> list[Event]:
+        """Events after `since`, waiting up to `timeout` for the first."""
+        with self.lock:
+            events = self.store.events(since, task_id=task_id, limit=1000)
+            if not events and timeout > 0:
+                self.changed.wait(timeout)
+                events = self.store.events(since, task_id=task_id, limit=1000)
+            return events
+
+    def wait_change(self, timeout: float) -> None:
+        with self.lock:
+            self.changed.wait(timeout)
+
+    def wake(self) -> None:
+        """Something changed outside the loop (a policy): a step looks at it."""
+        self.wakeups.wake()
+
+    # -- restart ------------------------------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        """See recovery.recover."""
+        with self.lock:
+            return recover(self.lifecycle, self.migration)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping = True
+        self.wakeups.wake()
+
+    def run(self) -> None:
+        """Step until `stop()`.
+
+        Idle, the loop sleeps: it wakes for a request, a shim's exit (its pidfd), the next
+        time something is due (a backoff, a deadline), and at the latest every SAFETY_S (a
+        wake-up costs ~10 ms of CPU on a cold virtual CPU; a poll every second was 2-4%)."""
+        timeout, failed = 0.0, True  # the first step looks at everything
+        while not self._stopping:
+            woken = self.wakeups.wait(timeout)
+            if self._stopping:
+                return
+            # a shim's pidfd says which task ended; with no event at all (the safety
+            # timeout) every running task is looked at, and at least every FULL_LOOK_S
+            # while a supervised task has no pidfd (its end has no event)
+            full = failed or not woken.anything or self._unwatched_due()
+            try:
+                self.step(None if full else set(woken.exited))
+            except Exception as exc:  # the agent's own fault: a user's never gets here
+                self.faults.failed(STEP, exc)
+                timeout, failed = 1.0, True  # and then a look at everything again
+                continue
+            self.faults.cleared(STEP)
+            failed = False
+            timeout = self.wakeups.timeout()
+            if woken.anything:
+                self._worked = True
+            elif self._worked:  # a quiet SAFETY_S after work: give its memory back
+                self._worked = False
+                heap.trim()
+
+    def close(self) -> None:
+        """After the loop ended: its file descriptors."""
+        self.wakeups.close()
+
+    def _unwatched_due(self) -> bool:
+        return time.monotonic() - self._last_full >= FULL_LOOK_S and self.lifecycle.unwatched()
+
+    def step(self, exited: set[str] | None = None) -> None:
+        """One round: `exited` names the tasks whose shims ended (None: look at all)."""
+        self.wakeups.clear_due()
+        ended = self.lifecycle.take_ended()
+        if exited is None:
+            self._last_full = time.monotonic()
+        else:
+            exited = exited | ended
+        with self.lock:
+            self.lifecycle.collect_exits(exited)
+            thaw_frozen(self.lifecycle, self.policies())
+            self._place_pending()
+            self.migration.round()
+            self.lifecycle.report_deadlines()
+            self.changed.notify_all()
+
+    # -- placement --------------------------------------------------------------------------------
+    def _place_pending(self) -> None:
+        now = self.clock()
+        policies = self.policies()
+        pending = self.store.list_tasks([TaskState.PENDING], limit=MAX_PENDING_SCAN)
+        keyed, window = [], {}
+        for rec in pending:
+            try:
+                task = window[rec.id] = self._parsed(rec)
+            except InvalidTask as exc:  # a document this version no longer reads
+                self.store.transition(
+                    rec.id, TaskState.FAILED, expect=TaskState.PENDING, error=str(exc)
+                )
+                self._forget(rec.id)
+                continue
+            keyed.append((order_key(rec.id, task, rec.created_ns, policies), rec, task))
+        self._window = window
+        started = 0
+        for _, rec, task in sorted(keyed, key=lambda k: k[0]):
+            if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
+                self.wakeups.at(now)
+                break
+            if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
+                continue  # (busy: between a migration's stop and restart, its hook running)
+            why = enforcement_reason(task.enforce, self.executor.missing)
+            if why:
+                self._keep_pending(rec, [WaitReason("EnforcementUnavailable", self.node.name, why)])
+                continue
+            demand = Demand.of(task, choose(policies, task.label_map))
+            if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
+                demand = replace(demand, cpus=0)
+            decision = decide_demand(rec.id, demand, self.lifecycle.cluster)
+            placed = decision.placed or preempt_for(self.lifecycle, rec, task, demand, policies)
+            if placed is None:
+                reasons = [WaitReason(r.kind, r.node, str(r)) for r in decision.reasons]
+                self._keep_pending(rec, reasons)
+            else:
+                self.lifecycle.start(rec, task, placed)
+                started += 1
+
+    def _backoff_over(self, task: Task, rec: TaskRecord, now: int) -> bool:
+        if rec.attempt == 0 or rec.ended_ns is None:
+            return True
+        ready = rec.ended_ns + task.restart_policy.delay_ns(restarts(rec))
+        if now < ready:
+            self.wakeups.at(ready)
+            return False
+        return True
+
+    def _keep_pending(self, rec: TaskRecord, reasons: list[WaitReason]) -> None:
+        if list(rec.reasons) != reasons:
+            self.store.transition(
+                rec.id, TaskState.PENDING, expect=TaskState.PENDING, reasons=reasons
+            )
+
+    def _parsed(self, rec: TaskRecord) -> Task:
+        """The task's spec: kept while it holds a placement or was in the last step's
+        window, else read again from its document."""
+        return self._window.get(rec.id) or self.lifecycle.read_spec(rec)
+
+    def _forget(self, task_id: str) -> None:
+        self._window.pop(task_id, None)
+        self.lifecycle.forget(task_id)
+
+
+def summary_of(document: int, task: Task) -> TaskSummary:
+    """What the store keeps of a task beside its document."""
+    return TaskSummary(
+        document=document,
+        task_class=task.task_class,
+        priority=task.priority,
+        device_type=task.device_type,
+        labels=dict(task.labels),
+        # [ns, relative]: a restart knows every deadline without parsing every document
+        deadline=(task.deadline.ns, task.deadline.relative) if task.deadline else None,
+    )
+
+
+__all__ = ["RequestRefused", "Scheduler", "summary_of"]

@@ -1,0 +1,40 @@
+"""What `submit` accepts: Task documents that can run here, every error located."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ...policy.task import Task, parse_task
+from ...spec import ErrorList, SpecError, load_text
+
+
+class InvalidTask(ValueError):
+    """A submission the agent refuses: the message is located (FILE:LINE:COL)."""
+
+
+def parse_submission(
+    source: str, file_name: str, classes: Collection[str] | None = None
+) -> list[Task]:
+    """The Tasks of `source`; InvalidTask with every FILE:LINE:COL error of it. A task to run
+    needs `spec.command` and, when `classes` is given (a new submission; not when a stored
+    one is read again), a class the agent defines."""
+    try:
+        docs = [d for d in load_text(source, file_name) if d.value is not None]
+        if not docs:
+            raise SpecError(file_name, 1, 1, "empty: expected one or more Task documents")
+        errors, tasks = ErrorList(), []
+        for doc in docs:
+            with errors.collecting():
+                doc.root.mapping(required={"kind"})["kind"].str(["Task"])
+                task = parse_task(doc, require_command=True)
+                if classes is not None and task.task_class not in classes:
+                    raise doc.error(
+                        ("spec", "class"),
+                        f"spec.class: {task.task_class!r} is not a class this agent defines "
+                        f"({', '.join(sorted(classes))})",
+                    )
+                tasks.append(task)
+        errors.raise_if_any()
+        return tasks
+    except SpecError as exc:
+        raise InvalidTask(str(exc)) from None

@@ -1,0 +1,224 @@
+"""`xhagent run`: the agent daemon in the foreground, its settings from the flags and
+agent.yaml, its readiness told to systemd."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from ..cliparams import FiniteFloat
+from .api.cli import fail, socket_option
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Agent config (nodeName, labels, reservedCpus) "
+    "[default: /etc/xhagent/agent.yaml when it exists].",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where tasks, events and outputs are kept [default: /var/lib/xhagent as "
+    "root, else $XDG_STATE_HOME/xhagent].",
+)
+@socket_option
+@click.option(
+    "--policies-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="SchedulingPolicy and CgroupPolicy files, watched [default: /etc/xhagent/policies.d].",
+)
+@click.option(
+    "--subtree",
+    default=None,
+    help="The agent's cgroup subtree, relative to the cgroup2 root; one its manager marked "
+    "delegated (a unit with Delegate=) gets a leaf for that unit's own processes [default: "
+    "discovered: the delegated systemd unit cgroup, else xhagent.slice].",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="One line per event, as text or JSON.",
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1:9464",
+    show_default=True,
+    help="Where Prometheus scrapes /metrics (HOST:PORT; port 0: any free one); off: none.",
+)
+@click.option(
+    "--debug-endpoints",
+    type=click.Choice(["off", "on", "heap"]),
+    default="off",
+    show_default=True,
+    help="Serve /debug/stacks, /debug/profile?seconds=N and /debug/heap on the metrics "
+    "address; heap also traces allocations (costs memory and time).",
+)
+@click.option(
+    "--pool",
+    "pool_cpus",
+    default=None,
+    metavar="off|auto|CPULIST",
+    help="Host a runtime worker pool for other processes' Python work (`agent_pool()`): "
+    "auto: every CPU the agent may use but the reserved ones; or a cpu list such as 2-7 "
+    "[default: agent.yaml's pool:, else off].",
+)
+@click.option(
+    "--pool-slice-ms",
+    type=FiniteFloat(0, 10_000, lo_open=False, unit=" ms"),
+    default=None,
+    help="The pool's preemption time slice, 0..10000 (0: none) [default: agent.yaml's, else 10].",
+)
+def run(
+    config_path,
+    state_dir,
+    socket_path,
+    policies_dir,
+    subtree,
+    log_format,
+    metrics_addr,
+    debug_endpoints,
+    pool_cpus,
+    pool_slice_ms,
+) -> None:
+    """Run the agent in the foreground: take tasks, run them in cgroup leaves, serve the API."""
+    from ..config import ConfigError, check_reserved, load_config
+    from ..inventory import build_model, discover_node
+    from ..metrics.exporter import parse_addr
+    from .api.transport import BindError, resolve_socket
+    from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
+    from .notify import notify_ready, notify_stopping
+    from .store import StoreError
+
+    _logging(log_format)
+    # systemd's $NOTIFY_SOCKET is the agent's alone (sd_notify's unset_environment): taken out
+    # of the environment so no child (shim, workload, helper) inherits and misuses it.
+    manager = {"NOTIFY_SOCKET": os.environ.pop("NOTIFY_SOCKET", "")}
+    try:
+        metrics = None if metrics_addr == "off" else parse_addr(metrics_addr)
+    except ValueError as exc:
+        fail(f"--metrics-addr: {exc}", 2)
+    if metrics is None and debug_endpoints != "off":
+        fail("--debug-endpoints: they are served on the metrics address, which is off", 2)
+    try:
+        config = load_config(config_path)
+        inv = discover_node(config=config)
+        check_reserved(config, [c.id for c in inv.cpu.cpus])
+        node = build_model(inv)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    try:
+        pool = pool_settings(config.pool, pool_cpus, pool_slice_ms)
+        if pool is not None:  # refused here, before the state dir or the subtree is touched
+            from .exec.pooling import pool_cpus as resolve_pool
+
+            resolve_pool(pool, node.reserved_cpus)
+    except ValueError as exc:
+        fail(str(exc), 2)
+    policies_dir = policies_dir or config.policies_dir
+    if policies_dir is None and DEFAULT_POLICIES.is_dir():
+        policies_dir = DEFAULT_POLICIES
+    settings = Settings(
+        state_dir=state_dir or config.state_dir or default_state_dir(),
+        socket=resolve_socket(socket_path or (str(config.socket) if config.socket else None)),
+        policies_dir=policies_dir,
+        node=node,
+        subtree=subtree or config.subtree,
+        log_cap=config.log_cap or DEFAULT_LOG_CAP,
+        metrics_addr=metrics,
+        debug_endpoints=debug_endpoints != "off",
+        pool=pool,
+    )
+    if debug_endpoints == "heap":
+        import tracemalloc
+
+        tracemalloc.start(25)
+    daemon = Daemon(settings)
+    try:
+        daemon.start()
+    except (StoreError, BindError, OSError, ValueError) as exc:
+        fail(f"cannot start: {exc}")
+    metrics_note = f", metrics at {daemon.exporter.url}" if daemon.exporter else ""
+    click.echo(
+        f"xhagent: serving on unix:{settings.socket} (state in {settings.state_dir}"
+        f"{metrics_note}); stop with SIGTERM or Ctrl-C",
+        err=True,
+    )
+    # READY=1 only now: start() settled the subtree, recovered the tasks and bound the
+    # socket, so `systemctl start` (Type=notify) returns to a client that finds it serving.
+    try:
+        notify_ready(f"serving on unix:{settings.socket}", manager)
+    except OSError as exc:  # the unit waits for it: failing is better than a start timeout
+        daemon.close()
+        fail(f"cannot tell the service manager it is ready ({manager['NOTIFY_SOCKET']}): {exc}")
+    try:
+        daemon.serve_forever()
+    finally:
+        try:
+            notify_stopping(manager)
+        except OSError as exc:  # stopping anyway; the manager sees the exit
+            logging.getLogger("xhagent").warning("STOPPING=1 not delivered: %s", exc)
+        daemon.close()
+
+
+def pool_settings(config, cpus: str | None, slice_ms: float | None):
+    """agent.yaml's pool (a PoolConfig or None) with --pool and --pool-slice-ms over it."""
+    from ..config import PoolConfig
+    from ..cpulist import parse_cpulist
+
+    if cpus == "off":
+        if slice_ms is not None:
+            raise ValueError("--pool-slice-ms is for a pool, and --pool is off")
+        return None
+    if cpus is None and config is None:
+        if slice_ms is not None:
+            raise ValueError("--pool-slice-ms is for a pool: name one with --pool or pool:")
+        return None
+    pool = config or PoolConfig(at="--pool")
+    if cpus is not None:
+        try:
+            wanted = None if cpus == "auto" else tuple(sorted(set(parse_cpulist(cpus))))
+        except ValueError as exc:
+            raise ValueError(f"--pool {cpus!r}: {exc} (off, auto or a cpu list)") from None
+        if wanted == ():
+            raise ValueError("--pool: no CPU named (auto: all the agent may use)")
+        pool = replace(pool, cpus=wanted, at="--pool")
+    if slice_ms is not None:
+        pool = replace(pool, slice_ms=slice_ms)
+    return pool
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {
+                "ts": record.created,
+                "level": record.levelname.lower(),
+                "message": record.getMessage(),
+            }
+        )
+
+
+def _logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(message)s")
+    )
+    root = logging.getLogger("xhagent")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

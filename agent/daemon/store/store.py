@@ -1,0 +1,589 @@
+"""The agent's durable state: tasks, events, policy versions and intents in one SQLite file.
+
+    store = Store.open(Path("/var/lib/xhagent"))
+    task = store.submit(name="infer-1", kind="gpu", source=text, source_file="t.yaml",
+                        spec=spec, idempotency_key=key)
+    with store.atomic():                     # intent, committed before it is acted on
+        store.transition(task.id, TaskState.STARTING, expect=TaskState.PENDING, placement=p)
+        intent = store.begin_intent(task.id, "start", {"cgroup": leaf})
+    ...start the shim...                     # effect
+    with store.atomic():                     # outcome
+        store.finish_intent(intent, "ok")
+        store.transition(task.id, TaskState.RUNNING, expect=TaskState.STARTING, cgroup=leaf)
+
+After a restart, `open_intents()` is what was begun and not known to be finished: the agent
+completes or rolls back each one from what the kernel shows (the leaf, its processes).
+
+One agent per state dir: an exclusive flock on `STATE_DIR/lock` (the holder's pid inside),
+dropped by the kernel however the holder exits. Every method is one transaction; `atomic()`
+makes several one. A file that is not ours, fails its quick check or comes from a newer
+xhagent is refused and left as it is. When the disk is full the transaction is rolled back
+and `StoreFull` raised: nothing committed before is lost and the next call works once there
+is space again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import schema
+from .checks import (
+    ACTIONS,
+    DB_NAME,
+    KEEP_EVENTS,
+    KEEP_INTENTS,
+    MAX_ACTIVE_POLICIES,
+    MAX_DOCUMENT,
+    MAX_EVENTS_PAGE,
+    MAX_NAME,
+    MAX_PAGE_BYTES,
+    MAX_SHORT,
+    MAX_TASKS_PAGE,
+    Conflict,
+    NotFound,
+    StoreError,
+    StoreFull,
+    existing_version,
+    field_values,
+    format_task_id,
+    json_text,
+    lock_state_dir,
+    parse_task_id,
+    reasons_of,
+    store_error,
+    text,
+)
+from .records import Event, Intent, Placement, PolicyRecord, TaskRecord, TaskSummary, WaitReason
+from .states import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
+
+log = logging.getLogger("xhagent")
+
+__all__ = [
+    "ACTIONS",
+    "Conflict",
+    "Event",
+    "Intent",
+    "NotFound",
+    "Placement",
+    "PolicyRecord",
+    "Store",
+    "StoreError",
+    "StoreFull",
+    "TaskRecord",
+    "TaskSummary",
+    "WaitReason",
+    "format_task_id",
+    "parse_task_id",
+]
+
+
+class Store:
+    """Open with `Store.open(state_dir)`; `close()` (or `with`) releases the file and lock."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        conn: sqlite3.Connection,
+        lock_fd: int,
+        *,
+        keep_events: int = KEEP_EVENTS,
+        keep_intents: int = KEEP_INTENTS,
+        clock: Callable[[], int] | None = None,
+    ):
+        if keep_events < 1 or keep_intents < 1:
+            raise ValueError("keep_events and keep_intents must be at least 1")
+        self.state_dir, self.path = state_dir, state_dir / DB_NAME
+        self._conn: sqlite3.Connection | None = conn
+        self._lock_fd = lock_fd
+        self._clock: Callable[[], int] = clock or time.time_ns
+        self.keep_events, self.keep_intents = keep_events, keep_intents
+        self._mutex = threading.RLock()  # the daemon's threads share one connection
+        self._depth = 0
+        self._doomed = False  # a statement failed inside atomic(): only a rollback is left
+        # Observers of what was committed (metrics): called with [(event, task record or
+        # None)] after each commit, in commit order, by the committing thread.
+        self.on_commit: Callable[[list[tuple[Event, TaskRecord | None]]], None] | None = None
+        self._written: list[tuple[Event, TaskRecord | None]] = []
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: Path,
+        *,
+        keep_events: int = KEEP_EVENTS,
+        keep_intents: int = KEEP_INTENTS,
+        clock: Callable[[], int] | None = None,
+    ) -> Store:
+        state_dir = Path(state_dir)
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"state dir {state_dir}: {exc.strerror}") from None
+        fd = lock_state_dir(state_dir)
+        db = state_dir / DB_NAME
+        conn = None
+        try:
+            version = existing_version(db)
+            conn = sqlite3.connect(db, timeout=10.0, isolation_level=None, check_same_thread=False)
+            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+                raise StoreError(f"{db}: this file system cannot hold a WAL-mode database")
+            # FULL: WAL's NORMAL survives kill -9 (the OS has the write), but power loss
+            # could undo the last commits, and a submission acknowledged must outlive that.
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            # Each commit appends ~10 pages to the WAL, and the default checkpoint waits for
+            # 1000 (4 MiB): a small state dir would fill with stale copies of pages long
+            # before the data itself fills it. Checkpoint every 64 pages, and give a WAL
+            # that a big transaction grew back down to 1 MiB after it.
+            conn.execute("PRAGMA wal_autocheckpoint = 64")
+            conn.execute(f"PRAGMA journal_size_limit = {1 << 20}")
+            # 1 MiB of page cache (SQLite's default is 2 MiB): the hot rows are few (the
+            # tasks not yet ended), and the daemon's resident size is a figure it is held to
+            conn.execute("PRAGMA cache_size = -1024")
+            schema.migrate(conn, version)
+            return cls(
+                state_dir, conn, fd, clock=clock, keep_events=keep_events, keep_intents=keep_intents
+            )
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            os.close(fd)
+            if isinstance(exc, sqlite3.Error):
+                raise store_error(exc, db, state_dir, "opening the state database") from None
+            raise
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+                os.close(self._lock_fd)  # drops the flock: the next agent may start
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction for every method called inside: all of it is committed, or
+        none of it when anything raises."""
+        with self._tx("update"):
+            yield
+
+    @contextmanager
+    def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            if self._depth:
+                # SQLite may end the whole transaction on an error (SQLITE_FULL does): a
+                # caller that caught it inside atomic() must not go on in autocommit mode.
+                if self._doomed:
+                    raise StoreError(f"{self.path}: {what}: an earlier error ended this update")
+                self._depth += 1
+                try:
+                    yield conn
+                except sqlite3.Error as exc:
+                    self._doomed = True
+                    raise store_error(exc, self.path, self.state_dir, what) from None
+                finally:
+                    self._depth -= 1
+                return
+            self._depth, self._doomed = 1, False
+            self._written = []
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                if self._doomed:
+                    raise StoreError(f"{self.path}: {what}: an error inside ended this update")
+                conn.execute("COMMIT")
+                self._tell(self._written)
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the connection drops the transaction when it cannot go on
+                if isinstance(exc, sqlite3.Error):
+                    raise store_error(exc, self.path, self.state_dir, what) from None
+                raise
+            finally:
+                self._depth, self._doomed, self._written = 0, False, []
+
+    def _tell(self, written: list) -> None:
+        if written and self.on_commit is not None:
+            try:
+                self.on_commit(written)
+            except Exception:  # an observer's fault is not the store's: the commit stands
+                log.exception("store: an on_commit observer failed")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._mutex:
+            if self._conn is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise store_error(exc, self.path, self.state_dir, "reading") from None
+
+    def _event(self, c: sqlite3.Connection, task_id, kind, message, detail=None, now=None) -> Event:
+        now = now or self._clock()
+        if detail is not None and not isinstance(detail, Mapping):
+            raise StoreError(f"event detail must be a mapping, not {type(detail).__name__}")
+        message = text(message, "event message", MAX_SHORT, cut=True, empty=True)
+        args = (now, task_id, text(kind, "event kind", MAX_NAME), message)
+        cur = c.execute(
+            "INSERT INTO events (ts_ns, task_id, kind, message, detail) VALUES (?, ?, ?, ?, ?)",
+            (*args, json_text(detail or {}, "event detail")),
+        )
+        seq = cur.lastrowid
+        event = Event(seq, *args, detail or {})
+        self._written.append((event, None))
+        # Pruning every 1% of the window keeps each insert's cost flat: the window may
+        # hold up to 1% more than keep_events between two prunes.
+        if seq > self.keep_events and seq % max(1, min(1000, self.keep_events // 100)) == 0:
+            c.execute("DELETE FROM events WHERE seq <= ?", (seq - self.keep_events,))
+        return event
+
+    def _task(self, c: sqlite3.Connection, task_id: str) -> TaskRecord | None:
+        row = c.execute(
+            f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+        ).fetchone()
+        return None if row is None else TaskRecord.from_row(row)
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        name: str,
+        kind: str,
+        source: str,
+        source_file: str,
+        summary: TaskSummary,
+        idempotency_key: str | None = None,
+        reasons: Collection[WaitReason] = (),
+    ) -> TaskRecord:
+        """A new Pending task and its Submitted event. The same idempotency key again gets
+        the task it first made (a client retrying after a lost reply), or Conflict when it
+        comes with another document."""
+        name = text(name, "task name", MAX_NAME)
+        row = (
+            name,
+            text(kind, "task kind", MAX_NAME),
+            text(source, f"task {name}: its document", MAX_DOCUMENT),
+            text(source_file, "task file name", MAX_SHORT, cut=True),
+            json_text(summary.to_json(), f"task {name}: its summary", MAX_DOCUMENT),
+            json_text(reasons_of(reasons), "reasons"),
+        )
+        if idempotency_key is not None:
+            idempotency_key = text(idempotency_key, "idempotency key", MAX_NAME)
+        with self._tx(f"submitting task {name}") as c:
+            if idempotency_key is not None:
+                got = c.execute(
+                    f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE idempotency_key = ?",
+                    (idempotency_key,),
+                ).fetchone()
+                if got is not None:
+                    task = TaskRecord.from_row(got)
+                    if task.source != source:
+                        raise Conflict(
+                            f"idempotency key {idempotency_key!r} was used for task {task.id} "
+                            "with another document"
+                        )
+                    return task
+            last = c.execute("SELECT seq FROM sqlite_sequence WHERE name = 'tasks'").fetchone()
+            seq = (last[0] if last else 0) + 1
+            task_id, now = format_task_id(seq), self._clock()
+            c.execute(
+                "INSERT INTO tasks (seq, id, name, kind, source, source_file, spec, reasons, "
+                "state, created_ns, updated_ns, idempotency_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (seq, task_id, *row, TaskState.PENDING.value, now, now, idempotency_key),
+            )
+            self._event(c, task_id, "Submitted", f"{name} from {row[3]}", now=now)
+            return self._task(c, task_id)
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        with self._read() as c:
+            return self._task(c, task_id)
+
+    def list_tasks(
+        self,
+        states: Collection[TaskState] | None = None,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Tasks in submission order, after the id `after`: at most `limit` (at most
+        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id."""
+        try:
+            where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
+        if states is not None:
+            states = [TaskState(s).value for s in states]
+            where.append(f"state IN ({', '.join('?' * len(states))})")
+            args += states
+        limit = max(1, min(limit, MAX_TASKS_PAGE))
+        out, size = [], 0
+        with self._read() as c:
+            for row in c.execute(
+                f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE {' AND '.join(where)} "
+                "ORDER BY seq LIMIT ?",
+                (*args, limit),
+            ):
+                task = TaskRecord.from_row(row)
+                size += len(task.source) + len(row[-1])
+                if out and size > MAX_PAGE_BYTES:
+                    break
+                out.append(task)
+        return out
+
+    def each_task(self, states: Collection[TaskState]) -> Iterator[TaskRecord]:
+        """Every task in `states`, in submission order, read a page at a time."""
+        after = None
+        while True:
+            page = self.list_tasks(states, after=after, limit=MAX_TASKS_PAGE)
+            yield from page
+            if len(page) < MAX_TASKS_PAGE:
+                return
+            after = page[-1].id
+
+    def census(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """(tasks by (state, class), Pending tasks by the kind of their reasons): metrics."""
+        with self._read() as c:
+            by_state = {
+                (state, cls or ""): n
+                for state, cls, n in c.execute(
+                    "SELECT state, json_extract(spec, '$.class'), count(*) FROM tasks GROUP BY 1, 2"
+                )
+            }
+            pending = dict(
+                c.execute(
+                    "SELECT json_extract(r.value, '$.kind'), count(DISTINCT tasks.seq) "
+                    "FROM tasks, json_each(tasks.reasons) AS r WHERE state = 'Pending' "
+                    "GROUP BY 1"
+                ).fetchall()
+            )
+        return by_state, pending
+
+    def transition(
+        self,
+        task_id: str,
+        to: TaskState,
+        *,
+        expect: TaskState | Collection[TaskState] | None = None,
+        note: str = "",
+        **fields: Any,
+    ) -> TaskRecord:
+        """Compare-and-set: moves the task to `to` when it is in `expect` (any state when
+        None) and the lifecycle allows it, sets `fields`, and records the transition as an
+        event, all in one transaction. Unless `fields` says otherwise: entering Pending gives
+        the placement and cgroup back, leaving it clears the reasons, Starting counts an
+        attempt and clears the last one's outcome, Running stamps started_ns, an end
+        ended_ns."""
+        to = TaskState(to)
+        values = field_values(fields)
+        with self._tx(f"task {task_id} -> {to}") as c:
+            row = c.execute(
+                "SELECT state, placement, attempt FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no task {task_id}")
+            old = TaskState(row[0])
+            if expect is not None:
+                allowed = (
+                    {TaskState(expect)} if isinstance(expect, str) else set(map(TaskState, expect))
+                )
+                if old not in allowed:
+                    want = " or ".join(sorted(s.value for s in allowed))
+                    raise Conflict(f"task {task_id} is {old}, expected {want}")
+            check_transition(old, to, task_id)
+            now = self._clock()
+            if to is TaskState.PENDING:
+                values.setdefault("placement", None)
+                values.setdefault("cgroup", None)
+            else:
+                values.setdefault("reasons", "[]")  # they say why a task waits; it no longer does
+            if to is TaskState.STARTING:  # a new attempt: the last one's end is in the events
+                values.setdefault("attempt", row[2] + 1)
+                for key in ("exit_code", "signal", "error", "started_ns", "ended_ns"):
+                    values.setdefault(key, None)
+            if to is TaskState.RUNNING and old is TaskState.STARTING:
+                values.setdefault("started_ns", now)
+            if to in TERMINAL:
+                values.setdefault("ended_ns", now)
+            if to in NEEDS_PLACEMENT and values.get("placement", row[1]) is None:
+                raise StoreError(f"task {task_id}: {to} needs a placement")
+            values |= {"state": to.value, "updated_ns": now}
+            c.execute(
+                f"UPDATE tasks SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
+                (*values.values(), task_id),
+            )
+            message = f"{old} -> {to}" + (f": {note}" if note else "")
+            detail = {"from": old.value, "to": to.value}
+            detail |= {k: fields[k] for k in ("exit_code", "signal", "attempt") if k in fields}
+            if "error" in fields:
+                detail["error"] = values["error"]
+            if isinstance(fields.get("placement"), Placement):
+                detail["node"] = fields["placement"].node
+            event = self._event(c, task_id, "Transition", message, detail, now=now)
+            rec = self._task(c, task_id)
+            self._written[-1] = (event, rec)
+            return rec
+
+    # -- events ---------------------------------------------------------------------------
+
+    def add_event(
+        self, kind: str, message: str, *, task_id: str | None = None, detail: Any = None
+    ) -> Event:
+        with self._tx(f"recording event {kind}") as c:
+            if task_id is not None and self._task(c, task_id) is None:
+                raise NotFound(f"no task {task_id}")
+            return self._event(c, task_id, kind, message, detail)
+
+    def events(
+        self, since_seq: int = 0, *, task_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE)."""
+        where, args = "seq > ?", [since_seq]
+        if task_id is not None:
+            where, args = where + " AND task_id = ?", [*args, task_id]
+        limit = max(1, min(limit, MAX_EVENTS_PAGE))
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {Event.COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [Event.from_row(r) for r in rows]
+
+    def last_event_seq(self) -> int:
+        """Where a watcher that wants only what happens from now on starts."""
+        with self._read() as c:
+            return c.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+
+    # -- intents: what was begun, so that a restarted agent can finish or undo it ---------
+
+    def begin_intent(self, task_id: str, action: str, args: Any = None) -> int:
+        if action not in ACTIONS:
+            raise StoreError(f"unknown intent {action!r} (one of {', '.join(sorted(ACTIONS))})")
+        if args is not None and not isinstance(args, Mapping):
+            raise StoreError(f"{action} arguments must be a mapping, not {type(args).__name__}")
+        encoded = json_text(args or {}, f"{action} arguments")
+        with self._tx(f"recording {action} of task {task_id}") as c:
+            if c.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
+                raise NotFound(f"no task {task_id}")
+            return c.execute(
+                "INSERT INTO intents (task_id, action, args, created_ns) VALUES (?, ?, ?, ?)",
+                (task_id, action, encoded, self._clock()),
+            ).lastrowid
+
+    def finish_intent(self, intent_id: int, outcome: str) -> Intent:
+        outcome = text(outcome, "intent outcome", MAX_SHORT, cut=True)
+        with self._tx(f"finishing intent {intent_id}") as c:
+            done = c.execute(
+                "UPDATE intents SET done_ns = ?, outcome = ? WHERE id = ? AND done_ns IS NULL",
+                (self._clock(), outcome, intent_id),
+            ).rowcount
+            row = c.execute(
+                f"SELECT {Intent.COLUMNS} FROM intents WHERE id = ?", (intent_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no intent {intent_id}")
+            if not done:
+                raise Conflict(f"intent {intent_id} was already finished: {row[-1]}")
+            if intent_id > self.keep_intents and intent_id % 100 == 0:
+                c.execute(
+                    "DELETE FROM intents WHERE done_ns IS NOT NULL AND id <= ?",
+                    (intent_id - self.keep_intents,),
+                )
+            return Intent.from_row(row)
+
+    def open_intents(self, limit: int = 1000) -> list[Intent]:
+        """Begun, not finished, oldest first: what a restarted agent completes or undoes."""
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {Intent.COLUMNS} FROM intents WHERE done_ns IS NULL ORDER BY id LIMIT ?",
+                (max(1, limit),),
+            ).fetchall()
+        return [Intent.from_row(r) for r in rows]
+
+    # -- policies: every applied version kept; the active one is the newest not removed ---
+
+    def put_policy(self, kind: str, name: str, source: str, file: str) -> int:
+        """The version now active: a new one, or the active one when `source` is unchanged
+        (applying the same file twice is not a change)."""
+        kind, name = text(kind, "policy kind", MAX_NAME), text(name, "policy name", MAX_NAME)
+        source = text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
+        file = text(file, "policy file name", MAX_SHORT, cut=True)
+        with self._tx(f"applying {kind} {name}") as c:
+            active = c.execute(
+                "SELECT version, source FROM policies WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL ORDER BY version DESC LIMIT 1",
+                (kind, name),
+            ).fetchone()
+            if active and active[1] == source:
+                return active[0]
+            if active is None and self._active_count(c) >= MAX_ACTIVE_POLICIES:
+                raise StoreError(f"{kind} {name} refused: {MAX_ACTIVE_POLICIES} policies active")
+            (last,) = c.execute(
+                "SELECT coalesce(max(version), 0) FROM policies WHERE kind = ? AND name = ?",
+                (kind, name),
+            ).fetchone()
+            c.execute(
+                "INSERT INTO policies (kind, name, version, source, file, applied_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (kind, name, last + 1, source, file, self._clock()),
+            )
+            self._event(c, None, "PolicyApplied", f"{kind} {name} version {last + 1} from {file}")
+            return last + 1
+
+    def remove_policy(self, kind: str, name: str) -> int:
+        """Removes the active version (and any older one with it); returns its number."""
+        with self._tx(f"removing {kind} {name}") as c:
+            (version,) = c.execute(
+                "SELECT max(version) FROM policies WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL",
+                (kind, name),
+            ).fetchone()
+            if version is None:
+                raise NotFound(f"no active {kind} {name}")
+            c.execute(
+                "UPDATE policies SET removed_ns = ? WHERE kind = ? AND name = ? "
+                "AND removed_ns IS NULL",
+                (self._clock(), kind, name),
+            )
+            self._event(c, None, "PolicyRemoved", f"{kind} {name} version {version}")
+            return version
+
+    def active_policies(self, kind: str | None = None) -> list[PolicyRecord]:
+        where, args = ("AND p.kind = ?", (kind,)) if kind else ("", ())
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT {', '.join('p.' + col for col in PolicyRecord.COLUMNS.split(', '))} "
+                "FROM policies p WHERE p.removed_ns IS NULL "
+                f"{where} AND p.version = (SELECT max(version) FROM policies q "
+                "WHERE q.kind = p.kind AND q.name = p.name) ORDER BY p.kind, p.name",
+                args,
+            ).fetchall()
+        return [PolicyRecord.from_row(r) for r in rows]
+
+    def _active_count(self, c: sqlite3.Connection) -> int:
+        return c.execute(
+            "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
+        ).fetchone()[0]
