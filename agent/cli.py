@@ -94,7 +94,10 @@ def bench() -> None:
 
 @main.command()
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print the report as JSON (stable keys, see README)."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report as JSON (stable keys, see docs/operations.md).",
 )
 @click.option(
     "--require",

@@ -1,6 +1,6 @@
 """The doctor's data model: a flat list of named items, each ok or not with a reason.
 
-Item names are stable keys (documented in the README): scripts read them from
+Item names are stable keys (documented in docs/operations.md): scripts read them from
 `xhagent doctor --json` and `--require NAME` refers to them.
 """
 

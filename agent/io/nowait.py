@@ -4,7 +4,7 @@ io_uring first tries a read without blocking. A file opened without FMODE_NOWAIT
 tried that way, so every read of it is punted to an io-wq worker thread, and for the small
 files of /proc, sysfs and cgroupfs (seq_file and kernfs) the punt costs more than the read:
 read through openat -> read -> close chains they came out slower than a plain
-open/read/close loop (README, `bench io`). `read_files` reads such files with system
+open/read/close loop (docs/benchmarks.md, `bench io`). `read_files` reads such files with system
 calls from C instead.
 
 The kernel says which files those are: `preadv2(RWF_NOWAIT)` fails with EOPNOTSUPP on

@@ -12,7 +12,7 @@ import click
 from ..cliparams import FiniteFloat
 from .fmt import TraceFile, TraceFormatError
 
-# Exit statuses (README): 1 refused or failed on this node, 2 bad input (options, files).
+# Exit statuses (docs/cli.md): 1 refused or failed on this node, 2 bad input (options, files).
 REFUSED, BAD_INPUT = 1, 2
 MAX_DURATION_S = 366 * 86400  # a year: past it, a typo
 MAX_BIN_MS = 86400 * 1000  # a day

@@ -56,7 +56,7 @@ _SUBJECTS = {
 }
 ROOT_CGROUP_ID = 1  # the cgroup v2 root's id: a filter on it selects every task
 
-# What `trace stats` counts, as it prints it (README, `xhagent trace`).
+# What `trace stats` counts, as it prints it (docs/tracing.md).
 RULE_ALL = "every task; a run still going when the trace ends is closed there"
 RULE_FILTERED = "only tasks the filter selected, only runs recorded from switch-in to switch-out"
 

@@ -60,7 +60,7 @@ MAX_REQUEST_BYTES = 4 * 2**20 + 64 * 2**10
 # Responses are the agent's own (task lists, inventory JSON) and may be larger.
 MAX_RESPONSE_BYTES = 64 * 2**20
 # Details travel in a header that grpc refuses past 16 KiB, percent-encoding non-ASCII bytes
-# (x3): 4 KiB of UTF-8 always fits, and holds the README's first 20 error lines as a rule.
+# (x3): 4 KiB of UTF-8 always fits, and holds the first 20 error lines of a file as a rule.
 MAX_DETAILS_BYTES = 4096
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 
@@ -76,7 +76,7 @@ class ApiError(Exception):
 
     @property
     def exit_code(self) -> int:
-        # README: 2 for bad input, 1 for what the node refused or could not do.
+        # docs/cli.md: 2 for bad input, 1 for what the node refused or could not do.
         return 2 if self.code == "INVALID_ARGUMENT" else 1
 
 

@@ -196,7 +196,7 @@ class Executor:
 
 
 def resolve_run_as(run_as) -> tuple[int, int]:
-    """(uid, gid) of a Task's `user`, resolved when it starts (as the README says); a name
+    """(uid, gid) of a Task's `user`, resolved when it starts (as docs/policies.md says); a name
     this node does not know is the task's failure, not the agent's."""
     user, group = run_as.user, run_as.group
     if isinstance(user, int):
