@@ -5,12 +5,13 @@ import os
 import pytest
 
 from xhagent.cgroups import registry as R
-from xhagent.daemon.exec.leaf import class_weights, enforcement_reason, plan_leaf
+from xhagent.daemon.exec.leaf import enforcement_reason, plan_leaf
 from xhagent.daemon.loop.submission import InvalidTask, parse_submission
 from xhagent.daemon.policies.policy_set import PolicySet
 from xhagent.daemon.policies.sources import PolicyError, parse_source
 from xhagent.daemon.policies.watch import DirectoryWatch
 from xhagent.daemon.store import Store
+from xhagent.policy.classes import class_weights
 
 TASK = "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {{name: {name}}}\nspec:\n{spec}"
 POLICY = (
@@ -83,7 +84,7 @@ def test_a_class_the_agent_does_not_define_is_refused_at_its_position():
 
 
 def test_cgroup_policies_add_and_override_classes():
-    from xhagent.daemon.exec.leaf import class_table
+    from xhagent.policy.classes import class_table
 
     table = class_table([{"bulk": (7, 8)}, {"latency": (500, 400), "bulk": (9, 9)}])
     assert table["bulk"] == (9, 9) and table["latency"] == (500, 400)

@@ -6,10 +6,12 @@ library package loads the benchmarks (the top floor, xhagent.bench).
 Each check runs a fresh interpreter, because this test process has imported everything.
 """
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +154,123 @@ def test_the_check_sees_an_import_of_the_benchmarks():
     skip = (TOP_FLOOR, "xhagent.cli")
     walked = loaded_after("xhagent.bench.sched", walk=("xhagent.sched",), skip=skip)
     assert "xhagent.bench.sched" in top_floor(walked)
+
+
+# -- the daemon's rooms ---------------------------------------------------------------------------
+
+DAEMON = Path(__file__).resolve().parents[2] / "agent" / "daemon"
+# room -> the rooms (and top-floor modules) of the daemon it must not load
+DAEMON_RULES = {
+    "xhagent.daemon.store": ("api", "loop", "exec", "policies", "daemon", "run", "metrics"),
+    "xhagent.daemon.exec": ("api", "loop", "policies", "daemon", "run", "metrics"),
+    "xhagent.daemon.policies": ("api", "loop", "exec", "daemon", "run", "metrics"),
+    "xhagent.daemon.loop": ("api", "policies", "daemon", "run", "metrics"),
+    "xhagent.daemon.api": ("daemon", "run", "metrics"),
+}
+
+
+def daemon_rooms(names: list[str], rooms: tuple[str, ...]) -> list[str]:
+    prefixes = tuple(f"xhagent.daemon.{r}" for r in rooms)
+    return [n for n in names if n in prefixes or n.startswith(tuple(p + "." for p in prefixes))]
+
+
+@pytest.mark.parametrize("room", sorted(DAEMON_RULES))
+def test_each_room_of_the_daemon_loads_only_the_rooms_below_it(room):
+    # every module of the room imported, its function-local imports aside (the static
+    # check below sees those)
+    loaded = loaded_after(walk=(room,))
+    assert daemon_rooms(loaded, DAEMON_RULES[room]) == []
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports anywhere in its text (function-local
+    imports included), read from the source without running it."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        parts = path.relative_to(root).with_suffix("").parts
+        is_pkg = parts[-1] == "__init__"
+        name = ".".join((package, *(parts[:-1] if is_pkg else parts)))
+        here = name.split(".") if is_pkg else name.split(".")[:-1]
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - (node.level - 1)] if node.level else []
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                # a submodule of target, else a name in it (resolved by _module below)
+                edges.update(f"{target}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names)
+    modules = set(graph)
+    return {
+        m: {_module(t, modules) for t in targets if _module(t, modules) not in (None, m)}
+        for m, targets in graph.items()
+    }
+
+
+def _module(name: str, modules: set[str]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected set of more than one module (an import circle), sorted. A
+    package is its __init__: importing any of its modules runs it first."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Edges that break a room's rule, function-local imports included."""
+    bad = []
+    for m, targets in graph.items():
+        for room, forbidden in DAEMON_RULES.items():
+            if m == room or m.startswith(room + "."):
+                bad += [(m, t) for t in daemon_rooms(sorted(targets), forbidden)]
+    return sorted(bad)
+
+
+def test_the_daemons_files_import_in_no_circle_and_never_back_up():
+    graph = import_graph(DAEMON, "xhagent.daemon")
+    assert "xhagent.daemon.loop.scheduler" in graph and graph["xhagent.daemon.daemon"]
+    assert cycles(graph) == []
+    assert upward(graph) == []
+
+
+def test_the_room_checks_see_a_circle_and_an_arrow_back_up():
+    # The probe itself: one added import from the store up into the loop is both.
+    graph = import_graph(DAEMON, "xhagent.daemon")
+    graph["xhagent.daemon.store.store"].add("xhagent.daemon.loop.scheduler")
+    assert any("xhagent.daemon.store.store" in c for c in cycles(graph))
+    assert upward(graph) == [("xhagent.daemon.store.store", "xhagent.daemon.loop.scheduler")]
+    # and a function-local import is seen as well as one at the top of a file
+    source = "def f():\n    from ..loop import scheduler\n"
+    tree = ast.parse(source)
+    assert any(isinstance(n, ast.ImportFrom) and n.level == 2 for n in ast.walk(tree))

@@ -17,39 +17,13 @@ from ...cgroups import registry as R
 from ...cpulist import format_cpulist
 from ..store.records import Unenforced
 
-# Class -> (cpu.weight, io.weight). The kernel's default weight is 100: batch work gets it,
-# latency-sensitive work ten times as much, best-effort work a tenth.
-CLASS_WEIGHTS: dict[str, tuple[int, int]] = {
-    "latency": (1000, 1000),
-    "batch": (100, 100),
-    "besteffort": (10, 10),
-}
 CONTROLLERS = ("cpu", "cpuset", "io", "memory", "pids")
-DEFAULT_WEIGHT = 100
 
 
 @dataclass(frozen=True)
 class LeafPlan:
     settings: tuple[tuple[R.CgroupFile, object], ...]  # written in this order
     unenforced: tuple[Unenforced, ...]
-
-
-def class_weights(name: str, classes: Mapping[str, tuple[int, int]] = CLASS_WEIGHTS):
-    """(cpu.weight, io.weight) of a class; KeyError with the known names when undefined."""
-    try:
-        return classes[name]
-    except KeyError:
-        raise KeyError(
-            f"class {name!r} is not defined (defined: {', '.join(sorted(classes))})"
-        ) from None
-
-
-def class_table(policies: Iterable[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    """The built-in classes, then each CgroupPolicy's (a later one wins a name)."""
-    table = dict(CLASS_WEIGHTS)
-    for classes in policies:
-        table.update(classes)
-    return table
 
 
 def plan_leaf(

@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ...node_model import Node
+from ...policy.classes import DEFAULT_WEIGHT, class_weights
 from ...policy.placement import Candidate
 from ...policy.state import Allocation, Cluster, GpuShare
 from ...policy.task import Deadline, Task
 from ..exec.executor import Executor, resolve_run_as
-from ..exec.leaf import DEFAULT_WEIGHT, LeafPlan, class_weights, plan_leaf
+from ..exec.leaf import LeafPlan, plan_leaf
 from ..exec.shim import ShimStatus
 from ..store import BACKOFF, TERMINAL, HeldGpu, Placement, Store, TaskRecord, TaskState, WaitReason
 

@@ -24,12 +24,13 @@ from dataclasses import replace
 
 from ... import heap
 from ...node_model import Node
+from ...policy.classes import CLASS_WEIGHTS
 from ...policy.explanation import Explanation, explain
 from ...policy.placement import Demand, decide_demand
 from ...policy.policy import choose
 from ...policy.task import Deadline, Task
 from ..exec.executor import Executor
-from ..exec.leaf import CLASS_WEIGHTS, enforcement_reason
+from ..exec.leaf import enforcement_reason
 from ..store import (
     NEEDS_PLACEMENT,
     TERMINAL,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ...policy.classes import class_table
 from ...spec import SpecError, read_text
 from ..store import Store
 from .sources import CONFIGMAP_SWAP, KINDS, SUFFIXES, Loaded, PolicyError, parse_source
@@ -111,8 +112,6 @@ class PolicySet:
 
     def classes(self) -> dict[str, tuple[int, int]]:
         """Task class -> (cpu.weight, io.weight): built in, then the CgroupPolicies'."""
-        from ..exec.leaf import class_table
-
         return class_table(p.classes for p in self.cgroup())
 
     def _file_holding(self, kind: str, name: str) -> str | None:
