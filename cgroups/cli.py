@@ -21,7 +21,7 @@ import click
 from ..cliparams import FiniteFloat
 from ..signals import TERMINATING, Terminated, forward_signals, signals_held, terminate_on_signals
 from ..spec import SpecError
-from . import registry as R
+from . import registry
 from .delegation import pending, settle
 from .enact import Outcome, apply_policy, plan_policy
 from .group import MAX_TIMEOUT, CgroupError
@@ -332,7 +332,7 @@ def apply(
 def _show_group(cg, stats: dict[str, Any]) -> dict[str, Any] | None:
     """One group's part of `show`, or None when it vanished while being read."""
     try:
-        state = read_group(cg, list(R.SETTINGS))
+        state = read_group(cg, list(registry.SETTINGS))
         events = cg.events()
     except CgroupError as exc:
         if vanished(exc):
@@ -355,7 +355,11 @@ _UNITS = {"avg10": "%", "avg60": "%", "avg300": "%", "total": "µs"}
 def _stat_text(name: str, value: Any) -> str:
     if not isinstance(value, dict):
         return str(value)
-    pressure = R.BY_NAME.get(name) in (R.CPU_PRESSURE, R.IO_PRESSURE, R.MEMORY_PRESSURE)
+    pressure = registry.BY_NAME.get(name) in (
+        registry.CPU_PRESSURE,
+        registry.IO_PRESSURE,
+        registry.MEMORY_PRESSURE,
+    )
     flat = " ".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict))
     return flat or "; ".join(
         f"{k}: " + " ".join(f"{a}={b}{_UNITS.get(a, '') if pressure else ''}" for a, b in v.items())
@@ -429,7 +433,7 @@ def _group_cmd(name: str, doc: str):
         froze = False  # this command froze the group: a stop before it reports thaws it back
         try:
             with _lock(sub, no_wait):
-                froze = name == "freeze" and cg.read(R.FREEZE.name).strip() == "0"
+                froze = name == "freeze" and cg.read(registry.FREEZE.name).strip() == "0"
                 getattr(cg, name)(timeout)
                 events = cg.events()
                 with signals_held():  # reported and no longer to be undone, as one step
@@ -526,7 +530,7 @@ def run(
     lock = _lock(sub, no_wait)
     try:
         _settle(sub)
-        asked = cg.read(R.FREEZE.name).strip() == "1"  # frozen or being frozen itself
+        asked = cg.read(registry.FREEZE.name).strip() == "1"  # frozen or being frozen itself
         if asked or cg.events().get("frozen"):  # ... or through a group above it
             if not thaw_first:
                 _fail(

@@ -18,7 +18,7 @@ from .lock import SubtreeLock
 from .mounts import Hierarchy
 from .policy import CgroupPolicy
 from .reconcile import Options, Plan, plan
-from .state import ApplyReport, apply, read_actual
+from .state import ApplyReport, apply, read_actual, undo
 from .subtree import Subtree
 
 
@@ -52,11 +52,14 @@ def apply_policy(
     wait: bool = True,
     on_wait: Callable[[int | None], None] | None = None,
     outcome: Outcome | None = None,
+    rollback: bool = False,
 ) -> Outcome:
     """Plan and, when the plan has no errors, settle and apply it under the subtree's lock.
 
-    Stops at the first refusal (`outcome.report.failed`). A caller that passes `outcome` still
-    has what was applied when a stop signal (Terminated) ends the run between two actions.
+    Stops at the first refusal (`outcome.report.failed`); with `rollback`, what was applied
+    before it is then taken back, still under the lock (`report.undone`, `not_undone`). A
+    caller that passes `outcome` still has what was applied when a stop signal (Terminated)
+    ends the run between two actions.
     Raises CgroupError (LockBusy with `wait=False`) when the tree cannot be read or locked."""
     with SubtreeLock(sub.path).acquire(wait=wait, on_wait=on_wait):
         p = plan_policy(policy, sub, options, hierarchy)
@@ -69,5 +72,7 @@ def apply_policy(
         if sub.agent_leaf:
             outcome.settled = settle(sub.mount, sub.placement)
         apply(p, sub, outcome.report)
+        if rollback and outcome.report.failed:
+            undo(outcome.report, sub)
         outcome.applied = True
         return outcome

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelError, errno_reason
 from ..signals import TERMINATING, signals_held
-from . import registry as R
+from . import registry
 from .registry import CgroupFile
 
 if TYPE_CHECKING:
@@ -110,16 +110,16 @@ class Cgroup:
         return (self.path / f.name).exists()
 
     def events(self) -> dict[str, int]:
-        return self.get(R.EVENTS)
+        return self.get(registry.EVENTS)
 
     def controllers(self) -> list[str]:
-        return self.get(R.CONTROLLERS)
+        return self.get(registry.CONTROLLERS)
 
     def subtree_control(self) -> list[str]:
-        return self.get(R.SUBTREE_CONTROL)
+        return self.get(registry.SUBTREE_CONTROL)
 
     def procs(self) -> list[int]:
-        return self.get(R.PROCS)
+        return self.get(registry.PROCS)
 
     def children(self) -> list[Cgroup]:
         return [Cgroup(p) for p in sorted(self.path.iterdir()) if p.is_dir()]
@@ -149,10 +149,10 @@ class Cgroup:
                 time.sleep(0.01)
 
     def add_proc(self, pid: int) -> None:
-        self.write(R.PROCS.name, str(pid))
+        self.write(registry.PROCS.name, str(pid))
 
     def add_thread(self, tid: int) -> None:
-        self.write(R.THREADS.name, str(tid))
+        self.write(registry.THREADS.name, str(tid))
 
     def spawn(self, argv: Sequence[str], **options: Any) -> Spawned:
         """Start `argv` (a list: no shell) as a process that is inside this group from its
@@ -193,9 +193,9 @@ class Cgroup:
         child `leaf` when a domain controller is among them (no internal processes).
         Returns the pids moved."""
         moved: list[int] = []
-        if any(c not in R.THREADED_CONTROLLERS for c in controllers) and self.procs():
+        if any(c not in registry.THREADED_CONTROLLERS for c in controllers) and self.procs():
             moved = self.move_procs_to(Cgroup(self.path / leaf))
-        self.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in controllers))
+        self.write(registry.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in controllers))
         return moved
 
     # -- freeze and kill --------------------------------------------------------------
@@ -208,7 +208,7 @@ class Cgroup:
         The kernel signals changes to cgroup.events as POLLPRI, so the wait sleeps in poll()
         instead of spinning on the file."""
         deadline = time.monotonic() + timeout
-        fd = os.open(self.path / R.EVENTS.name, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(self.path / registry.EVENTS.name, os.O_RDONLY | os.O_CLOEXEC)
         try:
             poller = select.poll()
             poller.register(fd, select.POLLPRI | select.POLLERR)
@@ -230,7 +230,7 @@ class Cgroup:
         the error is raised or the signal delivered. A group someone else had already asked
         frozen is waited for but never thawed (this call did not freeze it)."""
         timeout = check_timeout(timeout)
-        if self.read(R.FREEZE.name).strip() == "1":
+        if self.read(registry.FREEZE.name).strip() == "1":
             if not self.wait_event("frozen", 1, timeout):
                 raise CgroupError(
                     errno.ETIMEDOUT,
@@ -239,7 +239,7 @@ class Cgroup:
                 )
             return
         with _SignalsNoted() as noted:
-            self.write(R.FREEZE.name, "1")
+            self.write(registry.FREEZE.name, "1")
             try:
                 confirmed = self.wait_event("frozen", 1, timeout, stop=lambda: bool(noted.got))
             except BaseException as exc:
@@ -273,14 +273,14 @@ class Cgroup:
 
     def thaw(self, timeout: float = 2.0) -> None:
         timeout = check_timeout(timeout)
-        self.write(R.FREEZE.name, "0")
+        self.write(registry.FREEZE.name, "0")
         if not self.wait_event("frozen", 0, timeout):
             raise CgroupError(errno.ETIMEDOUT, f"{self.path} did not thaw within {timeout:g}s")
 
     def kill(self, timeout: float = 2.0) -> None:
         """SIGKILL every process in the subtree (cgroup.kill) and wait for `populated 0`."""
         timeout = check_timeout(timeout)
-        self.write(R.KILL.name, "1")
+        self.write(registry.KILL.name, "1")
         if not self.wait_event("populated", 0, timeout):
             raise CgroupError(
                 errno.ETIMEDOUT, f"{self.path} still populated {timeout:g}s after cgroup.kill"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..spec import did_you_mean
-from . import values as v
+from . import values
 
 IO_COST = "io.cost"
 BFQ = "bfq"
@@ -25,7 +25,7 @@ WEIGHT_DEFAULT = 100
 def bfq_weight(weight: int) -> int:
     """systemd's mapping of io.weight (1..10000, default 100) onto BFQ's 1..1000: identity
     up to the default, then linear from 100 to 1000 (src/core/cgroup.c, BFQ_WEIGHT)."""
-    lo, hi = v.WEIGHT_RANGE
+    lo, hi = values.WEIGHT_RANGE
     if weight <= WEIGHT_DEFAULT:
         return WEIGHT_DEFAULT - (WEIGHT_DEFAULT - weight) * (WEIGHT_DEFAULT - BFQ_WEIGHT_MIN) // (
             WEIGHT_DEFAULT - lo
@@ -85,7 +85,9 @@ def scheduler(majmin: str, sys_root: Path = Path("/sys")) -> str | None:
 
 def io_cost_enabled(qos_text: str) -> set[str]:
     """Devices with `enable=1` in the root's io.cost.qos."""
-    return {dev for dev, keys in v.parse_nested_keyed(qos_text).items() if keys.get("enable") == 1}
+    return {
+        dev for dev, keys in values.parse_nested_keyed(qos_text).items() if keys.get("enable") == 1
+    }
 
 
 @dataclass(frozen=True)

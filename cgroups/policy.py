@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import Cursor, Document, SpecError, load_file, load_text
-from . import registry as R
-from . import values as v
+from . import registry, values
 from .io_weight import NoSuchDevice, resolve_device
 from .subtree import check_name
 
@@ -43,7 +42,7 @@ API_VERSION = "xh.scheduling/v1"
 KIND = "CgroupPolicy"
 EXTRA_FIELDS = {"io": ("devices",)}  # per-device io.weight lines
 IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
-GROUP_FIELDS = ("name", *R.POLICY_SECTIONS, "children")
+GROUP_FIELDS = ("name", *registry.POLICY_SECTIONS, "children")
 # The keys each mapping of the file allows and requires (read here, described by `xhagent crd`).
 HEADER_FIELDS, HEADER_REQUIRED = (
     ("apiVersion", "kind", "metadata", "spec"),
@@ -52,27 +51,27 @@ HEADER_FIELDS, HEADER_REQUIRED = (
 METADATA_FIELDS = ("name", "labels", "annotations")
 SPEC_FIELDS = ("groups", "classes", "ioCost")  # at least one of them
 IO_COST_FIELDS = ("model", "qos")  # per device; at least one
-U64 = v.int_range(0, 2**63 - 1)  # the kernel takes u64; a CRD's integers are int64
-CTRL = v.choice("user", "auto")
+U64 = values.int_range(0, 2**63 - 1)  # the kernel takes u64; a CRD's integers are int64
+CTRL = values.choice("user", "auto")
 # spec.ioCost.DEV.model: io.cost.model's keys; with numbers, all six (the kernel would keep
 # the ones not given from whatever model the device had).
 IO_COST_MODEL_KEYS = {
     "ctrl": CTRL,
-    "model": v.choice("linear"),
+    "model": values.choice("linear"),
     **{k: U64 for k in ("rbps", "rseqiops", "rrandiops", "wbps", "wseqiops", "wrandiops")},
 }
 IO_COST_MODEL_NUMBERS = tuple(IO_COST_MODEL_KEYS)[2:]
 # spec.ioCost.DEV.qos: io.cost.qos's keys; percentiles 0..100, latencies in µs, the vrate
 # bounds min/max in percent (the kernel clamps them to 1..10000).
 IO_COST_QOS_KEYS = {
-    "enable": v.boolean01,
+    "enable": values.boolean01,
     "ctrl": CTRL,
-    "rpct": v.decimal(0, 100),
+    "rpct": values.decimal(0, 100),
     "rlat": U64,
-    "wpct": v.decimal(0, 100),
+    "wpct": values.decimal(0, 100),
     "wlat": U64,
-    "min": v.decimal(1, 10000),
-    "max": v.decimal(1, 10000),
+    "min": values.decimal(1, 10000),
+    "max": values.decimal(1, 10000),
 }
 IO_COST_QOS_NUMBERS = tuple(IO_COST_QOS_KEYS)[2:]
 IO_COST_WHAT = {
@@ -132,7 +131,9 @@ class CgroupPolicy:
         """controller -> groups whose settings need it."""
         need: dict[str, list[str]] = {}
         for g in self.groups:
-            for controller in dict.fromkeys(R.BY_NAME[name].controller for name in g.settings):
+            for controller in dict.fromkeys(
+                registry.BY_NAME[name].controller for name in g.settings
+            ):
                 need.setdefault(controller, []).append(g.path)
         return need
 
@@ -191,7 +192,7 @@ def _class(c: Cursor, policy: CgroupPolicy) -> None:
         sec = c[section]
         weight = DEFAULT_WEIGHT
         if sec.present and sec.fields({"weight"}) and sec["weight"].present:
-            weight = c.doc.attempt(lambda s=sec: s["weight"].parse(v.weight, WHAT["weight"]))
+            weight = c.doc.attempt(lambda s=sec: s["weight"].parse(values.weight, WHAT["weight"]))
         weights.append(weight)
     if name is not None:
         policy.classes[name] = (weights[0], weights[1])
@@ -229,7 +230,7 @@ def _group(c: Cursor, parent: str, policy: CgroupPolicy, sys_root: Path, depth: 
             if any(g.path == path for g in out):
                 raise c["name"].error(f"group {path!r} is declared twice")
             out.append(spec)
-    for section in R.POLICY_SECTIONS:
+    for section in registry.POLICY_SECTIONS:
         if c[section].present:
             with c.doc.collecting():
                 _section(c, section, spec, policy, sys_root)
@@ -249,34 +250,34 @@ def _section(
     c: Cursor, section: str, spec: GroupSpec, policy: CgroupPolicy, sys_root: Path
 ) -> None:
     sec = c[section]
-    if not sec.fields((*R.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
+    if not sec.fields((*registry.POLICY_SECTIONS[section], *EXTRA_FIELDS.get(section, ()))):
         return
     for fld, value in sec.items():
-        if fld in EXTRA_FIELDS.get(section, ()) or fld not in R.POLICY_SECTIONS[section]:
+        if fld in EXTRA_FIELDS.get(section, ()) or fld not in registry.POLICY_SECTIONS[section]:
             continue
-        f = R.BY_POLICY[(section, fld)]
+        f = registry.BY_POLICY[(section, fld)]
         with c.doc.collecting():
-            if f is R.IO_WEIGHT:
+            if f is registry.IO_WEIGHT:
                 spec.settings.setdefault(f.name, {})["default"] = value.parse(
-                    v.weight, WHAT["weight"]
+                    values.weight, WHAT["weight"]
                 )
-            elif f is R.IO_MAX:
+            elif f is registry.IO_MAX:
                 spec.settings[f.name] = _per_device(value, spec, policy, _io_limits, sys_root)
             else:
                 spec.settings[f.name] = value.parse(f.validate, WHAT.get(fld, fld))
             spec.where[f.name] = _loc(value)
     if section == "io" and sec["devices"].present:
         with c.doc.collecting():
-            spec.settings.setdefault(R.IO_WEIGHT.name, {}).update(
+            spec.settings.setdefault(registry.IO_WEIGHT.name, {}).update(
                 _per_device(
                     sec["devices"],
                     spec,
                     policy,
-                    lambda w: w.parse(v.weight, WHAT["weight"]),
+                    lambda w: w.parse(values.weight, WHAT["weight"]),
                     sys_root,
                 )
             )
-            spec.where.setdefault(R.IO_WEIGHT.name, _loc(sec["devices"]))
+            spec.where.setdefault(registry.IO_WEIGHT.name, _loc(sec["devices"]))
 
 
 def _per_device(
@@ -405,16 +406,24 @@ def _io_limits(c: Cursor) -> dict[str, Any]:
 
 
 def _bps(value: Any) -> int | str:
-    return v.bytes_or_max(value, page_round=False)
+    return values.bytes_or_max(value, page_round=False)
 
 
-_bps.schema = v.bytes_or_max.schema
-IO_MAX_PARSERS = {"rbps": _bps, "wbps": _bps, "riops": v.count_or_max, "wiops": v.count_or_max}
+_bps.schema = values.bytes_or_max.schema
+IO_MAX_PARSERS = {
+    "rbps": _bps,
+    "wbps": _bps,
+    "riops": values.count_or_max,
+    "wiops": values.count_or_max,
+}
 
 
 def _check_burst(c: Cursor, spec: GroupSpec) -> None:
-    burst, quota = spec.settings.get(R.CPU_MAX_BURST.name), spec.settings.get(R.CPU_MAX.name)
-    if burst and quota and quota[0] != v.MAX and burst > quota[0]:
+    burst, quota = (
+        spec.settings.get(registry.CPU_MAX_BURST.name),
+        spec.settings.get(registry.CPU_MAX.name),
+    )
+    if burst and quota and quota[0] != values.MAX and burst > quota[0]:
         raise c["cpu"]["max.burst"].error(
             f"cpu.max.burst {burst} exceeds the cpu.max quota {quota[0]} (the kernel refuses it)"
         )

@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import io_weight
-from . import registry as R
-from . import values as v
+from . import io_weight, registry, values
 from .policy import CgroupPolicy
 
 ROOT = "/"  # the cgroup2 root itself, outside the subtree: only enable, io-cost and the
@@ -122,7 +120,7 @@ def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return " ".join(map(str, value))
     if isinstance(value, dict) and value and all(isinstance(x, dict) for x in value.values()):
-        return "; ".join(v.format_nested_keyed(value))  # as the kernel reads: MAJ:MIN k=v ...
+        return "; ".join(values.format_nested_keyed(value))  # as the kernel reads: MAJ:MIN k=v ...
     return str(value)
 
 
@@ -177,7 +175,7 @@ def _check_support(policy: CgroupPolicy, actual: Actual, out: Plan) -> None:
                 for g in policy.groups
                 if g.path in groups
                 for f in g.settings
-                if R.BY_NAME[f].controller == controller
+                if registry.BY_NAME[f].controller == controller
             ]
             out.errors.append(
                 f"controller {controller} is not available in cgroup2 on this node{held}; "
@@ -186,7 +184,10 @@ def _check_support(policy: CgroupPolicy, actual: Actual, out: Plan) -> None:
             )
     for g in policy.groups:
         for name in g.settings:
-            if name in actual.unsupported and R.BY_NAME[name].controller in actual.root_controllers:
+            if (
+                name in actual.unsupported
+                and registry.BY_NAME[name].controller in actual.root_controllers
+            ):
                 out.errors.append(
                     f"{g.where.get(name, g.path)}: {name} is not supported by this kernel"
                 )
@@ -247,7 +248,7 @@ def _controllers(policy: CgroupPolicy, actual: Actual, options: Options, out: Pl
     if delegated:
         if actual.subtree_is_top_level and options.own_root and not actual.systemd_root:
             out.actions.append(
-                Action("enable", ROOT, R.SUBTREE_CONTROL.name, tuple(sorted(delegated)))
+                Action("enable", ROOT, registry.SUBTREE_CONTROL.name, tuple(sorted(delegated)))
             )
         else:
             why = (
@@ -267,10 +268,10 @@ def _controllers(policy: CgroupPolicy, actual: Actual, options: Options, out: Pl
         missing = tuple(sorted(need.get(path, set()) - set(have.subtree_control)))
         if not missing:
             continue
-        if have.procs and any(c not in R.THREADED_CONTROLLERS for c in missing):
+        if have.procs and any(c not in registry.THREADED_CONTROLLERS for c in missing):
             leaf = f"{path}/{options.leaf}" if path else options.leaf
-            out.actions.append(Action("move-procs", path, R.PROCS.name, leaf))
-        out.actions.append(Action("enable", path, R.SUBTREE_CONTROL.name, missing))
+            out.actions.append(Action("move-procs", path, registry.PROCS.name, leaf))
+        out.actions.append(Action("enable", path, registry.SUBTREE_CONTROL.name, missing))
 
 
 def _may_write_root_io(actual: Actual, options: Options) -> bool:
@@ -283,7 +284,7 @@ def _io_cost(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) 
     if not policy.io_cost:
         return
     at = policy.io_cost_at
-    missing = [f.name for f in R.ROOT_IO_COST if f.name not in actual.root_values]
+    missing = [f.name for f in registry.ROOT_IO_COST if f.name not in actual.root_values]
     if missing:
         why = (
             "the io controller is not in cgroup2 here"
@@ -303,15 +304,15 @@ def _io_cost(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) 
         )
         out.errors.append(
             f"{at}: spec.ioCost needs the cgroup2 root's "
-            f"{' and '.join(f.name for f in R.ROOT_IO_COST)}: {how}"
+            f"{' and '.join(f.name for f in registry.ROOT_IO_COST)}: {how}"
         )
         return
-    for f in R.ROOT_IO_COST:
+    for f in registry.ROOT_IO_COST:
         have = actual.root_values[f.name]
         want = {
             dev: keys
             for dev, s in policy.io_cost.items()
-            if (keys := s.model if f is R.IO_COST_MODEL else s.qos)
+            if (keys := s.model if f is registry.IO_COST_MODEL else s.qos)
             and not f.matches(have, {dev: keys})
         }
         if want:
@@ -322,7 +323,7 @@ def _io_cost(policy: CgroupPolicy, actual: Actual, options: Options, out: Plan) 
 def _io_cost_planned(policy: CgroupPolicy, actual: Actual, options: Options) -> dict[str, int]:
     """MAJ:MIN -> the `enable` spec.ioCost gives it, where the plan writes the root."""
     if not _may_write_root_io(actual, options) or not all(
-        f.name in actual.root_values for f in R.ROOT_IO_COST
+        f.name in actual.root_values for f in registry.ROOT_IO_COST
     ):
         return {}
     return {dev: s.qos["enable"] for dev, s in policy.io_cost.items() if "enable" in s.qos}
@@ -345,14 +346,17 @@ def _io_enforcement(
         if sched == io_weight.BFQ and d not in cost_on and planned.get(d) != 1
     )
     named = {
-        d for g in policy.groups for d in (g.settings.get(R.IO_WEIGHT.name) or {}) if d != "default"
+        d
+        for g in policy.groups
+        for d in (g.settings.get(registry.IO_WEIGHT.name) or {})
+        if d != "default"
     }
-    if any(g.settings.get(R.IO_WEIGHT.name) for g in policy.groups):
+    if any(g.settings.get(registry.IO_WEIGHT.name) for g in policy.groups):
         for dev in bfq_disks:
             if dev not in named:  # named ones get their enforcer below, io.cost possibly planned
                 out.enforcers[dev] = io_weight.enforcer(dev, cost_on, io_weight.BFQ)
     for g in policy.groups:
-        weights = g.settings.get(R.IO_WEIGHT.name)
+        weights = g.settings.get(registry.IO_WEIGHT.name)
         if not weights:
             continue
         bfq: dict[str, int] = {}
@@ -367,24 +371,24 @@ def _io_enforcement(
                     "spec.ioCost" if dev in planned else "",
                 )
                 if enable:
-                    out.actions.append(Action("io-cost", ROOT, R.IO_COST_QOS.name, dev))
+                    out.actions.append(Action("io-cost", ROOT, registry.IO_COST_QOS.name, dev))
             enf = out.enforcers[dev]
             if enf.name == io_weight.BFQ:
                 bfq[dev] = io_weight.bfq_weight(weights[dev])
             if enf.name != io_weight.IO_COST:
                 # The kernel refuses (EOPNOTSUPP) or ignores a per-device io.weight line here.
-                desired[g.path][R.IO_WEIGHT.name] = {
-                    k: w for k, w in desired[g.path][R.IO_WEIGHT.name].items() if k != dev
+                desired[g.path][registry.IO_WEIGHT.name] = {
+                    k: w for k, w in desired[g.path][registry.IO_WEIGHT.name].items() if k != dev
                 }
             if enf.name == io_weight.NONE:
                 out.warnings.append(
-                    f"{g.where.get(R.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
+                    f"{g.where.get(registry.IO_WEIGHT.name, g.path)}: io weight {weights[dev]} for "
                     f"{g.devices.get(dev, dev)} ({dev}) is not applied: {enf.note}"
                 )
         if (
             bfq or any(out.enforcers[d].name == io_weight.BFQ for d in bfq_disks)
-        ) and R.IO_BFQ_WEIGHT.name not in actual.unsupported:
-            desired[g.path][R.IO_BFQ_WEIGHT.name] = {
+        ) and registry.IO_BFQ_WEIGHT.name not in actual.unsupported:
+            desired[g.path][registry.IO_BFQ_WEIGHT.name] = {
                 "default": io_weight.bfq_weight(weights.get("default", 100)),
                 **bfq,
             }
@@ -398,7 +402,7 @@ def _writes(
     for g in policy.groups:
         have = actual.groups.get(g.path)
         for name, want in desired[g.path].items():
-            f = R.BY_NAME[name]
+            f = registry.BY_NAME[name]
             old = have.values.get(name) if have else None
             if old is not None and f.matches(old, want):
                 continue

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cpulist import parse_cpulist
-from . import values as v
+from . import values
 
 # Controllers that may be enabled in a cgroup holding processes (threaded-capable); the
 # others are domain controllers, refused with EBUSY there (no internal processes).
@@ -23,13 +23,13 @@ THREADED_CONTROLLERS = frozenset({"cpu", "cpuset", "perf_event", "pids"})
 
 
 def _limit(old: Any, new: Any) -> str:
-    return "loosen" if v.as_number(new) >= v.as_number(old) else "tighten"
+    return "loosen" if values.as_number(new) >= values.as_number(old) else "tighten"
 
 
 def _cpu_max_limit(old: Any, new: Any) -> str:
     if old is None:
         return "loosen"
-    ratio = lambda x: v.as_number(x[0]) / x[1]  # noqa: E731 - quota per period
+    ratio = lambda x: values.as_number(x[0]) / x[1]  # noqa: E731 - quota per period
     return "loosen" if ratio(new) >= ratio(old) else "tighten"
 
 
@@ -45,7 +45,9 @@ def _set_limit(old: Any, new: Any) -> str:
 def _per_device_limit(old: Any, new: Any) -> str:
     for dev, limits in new.items():
         for key, value in limits.items():
-            if v.as_number(value) < v.as_number((old or {}).get(dev, {}).get(key, v.MAX)):
+            if values.as_number(value) < values.as_number(
+                (old or {}).get(dev, {}).get(key, values.MAX)
+            ):
                 return "tighten"
     return "loosen"
 
@@ -69,7 +71,7 @@ def _limits_match(actual: Any, desired: Any) -> bool:
 class CgroupFile:
     name: str
     controller: str | None = None  # None: a core (cgroup.*) file, always present
-    parse: Callable[[str], Any] = v.parse_scalar
+    parse: Callable[[str], Any] = values.parse_scalar
     format: Callable[[Any], list[str]] = lambda value: [str(value)]
     validate: Callable[[Any], Any] | None = None
     policy: tuple[str, str] | None = None  # (section, field) in a CgroupPolicy group
@@ -91,11 +93,11 @@ CONTROLLERS = CgroupFile("cgroup.controllers", parse=str.split)
 SUBTREE_CONTROL = CgroupFile("cgroup.subtree_control", parse=str.split)
 PROCS = CgroupFile("cgroup.procs", parse=lambda t: [int(p) for p in t.split()])
 THREADS = CgroupFile("cgroup.threads", parse=lambda t: [int(p) for p in t.split()])
-EVENTS = CgroupFile("cgroup.events", parse=v.parse_flat_keyed)
-FREEZE = CgroupFile("cgroup.freeze", validate=v.boolean01)
+EVENTS = CgroupFile("cgroup.events", parse=values.parse_flat_keyed)
+FREEZE = CgroupFile("cgroup.freeze", validate=values.boolean01)
 KILL = CgroupFile("cgroup.kill")
 TYPE = CgroupFile("cgroup.type", parse=str.strip)
-CGROUP_STAT = CgroupFile("cgroup.stat", parse=v.parse_flat_keyed)
+CGROUP_STAT = CgroupFile("cgroup.stat", parse=values.parse_flat_keyed)
 MAX_DEPTH = CgroupFile("cgroup.max.depth")  # `max` or a count of levels below the group
 MAX_DESCENDANTS = CgroupFile("cgroup.max.descendants")
 
@@ -103,16 +105,16 @@ MAX_DESCENDANTS = CgroupFile("cgroup.max.descendants")
 IO_WEIGHT = CgroupFile(
     "io.weight",
     "io",
-    v.parse_weight_file,
-    v.format_weight_lines,
+    values.parse_weight_file,
+    values.format_weight_lines,
     policy=("io", "weight"),
     matches=_entries_match,
 )
 IO_MAX = CgroupFile(
     "io.max",
     "io",
-    v.parse_nested_keyed,
-    v.format_nested_keyed,
+    values.parse_nested_keyed,
+    values.format_nested_keyed,
     policy=("io", "max"),
     direction=_per_device_limit,
     matches=_limits_match,
@@ -120,8 +122,8 @@ IO_MAX = CgroupFile(
 IO_BFQ_WEIGHT = CgroupFile(
     "io.bfq.weight",
     "io",
-    v.parse_weight_file,
-    v.format_weight_lines,
+    values.parse_weight_file,
+    values.format_weight_lines,
     matches=_entries_match,
     optional=True,
 )
@@ -132,30 +134,30 @@ IO_BFQ_WEIGHT = CgroupFile(
 IO_COST_QOS = CgroupFile(
     "io.cost.qos",
     "io",
-    v.parse_nested_keyed,
-    v.format_nested_keyed,
+    values.parse_nested_keyed,
+    values.format_nested_keyed,
     matches=_limits_match,
     optional=True,
 )
 IO_COST_MODEL = CgroupFile(
     "io.cost.model",
     "io",
-    v.parse_nested_keyed,
-    v.format_nested_keyed,
+    values.parse_nested_keyed,
+    values.format_nested_keyed,
     matches=_limits_match,
     optional=True,
 )
 ROOT_IO_COST = (IO_COST_MODEL, IO_COST_QOS)  # in the order they are written
-CPU_WEIGHT = CgroupFile("cpu.weight", "cpu", validate=v.weight, policy=("cpu", "weight"))
+CPU_WEIGHT = CgroupFile("cpu.weight", "cpu", validate=values.weight, policy=("cpu", "weight"))
 CPU_IDLE = CgroupFile(
-    "cpu.idle", "cpu", validate=v.boolean01, policy=("cpu", "idle"), optional=True
+    "cpu.idle", "cpu", validate=values.boolean01, policy=("cpu", "idle"), optional=True
 )
 CPU_MAX = CgroupFile(
     "cpu.max",
     "cpu",
-    v.cpu_max,
-    _one(v.format_cpu_max),
-    v.cpu_max,
+    values.cpu_max,
+    _one(values.format_cpu_max),
+    values.cpu_max,
     policy=("cpu", "max"),
     direction=_cpu_max_limit,
 )
@@ -164,7 +166,7 @@ CPU_MAX = CgroupFile(
 CPU_MAX_BURST = CgroupFile(
     "cpu.max.burst",
     "cpu",
-    validate=v.int_range(0, 2**62),
+    validate=values.int_range(0, 2**62),
     policy=("cpu", "max.burst"),
     direction=_limit,
     order=1,
@@ -173,64 +175,68 @@ CPU_MAX_BURST = CgroupFile(
 CPUSET_CPUS = CgroupFile(
     "cpuset.cpus",
     "cpuset",
-    v.cpulist,
-    validate=v.cpulist,
+    values.cpulist,
+    validate=values.cpulist,
     policy=("cpuset", "cpus"),
     direction=_set_limit,
 )
 CPUSET_MEMS = CgroupFile(
     "cpuset.mems",
     "cpuset",
-    v.cpulist,
-    validate=v.cpulist,
+    values.cpulist,
+    validate=values.cpulist,
     policy=("cpuset", "mems"),
     direction=_set_limit,
 )
 CPUSET_PARTITION = CgroupFile(
     "cpuset.cpus.partition",
     "cpuset",
-    v.word,
-    validate=v.partition,
+    values.word,
+    validate=values.partition,
     policy=("cpuset", "partition"),
     order=1,
 )
 MEMORY_MIN = CgroupFile(
-    "memory.min", "memory", validate=v.bytes_or_max, policy=("memory", "min"), direction=_limit
+    "memory.min", "memory", validate=values.bytes_or_max, policy=("memory", "min"), direction=_limit
 )
 MEMORY_LOW = CgroupFile(
-    "memory.low", "memory", validate=v.bytes_or_max, policy=("memory", "low"), direction=_limit
+    "memory.low", "memory", validate=values.bytes_or_max, policy=("memory", "low"), direction=_limit
 )
 MEMORY_HIGH = CgroupFile(
-    "memory.high", "memory", validate=v.bytes_or_max, policy=("memory", "high"), direction=_limit
+    "memory.high",
+    "memory",
+    validate=values.bytes_or_max,
+    policy=("memory", "high"),
+    direction=_limit,
 )
 MEMORY_MAX = CgroupFile(
-    "memory.max", "memory", validate=v.bytes_or_max, policy=("memory", "max"), direction=_limit
+    "memory.max", "memory", validate=values.bytes_or_max, policy=("memory", "max"), direction=_limit
 )
 MEMORY_SWAP_MAX = CgroupFile(
     "memory.swap.max",
     "memory",
-    validate=v.bytes_or_max,
+    validate=values.bytes_or_max,
     policy=("memory", "swap.max"),
     direction=_limit,
     optional=True,
 )
 PIDS_MAX = CgroupFile(
-    "pids.max", "pids", validate=v.count_or_max, policy=("pids", "max"), direction=_limit
+    "pids.max", "pids", validate=values.count_or_max, policy=("pids", "max"), direction=_limit
 )
 
 # -- statistics ------------------------------------------------------------------------
 CPU_STAT = CgroupFile(
-    "cpu.stat", parse=v.parse_flat_keyed
+    "cpu.stat", parse=values.parse_flat_keyed
 )  # core: usage_usec without the cpu controller
-IO_STAT = CgroupFile("io.stat", "io", v.parse_nested_keyed)
-MEMORY_STAT = CgroupFile("memory.stat", "memory", v.parse_flat_keyed)
+IO_STAT = CgroupFile("io.stat", "io", values.parse_nested_keyed)
+MEMORY_STAT = CgroupFile("memory.stat", "memory", values.parse_flat_keyed)
 MEMORY_CURRENT = CgroupFile("memory.current", "memory")
-MEMORY_EVENTS = CgroupFile("memory.events", "memory", v.parse_flat_keyed)
+MEMORY_EVENTS = CgroupFile("memory.events", "memory", values.parse_flat_keyed)
 PIDS_CURRENT = CgroupFile("pids.current", "pids")
 # Pressure files exist with or without the controllers (PSI is core); cpu.stat too.
-CPU_PRESSURE = CgroupFile("cpu.pressure", parse=v.parse_nested_keyed, optional=True)
-IO_PRESSURE = CgroupFile("io.pressure", parse=v.parse_nested_keyed, optional=True)
-MEMORY_PRESSURE = CgroupFile("memory.pressure", parse=v.parse_nested_keyed, optional=True)
+CPU_PRESSURE = CgroupFile("cpu.pressure", parse=values.parse_nested_keyed, optional=True)
+IO_PRESSURE = CgroupFile("io.pressure", parse=values.parse_nested_keyed, optional=True)
+MEMORY_PRESSURE = CgroupFile("memory.pressure", parse=values.parse_nested_keyed, optional=True)
 
 SETTINGS = tuple(f for f in globals().copy().values() if isinstance(f, CgroupFile) and f.policy)
 STATS = (

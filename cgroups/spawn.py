@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import errno_reason
-from . import registry as R
+from . import registry
 from .group import CgroupError
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def _error_from(data: bytes, argv: list[str], group: str, cwd: str | None = None
     stage, err = _ERR.unpack(data[: _ERR.size]) if len(data) >= _ERR.size else (0, errno.EIO)
     reason = os.strerror(err)
     if stage == 1:
-        what = f"write into {group}/{R.PROCS.name}: {errno_reason(err)}"
+        what = f"write into {group}/{registry.PROCS.name}: {errno_reason(err)}"
         if err in (errno.ENOENT, errno.ENODEV):
             what += " (the group was removed)"
     elif stage == 6:
@@ -285,7 +285,7 @@ def spawn(
             f"{spawn_method_reason()}: this kernel cannot start a process "
             f"inside {group.path}; use {FORK!r}",
         )
-    target = group.path / (R.PROCS.name if how == FORK else "")
+    target = group.path / (registry.PROCS.name if how == FORK else "")
     try:  # opened before the child exists: a removed group is an error here, with its path
         gfd = os.open(
             target, (os.O_WRONLY if how == FORK else os.O_RDONLY | os.O_DIRECTORY) | os.O_CLOEXEC
@@ -359,7 +359,7 @@ def _await_exec(child: Spawned, group: Cgroup) -> None:
     """Wait for the exec (the error pipe closes) or its failure; return early, with the child
     unconfirmed, when the group is frozen: a frozen child never gets to its exec."""
     try:
-        events = os.open(group.path / R.EVENTS.name, os.O_RDONLY | os.O_CLOEXEC)
+        events = os.open(group.path / registry.EVENTS.name, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         events = None
     try:

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..signals import signals_held
-from . import io_weight
-from . import registry as R
+from . import io_weight, registry
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy
 from .policy import CgroupPolicy
@@ -27,7 +26,7 @@ def vanished(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ENODEV)
 
 
-def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
+def read_group(cg: Cgroup, files: list[registry.CgroupFile]) -> ActualGroup:
     values = {}
     for f in files:
         if cg.has(f):
@@ -41,7 +40,7 @@ def read_group(cg: Cgroup, files: list[R.CgroupFile]) -> ActualGroup:
     )
 
 
-def _limit(cg: Cgroup, f: R.CgroupFile) -> int | None:
+def _limit(cg: Cgroup, f: registry.CgroupFile) -> int | None:
     try:
         value = cg.read(f.name).strip()
     except CgroupError:
@@ -55,13 +54,13 @@ def read_limits(sub: Subtree) -> list[Limit]:
     while True:
         if path.is_dir():
             cg = Cgroup(path)
-            stat = cg.get(R.CGROUP_STAT) if cg.has(R.CGROUP_STAT) else {}
+            stat = cg.get(registry.CGROUP_STAT) if cg.has(registry.CGROUP_STAT) else {}
             out.append(
                 Limit(
                     k,
                     str(path),
-                    _limit(cg, R.MAX_DEPTH),
-                    _limit(cg, R.MAX_DESCENDANTS),
+                    _limit(cg, registry.MAX_DEPTH),
+                    _limit(cg, registry.MAX_DESCENDANTS),
                     int(stat.get("nr_descendants", 0)),
                 )
             )
@@ -77,8 +76,8 @@ def read_actual(
     sys_root: Path = Path("/sys"),
 ) -> Actual:
     top = sub.top
-    support = R.Support(top.path)
-    files = [f for f in R.SETTINGS + (R.IO_BFQ_WEIGHT,) if support.supported(f)]
+    support = registry.Support(top.path)
+    files = [f for f in registry.SETTINGS + (registry.IO_BFQ_WEIGHT,) if support.supported(f)]
     groups = {}
     if sub.path.is_dir():
         groups[""] = read_group(sub.root, [])
@@ -97,8 +96,8 @@ def read_actual(
         if (p / "queue/scheduler").exists()
     }
     devices = {d for g in policy.groups for d in g.devices} | disks
-    qos = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
-    root_values = {f.name: top.get(f) for f in R.ROOT_IO_COST if top.has(f)}
+    qos = top.read(registry.IO_COST_QOS.name) if top.has(registry.IO_COST_QOS) else ""
+    root_values = {f.name: top.get(f) for f in registry.ROOT_IO_COST if top.has(f)}
     return Actual(
         root_controllers=top.controllers(),
         parent_subtree_control=parent.subtree_control(),
@@ -109,7 +108,7 @@ def read_actual(
         root_values=root_values,
         schedulers={d: io_weight.scheduler(d, sys_root) for d in devices},
         unsupported={
-            f.name for f in R.BY_NAME.values() if f.controller and not support.supported(f)
+            f.name for f in registry.BY_NAME.values() if f.controller and not support.supported(f)
         },
         mode=hierarchy.mode if hierarchy else "unified",
         v1_controllers=hierarchy.v1_controllers if hierarchy else (),
@@ -125,6 +124,9 @@ class ApplyReport:
     failed: tuple[Action, str] | None = None
     not_applied: list[Action] = field(default_factory=list)
     moved: dict[str, list[int]] = field(default_factory=dict)  # group -> pids moved into its leaf
+    # after a refusal, with undo(): the applied actions taken back, and those that could not be
+    undone: list[Action] = field(default_factory=list)
+    not_undone: list[tuple[Action, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -164,20 +166,61 @@ def apply(plan: Plan, sub: Subtree, report: ApplyReport | None = None) -> ApplyR
     return report
 
 
+def undo(report: ApplyReport, sub: Subtree) -> ApplyReport:
+    """Take back what `report` applied, last first, so that a refused plan leaves the tree as
+    it was: a value written gets its old one again, a controller enabled is disabled, the
+    processes moved into a leaf go back, a group created is removed. The root's io.cost
+    settings and a group deleted cannot be taken back: they are listed as not undone, as is
+    any step the kernel refuses (the steps after it are still tried)."""
+    for action in reversed(report.applied):
+        try:
+            with signals_held():
+                _take_back(action, sub, report)
+            report.undone.append(action)
+        except (CgroupError, ValueError) as exc:
+            report.not_undone.append((action, str(exc)))
+    report.applied = [a for a in report.applied if a not in report.undone]
+    return report
+
+
+def _take_back(action: Action, sub: Subtree, report: ApplyReport) -> None:
+    if action.group == ROOT or action.kind == "delete":
+        raise ValueError(f"{action.describe()} cannot be taken back")
+    cg = sub.group(action.group)
+    if action.kind == "create":
+        cg.remove()
+    elif action.kind == "write":
+        if action.old is not None:  # unset before: the group was made by this apply
+            cg.set(registry.BY_NAME[action.file], action.old)
+    elif action.kind == "enable":
+        cg.write(registry.SUBTREE_CONTROL.name, " ".join(f"-{c}" for c in action.value))
+    elif action.kind == "move-procs":
+        for pid in report.moved.get(action.group, ()):
+            try:
+                cg.add_proc(pid)
+            except CgroupError as exc:
+                if exc.errno != errno.ESRCH:  # exited meanwhile
+                    raise
+    else:
+        raise ValueError(f"unknown action {action.kind}")
+
+
 def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
     if action.group == ROOT:
         if action.kind == "enable":
-            sub.top.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
+            sub.top.write(registry.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
         elif action.kind == "io-cost":
-            sub.top.write(R.IO_COST_QOS.name, f"{action.value} enable=1")
-            if action.value not in io_weight.io_cost_enabled(sub.top.read(R.IO_COST_QOS.name)):
+            sub.top.write(registry.IO_COST_QOS.name, f"{action.value} enable=1")
+            if action.value not in io_weight.io_cost_enabled(
+                sub.top.read(registry.IO_COST_QOS.name)
+            ):
                 raise CgroupError(
                     0,
-                    f"{sub.top.path / R.IO_COST_QOS.name}: "
+                    f"{sub.top.path / registry.IO_COST_QOS.name}: "
                     f"{action.value} enable=1 did not read back",
                 )
-        elif action.kind == "write" and action.file in {f.name for f in R.ROOT_IO_COST}:
-            _write_back(sub.top, R.BY_NAME[action.file], action.value)
+        elif action.kind == "write" and action.file in {f.name for f in registry.ROOT_IO_COST}:
+            _write_back(sub.top, registry.BY_NAME[action.file], action.value)
         else:
             raise ValueError(f"{action.kind} is not allowed at the cgroup2 root")
         return
@@ -189,14 +232,14 @@ def _run(action: Action, sub: Subtree, report: ApplyReport) -> None:
     elif action.kind == "move-procs":
         report.moved[action.group] = cg.move_procs_to(sub.group(action.value))
     elif action.kind == "enable":
-        cg.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
+        cg.write(registry.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in action.value))
     elif action.kind == "write":
-        _write_back(cg, R.BY_NAME[action.file], action.value)
+        _write_back(cg, registry.BY_NAME[action.file], action.value)
     else:
         raise ValueError(f"unknown action {action.kind}")
 
 
-def _write_back(cg: Cgroup, f: R.CgroupFile, value: Any) -> None:
+def _write_back(cg: Cgroup, f: registry.CgroupFile, value: Any) -> None:
     """Write a declared file and read it back: a value the kernel accepted but did not keep
     is a refusal."""
     cg.set(f, value)

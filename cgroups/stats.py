@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import registry as R
+from . import registry
 from .group import Cgroup
 
 
@@ -98,7 +98,9 @@ class StatsSampler:
     over files already open. A group removed meanwhile has no statistics (its files read as
     gone, never as the last values); one re-created under the same name is read afresh."""
 
-    def __init__(self, groups: list[Cgroup], files: tuple[R.CgroupFile, ...] = R.STATS):
+    def __init__(
+        self, groups: list[Cgroup], files: tuple[registry.CgroupFile, ...] = registry.STATS
+    ):
         self.groups = list(groups)
         self._wanted = [(i, f) for i in range(len(self.groups)) for f in files]
         self._reader = _reader([self.groups[i].path / f.name for i, f in self._wanted])
@@ -129,7 +131,7 @@ class StatsSampler:
 
 
 def read_stats(
-    groups: list[Cgroup], files: tuple[R.CgroupFile, ...] = R.STATS
+    groups: list[Cgroup], files: tuple[registry.CgroupFile, ...] = registry.STATS
 ) -> list[dict[str, Any]]:
     """For each group, {file name: parsed value} of the statistics files it has."""
     with StatsSampler(groups, files) as sampler:

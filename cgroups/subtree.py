@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import fields as F
+from .. import fields
 from ..quantity import kind_of
 from .group import Cgroup, CgroupError
 from .mounts import Hierarchy, discover_hierarchy
@@ -62,7 +62,7 @@ def check_name(name: str) -> str:
 
 
 # What a CgroupPolicy CRD says of a group name (the clash with interface files is the agent's).
-check_name.schema = F.string(pattern=f"^{_NAME_RE.pattern}$", max_length=NAME_MAX)
+check_name.schema = fields.string(pattern=f"^{_NAME_RE.pattern}$", max_length=NAME_MAX)
 
 
 def check_group_path(path: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import fields as F
+from .. import fields
 from ..cpulist import format_cpulist, parse_cpulist
 from ..quantity import MAX_SIZE, SIZE_PATTERN, parse_size
 
@@ -33,7 +33,7 @@ def int_range(lo: int, hi: int):
             raise ValueError(f"{value} is out of range {lo}..{hi}")
         return value
 
-    check.schema = F.int_or_string(lo, hi, f"^{_DIGITS.pattern}$")
+    check.schema = fields.int_or_string(lo, hi, f"^{_DIGITS.pattern}$")
     return check
 
 
@@ -54,7 +54,7 @@ def boolean01(value: Any) -> int:
 
 
 BOOLEAN01 = (0, 1, "0", "1", True, False)
-boolean01.schema = F.one_of_values(BOOLEAN01)
+boolean01.schema = fields.one_of_values(BOOLEAN01)
 
 
 def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
@@ -69,7 +69,7 @@ def bytes_or_max(value: Any, page_round: bool = True) -> int | str:
     return size - size % PAGE if page_round else size
 
 
-bytes_or_max.schema = F.int_or_string(0, MAX_SIZE, f"^{MAX}$|{SIZE_PATTERN}")
+bytes_or_max.schema = fields.int_or_string(0, MAX_SIZE, f"^{MAX}$|{SIZE_PATTERN}")
 
 
 def count_or_max(value: Any) -> int | str:
@@ -81,7 +81,7 @@ def count_or_max(value: Any) -> int | str:
     return _int(value)
 
 
-count_or_max.schema = F.int_or_string(0, None, f"^{MAX}$|^{_DIGITS.pattern}$")
+count_or_max.schema = fields.int_or_string(0, None, f"^{MAX}$|^{_DIGITS.pattern}$")
 
 
 def cpu_max(value: Any) -> tuple[int | str, int]:
@@ -99,7 +99,7 @@ def cpu_max(value: Any) -> tuple[int | str, int]:
 
 
 # An integer is a quota alone; the ranges of the text's numbers are the agent's to check.
-cpu_max.schema = F.int_or_string(1000, None, rf"^\s*({MAX}|[0-9]+)(\s+[0-9]+)?\s*$")
+cpu_max.schema = fields.int_or_string(1000, None, rf"^\s*({MAX}|[0-9]+)(\s+[0-9]+)?\s*$")
 
 
 def format_cpu_max(value: tuple[int | str, int]) -> str:
@@ -121,7 +121,7 @@ def cpulist(value: Any) -> str:
 
 
 # The characters of a list; its shape (3-1 goes backwards) is the agent's to check.
-cpulist.schema = F.int_or_string(0, None, r"^[0-9,\s-]*$")
+cpulist.schema = fields.int_or_string(0, None, r"^[0-9,\s-]*$")
 
 
 PARTITIONS = ("member", "root", "isolated")
@@ -133,7 +133,7 @@ def partition(value: Any) -> str:
     return value
 
 
-partition.schema = F.string(enum=PARTITIONS)
+partition.schema = fields.string(enum=PARTITIONS)
 
 
 def choice(*words: str):
@@ -144,7 +144,7 @@ def choice(*words: str):
             raise ValueError(f"expected {' or '.join(words)}")
         return value
 
-    check.schema = F.string(enum=words)
+    check.schema = fields.string(enum=words)
     return check
 
 
@@ -161,7 +161,7 @@ def decimal(lo: int, hi: int):
             raise ValueError("at most two decimals (the kernel keeps hundredths)")
         return round(float(value), 2)
 
-    check.schema = F.number(lo, hi)
+    check.schema = fields.number(lo, hi)
     return check
 
 

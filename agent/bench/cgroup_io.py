@@ -28,9 +28,7 @@ from typing import NoReturn
 
 import click
 
-from ..cgroups import nullb
-from ..cgroups import registry as R
-from ..cgroups import values as v
+from ..cgroups import nullb, registry, values
 from ..cgroups.enact import apply_policy
 from ..cgroups.group import Cgroup, CgroupError
 from ..cgroups.io_weight import io_cost_enabled, resolve_device, scheduler
@@ -376,11 +374,11 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
     top = sub.top
     if "io" not in top.controllers():
         _fail(f"the io controller is not available in cgroup2 at {top.path}")
-    if model is not None and not top.has(R.IO_COST_MODEL):
-        _fail(f"this kernel has no io.cost ({top.path / R.IO_COST_MODEL.name} is absent)")
+    if model is not None and not top.has(registry.IO_COST_MODEL):
+        _fail(f"this kernel has no io.cost ({top.path / registry.IO_COST_MODEL.name} is absent)")
     size = int((Path("/sys/block") / device / "size").read_text()) * 512
     had_io = "io" in top.subtree_control()
-    qos_before = top.read(R.IO_COST_QOS.name) if top.has(R.IO_COST_QOS) else ""
+    qos_before = top.read(registry.IO_COST_QOS.name) if top.has(registry.IO_COST_QOS) else ""
     out: dict = {
         "benchmark": "cgroup-io",
         "device": device,
@@ -394,10 +392,10 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
     sched_file = Path("/sys/block") / device / "queue/scheduler"
     try:
         if model is not None:
-            top.write(R.IO_COST_MODEL.name, f"{majmin} {model}")
-            top.write(R.IO_COST_QOS.name, f"{majmin} {NULLB_QOS}")
-            out["io_cost_model"] = top.read(R.IO_COST_MODEL.name)
-            out["io_cost_qos"] = top.read(R.IO_COST_QOS.name)
+            top.write(registry.IO_COST_MODEL.name, f"{majmin} {model}")
+            top.write(registry.IO_COST_QOS.name, f"{majmin} {NULLB_QOS}")
+            out["io_cost_model"] = top.read(registry.IO_COST_MODEL.name)
+            out["io_cost_qos"] = top.read(registry.IO_COST_QOS.name)
         click.echo("bench cgroup-io: baseline, one reader alone", err=True)
         solo = _one_run(sub, device, SOLO, size, block, depth, seconds, out)
         out["baseline_solo_IOPS"] = solo["IOPS"][0]
@@ -405,7 +403,7 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
             if case.scheduler is not None:
                 sched_file.write_text(case.scheduler)
                 if model is not None:  # BFQ alone holds the weights in this case
-                    top.write(R.IO_COST_QOS.name, f"{majmin} enable=0")
+                    top.write(registry.IO_COST_QOS.name, f"{majmin} enable=0")
             weights = "/".join(str(w) for w in (g.weight for _, g in case.leaves()))
             click.echo(f"bench cgroup-io: {case.name} ({weights}), all at once", err=True)
             run = _one_run(sub, device, case, size, block, depth, seconds, out)
@@ -461,8 +459,8 @@ def _one_run(
 
 def _cost_usage(group: Cgroup, majmin: str) -> int | None:
     """io.cost's charge to the group for the device (µs of device time), if it has one."""
-    stat = group.read(R.IO_STAT.name) if group.has(R.IO_STAT) else ""
-    value = v.parse_nested_keyed(stat).get(majmin, {}).get("cost.usage")
+    stat = group.read(registry.IO_STAT.name) if group.has(registry.IO_STAT) else ""
+    value = values.parse_nested_keyed(stat).get(majmin, {}).get("cost.usage")
     return value if isinstance(value, int) else None
 
 
@@ -472,10 +470,10 @@ def _restore(sub, top: Cgroup, majmin: str, had_io: bool, qos_before: str) -> No
         sub.group(rel).remove(kill_first=True)
     if sub.path.exists():
         sub.root.remove()
-    if majmin not in io_cost_enabled(qos_before) and top.has(R.IO_COST_QOS):
-        top.write(R.IO_COST_QOS.name, f"{majmin} enable=0")
+    if majmin not in io_cost_enabled(qos_before) and top.has(registry.IO_COST_QOS):
+        top.write(registry.IO_COST_QOS.name, f"{majmin} enable=0")
     if not had_io:
         try:
-            top.write(R.SUBTREE_CONTROL.name, "-io")
+            top.write(registry.SUBTREE_CONTROL.name, "-io")
         except CgroupError:
             pass  # other groups use io now; leaving it enabled is harmless

@@ -28,18 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cgroups.delegation import settle
-from ..cgroups.enact import apply_policy
 from ..cgroups.lock import SubtreeLock
-from ..cgroups.reconcile import Options
 from ..cgroups.subtree import locate
 from ..config import PoolConfig
 from ..node_model import Node
-from .api import transport as api
+from .api import transport
 from .api.service import AgentService
 from .exec.executor import Executor
 from .loop.faults import Faults
 from .loop.scheduler import Scheduler
 from .loop.submission import parse_submission
+from .policies.enact import enact
 from .policies.policy_set import PolicySet
 from .policies.watch import DirectoryWatch
 from .store.store import Store
@@ -47,6 +46,7 @@ from .store.store import Store
 log = logging.getLogger("xhagent")
 DEFAULT_POLICIES = Path("/etc/xhagent/policies.d")
 DEFAULT_LOG_CAP = 16 << 20
+RELOAD = "policy_reload"  # where a failed reload of the policy directory is counted
 
 
 @dataclass
@@ -133,9 +133,11 @@ class Daemon:
         self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")
         for controller, why in sorted(missing.items()):
             self.report("NotEnforced", f"{controller}: {why}; tasks run without its limits")
-        policies = PolicySet(s.policies_dir, self.store, time.time_ns, self.report)
+        policies = PolicySet(
+            s.policies_dir, self.store, time.time_ns, self.report, lambda p: enact(p, sub)
+        )
         policies.reload()
-        self._reconcile(policies, sub)
+        policies.reconcile()
         self.scheduler = Scheduler(
             self.store,
             executor,
@@ -161,8 +163,9 @@ class Daemon:
 
             info["pool"] = describe(self.pool)
         self.service = AgentService(self.scheduler, policies, info, self.faults)
-        self.server = api.bind(self.service, s.socket)
+        self.server = transport.bind(self.service, s.socket)
         self.policies = policies
+        policies.on_change = self.scheduler.wake
         self.sub = sub
         if s.policies_dir is not None and s.policies_dir.is_dir():
             self.watch = DirectoryWatch(s.policies_dir)
@@ -220,29 +223,15 @@ class Daemon:
         self.exporter.start()
         self.report("Metrics", self.exporter.url)
 
-    def _reconcile(self, policies: PolicySet, sub) -> None:
-        for policy in policies.cgroup():
-            try:
-                out = apply_policy(policy, sub, Options())
-            except (OSError, ValueError) as exc:
-                self.report("CgroupPolicyNotApplied", f"{policy.name}: {exc}")
-                continue
-            if not out.applied:
-                self.report(
-                    "CgroupPolicyNotApplied", f"{policy.name}: " + "; ".join(out.plan.errors)
-                )
-            elif out.report.failed:
-                action, why = out.report.failed
-                self.report("CgroupPolicyNotApplied", f"{policy.name}: {action.describe()}: {why}")
-            else:
-                self.report(
-                    "CgroupPolicyApplied", f"{policy.name}: {len(out.report.applied)} changes"
-                )
-
     def reload(self, names=None) -> None:
-        if self.policies.reload(names):
-            self._reconcile(self.policies, self.sub)
-            self.scheduler.wake()
+        """The policy directory changed (or SIGHUP): its files through the policy set's
+        one commit path; a failure of the agent's own is counted, and the agent goes on."""
+        try:
+            self.policies.reload(names)
+        except Exception as exc:  # a file's own errors are events: this is the agent's
+            self.faults.failed(RELOAD, exc)
+        else:
+            self.faults.cleared(RELOAD)
 
     def serve_forever(self) -> None:
         """Until SIGTERM or SIGINT (main thread only)."""

@@ -41,7 +41,7 @@ READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 DEFAULT_CLASS = "default"
-# migrating.py's events -> the result label of xhagent_migrations_total
+# loop/moves.py's events -> the result label of xhagent_migrations_total
 MIGRATION_RESULTS = {
     "Migrated": "moved",
     "MigrationAborted": "aborted",

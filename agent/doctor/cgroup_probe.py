@@ -20,8 +20,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..cgroups import Cgroup, CgroupError, Spawned
-from ..cgroups import registry as R
+from ..cgroups import Cgroup, CgroupError, Spawned, registry
 from ..cgroups.mounts import discover_hierarchy
 from ..cgroups.spawn import spawn_method, spawn_method_reason
 from ..cgroups.subtree import Subtree, locate
@@ -56,7 +55,7 @@ def _dispose(group: Cgroup) -> None:
     try:
         if group.events().get("populated"):
             group.kill()
-        group.write(R.FREEZE.name, "0")
+        group.write(registry.FREEZE.name, "0")
         group.remove(kill_first=True)
     except CgroupError as exc:
         if exc.errno != errno.ENOENT:

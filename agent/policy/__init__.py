@@ -1,7 +1,7 @@
 """The pure scheduling core's front half: XSL policies, the unified TaskSpec, placement
 with typed Pending reasons, and the pending queue that re-evaluates on policy changes."""
 
-from .documents import InputError, Inputs, load_all, load_items
+from .documents import DocumentError, Inputs, load_all, load_items
 from .explanation import Explanation, explain
 from .placement import Candidate, Demand, PlacementDecision, Reason, decide, decide_demand, evaluate
 from .policy import Match, SchedulingPolicy, choose, dump_policy, parse_policy, tie_warnings
@@ -17,7 +17,7 @@ __all__ = [
     "Demand",
     "Explanation",
     "GpuShare",
-    "InputError",
+    "DocumentError",
     "Inputs",
     "Match",
     "NodeResources",

@@ -11,7 +11,7 @@ import click
 from ..cpulist import format_cpulist
 from ..quantity import human
 from .documents import (
-    InputError,
+    DocumentError,
     Inputs,
     describe_item,
     load_all,
@@ -50,7 +50,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
     for path in files:
         try:
             items = load_any(path)
-        except InputError as exc:
+        except DocumentError as exc:
             failed = True
             report[str(path)] = {"ok": False, "error": str(exc), "errors": exc.located()}
             if not as_json:
@@ -114,7 +114,7 @@ def explain(
     """Where each task would be placed and why, or why not, node by node."""
     try:
         inputs = _inputs(task_file, policy_paths, nodes_file)
-    except InputError as exc:
+    except DocumentError as exc:
         click.echo(f"xhagent policy explain: {exc}", err=True)
         sys.exit(EXIT_INPUT)
     cluster = Cluster.of(inputs.nodes)
@@ -136,7 +136,7 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
     tasks = load_items(task_file)
     inputs.tasks = [t for t in tasks if isinstance(t, Task)]
     if not inputs.tasks:
-        raise InputError(f"{task_file}: no kind: Task document in it")
+        raise DocumentError(f"{task_file}: no kind: Task document in it")
     for path in policy_paths:
         if path.is_dir():
             for f in policy_files(path):
@@ -144,12 +144,12 @@ def _inputs(task_file: Path, policy_paths, nodes_file) -> Inputs:
         else:
             found = [i for i in load_items(path) if isinstance(i, SchedulingPolicy)]
             if not found:
-                raise InputError(f"{path}: no kind: SchedulingPolicy document in it")
+                raise DocumentError(f"{path}: no kind: SchedulingPolicy document in it")
             inputs.policies += found
     if nodes_file is not None:
         inputs.nodes = load_all([nodes_file]).nodes
         if not inputs.nodes:
-            raise InputError(f"{nodes_file}: not a node model")
+            raise DocumentError(f"{nodes_file}: not a node model")
     else:
         inputs.nodes = [_this_node()]
     return inputs
@@ -162,7 +162,7 @@ def _this_node():
         return build_model(discover_node())
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputError(
+        raise DocumentError(
             f"cannot read this node's inventory ({reason}); give a node model with --nodes FILE"
         ) from None
 

@@ -29,7 +29,7 @@ EXPECTED = (
 Item = SchedulingPolicy | Task | inventory.Node
 
 
-class InputError(ValueError):
+class DocumentError(ValueError):
     """Any input error (SpecError or the inventory's ModelError), as one message; `errors`
     keeps the located ones of a SpecError for `--json`."""
 
@@ -67,7 +67,7 @@ class File:
 
 
 def read(path: str | Path) -> File:
-    """The file's documents and kind; InputError when it is none of the kinds."""
+    """The file's documents and kind; DocumentError when it is none of the kinds."""
     name = str(path)
     try:
         text = read_text(name)
@@ -78,7 +78,7 @@ def read(path: str | Path) -> File:
             raise SpecError(name, 1, 1, f"empty file: expected {EXPECTED}")
         return File(name, text, docs, _kind_of(docs))
     except SpecError as exc:
-        raise InputError(str(exc), _located(exc)) from None
+        raise DocumentError(str(exc), _located(exc)) from None
 
 
 def _kind_of(docs: list[Document]) -> str:
@@ -124,7 +124,7 @@ def _parse_scheduling(f: File) -> list[Item]:
 
 def load_items(path: str | Path) -> list[Item]:
     """What the scheduling core reads from one file: policies, tasks and (inventory-format)
-    nodes. Files of other kinds give nothing; InputError has every problem of the file."""
+    nodes. Files of other kinds give nothing; DocumentError has every problem of the file."""
     f = read(path)
     return _guarded(
         f,
@@ -171,11 +171,11 @@ def _guarded(f: File, parse) -> list[Any]:
     try:
         return parse()
     except SpecError as exc:
-        raise InputError(str(exc), _located(exc)) from None
+        raise DocumentError(str(exc), _located(exc)) from None
     except inventory.ModelError as exc:
-        raise InputError(str(exc)) from None
+        raise DocumentError(str(exc)) from None
     except ValueError as exc:  # a loader's unlocated error: still the user's input, not a crash
-        raise InputError(f"{f.path}: {exc}") from None
+        raise DocumentError(f"{f.path}: {exc}") from None
 
 
 def _located(exc: SpecError) -> list[SpecError]:
@@ -213,5 +213,5 @@ def load_all(paths) -> Inputs:
 def policy_files(directory: str | Path) -> list[Path]:
     d = Path(directory)
     if not d.is_dir():
-        raise InputError(f"{d}: not a directory")
+        raise DocumentError(f"{d}: not a directory")
     return sorted(p for p in d.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())

@@ -9,12 +9,13 @@ are a validation warning (the tie is broken by name so the outcome is still defi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from .. import fields as F
+from .. import fields
 from ..node_model import VERSION_RE, Version, parse_version
 from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
 from ..spec import Cursor, Document
@@ -129,13 +130,13 @@ METADATA_FIELDS, METADATA_REQUIRED = ("name", "labels"), ("name",)
 SPEC_FIELDS = ("matchRules", "priority", "preemption", "migration")
 SPEC_REQUIRED = ("matchRules",)
 RULE_FIELDS, RULE_REQUIRED = ("selector", "constraints"), ("selector",)
-PRIORITY = F.Int(0, 100, default=DEFAULT_PRIORITY)
-PREEMPTION_FIELD = F.Choice(PREEMPTION, default="lower-priority")
+PRIORITY = fields.Int(0, 100, default=DEFAULT_PRIORITY)
+PREEMPTION_FIELD = fields.Choice(PREEMPTION, default="lower-priority")
 # A duration: `5s`, `250ms`, `1m30s`, or a whole number of seconds.
 DURATION_PATTERN = r"^((\d+(\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns))+$"
 
 
-def duration_field(lo_ns: int, hi_ns: int, default: int) -> F.Field:
+def duration_field(lo_ns: int, hi_ns: int, default: int) -> fields.Field:
     """A duration within lo_ns..hi_ns; a bare number is whole seconds (what the CRD's
     int-or-string can carry)."""
 
@@ -153,43 +154,43 @@ def duration_field(lo_ns: int, hi_ns: int, default: int) -> F.Field:
         return ns
 
     lo_s, hi_s = -(-lo_ns // 10**9), hi_ns // 10**9
-    schema = F.int_or_string(lo_s, hi_s, DURATION_PATTERN)
+    schema = fields.int_or_string(lo_s, hi_s, DURATION_PATTERN)
     schema["default"] = format_duration(default)
-    return F.Field(read, schema)
+    return fields.Field(read, schema)
 
 
 _M = Migration()
-MIGRATION: dict[str, F.Field] = {
+MIGRATION: dict[str, fields.Field] = {
     "interval": duration_field(100_000_000, 3600 * 10**9, _M.interval_ns),
-    "hotAbove": F.Number(0, 1, default=_M.hot_above),
-    "idleBelow": F.Number(0, 1, default=_M.idle_below),
+    "hotAbove": fields.Number(0, 1, default=_M.hot_above),
+    "idleBelow": fields.Number(0, 1, default=_M.idle_below),
     "checkpointCost": duration_field(0, 3600 * 10**9, _M.checkpoint_ns),
 }
 # One constraint item holds any of these (dotted: the path inside the item); an item is
 # `hardware`, `memory`, `io` or `topology`.
 CONSTRAINT_ITEM_FIELDS = ("hardware", "memory", "io", "topology")
-CONSTRAINTS: dict[str, F.Field] = {
-    "hardware.gpu.minCudaVersion": F.Parsed(
+CONSTRAINTS: dict[str, fields.Field] = {
+    "hardware.gpu.minCudaVersion": fields.Parsed(
         parse_version,
         "CUDA version",
         # A string: a JSON number cannot hold 12.10 (it is 12.1), so the CRD asks for text.
-        F.string(pattern=f"^{VERSION_RE.pattern}$"),
+        fields.string(pattern=f"^{VERSION_RE.pattern}$"),
         as_written=True,
     ),
-    "hardware.gpu.minMemoryGB": F.Int(1, 1 << 20),
-    "hardware.gpu.count": F.Int(1, 1024),
-    "hardware.gpu.model": F.Str(),
-    "hardware.cpu.cores": F.Int(1, 1 << 16),
-    "hardware.cpu.smtExclusive": F.Bool(),
-    "hardware.cpu.numa": F.Choice(["single"]),
-    "memory": F.Parsed(parse_size, "size", F.int_or_string(0, MAX_SIZE, SIZE_PATTERN)),
-    "io.class": F.Choice(IO_CLASSES),
-    "topology.rackAffinity": F.Choice(RACK_AFFINITY),
-    "topology.rackPeers": F.Field(parse_selector, SELECTOR),
-    "topology.zone": F.Str(),
-    "topology.numaAffinity": F.Choice(NUMA_AFFINITY),
-    "topology.sameNodeAs": F.Field(parse_selector, SELECTOR),
-    "topology.awayFrom": F.Field(parse_selector, SELECTOR),
+    "hardware.gpu.minMemoryGB": fields.Int(1, 1 << 20),
+    "hardware.gpu.count": fields.Int(1, 1024),
+    "hardware.gpu.model": fields.Str(),
+    "hardware.cpu.cores": fields.Int(1, 1 << 16),
+    "hardware.cpu.smtExclusive": fields.Bool(),
+    "hardware.cpu.numa": fields.Choice(["single"]),
+    "memory": fields.Parsed(parse_size, "size", fields.int_or_string(0, MAX_SIZE, SIZE_PATTERN)),
+    "io.class": fields.Choice(IO_CLASSES),
+    "topology.rackAffinity": fields.Choice(RACK_AFFINITY),
+    "topology.rackPeers": fields.Field(parse_selector, SELECTOR),
+    "topology.zone": fields.Str(),
+    "topology.numaAffinity": fields.Choice(NUMA_AFFINITY),
+    "topology.sameNodeAs": fields.Field(parse_selector, SELECTOR),
+    "topology.awayFrom": fields.Field(parse_selector, SELECTOR),
 }
 
 
@@ -424,7 +425,7 @@ def dump_constraints(c: Constraints) -> list[dict[str, Any]]:
 def _fields(obj: Any) -> dict[str, Any]:
     """Non-default fields in file form (camelCase keys, versions and selectors as text/maps)."""
     out = {}
-    for f in fields(obj):
+    for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if value is None or value is False:
             continue

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .. import fields as F
+from .. import fields
 from ..spec import Cursor
 
 OPERATORS = ("In", "NotIn", "Exists")
@@ -15,16 +15,16 @@ SELECTOR_FIELDS = ("matchLabels", "matchExpressions")
 EXPRESSION_FIELDS, EXPRESSION_REQUIRED = ("key", "operator", "values"), ("key", "operator")
 # A label value is text; a YAML number is read as its text (`version: 2`), which the CRD
 # takes as an integer too. Not `true`: YAML's booleans are a quoting mistake.
-LABEL_VALUE = F.int_or_string()
-SELECTOR = F.obj(
+LABEL_VALUE = fields.int_or_string()
+SELECTOR = fields.obj(
     {
-        "matchLabels": F.map_of(LABEL_VALUE),
-        "matchExpressions": F.array(
-            F.obj(
+        "matchLabels": fields.map_of(LABEL_VALUE),
+        "matchExpressions": fields.array(
+            fields.obj(
                 {
-                    "key": F.string(),
-                    "operator": F.string(enum=OPERATORS),
-                    "values": F.array(LABEL_VALUE),
+                    "key": fields.string(),
+                    "operator": fields.string(enum=OPERATORS),
+                    "values": fields.array(LABEL_VALUE),
                 },
                 EXPRESSION_REQUIRED,
             )

@@ -12,7 +12,7 @@ from functools import partial
 import click
 
 from ..node_model import ModelError
-from ..policy.documents import InputError, load_items
+from ..policy.documents import DocumentError, load_items
 from ..policy.policy import SchedulingPolicy
 from ..spec import SpecError
 from . import metrics
@@ -28,7 +28,7 @@ MAX_NODES = 1000
 MAX_SLOTS = 250_000  # CPUs, GPUs and TPUs of all nodes: each is a slot the simulator tracks
 
 
-class Refused(Exception):
+class OverLimit(Exception):
     """The inputs are valid but this run would exceed a cap: exit 1."""
 
 
@@ -65,7 +65,7 @@ def simulate(
     policy_path: str | None = None,
 ) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
-    input, Refused past a cap."""
+    input, OverLimit past a cap."""
     w = workload_model.load_workload(workload_path)
     if algorithm == "mlq" and w.levels is None:
         warn(
@@ -75,10 +75,10 @@ def simulate(
         )
     nodes = node_model.load_node_specs(nodes_path)
     if len(nodes) > max_nodes:
-        raise Refused(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
+        raise OverLimit(f"{nodes_path}: {len(nodes)} nodes, more than --max-nodes {max_nodes}")
     slots = sum(n.cpus + n.gpus * n.gpu_shares + n.tpus for n in nodes)
     if slots > max_slots:
-        raise Refused(
+        raise OverLimit(
             f"{nodes_path}: {slots} CPUs, GPUs and TPUs in all, more than --max-slots {max_slots}"
         )
     if any(n.gpu_memory for n in nodes):
@@ -92,7 +92,7 @@ def simulate(
     try:
         jobs = w.generate(seed, capacity, max_jobs)
     except TooManyJobs as exc:
-        raise Refused(f"{workload_path}: {exc}") from None
+        raise OverLimit(f"{workload_path}: {exc}") from None
     policies = load_policies(policy_path, warn) if policy_path else []
     migration = next((p.migration for p in policies if p.migration is not None), None)
     try:
@@ -113,7 +113,7 @@ def load_policies(path: str, warn: Callable[[str], None]) -> list[SchedulingPoli
     the jobs' hard constraints, the first one's `spec.migration` the controller's settings."""
     policies = [p for p in load_items(path) if isinstance(p, SchedulingPolicy)]
     if not policies:
-        raise InputError(f"{path}: no SchedulingPolicy in the file")
+        raise DocumentError(f"{path}: no SchedulingPolicy in the file")
     policies.sort(key=lambda p: (-p.priority, p.name))
     if all(p.migration is None for p in policies):
         warn(
@@ -275,10 +275,10 @@ def simulate_command(
             warn=echo,
             policy_path=policy_path,
         )
-    except (SpecError, ModelError, SimulationError, InputError) as exc:
+    except (SpecError, ModelError, SimulationError, DocumentError) as exc:
         echo(f"xhagent simulate: {exc}")
         sys.exit(2)
-    except Refused as exc:
+    except OverLimit as exc:
         echo(f"xhagent simulate: {exc}")
         sys.exit(1)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))

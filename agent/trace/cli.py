@@ -309,7 +309,7 @@ def stats(file, as_json, top, allow_truncated) -> None:
 def heatmap(file, output, bin_ms, allow_truncated) -> None:
     """CPUs x time bins coloured by busy fraction, as SVG or PNG."""
     from ..outputs import write_all
-    from . import heatmap as hm
+    from .heatmap import busy_grid, png, svg
 
     kind = os.path.splitext(output)[1].lower()
     if kind not in (".svg", ".png"):
@@ -318,10 +318,10 @@ def heatmap(file, output, bin_ms, allow_truncated) -> None:
     tr = _open(file, allow_truncated)
     _warn_lost(tr)
     try:
-        grid = hm.busy_grid(tr, bin_ms, tr.header.meta.get("ncpus"), tr.header.meta.get("filter"))
+        grid = busy_grid(tr, bin_ms, tr.header.meta.get("ncpus"), tr.header.meta.get("filter"))
     except ValueError as exc:
         _fail(f"{file}: {exc}", BAD_INPUT)
-    data = hm.svg(grid).encode() if kind == ".svg" else hm.png(grid)
+    data = svg(grid).encode() if kind == ".svg" else png(grid)
     _write(output, lambda fd: write_all(fd, data))
     click.echo(
         f"trace: heatmap {len(grid.cpus)} CPUs x {grid.bins} bins of {grid.bin_ns / 1e6:g} ms "

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup, lock
-from xhagent.cgroups import delegation as D
+from xhagent.cgroups import Cgroup, delegation, lock
 from xhagent.cgroups.mounts import discover_hierarchy, own_cgroup
 from xhagent.cgroups.subtree import locate
 
@@ -21,9 +20,9 @@ def test_discovery_agrees_with_proc_and_mountinfo():
     mount = Path(discover_hierarchy().unified.path)
     own = own_cgroup()  # the 0:: line of /proc/self/cgroup
     systemd = (mount / "init.scope").is_dir() or Path("/run/systemd/system").is_dir()
-    marked = own != "/" and D.read_delegate_mark(mount / own.strip("/"))
+    marked = own != "/" and delegation.read_delegate_mark(mount / own.strip("/"))
     if not marked and systemd:
-        with pytest.raises(D.DelegationError, match="Delegate=yes"):
+        with pytest.raises(delegation.DelegationError, match="Delegate=yes"):
             locate()
         return
     sub = locate()
@@ -60,21 +59,21 @@ def test_a_delegated_unit_cgroup_is_found_and_its_process_moved_into_the_leaf(un
     rel = cg.path.name
     systemd_run = tmp_path / "run-systemd-system"  # as if systemd were init
     systemd_run.mkdir()
-    with pytest.raises(D.DelegationError, match="Delegate=yes"):
-        D.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
+    with pytest.raises(delegation.DelegationError, match="Delegate=yes"):
+        delegation.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
 
     os.setxattr(cg.path, "trusted.delegate", b"1")  # what systemd writes for Delegate=yes
-    assert D.read_delegate_mark(cg.path) is True
-    placement = D.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
+    assert delegation.read_delegate_mark(cg.path) is True
+    placement = delegation.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
     assert (placement.rel, placement.how, placement.leaf) == (rel, "delegated", "agent.leaf")
-    assert D.pending(mount, placement) == [child.pid]
+    assert delegation.pending(mount, placement) == [child.pid]
 
-    assert D.settle(mount, placement) == [child.pid]
+    assert delegation.settle(mount, placement) == [child.pid]
     assert Path(proc).read_text().strip().endswith(f"::/{rel}/agent.leaf")
     assert cg.procs() == [] and Cgroup(cg.path / "agent.leaf").procs() == [child.pid]
-    assert D.settle(mount, placement) == []  # once only
+    assert delegation.settle(mount, placement) == []  # once only
 
-    again = D.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
+    again = delegation.discover_placement(mount, proc_cgroup=proc, run_dir=systemd_run)
     assert (again.rel, again.leaf) == (rel, "agent.leaf")
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xhagent.cgroups import Cgroup, lock
-from xhagent.cgroups import registry as R
+from xhagent.cgroups import Cgroup, lock, registry
 from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
@@ -56,7 +55,7 @@ def subtree(tmp_path):
 
 
 def usage(group):
-    return Cgroup(group).get(R.CPU_STAT)["usage_usec"]
+    return Cgroup(group).get(registry.CPU_STAT)["usage_usec"]
 
 
 def wait_for(predicate, what, timeout=10.0):
@@ -144,7 +143,7 @@ def test_run_into_a_missing_group_and_escapes_fail_cleanly(subtree):
 
 def test_the_kernels_depth_limit_is_a_plan_error_and_nothing_is_half_applied(subtree, tmp_path):
     subtree.root.mkdir()
-    (subtree.root / R.MAX_DEPTH.name).write_text("1\n")
+    (subtree.root / registry.MAX_DEPTH.name).write_text("1\n")
     policy = tmp_path / "p.yaml"
     policy.write_text(POLICY)
     for cmd in ("plan", "apply"):

@@ -429,6 +429,30 @@ def test_a_cgroup_policy_defines_the_classes_tasks_run_in(agent, tmp_path):
     assert {"cpu.weight=7", "io.weight=3"} <= limits, limits
 
 
+def test_a_cgroup_policy_this_node_cannot_enforce_is_refused_through_the_api(agent):
+    # the shipped example sets io, cpu, cpuset, memory and pids weights and limits, which
+    # this host's cgroup2 tree (hybrid: the controllers are v1's) cannot hold
+    example = Path(__file__).resolve().parents[2] / "configs/examples/cgroup-policy.yaml"
+    mode = discover_hierarchy().mode
+    before = agent.cli("events", "--since", "0", "--json", check=True).stdout.splitlines()
+    res = agent.cli("apply", "-f", str(example))
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0] == f"xhagent: CgroupPolicy io-classes was not applied (cgroup mode {mode}):"
+    for controller in ("io", "cpu", "cpuset", "memory", "pids"):
+        assert any(f"controller {controller} is not available" in line for line in lines[1:])
+    assert any("cgroup-policy.yaml:10:21" in line for line in lines)  # cpu.weight, located
+    assert res.stdout == ""
+    # nothing recorded, nothing written: no event, no version, no group of the policy
+    after = agent.cli("events", "--since", "0", "--json", check=True).stdout.splitlines()
+    assert after == before
+    assert not (agent.subtree_path / "latency-critical").exists()
+    with agent.client() as c:
+        from xhagent.daemon.api.v1 import agent_pb2 as pb
+
+        assert list(c.ListPolicies(pb.ListPoliciesRequest()).policies) == []
+
+
 def test_sighup_rereads_the_policy_directory_and_keeps_serving(agent, tmp_path):
     agent.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 5

@@ -110,3 +110,62 @@ def test_a_latency_task_freezes_a_batch_task_holding_the_cpus(agent):
     assert f"Running -> Frozen: preempted by {latency}" in messages, messages
     assert wait(agent, batch).state == "Succeeded"
     assert output(agent, batch) == "batch-done\n"
+
+
+def cgroup_policy(name: str, groups: str) -> str:
+    return (
+        f"apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {{name: {name}}}\n"
+        f"spec:\n  groups:\n{groups}"
+    )
+
+
+def test_an_api_applied_cgroup_policy_is_in_the_kernel_at_once(agent):
+    source = cgroup_policy(
+        "api-classes",
+        "    - name: fast\n      cpu: {weight: 400}\n      memory: {max: 256Mi}\n"
+        "    - name: slow\n      cpu: {weight: 50}\n      pids: {max: 64}\n",
+    )
+    with agent.client() as c:
+        reply = c.ApplyPolicy(pb.ApplyPolicyRequest(source=source, file_name="api.yaml"))
+        assert [(p.kind, p.name, p.version) for p in reply.policies] == [
+            ("CgroupPolicy", "api-classes", 1)
+        ]
+        assert any("cpu.weight = 400" in change for change in reply.cgroup_changes)
+        events = list(c.Watch(pb.WatchRequest(since_seq=0)))
+    # no reload, no SIGHUP: the values are in the kernel's files when the call returns
+    fast, slow = agent.subtree_path / "fast", agent.subtree_path / "slow"
+    assert (fast / "cpu.weight").read_text().strip() == "400"
+    assert (fast / "memory.max").read_text().strip() == str(256 << 20)
+    assert (slow / "cpu.weight").read_text().strip() == "50"
+    assert (slow / "pids.max").read_text().strip() == "64"
+    applied = [e for e in events if e.kind == "PolicyApplied"]
+    assert len(applied) == 1 and "api-classes version 1" in applied[0].message
+
+
+def test_a_cgroup_policy_refused_half_way_is_taken_back(agent):
+    # the planner cannot know that this node has no CPU 63: the kernel refuses the write
+    # after the first group was made and set, and the agent takes all of it back
+    cpus = os.sched_getaffinity(0)
+    assert 63 not in cpus
+    source = cgroup_policy(
+        "half-way",
+        "    - name: first\n      cpu: {weight: 300}\n"
+        "    - name: second\n      cpuset: {cpus: '63'}\n",
+    )
+    with agent.client() as c:
+        seq = max((e.seq for e in c.Watch(pb.WatchRequest(since_seq=0))), default=0)
+        try:
+            c.ApplyPolicy(pb.ApplyPolicyRequest(source=source, file_name="half.yaml"))
+        except Exception as exc:  # ApiError: FAILED_PRECONDITION with each setting and why
+            refused = exc
+        else:
+            raise AssertionError("a cpuset of a CPU the node lacks was applied")
+        assert refused.code == "FAILED_PRECONDITION"
+        details = str(refused).splitlines()
+        assert details[0] == "CgroupPolicy half-way was not applied (cgroup mode unified):"
+        assert "cpuset.cpus" in details[1] and "not taken back" not in str(refused)
+        assert list(c.ListPolicies(pb.ListPoliciesRequest()).policies) == []
+        later = [e.kind for e in c.Watch(pb.WatchRequest(since_seq=seq))]
+    assert "PolicyApplied" not in later
+    assert not (agent.subtree_path / "first").exists()
+    assert not (agent.subtree_path / "second").exists()

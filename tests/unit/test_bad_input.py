@@ -43,7 +43,7 @@ LOADERS = {
     "inventory node file": (inventory.load_nodes, "name: n1\nlabels:\n"),
     "agent config": (load_config, "nodeName: n1\nlabels:\n"),
 }
-ERRORS = (SpecError, documents.InputError, inventory.ModelError)
+ERRORS = (SpecError, documents.DocumentError, inventory.ModelError)
 
 
 def alias_bomb() -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from xhagent.cgroups import registry as R
+from xhagent.cgroups import registry
 from xhagent.cgroups import values as v
 from xhagent.cgroups.io_weight import bfq_weight, enforcer, io_cost_enabled
 
@@ -58,7 +58,7 @@ def test_keyed_files_parse():
         "259:0": {"rbps": "max", "wbps": 1048576, "riops": "max", "wiops": "max"}
     }
     assert v.parse_flat_keyed("populated 1\nfrozen 0\n") == {"populated": 1, "frozen": 0}
-    assert R.IO_WEIGHT.format({"default": 500, "259:0": 800}) == ["default 500", "259:0 800"]
+    assert registry.IO_WEIGHT.format({"default": 500, "259:0": 800}) == ["default 500", "259:0 800"]
     assert io_cost_enabled("259:0 enable=1 ctrl=auto rpct=0.00\n8:0 enable=0 ctrl=auto\n") == {
         "259:0"
     }
@@ -77,9 +77,9 @@ def test_enforcer_per_device():
 
 
 def test_registry_declares_each_file_once_and_lookup_suggests():
-    names = [f.name for f in R.BY_NAME.values()]
+    names = [f.name for f in registry.BY_NAME.values()]
     assert len(names) == len(set(names))
-    assert R.lookup("memory.max") is R.MEMORY_MAX
+    assert registry.lookup("memory.max") is registry.MEMORY_MAX
     with pytest.raises(KeyError, match="did you mean 'memory.max'"):
-        R.lookup("memory.mx")
-    assert R.BY_POLICY[("cpu", "max.burst")] is R.CPU_MAX_BURST
+        registry.lookup("memory.mx")
+    assert registry.BY_POLICY[("cpu", "max.burst")] is registry.CPU_MAX_BURST

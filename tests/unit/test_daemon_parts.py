@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from xhagent.cgroups import registry as R
+from xhagent.cgroups import registry
 from xhagent.daemon.exec.leaf import enforcement_reason, plan_leaf
 from xhagent.daemon.loop.submission import InvalidTask, parse_submission
 from xhagent.daemon.policies.policy_set import PolicySet
@@ -24,12 +24,12 @@ POLICY = (
 def test_a_leaf_gets_its_placement_request_and_class():
     plan = plan_leaf(cpus=[3, 2], mems=[0], memory=1 << 30, weights=(1000, 1000), missing={})
     assert [(f, v) for f, v in plan.settings] == [
-        (R.CPUSET_CPUS, "2-3"),
-        (R.CPUSET_MEMS, "0"),
-        (R.MEMORY_MAX, 1 << 30),
-        (R.MEMORY_SWAP_MAX, 0),
-        (R.CPU_WEIGHT, 1000),
-        (R.IO_WEIGHT, {"default": 1000}),
+        (registry.CPUSET_CPUS, "2-3"),
+        (registry.CPUSET_MEMS, "0"),
+        (registry.MEMORY_MAX, 1 << 30),
+        (registry.MEMORY_SWAP_MAX, 0),
+        (registry.CPU_WEIGHT, 1000),
+        (registry.IO_WEIGHT, {"default": 1000}),
     ]
     assert plan.unenforced == ()
 
@@ -144,8 +144,12 @@ def test_one_definition_per_name_across_files_and_the_api(policies):
     with pytest.raises(PolicyError, match="already defined by") as info:
         ps.apply(POLICY.format(name="p", priority=80), "api.yaml")
     assert not info.value.invalid
-    (info_,) = ps.apply(POLICY.format(name="q", priority=80), "api.yaml")
-    assert info_["version"] == 1 and {p.name for p in ps.scheduling()} == {"p", "q"}
+    (info_,), enacted = ps.apply(POLICY.format(name="q", priority=80), "api.yaml")
+    assert (
+        info_["version"] == 1
+        and enacted is None
+        and {p.name for p in ps.scheduling()} == {"p", "q"}
+    )
     # kept in the store: a new set (a restarted agent) has it
     again = PolicySet(directory, store, lambda: 1, lambda *a: None)
     assert [p.name for p in again.scheduling()] == ["q"]
@@ -154,6 +158,80 @@ def test_one_definition_per_name_across_files_and_the_api(policies):
     assert ps.remove("", "q")["name"] == "q"
     with pytest.raises(KeyError):
         ps.remove("", "q")
+
+
+CGROUP = (
+    "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {{name: {name}}}\n"
+    "spec:\n  groups:\n    - name: a\n      cpu: {{weight: {weight}}}\n"
+)
+
+
+@pytest.fixture
+def enacting(tmp_path):
+    """A policy set whose kernel is a function: weights above 1000 are refused."""
+    from xhagent.daemon.policies.enact import Enacted
+
+    store = Store.open(tmp_path / "state")
+    directory = tmp_path / "policies.d"
+    directory.mkdir()
+    seen, enacted, woken = [], [], []
+
+    def enact(policy):
+        enacted.append(policy.name)
+        weight = policy.groups[0].settings["cpu.weight"]
+        if weight > 1000:
+            why = f"write a cpu.weight = {weight}: the node refuses it"
+            return Enacted(policy.name, "unified", not_applied=(why,))
+        return Enacted(
+            policy.name, "unified", changes=("create a", f"write a cpu.weight = {weight}")
+        )
+
+    ps = PolicySet(directory, store, lambda: 1, lambda k, m: seen.append((k, m)), enact)
+    ps.on_change = lambda: woken.append(1)
+    yield ps, directory, store, seen, enacted, woken
+    store.close()
+
+
+def test_an_api_applied_cgroup_policy_goes_to_the_kernel_in_one_commit(enacting):
+    from xhagent.daemon.policies.policy_set import PolicyNotApplied
+
+    ps, _, store, seen, enacted, woken = enacting
+    seq = store.last_event_seq()
+    with pytest.raises(PolicyNotApplied) as refused:
+        ps.apply(CGROUP.format(name="c", weight=5000), "c.yaml")
+    assert not refused.value.invalid  # FAILED_PRECONDITION, not bad input
+    assert str(refused.value).splitlines() == [
+        "CgroupPolicy c was not applied (cgroup mode unified):",
+        "  write a cpu.weight = 5000: the node refuses it",
+    ]
+    # nothing recorded, nothing in force, no event, the loop not woken
+    assert store.active_policies() == [] and ps.cgroup() == [] and woken == []
+    assert store.last_event_seq() == seq
+    (info,), done = ps.apply(CGROUP.format(name="c", weight=300), "c.yaml")
+    assert info["version"] == 1 and done.changes == ("create a", "write a cpu.weight = 300")
+    events = store.events(seq)
+    assert [(e.kind, e.message) for e in events] == [
+        ("PolicyApplied", "CgroupPolicy c version 1 from c.yaml (2 cgroup changes)")
+    ]
+    assert woken == [1] and [p.name for p in ps.cgroup()] == ["c"]
+    assert ps.remove("CgroupPolicy", "c")["version"] == 1
+    assert [e.kind for e in store.events(events[-1].seq)] == ["PolicyRemoved"]
+    assert woken == [1, 1] and enacted == ["c", "c"]
+
+
+def test_a_cgroup_policy_file_the_node_cannot_enforce_changes_nothing(enacting):
+    ps, directory, _, seen, enacted, woken = enacting
+    path = directory / "c.yaml"
+    path.write_text(CGROUP.format(name="c", weight=200))
+    assert ps.reload() is True and woken == [1]
+    assert seen[-1] == ("PolicyLoaded", f"{path}: CgroupPolicy c (2 cgroup changes)")
+    assert ps.reload() is False and enacted == ["c"]  # the same text again: no change
+    path.write_text(CGROUP.format(name="c", weight=9000))
+    assert ps.reload({"c.yaml"}) is False and woken == [1]
+    kind, message = seen[-1]
+    assert kind == "PolicyRejected" and "cgroup mode unified" in message
+    assert message.endswith("(the previous version stays in force)")
+    assert ps.cgroup()[0].groups[0].settings["cpu.weight"] == 200
 
 
 # -- the directory watch -------------------------------------------------------------------------

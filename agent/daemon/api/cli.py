@@ -249,7 +249,10 @@ def events(follow, task_id, since, as_json, socket_path) -> None:
 )
 @socket_option
 def apply(path, socket_path) -> None:
-    """Apply policies through the agent (kept until `xhagent delete policy NAME`)."""
+    """Apply policies through the agent (kept until `xhagent delete policy NAME`).
+
+    A CgroupPolicy goes into the node's cgroup tree whole or not at all: one the node cannot
+    enforce is refused (exit 1), each setting named with why."""
     from ...spec import SpecError, read_text
 
     try:
@@ -261,6 +264,8 @@ def apply(path, socket_path) -> None:
     )
     for p in reply.policies:
         click.echo(f"applied {p.kind} {p.name} (version {p.version})")
+    for change in reply.cgroup_changes:
+        click.echo(f"  {change}")
 
 
 @click.group()

@@ -191,11 +191,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @unary
     def ApplyPolicy(self, request):
         try:
-            infos = self.policies.apply(request.source, request.file_name or "<applied>")
-        except PolicyError as exc:
+            infos, enacted = self.policies.apply(request.source, request.file_name or "<applied>")
+        except PolicyError as exc:  # a CgroupPolicy the node cannot enforce: each setting, why
             raise (InvalidArgument if exc.invalid else FailedPrecondition)(str(exc)) from None
-        self.scheduler.wake()
-        return pb.ApplyPolicyResponse(policies=[pb.PolicyInfo(**i) for i in infos])
+        except StoreError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        return pb.ApplyPolicyResponse(
+            policies=[pb.PolicyInfo(**i) for i in infos],
+            cgroup_changes=enacted.changes if enacted else (),
+        )
 
     @unary
     def RemovePolicy(self, request):
@@ -203,9 +207,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             info = self.policies.remove(request.kind, request.name)
         except KeyError:
             raise NotFound(f"no {request.kind or 'policy'} {request.name}") from None
-        except PolicyError as exc:
+        except (PolicyError, StoreError) as exc:
             raise FailedPrecondition(str(exc)) from None
-        self.scheduler.wake()
         return pb.RemovePolicyResponse(removed=pb.PolicyInfo(**info))
 
     @unary

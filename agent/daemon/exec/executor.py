@@ -20,8 +20,7 @@ import grp
 import pwd
 from pathlib import Path
 
-from ...cgroups import Cgroup, CgroupError
-from ...cgroups import registry as R
+from ...cgroups import Cgroup, CgroupError, registry
 from ...cgroups.subtree import Subtree
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
@@ -62,7 +61,7 @@ class Executor:
             if not todo:
                 continue
             try:
-                group.write(R.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in todo))
+                group.write(registry.SUBTREE_CONTROL.name, " ".join(f"+{c}" for c in todo))
             except CgroupError as exc:  # e.g. EBUSY: processes in a group that is not a leaf
                 for c in todo:
                     self.missing[c] = f"enabling {c} in {group.path}: {exc}"
@@ -138,7 +137,7 @@ class Executor:
         """memory.events oom_kill of the task's leaf (0 without the memory controller)."""
         leaf = self.leaf(task_id)
         try:
-            return int(leaf.get(R.MEMORY_EVENTS).get("oom_kill", 0))
+            return int(leaf.get(registry.MEMORY_EVENTS).get("oom_kill", 0))
         except (CgroupError, OSError, ValueError):
             return 0
 
@@ -147,7 +146,7 @@ class Executor:
         leaf = self.leaf(task_id)
         if not leaf.path.is_dir():
             return
-        if leaf.read(R.FREEZE.name).strip() == "1":
+        if leaf.read(registry.FREEZE.name).strip() == "1":
             leaf.thaw(timeout)
         if leaf.events().get("populated"):
             leaf.kill(timeout)
@@ -157,7 +156,7 @@ class Executor:
         leaf = self.leaf(task_id)
         if not leaf.path.is_dir():
             return
-        if (leaf.read(R.FREEZE.name).strip() == "1") != frozen:
+        if (leaf.read(registry.FREEZE.name).strip() == "1") != frozen:
             leaf.freeze(timeout) if frozen else leaf.thaw(timeout)
 
     def remove_leaf(self, task_id: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ...cgroups import registry as R
+from ...cgroups import registry
 from ...cpulist import format_cpulist
 from ..store.records import Unenforced
 
@@ -22,7 +22,7 @@ CONTROLLERS = ("cpu", "cpuset", "io", "memory", "pids")
 
 @dataclass(frozen=True)
 class LeafPlan:
-    settings: tuple[tuple[R.CgroupFile, object], ...]  # written in this order
+    settings: tuple[tuple[registry.CgroupFile, object], ...]  # written in this order
     unenforced: tuple[Unenforced, ...]
 
 
@@ -37,23 +37,23 @@ def plan_leaf(
     """The settings of a leaf; `missing` maps each controller the node cannot enforce in the
     agent's subtree to why (e.g. "cpu is not available in cgroup2 (held by cgroup v1)")."""
     cpu_weight, io_weight = weights
-    wanted: list[tuple[str, R.CgroupFile, object]] = []
+    wanted: list[tuple[str, registry.CgroupFile, object]] = []
     cpus = sorted(set(cpus))
     if cpus:
-        wanted.append(("cpuset", R.CPUSET_CPUS, format_cpulist(cpus)))
+        wanted.append(("cpuset", registry.CPUSET_CPUS, format_cpulist(cpus)))
         mems = sorted(set(mems))
         if mems:
-            wanted.append(("cpuset", R.CPUSET_MEMS, format_cpulist(mems)))
+            wanted.append(("cpuset", registry.CPUSET_MEMS, format_cpulist(mems)))
     if memory:
-        wanted.append(("memory", R.MEMORY_MAX, memory))
+        wanted.append(("memory", registry.MEMORY_MAX, memory))
         # a limit the task could swap past is no limit (where the kernel has swap at all)
-        wanted.append(("memory", R.MEMORY_SWAP_MAX, 0))
-    wanted.append(("cpu", R.CPU_WEIGHT, cpu_weight))
-    wanted.append(("io", R.IO_WEIGHT, {"default": io_weight}))
+        wanted.append(("memory", registry.MEMORY_SWAP_MAX, 0))
+    wanted.append(("cpu", registry.CPU_WEIGHT, cpu_weight))
+    wanted.append(("io", registry.IO_WEIGHT, {"default": io_weight}))
     settings, unenforced = [], []
     for controller, f, value in wanted:
         if controller in missing:
-            if f is R.MEMORY_SWAP_MAX:  # said once, by memory.max
+            if f is registry.MEMORY_SWAP_MAX:  # said once, by memory.max
                 continue
             shown = value["default"] if isinstance(value, dict) else value
             unenforced.append(Unenforced(controller, f"{f.name}={shown}", missing[controller]))

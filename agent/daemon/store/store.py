@@ -527,7 +527,8 @@ class Store:
 
     def put_policy(self, kind: str, name: str, source: str, file: str) -> int:
         """The version now active: a new one, or the active one when `source` is unchanged
-        (applying the same file twice is not a change)."""
+        (applying the same file twice is not a change). The event that says so is the
+        caller's, in the same transaction (`atomic()`)."""
         kind, name = text(kind, "policy kind", MAX_NAME), text(name, "policy name", MAX_NAME)
         source = text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
         file = text(file, "policy file name", MAX_SHORT, cut=True)
@@ -550,7 +551,6 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (kind, name, last + 1, source, file, self._clock()),
             )
-            self._event(c, None, "PolicyApplied", f"{kind} {name} version {last + 1} from {file}")
             return last + 1
 
     def remove_policy(self, kind: str, name: str) -> int:
@@ -568,7 +568,6 @@ class Store:
                 "AND removed_ns IS NULL",
                 (self._clock(), kind, name),
             )
-            self._event(c, None, "PolicyRemoved", f"{kind} {name} version {version}")
             return version
 
     def active_policies(self, kind: str | None = None) -> list[PolicyRecord]:
