@@ -87,7 +87,7 @@ def bench_metrics(groups, tasks, rounds, as_json) -> None:
     from ..cgroups import Cgroup, registry
     from ..cgroups.mounts import discover_hierarchy
     from ..daemon.metrics import AgentMetrics
-    from ..daemon.store.store import Store
+    from ..daemon.store import Store
 
     if os.geteuid() != 0:
         click.echo("xhagent bench metrics: needs root (it creates cgroups)", err=True)

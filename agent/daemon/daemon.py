@@ -41,7 +41,7 @@ from .loop.submission import parse_submission
 from .policies.enact import enact
 from .policies.policy_set import PolicySet
 from .policies.watch import DirectoryWatch
-from .store.store import Store
+from .store import Store
 
 log = logging.getLogger("xhagent")
 DEFAULT_POLICIES = Path("/etc/xhagent/policies.d")

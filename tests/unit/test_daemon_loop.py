@@ -382,12 +382,19 @@ def test_recovery_completes_a_cancel_and_a_preemption_kill(loop):
 def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
     running, frozen, dead = loop.submit(task("r"), task("f"), task("d"))
     loop.step()
-    loop.store.transition(frozen, TaskState.FROZEN)  # its freeze was cut before the kernel's
+    # a thaw cut after the kernel thawed the leaf, before its record (Frozen); a freeze cut
+    # after the kernel froze the leaf, before its record (Running): the kernel is made to
+    # match each record
+    loop.store.transition(frozen, TaskState.FROZEN)
+    loop.store.begin_intent(frozen, "thaw")
+    loop.store.begin_intent(running, "freeze", {"preempted_by": "t0000009"})
+    loop.executor.leaves_[running].frozen = True
     loop.executor.dead_shims.add(dead)
     loop.executor.leaves_["t00000zz"] = FakeLeaf(Path("orphan"))
     counts = loop.restart()
     assert counts == {"adopted": 2, "ended": 1, "rolled_back": 0, "orphan_leaves": 1, "moved": 0}
     assert loop.state(running) == TaskState.RUNNING and loop.executor.leaf(frozen).frozen
+    assert not loop.executor.leaf(running).frozen and loop.store.open_intents() == []
     rec = loop.store.get(dead)
     assert rec.state == TaskState.FAILED and "ended without a record" in rec.error
     loop.executor.exit(running, 0)

@@ -69,17 +69,10 @@ log = logging.getLogger("xhagent")
 __all__ = [
     "ACTIONS",
     "Conflict",
-    "Event",
-    "Intent",
     "NotFound",
-    "Placement",
-    "PolicyRecord",
     "Store",
     "StoreError",
     "StoreFull",
-    "TaskRecord",
-    "TaskSummary",
-    "WaitReason",
     "format_task_id",
     "parse_task_id",
 ]
