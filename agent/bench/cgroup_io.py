@@ -10,8 +10,11 @@ everything (io.cost included) is put back afterwards. Reads only: nothing is eve
 written to the disk.
 
 `--device nullb` makes a null_blk disk (cgroups/nullb.py) whose queue, not the CPU, limits
-it, writes a fixed io.cost model for it (nullb.NULLB_MODEL), and adds a BFQ case; the disk
-goes afterwards.
+it, measures what three readers issue together there under io.cost with a budget none
+reaches, writes an io.cost model whose budget is a fraction of that (nullb.io_cost_budget:
+below what the readers issue on this machine, however fast or slow, so that io.cost decides
+the split; the JSON's `io_cost_budget` says it), and adds a BFQ case; the disk goes
+afterwards.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..cgroups import nullb, registry, values
 from ..cgroups.enact import apply_policy
 from ..cgroups.group import Cgroup, CgroupError
 from ..cgroups.io_weight import io_cost_enabled, resolve_device, scheduler
-from ..cgroups.nullb import NULLB_MODEL, NULLB_QOS
+from ..cgroups.nullb import CALIBRATION_IOPS, NULLB_QOS, io_cost_budget, io_cost_model
 from ..cgroups.policy import load_policy_text
 from ..cgroups.reconcile import Options
 from ..cgroups.spawn import Spawned
@@ -82,6 +85,7 @@ print(ops, nbytes, first - opens)
 # From the "go" to the window's opening: the readers' first reads go out and io.cost sees
 # every group busy before anything is counted (fio's ramp_time).
 RAMP_S = 0.5
+CALIBRATION_S = 3.0  # the calibration run: long enough for a steady rate, short for the suite
 KILL_WAIT_S = 30  # for a reader to exit after SIGKILL before the run gives up on it
 HEAD = (
     "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\n"
@@ -170,6 +174,8 @@ CASES = (
 # the bench made, whose scheduler it may change.
 BFQ_CASE = Case("bfq", _flat(500, 100), scheduler="bfq")
 SOLO = Case("solo", (Group("solo", 100),))
+# What the readers issue together under io.cost when it throttles no one: the budget's gauge.
+CALIBRATION = Case("calibration", _flat(100, 100, 100))
 
 NULLB_DEVICE = "nullb"
 
@@ -296,7 +302,7 @@ def _block(_ctx: click.Context, _param: click.Parameter, value: int) -> int:
     default="nvme0n1",
     show_default=True,
     help="Block device to read (read-only), or `nullb`: a null_blk disk the bench makes, "
-    "with a fixed io.cost model, and removes afterwards.",
+    "with an io.cost model whose budget is measured in the same run, and removes afterwards.",
 )
 @click.option(
     "--seconds",
@@ -354,18 +360,20 @@ def _bench(device: str, seconds: float, block: int, depth: int) -> None:
                 f"{dev_path} is not a block device here (the guest VM of tools/vmtest has "
                 f"nvme0n1; `--device {NULLB_DEVICE}` makes a null_blk disk)"
             )
-        _measure(device, seconds, block, depth, model=None, cases=CASES)
+        _measure(device, seconds, block, depth, io_cost=False, cases=CASES)
         return
     nullb.load_module()
     try:
         with nullb.null_blk(f"xhagent-bench-{os.getpid()}", nullb.BENCH_SETTINGS) as disk:
             (Path("/sys/block") / disk.disk / "queue/scheduler").write_text("none")
-            _measure(disk.disk, seconds, block, depth, model=NULLB_MODEL, cases=(*CASES, BFQ_CASE))
+            _measure(disk.disk, seconds, block, depth, io_cost=True, cases=(*CASES, BFQ_CASE))
     except nullb.NullBlkError as exc:
         _fail(str(exc))
 
 
-def _measure(device: str, seconds: float, block: int, depth: int, model: str | None, cases) -> None:
+def _measure(device: str, seconds: float, block: int, depth: int, io_cost: bool, cases) -> None:
+    """Every case on `device`; `io_cost`: write the disk's io.cost model and QoS, with a
+    budget from the baseline (a disk the bench made)."""
     try:
         majmin = resolve_device(device)
         sub = locate(f"xhagent-bench-{os.getpid()}.slice")
@@ -374,7 +382,7 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
     top = sub.top
     if "io" not in top.controllers():
         _fail(f"the io controller is not available in cgroup2 at {top.path}")
-    if model is not None and not top.has(registry.IO_COST_MODEL):
+    if io_cost and not top.has(registry.IO_COST_MODEL):
         _fail(f"this kernel has no io.cost ({top.path / registry.IO_COST_MODEL.name} is absent)")
     size = int((Path("/sys/block") / device / "size").read_text()) * 512
     had_io = "io" in top.subtree_control()
@@ -391,18 +399,17 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
     }
     sched_file = Path("/sys/block") / device / "queue/scheduler"
     try:
-        if model is not None:
-            top.write(registry.IO_COST_MODEL.name, f"{majmin} {model}")
-            top.write(registry.IO_COST_QOS.name, f"{majmin} {NULLB_QOS}")
-            out["io_cost_model"] = top.read(registry.IO_COST_MODEL.name)
-            out["io_cost_qos"] = top.read(registry.IO_COST_QOS.name)
         click.echo("bench cgroup-io: baseline, one reader alone", err=True)
         solo = _one_run(sub, device, SOLO, size, block, depth, seconds, out)
         out["baseline_solo_IOPS"] = solo["IOPS"][0]
+        if io_cost:
+            out["io_cost_budget"] = _calibrate(sub, top, device, majmin, size, block, depth)
+            out["io_cost_model"] = top.read(registry.IO_COST_MODEL.name)
+            out["io_cost_qos"] = top.read(registry.IO_COST_QOS.name)
         for case in cases:
             if case.scheduler is not None:
                 sched_file.write_text(case.scheduler)
-                if model is not None:  # BFQ alone holds the weights in this case
+                if io_cost:  # BFQ alone holds the weights in this case
                     top.write(registry.IO_COST_QOS.name, f"{majmin} enable=0")
             weights = "/".join(str(w) for w in (g.weight for _, g in case.leaves()))
             click.echo(f"bench cgroup-io: {case.name} ({weights}), all at once", err=True)
@@ -430,13 +437,33 @@ def _measure(device: str, seconds: float, block: int, depth: int, model: str | N
     click.echo(json.dumps(out, indent=2))
 
 
+def _calibrate(sub, top: Cgroup, device, majmin, size, block, depth) -> dict:
+    """Run three readers under io.cost with a budget none reaches, then write the model whose
+    budget is a fraction of what they issued together; what was measured and chosen."""
+    seconds = CALIBRATION_S
+    click.echo("bench cgroup-io: calibration, three readers under io.cost unthrottled", err=True)
+    top.write(registry.IO_COST_MODEL.name, f"{majmin} {io_cost_model(CALIBRATION_IOPS)}")
+    top.write(registry.IO_COST_QOS.name, f"{majmin} {NULLB_QOS}")
+    run = _one_run(sub, device, CALIBRATION, size, block, depth, seconds, {})
+    budget = io_cost_budget(run["total_IOPS"])
+    top.write(registry.IO_COST_MODEL.name, f"{majmin} {io_cost_model(budget)}")
+    return {
+        "rand_read_iops": budget,
+        "calibration_IOPS": run["total_IOPS"],
+        "calibration_seconds": seconds,
+        "fraction": nullb.BUDGET_FRACTION,
+        "why": "below what the readers issue together on this machine under io.cost, so that "
+        "io.cost, not their CPU, decides the split",
+    }
+
+
 def _one_run(
     sub, device: str, case: Case, size: int, block: int, depth: int, seconds: float, out: dict
 ) -> dict:
     """The case's groups made by the reconciler, one reader in each leaf, then removed."""
     policy = load_policy_text(case.policy(device), "<bench>")
     # io.cost for the weighted cases, unless the case is another enforcer's (BFQ)
-    cost = case is not SOLO and case.scheduler is None
+    cost = case is not SOLO and case is not CALIBRATION and case.scheduler is None
     outcome = apply_policy(policy, sub, Options(own_root=True, enable_io_cost=cost))
     p, report = outcome.plan, outcome.report
     if p.errors:

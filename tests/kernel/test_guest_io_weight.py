@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.cgroups.io_weight import io_cost_enabled
+from xhagent.cgroups.nullb import BUDGET_FRACTION, MIN_BUDGET_IOPS
 
 pytestmark = pytest.mark.kernel
 NULLB = Path("/sys/kernel/config/nullb")
@@ -75,6 +76,21 @@ def held_tasks() -> dict[str, str]:
 
 def runs(result):
     return {run["case"]: run for run in result["runs"]}
+
+
+def test_the_io_cost_budget_is_measured_below_what_the_readers_issue(bench):
+    """The model's budget is a fraction of what the readers issued together in this run
+    under io.cost unthrottled, so io.cost throttles on a slow machine as on a fast one: the
+    weighted groups together read about the budget, not what their CPU allowed."""
+    result, _ = bench
+    budget = result["io_cost_budget"]
+    together = budget["calibration_IOPS"]
+    assert budget["fraction"] == BUDGET_FRACTION
+    assert budget["rand_read_iops"] == max(MIN_BUDGET_IOPS, int(together * BUDGET_FRACTION))
+    assert f"rrandiops={budget['rand_read_iops']} " in result["io_cost_model"]
+    for case in ("two", "three", "nested"):
+        run = runs(result)[case]
+        assert run["total_IOPS"] <= budget["rand_read_iops"] * 1.15, (case, budget, run)
 
 
 def test_two_groups_split_the_disk_by_their_weights(bench):

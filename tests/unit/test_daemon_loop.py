@@ -398,7 +398,7 @@ def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
     rec = loop.store.get(dead)
     assert rec.state == TaskState.FAILED and "ended without a record" in rec.error
     loop.executor.exit(running, 0)
-    loop.step()  # adopted: its end is seen through the pidfd the new agent opened
+    loop.step()  # adopted and supervised again: its end is collected
     assert loop.state(running) == TaskState.SUCCEEDED
 
 
