@@ -294,10 +294,12 @@ class Daemon:
             self.taskstats = None
         if self.scheduler is not None:
             self.scheduler.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            if self._thread is None or not self._thread.is_alive():  # its selector is free
+                self.scheduler.close()
             self._thread = None
-            self.scheduler.close()
+            self.scheduler = None
         if self.pool is not None:  # its clients' pending tasks fail with PoolClosed
             self.pool.close()
             self.pool = None
