@@ -10,6 +10,8 @@
     subtree: xhagent.slice      # default: discovered (the delegated unit cgroup); the
                                 # packaged unit passes --subtree, which wins
     logCap: 16Mi                # per task output stream
+    adminGroup: xhagent-admin   # its members may do all root may through the API;
+                                # "" for none (root and the agent's user only)
     pool:                       # a runtime worker pool the agent hosts (default: none)
       cpus: auto                # auto: every CPU the agent may use, reserved ones excluded;
                                 # or a cpu list ("2-7", [2, 3])
@@ -24,6 +26,7 @@ CPUs of this node (`check_reserved`, once the node's CPUs are known).
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ FIELDS = (
     "policiesDir",
     "subtree",
     "logCap",
+    "adminGroup",
     "pool",
 )
 POOL_FIELDS = ("cpus", "sliceMs")
@@ -70,6 +74,7 @@ class AgentConfig:
     policies_dir: Path | None = None
     subtree: str | None = None
     log_cap: int | None = None
+    admin_group: str | None = None  # None: the default (xhagent-admin); "": none
     source: str | None = None
     reserved_at: str = field(default="", compare=False)  # FILE:LINE:COL of reservedCpus
     pool: PoolConfig | None = None
@@ -158,6 +163,9 @@ def _config(docs, source: str) -> AgentConfig:
         if root["logCap"].present:
             values["log_cap"] = _size(root["logCap"])
     with doc.collecting():
+        if root["adminGroup"].present:
+            values["admin_group"] = _group_name(root["adminGroup"])
+    with doc.collecting():
         if root["pool"].present:
             values["pool"] = _pool(root["pool"], source)
     try:
@@ -165,6 +173,14 @@ def _config(docs, source: str) -> AgentConfig:
     except SpecError as exc:
         raise ConfigError.of(exc) from None
     return AgentConfig(**values, source=source)
+
+
+def _group_name(c: Cursor) -> str:
+    """A group name as the node's group database holds them (it need not exist yet)."""
+    name = c.str()
+    if name and (len(name) > 32 or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*\$?", name)):
+        raise c.error(f"adminGroup: {name!r} is not a group name")
+    return name
 
 
 def _absolute(c: Cursor) -> Path:

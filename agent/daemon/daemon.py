@@ -33,6 +33,7 @@ from ..cgroups.subtree import locate
 from ..config import PoolConfig
 from ..node_model import Node
 from .api import transport
+from .api.access import Directory
 from .api.service import AgentService
 from .exec.executor import Executor
 from .loop.faults import Faults
@@ -57,6 +58,8 @@ class Settings:
     node: Node
     subtree: str | None = None
     log_cap: int = DEFAULT_LOG_CAP
+    admin_group: str = "xhagent-admin"  # "" for none: root and the agent's user only
+    max_streams: int = 1024  # following API streams per caller
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     debug_endpoints: bool = False  # /debug/ on the metrics port
     pool: PoolConfig | None = None  # the worker pool to host; None: none
@@ -162,7 +165,14 @@ class Daemon:
             from .exec.pooling import describe
 
             info["pool"] = describe(self.pool)
-        self.service = AgentService(self.scheduler, policies, info, self.faults)
+        self.service = AgentService(
+            self.scheduler,
+            policies,
+            info,
+            self.faults,
+            Directory(s.admin_group or None),
+            max_streams=s.max_streams,
+        )
         self.server = transport.bind(self.service, s.socket)
         self.policies = policies
         policies.on_change = self.scheduler.wake

@@ -68,6 +68,20 @@ from .api.cli import fail, socket_option
     "address; heap also traces allocations (costs memory and time).",
 )
 @click.option(
+    "--admin-group",
+    default=None,
+    metavar="GROUP",
+    help="Members of GROUP may do through the API all that root may; '' for none "
+    "[default: agent.yaml's adminGroup, else xhagent-admin].",
+)
+@click.option(
+    "--max-streams",
+    type=click.IntRange(1, 1 << 20),
+    default=1024,
+    show_default=True,
+    help="Following Watch and Logs streams one caller (uid) may hold open at once.",
+)
+@click.option(
     "--pool",
     "pool_cpus",
     default=None,
@@ -91,6 +105,8 @@ def run(
     log_format,
     metrics_addr,
     debug_endpoints,
+    admin_group,
+    max_streams,
     pool_cpus,
     pool_slice_ms,
 ) -> None:
@@ -98,6 +114,7 @@ def run(
     from ..config import ConfigError, check_reserved, load_config
     from ..inventory import build_model, discover_node
     from ..metrics.exporter import parse_addr
+    from .api.access import DEFAULT_ADMIN_GROUP
     from .api.transport import BindError, resolve_socket
     from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
     from .notify import notify_ready, notify_stopping
@@ -138,6 +155,8 @@ def run(
         node=node,
         subtree=subtree or config.subtree,
         log_cap=config.log_cap or DEFAULT_LOG_CAP,
+        admin_group=_first(admin_group, config.admin_group, DEFAULT_ADMIN_GROUP),
+        max_streams=max_streams,
         metrics_addr=metrics,
         debug_endpoints=debug_endpoints != "off",
         pool=pool,
@@ -222,3 +241,8 @@ def _logging(fmt: str) -> None:
     root = logging.getLogger("xhagent")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+
+
+def _first(*values):
+    """The first value that was given (an empty string is given: it means none)."""
+    return next(v for v in values if v is not None)

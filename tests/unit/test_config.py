@@ -120,3 +120,12 @@ def test_the_daemon_fields_are_read_and_checked_with_positions():
         "agent.yaml:2:9: logCap: 0 is out of range 1..1099511627776",
         "agent.yaml:3:1: unknown field 'sokcet' (did you mean 'socket'?)",
     ]
+
+
+def test_admin_group_is_a_group_name_or_empty():
+    assert parse_config("adminGroup: ops\n", "agent.yaml").admin_group == "ops"
+    assert parse_config("adminGroup: ''\n", "agent.yaml").admin_group == ""
+    assert parse_config("nodeName: n1\n", "agent.yaml").admin_group is None
+    with pytest.raises(ConfigError) as err:
+        parse_config("adminGroup: 'wheel; rm -rf /'\n", "agent.yaml")
+    assert str(err.value).startswith("agent.yaml:1:13: adminGroup: ")

@@ -9,8 +9,10 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from xhagent.daemon.api import transport as api
@@ -27,23 +29,26 @@ class Servicer(pb_grpc.AgentServicer):
         self.executor = ThreadPoolExecutor(4)
 
     @api.unary
-    def Health(self, request):
-        return pb.HealthResponse(status="ok", pid=os.getpid(), version="test")
+    def Health(self, request, peer):
+        caller = self.identify(peer)
+        return pb.HealthResponse(
+            status="ok", pid=os.getpid(), version="test", socket=str(caller) if caller else ""
+        )
 
     @api.unary
-    def Submit(self, request):
+    def Submit(self, request, peer):
         raise api.InvalidArgument(f"{request.file_name}:3:7: spec.priority: must be 0..100")
 
     @api.unary
-    def Cancel(self, request):
+    def Cancel(self, request, peer):
         raise api.FailedPrecondition(f"task {request.id} already ended (Succeeded)")
 
     @api.unary
-    def Get(self, request):
+    def Get(self, request, peer):
         raise api.NotFound(f"no task {request.id}")
 
     @api.unary
-    def ApplyPolicy(self, request):
+    def ApplyPolicy(self, request, peer):
         raise api.InvalidArgument(request.source)
 
     async def Watch(self, request, context):
@@ -299,3 +304,106 @@ def test_an_agent_that_forks_logs_nothing_for_it(sock):
         timeout=60,
     )
     assert (run.returncode, run.stderr) == (0, "")
+
+
+# -- the relay that tells the servicer who calls (api/peers.py) ----------------------------
+@pytest.fixture
+def server(tmp_path):
+    server = bind(Servicer(), tmp_path / "run" / "xhagent.sock", group=NO_GROUP)
+    yield server
+    server.stop(None)
+
+
+def test_a_call_knows_the_uid_and_pid_the_kernel_recorded(server, tmp_path):
+    with connect(tmp_path / "run" / "xhagent.sock") as client:
+        seen = client.Health(pb.HealthRequest()).socket
+    assert seen == f"uid {os.getuid()} (pid {os.getpid()})"
+
+
+def test_a_connection_around_the_public_socket_has_no_caller(server):
+    with grpc.insecure_channel(f"unix-abstract:{server.relay.upstream}") as channel:
+        reply = pb_grpc.AgentStub(channel).Health(pb.HealthRequest(), timeout=10)
+    assert reply.status == "ok" and reply.socket == ""
+
+
+def _until(predicate, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "not within the timeout"
+        time.sleep(0.02)
+
+
+def test_a_closed_connection_is_forgotten(server, tmp_path):
+    with connect(tmp_path / "run" / "xhagent.sock") as client:
+        client.Health(pb.HealthRequest())
+        assert server.relay.connections == 1
+    _until(lambda: server.relay.connections == 0)
+
+
+def test_connections_past_the_per_uid_bound_are_closed_at_once(server, tmp_path):
+    path = os.fsencode(tmp_path / "run" / "xhagent.sock")
+    held = []
+    try:
+        for _ in range(server.relay.per_uid):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            held.append(s)
+        _until(lambda: server.relay.connections == server.relay.per_uid)
+        extra = socket.socket(socket.AF_UNIX)
+        extra.connect(path)  # the kernel accepts; the relay closes it
+        extra.settimeout(10)
+        assert extra.recv(1) == b""
+        extra.close()
+        assert server.relay.refused == 1
+    finally:
+        for s in held:
+            s.close()
+    _until(lambda: server.relay.connections == 0)
+    with connect(tmp_path / "run" / "xhagent.sock") as client:
+        assert client.Health(pb.HealthRequest()).status == "ok"
+
+
+def test_stop_removes_its_socket_but_not_one_put_in_its_place(tmp_path):
+    sock = tmp_path / "run" / "xhagent.sock"
+    server = bind(Servicer(), sock, group=NO_GROUP)
+    server.stop(None)
+    assert not sock.exists()
+    server = bind(Servicer(), sock, group=NO_GROUP)
+    os.unlink(sock)
+    sock.write_text("someone else's")
+    server.stop(None)
+    assert sock.read_text() == "someone else's"
+
+
+def test_a_stream_of_many_megabytes_passes_the_relay_whole(tmp_path):
+    class Big(Servicer):
+        async def Watch(self, request, context):
+            for seq in range(1, 65):
+                yield pb.Event(seq=seq, message="x" * (1 << 20))
+
+    sock = tmp_path / "run" / "xhagent.sock"
+    server = bind(Big(), sock, group=NO_GROUP)
+    try:
+        with connect(sock) as client:
+            events = list(client.Watch(pb.WatchRequest()))
+        assert [e.seq for e in events] == list(range(1, 65))
+        assert all(len(e.message) == 1 << 20 for e in events)
+    finally:
+        server.stop(None)
+
+
+def test_a_refused_stream_is_its_status_not_a_hang(tmp_path):
+    class Refusing(Servicer):
+        @api.stream
+        async def Watch(self, request, context):
+            raise api.ResourceExhausted("uid 1 holds 2 streams, the most a caller may")
+            yield  # an async generator
+
+    sock = tmp_path / "run" / "xhagent.sock"
+    server = bind(Refusing(), sock, group=NO_GROUP)
+    try:
+        with connect(sock) as client, pytest.raises(api.ApiError) as err:
+            list(client.Watch(pb.WatchRequest()))
+        assert err.value.code == "RESOURCE_EXHAUSTED" and "most a caller may" in str(err.value)
+    finally:
+        server.stop(None)

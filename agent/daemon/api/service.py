@@ -6,16 +6,22 @@ run on the servicer's executor (`transport.unary`); Watch and Logs are asyncio g
 
 Status codes (transport.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
 NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
-already ended, the store full, a policy held by a file).
+already ended, the store full, a policy held by a file), PERMISSION_DENIED for what the
+caller may not do (access.py: each refusal is also an event naming the caller).
+
+Every call is made by a caller the kernel vouches for (peers.py); a task another caller
+owns is NOT_FOUND to a caller who may not see it, as if it did not exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ... import __version__
@@ -25,14 +31,30 @@ from ..loop.scheduler import RequestRefused, Scheduler
 from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
-from ..store import StoreError, TaskRecord
-from .transport import FailedPrecondition, InvalidArgument, NotFound, unary
+from ..store import Owner, StoreError, TaskRecord
+from . import access as rules
+from .access import Access, Directory
+from .feed import ChangeFeed
+from .peers import Caller
+from .transport import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    stream,
+    unary,
+)
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc
 
-WATCH_POLL_S = 1.0  # a following Watch waits on a thread this long at most, then again
+log = logging.getLogger("xhagent")
+FOLLOW_WAKE_S = 30.0  # a following stream looks again this often with nothing new
 LOG_CHUNK = 64 * 1024
-API_THREADS = 32
+API_THREADS = 32  # for the blocking part of calls; a waiting stream holds none
+MAX_STREAMS_PER_CALLER = 1024  # following Watch and Logs streams open at once, per uid
+REFUSAL_EVENTS_PER_MINUTE = 20  # per uid: the rest are counted in the log, not the store
 
 
 def _read_chunk(path, offset: int) -> bytes:
@@ -70,6 +92,8 @@ def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
         policy=standing.policy,
     )
     msg.labels.update(rec.summary.labels)
+    if rec.owner is not None:
+        msg.owner_uid = rec.owner.uid
     if rec.exit_code is not None:
         msg.exit_code = rec.exit_code
     if rec.signal is not None:
@@ -77,35 +101,99 @@ def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
     return msg
 
 
+def authorized(impl):
+    """`impl(self, request, access)` from `impl(self, request, peer)`: the caller known, and
+    each PermissionDenied it raises recorded as an event naming the caller."""
+
+    def method(self, request, peer):
+        who = self.authorize(peer)
+        try:
+            return impl(self, request, who)
+        except rules.PermissionDenied as exc:
+            self.refused(who.caller, impl.__name__, str(exc))
+            raise PermissionDenied(str(exc)) from None
+
+    method.__name__ = impl.__name__
+    method.__doc__ = impl.__doc__
+    return method
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
-    def __init__(self, scheduler: Scheduler, policies: PolicySet, info: dict, faults: Faults):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        policies: PolicySet,
+        info: dict,
+        faults: Faults,
+        directory: Directory | None = None,
+        max_streams: int = MAX_STREAMS_PER_CALLER,
+    ):
         self.scheduler = scheduler
         self.faults = faults
         self.policies = policies
         self.info = info  # socket, state_dir, metrics_addr for Health
+        self.directory = directory or Directory()
+        self.max_streams = max_streams
         self.started = time.monotonic()
-        # Each call's blocking part runs here; a following stream holds a thread only while
-        # it waits (up to WATCH_POLL_S).
         self.executor = ThreadPoolExecutor(API_THREADS, thread_name_prefix="xhagent-api")
+        # the caller of a connection, by grpc's peer string: given by transport.bind
+        self.identify: Callable[[str], Caller | None] = lambda peer: None
+        self._streams: Counter[int] = Counter()  # open streams per uid (the loop's thread)
+        self._feed: ChangeFeed | None = None  # made on the server's loop by the first stream
+        self._refusals: dict[int, tuple[int, int]] = {}  # uid -> (minute, events in it)
+        scheduler.on_change(self._changed)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- who is calling -----------------------------------------------------------------------
+    def authorize(self, peer: str) -> Access:
+        caller = self.identify(peer)
+        if caller is None:
+            raise Unauthenticated("this connection did not come through the agent's socket")
+        return self.directory.access(caller)
+
+    def refused(self, caller: Caller, rpc: str, why: str) -> None:
+        """An event naming the caller, at most REFUSAL_EVENTS_PER_MINUTE a uid (a caller
+        cannot fill the store with its own refusals); every refusal is logged."""
+        log.warning("api: %s refused: %s", rpc, why)
+        minute = int(time.monotonic() // 60)
+        at, count = self._refusals.get(caller.uid, (minute, 0))
+        count = count + 1 if at == minute else 1
+        self._refusals[caller.uid] = (minute, count)
+        if count > REFUSAL_EVENTS_PER_MINUTE:
+            return
+        detail = {"uid": caller.uid, "gid": caller.gid, "pid": caller.pid, "rpc": rpc}
+        try:
+            self.scheduler.store.add_event("PermissionDenied", f"{rpc}: {why}", detail=detail)
+        except StoreError as exc:
+            log.warning("api: the refusal was not recorded: %s", exc)
 
     def _messages(self, recs: list[TaskRecord]) -> list[pb.Task]:
         standings = self.scheduler.standings(recs)
         return [task_message(r, s) for r, s in zip(recs, standings, strict=True)]
 
-    def _task(self, task_id: str) -> TaskRecord:
+    def _task(self, task_id: str, who: Access) -> TaskRecord:
+        """The task, when `who` may see it; another's is as unknown as a missing one."""
         rec = self.scheduler.get(task_id)
-        if rec is None:
+        if rec is None or not who.owns(rec.owner.uid if rec.owner else None):
             raise NotFound(f"no task {task_id}")
         return rec
 
     @unary
-    def Submit(self, request):
+    @authorized
+    def Submit(self, request, who: Access):
+        def owner_of(task) -> Owner:
+            user = task.user
+            run = who.run_as(user.user if user else None, user.group if user else None, task.name)
+            return Owner(who.uid, *(run or (None, None)))
+
         try:
             recs = self.scheduler.submit(
-                request.source, request.file_name or "<submitted>", request.idempotency_key
+                request.source,
+                request.file_name or "<submitted>",
+                request.idempotency_key,
+                owner_of,
             )
         except InvalidTask as exc:
             raise InvalidArgument(str(exc)) from None
@@ -114,19 +202,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return pb.SubmitResponse(tasks=self._messages(recs))
 
     @unary
-    def Get(self, request):
-        return pb.GetResponse(task=self._messages([self._task(request.id)])[0])
+    @authorized
+    def Get(self, request, who: Access):
+        return pb.GetResponse(task=self._messages([self._task(request.id, who)])[0])
 
     @unary
-    def List(self, request):
+    @authorized
+    def List(self, request, who: Access):
         try:
-            recs = self.scheduler.list(list(request.states), request.all, request.limit or 1000)
+            recs = self.scheduler.list(
+                list(request.states),
+                request.all,
+                request.limit or 1000,
+                None if who.admin else who.uid,
+            )
         except ValueError as exc:  # a state that does not exist
             raise InvalidArgument(f"states: {exc}") from None
         return pb.ListResponse(tasks=self._messages(recs))
 
     @unary
-    def Cancel(self, request):
+    @authorized
+    def Cancel(self, request, who: Access):
+        self._task(request.id, who)
         try:
             rec = self.scheduler.cancel(request.id)
         except KeyError:
@@ -135,61 +232,101 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise FailedPrecondition(str(exc)) from None
         return pb.CancelResponse(task=self._messages([rec])[0])
 
-    # The two streams are asyncio generators: grpc cancels one whose client has gone at its
-    # next await, so no thread waits for a reader that left. What blocks (the store, the
-    # agent's lock, files) runs on the streams' own threads.
-    async def Watch(self, request, context) -> AsyncIterator[pb.Event]:
-        since = request.since_seq if request.HasField("since_seq") else None
-        if since is None:
-            since = await self._blocking(self.scheduler.last_seq)
-        wait = WATCH_POLL_S if request.follow else 0.0
-        while True:
-            events = await self._blocking(
-                self.scheduler.wait_events, since, request.task_id or None, wait
-            )
-            if not events and not request.follow:
-                return
-            for ev in events:
-                since = ev.seq
-                yield pb.Event(
-                    seq=ev.seq,
-                    ts_ns=ev.ts_ns,
-                    task_id=ev.task_id or "",
-                    kind=ev.kind,
-                    message=ev.message,
-                    detail_json=json.dumps(ev.detail or {}),
-                )
+    # -- streams --------------------------------------------------------------------------------
+    # Asyncio generators: grpc cancels one whose client has gone at its next await. Between
+    # reads a following stream waits on the change feed, on the loop: no thread waits for
+    # it, so idle streams cost memory, not threads. What blocks (the store, files) runs on
+    # the executor, briefly.
+    def _changed(self) -> None:
+        if self._feed is not None:
+            self._feed.bump()
 
+    async def _open_stream(self, context, rpc: str) -> Access:
+        who = await self._blocking(self.authorize, context.peer())
+        uid = who.uid
+        if self._streams[uid] >= self.max_streams:
+            why = f"{who.caller} holds {self._streams[uid]} streams, the most a caller may"
+            await self._blocking(self.refused, who.caller, rpc, why)
+            raise ResourceExhausted(why)
+        self._streams[uid] += 1
+        if self._feed is None:
+            self._feed = ChangeFeed(asyncio.get_running_loop())
+        return who
+
+    def _close_stream(self, who: Access) -> None:
+        self._streams[who.uid] -= 1
+        if self._streams[who.uid] <= 0:
+            del self._streams[who.uid]
+
+    @stream
+    async def Watch(self, request, context) -> AsyncIterator[pb.Event]:
+        who = await self._open_stream(context, "Watch")
+        try:
+            if request.task_id:
+                await self._blocking(self._task, request.task_id, who)
+            owner = None if who.admin else who.uid
+            since = request.since_seq if request.HasField("since_seq") else None
+            if since is None:
+                since = await self._blocking(self.scheduler.last_seq)
+            while True:
+                change = self._feed.current()  # before the read: a change after it wakes us
+                events = await self._blocking(
+                    self.scheduler.wait_events, since, request.task_id or None, 0.0, owner
+                )
+                if not events and not request.follow:
+                    return
+                for ev in events:
+                    since = ev.seq
+                    yield pb.Event(
+                        seq=ev.seq,
+                        ts_ns=ev.ts_ns,
+                        task_id=ev.task_id or "",
+                        kind=ev.kind,
+                        message=ev.message,
+                        detail_json=json.dumps(ev.detail or {}),
+                    )
+                if not events:
+                    await self._feed.wait(change, FOLLOW_WAKE_S)
+        finally:
+            self._close_stream(who)
+
+    @stream
     async def Logs(self, request, context) -> AsyncIterator[pb.LogChunk]:
-        rec = await self._blocking(self.scheduler.get, request.id)
-        if rec is None:
-            await context.abort(NotFound.code, f"no task {request.id}")
-        streams = {
-            pb.LOG_STREAM_STDOUT: ["stdout"],
-            pb.LOG_STREAM_STDERR: ["stderr"],
-        }.get(request.stream, ["stdout", "stderr"])
-        offsets = {name: request.offset for name in streams}
-        run_dir = self.scheduler.executor.run_dir(request.id, max(rec.attempt, 1))
-        kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
-        while True:
-            sent = False
-            for name in streams:
-                data = await self._blocking(_read_chunk, run_dir / name, offsets[name])
-                if data:
-                    yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
-                    offsets[name] += len(data)
-                    sent = True
-            if sent:
-                continue
-            if not request.follow or await self._blocking(self.scheduler.ended, request.id):
-                return
-            await self._blocking(self.scheduler.wait_change, 0.5)
+        who = await self._open_stream(context, "Logs")
+        try:
+            rec = await self._blocking(self._task, request.id, who)
+            streams = {
+                pb.LOG_STREAM_STDOUT: ["stdout"],
+                pb.LOG_STREAM_STDERR: ["stderr"],
+            }.get(request.stream, ["stdout", "stderr"])
+            offsets = {name: request.offset for name in streams}
+            run_dir = self.scheduler.executor.run_dir(request.id, max(rec.attempt, 1))
+            kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
+            while True:
+                change = self._feed.current()
+                sent = False
+                for name in streams:
+                    data = await self._blocking(_read_chunk, run_dir / name, offsets[name])
+                    if data:
+                        yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
+                        offsets[name] += len(data)
+                        sent = True
+                if sent:
+                    continue
+                if not request.follow or await self._blocking(self.scheduler.ended, request.id):
+                    return
+                # output is not a change the feed hears of: look again at least twice a second
+                await self._feed.wait(change, 0.5)
+        finally:
+            self._close_stream(who)
 
     async def _blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     @unary
-    def ApplyPolicy(self, request):
+    @authorized
+    def ApplyPolicy(self, request, who: Access):
+        who.require_admin("apply policies")
         try:
             infos, enacted = self.policies.apply(request.source, request.file_name or "<applied>")
         except PolicyError as exc:  # a CgroupPolicy the node cannot enforce: each setting, why
@@ -202,7 +339,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
 
     @unary
-    def RemovePolicy(self, request):
+    @authorized
+    def RemovePolicy(self, request, who: Access):
+        who.require_admin("remove policies")
         try:
             info = self.policies.remove(request.kind, request.name)
         except KeyError:
@@ -212,11 +351,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return pb.RemovePolicyResponse(removed=pb.PolicyInfo(**info))
 
     @unary
-    def ListPolicies(self, request):
+    @authorized
+    def ListPolicies(self, request, who: Access):
+        who.require_admin("list policies")
         return pb.ListPoliciesResponse(policies=[pb.PolicyInfo(**i) for i in self.policies.list()])
 
     @unary
-    def Explain(self, request):
+    @authorized
+    def Explain(self, request, who: Access):
+        self._task(request.id, who)
         try:
             ex = self.scheduler.explain(request.id)
         except KeyError:
@@ -239,11 +382,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )
 
     @unary
-    def Inventory(self, request):
+    @authorized
+    def Inventory(self, request, who: Access):
         return pb.InventoryResponse(json=json.dumps(self.scheduler.node.to_dict()))
 
     @unary
-    def Health(self, request):
+    @authorized
+    def Health(self, request, who: Access):
         return pb.HealthResponse(
             status=self.faults.health() or "ok",
             version=__version__,

@@ -32,6 +32,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc  # noqa: E402
 
 from ...errors import errno_reason  # noqa: E402
+from .peers import PeerRelay, private_address  # noqa: E402
 from .v1 import agent_pb2_grpc  # noqa: E402
 
 __all__ = [
@@ -45,9 +46,13 @@ __all__ = [
     "Failure",
     "InvalidArgument",
     "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unauthenticated",
     "bind",
     "connect",
     "resolve_socket",
+    "stream",
     "unary",
 ]
 
@@ -104,11 +109,14 @@ def bind(
 ) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
-    Access is the file system's: when `group` exists the socket is root:group 0660 and a
-    directory bind creates is root:group 0750, so members of the group are clients;
+    Access is the file system's first: when `group` exists the socket is root:group 0660
+    and a directory bind creates is root:group 0750, so members of the group are clients;
     otherwise the socket is 0600 and only root connects. An existing directory keeps its
     owner and mode (the operator's or systemd's RuntimeDirectory=): it must let the group
     search it, and is refused when others may write in it (they could swap the socket).
+    Then each call's caller is known (peers.py): `servicer.identify(context.peer())` is
+    the `Caller` of a call's connection, None for a connection that did not come through
+    `path`.
 
     A socket another process answers on is refused (BindError with its pid); one nothing
     listens on is a leftover of a killed agent and is replaced; any other kind of file is
@@ -122,26 +130,45 @@ def bind(
     gid = _group_id(group)
     _prepare_dir(path.parent, gid)
     _clear_stale(path)
-    server = Server(servicer)
-    # grpc listens as soon as the port is added: the socket must be born private. The umask
-    # is the process's, but it only tightens what another thread creates in this instant.
+    listener = _listen(path, gid)
+    server = None
+    try:
+        server = Server(servicer, listener)
+        servicer.identify = server.relay.caller
+        server.start()
+    except BaseException:
+        if server is not None:
+            server.stop(None)
+        else:
+            listener.close()
+            os.unlink(path)
+        raise
+    return server
+
+
+def _listen(path: Path, gid: int | None) -> socket.socket:
+    """The public socket, born private: the umask is the process's, but it only tightens
+    what another thread creates in this instant."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     umask = os.umask(0o177)
     try:
-        server.add_port(f"unix:{path}")
-    except RuntimeError as exc:
-        server.stop(None)
-        raise BindError(f"{path}: cannot bind: {exc}") from None
+        listener.bind(os.fsencode(path))
+    except OSError as exc:
+        listener.close()
+        raise BindError(f"{path}: cannot bind: {exc.strerror}") from None
     finally:
         os.umask(umask)
     try:
         if gid is not None:
             os.chown(path, -1, gid)
             os.chmod(path, 0o660)
-        server.start()
+        listener.listen(1024)
+        listener.setblocking(False)
     except BaseException:
-        server.stop(None)
+        listener.close()
+        os.unlink(path)
         raise
-    return server
+    return listener
 
 
 class Server:
@@ -154,13 +181,22 @@ class Server:
     (`unary`), so a slow call never stalls the loop.
     """
 
-    def __init__(self, servicer: agent_pb2_grpc.AgentServicer):
+    def __init__(self, servicer: agent_pb2_grpc.AgentServicer, listener: socket.socket):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="xhagent-grpc", daemon=True
         )
         self._thread.start()
+        self._path = os.fsdecode(listener.getsockname())
+        self._inode = os.lstat(self._path).st_ino  # removed at stop only if still ours
+        upstream = private_address()
+        self.relay = PeerRelay(listener, upstream)
         self._server = self._call(self._create(servicer))
+        try:
+            self.add_port(f"unix-abstract:{upstream}")
+        except RuntimeError as exc:
+            self.stop(None)
+            raise BindError(f"{self._path}: cannot serve: {exc}") from None
 
     @staticmethod
     async def _create(servicer) -> grpc.aio.Server:
@@ -182,8 +218,13 @@ class Server:
 
         self._call(add())
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
     def start(self) -> None:
         self._call(self._server.start())
+        self._call(self.relay.start())
 
     def stop(self, grace: float | None) -> None:
         """Refuse new calls, give running ones `grace` seconds, then end the loop thread."""
@@ -191,6 +232,7 @@ class Server:
             return
 
         async def shutdown():
+            await self.relay.stop()
             await self._server.stop(grace)
             # calls grpc let go of but whose coroutines still wait (on an executor): ended
             # here, not destroyed pending with the loop
@@ -205,6 +247,11 @@ class Server:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+            try:
+                if os.lstat(self._path).st_ino == self._inode:
+                    os.unlink(self._path)
+            except FileNotFoundError:
+                pass
 
 
 def _group_id(name: str) -> int | None:
@@ -390,16 +437,51 @@ class NotFound(Failure):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class PermissionDenied(Failure):
+    """The caller may not do it; the message names the caller (the CLI exits 1)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(Failure):
+    """A call whose connection did not come through the agent's socket."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class ResourceExhausted(Failure):
+    """The caller holds as much as it may (streams); the CLI exits 1."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def unary(impl):
-    """A servicer method from a plain function `impl(self, request) -> reply`: run on the
-    servicer's `executor` (it may block: the store, the agent's lock), its `Failure` turned
-    into the call's status. grpc's asyncio server drives the coroutine."""
+    """A servicer method from a plain function `impl(self, request, peer) -> reply`: run on
+    the servicer's `executor` (it may block: the store, the agent's lock), its `Failure`
+    turned into the call's status; `peer` is the call's `context.peer()`, whose caller
+    `servicer.identify` names. grpc's asyncio server drives the coroutine."""
 
     async def method(self, request, context):
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self.executor, impl, self, request
+                self.executor, impl, self, request, context.peer()
             )
+        except Failure as failure:
+            await context.abort(failure.code, _fit(str(failure)))
+
+    method.__name__ = method.__qualname__ = impl.__name__
+    method.__doc__ = impl.__doc__
+    return method
+
+
+def stream(impl):
+    """A servicer stream from an asyncio generator `impl(self, request, context)`: its
+    `Failure` (raised before or between items) ends the call with that status."""
+
+    async def method(self, request, context):
+        try:
+            async for item in impl(self, request, context):
+                yield item
         except Failure as failure:
             await context.abort(failure.code, _fit(str(failure)))
 

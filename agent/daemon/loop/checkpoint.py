@@ -15,9 +15,8 @@ from pathlib import Path
 
 from ...policy.task import Task
 from ..exec import shim
-from ..exec.executor import resolve_run_as
 from ..store import Placement, TaskRecord
-from .lifecycle import Lifecycle, visible_devices
+from .lifecycle import Lifecycle, run_as, visible_devices
 
 log = logging.getLogger("xhagent")
 
@@ -88,7 +87,7 @@ def start_checkpoint(lc: Lifecycle, rec: TaskRecord, task: Task, detail: dict) -
         shutil.rmtree(run_dir)
     try:
         lc.executor.remove_leaf(rec.id)  # and kills what that run left running
-        uid, gid = resolve_run_as(task.user) if task.user else (None, None)
+        uid, gid = run_as(rec, task)
         # its own CPUs were given back at the stop, and may be another task's by now
         plan = lc.leaf_plan(task, lc.shared_cpus())
         started = lc.executor.start(

@@ -240,7 +240,7 @@ class Lifecycle:
         self.cluster.commit(allocation_of(rec))
         env = dict(task.env) | visible_devices(placement)
         try:
-            uid, gid = resolve_run_as(task.user) if task.user else (None, None)
+            uid, gid = run_as(rec, task)
             started = self.executor.start(
                 rec.id,
                 rec.attempt,
@@ -466,6 +466,14 @@ class Lifecycle:
 def may_restart(task: Task, rec: TaskRecord) -> bool:
     policy = task.restart_policy
     return policy.policy == "OnFailure" and restarts(rec) < policy.max_restarts
+
+
+def run_as(rec: TaskRecord, task: Task) -> tuple[int | None, int | None]:
+    """(uid, gid) a task's processes run as: decided at submission for a submitter who is
+    no admin (itself), else its document's `user` resolved now, else the agent's own."""
+    if rec.owner is not None and rec.owner.run_uid is not None:
+        return rec.owner.run_uid, rec.owner.run_gid
+    return resolve_run_as(task.user) if task.user else (None, None)
 
 
 def visible_devices(placement: Placement) -> dict[str, str]:

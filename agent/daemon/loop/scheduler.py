@@ -35,6 +35,7 @@ from ..store import (
     NEEDS_PLACEMENT,
     TERMINAL,
     Event,
+    Owner,
     Store,
     TaskRecord,
     TaskState,
@@ -93,18 +94,28 @@ class Scheduler:
         # The Pending tasks the last step looked at, parsed; the rest are read again when
         # their turn comes.
         self._window: dict[str, Task] = {}
+        self._listeners: list[Callable[[], None]] = []
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
         self._last_full = 0.0  # monotonic time of the last look at every running task
 
     # -- requests (any thread) ----------------------------------------------------------------
-    def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
+    def submit(
+        self,
+        source: str,
+        file_name: str,
+        key: str = "",
+        owner_of: Callable[[Task], Owner | None] = lambda task: None,
+    ) -> list[TaskRecord]:
         """Parse and commit; the loop places them. Not under the lock: the store serialises
-        its writers, and a submission must not wait for a step that is starting tasks."""
+        its writers, and a submission must not wait for a step that is starting tasks.
+        `owner_of` says whose each task is and whom it runs as; what it raises refuses the
+        whole submission before anything is committed."""
         tasks = self._parse_tasks(source, file_name, self._classes())
+        owners = [owner_of(task) for task in tasks]
         out = []
         with self.store.atomic():  # all of a file's tasks, or none
-            for i, task in enumerate(tasks):
+            for i, (task, owner) in enumerate(zip(tasks, owners, strict=True)):
                 out.append(
                     self.store.submit(
                         name=task.name,
@@ -113,6 +124,7 @@ class Scheduler:
                         source_file=file_name,
                         summary=summary_of(i, task),
                         idempotency_key=f"{key}#{i}" if key else None,
+                        owner=owner,
                     )
                 )
         for rec, task in zip(out, tasks, strict=True):
@@ -124,11 +136,13 @@ class Scheduler:
     def get(self, task_id: str) -> TaskRecord | None:
         return self.store.get(task_id)
 
-    def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
+    def list(
+        self, states: Iterable[str], all_: bool, limit: int, owner_uid: int | None = None
+    ) -> list[TaskRecord]:
         wanted = [TaskState(s) for s in states] or (
             None if all_ else [s for s in TaskState if s not in TERMINAL]
         )
-        return self.store.list_tasks(wanted, limit=min(limit, 1000))
+        return self.store.list_tasks(wanted, limit=min(limit, 1000), owner_uid=owner_uid)
 
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""
@@ -167,7 +181,7 @@ class Scheduler:
             else:
                 rec = self.store.transition(task_id, TaskState.CANCELLED, expect=TaskState.PENDING)
                 self._forget(task_id)
-            self.changed.notify_all()
+            self._changed()
             return rec
 
     def explain(self, task_id: str) -> Explanation:
@@ -182,14 +196,27 @@ class Scheduler:
         with self.lock:
             return self.store.last_event_seq()
 
-    def wait_events(self, since: int, task_id: str | None, timeout: float) -> list[Event]:
-        """Events after `since`, waiting up to `timeout` for the first."""
+    def wait_events(
+        self, since: int, task_id: str | None, timeout: float, owner_uid: int | None = None
+    ) -> list[Event]:
+        """Events after `since` (of `owner_uid`'s tasks only, when given), waiting up to
+        `timeout` for the first."""
         with self.lock:
-            events = self.store.events(since, task_id=task_id, limit=1000)
+            events = self.store.events(since, task_id=task_id, limit=1000, owner_uid=owner_uid)
             if not events and timeout > 0:
                 self.changed.wait(timeout)
-                events = self.store.events(since, task_id=task_id, limit=1000)
+                events = self.store.events(since, task_id=task_id, limit=1000, owner_uid=owner_uid)
             return events
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """`listener()` after every change (on the thread that made it): for waiters that
+        cannot wait on `changed`, such as the API's streams on their event loop."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        self.changed.notify_all()
+        for listener in self._listeners:
+            listener()
 
     def wait_change(self, timeout: float) -> None:
         with self.lock:
@@ -261,7 +288,7 @@ class Scheduler:
             self._place_pending()
             self.migration.round()
             self.lifecycle.report_deadlines()
-            self.changed.notify_all()
+            self._changed()
 
     # -- placement --------------------------------------------------------------------------------
     def _place_pending(self) -> None:

@@ -153,6 +153,20 @@ class TaskSummary:
         )
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Who submitted a task (the uid the kernel vouched for), and whom it runs as when the
+    submitter is no admin: its own uid and a group of its own, decided at submission.
+    `run_uid` None: as its document's `user` says, else as the agent's own user."""
+
+    uid: int
+    run_uid: int | None = None
+    run_gid: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
@@ -177,6 +191,7 @@ class TaskRecord:
     ended_ns: int | None
     updated_ns: int
     idempotency_key: str | None
+    owner: Owner | None  # None: a task from before owners were kept (the agent's user's)
     source: str
     source_file: str
     summary: TaskSummary
@@ -184,13 +199,14 @@ class TaskRecord:
     COLUMNS = (
         "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, migrated, "
         "exit_code, signal, error, "
-        "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, source, source_file, spec"
+        "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, "
+        "owner_uid, run_uid, run_gid, source, source_file, spec"
     )
 
     @classmethod
     def from_row(cls, row: Sequence) -> TaskRecord:
         (id_, name, kind, state, reasons, placement, *rest) = row
-        *middle, source, source_file, spec = rest
+        *middle, owner_uid, run_uid, run_gid, source, source_file, spec = rest
         placed = _loads(placement)
         return cls(
             id_,
@@ -200,6 +216,7 @@ class TaskRecord:
             tuple(WaitReason.from_json(r) for r in json.loads(reasons)),
             None if placed is None else Placement.from_json(placed),
             *middle,
+            None if owner_uid is None else Owner(owner_uid, run_uid, run_gid),
             source,
             source_file,
             TaskSummary.from_json(json.loads(spec)),
@@ -216,6 +233,7 @@ class TaskRecord:
         d["state"] = self.state.value
         d["reasons"] = [r.to_json() for r in self.reasons]
         d["placement"] = self.placement.to_json() if self.placement else None
+        d["owner"] = self.owner.to_json() if self.owner else None
         d["spec"] = self.summary.to_json()
         del d["summary"]
         if not source:

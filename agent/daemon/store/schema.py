@@ -96,7 +96,17 @@ V2 = sql("ALTER TABLE tasks ADD COLUMN preempted INTEGER NOT NULL DEFAULT 0")
 # device, xhagent.daemon.loop.migration): not restarts either.
 V3 = sql("ALTER TABLE tasks ADD COLUMN migrated INTEGER NOT NULL DEFAULT 0")
 
-MIGRATIONS: list[Step] = [V1, V2, V3]
+# Who submitted each task (the caller's uid as the kernel gave it) and, for a caller that
+# is no admin, whom the task runs as: decided at submission, so a name that changes owner
+# later cannot change it. NULL owner: a task from before (the agent's user's).
+V4 = sql(
+    "ALTER TABLE tasks ADD COLUMN owner_uid INTEGER",
+    "ALTER TABLE tasks ADD COLUMN run_uid INTEGER",
+    "ALTER TABLE tasks ADD COLUMN run_gid INTEGER",
+    "CREATE INDEX tasks_owner ON tasks (owner_uid, seq)",
+)
+
+MIGRATIONS: list[Step] = [V1, V2, V3, V4]
 
 
 def latest() -> int:

@@ -61,7 +61,16 @@ from .checks import (
     store_error,
     text,
 )
-from .records import Event, Intent, Placement, PolicyRecord, TaskRecord, TaskSummary, WaitReason
+from .records import (
+    Event,
+    Intent,
+    Owner,
+    Placement,
+    PolicyRecord,
+    TaskRecord,
+    TaskSummary,
+    WaitReason,
+)
 from .states import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
 
 log = logging.getLogger("xhagent")
@@ -270,10 +279,11 @@ class Store:
         summary: TaskSummary,
         idempotency_key: str | None = None,
         reasons: Collection[WaitReason] = (),
+        owner: Owner | None = None,
     ) -> TaskRecord:
         """A new Pending task and its Submitted event. The same idempotency key again gets
         the task it first made (a client retrying after a lost reply), or Conflict when it
-        comes with another document."""
+        comes with another document or from another owner (who may not see that task)."""
         name = text(name, "task name", MAX_NAME)
         row = (
             name,
@@ -293,6 +303,8 @@ class Store:
                 ).fetchone()
                 if got is not None:
                     task = TaskRecord.from_row(got)
+                    if _uid(task.owner) != _uid(owner):
+                        raise Conflict(f"idempotency key {idempotency_key!r} is another's")
                     if task.source != source:
                         raise Conflict(
                             f"idempotency key {idempotency_key!r} was used for task {task.id} "
@@ -304,9 +316,18 @@ class Store:
             task_id, now = format_task_id(seq), self._clock()
             c.execute(
                 "INSERT INTO tasks (seq, id, name, kind, source, source_file, spec, reasons, "
-                "state, created_ns, updated_ns, idempotency_key) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (seq, task_id, *row, TaskState.PENDING.value, now, now, idempotency_key),
+                "state, created_ns, updated_ns, idempotency_key, owner_uid, run_uid, run_gid) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    seq,
+                    task_id,
+                    *row,
+                    TaskState.PENDING.value,
+                    now,
+                    now,
+                    idempotency_key,
+                    *((owner.uid, owner.run_uid, owner.run_gid) if owner else (None,) * 3),
+                ),
             )
             self._event(c, task_id, "Submitted", f"{name} from {row[3]}", now=now)
             return self._task(c, task_id)
@@ -321,13 +342,18 @@ class Store:
         *,
         after: str | None = None,
         limit: int = 100,
+        owner_uid: int | None = None,
     ) -> list[TaskRecord]:
         """Tasks in submission order, after the id `after`: at most `limit` (at most
-        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id."""
+        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id. With
+        `owner_uid`, only the tasks that uid submitted."""
         try:
             where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
         except ValueError as exc:
             raise StoreError(str(exc)) from None
+        if owner_uid is not None:
+            where.append("owner_uid = ?")
+            args.append(owner_uid)
         if states is not None:
             states = [TaskState(s).value for s in states]
             where.append(f"state IN ({', '.join('?' * len(states))})")
@@ -451,12 +477,21 @@ class Store:
             return self._event(c, task_id, kind, message, detail)
 
     def events(
-        self, since_seq: int = 0, *, task_id: str | None = None, limit: int = 1000
+        self,
+        since_seq: int = 0,
+        *,
+        task_id: str | None = None,
+        limit: int = 1000,
+        owner_uid: int | None = None,
     ) -> list[Event]:
-        """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE)."""
+        """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE).
+        With `owner_uid`, only events of the tasks that uid submitted."""
         where, args = "seq > ?", [since_seq]
         if task_id is not None:
             where, args = where + " AND task_id = ?", [*args, task_id]
+        if owner_uid is not None:
+            where += " AND task_id IN (SELECT id FROM tasks WHERE owner_uid = ?)"
+            args.append(owner_uid)
         limit = max(1, min(limit, MAX_EVENTS_PAGE))
         with self._read() as c:
             rows = c.execute(
@@ -579,3 +614,7 @@ class Store:
         return c.execute(
             "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
         ).fetchone()[0]
+
+
+def _uid(owner: Owner | None) -> int | None:
+    return None if owner is None else owner.uid
