@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "metrics": "xhagent.bench.metrics:bench_metrics",
     "pool": "xhagent.bench.pool:bench_pool",
     "sched": "xhagent.bench.sched:bench_sched",
+    "streams": "xhagent.bench.streams:bench_streams",
     "trace": "xhagent.bench.trace:bench_trace",
 }
 

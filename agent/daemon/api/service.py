@@ -16,6 +16,7 @@ owns is NOT_FOUND to a caller who may not see it, as if it did not exist.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ... import __version__
+from ... import __version__, heap
 from ..loop.faults import Faults
 from ..loop.ranking import Standing
 from ..loop.scheduler import RequestRefused, Scheduler
@@ -54,6 +55,7 @@ FOLLOW_WAKE_S = 30.0  # a following stream looks again this often with nothing n
 LOG_CHUNK = 64 * 1024
 API_THREADS = 32  # for the blocking part of calls; a waiting stream holds none
 MAX_STREAMS_PER_CALLER = 1024  # following Watch and Logs streams open at once, per uid
+TRIM_AFTER_STREAMS_S = 5.0  # quiet after the last stream closed: its memory goes back
 REFUSAL_EVENTS_PER_MINUTE = 20  # per uid: the rest are counted in the log, not the store
 
 
@@ -64,6 +66,13 @@ def _read_chunk(path, offset: int) -> bytes:
             return f.read(LOG_CHUNK)
     except FileNotFoundError:
         return b""
+
+
+def _give_back() -> None:
+    """Cycles first (a cancelled call's generator, its frame and its context refer to one
+    another), then the heap pages they held."""
+    gc.collect()
+    heap.trim()
 
 
 def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
@@ -140,6 +149,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.identify: Callable[[str], Caller | None] = lambda peer: None
         self._streams: Counter[int] = Counter()  # open streams per uid (the loop's thread)
         self._feed: ChangeFeed | None = None  # made on the server's loop by the first stream
+        self._last_closed = 0.0  # loop time the last open stream closed
         self._refusals: dict[int, tuple[int, int]] = {}  # uid -> (minute, events in it)
         scheduler.on_change(self._changed)
 
@@ -257,6 +267,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._streams[who.uid] -= 1
         if self._streams[who.uid] <= 0:
             del self._streams[who.uid]
+        if not self._streams:  # the last one: once none opened for a while, trim the heap
+            loop = asyncio.get_running_loop()
+            self._last_closed = closed = loop.time()
+            loop.call_later(TRIM_AFTER_STREAMS_S, self._trim_if_quiet, closed)
+
+    def _trim_if_quiet(self, closed: float) -> None:
+        # Streams' buffers are freed into the heap, which keeps them (heap.keep_freed) for
+        # the next burst; thousands of streams are no burst to keep for.
+        if not self._streams and self._last_closed == closed:
+            asyncio.get_running_loop().run_in_executor(self.executor, _give_back)
 
     @stream
     async def Watch(self, request, context) -> AsyncIterator[pb.Event]:
