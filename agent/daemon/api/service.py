@@ -4,9 +4,11 @@ policy set, and back.
 Served by grpc's asyncio server (transport.Server): the unary methods are plain functions
 run on the servicer's executor (`transport.unary`); Watch and Logs are asyncio generators.
 
-Status codes (transport.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
-NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
-already ended, the store full, a policy held by a file).
+Status codes (transport.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors or a
+field out of range (request_checks, before any method), NOT_FOUND for an unknown task or
+policy, FAILED_PRECONDITION for a refusal (a task that already ended, the store full, a
+policy held by a file), DATA_LOSS for a task whose stored row cannot be read, INTERNAL
+(counted as an `api` internal error) for anything else a method raised.
 """
 
 from __future__ import annotations
@@ -25,23 +27,36 @@ from ..loop.scheduler import RequestRefused, Scheduler
 from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
-from ..store import StoreError, TaskRecord
-from .transport import FailedPrecondition, InvalidArgument, NotFound, unary
+from ..store import CorruptTask, StoreError, TaskRecord
+from . import request_checks
+from .transport import (
+    DataLoss,
+    FailedPrecondition,
+    Failure,
+    InvalidArgument,
+    NotFound,
+    internal_error,
+    unary,
+)
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc
 
 WATCH_POLL_S = 1.0  # a following Watch waits on a thread this long at most, then again
 LOG_CHUNK = 64 * 1024
+UNREADABLE = "Unreadable"  # the state List shows for a task whose stored row cannot be read
 API_THREADS = 32
 
 
 def _read_chunk(path, offset: int) -> bytes:
+    # pread: an offset past the end (or past what the file system can hold) reads nothing
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(LOG_CHUNK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
+    try:
+        return os.pread(fd, LOG_CHUNK, offset)
+    finally:
+        os.close(fd)
 
 
 def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
@@ -91,9 +106,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def _messages(self, recs: list[TaskRecord]) -> list[pb.Task]:
-        standings = self.scheduler.standings(recs)
-        return [task_message(r, s) for r, s in zip(recs, standings, strict=True)]
+    def check(self, request) -> None:
+        """Run by the transport before every method: each field in its range."""
+        request_checks.check(request)
+
+    def failure_of(self, method: str, exc: Exception) -> Failure:
+        """What the transport answers for an exception no method turned into a status."""
+        if isinstance(exc, CorruptTask):
+            return DataLoss(str(exc))
+        self.faults.counted("api", exc)
+        return internal_error(method, exc)
+
+    def _messages(self, recs: list[TaskRecord | CorruptTask]) -> list[pb.Task]:
+        """Tasks as the API shows them; a row that cannot be read as its id and what is
+        wrong with it (state `Unreadable`), so that one bad row hides no other task."""
+        readable = [r for r in recs if isinstance(r, TaskRecord)]
+        standings = iter(self.scheduler.standings(readable))
+        return [
+            task_message(r, next(standings))
+            if isinstance(r, TaskRecord)
+            else pb.Task(id=r.task_id, state=UNREADABLE, error=str(r))
+            for r in recs
+        ]
 
     def _task(self, task_id: str) -> TaskRecord:
         rec = self.scheduler.get(task_id)
@@ -119,10 +153,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     @unary
     def List(self, request):
-        try:
-            recs = self.scheduler.list(list(request.states), request.all, request.limit or 1000)
-        except ValueError as exc:  # a state that does not exist
-            raise InvalidArgument(f"states: {exc}") from None
+        recs = self.scheduler.list(list(request.states), request.all, request.limit or 1000)
         return pb.ListResponse(tasks=self._messages(recs))
 
     @unary

@@ -125,10 +125,11 @@ class Scheduler:
         return self.store.get(task_id)
 
     def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
+        """Tasks as the API lists them: a row that cannot be read as its CorruptTask."""
         wanted = [TaskState(s) for s in states] or (
             None if all_ else [s for s in TaskState if s not in TERMINAL]
         )
-        return self.store.list_tasks(wanted, limit=min(limit, 1000))
+        return self.store.list_tasks(wanted, limit=min(limit, 1000), unreadable=True)
 
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""
