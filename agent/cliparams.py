@@ -68,3 +68,16 @@ class Text(click.ParamType):
 def shown_path(path: str) -> str:
     """A file name as UTF-8 text for messages: bytes that are not UTF-8 shown as U+FFFD."""
     return path.encode(errors="surrogateescape").decode(errors="replace")
+
+
+class InputFile(click.Path):
+    """A file to read (`-`: standard input); an empty name is a usage error naming the
+    option, not `:1:1: cannot read` about nothing."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("an empty file name", param, ctx)
+        return super().convert(value, param, ctx)

@@ -15,7 +15,7 @@ import time
 
 import click
 
-from ...cliparams import Text, shown_path
+from ...cliparams import InputFile, Text, shown_path
 from .request_checks import INT64_MAX, MAX_ID, MAX_NAME
 
 TASK_ID = Text(MAX_ID, printable=True, required=True)
@@ -70,7 +70,7 @@ def task_json(msg) -> dict:
 
 # -- clients -----------------------------------------------------------------------------------
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=InputFile())
 @click.option(
     "--wait", is_flag=True, help="Wait until every task ended; exit 1 unless all succeeded."
 )
@@ -266,7 +266,7 @@ def events(follow, task_id, since, as_json, socket_path) -> None:
     "--file",
     "path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=InputFile(),
     help="A SchedulingPolicy or CgroupPolicy file.",
 )
 @socket_option
