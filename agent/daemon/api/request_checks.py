@@ -30,14 +30,16 @@ Check = Callable[[object], "str | None"]
 
 
 def text(limit: int, *, required: bool = False, printable: bool = False) -> Check:
+    """At most `limit` bytes of UTF-8; `printable` for ids and names a client echoes to a
+    terminal (no control characters, NUL included). A document's characters are the
+    reader's to judge, with their positions."""
+
     def check(value: str) -> str | None:
         if required and not value:
             return "must not be empty"
         size = len(value.encode())
         if size > limit:
             return f"at most {limit} bytes (this one has {size})"
-        if "\x00" in value:
-            return "must not contain a NUL character"
         if printable and not value.isprintable():
             return "must be printable text"
         return None
