@@ -56,6 +56,7 @@ __all__ = [
     "NotFound",
     "bind",
     "connect",
+    "internal_error",
     "resolve_socket",
     "unary",
 ]
@@ -378,7 +379,7 @@ class Failure(Exception):
     """What a servicer method raises to end its call with `code` and the message as details
     (cut to fit a header: `_fit`)."""
 
-    code = grpc.StatusCode.UNKNOWN
+    code = grpc.StatusCode.INTERNAL
 
 
 class InvalidArgument(Failure):
