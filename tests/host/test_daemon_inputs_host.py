@@ -121,3 +121,24 @@ def test_a_corrupt_task_row_is_reported_for_that_task_only(agent, tmp_path):
     assert internal_errors(agent) == {"scheduler_step": 0, "policy_reload": 0, "api": 0}
     with agent.client() as client:
         assert client.Health(pb.HealthRequest()).status == "ok"
+
+
+def test_a_running_task_whose_row_is_corrupted_keeps_running_through_a_restart(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "sleeper", ["sleep", "300"]))
+    assert agent.wait(tid, ("Running",))["state"] == "Running"
+    leaf = agent.subtree_path / "tasks" / tid
+    with sqlite3.connect(agent.state / "state.db") as db:  # while the agent runs
+        db.execute('UPDATE tasks SET placement = \'{"cpus": "all"}\' WHERE id = ?', (tid,))
+    got = agent.cli("get", tid)
+    assert got.returncode == 1 and "column placement: " in got.stderr, got.stderr
+    cancelled = agent.cli("cancel", tid)
+    assert cancelled.returncode == 1 and "its stored row is unreadable" in cancelled.stderr
+    # a restart cannot tell whether the leaf is the task's: it is kept, and so is its work
+    assert agent.stop() == 0
+    agent.start()
+    pids = (leaf / "cgroup.procs").read_text().split()
+    assert pids, "the workload of the unreadable task was killed"
+    other = agent.submit(task_file(tmp_path, "other", ["true"]))
+    assert agent.wait(other)["state"] == "Succeeded"
+    assert "Traceback" not in agent.log.read_text(), agent.tail(40)
+    assert internal_errors(agent)["scheduler_step"] == 0

@@ -51,7 +51,7 @@ def test_a_corrupt_row_is_its_task_s_alone(store, column, value, said, caplog):
     corrupt(store, bad, column, value)
 
     with pytest.raises(CorruptTask) as err:
-        store.get(bad)
+        store.get(bad, unreadable=True)
     assert str(err.value).startswith(f"task {bad}: its stored row is unreadable: {said}")
     assert (err.value.task_id, err.value.column) == (bad, column)
     assert "Error" not in str(err.value) and "<class" not in str(err.value)
@@ -64,6 +64,7 @@ def test_a_corrupt_row_is_its_task_s_alone(store, column, value, said, caplog):
         for _ in range(5):
             assert [t.id for t in store.list_tasks(None)] == [first, last]
             assert [t.id for t in store.each_task(list(TaskState))] == [first, last]
+            assert store.get(bad) is None and store.get(first).id == first
     reports = [r for r in caplog.records if bad in r.getMessage()]
     assert len(reports) == 1 and not reports[0].exc_info, caplog.text
     store.census()  # metrics read every row's JSON: a bad one must not stop them
@@ -73,6 +74,7 @@ def test_repairing_the_row_makes_the_task_readable_again(store):
     task = submit(store, "mended")
     corrupt(store, task.id, "spec", "{")
     with pytest.raises(CorruptTask):
-        store.get(task.id)
+        store.get(task.id, unreadable=True)
+    store.add_event("Noted", "an event of a task whose row is unreadable", task_id=task.id)
     corrupt(store, task.id, "spec", '{"document": 0, "class": "batch", "task_priority": null}')
     assert store.get(task.id).summary.task_class == "batch"

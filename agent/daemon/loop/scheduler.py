@@ -122,7 +122,8 @@ class Scheduler:
         return out
 
     def get(self, task_id: str) -> TaskRecord | None:
-        return self.store.get(task_id)
+        """A task as the API reads it: CorruptTask when its row cannot be read."""
+        return self.store.get(task_id, unreadable=True)
 
     def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
         """Tasks as the API lists them: a row that cannot be read as its CorruptTask."""
@@ -156,7 +157,7 @@ class Scheduler:
 
     def cancel(self, task_id: str) -> TaskRecord:
         with self.lock:
-            rec = self.store.get(task_id)
+            rec = self.store.get(task_id, unreadable=True)
             if rec is None:
                 raise KeyError(task_id)
             if rec.state in TERMINAL:
@@ -173,7 +174,7 @@ class Scheduler:
 
     def explain(self, task_id: str) -> Explanation:
         with self.lock:
-            rec = self.store.get(task_id)
+            rec = self.store.get(task_id, unreadable=True)
             if rec is None:
                 raise KeyError(task_id)
             task = self._parsed(rec)

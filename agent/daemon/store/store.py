@@ -340,9 +340,18 @@ class Store:
             self._event(c, task_id, "Submitted", f"{name} from {row[3]}", now=now)
             return self._task(c, task_id)
 
-    def get(self, task_id: str) -> TaskRecord | None:
-        with self._read() as c:
-            return self._task(c, task_id)
+    def get(self, task_id: str, *, unreadable: bool = False) -> TaskRecord | None:
+        """The task; None when there is none. A row that cannot be read is None as well
+        (reported once: the agent's own work passes it by), or with `unreadable` raised as
+        its CorruptTask (a client asking for that task is told why)."""
+        try:
+            with self._read() as c:
+                return self._task(c, task_id)
+        except CorruptTask as corrupt:
+            if unreadable:
+                raise
+            self._report(corrupt)
+            return None
 
     def list_tasks(
         self,
@@ -488,7 +497,8 @@ class Store:
         self, kind: str, message: str, *, task_id: str | None = None, detail: Any = None
     ) -> Event:
         with self._tx(f"recording event {kind}") as c:
-            if task_id is not None and self._task(c, task_id) is None:
+            known = "SELECT 1 FROM tasks WHERE id = ?"
+            if task_id is not None and c.execute(known, (task_id,)).fetchone() is None:
                 raise NotFound(f"no task {task_id}")
             return self._event(c, task_id, kind, message, detail)
 
