@@ -123,5 +123,14 @@ def test_an_unexpected_exception_is_internal_in_one_line_and_counted(tmp_path, c
     assert service.faults.totals()["api"] == 3
     # the traceback once, then one line per time
     assert sum(1 for r in caplog.records if r.exc_info) == 1, caplog.text
-    assert len([r for r in caplog.records if "internal error in api" in r.getMessage()]) == 3
+    assert (
+        len(
+            [
+                r
+                for r in caplog.records
+                if "internal error in api: Get: 'no-such-key'" in r.getMessage()
+            ]
+        )
+        == 3
+    )
     assert not re.search(r"<class|Unexpected", caplog.text)

@@ -114,7 +114,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """What the transport answers for an exception no method turned into a status."""
         if isinstance(exc, CorruptTask):
             return DataLoss(str(exc))
-        self.faults.counted("api", exc)
+        self.faults.counted("api", exc, method)
         return internal_error(method, exc)
 
     def _messages(self, recs: list[TaskRecord | CorruptTask]) -> list[pb.Task]:

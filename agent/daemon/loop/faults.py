@@ -50,10 +50,10 @@ class Faults:
             self._open[where] = _Open(message, time.time())
         log.error("internal error in %s: %s", where, message, exc_info=exc)
 
-    def counted(self, where: str, exc: BaseException) -> None:
-        """An internal error of one call at `where` (an API method): counted; logged with its
-        traceback the first time its message is seen, in one line after that."""
-        key = (where, _one_line(exc))
+    def counted(self, where: str, exc: BaseException, call: str = "") -> None:
+        """An internal error of one `call` at `where` (an API method): counted; logged with
+        its traceback the first time its message is seen, in one line after that."""
+        key = (where, f"{call}: {_one_line(exc)}" if call else _one_line(exc))
         with self._lock:
             self._totals[where] = self._totals.get(where, 0) + 1
             first = key not in self._seen and len(self._seen) < MAX_SEEN
