@@ -39,3 +39,45 @@ class FiniteFloat(click.ParamType):
                 ctx,
             )
         return number
+
+
+class Text(click.ParamType):
+    """A string an agent request carries: UTF-8 (argv bytes that are not arrive as lone
+    surrogates, which no request can hold), at most `max_bytes`, printable when `printable`
+    (an id or name echoed back to a terminal), not empty when `required`."""
+
+    name = "text"
+
+    def __init__(self, max_bytes: int, *, printable: bool = False, required: bool = False):
+        self.max_bytes, self.printable, self.required = max_bytes, printable, required
+
+    def convert(self, value, param, ctx) -> str:
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            self.fail("not valid UTF-8", param, ctx)
+        if self.required and not value:
+            self.fail("must not be empty", param, ctx)
+        if size > self.max_bytes:
+            self.fail(f"at most {self.max_bytes} bytes (this one has {size})", param, ctx)
+        if self.printable and not value.isprintable():
+            self.fail("must be printable text", param, ctx)
+        return value
+
+
+def shown_path(path: str) -> str:
+    """A file name as UTF-8 text for messages: bytes that are not UTF-8 shown as U+FFFD."""
+    return path.encode(errors="surrogateescape").decode(errors="replace")
+
+
+class InputFile(click.Path):
+    """A file to read (`-`: standard input); an empty name is a usage error naming the
+    option, not `:1:1: cannot read` about nothing."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("an empty file name", param, ctx)
+        return super().convert(value, param, ctx)

@@ -168,7 +168,8 @@ class _InternalErrors:
     def collect(self):
         fam = CounterMetricFamily(
             "xhagent_internal_errors",
-            "Internal errors of the agent's own loops (not of tasks or requests), by where.",
+            "Internal errors of the agent's own loops and API calls (not of tasks or "
+            "requests), by where.",
             labels=["where"],
         )
         for where, n in sorted(self.faults.totals().items()):

@@ -394,7 +394,6 @@ def test_a_stream_of_many_megabytes_passes_the_relay_whole(tmp_path):
 
 def test_a_refused_stream_is_its_status_not_a_hang(tmp_path):
     class Refusing(Servicer):
-        @api.stream
         async def Watch(self, request, context):
             raise api.ResourceExhausted("uid 1 holds 2 streams, the most a caller may")
             yield  # an async generator

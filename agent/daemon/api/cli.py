@@ -15,6 +15,11 @@ import time
 
 import click
 
+from ...cliparams import InputFile, Text, shown_path
+from .request_checks import INT64_MAX, MAX_ID, MAX_NAME
+
+TASK_ID = Text(MAX_ID, printable=True, required=True)
+
 
 def fail(message: str, code: int = 1):
     click.echo(f"xhagent: {message}", err=True)
@@ -65,12 +70,15 @@ def task_json(msg) -> dict:
 
 # -- clients -----------------------------------------------------------------------------------
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=InputFile())
 @click.option(
     "--wait", is_flag=True, help="Wait until every task ended; exit 1 unless all succeeded."
 )
 @click.option(
-    "--key", default="", help="Idempotency key: submitting again with it makes no duplicate."
+    "--key",
+    default="",
+    type=Text(MAX_NAME),
+    help="Idempotency key: submitting again with it makes no duplicate.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @socket_option
@@ -86,11 +94,13 @@ def submit(files, wait, key, as_json, socket_path) -> None:
             source = read_text(name)
         except SpecError as exc:
             fail(str(exc), 2)
+        name = shown_path(name)
+        each_key = f"{key}:{name}" if key else ""
+        if len(each_key.encode()) > MAX_NAME:  # the agent keeps keys of at most MAX_NAME
+            fail(f"--key: with the file name {name} the key has more than {MAX_NAME} bytes", 2)
         reply = _call(
             client.Submit,
-            pb.SubmitRequest(
-                source=source, file_name=name, idempotency_key=f"{key}:{name}" if key else ""
-            ),
+            pb.SubmitRequest(source=source, file_name=name, idempotency_key=each_key),
         )
         tasks += reply.tasks
     if not as_json:
@@ -145,7 +155,7 @@ def ps(all_, as_json, socket_path) -> None:
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @socket_option
 def get(task_id, as_json, socket_path) -> None:
@@ -166,7 +176,7 @@ def get(task_id, as_json, socket_path) -> None:
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @socket_option
 def cancel(task_id, socket_path) -> None:
     """Stop a task: kill its processes (cgroup.kill) and remove its leaf."""
@@ -175,7 +185,7 @@ def cancel(task_id, socket_path) -> None:
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the task ends.")
 @click.option(
     "--stream", type=click.Choice(["both", "stdout", "stderr"]), default="both", show_default=True
@@ -204,8 +214,20 @@ def logs(task_id, follow, stream, socket_path) -> None:
 
 @click.command()
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
-@click.option("--task", "task_id", default="", help="Only this task's events.")
-@click.option("--since", type=int, default=0, show_default=True, help="After this sequence number.")
+@click.option(
+    "--task",
+    "task_id",
+    default="",
+    type=Text(MAX_ID, printable=True),
+    help="Only this task's events.",
+)
+@click.option(
+    "--since",
+    type=click.IntRange(0, INT64_MAX),
+    default=0,
+    show_default=True,
+    help="After this sequence number.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @socket_option
 def events(follow, task_id, since, as_json, socket_path) -> None:
@@ -244,7 +266,7 @@ def events(follow, task_id, since, as_json, socket_path) -> None:
     "--file",
     "path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=InputFile(),
     help="A SchedulingPolicy or CgroupPolicy file.",
 )
 @socket_option
@@ -260,7 +282,8 @@ def apply(path, socket_path) -> None:
     except SpecError as exc:
         fail(str(exc), 2)
     reply = _call(
-        _client(socket_path).ApplyPolicy, _pb().ApplyPolicyRequest(source=source, file_name=path)
+        _client(socket_path).ApplyPolicy,
+        _pb().ApplyPolicyRequest(source=source, file_name=shown_path(path)),
     )
     for p in reply.policies:
         click.echo(f"applied {p.kind} {p.name} (version {p.version})")
@@ -274,7 +297,7 @@ def delete() -> None:
 
 
 @delete.command("policy")
-@click.argument("name")
+@click.argument("name", type=Text(MAX_NAME, printable=True, required=True))
 @click.option("--kind", type=click.Choice(["SchedulingPolicy", "CgroupPolicy"]), default=None)
 @socket_option
 def delete_policy(name, kind, socket_path) -> None:
@@ -286,7 +309,7 @@ def delete_policy(name, kind, socket_path) -> None:
 
 
 @click.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @socket_option
 def explain(task_id, as_json, socket_path) -> None:

@@ -4,10 +4,12 @@ policy set, and back.
 Served by grpc's asyncio server (transport.Server): the unary methods are plain functions
 run on the servicer's executor (`transport.unary`); Watch and Logs are asyncio generators.
 
-Status codes (transport.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors,
-NOT_FOUND for an unknown task or policy, FAILED_PRECONDITION for a refusal (a task that
-already ended, the store full, a policy held by a file), PERMISSION_DENIED for what the
-caller may not do (access.py: each refusal is also an event naming the caller).
+Status codes (transport.Failure): INVALID_ARGUMENT for input with FILE:LINE:COL errors or a
+field out of range (request_checks, before any method), NOT_FOUND for an unknown task or
+policy, FAILED_PRECONDITION for a refusal (a task that already ended, the store full, a
+policy held by a file), PERMISSION_DENIED for what the caller may not do (access.py: each
+refusal is also an event naming the caller), DATA_LOSS for a task whose stored row cannot
+be read, INTERNAL (counted as an `api` internal error) for anything else a method raised.
 
 Every call is made by a caller the kernel vouches for (peers.py); a task another caller
 owns is NOT_FOUND to a caller who may not see it, as if it did not exist.
@@ -32,19 +34,22 @@ from ..loop.scheduler import RequestRefused, Scheduler
 from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
-from ..store import Owner, StoreError, TaskRecord
+from ..store import CorruptTask, Owner, StoreError, TaskRecord
 from . import access as rules
+from . import request_checks
 from .access import Access, Directory
 from .feed import ChangeFeed
 from .peers import Caller
 from .transport import (
+    DataLoss,
     FailedPrecondition,
+    Failure,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
-    stream,
+    internal_error,
     unary,
 )
 from .v1 import agent_pb2 as pb
@@ -53,6 +58,7 @@ from .v1 import agent_pb2_grpc
 log = logging.getLogger("xhagent")
 FOLLOW_WAKE_S = 30.0  # a following stream looks again this often with nothing new
 LOG_CHUNK = 64 * 1024
+UNREADABLE = "Unreadable"  # the state List shows for a task whose stored row cannot be read
 API_THREADS = 32  # for the blocking part of calls; a waiting stream holds none
 MAX_STREAMS_PER_CALLER = 1024  # following Watch and Logs streams open at once, per uid
 TRIM_AFTER_STREAMS_S = 5.0  # quiet after the last stream closed: its memory goes back
@@ -60,12 +66,15 @@ REFUSAL_EVENTS_PER_MINUTE = 20  # per uid: the rest are counted in the log, not 
 
 
 def _read_chunk(path, offset: int) -> bytes:
+    # pread: an offset past the end (or past what the file system can hold) reads nothing
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(LOG_CHUNK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
+    try:
+        return os.pread(fd, LOG_CHUNK, offset)
+    finally:
+        os.close(fd)
 
 
 def _give_back() -> None:
@@ -179,9 +188,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         except StoreError as exc:
             log.warning("api: the refusal was not recorded: %s", exc)
 
-    def _messages(self, recs: list[TaskRecord]) -> list[pb.Task]:
-        standings = self.scheduler.standings(recs)
-        return [task_message(r, s) for r, s in zip(recs, standings, strict=True)]
+    def check(self, request) -> None:
+        """Run by the transport before every method: each field in its range."""
+        request_checks.check(request)
+
+    def failure_of(self, method: str, exc: Exception) -> Failure:
+        """What the transport answers for an exception no method turned into a status."""
+        if isinstance(exc, CorruptTask):
+            return DataLoss(str(exc))
+        self.faults.counted("api", exc, method)
+        return internal_error(method, exc)
+
+    def _messages(self, recs: list[TaskRecord | CorruptTask]) -> list[pb.Task]:
+        """Tasks as the API shows them; a row that cannot be read as its id and what is
+        wrong with it (state `Unreadable`), so that one bad row hides no other task."""
+        readable = [r for r in recs if isinstance(r, TaskRecord)]
+        standings = iter(self.scheduler.standings(readable))
+        return [
+            task_message(r, next(standings))
+            if isinstance(r, TaskRecord)
+            else pb.Task(id=r.task_id, state=UNREADABLE, error=str(r))
+            for r in recs
+        ]
 
     def _task(self, task_id: str, who: Access) -> TaskRecord:
         """The task, when `who` may see it; another's is as unknown as a missing one."""
@@ -278,7 +306,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if not self._streams and self._last_closed == closed:
             asyncio.get_running_loop().run_in_executor(self.executor, _give_back)
 
-    @stream
     async def Watch(self, request, context) -> AsyncIterator[pb.Event]:
         who = await self._open_stream(context, "Watch")
         try:
@@ -310,7 +337,6 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         finally:
             self._close_stream(who)
 
-    @stream
     async def Logs(self, request, context) -> AsyncIterator[pb.LogChunk]:
         who = await self._open_stream(context, "Logs")
         try:

@@ -3,8 +3,12 @@ service there (`bind`), and the client the CLI uses (`connect`).
 
 The contract is `v1/agent.proto` (package `xhagent.v1`). This module is plumbing only:
 what each RPC does is the daemon's servicer, whose methods (`@unary`) raise
-`InvalidArgument`, `FailedPrecondition` and `NotFound` so that every client sees the same
-status codes.
+`InvalidArgument`, `FailedPrecondition`, `NotFound` and `DataLoss` so that every client sees
+the same status codes. Every method is served through one guard (`_guarded`): a request
+that does not decode (a string field of bad UTF-8) is INVALID_ARGUMENT naming the field,
+the servicer's `check(request)` runs before the method, and whatever else a method raises
+becomes the servicer's `failure_of(method, exc)`, by default INTERNAL with one line, never
+grpc's UNKNOWN "Unexpected <class ...>".
 
     server = bind(servicer, resolve_socket(socket_option))    # the daemon
     server.stop(grace=5)
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import grp
+import inspect
+import logging
 import os
 import socket
 import stat
@@ -30,10 +36,11 @@ from pathlib import Path
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import grpc  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
 
 from ...errors import errno_reason  # noqa: E402
 from .peers import PeerRelay, private_address  # noqa: E402
-from .v1 import agent_pb2_grpc  # noqa: E402
+from .v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -41,8 +48,10 @@ __all__ = [
     "AgentUnavailable",
     "ApiError",
     "BindError",
+    "DataLoss",
     "Server",
     "FailedPrecondition",
+    "Internal",
     "Failure",
     "InvalidArgument",
     "NotFound",
@@ -51,8 +60,8 @@ __all__ = [
     "Unauthenticated",
     "bind",
     "connect",
+    "internal_error",
     "resolve_socket",
-    "stream",
     "unary",
 ]
 
@@ -206,7 +215,7 @@ class Server:
                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
             ],
         )
-        agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((_handlers(servicer),))
         return server
 
     def _call(self, coro, timeout: float | None = 30.0):
@@ -416,7 +425,7 @@ class Failure(Exception):
     """What a servicer method raises to end its call with `code` and the message as details
     (cut to fit a header: `_fit`)."""
 
-    code = grpc.StatusCode.UNKNOWN
+    code = grpc.StatusCode.INTERNAL
 
 
 class InvalidArgument(Failure):
@@ -455,36 +464,160 @@ class ResourceExhausted(Failure):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class DataLoss(Failure):
+    """What the agent keeps of it cannot be read back (a corrupt row; the CLI exits 1)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class Internal(Failure):
+    """The agent's own fault, in one line (the CLI exits 1)."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
 def unary(impl):
-    """A servicer method from a plain function `impl(self, request, peer) -> reply`: run on
-    the servicer's `executor` (it may block: the store, the agent's lock), its `Failure`
-    turned into the call's status; `peer` is the call's `context.peer()`, whose caller
-    `servicer.identify` names. grpc's asyncio server drives the coroutine."""
+    """A servicer method from a plain function `impl(self, request, peer) -> reply`, run on
+    the servicer's `executor` (it may block: the store, the agent's lock); `peer` is the
+    call's `context.peer()`, whose caller `servicer.identify` names."""
 
     async def method(self, request, context):
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.executor, impl, self, request, context.peer()
-            )
-        except Failure as failure:
-            await context.abort(failure.code, _fit(str(failure)))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, impl, self, request, context.peer()
+        )
 
     method.__name__ = method.__qualname__ = impl.__name__
     method.__doc__ = impl.__doc__
     return method
 
 
-def stream(impl):
-    """A servicer stream from an asyncio generator `impl(self, request, context)`: its
-    `Failure` (raised before or between items) ends the call with that status."""
+def _handlers(servicer) -> grpc.GenericRpcHandler:
+    """The `Agent` service's methods, each behind `_guarded`; requests arrive as bytes so that
+    one that does not decode is the guard's to answer, not grpc's."""
+    service = agent_pb2.DESCRIPTOR.services_by_name["Agent"]
+    handlers = {}
+    for m in service.methods:
+        request_type = getattr(agent_pb2, m.input_type.name)
+        reply_type = getattr(agent_pb2, m.output_type.name)
+        handler = (
+            grpc.unary_stream_rpc_method_handler
+            if m.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        impl = _guarded_stream if m.server_streaming else _guarded
+        handlers[m.name] = handler(
+            impl(servicer, m.name, request_type),
+            response_serializer=reply_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
-    async def method(self, request, context):
+
+def _guarded(servicer, name: str, request_type):
+    method = getattr(servicer, name)
+
+    async def call(data: bytes, context):
+        request = await _admitted(servicer, name, request_type, data, context)
         try:
-            async for item in impl(self, request, context):
-                yield item
-        except Failure as failure:
-            await context.abort(failure.code, _fit(str(failure)))
+            reply = method(request, context)
+            return await reply if inspect.isawaitable(reply) else reply
+        except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
+            await _abort(servicer, name, exc, context)
 
-    method.__name__ = method.__qualname__ = impl.__name__
-    method.__doc__ = impl.__doc__
-    return method
+    return call
+
+
+def _guarded_stream(servicer, name: str, request_type):
+    method = getattr(servicer, name)
+
+    async def call(data: bytes, context):
+        request = await _admitted(servicer, name, request_type, data, context)
+        try:
+            items = method(request, context)
+            if inspect.isasyncgen(items):
+                async for item in items:
+                    yield item
+            else:
+                for item in items:
+                    yield item
+        except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
+            await _abort(servicer, name, exc, context)
+
+    return call
+
+
+async def _admitted(servicer, name: str, request_type, data: bytes, context):
+    """The request decoded and checked; the call aborted when it is not one."""
+    try:
+        request = request_type.FromString(data)
+    except DecodeError:
+        field = _bad_utf8_field(request_type, data)
+        why = f"{field}: not valid UTF-8" if field else "the request does not decode"
+        await context.abort(InvalidArgument.code, why)
+    check = getattr(servicer, "check", None)
+    try:
+        if check is not None:
+            check(request)
+    except Exception as exc:  # noqa: BLE001
+        await _abort(servicer, name, exc, context)
+    return request
+
+
+async def _abort(servicer, name: str, exc: Exception, context):
+    if isinstance(exc, grpc.aio.AbortError | NotImplementedError):
+        # the method ended the call itself (an unimplemented one set UNIMPLEMENTED first)
+        raise exc
+    failure = exc if isinstance(exc, Failure) else None
+    if failure is None:
+        failure_of = getattr(servicer, "failure_of", None)
+        failure = failure_of(name, exc) if failure_of else _internal(name, exc)
+    await context.abort(failure.code, _fit(str(failure)))
+
+
+def _internal(name: str, exc: Exception) -> Internal:
+    logging.getLogger("xhagent").error("internal error in %s", name, exc_info=exc)
+    return internal_error(name, exc)
+
+
+def internal_error(name: str, exc: BaseException) -> Internal:
+    """What a client reads of an unexpected exception in method `name`: one line."""
+    what = " ".join(str(exc).split())[:300] or "an unexpected error"
+    return Internal(f"internal error in {name}: {what} (the agent's log has the details)")
+
+
+def _bad_utf8_field(request_type, data: bytes) -> str | None:
+    """The name of the first string field of `data` that is not UTF-8 (the requests are flat
+    messages: their fields are scalars, strings and repeated strings)."""
+    fields = request_type.DESCRIPTOR.fields_by_number
+    pos = 0
+    try:
+        while pos < len(data):
+            key, pos = _varint(data, pos)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, pos = _varint(data, pos)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            elif wire == 2:
+                size, pos = _varint(data, pos)
+                chunk, pos = data[pos : pos + size], pos + size
+                field = fields.get(number)
+                if field is not None and field.type == field.TYPE_STRING:
+                    chunk.decode()
+            else:
+                return None
+    except UnicodeDecodeError:
+        return field.name
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7

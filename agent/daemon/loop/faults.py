@@ -2,6 +2,8 @@
 loops (a scheduler step that raised, a policy reload that broke) is counted by where it
 happened, logged once when it starts and once when it clears (with how many times it
 happened meanwhile), and makes Health answer not-serving with the reason while it persists.
+An internal error of one API call (`counted`) is a call's, not a loop's: counted and logged
+(its traceback once per message), with nothing left open.
 
 A user's error (a bad document, a workload that cannot start, a refused request) never
 comes here: it is the task's or the request's outcome.
@@ -15,7 +17,8 @@ import time
 from dataclasses import dataclass
 
 # Where internal errors are counted: every one exists from the start (a counter at 0).
-WHERES = ("scheduler_step", "policy_reload")
+WHERES = ("scheduler_step", "policy_reload", "api")
+MAX_SEEN = 100  # distinct messages of counted errors whose traceback was logged
 
 log = logging.getLogger("xhagent")
 
@@ -32,6 +35,7 @@ class Faults:
         self._lock = threading.Lock()
         self._totals = dict.fromkeys(wheres, 0)
         self._open: dict[str, _Open] = {}
+        self._seen: set[tuple[str, str]] = set()
 
     def failed(self, where: str, exc: BaseException) -> None:
         """An internal error at `where`: logged with its traceback only when it is the first
@@ -45,6 +49,17 @@ class Faults:
                 return
             self._open[where] = _Open(message, time.time())
         log.error("internal error in %s: %s", where, message, exc_info=exc)
+
+    def counted(self, where: str, exc: BaseException, call: str = "") -> None:
+        """An internal error of one `call` at `where` (an API method): counted; logged with
+        its traceback the first time its message is seen, in one line after that."""
+        key = (where, f"{call}: {_one_line(exc)}" if call else _one_line(exc))
+        with self._lock:
+            self._totals[where] = self._totals.get(where, 0) + 1
+            first = key not in self._seen and len(self._seen) < MAX_SEEN
+            if first:
+                self._seen.add(key)
+        log.error("internal error in %s: %s", where, key[1], exc_info=exc if first else None)
 
     def cleared(self, where: str) -> None:
         """`where` worked again."""

@@ -12,7 +12,7 @@ task owns are removed. Each kind of intent has one branch below.
 
 from __future__ import annotations
 
-from ..store import NEEDS_PLACEMENT, TaskRecord, TaskState
+from ..store import NEEDS_PLACEMENT, CorruptTask, TaskRecord, TaskState
 from .lifecycle import Lifecycle
 from .migration import MigrationController
 from .preemption import KILL_TIMEOUT_S, preempted_reason
@@ -71,12 +71,22 @@ def recover(lc: Lifecycle, migration: MigrationController) -> dict[str, int]:
         counts["moved"] += bool(out.get("moved"))
     live = {r.id for r in store.each_task(NEEDS_PLACEMENT)}
     for task_id in executor.leaves():
-        if task_id not in live:
+        if task_id not in live and not _unreadable(store, task_id):
             executor.remove_leaf(task_id)
             counts["orphan_leaves"] += 1
     for rec in store.each_task([*NEEDS_PLACEMENT, TaskState.PENDING]):
         lc.note_deadline(rec)
     return counts
+
+
+def _unreadable(store, task_id: str) -> bool:
+    """Its row cannot be read: whether it owns its leaf is unknown, so the leaf (and what
+    runs in it) is kept, not removed as an orphan's."""
+    try:
+        store.get(task_id, unreadable=True)
+    except CorruptTask:
+        return True
+    return False
 
 
 def complete_kill(lc: Lifecycle, rec: TaskRecord, preempted_by: str | None) -> None:

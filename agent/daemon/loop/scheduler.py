@@ -134,15 +134,20 @@ class Scheduler:
         return out
 
     def get(self, task_id: str) -> TaskRecord | None:
-        return self.store.get(task_id)
+        """A task as the API reads it: CorruptTask when its row cannot be read."""
+        return self.store.get(task_id, unreadable=True)
 
     def list(
         self, states: Iterable[str], all_: bool, limit: int, owner_uid: int | None = None
     ) -> list[TaskRecord]:
+        """Tasks as the API lists them (of `owner_uid` only, when given): a row that cannot
+        be read as its CorruptTask."""
         wanted = [TaskState(s) for s in states] or (
             None if all_ else [s for s in TaskState if s not in TERMINAL]
         )
-        return self.store.list_tasks(wanted, limit=min(limit, 1000), owner_uid=owner_uid)
+        return self.store.list_tasks(
+            wanted, limit=min(limit, 1000), unreadable=True, owner_uid=owner_uid
+        )
 
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""
@@ -169,7 +174,7 @@ class Scheduler:
 
     def cancel(self, task_id: str) -> TaskRecord:
         with self.lock:
-            rec = self.store.get(task_id)
+            rec = self.store.get(task_id, unreadable=True)
             if rec is None:
                 raise KeyError(task_id)
             if rec.state in TERMINAL:
@@ -186,7 +191,7 @@ class Scheduler:
 
     def explain(self, task_id: str) -> Explanation:
         with self.lock:
-            rec = self.store.get(task_id)
+            rec = self.store.get(task_id, unreadable=True)
             if rec is None:
                 raise KeyError(task_id)
             task = self._parsed(rec)

@@ -20,6 +20,7 @@ from .states import BACKOFF, NEEDS_PLACEMENT, TERMINAL, TaskState
 from .store import (
     ACTIONS,
     Conflict,
+    CorruptTask,
     NotFound,
     Store,
     StoreError,
@@ -34,6 +35,7 @@ __all__ = [
     "NEEDS_PLACEMENT",
     "TERMINAL",
     "Conflict",
+    "CorruptTask",
     "Event",
     "HeldGpu",
     "Intent",

@@ -60,6 +60,16 @@ class NotFound(StoreError):
     pass
 
 
+class CorruptTask(StoreError):
+    """A task row that cannot be read back: the task's id, the column and what is wrong."""
+
+    def __init__(self, task_id: str, column: str, problem: str):
+        super().__init__(
+            f"task {task_id}: its stored row is unreadable: column {column}: {problem}"
+        )
+        self.task_id, self.column, self.problem = task_id, column, problem
+
+
 def format_task_id(seq: int) -> str:
     digits = []
     while seq or len(digits) < ID_DIGITS:

@@ -10,7 +10,7 @@ is filled in.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -167,8 +167,138 @@ class Owner:
         return asdict(self)
 
 
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+class BadColumn(ValueError):
+    """A stored column that does not read as what a task row keeps there: which, and why."""
+
+    def __init__(self, column: str, problem: str):
+        super().__init__(f"column {column}: {problem}")
+        self.column, self.problem = column, problem
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json(read: Callable[[Any], Any], *, nullable: bool = False) -> Callable[[Any], Any]:
+    def column(value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str):
+            raise ValueError
+        return read(json.loads(value))
+
+    return column
+
+
+def _text(*, nullable: bool = False) -> Callable[[Any], Any]:
+    def column(value: Any) -> Any:
+        if isinstance(value, str) or (value is None and nullable):
+            return value
+        raise ValueError
+
+    return column
+
+
+def _integer(low: int, high: int, *, nullable: bool = False) -> Callable[[Any], Any]:
+    def column(value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value
+        raise ValueError
+
+    return column
+
+
+def _state(value: Any) -> TaskState:
+    if value not in STATE_NAMES:
+        raise BadColumn("state", f"{_shown(value)} is not a task state")
+    return TaskState(value)
+
+
+def _reasons(doc: Any) -> tuple[WaitReason, ...]:
+    if not isinstance(doc, list):
+        raise ValueError
+    return tuple(WaitReason.from_json(r) for r in doc)
+
+
+def _placement(doc: Any) -> Placement:
+    placed = Placement.from_json(doc)
+    if not (
+        isinstance(placed.node, str)
+        and all(_is_index(c) for c in (*placed.cpus, *placed.tpus))
+        and all(isinstance(u.setting, str) and isinstance(u.reason, str) for u in placed.unenforced)
+    ):
+        raise ValueError
+    return placed
+
+
+def _summary(doc: Any) -> TaskSummary:
+    if not isinstance(doc, dict):
+        raise ValueError
+    summary = TaskSummary.from_json(doc)
+    own = summary.priority
+    if not (
+        isinstance(summary.task_class, str)
+        and isinstance(summary.device_type, str)
+        and all(isinstance(x, str) for kv in summary.labels.items() for x in kv)
+        and (own is None or (_is_index(own) and own <= 100))
+    ):
+        raise ValueError
+    return summary
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
+STATE_NAMES = frozenset(s.value for s in TaskState)
+INT64 = (-(2**63), 2**63 - 1)
+INT32 = (-(2**31), 2**31 - 1)
+# A task row's columns in TaskRecord's field order (owner_uid, run_uid and run_gid make its
+# `owner`): how each reads, and what it must hold.
+TASK_COLUMNS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+    ("id", _text(), "text"),
+    ("name", _text(), "text"),
+    ("kind", _text(), "text"),
+    ("state", _state, "a task state"),
+    ("reasons", _json(_reasons), "a JSON list of reasons"),
+    ("placement", _json(_placement, nullable=True), "a JSON placement or NULL"),
+    ("cgroup", _text(nullable=True), "text or NULL"),
+    ("attempt", _integer(0, 2**32 - 1), "a count"),
+    ("preempted", _integer(0, 2**32 - 1), "a count"),
+    ("migrated", _integer(0, 2**32 - 1), "a count"),
+    ("exit_code", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
+    ("signal", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
+    ("error", _text(nullable=True), "text or NULL"),
+    ("created_ns", _integer(*INT64), "an integer"),
+    ("started_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
+    ("ended_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
+    ("updated_ns", _integer(*INT64), "an integer"),
+    ("idempotency_key", _text(nullable=True), "text or NULL"),
+    ("owner_uid", _integer(0, 2**32 - 1, nullable=True), "a uid or NULL"),
+    ("run_uid", _integer(0, 2**32 - 1, nullable=True), "a uid or NULL"),
+    ("run_gid", _integer(0, 2**32 - 1, nullable=True), "a gid or NULL"),
+    ("source", _text(), "text"),
+    ("source_file", _text(), "text"),
+    ("spec", _json(_summary), "a JSON task summary"),
+)
+
+
+def _column(name: str, read: Callable[[Any], Any], holds: str, value: Any) -> Any:
+    """`read(value)`, else BadColumn saying what the column holds instead of `holds`."""
+    try:
+        return read(value)
+    except BadColumn:
+        raise
+    except json.JSONDecodeError as exc:
+        raise BadColumn(name, f"not JSON ({exc.msg} at character {exc.pos})") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise BadColumn(name, f"{_shown(value)} is not {holds}") from None
+
+
+OWNER_AT = [name for name, _, _ in TASK_COLUMNS].index("owner_uid")
 
 
 @dataclass(frozen=True)
@@ -196,31 +326,16 @@ class TaskRecord:
     source_file: str
     summary: TaskSummary
 
-    COLUMNS = (
-        "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, migrated, "
-        "exit_code, signal, error, "
-        "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, "
-        "owner_uid, run_uid, run_gid, source, source_file, spec"
-    )
+    COLUMNS = ", ".join(name for name, _, _ in TASK_COLUMNS)
 
     @classmethod
     def from_row(cls, row: Sequence) -> TaskRecord:
-        (id_, name, kind, state, reasons, placement, *rest) = row
-        *middle, owner_uid, run_uid, run_gid, source, source_file, spec = rest
-        placed = _loads(placement)
-        return cls(
-            id_,
-            name,
-            kind,
-            TaskState(state),
-            tuple(WaitReason.from_json(r) for r in json.loads(reasons)),
-            None if placed is None else Placement.from_json(placed),
-            *middle,
-            None if owner_uid is None else Owner(owner_uid, run_uid, run_gid),
-            source,
-            source_file,
-            TaskSummary.from_json(json.loads(spec)),
-        )
+        """The record of a row read with COLUMNS; BadColumn for the first column that does
+        not read as what it keeps (a row edited by hand, a disk that lost bits)."""
+        values = [_column(*c, v) for c, v in zip(TASK_COLUMNS, row, strict=True)]
+        uid, run_uid, run_gid = values[OWNER_AT : OWNER_AT + 3]
+        values[OWNER_AT : OWNER_AT + 3] = [None if uid is None else Owner(uid, run_uid, run_gid)]
+        return cls(*values)
 
     @property
     def first_reason(self) -> str:

@@ -48,6 +48,7 @@ from .checks import (
     MAX_SHORT,
     MAX_TASKS_PAGE,
     Conflict,
+    CorruptTask,
     NotFound,
     StoreError,
     StoreFull,
@@ -62,6 +63,7 @@ from .checks import (
     text,
 )
 from .records import (
+    BadColumn,
     Event,
     Intent,
     Owner,
@@ -78,6 +80,7 @@ log = logging.getLogger("xhagent")
 __all__ = [
     "ACTIONS",
     "Conflict",
+    "CorruptTask",
     "NotFound",
     "Store",
     "StoreError",
@@ -114,6 +117,7 @@ class Store:
         # None)] after each commit, in commit order, by the committing thread.
         self.on_commit: Callable[[list[tuple[Event, TaskRecord | None]]], None] | None = None
         self._written: list[tuple[Event, TaskRecord | None]] = []
+        self._reported: set[str] = set()  # corrupt rows already logged (bounded)
 
     @classmethod
     def open(
@@ -265,7 +269,24 @@ class Store:
         row = c.execute(
             f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE id = ?", (task_id,)
         ).fetchone()
-        return None if row is None else TaskRecord.from_row(row)
+        return None if row is None else self._record(row)
+
+    def _record(self, row) -> TaskRecord:
+        try:
+            return TaskRecord.from_row(row)
+        except BadColumn as exc:
+            task_id = row[0] if isinstance(row[0], str) else repr(row[0])
+            raise CorruptTask(task_id, exc.column, exc.problem) from None
+
+    def _report(self, corrupt: CorruptTask) -> None:
+        """Once per task and problem: a corrupt row is left out of the agent's work, not
+        retried and logged again at every step."""
+        key = str(corrupt)
+        with self._mutex:
+            if key in self._reported or len(self._reported) >= MAX_TASKS_PAGE:
+                return
+            self._reported.add(key)
+        log.error("%s; it is left out of scheduling until the row is repaired", corrupt)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -302,7 +323,7 @@ class Store:
                     (idempotency_key,),
                 ).fetchone()
                 if got is not None:
-                    task = TaskRecord.from_row(got)
+                    task = self._record(got)
                     if _uid(task.owner) != _uid(owner):
                         raise Conflict(f"idempotency key {idempotency_key!r} is another's")
                     if task.source != source:
@@ -332,9 +353,18 @@ class Store:
             self._event(c, task_id, "Submitted", f"{name} from {row[3]}", now=now)
             return self._task(c, task_id)
 
-    def get(self, task_id: str) -> TaskRecord | None:
-        with self._read() as c:
-            return self._task(c, task_id)
+    def get(self, task_id: str, *, unreadable: bool = False) -> TaskRecord | None:
+        """The task; None when there is none. A row that cannot be read is None as well
+        (reported once: the agent's own work passes it by), or with `unreadable` raised as
+        its CorruptTask (a client asking for that task is told why)."""
+        try:
+            with self._read() as c:
+                return self._task(c, task_id)
+        except CorruptTask as corrupt:
+            if unreadable:
+                raise
+            self._report(corrupt)
+            return None
 
     def list_tasks(
         self,
@@ -342,11 +372,15 @@ class Store:
         *,
         after: str | None = None,
         limit: int = 100,
+        unreadable: bool = False,
         owner_uid: int | None = None,
     ) -> list[TaskRecord]:
         """Tasks in submission order, after the id `after`: at most `limit` (at most
         MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id. With
-        `owner_uid`, only the tasks that uid submitted."""
+        `owner_uid`, only the tasks that uid submitted.
+
+        A row that cannot be read is reported once (logged) and left out, or, with
+        `unreadable`, listed in its place as its CorruptTask: one bad row hides no other."""
         try:
             where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
         except ValueError as exc:
@@ -366,7 +400,12 @@ class Store:
                 "ORDER BY seq LIMIT ?",
                 (*args, limit),
             ):
-                task = TaskRecord.from_row(row)
+                try:
+                    task = self._record(row)
+                except CorruptTask as corrupt:
+                    self._report(corrupt)
+                    out += [corrupt] if unreadable else []
+                    continue
                 size += len(task.source) + len(row[-1])
                 if out and size > MAX_PAGE_BYTES:
                     break
@@ -377,11 +416,11 @@ class Store:
         """Every task in `states`, in submission order, read a page at a time."""
         after = None
         while True:
-            page = self.list_tasks(states, after=after, limit=MAX_TASKS_PAGE)
-            yield from page
+            page = self.list_tasks(states, after=after, limit=MAX_TASKS_PAGE, unreadable=True)
+            yield from (t for t in page if isinstance(t, TaskRecord))
             if len(page) < MAX_TASKS_PAGE:
                 return
-            after = page[-1].id
+            after = page[-1].id if isinstance(page[-1], TaskRecord) else page[-1].task_id
 
     def census(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
         """(tasks by (state, class), Pending tasks by the kind of their reasons): metrics."""
@@ -389,14 +428,18 @@ class Store:
             by_state = {
                 (state, cls or ""): n
                 for state, cls, n in c.execute(
-                    "SELECT state, json_extract(spec, '$.class'), count(*) FROM tasks GROUP BY 1, 2"
+                    "SELECT state, iif(json_valid(spec), json_extract(spec, '$.class'), NULL), "
+                    "count(*) FROM tasks GROUP BY 1, 2"
                 )
             }
+            # a row corrupt by hand or by the disk must not stop the count: JSON read only
+            # where it is JSON of the shape written
             pending = dict(
                 c.execute(
-                    "SELECT json_extract(r.value, '$.kind'), count(DISTINCT tasks.seq) "
-                    "FROM tasks, json_each(tasks.reasons) AS r WHERE state = 'Pending' "
-                    "GROUP BY 1"
+                    "SELECT iif(r.type = 'object', json_extract(r.value, '$.kind'), NULL), "
+                    "count(DISTINCT tasks.seq) FROM tasks, json_each(iif(json_valid(reasons), "
+                    "iif(json_type(reasons) = 'array', reasons, '[]'), '[]')) AS r "
+                    "WHERE state = 'Pending' GROUP BY 1"
                 ).fetchall()
             )
         return by_state, pending
@@ -472,7 +515,8 @@ class Store:
         self, kind: str, message: str, *, task_id: str | None = None, detail: Any = None
     ) -> Event:
         with self._tx(f"recording event {kind}") as c:
-            if task_id is not None and self._task(c, task_id) is None:
+            known = "SELECT 1 FROM tasks WHERE id = ?"
+            if task_id is not None and c.execute(known, (task_id,)).fetchone() is None:
                 raise NotFound(f"no task {task_id}")
             return self._event(c, task_id, kind, message, detail)
 
