@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from test_daemon_host import Agent
+from test_daemon_host import Agent, task_file
 
 pytestmark = pytest.mark.host
 
@@ -78,3 +78,33 @@ def test_a_fifo_appearing_at_a_reload_is_refused_and_sigterm_still_stops_it(idle
     time.sleep(0.2)
     stopped_within(agent, 1.0)
     assert agent.proc.returncode == 0, agent.tail()
+
+
+# The workload finds its run directory as its shim was told it (`--dir DIR`), then puts a
+# link to a root-only file where its stdout file was; the shim keeps writing to the old one.
+SWAP = (
+    'dir=$(tr "\\0" "\\n" < /proc/$PPID/cmdline | sed -n "/^--dir$/{{n;p;}}"); '
+    'echo before; rm "$dir/stdout"; ln {how} "$1" "$dir/stdout"; echo after'
+)
+
+
+@pytest.mark.parametrize("how", ["-s", ""], ids=["symlink", "hardlink"])
+def test_logs_does_not_read_a_file_a_workload_put_in_place_of_its_output(idle_agent, tmp_path, how):
+    agent = idle_agent
+    agent.start(timeout=30)
+    secret = tmp_path / "secret"  # the state dir's file system: a hard link can reach it
+    secret.write_text("root-only-content\n")
+    secret.chmod(0o600)
+    spec = task_file(tmp_path, "swap", ["sh", "-c", SWAP.format(how=how), "sh", str(secret)])
+    tid = agent.submit(spec)
+    t = agent.wait(tid)
+    assert t["state"] == "Succeeded", t
+    stdout = agent.state / "tasks" / tid / "1" / "stdout"
+    assert stdout.is_symlink() if how else stdout.stat().st_nlink == 2  # the swap happened
+    res = agent.cli("logs", tid, "--stream", "stdout")
+    assert "root-only-content" not in res.stdout + res.stderr
+    assert res.returncode == 1, res
+    kind = "a symbolic link" if how else "a file with 2 names (a hard link)"
+    assert res.stderr == f"xhagent: {stdout}: {kind}, not the file the agent wrote: not read\n"
+    assert "Traceback" not in agent.tail(200)
+    assert agent.cli("get", tid).returncode == 0  # and it still serves

@@ -26,6 +26,7 @@ from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
 from ..store import StoreError, TaskRecord
+from .output_files import OutputRefused, read_output
 from .transport import FailedPrecondition, InvalidArgument, NotFound, unary
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc
@@ -33,15 +34,6 @@ from .v1 import agent_pb2_grpc
 WATCH_POLL_S = 1.0  # a following Watch waits on a thread this long at most, then again
 LOG_CHUNK = 64 * 1024
 API_THREADS = 32
-
-
-def _read_chunk(path, offset: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(LOG_CHUNK)
-    except FileNotFoundError:
-        return b""
 
 
 def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
@@ -174,7 +166,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         while True:
             sent = False
             for name in streams:
-                data = await self._blocking(_read_chunk, run_dir / name, offsets[name])
+                try:  # only the file the shim wrote (output_files.py says why)
+                    data = await self._blocking(
+                        read_output, run_dir, name, offsets[name], LOG_CHUNK
+                    )
+                except OutputRefused as exc:
+                    await context.abort(FailedPrecondition.code, str(exc))
                 if data:
                     yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
                     offsets[name] += len(data)
