@@ -108,3 +108,24 @@ def test_logs_does_not_read_a_file_a_workload_put_in_place_of_its_output(idle_ag
     assert res.stderr == f"xhagent: {stdout}: {kind}, not the file the agent wrote: not read\n"
     assert "Traceback" not in agent.tail(200)
     assert agent.cli("get", tid).returncode == 0  # and it still serves
+
+
+def test_a_resent_submit_with_the_clis_key_makes_no_duplicate(idle_agent, tmp_path):
+    from xhagent.daemon.api import cli
+    from xhagent.daemon.api.v1 import agent_pb2 as pb
+
+    agent = idle_agent
+    agent.start(timeout=30)
+    spec = task_file(tmp_path, "once", ["sleep", "30"])
+    request = pb.SubmitRequest(
+        source=spec.read_text(), file_name=str(spec), idempotency_key=cli.submit_key("", str(spec))
+    )
+    with agent.client() as client:
+        first = client.Submit(request).tasks
+        again = cli.submit_with_retry(client, request)  # as after a lost reply
+        assert [t.id for t in again.tasks] == [t.id for t in first]
+        named = [t for t in client.List(pb.ListRequest(all=True)).tasks if t.name == "once"]
+    assert [t.id for t in named] == [first[0].id]
+    # two runs of the command are two submissions: each has a key of its own
+    ids = {agent.submit(spec) for _ in range(2)}
+    assert len(ids) == 2 and first[0].id not in ids

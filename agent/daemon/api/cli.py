@@ -10,6 +10,7 @@ FILE:LINE:COL errors).
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import time
 
@@ -63,6 +64,33 @@ def task_json(msg) -> dict:
     )
 
 
+# A Submit whose reply was lost may have made its tasks: it is sent again with the same
+# idempotency key, so the agent answers with those tasks instead of making new ones.
+SUBMIT_TRIES = 3
+SUBMIT_BACKOFF_S = 0.5  # before the second try; doubled before each next one
+NO_REPLY = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def submit_key(key: str, file_name: str) -> str:
+    """The idempotency key of one file's Submit: `--key`'s, else a fresh random one."""
+    return f"{key}:{file_name}" if key else f"submit-{secrets.token_hex(16)}"
+
+
+def submit_with_retry(client, request, sleep=time.sleep):
+    """`client.Submit(request)`, tried again while no reply came (up to SUBMIT_TRIES in
+    all); `request` carries its idempotency key, the same each time."""
+    from .transport import ApiError
+
+    for attempt in range(SUBMIT_TRIES - 1):
+        try:
+            return client.Submit(request)
+        except ApiError as exc:
+            if exc.code not in NO_REPLY:
+                raise
+        sleep(SUBMIT_BACKOFF_S * 2**attempt)
+    return client.Submit(request)
+
+
 # -- clients -----------------------------------------------------------------------------------
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
@@ -70,7 +98,10 @@ def task_json(msg) -> dict:
     "--wait", is_flag=True, help="Wait until every task ended; exit 1 unless all succeeded."
 )
 @click.option(
-    "--key", default="", help="Idempotency key: submitting again with it makes no duplicate."
+    "--key",
+    default="",
+    help="Idempotency key: submitting again with it makes no duplicate [default: a fresh "
+    "random one per file, kept across this command's own retries].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @socket_option
@@ -86,12 +117,10 @@ def submit(files, wait, key, as_json, socket_path) -> None:
             source = read_text(name)
         except SpecError as exc:
             fail(str(exc), 2)
-        reply = _call(
-            client.Submit,
-            pb.SubmitRequest(
-                source=source, file_name=name, idempotency_key=f"{key}:{name}" if key else ""
-            ),
+        request = pb.SubmitRequest(
+            source=source, file_name=name, idempotency_key=submit_key(key, name)
         )
+        reply = _call(submit_with_retry, client, request)
         tasks += reply.tasks
     if not as_json:
         for t in tasks:
