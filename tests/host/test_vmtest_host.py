@@ -110,3 +110,12 @@ def test_vmtest_whose_parent_dies_takes_its_vm_down(vm_mark):
     started = time.monotonic()
     left = wait_for(lambda: not marked(vm_mark), 20) or marked(vm_mark)
     assert left is True, f"left running {time.monotonic() - started:.1f}s after: {left}"
+
+
+def test_vmtest_killed_outright_has_its_vm_taken_down_by_its_watchdog(vm_mark):
+    proc = start_marked(VMTEST, vm_mark)
+    proc.kill()  # no handler runs: the watchdog sees vmtest's end of its pipe close
+    proc.wait()
+    started = time.monotonic()
+    left = wait_for(lambda: not marked(vm_mark), 20) or marked(vm_mark)
+    assert left is True, f"left running {time.monotonic() - started:.1f}s after: {left}"
