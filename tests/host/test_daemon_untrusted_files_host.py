@@ -129,3 +129,13 @@ def test_a_resent_submit_with_the_clis_key_makes_no_duplicate(idle_agent, tmp_pa
     # two runs of the command are two submissions: each has a key of its own
     ids = {agent.submit(spec) for _ in range(2)}
     assert len(ids) == 2 and first[0].id not in ids
+
+
+def test_logs_reads_the_output_of_a_workload_of_another_user(idle_agent, tmp_path):
+    agent = idle_agent  # the shim writes as the agent whoever the workload runs as
+    agent.start(timeout=30)
+    spec = task_file(tmp_path, "nobody", ["sh", "-c", "id -u; echo oops >&2"], "  user: nobody\n")
+    tid = agent.submit(spec)
+    assert agent.wait(tid)["state"] == "Succeeded"
+    res = agent.cli("logs", tid, check=True)
+    assert res.stdout == "65534\n" and res.stderr == "oops\n"
