@@ -52,8 +52,12 @@ def _open_beneath(dir_fd: int, name: str, flags: int) -> int:
     flags |= os.O_CLOEXEC
     if not _openat2_missing:
         how = _OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-        fd = _libc.syscall(
-            SYS_OPENAT2, dir_fd, os.fsencode(name), ctypes.byref(how), ctypes.sizeof(how)
+        fd = _libc.syscall(  # variadic: the long-sized arguments are passed as such
+            ctypes.c_long(SYS_OPENAT2),
+            ctypes.c_int(dir_fd),
+            os.fsencode(name),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
         )
         if fd >= 0:
             return fd
