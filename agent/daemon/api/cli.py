@@ -10,6 +10,7 @@ FILE:LINE:COL errors).
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import time
 
@@ -68,6 +69,33 @@ def task_json(msg) -> dict:
     )
 
 
+# A Submit whose reply was lost may have made its tasks: it is sent again with the same
+# idempotency key, so the agent answers with those tasks instead of making new ones.
+SUBMIT_TRIES = 3
+SUBMIT_BACKOFF_S = 0.5  # before the second try; doubled before each next one
+NO_REPLY = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def submit_key(key: str, file_name: str) -> str:
+    """The idempotency key of one file's Submit: `--key`'s, else a fresh random one."""
+    return f"{key}:{file_name}" if key else f"submit-{secrets.token_hex(16)}"
+
+
+def submit_with_retry(client, request, sleep=time.sleep):
+    """`client.Submit(request)`, tried again while no reply came (up to SUBMIT_TRIES in
+    all); `request` carries its idempotency key, the same each time."""
+    from .transport import ApiError
+
+    for attempt in range(SUBMIT_TRIES - 1):
+        try:
+            return client.Submit(request)
+        except ApiError as exc:
+            if exc.code not in NO_REPLY:
+                raise
+        sleep(SUBMIT_BACKOFF_S * 2**attempt)
+    return client.Submit(request)
+
+
 # -- clients -----------------------------------------------------------------------------------
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=InputFile())
@@ -78,7 +106,8 @@ def task_json(msg) -> dict:
     "--key",
     default="",
     type=Text(MAX_NAME),
-    help="Idempotency key: submitting again with it makes no duplicate.",
+    help="Idempotency key: submitting again with it makes no duplicate [default: a fresh "
+    "random one per file, kept across this command's own retries].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @socket_option
@@ -95,13 +124,11 @@ def submit(files, wait, key, as_json, socket_path) -> None:
         except SpecError as exc:
             fail(str(exc), 2)
         name = shown_path(name)
-        each_key = f"{key}:{name}" if key else ""
+        each_key = submit_key(key, name)
         if len(each_key.encode()) > MAX_NAME:  # the agent keeps keys of at most MAX_NAME
             fail(f"--key: with the file name {name} the key has more than {MAX_NAME} bytes", 2)
-        reply = _call(
-            client.Submit,
-            pb.SubmitRequest(source=source, file_name=name, idempotency_key=each_key),
-        )
+        request = pb.SubmitRequest(source=source, file_name=name, idempotency_key=each_key)
+        reply = _call(submit_with_retry, client, request)
         tasks += reply.tasks
     if not as_json:
         for t in tasks:

@@ -39,6 +39,7 @@ from . import access as rules
 from . import request_checks
 from .access import Access, Directory
 from .feed import ChangeFeed
+from .output_files import OutputRefused, read_output
 from .peers import Caller
 from .transport import (
     DataLoss,
@@ -63,18 +64,6 @@ API_THREADS = 32  # for the blocking part of calls; a waiting stream holds none
 MAX_STREAMS_PER_CALLER = 1024  # following Watch and Logs streams open at once, per uid
 TRIM_AFTER_STREAMS_S = 5.0  # quiet after the last stream closed: its memory goes back
 REFUSAL_EVENTS_PER_MINUTE = 20  # per uid: the rest are counted in the log, not the store
-
-
-def _read_chunk(path, offset: int) -> bytes:
-    # pread: an offset past the end (or past what the file system can hold) reads nothing
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return b""
-    try:
-        return os.pread(fd, LOG_CHUNK, offset)
-    finally:
-        os.close(fd)
 
 
 def _give_back() -> None:
@@ -352,7 +341,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 change = self._feed.current()
                 sent = False
                 for name in streams:
-                    data = await self._blocking(_read_chunk, run_dir / name, offsets[name])
+                    try:  # only the file the shim wrote (output_files.py says why)
+                        data = await self._blocking(
+                            read_output, run_dir, name, offsets[name], LOG_CHUNK
+                        )
+                    except OutputRefused as exc:
+                        raise FailedPrecondition(str(exc)) from None
                     if data:
                         yield pb.LogChunk(stream=kind[name], data=data, offset=offsets[name])
                         offsets[name] += len(data)

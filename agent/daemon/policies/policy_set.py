@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...policy.classes import class_table
-from ...spec import SpecError, read_text
+from ...spec import SpecError
 from ..store import Store
 from .enact import Enacted
+from .files import read_policy_file
 from .sources import CONFIGMAP_SWAP, KINDS, SUFFIXES, Loaded, PolicyError, parse_source
 
 log = logging.getLogger("xhagent")
@@ -80,14 +81,14 @@ class PolicySet:
 
     def _reload_file(self, name: str) -> bool:
         path = self.directory / name
-        if not path.exists():
-            if self.files.pop(name, None) is None:
-                return False
-            self.report("PolicyRemoved", f"{path}: removed; its policies no longer apply")
-            return True
         kept = "the previous version stays in force" if name in self.files else "ignored"
         try:
-            text = read_text(path)
+            text = read_policy_file(self.directory, name)  # never waits: see files.py
+            if text is None:
+                if self.files.pop(name, None) is None:
+                    return False
+                self.report("PolicyRemoved", f"{path}: removed; its policies no longer apply")
+                return True
             if name in self.files and self.files[name][0] == text:
                 return False
             loaded = parse_source(text, str(path))

@@ -1,0 +1,63 @@
+"""A task's output files as Logs reads them: only the files the agent's shim wrote.
+
+The run directory (STATE/tasks/ID/ATTEMPT) is the agent's, but a workload's user may be
+able to write in it (a root workload; a `cwd` or a mode an operator loosened), and Logs runs
+as the agent: a `stdout` replaced by a symbolic link or a hard link to /etc/shadow would be
+streamed to a caller who could not read that file. So the directory is opened
+O_DIRECTORY|O_NOFOLLOW, the file O_NOFOLLOW|O_NONBLOCK relative to it, and it is read only
+when it is a regular file that the agent's own uid owns and that has one name. That is what
+the shim leaves: it runs as the agent and creates the file O_CREAT|O_NOFOLLOW. A workload of
+another user cannot make a file the agent owns, and a hard link to someone else's file has
+two names; a workload of the agent's own user can already read what the agent can.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+class OutputRefused(Exception):
+    """The output file is not one the agent wrote; str() says what it is instead."""
+
+
+def _refuse(path: Path, what: str) -> OutputRefused:
+    return OutputRefused(f"{path}: {what}, not the file the agent wrote: not read")
+
+
+def read_output(run_dir: Path, name: str, offset: int, size: int) -> bytes:
+    """Up to `size` bytes of `run_dir/name` from `offset`; b"" while it does not exist yet."""
+    path = run_dir / name
+    try:
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refuse(run_dir, "the run directory is not a directory (a link?)") from None
+        raise OutputRefused(f"{run_dir}: cannot be read: {exc.strerror}") from None
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, "a symbolic link") from None
+        raise OutputRefused(f"{path}: cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, "not a regular file")
+        if st.st_uid != os.geteuid():
+            raise _refuse(path, f"owned by uid {st.st_uid}")
+        if st.st_nlink != 1:
+            raise _refuse(path, f"a file with {st.st_nlink} names (a hard link)")
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)

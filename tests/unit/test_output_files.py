@@ -1,0 +1,70 @@
+"""Logs' reader of a task's output: the file the shim wrote, nothing put in its place."""
+
+import os
+import time
+
+import pytest
+
+from xhagent.daemon.api.output_files import OutputRefused, read_output
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "stdout").write_bytes(b"0123456789")
+    return d
+
+
+def refused(run_dir, name="stdout") -> str:
+    with pytest.raises(OutputRefused) as caught:
+        read_output(run_dir, name, 0, 100)
+    return str(caught.value)
+
+
+def test_the_agents_own_file_is_read_from_an_offset(run_dir):
+    assert read_output(run_dir, "stdout", 0, 4) == b"0123"
+    assert read_output(run_dir, "stdout", 8, 100) == b"89"
+    assert read_output(run_dir, "stdout", 10, 100) == b""
+
+
+def test_nothing_yet_is_empty(run_dir, tmp_path):
+    assert read_output(run_dir, "stderr", 0, 100) == b""
+    assert read_output(tmp_path / "not-started", "stdout", 0, 100) == b""
+
+
+def test_a_symbolic_link_put_in_its_place_is_refused(run_dir, tmp_path):
+    (tmp_path / "secret").write_bytes(b"root-only")
+    (run_dir / "stdout").unlink()
+    (run_dir / "stdout").symlink_to(tmp_path / "secret")
+    assert (
+        refused(run_dir)
+        == f"{run_dir / 'stdout'}: a symbolic link, not the file the agent wrote: not read"
+    )
+
+
+def test_a_hard_link_put_in_its_place_is_refused(run_dir, tmp_path):
+    (tmp_path / "secret").write_bytes(b"root-only")
+    (run_dir / "stdout").unlink()
+    os.link(tmp_path / "secret", run_dir / "stdout")
+    assert "a file with 2 names (a hard link)" in refused(run_dir)
+
+
+def test_a_file_of_another_owner_is_refused(run_dir):
+    if os.geteuid() != 0:
+        pytest.fail("chown needs root: run the unit tests as root, as `make test` does")
+    os.chown(run_dir / "stdout", 65534, 65534)
+    assert "owned by uid 65534" in refused(run_dir)
+
+
+def test_a_fifo_in_its_place_is_refused_at_once(run_dir):
+    (run_dir / "stdout").unlink()
+    os.mkfifo(run_dir / "stdout")
+    started = time.monotonic()
+    assert "not a regular file" in refused(run_dir)
+    assert time.monotonic() - started < 1
+
+
+def test_a_run_directory_that_is_a_link_is_refused(run_dir, tmp_path):
+    (tmp_path / "link").symlink_to(run_dir)
+    assert "the run directory is not a directory" in refused(tmp_path / "link")
