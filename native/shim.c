@@ -11,14 +11,20 @@
  * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
  *                   "spawn_method":"clone3"|"fork","started_ns":N}
  * TASKDIR/exit     {"exit_code":N | "signal":N,"core_dumped":B, "ended_ns":N,
- *                   "stdout_dropped":N,"stderr_dropped":N}
+ *                   "stdout_dropped":N,"stderr_dropped":N[,"output_errno":N]}
  *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
  * Each is one line of JSON, written to NAME.tmp, fsynced, renamed, and the directory fsynced:
- * a crash leaves either no file or a whole one. start_time fields are field 22 of
- * /proc/PID/stat (clock ticks since boot): with the pid they name one process, never a reuse.
+ * a crash leaves either no file or a whole one. The space of both is secured before the
+ * workload starts (NAME.tmp created and RECORD_SIZE bytes written and fsynced; the record is
+ * written over them in place and the file cut to its length), so a workload that fills the
+ * disk cannot cost its own exit status. A shim that cannot secure that space (or write a
+ * record at all) starts nothing and writes its error record on its stdout instead: the
+ * agent's pipe until `started` is written. start_time fields are field 22 of /proc/PID/stat
+ * (clock ticks since boot): with the pid they name one process, never a reuse.
  *
  * Exit status: 0 once `exit` holds the workload's end; 1 when `exit` holds an error (or could
- * not be written); 2 for a bad command line (before TASKDIR is known: stderr only).
+ * not be written: then stdout has it, where it could be written); 2 for a bad command line
+ * (before TASKDIR is known: stderr only).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,6 +54,8 @@
 #endif
 
 #define DEFAULT_LOG_CAP (16ULL << 20)
+/* The most a record holds (struct json's buffer, a line of JSON): what is reserved for each. */
+#define RECORD_SIZE 8192
 /* After the workload ends, how long a process that still holds its stdout or stderr (a
  * background grandchild) may delay the exit record: its later output is not worth an agent
  * that cannot learn the status. */
@@ -60,6 +68,7 @@ extern char **environ;
 static char iobuf[65536];
 static int task_fd = -1;  /* TASKDIR */
 static int log_fd = -1;   /* TASKDIR/shim.log, opened on the first message */
+static int reserved_fd[2] = {-1, -1};  /* started.tmp, exit.tmp: their space secured */
 static pid_t child_pid = -1;
 static int child_pidfd = -1;
 
@@ -94,7 +103,7 @@ static void note(const char *fmt, ...)
 }
 
 struct json {
-    char s[8192];
+    char s[RECORD_SIZE];
     size_t n;
 };
 
@@ -141,30 +150,76 @@ static void jstr(struct json *j, const char *key, const char *v)
     jraw(j, "\"");
 }
 
-static int write_all(int fd, const char *p, size_t n)
+/* Bytes of p[0..n) written to fd: n, or fewer with errno set (ENOSPC, EIO...). */
+static size_t write_some(int fd, const char *p, size_t n)
 {
-    while (n) {
-        ssize_t w = write(fd, p, n);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, p + done, n - done);
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
+            break;
+        done += (size_t)w;
     }
+    return done;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    return write_some(fd, p, n) == n ? 0 : -1;
+}
+
+static const char *const record_names[2] = {"started", "exit"};
+
+/* NAME.tmp with RECORD_SIZE bytes written and fsynced: the blocks of its record are the
+ * file's from now on, whatever fills the disk later. 0, or -1 with errno set. */
+static int reserve_record(int which)
+{
+    static char padding[RECORD_SIZE];
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", record_names[which]);
+    memset(padding, ' ', sizeof padding);
+    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0)
+        return -1;
+    if (write_all(fd, padding, sizeof padding) < 0 || fsync(fd) < 0) {
+        int err = errno;
+        /* ours, just made: no half reservation stays behind to be mistaken for one */
+        if (ftruncate(fd, 0) < 0 || unlinkat(task_fd, tmp, 0) < 0)
+            note("give back %s: %s", tmp, strerror(errno));
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    reserved_fd[which] = fd;
     return 0;
 }
 
-/* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. */
+/* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. Into
+ * its reserved file when there is one (pwrite over blocks already allocated, then the file
+ * cut to the record's length: neither needs free space), else into a new NAME.tmp. */
 static int write_record(const char *name, struct json *j)
 {
+    int which = !strcmp(name, record_names[0]) ? 0 : 1;
     char tmp[64];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
     jraw(j, "}\n");
     const char *step = "open", *what = tmp;
-    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd >= 0 && (step = "write", write_all(fd, j->s, j->n) == 0)
-        && (step = "fsync", fsync(fd) == 0)) {
+    int fd = reserved_fd[which], made = fd < 0;
+    reserved_fd[which] = -1;
+    errno = 0;  /* a short pwrite sets none */
+    if (fd >= 0) {
+        step = "write";
+        if (pwrite(fd, j->s, j->n, 0) != (ssize_t)j->n
+            || (step = "cut", ftruncate(fd, (off_t)j->n) < 0))
+            goto failed;
+    } else {
+        fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0 || (step = "write", write_all(fd, j->s, j->n) < 0))
+            goto failed;
+    }
+    if ((step = "fsync", fsync(fd) == 0)) {
         close(fd);
         fd = -1;
         step = "rename to", what = name;
@@ -172,9 +227,12 @@ static int write_record(const char *name, struct json *j)
             && (step = "fsync the directory after", fsync(task_fd) == 0))
             return 0;
     }
-    int err = errno;
+failed:;
+    int err = errno ? errno : EIO;
     if (fd >= 0)
         close(fd);
+    if (made && fd >= 0 && unlinkat(task_fd, tmp, 0) < 0)  /* made here, and of no use */
+        note("remove %s: %s", tmp, strerror(errno));
     note("%s %s: %s", step, what, strerror(err));
     errno = err;
     return -1;
@@ -210,7 +268,9 @@ static void die(const char *stage, int err, const char *fmt, ...)
         jstr(&j, "error", stage);
         jint(&j, "errno", err);
         jstr(&j, "message", msg);
-        write_record("exit", &j);
+        /* no record in TASKDIR: the record on stdout, the agent's pipe until `started` */
+        if (write_record("exit", &j) < 0 && write_all(STDOUT_FILENO, j.s, j.n) < 0)
+            exit(1);
     }
     exit(1);
 }
@@ -366,12 +426,16 @@ static int pump(struct sink *s)
     unsigned long long keep = s->size >= s->cap ? 0 : s->cap - s->size;
     if (keep > (unsigned long long)n)
         keep = (unsigned long long)n;
-    if (keep && !s->write_errno && write_all(s->out, iobuf, keep) < 0) {
-        s->write_errno = errno;
-        note("write %s: %s (further output is dropped)", s->name, strerror(errno));
-    }
-    if (s->write_errno)
+    if (s->write_errno) {
         keep = 0;
+    } else if (keep) {
+        size_t done = write_some(s->out, iobuf, keep);
+        if (done < keep) {  /* the part not written is counted as dropped, and all after it */
+            s->write_errno = errno;
+            note("write %s: %s (further output is dropped)", s->name, strerror(errno));
+            keep = done;
+        }
+    }
     s->size += keep;
     s->dropped += (unsigned long long)n - keep;
     return 1;
@@ -535,6 +599,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "xhagent-shim: open %s: %s\n", dir, strerror(errno));
         return 1;
     }
+    for (int which = 0; which < 2; which++)
+        if (reserve_record(which) < 0)
+            die("reserve", errno, "reserve %s/%s.tmp: %s", dir, record_names[which],
+                strerror(errno));
     int sig_fd = signals_setup();
 
     int cg_fd = open(cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -697,6 +765,8 @@ int main(int argc, char **argv)
     jint(&j, "ended_ns", ended);
     jint(&j, "stdout_dropped", (long long)out.dropped);
     jint(&j, "stderr_dropped", (long long)err.dropped);
+    if (out.write_errno || err.write_errno)  /* why output was dropped below the cap */
+        jint(&j, "output_errno", out.write_errno ? out.write_errno : err.write_errno);
     if (write_record("exit", &j) < 0)
         return 1;
     return 0;
