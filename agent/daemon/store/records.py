@@ -169,6 +169,7 @@ class TaskRecord:
     attempt: int
     preempted: int
     migrated: int
+    output_dropped: int  # bytes of the last attempt's output the shim dropped
     exit_code: int | None
     signal: int | None
     error: str | None
@@ -183,7 +184,7 @@ class TaskRecord:
 
     COLUMNS = (
         "id, name, kind, state, reasons, placement, cgroup, attempt, preempted, migrated, "
-        "exit_code, signal, error, "
+        "output_dropped, exit_code, signal, error, "
         "created_ns, started_ns, ended_ns, updated_ns, idempotency_key, source, source_file, spec"
     )
 

@@ -96,7 +96,11 @@ V2 = sql("ALTER TABLE tasks ADD COLUMN preempted INTEGER NOT NULL DEFAULT 0")
 # device, xhagent.daemon.loop.migration): not restarts either.
 V3 = sql("ALTER TABLE tasks ADD COLUMN migrated INTEGER NOT NULL DEFAULT 0")
 
-MIGRATIONS: list[Step] = [V1, V2, V3]
+# Bytes of the task's last attempt's output that the shim dropped (its cap reached, or a
+# write that failed), stdout and stderr together.
+V4 = sql("ALTER TABLE tasks ADD COLUMN output_dropped INTEGER NOT NULL DEFAULT 0")
+
+MIGRATIONS: list[Step] = [V1, V2, V3, V4]
 
 
 def latest() -> int:
