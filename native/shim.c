@@ -15,8 +15,8 @@
  *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
  * Each is one line of JSON, written to NAME.tmp, fsynced, renamed, and the directory fsynced:
  * a crash leaves either no file or a whole one. The space of both is secured before the
- * workload starts (NAME.tmp created and RECORD_SIZE bytes written and fsynced; the record is
- * written over them in place and the file cut to its length), so a workload that fills the
+ * workload starts (NAME.tmp created and RECORD_SIZE bytes written; the record is written
+ * over them in place and the file cut to its length), so a workload that fills the
  * disk cannot cost its own exit status. A shim that cannot secure that space (or write a
  * record at all) starts nothing and writes its error record on its stdout instead: the
  * agent's pipe until `started` is written. start_time fields are field 22 of /proc/PID/stat
@@ -172,8 +172,10 @@ static int write_all(int fd, const char *p, size_t n)
 
 static const char *const record_names[2] = {"started", "exit"};
 
-/* NAME.tmp with RECORD_SIZE bytes written and fsynced: the blocks of its record are the
- * file's from now on, whatever fills the disk later. 0, or -1 with errno set. */
+/* NAME.tmp with RECORD_SIZE bytes written: the space of its record is the file's from now on,
+ * whatever fills the disk later. No fsync: the write itself takes the space (allocated, or
+ * reserved by delayed allocation, as on ext4, xfs and tmpfs), and overwriting it in place
+ * needs none; an fsync here would cost every start two disk flushes. 0, or -1, errno set. */
 static int reserve_record(int which)
 {
     static char padding[RECORD_SIZE];
@@ -183,7 +185,7 @@ static int reserve_record(int which)
     int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (fd < 0)
         return -1;
-    if (write_all(fd, padding, sizeof padding) < 0 || fsync(fd) < 0) {
+    if (write_all(fd, padding, sizeof padding) < 0) {
         int err = errno;
         /* ours, just made: no half reservation stays behind to be mistaken for one */
         if (ftruncate(fd, 0) < 0 || unlinkat(task_fd, tmp, 0) < 0)
