@@ -1,12 +1,15 @@
 /* shim.c: xhagent-shim, the supervisor of one workload (the containerd-shim pattern).
  *
- *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--cwd DIR]
- *                [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
+ *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--keep-free BYTES]
+ *                [--cwd DIR] [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
  *
  * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
- * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR, waits for it and writes
- * its end into TASKDIR/exit. The workload is this process's child, not the agent's, so its
- * status survives the agent's death: a restarted agent reads TASKDIR instead of waiting.
+ * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each up to --log-cap
+ * bytes, and never into the last --keep-free bytes of the filesystem, which are the agent's
+ * for its records and its store: output beyond either is read, dropped and counted), waits
+ * for it and writes its end into TASKDIR/exit. The workload is this process's child, not the
+ * agent's, so its status survives the agent's death: a restarted agent reads TASKDIR instead
+ * of waiting.
  *
  * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
  *                   "spawn_method":"clone3"|"fork","started_ns":N}
@@ -39,6 +42,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -77,6 +81,7 @@ struct sink {
     int in;            /* read end of the workload's pipe; -1 once at EOF */
     int out;           /* the file */
     unsigned long long size, cap, dropped;
+    unsigned long long keep_free;  /* bytes of the filesystem the output must leave free */
     int write_errno;   /* the first failed write (later output is counted as dropped) */
 };
 
@@ -282,7 +287,8 @@ static void usage(const char *why)
 {
     fprintf(stderr,
             "xhagent-shim: %s\nusage: xhagent-shim --dir TASKDIR --cgroup CGROUPDIR "
-            "[--log-cap BYTES] [--cwd DIR] [--uid N --gid N] [--method clone3|fork] "
+            "[--log-cap BYTES] [--keep-free BYTES] [--cwd DIR] [--uid N --gid N] "
+            "[--method clone3|fork] "
             "-- PROG [ARGS...]\n",
             why);
     exit(2);
@@ -395,18 +401,31 @@ static int populated(int events_fd)
 
 /* ---- output --------------------------------------------------------------------------- */
 
-static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap)
+static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap,
+                      unsigned long long keep_free)
 {
     struct stat st;
     s->name = name;
     s->in = in;
     s->cap = cap;
+    s->keep_free = keep_free;
     s->out = openat(task_fd, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (s->out < 0)
         die("log", errno, "open %s: %s", name, strerror(errno));
     if (fstat(s->out, &st) < 0)
         die("log", errno, "fstat %s: %s", name, strerror(errno));
     s->size = (unsigned long long)st.st_size;  /* a file already there counts against the cap */
+}
+
+/* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
+ * when that cannot be told. */
+static unsigned long long room_for_output(const struct sink *s)
+{
+    struct statvfs st;
+    if (fstatvfs(s->out, &st) < 0)
+        return ~0ULL;
+    unsigned long long avail = (unsigned long long)st.f_bavail * st.f_frsize;
+    return avail > s->keep_free ? avail - s->keep_free : 0;
 }
 
 /* One read from the pipe into the file: 1 when data came, 0 when there is none now (or EOF,
@@ -428,13 +447,24 @@ static int pump(struct sink *s)
     unsigned long long keep = s->size >= s->cap ? 0 : s->cap - s->size;
     if (keep > (unsigned long long)n)
         keep = (unsigned long long)n;
-    if (s->write_errno) {
+    if (s->write_errno)
         keep = 0;
-    } else if (keep) {
+    if (keep && s->keep_free) {
+        unsigned long long room = room_for_output(s);
+        if (room < keep) {  /* written up to the floor; the rest, and all after it, dropped */
+            keep = room;
+            s->write_errno = ENOSPC;
+            note("write %s: the last %llu bytes of the disk are the agent's (further output "
+                 "is dropped)", s->name, s->keep_free);
+        }
+    }
+    if (keep) {
         size_t done = write_some(s->out, iobuf, keep);
         if (done < keep) {  /* the part not written is counted as dropped, and all after it */
-            s->write_errno = errno;
-            note("write %s: %s (further output is dropped)", s->name, strerror(errno));
+            if (!s->write_errno) {
+                s->write_errno = errno;
+                note("write %s: %s (further output is dropped)", s->name, strerror(errno));
+            }
             keep = done;
         }
     }
@@ -558,7 +588,7 @@ static const char **candidates(const char *prog)
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
-    unsigned long long cap = DEFAULT_LOG_CAP;
+    unsigned long long cap = DEFAULT_LOG_CAP, keep_free = 0;
     long long uid = -1, gid = -1;
     int i;
 
@@ -577,6 +607,8 @@ int main(int argc, char **argv)
             cwd = v;
         else if (!strcmp(a, "--log-cap"))
             cap = number(a, v, ~0ULL);
+        else if (!strcmp(a, "--keep-free"))
+            keep_free = number(a, v, ~0ULL);
         else if (!strcmp(a, "--uid"))
             uid = (long long)number(a, v, UINT32_MAX - 1);
         else if (!strcmp(a, "--gid"))
@@ -624,8 +656,8 @@ int main(int argc, char **argv)
         || pipe2(report, O_CLOEXEC) < 0)
         die("start", errno, "pipe: %s", strerror(errno));
     struct sink out = {0}, err = {0};
-    sink_open(&out, "stdout", out_pipe[0], cap);
-    sink_open(&err, "stderr", err_pipe[0], cap);
+    sink_open(&out, "stdout", out_pipe[0], cap, keep_free);
+    sink_open(&err, "stderr", err_pipe[0], cap, keep_free);
 
     struct xh_spawn_req req = {
         .use_clone3 = use_clone3,

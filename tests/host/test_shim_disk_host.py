@@ -1,7 +1,8 @@
 """The shim on a full disk: the task directory on a small tmpfs the test mounts. The space of
 its records is secured before the workload starts, so a workload that fills the disk still
-has its end recorded (and what it lost counted); a shim that finds no space starts nothing
-and says so (ENOSPC), leaving no half-made record behind."""
+has its end recorded (and what it lost counted); with --keep-free the output stops short of
+the last bytes of the disk; a shim that finds no space starts nothing and says so (ENOSPC),
+leaving no half-made record behind."""
 
 import errno
 import os
@@ -65,6 +66,25 @@ def test_the_exit_record_is_reserved_before_the_workload_and_survives_a_full_dis
         "exit", "shim.log", "started", "stderr", "stdout"
     ]  # fmt: skip
     assert (task_dir / "exit").read_bytes().endswith(b"}\n")  # cut to the record's length
+
+
+def test_output_leaves_the_last_keep_free_bytes_of_the_disk(small, leaves):
+    task_dir = small / "run"
+    task_dir.mkdir()
+    keep = 256 << 10
+    started = start_shim(
+        task_dir, *leaves, ["sh", "-c", "head -c 2000000 /dev/zero"], ENV, keep_free=keep
+    )
+    assert started.process.wait(10) == 0
+    end = read_status(task_dir).exit
+    st = os.statvfs(small)
+    assert st.f_bavail * st.f_frsize >= keep  # the floor held: the rest is the agent's
+    kept = (task_dir / "stdout").stat().st_size
+    assert end.exit_code == 0 and end.output_errno == errno.ENOSPC
+    assert end.stdout_dropped == 2_000_000 - kept and kept > 512 << 10
+    assert (
+        "the last 262144 bytes of the disk are the agent's" in (task_dir / "shim.log").read_text()
+    )
 
 
 def test_no_space_for_the_records_starts_nothing_and_names_enospc(small, leaves):

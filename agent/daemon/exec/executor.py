@@ -126,6 +126,7 @@ class Executor:
                 uid=uid,
                 gid=gid,
                 log_cap=self.log_cap,
+                keep_free=shim.AGENT_RESERVE,
             )
         except BaseException:
             self.remove_leaf(task_id)

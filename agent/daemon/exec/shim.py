@@ -22,6 +22,9 @@ SHIM = Path(__file__).resolve().parent / "xhagent-shim"
 DEFAULT_LOG_CAP = 16 << 20
 STARTED, EXIT = "started", "exit"
 RECORD_SIZE = 8192  # bytes the shim reserves for each record (shim.c), the most one holds
+# Bytes of the state disk that task output never takes (the shim's --keep-free): room for
+# the agent's store to record outcomes, and for starts' records, while output fills the rest.
+AGENT_RESERVE = 256 << 10
 
 
 class ShimError(OSError):
@@ -63,9 +66,11 @@ class ShimExit:
 def dropped_message(ex: ShimExit, cap: int) -> str:
     """What of a workload's output the shim dropped, and why, in one line."""
     why = f"each stream is capped at {cap >> 20} MiB" if cap % (1 << 20) == 0 else f"cap {cap}"
-    if ex.output_errno:
+    if ex.output_errno == errno.ENOSPC:
+        why += ", and the disk had no room for more (ENOSPC)"
+    elif ex.output_errno:
         code = errno.errorcode.get(ex.output_errno, str(ex.output_errno))
-        why += f"; a write failed with {os.strerror(ex.output_errno).lower()} ({code})"
+        why += f"; a write failed: {os.strerror(ex.output_errno).lower()} ({code})"
     return (
         f"{ex.stdout_dropped + ex.stderr_dropped} bytes of output dropped (stdout "
         f"{ex.stdout_dropped}, stderr {ex.stderr_dropped}): {why}"
@@ -134,6 +139,7 @@ def start_shim(
     uid: int | None = None,
     gid: int | None = None,
     log_cap: int = DEFAULT_LOG_CAP,
+    keep_free: int = 0,
     timeout: float = 5.0,
     method: str | None = None,
 ) -> ShimStarted:
@@ -141,11 +147,12 @@ def start_shim(
     `shim_group`, and wait up to `timeout` for the shim's `started` record.
 
     `task_dir` must exist and hold no records yet. The workload gets `env`, stdin /dev/null,
-    stdout and stderr into `task_dir` (each capped at `log_cap` bytes). A workload that could
-    not start raises ShimError with the shim's message (`exec /bin/nope: No such file or
-    directory`; for lack of space `no space left on device (ENOSPC): TASKDIR`), the shim
-    reaped; so does a shim that says nothing within `timeout` (it is
-    killed; a workload it may have started stays in `task_group` for the caller to kill).
+    stdout and stderr into `task_dir` (each capped at `log_cap` bytes, and none of it into the
+    last `keep_free` bytes of the filesystem). A workload that could not start raises
+    ShimError with the shim's message (`exec /bin/nope: No such file or directory`; for lack
+    of space `no space left on device (ENOSPC): TASKDIR`), the shim reaped; so does a shim
+    that says nothing within `timeout` (it is killed; a workload it may have started stays in
+    `task_group` for the caller to kill).
 
     Reaping: the shim is the caller's child. Keep the returned `process` (a Spawned, with its
     pidfd) and call its `wait()` or `poll()` once `exit` is written (the pidfd turns readable
@@ -157,7 +164,7 @@ def start_shim(
         if (task_dir / name).exists():
             raise ShimError(errno.EEXIST, f"{task_dir / name} exists: a task directory serves once")
     cmd = [str(shim_path()), "--dir", str(task_dir), "--cgroup", str(task_group.path)]
-    cmd += ["--log-cap", str(int(log_cap))]
+    cmd += ["--log-cap", str(int(log_cap)), "--keep-free", str(int(keep_free))]
     if cwd is not None:
         cmd += ["--cwd", os.fspath(cwd)]
     if (uid is None) != (gid is None):

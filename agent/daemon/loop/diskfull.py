@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..exec.shim import AGENT_RESERVE
+
 # What a failure was when the disk was full: the counter's `operation` label.
 OPERATIONS = ("start", "write")
-# The room that ends the condition: a few hundred starts' records and store pages, not one.
-CLEAR_FREE_BYTES = 256 << 10
+# The room that ends the condition: the reserve task output leaves the agent (a few hundred
+# starts' records and store pages, not one).
+CLEAR_FREE_BYTES = AGENT_RESERVE
 RETRY_S = 1.0  # while full, how often the loop looks again
 
 log = logging.getLogger("xhagent")
