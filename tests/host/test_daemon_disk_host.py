@@ -1,12 +1,15 @@
 """A full state disk and output past the log cap, with a real agent: the state dir on a
-2 MiB tmpfs the test mounts (and unmounts), workloads that write more than fits. No exit
-status is lost, a start that finds no space is refused naming ENOSPC, the condition is one
-log line when it starts and one when it clears, and what was dropped is counted in `get`,
-`ps --json`, the events and the metrics."""
+2 MiB tmpfs the test mounts (and unmounts), a workload that writes more than fits, and
+files of the test's own that use up the rest. No exit status is lost and task output
+leaves the agent its reserve; a start that finds no space is refused naming ENOSPC; the
+condition is one log line when it starts and one when it clears; what was dropped is
+counted in `get`, `ps --json`, the events and the metrics."""
 
+import errno
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -16,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_host import Agent, task_file
 
 from xhagent.daemon.api.v1 import agent_pb2 as pb
+from xhagent.daemon.exec.shim import AGENT_RESERVE
 
 pytestmark = pytest.mark.host
 
@@ -47,10 +51,11 @@ def wait_for(what, timeout: float = 10.0):
 
 @pytest.fixture
 def small_agent(tmp_path):
-    """An agent whose state dir is on a 2 MiB tmpfs."""
+    """An agent whose state dir is on a 2 MiB tmpfs of 1000 inodes."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    options = "size=2m,nr_inodes=1000"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], check=True)
     a = Agent(tmp_path, f"xhagent-disk-test-{os.getpid()}-{tmp_path.name[-12:]}.slice")
     a.state = mnt / "state"
     a.mount = mnt
@@ -63,7 +68,35 @@ def small_agent(tmp_path):
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-def test_a_workload_that_fills_the_state_disk_keeps_its_status_and_the_disk_full_is_one_line(
+def free_bytes(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def use_up_inodes(folder) -> None:
+    """Empty files in `folder` (the test's own) until the filesystem has no inode left."""
+    folder.mkdir()
+    try:
+        for i in range(100_000):
+            (folder / str(i)).touch()
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    else:
+        pytest.fail("the inodes never ran out")
+
+
+def use_up_blocks(path) -> None:
+    """Zeros into `path` until the filesystem says ENOSPC."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def test_a_workload_that_fills_the_state_disk_keeps_its_status_and_the_agent_its_room(
     small_agent, tmp_path
 ):
     a = small_agent
@@ -75,25 +108,41 @@ def test_a_workload_that_fills_the_state_disk_keeps_its_status_and_the_disk_full
     assert 0 < kept < 3_000_000
     assert int(t["output_dropped_bytes"]) == 3_000_000 - kept
     (dropped,) = [e for e in events(a, big) if e["kind"] == "OutputDropped"]
-    assert dropped["detail"]["bytes"] == 3_000_000 - kept and dropped["detail"]["stdout"] > 0
-    assert "no space left on device (ENOSPC)" in dropped["message"], dropped
+    assert dropped["detail"] == {
+        "bytes": 3_000_000 - kept, "stdout": 3_000_000 - kept, "stderr": 0,
+        "cap": 16 * MiB, "errno": errno.ENOSPC,
+    }  # fmt: skip
+    assert dropped["message"].endswith("the disk had no room for more (ENOSPC)"), dropped
     assert f"{3_000_000 - kept} bytes dropped" in a.cli("get", big, check=True).stdout
+    # the output stopped short of the agent's reserve: the next task starts and is recorded
+    assert free_bytes(a.mount) >= AGENT_RESERVE // 2
+    assert a.wait(a.submit(task_file(tmp_path, "next", ["true"])))["state"] == "Succeeded"
+    assert metrics(a)[("xhagent_state_disk_full", ())] == 0
+    assert FULL_LINE not in a.log.read_text()
 
-    # the disk is full now: a start is refused, naming ENOSPC and where
+
+def test_a_full_state_disk_refuses_starts_naming_enospc_and_is_one_line_in_the_log(
+    small_agent, tmp_path
+):
+    a = small_agent
+    assert a.wait(a.submit(task_file(tmp_path, "before", ["true"])))["state"] == "Succeeded"
+    # no inode left on the state disk (the store's files exist: it still commits)
+    use_up_inodes(a.mount / "inodes")
     after = a.submit(task_file(tmp_path, "after", ["true"]))
     t = a.wait(after)
     assert t["state"] == "Failed", t
-    want = f"no space left on device (ENOSPC): {a.state / 'tasks' / after / '1'}"
-    assert t["error"] == want, t
+    assert t["error"].startswith(f"no space left on device (ENOSPC): {a.state / 'tasks' / after}")
     (failed,) = [e for e in events(a, after) if e["detail"].get("to") == "Failed"]
-    assert failed["detail"]["error"] == want
+    assert failed["detail"]["error"] == t["error"]
     m = metrics(a)
     assert m[("xhagent_state_disk_full", ())] == 1
     assert m[("xhagent_state_disk_enospc_total", (("operation", "start"),))] == 1
     with a.client() as client:
         assert client.Health(pb.HealthRequest()).status.startswith("state disk full since")
 
-    # tasks that must keep waiting, until the store itself has no room for their reasons
+    # no block left either: submissions are refused once the store has no room for them
+    (a.mount / "inodes" / "0").unlink()
+    use_up_blocks(a.mount / "blocks")
     for i in range(60):
         res = a.cli(
             "submit", str(task_file(tmp_path, f"w{i}", ["true"], "  requests: {cpus: 64}\n"))
@@ -103,17 +152,21 @@ def test_a_workload_that_fills_the_state_disk_keeps_its_status_and_the_disk_full
             break
     else:
         pytest.fail("the store never filled")
+    time.sleep(3)  # the loop looks every second meanwhile: no line more in the log
     writes = ("xhagent_state_disk_enospc_total", (("operation", "write"),))
-    assert wait_for(lambda: metrics(a)[writes] >= 2), metrics(a)[writes]  # tried each second
+    failed_writes = metrics(a)[writes]
+    assert failed_writes >= 1
 
-    subprocess.run(["mount", "-o", "remount,size=32m", str(a.mount)], check=True)
+    # what the test put there removed: the condition clears, in one line with the counts
+    (a.mount / "blocks").unlink()
+    shutil.rmtree(a.mount / "inodes")
     assert wait_for(lambda: CLEARED_LINE in a.log.read_text())
     log = a.log.read_text()
     assert log.count(FULL_LINE) == 1 and log.count(CLEARED_LINE) == 1, a.tail(40)
     assert "Traceback" not in log and "internal error" not in log, a.tail(40)
     (cleared,) = [line for line in log.splitlines() if CLEARED_LINE in line]
-    refused = re.search(r"(\d+) start\(s\) refused, (\d+) write\(s\) failed", cleared)
-    assert refused and int(refused[1]) == 1 and int(refused[2]) >= 2, cleared
+    counts = re.search(r"(\d+) start\(s\) refused, (\d+) write\(s\) failed", cleared)
+    assert counts and (int(counts[1]), int(counts[2])) == (1, failed_writes), cleared
     m = metrics(a)
     assert m[("xhagent_state_disk_full", ())] == 0
     assert m[("xhagent_internal_errors_total", (("where", "scheduler_step"),))] == 0

@@ -78,7 +78,11 @@ def test_the_dropped_message_says_how_much_of_which_stream_and_why():
     )
     full = ShimExit(exit_code=0, stdout_dropped=5, output_errno=errno.ENOSPC)
     assert dropped_message(full, 1000).endswith(
-        "cap 1000; a write failed with no space left on device (ENOSPC)"
+        "stderr 0): cap 1000, and the disk had no room for more (ENOSPC)"
+    )
+    broken = ShimExit(exit_code=0, stderr_dropped=1, output_errno=errno.EIO)
+    assert dropped_message(broken, 1 << 20).endswith(
+        "capped at 1 MiB; a write failed: input/output error (EIO)"
     )
 
 
