@@ -1,24 +1,33 @@
 /* shim.c: xhagent-shim, the supervisor of one workload (the containerd-shim pattern).
  *
- *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--cwd DIR]
- *                [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
+ *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--keep-free BYTES]
+ *                [--cwd DIR] [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
  *
  * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
- * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR, waits for it and writes
- * its end into TASKDIR/exit. The workload is this process's child, not the agent's, so its
- * status survives the agent's death: a restarted agent reads TASKDIR instead of waiting.
+ * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each up to --log-cap
+ * bytes, and never into the last --keep-free bytes of the filesystem, which are the agent's
+ * for its records and its store: output beyond either is read, dropped and counted), waits
+ * for it and writes its end into TASKDIR/exit. The workload is this process's child, not the
+ * agent's, so its status survives the agent's death: a restarted agent reads TASKDIR instead
+ * of waiting.
  *
  * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
  *                   "spawn_method":"clone3"|"fork","started_ns":N}
  * TASKDIR/exit     {"exit_code":N | "signal":N,"core_dumped":B, "ended_ns":N,
- *                   "stdout_dropped":N,"stderr_dropped":N}
+ *                   "stdout_dropped":N,"stderr_dropped":N[,"output_errno":N]}
  *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
  * Each is one line of JSON, written to NAME.tmp, fsynced, renamed, and the directory fsynced:
- * a crash leaves either no file or a whole one. start_time fields are field 22 of
- * /proc/PID/stat (clock ticks since boot): with the pid they name one process, never a reuse.
+ * a crash leaves either no file or a whole one. The space of both is secured before the
+ * workload starts (NAME.tmp created and RECORD_SIZE bytes written; the record is written
+ * over them in place and the file cut to its length), so a workload that fills the
+ * disk cannot cost its own exit status. A shim that cannot secure that space (or write a
+ * record at all) starts nothing and writes its error record on its stdout instead: the
+ * agent's pipe until `started` is written. start_time fields are field 22 of /proc/PID/stat
+ * (clock ticks since boot): with the pid they name one process, never a reuse.
  *
  * Exit status: 0 once `exit` holds the workload's end; 1 when `exit` holds an error (or could
- * not be written); 2 for a bad command line (before TASKDIR is known: stderr only).
+ * not be written: then stdout has it, where it could be written); 2 for a bad command line
+ * (before TASKDIR is known: stderr only).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,6 +42,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -48,6 +58,8 @@
 #endif
 
 #define DEFAULT_LOG_CAP (16ULL << 20)
+/* The most a record holds (struct json's buffer, a line of JSON): what is reserved for each. */
+#define RECORD_SIZE 8192
 /* After the workload ends, how long a process that still holds its stdout or stderr (a
  * background grandchild) may delay the exit record: its later output is not worth an agent
  * that cannot learn the status. */
@@ -60,6 +72,7 @@ extern char **environ;
 static char iobuf[65536];
 static int task_fd = -1;  /* TASKDIR */
 static int log_fd = -1;   /* TASKDIR/shim.log, opened on the first message */
+static int reserved_fd[2] = {-1, -1};  /* started.tmp, exit.tmp: their space secured */
 static pid_t child_pid = -1;
 static int child_pidfd = -1;
 
@@ -68,6 +81,7 @@ struct sink {
     int in;            /* read end of the workload's pipe; -1 once at EOF */
     int out;           /* the file */
     unsigned long long size, cap, dropped;
+    unsigned long long keep_free;  /* bytes of the filesystem the output must leave free */
     int write_errno;   /* the first failed write (later output is counted as dropped) */
 };
 
@@ -94,7 +108,7 @@ static void note(const char *fmt, ...)
 }
 
 struct json {
-    char s[8192];
+    char s[RECORD_SIZE];
     size_t n;
 };
 
@@ -141,30 +155,78 @@ static void jstr(struct json *j, const char *key, const char *v)
     jraw(j, "\"");
 }
 
-static int write_all(int fd, const char *p, size_t n)
+/* Bytes of p[0..n) written to fd: n, or fewer with errno set (ENOSPC, EIO...). */
+static size_t write_some(int fd, const char *p, size_t n)
 {
-    while (n) {
-        ssize_t w = write(fd, p, n);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, p + done, n - done);
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
+            break;
+        done += (size_t)w;
     }
+    return done;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    return write_some(fd, p, n) == n ? 0 : -1;
+}
+
+static const char *const record_names[2] = {"started", "exit"};
+
+/* NAME.tmp with RECORD_SIZE bytes written: the space of its record is the file's from now on,
+ * whatever fills the disk later. No fsync: the write itself takes the space (allocated, or
+ * reserved by delayed allocation, as on ext4, xfs and tmpfs), and overwriting it in place
+ * needs none; an fsync here would cost every start two disk flushes. 0, or -1, errno set. */
+static int reserve_record(int which)
+{
+    static char padding[RECORD_SIZE];
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", record_names[which]);
+    memset(padding, ' ', sizeof padding);
+    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0)
+        return -1;
+    if (write_all(fd, padding, sizeof padding) < 0) {
+        int err = errno;
+        /* ours, just made: no half reservation stays behind to be mistaken for one */
+        if (ftruncate(fd, 0) < 0 || unlinkat(task_fd, tmp, 0) < 0)
+            note("give back %s: %s", tmp, strerror(errno));
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    reserved_fd[which] = fd;
     return 0;
 }
 
-/* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. */
+/* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. Into
+ * its reserved file when there is one (pwrite over blocks already allocated, then the file
+ * cut to the record's length: neither needs free space), else into a new NAME.tmp. */
 static int write_record(const char *name, struct json *j)
 {
+    int which = !strcmp(name, record_names[0]) ? 0 : 1;
     char tmp[64];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
     jraw(j, "}\n");
     const char *step = "open", *what = tmp;
-    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd >= 0 && (step = "write", write_all(fd, j->s, j->n) == 0)
-        && (step = "fsync", fsync(fd) == 0)) {
+    int fd = reserved_fd[which], made = fd < 0;
+    reserved_fd[which] = -1;
+    errno = 0;  /* a short pwrite sets none */
+    if (fd >= 0) {
+        step = "write";
+        if (pwrite(fd, j->s, j->n, 0) != (ssize_t)j->n
+            || (step = "cut", ftruncate(fd, (off_t)j->n) < 0))
+            goto failed;
+    } else {
+        fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0 || (step = "write", write_all(fd, j->s, j->n) < 0))
+            goto failed;
+    }
+    if ((step = "fsync", fsync(fd) == 0)) {
         close(fd);
         fd = -1;
         step = "rename to", what = name;
@@ -172,9 +234,12 @@ static int write_record(const char *name, struct json *j)
             && (step = "fsync the directory after", fsync(task_fd) == 0))
             return 0;
     }
-    int err = errno;
+failed:;
+    int err = errno ? errno : EIO;
     if (fd >= 0)
         close(fd);
+    if (made && fd >= 0 && unlinkat(task_fd, tmp, 0) < 0)  /* made here, and of no use */
+        note("remove %s: %s", tmp, strerror(errno));
     note("%s %s: %s", step, what, strerror(err));
     errno = err;
     return -1;
@@ -210,7 +275,9 @@ static void die(const char *stage, int err, const char *fmt, ...)
         jstr(&j, "error", stage);
         jint(&j, "errno", err);
         jstr(&j, "message", msg);
-        write_record("exit", &j);
+        /* no record in TASKDIR: the record on stdout, the agent's pipe until `started` */
+        if (write_record("exit", &j) < 0 && write_all(STDOUT_FILENO, j.s, j.n) < 0)
+            exit(1);
     }
     exit(1);
 }
@@ -220,7 +287,8 @@ static void usage(const char *why)
 {
     fprintf(stderr,
             "xhagent-shim: %s\nusage: xhagent-shim --dir TASKDIR --cgroup CGROUPDIR "
-            "[--log-cap BYTES] [--cwd DIR] [--uid N --gid N] [--method clone3|fork] "
+            "[--log-cap BYTES] [--keep-free BYTES] [--cwd DIR] [--uid N --gid N] "
+            "[--method clone3|fork] "
             "-- PROG [ARGS...]\n",
             why);
     exit(2);
@@ -333,18 +401,31 @@ static int populated(int events_fd)
 
 /* ---- output --------------------------------------------------------------------------- */
 
-static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap)
+static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap,
+                      unsigned long long keep_free)
 {
     struct stat st;
     s->name = name;
     s->in = in;
     s->cap = cap;
+    s->keep_free = keep_free;
     s->out = openat(task_fd, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (s->out < 0)
         die("log", errno, "open %s: %s", name, strerror(errno));
     if (fstat(s->out, &st) < 0)
         die("log", errno, "fstat %s: %s", name, strerror(errno));
     s->size = (unsigned long long)st.st_size;  /* a file already there counts against the cap */
+}
+
+/* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
+ * when that cannot be told. */
+static unsigned long long room_for_output(const struct sink *s)
+{
+    struct statvfs st;
+    if (fstatvfs(s->out, &st) < 0)
+        return ~0ULL;
+    unsigned long long avail = (unsigned long long)st.f_bavail * st.f_frsize;
+    return avail > s->keep_free ? avail - s->keep_free : 0;
 }
 
 /* One read from the pipe into the file: 1 when data came, 0 when there is none now (or EOF,
@@ -366,12 +447,27 @@ static int pump(struct sink *s)
     unsigned long long keep = s->size >= s->cap ? 0 : s->cap - s->size;
     if (keep > (unsigned long long)n)
         keep = (unsigned long long)n;
-    if (keep && !s->write_errno && write_all(s->out, iobuf, keep) < 0) {
-        s->write_errno = errno;
-        note("write %s: %s (further output is dropped)", s->name, strerror(errno));
-    }
     if (s->write_errno)
         keep = 0;
+    if (keep && s->keep_free) {
+        unsigned long long room = room_for_output(s);
+        if (room < keep) {  /* written up to the floor; the rest, and all after it, dropped */
+            keep = room;
+            s->write_errno = ENOSPC;
+            note("write %s: the last %llu bytes of the disk are the agent's (further output "
+                 "is dropped)", s->name, s->keep_free);
+        }
+    }
+    if (keep) {
+        size_t done = write_some(s->out, iobuf, keep);
+        if (done < keep) {  /* the part not written is counted as dropped, and all after it */
+            if (!s->write_errno) {
+                s->write_errno = errno;
+                note("write %s: %s (further output is dropped)", s->name, strerror(errno));
+            }
+            keep = done;
+        }
+    }
     s->size += keep;
     s->dropped += (unsigned long long)n - keep;
     return 1;
@@ -492,7 +588,7 @@ static const char **candidates(const char *prog)
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
-    unsigned long long cap = DEFAULT_LOG_CAP;
+    unsigned long long cap = DEFAULT_LOG_CAP, keep_free = 0;
     long long uid = -1, gid = -1;
     int i;
 
@@ -511,6 +607,8 @@ int main(int argc, char **argv)
             cwd = v;
         else if (!strcmp(a, "--log-cap"))
             cap = number(a, v, ~0ULL);
+        else if (!strcmp(a, "--keep-free"))
+            keep_free = number(a, v, ~0ULL);
         else if (!strcmp(a, "--uid"))
             uid = (long long)number(a, v, UINT32_MAX - 1);
         else if (!strcmp(a, "--gid"))
@@ -535,6 +633,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "xhagent-shim: open %s: %s\n", dir, strerror(errno));
         return 1;
     }
+    for (int which = 0; which < 2; which++)
+        if (reserve_record(which) < 0)
+            die("reserve", errno, "reserve %s/%s.tmp: %s", dir, record_names[which],
+                strerror(errno));
     int sig_fd = signals_setup();
 
     int cg_fd = open(cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -554,8 +656,8 @@ int main(int argc, char **argv)
         || pipe2(report, O_CLOEXEC) < 0)
         die("start", errno, "pipe: %s", strerror(errno));
     struct sink out = {0}, err = {0};
-    sink_open(&out, "stdout", out_pipe[0], cap);
-    sink_open(&err, "stderr", err_pipe[0], cap);
+    sink_open(&out, "stdout", out_pipe[0], cap, keep_free);
+    sink_open(&err, "stderr", err_pipe[0], cap, keep_free);
 
     struct xh_spawn_req req = {
         .use_clone3 = use_clone3,
@@ -697,6 +799,8 @@ int main(int argc, char **argv)
     jint(&j, "ended_ns", ended);
     jint(&j, "stdout_dropped", (long long)out.dropped);
     jint(&j, "stderr_dropped", (long long)err.dropped);
+    if (out.write_errno || err.write_errno)  /* why output was dropped below the cap */
+        jint(&j, "output_errno", out.write_errno ? out.write_errno : err.write_errno);
     if (write_record("exit", &j) < 0)
         return 1;
     return 0;

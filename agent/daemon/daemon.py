@@ -221,7 +221,9 @@ class Daemon:
             self.taskstats = TaskStats()
         except OSError as exc:
             self.report("NotObserved", f"task delays: {exc}")
-        metrics = AgentMetrics(self.store, groups, runq, self.taskstats, self.faults)
+        metrics = AgentMetrics(
+            self.store, groups, runq, self.taskstats, self.faults, self.scheduler.disk
+        )
         if self.pool is not None:
             from ..runtime.metrics import PoolCollector
 

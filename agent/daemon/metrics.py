@@ -3,14 +3,16 @@
 Two sources, so that a scrape reads nothing twice and misses nothing between scrapes:
 - what happened, from the store's committed events (`Store.on_commit` -> `observe`):
   queue wait, start latency and run time by class, deadline misses, preemptions, migrations,
-  placement decisions. Counted once each, after the commit, never for a rolled-back change;
+  placement decisions, output bytes dropped. Counted once each, after the commit, never for
+  a rolled-back change;
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
   one batch (the files read by io_uring and by its fallbacks counted); the run-queue
   latency of their tasks (`xhagent.bpf.runqlat`, where BPF
   loads: the groups watched are kept in step with the managed ones at each scrape); each
   task's delays (`xhagent.metrics.taskstats`: CPU, block I/O, swap-in, reclaim...) summed
-  over the processes in its leaf; plus the agent's own process (`process_*`).
+  over the processes in its leaf; whether the state disk is full, and what a full disk
+  refused (`loop.diskfull`); plus the agent's own process (`process_*`).
 
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
 label names the agent's own groups and the leaves of tasks that run now.
@@ -33,6 +35,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..cgroups import Cgroup
 from ..cgroups.stats import StatsSampler
+from .loop.diskfull import DiskFull
 from .loop.faults import Faults
 from .store import TERMINAL, Event, Store, TaskRecord, TaskState
 
@@ -60,6 +63,7 @@ class AgentMetrics:
         runq=None,
         taskstats=None,
         faults: Faults | None = None,
+        disk: DiskFull | None = None,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -113,12 +117,20 @@ class AgentMetrics:
             ["result"],
             **reg,
         )
+        self.output_dropped = Counter(
+            "xhagent_task_output_dropped_bytes",
+            "Bytes of task output not kept (past the log cap, or after a failed write), by class.",
+            ["class"],
+            **reg,
+        )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
         self.census = _Census(store, groups, runq, taskstats, self._class)
         self.registry.register(self.census)
         if faults is not None:
             self.registry.register(_InternalErrors(faults))
+        if disk is not None:
+            self.registry.register(_StateDisk(disk))
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:
@@ -129,6 +141,9 @@ class AgentMetrics:
             elif event.kind in MIGRATION_RESULTS:
                 cls = self._class.get(event.task_id, DEFAULT_CLASS)
                 self.migrations.labels(cls, MIGRATION_RESULTS[event.kind]).inc()
+            elif event.kind == "OutputDropped":
+                cls = self._class.get(event.task_id, DEFAULT_CLASS)
+                self.output_dropped.labels(cls).inc(event.detail["bytes"])
 
     def _transition(self, event: Event, rec: TaskRecord) -> None:
         old, new = TaskState(event.detail["from"]), rec.state
@@ -174,6 +189,28 @@ class _InternalErrors:
         )
         for where, n in sorted(self.faults.totals().items()):
             fam.add_metric([where], n)
+        yield fam
+
+
+class _StateDisk:
+    """The state disk's full condition (loop.diskfull): a gauge, and what it refused."""
+
+    def __init__(self, disk: DiskFull):
+        self.disk = disk
+
+    def collect(self):
+        yield GaugeMetricFamily(
+            "xhagent_state_disk_full",
+            "1 while the state dir's disk is full (starts refused, writes failing), else 0.",
+            value=int(self.disk.full),
+        )
+        fam = CounterMetricFamily(
+            "xhagent_state_disk_enospc",
+            "Starts refused and store writes failed for lack of space in the state dir.",
+            labels=["operation"],
+        )
+        for operation, n in sorted(self.disk.totals().items()):
+            fam.add_metric([operation], n)
         yield fam
 
 

@@ -200,6 +200,11 @@ def get(task_id, as_json, socket_path) -> None:
         click.echo(f"  not enforced: {u.limit}: {u.reason}")
     if t.error:
         click.echo(f"  error: {t.error}")
+    if t.output_dropped_bytes:
+        click.echo(
+            f"  output: {t.output_dropped_bytes} bytes dropped (past the log cap, or after a "
+            f"failed write: `xhagent events --task {t.id}` says which)"
+        )
 
 
 @click.command()

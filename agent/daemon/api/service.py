@@ -97,6 +97,7 @@ def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
         priority=standing.priority,
         device_type=rec.summary.device_type,
         policy=standing.policy,
+        output_dropped_bytes=rec.output_dropped,
     )
     msg.labels.update(rec.summary.labels)
     if rec.owner is not None:
@@ -430,7 +431,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @authorized
     def Health(self, request, who: Access):
         return pb.HealthResponse(
-            status=self.faults.health() or "ok",
+            status=self.faults.health() or self.scheduler.disk.health() or "ok",
             version=__version__,
             pid=os.getpid(),
             uptime_s=time.monotonic() - self.started,

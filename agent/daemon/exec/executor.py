@@ -95,7 +95,12 @@ class Executor:
         events are recorded from before the workload starts until the leaf is removed."""
         leaf = self.leaf(task_id)
         run_dir = run_dir or self.run_dir(task_id, attempt)
-        run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise shim.no_space(exc.filename or run_dir) from None
+            raise
         # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
         # children of a group that was once written to cgroup.kill (see shim.py).
         leaf.create()
@@ -121,6 +126,7 @@ class Executor:
                 uid=uid,
                 gid=gid,
                 log_cap=self.log_cap,
+                keep_free=shim.AGENT_RESERVE,
             )
         except BaseException:
             self.remove_leaf(task_id)

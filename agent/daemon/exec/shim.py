@@ -21,6 +21,10 @@ from ...cgroups import Cgroup, Spawned
 SHIM = Path(__file__).resolve().parent / "xhagent-shim"
 DEFAULT_LOG_CAP = 16 << 20
 STARTED, EXIT = "started", "exit"
+RECORD_SIZE = 8192  # bytes the shim reserves for each record (shim.c), the most one holds
+# Bytes of the state disk that task output never takes (the shim's --keep-free): room for
+# the agent's store to record outcomes, and for starts' records, while output fills the rest.
+AGENT_RESERVE = 256 << 10
 
 
 class ShimError(OSError):
@@ -53,9 +57,24 @@ class ShimExit:
     ended_ns: int | None = None
     stdout_dropped: int = 0
     stderr_dropped: int = 0
+    output_errno: int = 0  # the write that failed first, after which a stream's output is dropped
     error: str | None = None
     errno: int | None = None
     message: str | None = None
+
+
+def dropped_message(ex: ShimExit, cap: int) -> str:
+    """What of a workload's output the shim dropped, and why, in one line."""
+    why = f"each stream is capped at {cap >> 20} MiB" if cap % (1 << 20) == 0 else f"cap {cap}"
+    if ex.output_errno == errno.ENOSPC:
+        why += ", and the disk had no room for more (ENOSPC)"
+    elif ex.output_errno:
+        code = errno.errorcode.get(ex.output_errno, str(ex.output_errno))
+        why += f"; a write failed: {os.strerror(ex.output_errno).lower()} ({code})"
+    return (
+        f"{ex.stdout_dropped + ex.stderr_dropped} bytes of output dropped (stdout "
+        f"{ex.stdout_dropped}, stderr {ex.stderr_dropped}): {why}"
+    )
 
 
 @dataclass(frozen=True)
@@ -75,9 +94,13 @@ def shim_path() -> Path:
 def _record(task_dir: Path, name: str, kind: type) -> object | None:
     path = task_dir / name
     try:
-        text = path.read_bytes().decode("utf-8", "replace")
+        return _parse(path.read_bytes(), kind, path)
     except FileNotFoundError:
         return None
+
+
+def _parse(raw: bytes, kind: type, where: object) -> object:
+    text = raw.decode("utf-8", "replace")
     try:
         data = json.loads(text)
         known = {f.name for f in fields(kind)} - {"process"}
@@ -85,7 +108,18 @@ def _record(task_dir: Path, name: str, kind: type) -> object | None:
             raise ValueError("not a record of the shim")
         return kind(**data)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: malformed shim record ({exc}): {text[:200]!r}") from None
+        raise ValueError(f"{where}: malformed shim record ({exc}): {text[:200]!r}") from None
+
+
+def no_space(path: str | os.PathLike) -> ShimError:
+    """A start refused for lack of space where its records and output go."""
+    return ShimError(errno.ENOSPC, f"no space left on device (ENOSPC): {os.fspath(path)}")
+
+
+def _start_error(ex: ShimExit, task_dir: Path) -> ShimError:
+    if ex.errno == errno.ENOSPC:
+        return no_space(task_dir)
+    return ShimError(ex.errno or errno.EIO, ex.message or "shim failed")
 
 
 def read_status(task_dir: str | os.PathLike) -> ShimStatus:
@@ -105,6 +139,7 @@ def start_shim(
     uid: int | None = None,
     gid: int | None = None,
     log_cap: int = DEFAULT_LOG_CAP,
+    keep_free: int = 0,
     timeout: float = 5.0,
     method: str | None = None,
 ) -> ShimStarted:
@@ -112,10 +147,12 @@ def start_shim(
     `shim_group`, and wait up to `timeout` for the shim's `started` record.
 
     `task_dir` must exist and hold no records yet. The workload gets `env`, stdin /dev/null,
-    stdout and stderr into `task_dir` (each capped at `log_cap` bytes). A workload that could
-    not start raises ShimError with the shim's message (`exec /bin/nope: No such file or
-    directory`), the shim reaped; so does a shim that says nothing within `timeout` (it is
-    killed; a workload it may have started stays in `task_group` for the caller to kill).
+    stdout and stderr into `task_dir` (each capped at `log_cap` bytes, and none of it into the
+    last `keep_free` bytes of the filesystem). A workload that could not start raises
+    ShimError with the shim's message (`exec /bin/nope: No such file or directory`; for lack
+    of space `no space left on device (ENOSPC): TASKDIR`), the shim reaped; so does a shim
+    that says nothing within `timeout` (it is killed; a workload it may have started stays in
+    `task_group` for the caller to kill).
 
     Reaping: the shim is the caller's child. Keep the returned `process` (a Spawned, with its
     pidfd) and call its `wait()` or `poll()` once `exit` is written (the pidfd turns readable
@@ -127,7 +164,7 @@ def start_shim(
         if (task_dir / name).exists():
             raise ShimError(errno.EEXIST, f"{task_dir / name} exists: a task directory serves once")
     cmd = [str(shim_path()), "--dir", str(task_dir), "--cgroup", str(task_group.path)]
-    cmd += ["--log-cap", str(int(log_cap))]
+    cmd += ["--log-cap", str(int(log_cap)), "--keep-free", str(int(keep_free))]
     if cwd is not None:
         cmd += ["--cwd", os.fspath(cwd)]
     if (uid is None) != (gid is None):
@@ -137,7 +174,8 @@ def start_shim(
     if method is not None:
         cmd += ["--method", method]
     # The shim's stdout is a pipe it closes once its `started` record is written (or when it
-    # exits): the wait below wakes on that instead of polling the directory.
+    # exits): the wait below wakes on that instead of polling the directory. A shim that
+    # could not write its records there (no space) writes its error record on the pipe.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -160,15 +198,19 @@ def start_shim(
 def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: float):
     deadline = time.monotonic() + timeout
     told = False  # the pipe closed: the records are final, poll them no more than a little
+    said = b""  # what came on the pipe: a shim that could not write its records says it there
     while True:
         gone = shim.poll() is not None  # before the read: what it wrote before exiting is seen
         status = read_status(task_dir)
         if status.exit is not None and status.exit.error is not None:
             shim.wait(timeout)
-            raise ShimError(status.exit.errno or errno.EIO, status.exit.message or "shim failed")
+            raise _start_error(status.exit, task_dir)
         if status.started is not None:
             return replace(status.started, process=shim)
         if gone:
+            said += _drain(ready)
+            if said.strip():
+                raise _start_error(_parse(said, ShimExit, f"{shim_name}'s stdout"), task_dir)
             why = f"{shim_name} exited with {shim.returncode} and left no record in {task_dir}"
             raise ShimError(errno.EIO, why)
         left = deadline - time.monotonic()
@@ -180,7 +222,20 @@ def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: fl
         if told:
             time.sleep(0.005)
         elif select.select([ready], [], [], left)[0]:
-            told = os.read(ready, 64) == b""
+            chunk = os.read(ready, RECORD_SIZE)
+            told = chunk == b""
+            said = (said + chunk)[: 2 * RECORD_SIZE]  # a record is one line of RECORD_SIZE
+
+
+def _drain(fd: int) -> bytes:
+    """What is left in the pipe of a shim that exited, without waiting for more."""
+    got = b""
+    while len(got) < 2 * RECORD_SIZE and select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, RECORD_SIZE)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def process_alive(pid: int, start_time: int) -> bool:

@@ -8,13 +8,15 @@ only through its public methods. Its invariants, between two of its calls:
 
 - a task in Starting, Running or Frozen holds its placement in `cluster`; no other does;
 - a start is an intent in the store and a Starting record before its leaf exists; its
-  outcome (Running, or Failed) is committed once the shim answered;
+  outcome (Running, or Failed) is committed once the shim answered (one that a full disk
+  refused, by a later step);
 - a task leaf exists only for a task in Starting, Running or Frozen;
 - a missed deadline is reported once per task per run of the agent.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -28,8 +30,20 @@ from ...policy.state import Allocation, Cluster, GpuShare
 from ...policy.task import Deadline, Task
 from ..exec.executor import Executor, resolve_run_as
 from ..exec.leaf import LeafPlan, plan_leaf
-from ..exec.shim import ShimStatus
-from ..store import BACKOFF, TERMINAL, HeldGpu, Placement, Store, TaskRecord, TaskState, WaitReason
+from ..exec.shim import ShimExit, ShimStatus, dropped_message
+from ..store import (
+    BACKOFF,
+    TERMINAL,
+    Conflict,
+    HeldGpu,
+    NotFound,
+    Placement,
+    Store,
+    TaskRecord,
+    TaskState,
+    WaitReason,
+)
+from .diskfull import DiskFull
 
 log = logging.getLogger("xhagent")
 
@@ -98,6 +112,19 @@ class Deadlines:
         return len(self._due)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a start ended, to be committed: its intent, Running or Failed, and the fields."""
+
+    intent: int
+    state: TaskState
+    fields: dict
+
+    @property
+    def word(self) -> str:  # the intent's outcome
+        return "started" if self.state is TaskState.RUNNING else "failed"
+
+
 @dataclass
 class Supervised:
     shim_pid: int
@@ -115,6 +142,7 @@ class Lifecycle:
         classes: Callable[[], Mapping[str, tuple[int, int]]],
         clock: Callable[[], int],
         wakeups,
+        disk: DiskFull | None = None,
     ):
         self.store = store
         self.executor = executor
@@ -125,9 +153,11 @@ class Lifecycle:
         self._parse_tasks = parse_tasks  # (source, file name, classes or None) -> Tasks
         self._classes = classes
         self._wakeups = wakeups
+        self.disk = disk or DiskFull(store.state_dir)  # starts refused for lack of space
         self._specs: dict[str, Task] = {}  # of every task that holds a placement
         self._supervised: dict[str, Supervised] = {}
         self._ended: set[str] = set()  # shims that ended before they could be watched
+        self._unsettled: dict[str, Outcome] = {}  # starts whose outcome is not committed yet
 
     # -- what is known of tasks ------------------------------------------------------------------
     def spec(self, task_id: str) -> Task | None:
@@ -253,23 +283,38 @@ class Lifecycle:
                 trace=task.trace,
             )
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                self.disk.failed("start", f"{rec.id}: {exc}")
             self.release(rec.id)
-            with self.store.atomic():
-                rec = self.store.transition(
-                    rec.id, TaskState.FAILED, expect=TaskState.STARTING, error=str(exc)
-                )
-                self.store.finish_intent(intent, "failed")
-            self.forget(rec.id)
-            return rec
+            self._unsettled[rec.id] = Outcome(intent, TaskState.FAILED, {"error": str(exc)})
+            return self._settle(rec.id)
+        # watched before its Running is committed, which a full disk may refuse: then a
+        # later step commits it (and looks at every Running task: a retried step looks at all)
+        self.supervise(rec.id, started.shim_pid, started.process)
+        self._unsettled[rec.id] = Outcome(
+            intent, TaskState.RUNNING, {"started_ns": started.started_ns}
+        )
+        return self._settle(rec.id)
+
+    def settle_starts(self) -> None:
+        """Commit the outcomes of starts that could not be committed (a full disk): until
+        then the task stays Starting, which no step would look at again."""
+        for task_id in list(self._unsettled):
+            try:
+                self._settle(task_id)
+            except (Conflict, NotFound):  # cancelled meanwhile: its end is recorded
+                del self._unsettled[task_id]
+
+    def _settle(self, task_id: str) -> TaskRecord:
+        todo = self._unsettled[task_id]
         with self.store.atomic():
             rec = self.store.transition(
-                rec.id,
-                TaskState.RUNNING,
-                expect=TaskState.STARTING,
-                started_ns=started.started_ns,
+                task_id, todo.state, expect=TaskState.STARTING, **todo.fields
             )
-            self.store.finish_intent(intent, "started")
-        self.supervise(rec.id, started.shim_pid, started.process)
+            self.store.finish_intent(todo.intent, todo.word)
+        del self._unsettled[task_id]
+        if todo.state is TaskState.FAILED:
+            self.forget(task_id)
         return rec
 
     # -- supervision ------------------------------------------------------------------------------
@@ -390,6 +435,7 @@ class Lifecycle:
         self.release(rec.id)
         self.executor.remove_leaf(rec.id)
         fields = {"exit_code": code, "signal": ex.signal if ex else None, "error": error}
+        fields["output_dropped"] = dropped(ex)
         if oom:
             fields["error"] = "OOMKilled: the task reached its memory.max"
         task = self._specs.get(rec.id)
@@ -405,10 +451,10 @@ class Lifecycle:
                 f"restart {restarts(rec) + 1} of {task.restart_policy.max_restarts} "
                 f"in {delay / 1e9:g}s",
             )
-            return self.store.transition(
-                rec.id,
+            return self._commit_end(
+                rec,
+                ex,
                 TaskState.PENDING,
-                expect=rec.state,
                 reasons=[reason],
                 ended_ns=self.clock(),
                 **fields,
@@ -416,7 +462,26 @@ class Lifecycle:
         else:
             state = TaskState.FAILED
         self.forget(rec.id)
-        return self.store.transition(rec.id, state, expect=rec.state, **fields)
+        return self._commit_end(rec, ex, state, **fields)
+
+    def _commit_end(self, rec: TaskRecord, ex: ShimExit | None, state: TaskState, **fields):
+        """The attempt's end committed, with an OutputDropped event in the same transaction
+        when the shim dropped some of its output (first: it is still the running task's)."""
+        with self.store.atomic():
+            if ex is not None and dropped(ex):
+                self.store.add_event(
+                    "OutputDropped",
+                    dropped_message(ex, self.executor.log_cap),
+                    task_id=rec.id,
+                    detail={
+                        "bytes": dropped(ex),
+                        "stdout": ex.stdout_dropped,
+                        "stderr": ex.stderr_dropped,
+                        "cap": self.executor.log_cap,
+                        "errno": ex.output_errno,
+                    },
+                )
+            return self.store.transition(rec.id, state, expect=rec.state, **fields)
 
     def evict(
         self,
@@ -446,6 +511,7 @@ class Lifecycle:
                 migrated=rec.migrated + int(migrated),
                 exit_code=ex.exit_code if ex else None,
                 signal=ex.signal if ex else None,
+                output_dropped=dropped(ex),
             )
             if intent is not None:
                 self.store.finish_intent(*intent)
@@ -461,6 +527,11 @@ class Lifecycle:
             if g.index == index:
                 return getattr(g, "uuid", None) or str(index)
         return str(index)
+
+
+def dropped(ex: ShimExit | None) -> int:
+    """Bytes of the attempt's output its shim dropped, stdout and stderr together."""
+    return ex.stdout_dropped + ex.stderr_dropped if ex is not None else 0
 
 
 def may_restart(task: Task, rec: TaskRecord) -> bool:

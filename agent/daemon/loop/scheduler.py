@@ -12,7 +12,8 @@ pidfd) or the time something falls due; a step collects exits, thaws what may re
 starts what fits in the order of the tasks' standing (ranking.py: priority, then deadline)
 and keeps the rest Pending with a reason per node, runs the migration controller and
 reports missed deadlines. A step that raises is an internal error (faults.py): counted,
-logged when it starts and when it clears, and tried again a second later.
+logged when it starts and when it clears, and tried again a second later; but for a full
+state disk, which is the node's condition (diskfull.py), looked at again every second.
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ from ..store import (
     Event,
     Owner,
     Store,
+    StoreFull,
     TaskRecord,
     TaskState,
     TaskSummary,
     WaitReason,
 )
+from .diskfull import RETRY_S, DiskFull
 from .faults import Faults
 from .lifecycle import Lifecycle, restarts
 from .migration import MigrationController
@@ -76,6 +79,7 @@ class Scheduler:
         classes: Callable[[], Mapping[str, tuple[int, int]]] = lambda: dict(CLASS_WEIGHTS),
         clock: Callable[[], int] = time.time_ns,
         faults: Faults | None = None,
+        disk: DiskFull | None = None,
     ):
         self.store = store
         self.executor = executor
@@ -83,13 +87,16 @@ class Scheduler:
         self.policies = policies  # the SchedulingPolicies in force now
         self.clock = clock
         self.faults = faults or Faults()
+        self.disk = disk or DiskFull(store.state_dir)
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified after every change
         self.wakeups = Wakeups(clock)
         # (source, file name, classes or None) -> Tasks; InvalidTask when bad
         self._parse_tasks = parse_tasks
         self._classes = classes  # task class -> (cpu.weight, io.weight), in force now
-        self.lifecycle = Lifecycle(store, executor, node, parse_tasks, classes, clock, self.wakeups)
+        self.lifecycle = Lifecycle(
+            store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
+        )
         self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
         # The Pending tasks the last step looked at, parsed; the rest are read again when
         # their turn comes.
@@ -114,19 +121,24 @@ class Scheduler:
         tasks = self._parse_tasks(source, file_name, self._classes())
         owners = [owner_of(task) for task in tasks]
         out = []
-        with self.store.atomic():  # all of a file's tasks, or none
-            for i, (task, owner) in enumerate(zip(tasks, owners, strict=True)):
-                out.append(
-                    self.store.submit(
-                        name=task.name,
-                        kind="Task",
-                        source=source,
-                        source_file=file_name,
-                        summary=summary_of(i, task),
-                        idempotency_key=f"{key}#{i}" if key else None,
-                        owner=owner,
+        try:
+            with self.store.atomic():  # all of a file's tasks, or none
+                for i, (task, owner) in enumerate(zip(tasks, owners, strict=True)):
+                    out.append(
+                        self.store.submit(
+                            name=task.name,
+                            kind="Task",
+                            source=source,
+                            source_file=file_name,
+                            summary=summary_of(i, task),
+                            idempotency_key=f"{key}#{i}" if key else None,
+                            owner=owner,
+                        )
                     )
-                )
+        except StoreFull as exc:  # refused to the client; counted, and the loop looks for room
+            self.disk.failed("write", str(exc))
+            self.wakeups.wake()
+            raise
         for rec, task in zip(out, tasks, strict=True):
             if rec.state not in TERMINAL:
                 self.lifecycle.note_deadline(rec, task)
@@ -259,6 +271,10 @@ class Scheduler:
             full = failed or not woken.anything or self._unwatched_due()
             try:
                 self.step(None if full else set(woken.exited))
+            except StoreFull as exc:  # the node's disk, not the agent's fault
+                self.disk.failed("write", str(exc))
+                timeout, failed = RETRY_S, True
+                continue
             except Exception as exc:  # the agent's own fault: a user's never gets here
                 self.faults.failed(STEP, exc)
                 timeout, failed = 1.0, True  # and then a look at everything again
@@ -266,6 +282,8 @@ class Scheduler:
             self.faults.cleared(STEP)
             failed = False
             timeout = self.wakeups.timeout()
+            if self.disk.check():  # still full: looked at again soon, for when it clears
+                timeout = min(timeout, RETRY_S)
             if woken.anything:
                 self._worked = True
             elif self._worked:  # a quiet SAFETY_S after work: give its memory back
@@ -288,6 +306,7 @@ class Scheduler:
         else:
             exited = exited | ended
         with self.lock:
+            self.lifecycle.settle_starts()  # before the exits: a start settled Running is seen
             self.lifecycle.collect_exits(exited)
             thaw_frozen(self.lifecycle, self.policies())
             self._place_pending()

@@ -28,12 +28,13 @@ KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
 ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf", "migrate"})
 TASK_FIELDS = frozenset(
     {"reasons", "placement", "cgroup", "attempt", "preempted", "migrated", "exit_code", "signal"}
-    | {"error", "started_ns", "ended_ns"}
+    | {"error", "started_ns", "ended_ns", "output_dropped"}
 )
 INTEGER_FIELDS = (
     "attempt",
     "preempted",
     "migrated",
+    "output_dropped",
     "exit_code",
     "signal",
     "started_ns",

@@ -269,6 +269,7 @@ TASK_COLUMNS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
     ("attempt", _integer(0, 2**32 - 1), "a count"),
     ("preempted", _integer(0, 2**32 - 1), "a count"),
     ("migrated", _integer(0, 2**32 - 1), "a count"),
+    ("output_dropped", _integer(0, 2**63 - 1), "a count of bytes"),
     ("exit_code", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
     ("signal", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
     ("error", _text(nullable=True), "text or NULL"),
@@ -313,6 +314,7 @@ class TaskRecord:
     attempt: int
     preempted: int
     migrated: int
+    output_dropped: int  # bytes of the last attempt's output the shim dropped
     exit_code: int | None
     signal: int | None
     error: str | None

@@ -106,7 +106,11 @@ V4 = sql(
     "CREATE INDEX tasks_owner ON tasks (owner_uid, seq)",
 )
 
-MIGRATIONS: list[Step] = [V1, V2, V3, V4]
+# Bytes of the task's last attempt's output that the shim dropped (its cap reached, or a
+# write that failed), stdout and stderr together.
+V5 = sql("ALTER TABLE tasks ADD COLUMN output_dropped INTEGER NOT NULL DEFAULT 0")
+
+MIGRATIONS: list[Step] = [V1, V2, V3, V4, V5]
 
 
 def latest() -> int:

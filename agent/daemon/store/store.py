@@ -486,6 +486,7 @@ class Store:
                 values.setdefault("attempt", row[2] + 1)
                 for key in ("exit_code", "signal", "error", "started_ns", "ended_ns"):
                     values.setdefault(key, None)
+                values.setdefault("output_dropped", 0)
             if to is TaskState.RUNNING and old is TaskState.STARTING:
                 values.setdefault("started_ns", now)
             if to in TERMINAL:
