@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ... import __version__
 from ..loop.faults import Faults
 from ..loop.ranking import Standing
-from ..loop.scheduler import RequestRefused, Scheduler
+from ..loop.scheduler import MAX_LIST_PAGE, RequestRefused, Scheduler
 from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
-from ..store import StoreError, TaskRecord
+from ..store import StoreError, TaskRecord, parse_task_id
 from .transport import FailedPrecondition, InvalidArgument, NotFound, unary
 from .v1 import agent_pb2 as pb
 from .v1 import agent_pb2_grpc
@@ -119,11 +119,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     @unary
     def List(self, request):
+        token = request.page_token
         try:
-            recs = self.scheduler.list(list(request.states), request.all, request.limit or 1000)
+            if token:
+                parse_task_id(token)
+        except ValueError:
+            raise InvalidArgument(
+                f"page_token: {token[:40]!r} is not a token a List reply gave"
+            ) from None
+        try:
+            recs, next_token, total = self.scheduler.list(
+                list(request.states), request.all, request.limit or MAX_LIST_PAGE, token
+            )
         except ValueError as exc:  # a state that does not exist
             raise InvalidArgument(f"states: {exc}") from None
-        return pb.ListResponse(tasks=self._messages(recs))
+        return pb.ListResponse(tasks=self._messages(recs), next_page_token=next_token, total=total)
 
     @unary
     def Cancel(self, request):

@@ -47,7 +47,7 @@ from .migration import MigrationController
 from .preemption import preempt_for, thaw_frozen
 from .ranking import Standing, order_key, standing
 from .recovery import recover
-from .submission import InvalidTask
+from .submission import InvalidTask, read_submission
 from .wakeups import Wakeups
 
 # The oldest Pending tasks a step looks at; the rest wait for a later step. Only these are
@@ -56,6 +56,11 @@ MAX_PENDING_SCAN = 1000
 # A start takes milliseconds: a step starting a thousand tasks would leave exits, cancels
 # and API calls waiting seconds behind it.
 MAX_STARTS_PER_STEP = 16
+# What a task waits for until a step looks at it (a long backlog, or a step that reached
+# MAX_STARTS_PER_STEP before its turn): every Pending task says why it waits.
+QUEUED = "Queued"
+QUEUED_DETAIL = f"not looked at yet: steps take the {MAX_PENDING_SCAN} oldest Pending tasks"
+MAX_LIST_PAGE = 1000  # tasks in one List reply
 FULL_LOOK_S = 1.0  # under load, how often tasks whose shim has no pidfd are looked at
 STEP = "scheduler_step"  # where the loop's internal errors are counted
 
@@ -99,22 +104,26 @@ class Scheduler:
 
     # -- requests (any thread) ----------------------------------------------------------------
     def submit(self, source: str, file_name: str, key: str = "") -> list[TaskRecord]:
-        """Parse and commit; the loop places them. Not under the lock: the store serialises
-        its writers, and a submission must not wait for a step that is starting tasks."""
-        tasks = self._parse_tasks(source, file_name, self._classes())
+        """Parse once and commit, each task with its own document; the loop places them.
+        Not under the lock: the store serialises its writers, and a submission must not wait
+        for a step that is starting tasks."""
+        submitted = read_submission(source, file_name, self._classes())
+        queued = [WaitReason(QUEUED, self.node.name, QUEUED_DETAIL)]
         out = []
         with self.store.atomic():  # all of a file's tasks, or none
-            for i, task in enumerate(tasks):
+            for i, sub in enumerate(submitted):
                 out.append(
                     self.store.submit(
-                        name=task.name,
+                        name=sub.task.name,
                         kind="Task",
-                        source=source,
+                        source=sub.document,
                         source_file=file_name,
-                        summary=summary_of(i, task),
+                        summary=summary_of(0, sub.task),  # its source is its document alone
                         idempotency_key=f"{key}#{i}" if key else None,
+                        reasons=queued,
                     )
                 )
+        tasks = [sub.task for sub in submitted]
         for rec, task in zip(out, tasks, strict=True):
             if rec.state not in TERMINAL:
                 self.lifecycle.note_deadline(rec, task)
@@ -124,11 +133,18 @@ class Scheduler:
     def get(self, task_id: str) -> TaskRecord | None:
         return self.store.get(task_id)
 
-    def list(self, states: Iterable[str], all_: bool, limit: int) -> list[TaskRecord]:
+    def list(
+        self, states: Iterable[str], all_: bool, limit: int, page_token: str = ""
+    ) -> tuple[list[TaskRecord], str, int]:
+        """A page of tasks, newest first: (tasks, the next page's token or "" when none
+        follows, how many there are in all). A token is the last id of the page before."""
         wanted = [TaskState(s) for s in states] or (
             None if all_ else [s for s in TaskState if s not in TERMINAL]
         )
-        return self.store.list_tasks(wanted, limit=min(limit, 1000))
+        recs, more = self.store.task_page(
+            wanted, after=page_token or None, limit=min(limit, MAX_LIST_PAGE), newest_first=True
+        )
+        return recs, recs[-1].id if more else "", self.store.count_tasks(wanted)
 
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""

@@ -46,6 +46,7 @@ from .checks import (
     MAX_NAME,
     MAX_PAGE_BYTES,
     MAX_SHORT,
+    MAX_SOURCE,
     MAX_TASKS_PAGE,
     Conflict,
     NotFound,
@@ -321,13 +322,30 @@ class Store:
         *,
         after: str | None = None,
         limit: int = 100,
+        newest_first: bool = False,
     ) -> list[TaskRecord]:
-        """Tasks in submission order, after the id `after`: at most `limit` (at most
-        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id."""
+        """One page of tasks (see task_page)."""
+        return self.task_page(states, after=after, limit=limit, newest_first=newest_first)[0]
+
+    def task_page(
+        self,
+        states: Collection[TaskState] | None = None,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> tuple[list[TaskRecord], bool]:
+        """(tasks, whether more follow): in submission order, or newest first, those past the
+        id `after` in that order; at most `limit` (at most MAX_TASKS_PAGE) and MAX_PAGE_BYTES
+        of documents. The next page starts after the last id of this one."""
         try:
-            where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+            cut = parse_task_id(after) if after else None
         except ValueError as exc:
             raise StoreError(str(exc)) from None
+        where, args = [], []
+        if cut is not None:
+            where.append("seq < ?" if newest_first else "seq > ?")
+            args.append(cut)
         if states is not None:
             states = [TaskState(s).value for s in states]
             where.append(f"state IN ({', '.join('?' * len(states))})")
@@ -336,24 +354,32 @@ class Store:
         out, size = [], 0
         with self._read() as c:
             for row in c.execute(
-                f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE {' AND '.join(where)} "
-                "ORDER BY seq LIMIT ?",
-                (*args, limit),
+                f"SELECT {TaskRecord.COLUMNS} FROM tasks "
+                f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+                f"ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?",
+                (*args, limit + 1),
             ):
-                task = TaskRecord.from_row(row)
-                size += len(task.source) + len(row[-1])
-                if out and size > MAX_PAGE_BYTES:
-                    break
-                out.append(task)
-        return out
+                size += len(row[-3]) + len(row[-1])  # its document and its summary
+                if len(out) == limit or (out and size > MAX_PAGE_BYTES):
+                    return out, True
+                out.append(TaskRecord.from_row(row))
+        return out, False
+
+    def count_tasks(self, states: Collection[TaskState] | None = None) -> int:
+        where, args = "", []
+        if states is not None:
+            args = [TaskState(s).value for s in states]
+            where = f"WHERE state IN ({', '.join('?' * len(args))})"
+        with self._read() as c:
+            return c.execute(f"SELECT count(*) FROM tasks {where}", args).fetchone()[0]
 
     def each_task(self, states: Collection[TaskState]) -> Iterator[TaskRecord]:
         """Every task in `states`, in submission order, read a page at a time."""
         after = None
         while True:
-            page = self.list_tasks(states, after=after, limit=MAX_TASKS_PAGE)
+            page, more = self.task_page(states, after=after, limit=MAX_TASKS_PAGE)
             yield from page
-            if len(page) < MAX_TASKS_PAGE:
+            if not more:
                 return
             after = page[-1].id
 
@@ -523,7 +549,7 @@ class Store:
         (applying the same file twice is not a change). The event that says so is the
         caller's, in the same transaction (`atomic()`)."""
         kind, name = text(kind, "policy kind", MAX_NAME), text(name, "policy name", MAX_NAME)
-        source = text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
+        source = text(source, f"{kind} {name}: its file", MAX_SOURCE)
         file = text(file, "policy file name", MAX_SHORT, cut=True)
         with self._tx(f"applying {kind} {name}") as c:
             active = c.execute(
