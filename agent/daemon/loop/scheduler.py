@@ -90,9 +90,8 @@ class Scheduler:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified after every change
         self.wakeups = Wakeups(clock)
-        # (source, file name, classes or None) -> Tasks; InvalidTask when bad
-        self._parse_tasks = parse_tasks
         self._classes = classes  # task class -> (cpu.weight, io.weight), in force now
+        # parse_tasks reads a stored task's document again: (source, file name, None) -> Tasks
         self.lifecycle = Lifecycle(store, executor, node, parse_tasks, classes, clock, self.wakeups)
         self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
         # The Pending tasks the last step looked at, parsed; the rest are read again when
