@@ -267,27 +267,29 @@ def census(client) -> dict[str, int]:
 
 def _ps_ms(agent, runs: int = 5) -> dict:
     """`xhagent ps` as a user runs it (a process: interpreter, imports, connect, List,
-    print), and the List call alone on an open channel; medians in ms."""
+    print); beside it its floor, the same command where no agent listens (all of it but the
+    call and the printing), and the List call alone on an open channel; medians in ms."""
     import subprocess
 
     from ..daemon.api.v1 import agent_pb2 as pb
 
     script = Path(sys.executable).with_name("xhagent")  # the command a user types
     cli = [str(script)] if script.exists() else [sys.executable, "-m", "xhagent.cli"]
-    cli += ["ps", "--socket", str(agent.socket)]
-    whole, call = [], []
+    nobody = str(agent.base / "no-agent.sock")
+    times: dict[str, list[float]] = {"ps_ms": [], "ps_floor_ms": [], "list_ms": []}
+
+    def timed(key: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        times[key].append((time.perf_counter() - t0) * 1000)
+
     with agent.client() as c:
         for _ in range(runs):
-            t0 = time.perf_counter()
-            subprocess.run(cli, capture_output=True, check=True, timeout=60)
-            whole.append((time.perf_counter() - t0) * 1000)
-            t0 = time.perf_counter()
-            c.List(pb.ListRequest(limit=1000))
-            call.append((time.perf_counter() - t0) * 1000)
-    return {
-        "ps_ms": round(statistics.median(whole), 1),
-        "list_ms": round(statistics.median(call), 1),
-    }
+            for key, sock in (("ps_ms", str(agent.socket)), ("ps_floor_ms", nobody)):
+                argv = [*cli, "ps", "--socket", sock]
+                timed(key, lambda a=argv: subprocess.run(a, capture_output=True, timeout=60))
+            timed("list_ms", lambda: c.List(pb.ListRequest(limit=1000)))
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
 
 
 def multidoc_case(agent, docs: int, command: list[str], settle_s: float = 1800.0) -> dict:
