@@ -32,7 +32,12 @@ from .inputs import InputError, read_input
 from .quantity import kind_of
 
 T = TypeVar("T")
+# The input limits, the same for every reader (`policy validate`, `submit`, `apply`, the
+# agent's own parse of what it is sent): a file (one submission) of at most MAX_BYTES, at
+# most MAX_DOCUMENTS documents in it, each at most MAX_DOCUMENT_BYTES.
 MAX_BYTES = 4 << 20  # the largest spec file: far above any real policy or node model
+MAX_DOCUMENTS = 10_000
+MAX_DOCUMENT_BYTES = 1 << 20
 MAX_DEPTH = 128  # nesting levels: a node model uses ten, 32 levels of cgroups about 70
 MAX_INT = 1 << 64  # integers beyond this are refused where they are read
 SHOWN_CHARS = 512  # at most this much of a value is quoted back in a message
@@ -123,6 +128,10 @@ class Document:
     # The source text of plain scalars that YAML turned into something else (12.10 -> 12.1):
     # a version must be read as written.
     texts: dict[Path_, str] = field(default_factory=dict)
+    # This document's own YAML text, cut out of its file from the start of the line its
+    # value begins on (so that its indentation holds): what a multi-document submission
+    # keeps of each task, and parses again alone.
+    text: str = ""
 
     def collecting(self):
         """A unit of validation whose SpecError is kept in `errors` (see ErrorList)."""
@@ -242,14 +251,25 @@ class _Composer(yaml.SafeLoader):
 
 def load_text(text: str, file: str = "<string>") -> list[Document]:
     """Every document of a YAML stream; a syntax error becomes a SpecError."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_BYTES:
+        raise SpecError(
+            file, 1, 1, f"is {size:,} bytes, more than the {MAX_BYTES:,} a file may have"
+        )
     docs, loader, bad = [], None, ErrorList()
     try:
         loader = _Composer(text, file)  # checks the characters first
         i = 0
         while loader.check_node():
+            if i == MAX_DOCUMENTS:
+                raise _at(
+                    file,
+                    loader.peek_event().start_mark,
+                    f"more than {MAX_DOCUMENTS:,} documents: split the file",
+                )
             node = loader.get_node()
             if node is not None:
-                doc = Document(file, None, index=i)
+                doc = Document(file, None, index=i, text=_own_text(text, node, file))
                 doc.value = _build(node, (), doc)
                 for exc in doc.errors.errors:
                     bad.add(exc)
@@ -272,6 +292,21 @@ def load_text(text: str, file: str = "<string>") -> list[Document]:
             loader.dispose()
     bad.raise_if_any()
     return docs
+
+
+def _own_text(text: str, node: yaml.Node, file: str) -> str:
+    """The text of the document whose value is `node`, within MAX_DOCUMENT_BYTES."""
+    start = text.rfind("\n", 0, node.start_mark.index) + 1
+    own = text[start : node.end_mark.index]
+    own = own if own.endswith("\n") else own + "\n"  # a kept block scalar's newlines are its own
+    size = len(own.encode("utf-8", "surrogatepass"))
+    if size > MAX_DOCUMENT_BYTES:
+        raise _at(
+            file,
+            node.start_mark,
+            f"this document is {size:,} bytes, more than the {MAX_DOCUMENT_BYTES:,} one may have",
+        )
+    return own
 
 
 def _mark_at(text: str, index: int) -> yaml.Mark:

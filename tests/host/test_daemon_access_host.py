@@ -180,7 +180,7 @@ def test_users_see_and_cancel_only_their_own_tasks(agent, python, people):
 
     listed = agent.as_user(python, ann, "ps", "--all", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert [t["id"] for t in json.loads(listed.stdout)] == [anns]
+    assert [t["id"] for t in json.loads(listed.stdout)["tasks"]] == [anns]
     for verb in (("get", roots), ("cancel", roots), ("logs", roots), ("explain", roots)):
         res = agent.as_user(python, bob if verb[1] == anns else ann, *verb)
         assert res.returncode == 1 and f"no task {roots}" in res.stderr, (verb, res.stderr)
@@ -191,7 +191,8 @@ def test_users_see_and_cancel_only_their_own_tasks(agent, python, people):
 
     assert agent.as_user(python, ann, "cancel", anns).returncode == 0
     everything = json.loads(agent.as_user(None, None, "ps", "--all", "--json").stdout)
-    assert {t["id"] for t in everything} == {roots, anns}
+    assert {t["id"] for t in everything["tasks"]} == {roots, anns}
+    assert json.loads(listed.stdout)["total"] == 1  # a user's count is of its own tasks
     assert agent.as_user(None, None, "cancel", roots).returncode == 0
 
 

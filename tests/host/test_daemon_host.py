@@ -139,7 +139,8 @@ def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path
     assert f"{bad}:6:" in res.stderr and "command" in res.stderr
     assert f"{bad}:7:" in res.stderr and "restartPolicy" in res.stderr
     assert "Traceback" not in res.stderr
-    assert json.loads(agent.cli("ps", "--all", "--json", check=True).stdout) == []
+    listed = json.loads(agent.cli("ps", "--all", "--json", check=True).stdout)
+    assert listed == {"tasks": [], "next_page_token": "", "total": 0}
 
 
 def test_a_task_that_cannot_fit_stays_pending_with_a_reason(agent, tmp_path):
@@ -267,7 +268,7 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
 
     deadline = time.monotonic() + 60
     while True:
-        tasks = json.loads(agent.cli("ps", "--all", "--json", check=True).stdout)
+        tasks = json.loads(agent.cli("ps", "--all", "--json", check=True).stdout)["tasks"]
         if all(t["state"] in ("Succeeded", "Failed") for t in tasks) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -397,7 +398,8 @@ def test_a_full_state_dir_refuses_submissions_loses_nothing_and_recovers(tmp_pat
         assert refused is not None, "the tmpfs never filled"
         assert refused.returncode == 1 and "full" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
-        listed = {t["id"] for t in json.loads(a.cli("ps", "--all", "--json", check=True).stdout)}
+        page = json.loads(a.cli("ps", "--all", "--json", check=True).stdout)
+        listed = {t["id"] for t in page["tasks"]}
         assert set(acked) <= listed and len(listed) == len(acked)  # nothing acknowledged lost
         subprocess.run(["mount", "-o", "remount,size=32m", str(state)], check=True)
         again = a.submit(task_file(tmp_path, "after", ["true"]))

@@ -29,6 +29,7 @@ OUT_OF_RANGE = [
     ("Logs", pb.LogsRequest(), "id: must not be empty"),
     ("List", pb.ListRequest(states=["Pending"] * 400_000), "states: at most 7 (this request"),
     ("List", pb.ListRequest(states=["Bogus"]), "states: 'Bogus' is not a state"),
+    ("List", pb.ListRequest(page_token="t" * 65), "page_token: at most 64 bytes"),
     ("Get", pb.GetRequest(), "id: must not be empty"),
     ("Get", pb.GetRequest(id="x" * 10_000), "id: at most 64 bytes (this one has 10000)"),
     ("Get", pb.GetRequest(id="a\x00b"), "id: must be printable"),

@@ -163,15 +163,31 @@ def _outcome(t) -> str:
 
 @click.command()
 @click.option("--all", "all_", is_flag=True, help="Ended tasks too.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=1000,
+    show_default=True,
+    help="At most this many tasks, newest first.",
+)
+@click.option("--page-token", default="", help="The next page: the token the last page gave.")
+@click.option("--json", "as_json", is_flag=True, help="Print {tasks, next_page_token, total}.")
 @socket_option
-def ps(all_, as_json, socket_path) -> None:
-    """The agent's tasks: id, name, state, where, and why a Pending task waits."""
+def ps(all_, limit, page_token, as_json, socket_path) -> None:
+    """The agent's tasks, newest first: id, name, state, where, and why a Pending task
+    waits. A page at a time: what follows is named on standard error."""
     pb = _pb()
-    tasks = _call(_client(socket_path).List, pb.ListRequest(all=all_, limit=1000)).tasks
+    request = pb.ListRequest(all=all_, limit=limit, page_token=page_token)
+    reply = _call(_client(socket_path).List, request)
+    tasks = reply.tasks
     if as_json:
-        click.echo(json.dumps([task_json(t) for t in tasks], indent=2))
+        page = {"tasks": [task_json(t) for t in tasks], "next_page_token": reply.next_page_token}
+        click.echo(json.dumps(page | {"total": reply.total}, indent=2))
         return
+    if reply.next_page_token or page_token:  # a page of them: say so, and what follows
+        shown = f"{len(tasks)} older" if page_token else f"the newest {len(tasks)}"
+        more = f"; --page-token {reply.next_page_token} for more" if reply.next_page_token else ""
+        click.echo(f"showing {shown} of {reply.total} tasks{more}", err=True)
     click.echo(f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE")
     for t in tasks:
         note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")

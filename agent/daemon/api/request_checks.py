@@ -83,7 +83,7 @@ FIELDS: dict[type, tuple[tuple[str, Check], ...]] = {
         ("idempotency_key", text(MAX_NAME)),
     ),
     pb.GetRequest: (("id", TASK_ID),),
-    pb.ListRequest: (("states", states),),
+    pb.ListRequest: (("states", states), ("page_token", text(MAX_ID, printable=True))),
     pb.CancelRequest: (("id", TASK_ID), ("reason", text(MAX_TEXT))),
     pb.WatchRequest: (
         ("since_seq", at_most(INT64_MAX)),

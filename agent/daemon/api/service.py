@@ -30,11 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ... import __version__, heap
 from ..loop.faults import Faults
 from ..loop.ranking import Standing
-from ..loop.scheduler import RequestRefused, Scheduler
+from ..loop.scheduler import MAX_LIST_PAGE, RequestRefused, Scheduler
 from ..loop.submission import InvalidTask
 from ..policies.policy_set import PolicySet
 from ..policies.sources import PolicyError
-from ..store import CorruptTask, Owner, StoreError, TaskRecord
+from ..store import CorruptTask, Owner, StoreError, TaskRecord, parse_task_id
 from . import access as rules
 from . import request_checks
 from .access import Access, Directory
@@ -237,16 +237,25 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @unary
     @authorized
     def List(self, request, who: Access):
+        token = request.page_token
         try:
-            recs = self.scheduler.list(
+            if token:
+                parse_task_id(token)
+        except ValueError:
+            raise InvalidArgument(
+                f"page_token: {token[:40]!r} is not a token a List reply gave"
+            ) from None
+        try:
+            recs, next_token, total = self.scheduler.list(
                 list(request.states),
                 request.all,
-                request.limit or 1000,
+                request.limit or MAX_LIST_PAGE,
+                token,
                 None if who.admin else who.uid,
             )
         except ValueError as exc:  # a state that does not exist
             raise InvalidArgument(f"states: {exc}") from None
-        return pb.ListResponse(tasks=self._messages(recs))
+        return pb.ListResponse(tasks=self._messages(recs), next_page_token=next_token, total=total)
 
     @unary
     @authorized

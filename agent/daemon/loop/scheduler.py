@@ -51,7 +51,7 @@ from .migration import MigrationController
 from .preemption import preempt_for, thaw_frozen
 from .ranking import Standing, order_key, standing
 from .recovery import recover
-from .submission import InvalidTask
+from .submission import InvalidTask, read_submission
 from .wakeups import Wakeups
 
 # The oldest Pending tasks a step looks at; the rest wait for a later step. Only these are
@@ -60,6 +60,11 @@ MAX_PENDING_SCAN = 1000
 # A start takes milliseconds: a step starting a thousand tasks would leave exits, cancels
 # and API calls waiting seconds behind it.
 MAX_STARTS_PER_STEP = 16
+# What a task waits for until a step looks at it (a long backlog, or a step that reached
+# MAX_STARTS_PER_STEP before its turn): every Pending task says why it waits.
+QUEUED = "Queued"
+QUEUED_DETAIL = f"not looked at yet: steps take the {MAX_PENDING_SCAN} oldest Pending tasks"
+MAX_LIST_PAGE = 1000  # tasks in one List reply
 FULL_LOOK_S = 1.0  # under load, how often tasks whose shim has no pidfd are looked at
 STEP = "scheduler_step"  # where the loop's internal errors are counted
 
@@ -91,9 +96,8 @@ class Scheduler:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # notified after every change
         self.wakeups = Wakeups(clock)
-        # (source, file name, classes or None) -> Tasks; InvalidTask when bad
-        self._parse_tasks = parse_tasks
         self._classes = classes  # task class -> (cpu.weight, io.weight), in force now
+        # parse_tasks reads a stored task's document again: (source, file name, None) -> Tasks
         self.lifecycle = Lifecycle(
             store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
         )
@@ -114,24 +118,26 @@ class Scheduler:
         key: str = "",
         owner_of: Callable[[Task], Owner | None] = lambda task: None,
     ) -> list[TaskRecord]:
-        """Parse and commit; the loop places them. Not under the lock: the store serialises
-        its writers, and a submission must not wait for a step that is starting tasks.
-        `owner_of` says whose each task is and whom it runs as; what it raises refuses the
-        whole submission before anything is committed."""
-        tasks = self._parse_tasks(source, file_name, self._classes())
-        owners = [owner_of(task) for task in tasks]
+        """Parse once and commit, each task with its own document; the loop places them.
+        Not under the lock: the store serialises its writers, and a submission must not wait
+        for a step that is starting tasks. `owner_of` says whose each task is and whom it
+        runs as; what it raises refuses the whole submission before anything is committed."""
+        submitted = read_submission(source, file_name, self._classes())
+        owners = [owner_of(sub.task) for sub in submitted]
+        queued = [WaitReason(QUEUED, self.node.name, QUEUED_DETAIL)]
         out = []
         try:
             with self.store.atomic():  # all of a file's tasks, or none
-                for i, (task, owner) in enumerate(zip(tasks, owners, strict=True)):
+                for i, (sub, owner) in enumerate(zip(submitted, owners, strict=True)):
                     out.append(
                         self.store.submit(
-                            name=task.name,
+                            name=sub.task.name,
                             kind="Task",
-                            source=source,
+                            source=sub.document,
                             source_file=file_name,
-                            summary=summary_of(i, task),
+                            summary=summary_of(0, sub.task),  # its source: its document alone
                             idempotency_key=f"{key}#{i}" if key else None,
+                            reasons=queued,
                             owner=owner,
                         )
                     )
@@ -139,6 +145,7 @@ class Scheduler:
             self.disk.failed("write", str(exc))
             self.wakeups.wake()
             raise
+        tasks = [sub.task for sub in submitted]
         for rec, task in zip(out, tasks, strict=True):
             if rec.state not in TERMINAL:
                 self.lifecycle.note_deadline(rec, task)
@@ -150,16 +157,31 @@ class Scheduler:
         return self.store.get(task_id, unreadable=True)
 
     def list(
-        self, states: Iterable[str], all_: bool, limit: int, owner_uid: int | None = None
-    ) -> list[TaskRecord]:
-        """Tasks as the API lists them (of `owner_uid` only, when given): a row that cannot
-        be read as its CorruptTask."""
+        self,
+        states: Iterable[str],
+        all_: bool,
+        limit: int,
+        page_token: str = "",
+        owner_uid: int | None = None,
+    ) -> tuple[list[TaskRecord], str, int]:
+        """A page of tasks (of `owner_uid` only, when given), newest first: (tasks, the next
+        page's token or "" when none follows, how many there are in all). A token is the
+        last id of the page before; a row that cannot be read is its CorruptTask."""
         wanted = [TaskState(s) for s in states] or (
             None if all_ else [s for s in TaskState if s not in TERMINAL]
         )
-        return self.store.list_tasks(
-            wanted, limit=min(limit, 1000), unreadable=True, owner_uid=owner_uid
+        recs, more = self.store.task_page(
+            wanted,
+            after=page_token or None,
+            limit=min(limit, MAX_LIST_PAGE),
+            newest_first=True,
+            unreadable=True,
+            owner_uid=owner_uid,
         )
+        last = recs[-1].id if recs and isinstance(recs[-1], TaskRecord) else ""
+        if recs and not last:
+            last = recs[-1].task_id
+        return recs, last if more else "", self.store.count_tasks(wanted, owner_uid)
 
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""

@@ -13,11 +13,15 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ...spec import MAX_BYTES, MAX_DOCUMENT_BYTES
 from . import schema
 from .records import Placement, WaitReason
 
 DB_NAME, LOCK_NAME = "state.db", "lock"
-MAX_DOCUMENT = 1 << 20  # bytes of one Task or policy document, and of its parsed JSON
+# The input limits are the readers' (xhagent.spec), so that what `policy validate` accepts
+# is stored: a task keeps its own document, an applied policy the file it came in.
+MAX_DOCUMENT = MAX_DOCUMENT_BYTES  # bytes of one Task document, and of its summary as JSON
+MAX_SOURCE = MAX_BYTES  # bytes of a policy file
 MAX_JSON = 1 << 20  # bytes of reasons, placement, args, detail as JSON
 MAX_NAME = 253  # task and policy names (a DNS name's length, as Kubernetes has it)
 MAX_SHORT = 4096  # file names, messages, errors, outcomes: cut beyond this (display only)

@@ -113,7 +113,9 @@ class WaitReason:
 @dataclass(frozen=True)
 class TaskSummary:
     """What `get`, `ps` and a restarted agent know of a task without parsing its document;
-    the document (`document`: its index in the submitted text) stays the truth.
+    the document (`document`: its index in the task's `source`) stays the truth. A task's
+    source is its own document (index 0); a row an older xhagent wrote holds the whole file
+    it was submitted in, and the index of its document there.
 
     `priority` is the task's own (`spec.priority`), None when it takes its policy's: the
     policy in force decides, now, not at submission. A row an older xhagent wrote kept the

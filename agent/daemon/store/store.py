@@ -46,6 +46,7 @@ from .checks import (
     MAX_NAME,
     MAX_PAGE_BYTES,
     MAX_SHORT,
+    MAX_SOURCE,
     MAX_TASKS_PAGE,
     Conflict,
     CorruptTask,
@@ -372,19 +373,45 @@ class Store:
         *,
         after: str | None = None,
         limit: int = 100,
+        newest_first: bool = False,
         unreadable: bool = False,
         owner_uid: int | None = None,
     ) -> list[TaskRecord]:
-        """Tasks in submission order, after the id `after`: at most `limit` (at most
-        MAX_TASKS_PAGE) and MAX_PAGE_BYTES of documents; page on with the last id. With
-        `owner_uid`, only the tasks that uid submitted.
+        """One page of tasks (see task_page)."""
+        return self.task_page(
+            states,
+            after=after,
+            limit=limit,
+            newest_first=newest_first,
+            unreadable=unreadable,
+            owner_uid=owner_uid,
+        )[0]
+
+    def task_page(
+        self,
+        states: Collection[TaskState] | None = None,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+        unreadable: bool = False,
+        owner_uid: int | None = None,
+    ) -> tuple[list[TaskRecord], bool]:
+        """(tasks, whether more follow): in submission order, or newest first, those past the
+        id `after` in that order; at most `limit` (at most MAX_TASKS_PAGE) and MAX_PAGE_BYTES
+        of documents. The next page starts after the last id of this one. With `owner_uid`,
+        only the tasks that uid submitted.
 
         A row that cannot be read is reported once (logged) and left out, or, with
         `unreadable`, listed in its place as its CorruptTask: one bad row hides no other."""
         try:
-            where, args = ["seq > ?"], [parse_task_id(after) if after else 0]
+            cut = parse_task_id(after) if after else None
         except ValueError as exc:
             raise StoreError(str(exc)) from None
+        where, args = [], []
+        if cut is not None:
+            where.append("seq < ?" if newest_first else "seq > ?")
+            args.append(cut)
         if owner_uid is not None:
             where.append("owner_uid = ?")
             args.append(owner_uid)
@@ -393,32 +420,46 @@ class Store:
             where.append(f"state IN ({', '.join('?' * len(states))})")
             args += states
         limit = max(1, min(limit, MAX_TASKS_PAGE))
-        out, size = [], 0
+        out, size, fetched = [], 0, 0
         with self._read() as c:
             for row in c.execute(
-                f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE {' AND '.join(where)} "
-                "ORDER BY seq LIMIT ?",
-                (*args, limit),
+                f"SELECT {TaskRecord.COLUMNS} FROM tasks "
+                f"{'WHERE ' + ' AND '.join(where) if where else ''} "
+                f"ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?",
+                (*args, limit + 1),
             ):
+                fetched += 1
+                size += _length(row[-3]) + _length(row[-1])  # its document and its summary
+                if fetched > limit or (out and size > MAX_PAGE_BYTES):
+                    return out, True
                 try:
-                    task = self._record(row)
+                    out.append(self._record(row))
                 except CorruptTask as corrupt:
                     self._report(corrupt)
                     out += [corrupt] if unreadable else []
-                    continue
-                size += len(task.source) + len(row[-1])
-                if out and size > MAX_PAGE_BYTES:
-                    break
-                out.append(task)
-        return out
+        return out, False
+
+    def count_tasks(
+        self, states: Collection[TaskState] | None = None, owner_uid: int | None = None
+    ) -> int:
+        where, args = [], []
+        if states is not None:
+            args = [TaskState(s).value for s in states]
+            where.append(f"state IN ({', '.join('?' * len(args))})")
+        if owner_uid is not None:
+            where.append("owner_uid = ?")
+            args.append(owner_uid)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        with self._read() as c:
+            return c.execute(f"SELECT count(*) FROM tasks {clause}", args).fetchone()[0]
 
     def each_task(self, states: Collection[TaskState]) -> Iterator[TaskRecord]:
         """Every task in `states`, in submission order, read a page at a time."""
         after = None
         while True:
-            page = self.list_tasks(states, after=after, limit=MAX_TASKS_PAGE, unreadable=True)
+            page, more = self.task_page(states, after=after, limit=MAX_TASKS_PAGE, unreadable=True)
             yield from (t for t in page if isinstance(t, TaskRecord))
-            if len(page) < MAX_TASKS_PAGE:
+            if not more or not page:
                 return
             after = page[-1].id if isinstance(page[-1], TaskRecord) else page[-1].task_id
 
@@ -603,7 +644,7 @@ class Store:
         (applying the same file twice is not a change). The event that says so is the
         caller's, in the same transaction (`atomic()`)."""
         kind, name = text(kind, "policy kind", MAX_NAME), text(name, "policy name", MAX_NAME)
-        source = text(source, f"{kind} {name}: its document", MAX_DOCUMENT)
+        source = text(source, f"{kind} {name}: its file", MAX_SOURCE)
         file = text(file, "policy file name", MAX_SHORT, cut=True)
         with self._tx(f"applying {kind} {name}") as c:
             active = c.execute(
@@ -663,3 +704,8 @@ class Store:
 
 def _uid(owner: Owner | None) -> int | None:
     return None if owner is None else owner.uid
+
+
+def _length(value) -> int:
+    """A stored text's length; 0 for what is not text (a corrupt row's column)."""
+    return len(value) if isinstance(value, str | bytes) else 0
