@@ -189,7 +189,7 @@ def test_output_past_the_cap_is_counted_in_get_ps_events_and_metrics(tmp_path):
         assert (run / "stderr").stat().st_size == 1024
         (listed,) = [
             x
-            for x in json.loads(a.cli("ps", "--all", "--json", check=True).stdout)
+            for x in json.loads(a.cli("ps", "--all", "--json", check=True).stdout)["tasks"]
             if x["id"] == task_id
         ]
         assert int(listed["output_dropped_bytes"]) == 4 * MiB

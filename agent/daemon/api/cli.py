@@ -170,7 +170,12 @@ def _outcome(t) -> str:
     show_default=True,
     help="At most this many tasks, newest first.",
 )
-@click.option("--page-token", default="", help="The next page: the token the last page gave.")
+@click.option(
+    "--page-token",
+    default="",
+    type=Text(MAX_ID, printable=True),
+    help="The next page: the token the last page gave.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print {tasks, next_page_token, total}.")
 @socket_option
 def ps(all_, limit, page_token, as_json, socket_path) -> None:
