@@ -406,3 +406,35 @@ def test_a_refused_stream_is_its_status_not_a_hang(tmp_path):
         assert err.value.code == "RESOURCE_EXHAUSTED" and "most a caller may" in str(err.value)
     finally:
         server.stop(None)
+
+
+def test_bytes_a_client_sends_before_grpcs_end_is_connected_are_held_not_lost(
+    tmp_path, monkeypatch
+):
+    """As Debian 12's asyncio does (3.11.2): a transport reads after connection_made even
+    when reading was paused there. With grpc's end slow to connect, the client's preface
+    comes first; it must reach grpc whole."""
+    import asyncio.selector_events as selector_events
+
+    from xhagent.daemon.api.peers import PeerRelay
+
+    def reads_whatever(self, fd, callback, *args):
+        if self._closing:
+            return
+        self._loop._add_reader(fd, callback, *args)
+
+    monkeypatch.setattr(selector_events._SelectorTransport, "_add_reader", reads_whatever)
+    connect_upstream = PeerRelay._connect
+
+    async def slowly(self, link):
+        await asyncio.sleep(0.3)
+        await connect_upstream(self, link)
+
+    monkeypatch.setattr(PeerRelay, "_connect", slowly)
+    sock = tmp_path / "run" / "xhagent.sock"
+    server = bind(Servicer(), sock, group=NO_GROUP)
+    try:
+        with connect(sock) as client:
+            assert client.Health(pb.HealthRequest()).status == "ok"
+    finally:
+        server.stop(None)

@@ -87,9 +87,10 @@ class _Side(asyncio.Protocol):
         self.twin.transport.write(data)
 
     def eof_received(self) -> bool:
-        if self.twin.transport.can_write_eof():
-            self.twin.transport.write_eof()
-        return True  # the other direction may still carry the last replies
+        # HTTP/2 has no use for a half-closed connection (grpc never half-closes): the end
+        # of either side ends the link, its buffered writes flushed first by close()
+        self.link.close()
+        return False
 
     def pause_writing(self) -> None:
         self.twin.transport.pause_reading()
@@ -103,12 +104,17 @@ class _Side(asyncio.Protocol):
 
 
 class _ClientSide(_Side):
-    """The accepted socket: admitted or refused by its credentials as it connects, and
-    not read until grpc's end is connected (so nothing it sends is lost)."""
+    """The accepted socket: admitted or refused by its credentials as it connects. What it
+    sends before grpc's end is connected is held (one read at most: reading pauses) and
+    passed on once it is, so nothing is lost. Pausing in connection_made is not enough:
+    the asyncio of Debian 12's Python (3.11.2) starts reading right after connection_made
+    even so, and a client's first bytes can come before grpc's end exists."""
 
     def __init__(self, relay: PeerRelay):
         super().__init__(None)
         self.relay = relay
+        self.held: list[bytes] = []
+        self.held_eof = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -117,6 +123,40 @@ class _ClientSide(_Side):
             return
         transport.pause_reading()
         asyncio.get_running_loop().create_task(self.relay._connect(self.link))
+
+    def _upstream_ready(self) -> bool:
+        return self.twin is not None and self.twin.transport is not None
+
+    def data_received(self, data: bytes) -> None:
+        if self._upstream_ready():
+            self.twin.transport.write(data)
+            return
+        self.held.append(data)
+        self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        if self._upstream_ready():
+            return super().eof_received()
+        self.held_eof = True  # ended before grpc's end was made: what it sent goes first
+        return True
+
+    def pause_writing(self) -> None:
+        if self._upstream_ready():
+            super().pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._upstream_ready():
+            super().resume_writing()
+
+    def upstream_connected(self) -> None:
+        """grpc's end is connected: what was held goes first, then reading resumes."""
+        for data in self.held:
+            self.twin.transport.write(data)
+        self.held = []
+        if self.held_eof:
+            self.link.close()
+        else:
+            self.transport.resume_reading()
 
 
 class _Link:
@@ -214,7 +254,7 @@ class PeerRelay:
         if link.closed:  # the client left while grpc's end was being made
             link.upstream.transport.close()
         else:
-            link.client.transport.resume_reading()
+            link.client.upstream_connected()
 
     def _forget(self, link: _Link) -> None:
         if link in self._links:
