@@ -15,7 +15,7 @@ pattern = load_script("xhagent_tests_pattern", ROOT / "tests" / "kernel" / "patt
 
 def test_defaults_run_the_kernel_suite():
     args = vmtest.parse_args([])
-    assert (args.memory, args.cpus, args.timeout) == ("2G", 2, 900.0)
+    assert (args.memory, args.cpus, args.timeout) == ("2G", 2, 1800.0)
     assert args.command == [
         ".venv/bin/python",
         "-m",
