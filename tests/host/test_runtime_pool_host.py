@@ -555,16 +555,19 @@ def test_a_preempted_worker_does_not_hoard_the_queue():
 
 @pytest.mark.parametrize("preempt", ["bpf", "timer"])
 def test_a_sleeper_beside_a_hog_wakes_within_slices(preempt):
-    """The bench's pair (xhagent.bench.pool_preempt) for 1.2 s: a task sleeping 5 ms
+    """The bench's pair (xhagent.bench.pool_preempt) for 3 s: a task sleeping 5 ms
     beside a pure-Python hog on one worker runs again within a few slices of its due time,
-    not at the hog's end, and costs the hog little."""
+    not at the hog's end, and costs the hog little. 3 s, not less: the hog's rate per CPU
+    second varies by itself (-0.07..+0.09 of the bound's measure in 1.2 s runs on a slow
+    machine of this kind, -0.03..+0.06 in 3 s ones), and the bound is on the cost, not on
+    the noise."""
     from xhagent.bench.pool_preempt import measure_source
 
-    m = measure_source(preempt, 1.2, CPUS[0], 10.0)
+    m = measure_source(preempt, 3.0, CPUS[0], 10.0)
     assert m["source"] == preempt
     lat = sorted(m["lat"])
     assert len(lat) > 20, lat
-    # 5 slices: room for other processes on this CPU; without preemption: the hog's 1.2 s
+    # 5 slices: room for other processes on this CPU; without preemption: the hog's 3 s
     assert lat[len(lat) // 2] < 0.05 and lat[-1] < 0.3, lat
     assert m["loss_cpu"] < 0.1, m["loss_cpu"]
 
