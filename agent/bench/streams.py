@@ -63,8 +63,20 @@ def _state(agent, client, calls: int) -> dict:
 
 
 @click.command("streams")
-@click.option("--streams", default=2000, show_default=True, help="Idle Watch streams to open.")
-@click.option("--calls", default=1000, show_default=True, help="Unary calls timed per phase.")
+@click.option(
+    "--streams",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Idle Watch streams to open, 1..100000.",
+)
+@click.option(
+    "--calls",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Unary calls timed per phase, 1..1000000.",
+)
 @click.option(
     "--settle-seconds",
     default=60.0,
