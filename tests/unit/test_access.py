@@ -107,3 +107,23 @@ def test_a_change_between_the_read_and_the_wait_is_not_missed():
     woke, quiet = asyncio.run(main())
     assert woke < 1.0  # the bump came before the wait began, and still woke it
     assert quiet >= 0.19  # nothing changed: the wait ran to its timeout
+
+
+def test_a_stream_that_ends_while_waiting_leaves_the_change_to_the_others():
+    import asyncio
+
+    from xhagent.daemon.api.feed import ChangeFeed
+
+    async def main():
+        feed = ChangeFeed(asyncio.get_running_loop())
+        change = feed.current()
+        gone = asyncio.create_task(feed.wait(change, 30.0))
+        staying = asyncio.create_task(feed.wait(change, 30.0))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # a client cancelled its Watch
+        await asyncio.sleep(0.05)
+        feed.bump()
+        await asyncio.wait_for(staying, 5.0)  # still woken by the change
+        return gone.cancelled(), change.cancelled()
+
+    assert asyncio.run(main()) == (True, False)
