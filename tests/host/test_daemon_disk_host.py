@@ -10,11 +10,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 import urllib.request
 
 import pytest
+from disks import small_tmpfs, use_up_blocks
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_host import Agent, task_file
 
@@ -52,20 +52,16 @@ def wait_for(what, timeout: float = 10.0):
 @pytest.fixture
 def small_agent(tmp_path):
     """An agent whose state dir is on a 2 MiB tmpfs of 1000 inodes."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    options = "size=2m,nr_inodes=1000"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], check=True)
-    a = Agent(tmp_path, f"xhagent-disk-test-{os.getpid()}-{tmp_path.name[-12:]}.slice")
-    a.state = mnt / "state"
-    a.mount = mnt
-    try:
-        a.start()
-        yield a
-    finally:
-        a.stop()
-        a.remove_subtree()
-        subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "small", "size=2m,nr_inodes=1000") as mnt:
+        a = Agent(tmp_path, f"xhagent-disk-test-{os.getpid()}-{tmp_path.name[-12:]}.slice")
+        a.state = mnt / "state"
+        a.mount = mnt
+        try:
+            a.start()
+            yield a
+        finally:
+            a.stop()
+            a.remove_subtree()
 
 
 def free_bytes(path) -> int:
@@ -83,17 +79,6 @@ def use_up_inodes(folder) -> None:
         assert exc.errno == errno.ENOSPC
     else:
         pytest.fail("the inodes never ran out")
-
-
-def use_up_blocks(path) -> None:
-    """Zeros into `path` until the filesystem says ENOSPC."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 def test_a_workload_that_fills_the_state_disk_keeps_its_status_and_the_agent_its_room(

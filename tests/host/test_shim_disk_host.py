@@ -6,10 +6,10 @@ leaving no half-made record behind."""
 
 import errno
 import os
-import subprocess
 import time
 
 import pytest
+from disks import small_tmpfs, use_up_blocks
 
 from xhagent.cgroups import Cgroup
 from xhagent.daemon.exec.shim import RECORD_SIZE, ShimError, read_status, start_shim
@@ -21,11 +21,8 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 @pytest.fixture
 def small(tmp_path):
     """A 1 MiB tmpfs, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "small", "size=1m") as mnt:
+        yield mnt
 
 
 @pytest.fixture
@@ -34,17 +31,6 @@ def leaves(group):
     yield task, shim
     for leaf in (task, shim):
         leaf.remove(kill_first=True)
-
-
-def fill(path):
-    """Write zeros into `path` until the filesystem says ENOSPC."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 def test_the_exit_record_is_reserved_before_the_workload_and_survives_a_full_disk(small, leaves):
@@ -88,7 +74,7 @@ def test_output_leaves_the_last_keep_free_bytes_of_the_disk(small, leaves):
 
 
 def test_no_space_for_the_records_starts_nothing_and_names_enospc(small, leaves):
-    fill(small / "filler")
+    use_up_blocks(small / "filler")
     task_dir = small / "run"
     task_dir.mkdir()
     marker = small.parent / "ran"
