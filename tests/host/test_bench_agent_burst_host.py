@@ -1,5 +1,6 @@
 """`xhagent bench agent --only burst` run for real with a small burst: a scratch agent runs
-40 `true` tasks from 4 clients and then as one Submit, beside 40 `true` by posix_spawn;
+40 `true` tasks from 4 clients and then as one Submit, beside 40 `true` by posix_spawn
+(three rounds);
 the figures it prints hold together (every task Succeeded, the clocks of bench and agent
 agree, percentiles ordered), and systemd-run is measured only where systemd is PID 1."""
 
@@ -49,6 +50,7 @@ def test_the_floor_is_measured_in_the_same_run_and_the_ratios_follow_from_it(rep
     case = out["cases"]["burst"]
     floor = case["spawn_floor"]
     assert floor["runs"] == N and floor["failed"] == 0 and floor["per_s"] > 0
+    assert floor["rounds"] == 3 and sorted(floor["per_s_each"])[1] == floor["per_s"]
     assert floor["concurrency"] >= 1
     ratios = out["ratios"]["burst_vs_spawn_floor"]
     for part in PARTS:

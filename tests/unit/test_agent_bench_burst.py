@@ -12,6 +12,7 @@ from xhagent.bench.burst import (
     TARGETS,
     burst_met,
     burst_ratios,
+    median_round,
     part_figures,
     spawn_pool,
     spread_us,
@@ -141,6 +142,21 @@ def test_spawn_pool_runs_every_process_and_counts_failures():
     assert spawn_pool([false], 5, 2)["failed"] == 5
     with pytest.raises(ValueError):
         spawn_pool([true], 5, 0)  # a width of 0 would wait for nothing, forever
+
+
+def test_the_floor_counts_its_median_round_and_every_failure():
+    rounds = [
+        {"runs": 10, "concurrency": 2, "seconds": 0.1, "per_s": pace, "failed": failed}
+        for pace, failed in ((900.0, 0), (300.0, 1), (2000.0, 0))
+    ]
+    assert median_round(rounds) == {
+        "runs": 10,
+        "concurrency": 2,
+        "rounds": 3,
+        "per_s_each": [900.0, 300.0, 2000.0],
+        "per_s": 900.0,
+        "failed": 1,
+    }
 
 
 @pytest.mark.parametrize(
