@@ -19,7 +19,10 @@ reports, as JSON:
   `xhagent ps` (the CLI, a process each time) and its List call alone while they run;
 - `targets_met`: start p99 < 50 ms, idle RSS <= 60 MB, idle CPU <= 0.5%; multidoc: state
   growth <= 2x the source + 4 KiB a task (the database) and + 24 KiB a task (the whole
-  state dir, run dirs too), no Pending task without a reason, ps < 200 ms.
+  state dir, run dirs too), no Pending task without a reason, ps < 200 ms;
+- `cases.burst`, `ratios`: `--burst` tasks of `true` at once (from the clients, then as one
+  Submit) beside the same processes by posix_spawn and by systemd-run (agent/bench/burst.py
+  says what and its targets).
 
 `--only CASE` (repeatable) runs those cases alone.
 """
@@ -32,35 +35,31 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import click
 
 from ..cliparams import FiniteFloat
+from .burst import TARGETS as BURST_TARGETS
+from .burst import burst_case, burst_met, burst_ratios
+from .submits import percentile, submit_from_clients, task_doc, wait_states
 
-TARGETS = {"start_p99_us": 50_000, "idle_rss_mb": 60, "idle_cpu_pct": 0.5, "ps_ms": 200}
+TARGETS = {
+    "start_p99_us": 50_000,
+    "idle_rss_mb": 60,
+    "idle_cpu_pct": 0.5,
+    "ps_ms": 200,
+    **BURST_TARGETS,
+}
 # What a task may cost beyond twice its document: in the database its row, its events and
 # intents and their index entries; in the state dir also its run dir (two directories and
 # the shim's records: 16 KiB of blocks). Measured: see docs/benchmarks.md.
 MULTIDOC_DB_BYTES = 4096
 MULTIDOC_DIR_BYTES = 24 * 1024
 CENSUS_S = 10.0
-CASES = ("submit", "start", "idle", "load", "multidoc")
+CASES = ("submit", "start", "idle", "load", "multidoc", "burst")
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _task(name: str, command: list[str], extra: str = "") -> str:
-    return (
-        f"apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {{name: {name}}}\n"
-        f"spec:\n  deviceType: cpu\n  command: {json.dumps(command)}\n{extra}"
-    )
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _usage(pid: int) -> tuple[float, float, int]:
@@ -146,58 +145,16 @@ def _baseline_idle(base: Path, name: str, seconds: float) -> dict:
         proc.wait()
 
 
-def _wait_states(client, ids: list[str], states: set[str], timeout: float) -> None:
-    """Until every task of `ids` is in one of `states`: the agent is asked for the tasks
-    still elsewhere (a page of at most 1,000; a full page proves nothing, so it asks again)."""
-    from ..daemon.api.v1 import agent_pb2 as pb
-    from ..daemon.store.states import TERMINAL, TaskState
-
-    # the tasks not yet where they are going; never the ended ones (they pile up)
-    others = [s.value for s in TaskState if s.value not in states and s not in TERMINAL]
-    deadline = time.monotonic() + timeout
-    wanted = set(ids)
-    while True:
-        tasks = client.List(pb.ListRequest(states=others, limit=1000)).tasks
-        left = wanted & {t.id for t in tasks}
-        if not left and len(tasks) < 1000:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{len(left)} tasks not in {sorted(states)} after {timeout}s")
-        time.sleep(0.1)
-
-
 def _submit_case(agent, total: int, clients: int) -> dict:
-    from ..daemon.api.v1 import agent_pb2 as pb
-
-    lat: list[float] = []
-    ids: list[str] = []
-    lock = threading.Lock()
-
-    def worker(k: int) -> None:
-        with agent.client() as c:
-            for i in range(k, total, clients):
-                req = pb.SubmitRequest(source=_task(f"s{i}", ["true"]), file_name="bench.yaml")
-                t0 = time.perf_counter_ns()
-                reply = c.Submit(req)
-                with lock:
-                    lat.append((time.perf_counter_ns() - t0) / 1000)
-                    ids.append(reply.tasks[0].id)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.monotonic() - t0
+    sent = submit_from_clients(agent, total, clients, "s")
     with agent.client() as c:
-        _wait_states(c, ids, {"Succeeded", "Failed"}, 60 + total / 10)
+        wait_states(c, sent.ids, {"Succeeded", "Failed"}, 60 + total / 10)
     return {
         "tasks": total,
         "clients": clients,
-        "ops_per_s": round(total / wall, 1),
-        "p50_us": round(statistics.median(lat), 1),
-        "p99_us": round(_pct(lat, 0.99), 1),
+        "ops_per_s": round(total / sent.wall_s, 1),
+        "p50_us": round(statistics.median(sent.latencies_us), 1),
+        "p99_us": round(percentile(sent.latencies_us, 0.99), 1),
     }
 
 
@@ -207,17 +164,17 @@ def _start_case(agent, samples: int) -> dict:
     lat: list[float] = []
     with agent.client() as c:
         for i in range(samples):
-            reply = c.Submit(pb.SubmitRequest(source=_task(f"d{i}", ["date", "+%s%N"])))
+            reply = c.Submit(pb.SubmitRequest(source=task_doc(f"d{i}", ["date", "+%s%N"])))
             acked = time.time_ns()
             tid = reply.tasks[0].id
-            _wait_states(c, [tid], {"Succeeded", "Failed"}, 30)
+            wait_states(c, [tid], {"Succeeded", "Failed"}, 30)
             chunks = c.Logs(pb.LogsRequest(id=tid, stream=pb.LOG_STREAM_STDOUT))
             first = int(b"".join(ch.data for ch in chunks).decode().strip())
             lat.append((first - acked) / 1000)
     return {
         "samples": samples,
         "p50_us": round(statistics.median(lat), 1),
-        "p99_us": round(_pct(lat, 0.99), 1),
+        "p99_us": round(percentile(lat, 0.99), 1),
     }
 
 
@@ -226,10 +183,10 @@ def _load_case(agent, running: int, seconds: float) -> dict:
 
     with agent.client() as c:
         ids = [
-            c.Submit(pb.SubmitRequest(source=_task(f"l{i}", ["sleep", "3600"]))).tasks[0].id
+            c.Submit(pb.SubmitRequest(source=task_doc(f"l{i}", ["sleep", "3600"]))).tasks[0].id
             for i in range(running)
         ]
-        _wait_states(c, ids, {"Running"}, 300)
+        wait_states(c, ids, {"Running"}, 300)
         out = {"running": running, **_sample(agent.proc.pid, seconds)}
         for tid in ids:
             c.Cancel(pb.CancelRequest(id=tid))
@@ -301,7 +258,7 @@ def multidoc_case(agent, docs: int, command: list[str], settle_s: float = 1800.0
     from ..daemon.store.states import TERMINAL, TaskState
 
     live = [s.value for s in TaskState if s not in TERMINAL]
-    source = "---\n".join(_task(f"m{i}", command) for i in range(docs))
+    source = "---\n".join(task_doc(f"m{i}", command) for i in range(docs))
     before = state_bytes(agent.state)
     silent, looked = 0, 0.0
     with agent.client(timeout=300) as c:
@@ -358,12 +315,20 @@ def targets_met(out: dict) -> dict[str, bool]:
         met["multidoc_state_bytes"] = multidoc_within(case)
         met["multidoc_every_pending_has_a_reason"] = case["silent_pending_max"] == 0
         met["ps_ms"] = case["ps_ms"] < TARGETS["ps_ms"]
+    if "burst" in cases:
+        met |= burst_met(cases["burst"], out["ratios"])
     return met
 
 
 @click.command("agent")
 @click.option("--tasks", default=400, show_default=True, help="Submissions in the submit case.")
-@click.option("--clients", default=4, show_default=True, help="Client threads submitting.")
+@click.option(
+    "--clients",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Client threads submitting (and systemd-run's runs at once in the burst case).",
+)
 @click.option("--start-samples", default=50, show_default=True, help="Tasks timed one by one.")
 @click.option("--running", default=200, show_default=True, help="Workloads in the load case.")
 @click.option(
@@ -388,6 +353,13 @@ def targets_met(out: dict) -> dict[str, bool]:
     help="Task documents in the multidoc case's one file.",
 )
 @click.option(
+    "--burst",
+    default=1_000,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Tasks of `true` in each part of the burst case (and runs of its floors).",
+)
+@click.option(
     "--only",
     multiple=True,
     type=click.Choice(CASES),
@@ -395,7 +367,16 @@ def targets_met(out: dict) -> dict[str, bool]:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (what this bench prints anyway).")
 def bench_agent(
-    tasks, clients, start_samples, running, idle_seconds, settle_seconds, multidoc, only, as_json
+    tasks,
+    clients,
+    start_samples,
+    running,
+    idle_seconds,
+    settle_seconds,
+    multidoc,
+    burst,
+    only,
+    as_json,
 ):
     """The daemon through its API: submit throughput and latency, start latency, RSS and CPU
     idle and with N workloads running."""
@@ -435,6 +416,9 @@ def bench_agent(
         if "multidoc" in cases:
             progress(f"multidoc: one file of {multidoc} Task documents (true)")
             out["cases"]["multidoc"] = multidoc_case(agent, multidoc, ["true"])
+        if "burst" in cases:
+            out["cases"]["burst"] = burst_case(agent, burst, clients, progress)
+            out["ratios"] = burst_ratios(out["cases"]["burst"])
     except Exception as exc:
         click.echo(f"xhagent bench agent: {exc}\n{agent.tail()}", err=True)
         sys.exit(1)
