@@ -16,10 +16,11 @@ completes or rolls back each one from what the kernel shows (the leaf, its proce
 
 One agent per state dir: an exclusive flock on `STATE_DIR/lock` (the holder's pid inside),
 dropped by the kernel however the holder exits. Every method is one transaction; `atomic()`
-makes several one, and `commit_each()` several apart in one (a savepoint each: group commit). A file that is not ours, fails its quick check or comes from a newer
-xhagent is refused and left as it is. When the disk is full the transaction is rolled back
-and `StoreFull` raised: nothing committed before is lost and the next call works once there
-is space again.
+makes several one, and `commit_each()` several apart in one (a savepoint each: group
+commit). A file that is not ours, fails its quick check or comes from a newer xhagent is
+refused and left as it is. When the disk is full the transaction is rolled back and
+`StoreFull` raised: nothing committed before is lost and the next call works once there is
+space again.
 """
 
 from __future__ import annotations
