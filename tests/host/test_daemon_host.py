@@ -217,9 +217,13 @@ def test_on_failure_restarts_with_backoff_then_fails(agent, tmp_path):
     assert kinds.count("Running -> Pending") == 2
 
 
-def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, tmp_path):
+@pytest.mark.parametrize("submitters", [1, 4])
+def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(
+    agent, tmp_path, submitters
+):
     """200 submissions, the agent SIGKILLed 20 times meanwhile (workloads ending while it is
-    down); checked against the submitter's own record."""
+    down); checked against the submitters' own record. With 4 submitters at once their
+    submissions share commits (group commit), and a kill lands in a batch as well."""
     import random
     import threading
 
@@ -228,15 +232,14 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
 
     rng = random.Random(7)
     acked: dict[int, str] = {}  # submission -> task id, as the submitter was told
-    done = threading.Event()
 
     def source(i: int) -> str:
         script = f"sleep 0.{i % 3}; exit {i % 4}"
         return task_file(tmp_path, f"burst-{i}", ["sh", "-c", script]).read_text()
 
-    def submitter():
+    def submitter(first: int):
         client = None
-        for i in range(200):
+        for i in range(first, 200, submitters):
             while True:
                 try:
                     client = client or connect(agent.socket, timeout=5)
@@ -252,10 +255,10 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
                 except ApiError:  # the agent is down: retry with the same key
                     client = None
                     time.sleep(0.02)
-        done.set()
 
-    thread = threading.Thread(target=submitter)
-    thread.start()
+    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(submitters)]
+    for thread in threads:
+        thread.start()
     kills = 0
     while kills < 20:
         time.sleep(rng.uniform(0.05, 0.4))
@@ -263,8 +266,9 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(agent, 
         kills += 1
         time.sleep(rng.uniform(0.0, 0.3))  # workloads end while no agent runs
         agent.start()
-    thread.join(timeout=120)
-    assert done.is_set() and len(acked) == 200
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and len(acked) == 200
 
     deadline = time.monotonic() + 60
     while True:

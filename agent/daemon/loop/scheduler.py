@@ -44,6 +44,7 @@ from ..store import (
     TaskSummary,
     WaitReason,
 )
+from .commits import Commits
 from .diskfull import RETRY_S, DiskFull
 from .faults import Faults
 from .lifecycle import Lifecycle, restarts
@@ -102,6 +103,7 @@ class Scheduler:
             store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
         )
         self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
+        self.commits = Commits(store, "submissions")
         # The Pending tasks the last step looked at, parsed; the rest are read again when
         # their turn comes.
         self._window: dict[str, Task] = {}
@@ -121,26 +123,30 @@ class Scheduler:
         """Parse once and commit, each task with its own document; the loop places them.
         Not under the lock: the store serialises its writers, and a submission must not wait
         for a step that is starting tasks. `owner_of` says whose each task is and whom it
-        runs as; what it raises refuses the whole submission before anything is committed."""
+        runs as; what it raises refuses the whole submission before anything is queued.
+        Submissions arriving together are committed together (commits.py): each one all of
+        its tasks or none, acknowledged once its transaction is committed."""
         submitted = read_submission(source, file_name, self._classes())
         owners = [owner_of(sub.task) for sub in submitted]
         queued = [WaitReason(QUEUED, self.node.name, QUEUED_DETAIL)]
-        out = []
+
+        def commit() -> list[TaskRecord]:
+            return [
+                self.store.submit(
+                    name=sub.task.name,
+                    kind="Task",
+                    source=sub.document,
+                    source_file=file_name,
+                    summary=summary_of(0, sub.task),  # its source: its document alone
+                    idempotency_key=f"{key}#{i}" if key else None,
+                    reasons=queued,
+                    owner=owner,
+                )
+                for i, (sub, owner) in enumerate(zip(submitted, owners, strict=True))
+            ]
+
         try:
-            with self.store.atomic():  # all of a file's tasks, or none
-                for i, (sub, owner) in enumerate(zip(submitted, owners, strict=True)):
-                    out.append(
-                        self.store.submit(
-                            name=sub.task.name,
-                            kind="Task",
-                            source=sub.document,
-                            source_file=file_name,
-                            summary=summary_of(0, sub.task),  # its source: its document alone
-                            idempotency_key=f"{key}#{i}" if key else None,
-                            reasons=queued,
-                            owner=owner,
-                        )
-                    )
+            out = self.commits.run(commit, len(source))
         except StoreFull as exc:  # refused to the client; counted, and the loop looks for room
             self.disk.failed("write", str(exc))
             self.wakeups.wake()

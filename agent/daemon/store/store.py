@@ -16,10 +16,11 @@ completes or rolls back each one from what the kernel shows (the leaf, its proce
 
 One agent per state dir: an exclusive flock on `STATE_DIR/lock` (the holder's pid inside),
 dropped by the kernel however the holder exits. Every method is one transaction; `atomic()`
-makes several one. A file that is not ours, fails its quick check or comes from a newer
-xhagent is refused and left as it is. When the disk is full the transaction is rolled back
-and `StoreFull` raised: nothing committed before is lost and the next call works once there
-is space again.
+makes several one, and `commit_each()` several apart in one (a savepoint each: group
+commit). A file that is not ours, fails its quick check or comes from a newer xhagent is
+refused and left as it is. When the disk is full the transaction is rolled back and
+`StoreFull` raised: nothing committed before is lost and the next call works once there is
+space again.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import schema
 from .checks import (
@@ -77,6 +78,7 @@ from .records import (
 from .states import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
 
 log = logging.getLogger("xhagent")
+T = TypeVar("T")
 
 __all__ = [
     "ACTIONS",
@@ -119,6 +121,7 @@ class Store:
         self.on_commit: Callable[[list[tuple[Event, TaskRecord | None]]], None] | None = None
         self._written: list[tuple[Event, TaskRecord | None]] = []
         self._reported: set[str] = set()  # corrupt rows already logged (bounded)
+        self.commits = 0  # transactions committed since open (each one fsync of the WAL)
 
     @classmethod
     def open(
@@ -217,6 +220,7 @@ class Store:
                 if self._doomed:
                     raise StoreError(f"{self.path}: {what}: an error inside ended this update")
                 conn.execute("COMMIT")
+                self.commits += 1
                 self._tell(self._written)
             except BaseException as exc:
                 if conn.in_transaction:
@@ -229,6 +233,63 @@ class Store:
                 raise
             finally:
                 self._depth, self._doomed, self._written = 0, False, []
+
+    def commit_each(
+        self, works: Sequence[Callable[[], T]], what: str = "updating"
+    ) -> list[T | Exception]:
+        """Every `works[i]()` in one transaction (one commit, one fsync), each in a savepoint
+        of its own: what one raises is undone alone and is its result, the others' stand.
+        The results come back in order, each the work's value or the exception it raised.
+        When SQLite ends the whole transaction under a work (a full disk may), that work
+        fails and the others run again in a new one; when BEGIN or COMMIT fails, every work
+        not failed already fails with it: nothing of them is committed."""
+        out: list[Any] = [None] * len(works)
+        todo = list(range(len(works)))
+        with self._mutex:
+            if self._depth:  # its commit would be the caller's: the works' own is this one's
+                raise StoreError(f"{self.path}: {what}: commit_each inside atomic()")
+            while todo:
+                ended = None
+                try:
+                    with self._tx(what) as c:
+                        for n, i in enumerate(todo):
+                            out[i] = self._apart(c, works[i], what)
+                            if self._doomed:
+                                ended = n
+                                raise _Ended
+                    return out
+                except _Ended:
+                    del todo[ended]  # its own error stays its result; the rest run again
+                except Exception as exc:  # a StoreError of _tx: BEGIN or COMMIT failed
+                    for i in todo:
+                        if not isinstance(out[i], Exception):
+                            out[i] = exc
+                    return out
+        return out
+
+    def _apart(self, c: sqlite3.Connection, work: Callable[[], T], what: str) -> T | Exception:
+        """`work()` inside a savepoint; what it raised, undone, is its result. Leaves
+        `_doomed` set when the transaction itself could not be kept."""
+        mark = len(self._written)
+        c.execute("SAVEPOINT apart")
+        try:
+            value = work()
+            if self._doomed:  # it caught a statement's error and went on
+                raise StoreError(f"{self.path}: {what}: an error inside ended this update")
+        except Exception as exc:
+            try:
+                if c.in_transaction:
+                    c.execute("ROLLBACK TO apart")
+                    c.execute("RELEASE apart")
+                    del self._written[mark:]  # undone: no on_commit observer hears of it
+                    self._doomed = False
+                else:
+                    self._doomed = True
+            except sqlite3.Error:
+                self._doomed = True
+            return exc
+        c.execute("RELEASE apart")
+        return value
 
     def _tell(self, written: list) -> None:
         if written and self.on_commit is not None:
@@ -700,6 +761,10 @@ class Store:
         return c.execute(
             "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
         ).fetchone()[0]
+
+
+class _Ended(Exception):
+    """SQLite ended the transaction of a commit_each under one of its works."""
 
 
 def _uid(owner: Owner | None) -> int | None:
