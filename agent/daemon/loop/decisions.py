@@ -36,7 +36,6 @@ class StepDecisions:
         self._version: int | None = None  # the placement state the answers below hold for
         self._unfit: dict[Ask, tuple[WaitReason, ...]] = {}
         self._no_victims: set[Ask] = set()
-        self.decided = 0  # decide_demand and preempt_for calls made
 
     def place(self, ask: Ask, rec: TaskRecord, task: Task) -> Candidate | tuple[WaitReason, ...]:
         """Where `rec` goes now (its victims already stopped), or why it waits."""
@@ -47,7 +46,6 @@ class StepDecisions:
             self._version = cluster.version
         reasons = self._unfit.get(ask)
         if reasons is None:
-            self.decided += 1
             decision = decide_demand(rec.id, ask.demand, cluster)
             if decision.placed is not None:
                 return decision.placed
@@ -57,7 +55,6 @@ class StepDecisions:
             self._unfit[ask] = reasons
         if ask in self._no_victims:
             return reasons
-        self.decided += 1
         placed = preempt_for(self._lc, rec, task, ask.demand, self._policies)
         if placed is not None:
             return placed

@@ -50,7 +50,6 @@ class PendingWindow:
         self._seen: int | None = None  # the store's pending_moves it agrees with; None: none
         self._policies: Sequence | None = None
         self._shared: dict = {}
-        self.rows_read = 0  # Pending rows read from the store, for whoever measures
 
     def tasks(self, policies: Sequence, limit: int) -> list[Entry]:
         """The window in scheduling order, brought up to date with the store."""
@@ -68,7 +67,6 @@ class PendingWindow:
         room = limit - len(self._entries)
         if room > 0:
             page = self._store.list_tasks([TaskState.PENDING], after=self._after, limit=room)
-            self.rows_read += len(page)
             for rec in page:
                 self._after = rec.id
                 self._add(rec, policies, parsed.get(rec.id))

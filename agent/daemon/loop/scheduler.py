@@ -107,7 +107,6 @@ class Scheduler:
         # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
         # read when their turn comes.
         self._pending = PendingWindow(store, self.lifecycle.read_spec, self._fail_unreadable)
-        self.placement_decisions = 0  # of the last step (decisions.py), for whoever measures
         self._listeners: list[Callable[[], None]] = []
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
@@ -375,7 +374,6 @@ class Scheduler:
                 self.lifecycle.start(rec, task, placed)
             started += 1
         self._keep_pending(writes)
-        self.placement_decisions = decisions.decided
 
     def _shared_reasons(self, reasons: tuple[WaitReason, ...]) -> tuple[WaitReason, ...]:
         return self._pending.shared(reasons, lambda: reasons)
