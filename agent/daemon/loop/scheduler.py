@@ -27,7 +27,7 @@ from ... import heap
 from ...node_model import Node
 from ...policy.classes import CLASS_WEIGHTS
 from ...policy.explanation import Explanation, explain
-from ...policy.placement import Demand, decide_demand
+from ...policy.placement import Demand
 from ...policy.policy import choose
 from ...policy.task import Deadline, Task
 from ..exec.executor import Executor
@@ -45,12 +45,14 @@ from ..store import (
     WaitReason,
 )
 from .commits import Commits
+from .decisions import Ask, StepDecisions
 from .diskfull import RETRY_S, DiskFull
 from .faults import Faults
 from .lifecycle import Lifecycle, restarts
 from .migration import MigrationController
-from .preemption import preempt_for, thaw_frozen
-from .ranking import Standing, order_key, standing
+from .pending import Entry, PendingWindow
+from .preemption import thaw_frozen
+from .ranking import Standing, standing
 from .recovery import recover
 from .submission import InvalidTask, read_submission
 from .wakeups import Wakeups
@@ -104,9 +106,9 @@ class Scheduler:
         )
         self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
         self.commits = Commits(store, "submissions")
-        # The Pending tasks the last step looked at, parsed; the rest are read again when
-        # their turn comes.
-        self._window: dict[str, Task] = {}
+        # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
+        # read when their turn comes.
+        self._pending = PendingWindow(store, self.lifecycle.read_spec, self._fail_unreadable)
         self._listeners: list[Callable[[], None]] = []
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
@@ -224,8 +226,11 @@ class Scheduler:
                 rec = self.lifecycle.finish(rec, self.lifecycle.kill(rec), cancelled=True)
                 self.store.finish_intent(intent, "killed")
             else:
-                rec = self.store.transition(task_id, TaskState.CANCELLED, expect=TaskState.PENDING)
-                self._forget(task_id)
+                with self._pending.leaving(task_id):
+                    rec = self.store.transition(
+                        task_id, TaskState.CANCELLED, expect=TaskState.PENDING
+                    )
+                self.lifecycle.forget(task_id)
             self._changed()
             return rec
 
@@ -344,43 +349,52 @@ class Scheduler:
 
     # -- placement --------------------------------------------------------------------------------
     def _place_pending(self) -> None:
+        """Start what fits, in the order of standing, and keep every other task of the
+        window Pending with its reasons: each demand decided once while the placement state
+        stays as it is (decisions.py), the window kept from the last step (pending.py), the
+        reasons that changed written together, in one transaction."""
         now = self.clock()
         policies = self.policies()
-        pending = self.store.list_tasks([TaskState.PENDING], limit=MAX_PENDING_SCAN)
-        keyed, window = [], {}
-        for rec in pending:
-            try:
-                task = window[rec.id] = self._parsed(rec)
-            except InvalidTask as exc:  # a document this version no longer reads
-                self.store.transition(
-                    rec.id, TaskState.FAILED, expect=TaskState.PENDING, error=str(exc)
-                )
-                self._forget(rec.id)
-                continue
-            keyed.append((order_key(rec.id, task, rec.created_ns, policies), rec, task))
-        self._window = window
+        decisions = StepDecisions(self.lifecycle, policies, self._shared_reasons)
+        writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         started = 0
-        for _, rec, task in sorted(keyed, key=lambda k: k[0]):
+        for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
+            rec, task = entry.rec, entry.task
             if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
                 self.wakeups.at(now)
                 break
             if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
                 continue  # (busy: between a migration's stop and restart, its hook running)
-            why = enforcement_reason(task.enforce, self.executor.missing)
+            why = task.enforce and enforcement_reason(task.enforce, self.executor.missing)
             if why:
-                self._keep_pending(rec, [WaitReason("EnforcementUnavailable", self.node.name, why)])
+                unavailable = WaitReason("EnforcementUnavailable", self.node.name, why)
+                writes.append((entry, self._shared_reasons((unavailable,))))
                 continue
-            demand = Demand.of(task, choose(policies, task.label_map))
-            if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
-                demand = replace(demand, cpus=0)
-            decision = decide_demand(rec.id, demand, self.lifecycle.cluster)
-            placed = decision.placed or preempt_for(self.lifecycle, rec, task, demand, policies)
-            if placed is None:
-                reasons = [WaitReason(r.kind, r.node, str(r)) for r in decision.reasons]
-                self._keep_pending(rec, reasons)
-            else:
+            ask = entry.derived or self._ask(entry, policies)
+            placed = decisions.place(ask, rec, task)
+            if isinstance(placed, tuple):
+                if placed is not entry.said:  # (the same object: known to be what it has)
+                    writes.append((entry, placed))
+                continue
+            with self._pending.leaving(rec.id):
                 self.lifecycle.start(rec, task, placed)
-                started += 1
+            started += 1
+        self._keep_pending(writes)
+
+    def _shared_reasons(self, reasons: tuple[WaitReason, ...]) -> tuple[WaitReason, ...]:
+        return self._pending.shared(reasons, lambda: reasons)
+
+    def _ask(self, entry: Entry, policies) -> Ask:
+        """What the entry's task asks of placement under `policies`, shared with the
+        entries that ask the same."""
+        task = entry.task
+        match = choose(policies, task.label_map)
+        demand = Demand.of(task, match)
+        if task.requests.cpus is None:  # shared: runs on the CPUs nobody holds alone
+            demand = replace(demand, cpus=0)
+        rule = match.policy.preemption if match.policy else "lower-priority"
+        entry.derived = self._pending.shared((demand, rule), lambda: Ask(demand, rule))
+        return entry.derived
 
     def _backoff_over(self, task: Task, rec: TaskRecord, now: int) -> bool:
         if rec.attempt == 0 or rec.ended_ns is None:
@@ -391,20 +405,40 @@ class Scheduler:
             return False
         return True
 
-    def _keep_pending(self, rec: TaskRecord, reasons: list[WaitReason]) -> None:
-        if list(rec.reasons) != reasons:
-            self.store.transition(
-                rec.id, TaskState.PENDING, expect=TaskState.PENDING, reasons=reasons
-            )
+    def _keep_pending(self, writes: list[tuple[Entry, tuple[WaitReason, ...]]]) -> None:
+        """The reasons that changed, in one transaction; the window holds what it commits."""
+        changed = []
+        for entry, reasons in writes:
+            if entry.rec.reasons == reasons:
+                entry.said = reasons
+            else:
+                changed.append((entry, reasons))
+        if not changed:
+            return
+        kept = []
+        try:
+            with self.store.atomic():
+                for entry, reasons in changed:
+                    rec = self.store.transition(
+                        entry.rec.id, TaskState.PENDING, expect=TaskState.PENDING, reasons=reasons
+                    )
+                    kept.append((entry, rec, reasons))
+        except BaseException:
+            self._pending.invalidate()  # what it holds may be what was rolled back
+            raise
+        for entry, rec, reasons in kept:
+            self._pending.updated(entry, rec, reasons)
 
     def _parsed(self, rec: TaskRecord) -> Task:
-        """The task's spec: kept while it holds a placement or was in the last step's
-        window, else read again from its document."""
-        return self._window.get(rec.id) or self.lifecycle.read_spec(rec)
+        """The task's spec: kept while it holds a placement or is in the Pending window,
+        else read again from its document."""
+        entry = self._pending.get(rec.id)
+        return entry.task if entry is not None else self.lifecycle.read_spec(rec)
 
-    def _forget(self, task_id: str) -> None:
-        self._window.pop(task_id, None)
-        self.lifecycle.forget(task_id)
+    def _fail_unreadable(self, rec: TaskRecord, exc: InvalidTask) -> None:
+        """A Pending task whose document this version no longer reads."""
+        self.store.transition(rec.id, TaskState.FAILED, expect=TaskState.PENDING, error=str(exc))
+        self.lifecycle.forget(rec.id)
 
 
 def summary_of(document: int, task: Task) -> TaskSummary:

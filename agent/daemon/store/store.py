@@ -122,6 +122,7 @@ class Store:
         self._written: list[tuple[Event, TaskRecord | None]] = []
         self._reported: set[str] = set()  # corrupt rows already logged (bounded)
         self.commits = 0  # transactions committed since open (each one fsync of the WAL)
+        self._pending_moves = 0
 
     @classmethod
     def open(
@@ -182,6 +183,14 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def pending_moves(self) -> int:
+        """A count that moves with every transition into or out of Pending (not with a
+        submission, which adds a row after the others): whoever keeps Pending tasks in
+        memory knows by it whether the set changed behind it. It may move for a transition
+        that was rolled back: only ever a change too many."""
+        return self._pending_moves
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -578,6 +587,8 @@ class Store:
                     want = " or ".join(sorted(s.value for s in allowed))
                     raise Conflict(f"task {task_id} is {old}, expected {want}")
             check_transition(old, to, task_id)
+            if (old is TaskState.PENDING) != (to is TaskState.PENDING):
+                self._pending_moves += 1
             now = self._clock()
             if to is TaskState.PENDING:
                 values.setdefault("placement", None)
