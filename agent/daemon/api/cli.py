@@ -17,7 +17,7 @@ import time
 import click
 
 from ...cliparams import InputFile, Text, shown_path
-from .request_checks import INT64_MAX, MAX_ID, MAX_NAME
+from .limits import INT64_MAX, MAX_ID, MAX_NAME
 
 TASK_ID = Text(MAX_ID, printable=True, required=True)
 
@@ -38,7 +38,7 @@ def socket_option(fn):
 
 
 def _client(socket_path: str | None):
-    from .transport import ApiError, connect, resolve_socket
+    from .client import ApiError, connect, resolve_socket
 
     try:
         return connect(resolve_socket(socket_path))
@@ -47,7 +47,7 @@ def _client(socket_path: str | None):
 
 
 def _call(fn, *args, **kw):
-    from .transport import ApiError
+    from .client import ApiError
 
     try:
         return fn(*args, **kw)
@@ -84,7 +84,7 @@ def submit_key(key: str, file_name: str) -> str:
 def submit_with_retry(client, request, sleep=time.sleep):
     """`client.Submit(request)`, tried again while no reply came (up to SUBMIT_TRIES in
     all); `request` carries its idempotency key, the same each time."""
-    from .transport import ApiError
+    from .client import ApiError
 
     for attempt in range(SUBMIT_TRIES - 1):
         try:
@@ -254,7 +254,7 @@ def logs(task_id, follow, stream, socket_path) -> None:
     }[stream]
     client = _client(socket_path)
     chunks = _call(client.Logs, pb.LogsRequest(id=task_id, stream=which, follow=follow))
-    from .transport import ApiError
+    from .client import ApiError
 
     try:
         for chunk in chunks:
@@ -285,7 +285,7 @@ def logs(task_id, follow, stream, socket_path) -> None:
 @socket_option
 def events(follow, task_id, since, as_json, socket_path) -> None:
     """The agent's event stream: submissions, transitions, policy changes."""
-    from .transport import ApiError
+    from .client import ApiError
 
     pb = _pb()
     client = _client(socket_path)
