@@ -10,7 +10,6 @@ FILE:LINE:COL errors).
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import time
 
@@ -78,6 +77,8 @@ NO_REPLY = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 def submit_key(key: str, file_name: str) -> str:
     """The idempotency key of one file's Submit: `--key`'s, else a fresh random one."""
+    import secrets  # hashlib, random: only submit pays for them
+
     return f"{key}:{file_name}" if key else f"submit-{secrets.token_hex(16)}"
 
 
@@ -193,13 +194,17 @@ def ps(all_, limit, page_token, as_json, socket_path) -> None:
         shown = f"{len(tasks)} older" if page_token else f"the newest {len(tasks)}"
         more = f"; --page-token {reply.next_page_token} for more" if reply.next_page_token else ""
         click.echo(f"showing {shown} of {reply.total} tasks{more}", err=True)
-    click.echo(f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE")
-    for t in tasks:
-        note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")
-        if t.unenforced and not note:
-            note = "not enforced: " + ", ".join(u.limit.split("=")[0] for u in t.unenforced)
-        cpus = ",".join(map(str, t.cpus)) or "-"
-        click.echo(f"{t.id:<10} {t.name[:24]:<24} {t.state:<10} {cpus[:10]:<10} {note}")
+    # one write for the table: a page is a thousand rows, and click.echo flushes each call
+    header = f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE"
+    click.echo("\n".join([header, *map(_row, tasks)]))
+
+
+def _row(t) -> str:
+    note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")
+    if t.unenforced and not note:
+        note = "not enforced: " + ", ".join(u.limit.split("=")[0] for u in t.unenforced)
+    cpus = ",".join(map(str, t.cpus)) or "-"
+    return f"{t.id:<10} {t.name[:24]:<24} {t.state:<10} {cpus[:10]:<10} {note}"
 
 
 @click.command()
