@@ -16,7 +16,9 @@ reports, as JSON:
 - `cases.multidoc`: one Submit of `--multidoc` Task documents (`true`): the source's size,
   the state dir's before and after (bytes per task beyond the source), the time from the
   Submit to every task ended, the Pending tasks seen without a reason (none may be), and
-  `xhagent ps` (the CLI, a process each time) and its List call alone while they run;
+  `xhagent ps` (the CLI, a process each time), its List call alone and the machine's
+  floor under any client (the interpreter, and it importing click, grpc and the generated
+  modules) while they run;
 - `targets_met`: start p99 < 50 ms, idle RSS <= 60 MB, idle CPU <= 0.5%; multidoc: state
   growth <= 2x the source + 4 KiB a task (the database) and + 24 KiB a task (the whole
   state dir, run dirs too), no Pending task without a reason, ps < 200 ms;
@@ -222,10 +224,17 @@ def census(client) -> dict[str, int]:
             return counts
 
 
+# What any client process pays before its first line of its own: the interpreter, and it
+# importing what a client cannot do without (ps's import floor).
+CLIENT_IMPORTS = "import click, grpc; from xhagent.daemon.api.v1 import agent_pb2, agent_pb2_grpc"
+
+
 def _ps_ms(agent, runs: int = 5) -> dict:
     """`xhagent ps` as a user runs it (a process: interpreter, imports, connect, List,
     print); beside it its floor, the same command where no agent listens (all of it but the
-    call and the printing), and the List call alone on an open channel; medians in ms."""
+    call and the printing), the List call alone on an open channel, and what the machine
+    takes of any client: the interpreter alone (`python_ms`) and it importing click, grpc
+    and the generated modules (`import_floor_ms`); medians in ms, and each figure's runs."""
     import subprocess
 
     from ..daemon.api.v1 import agent_pb2 as pb
@@ -233,7 +242,13 @@ def _ps_ms(agent, runs: int = 5) -> dict:
     script = Path(sys.executable).with_name("xhagent")  # the command a user types
     cli = [str(script)] if script.exists() else [sys.executable, "-m", "xhagent.cli"]
     nobody = str(agent.base / "no-agent.sock")
-    times: dict[str, list[float]] = {"ps_ms": [], "ps_floor_ms": [], "list_ms": []}
+    commands = {
+        "ps_ms": [*cli, "ps", "--socket", str(agent.socket)],
+        "ps_floor_ms": [*cli, "ps", "--socket", nobody],
+        "import_floor_ms": [sys.executable, "-c", CLIENT_IMPORTS],
+        "python_ms": [sys.executable, "-c", "pass"],
+    }
+    times: dict[str, list[float]] = {k: [] for k in (*commands, "list_ms")}
 
     def timed(key: str, fn) -> None:
         t0 = time.perf_counter()
@@ -241,12 +256,12 @@ def _ps_ms(agent, runs: int = 5) -> dict:
         times[key].append((time.perf_counter() - t0) * 1000)
 
     with agent.client() as c:
-        for _ in range(runs):
-            for key, sock in (("ps_ms", str(agent.socket)), ("ps_floor_ms", nobody)):
-                argv = [*cli, "ps", "--socket", sock]
+        for _ in range(runs):  # interleaved, so that each figure sees the same machine
+            for key, argv in commands.items():
                 timed(key, lambda a=argv: subprocess.run(a, capture_output=True, timeout=60))
             timed("list_ms", lambda: c.List(pb.ListRequest(limit=1000)))
-    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+    out = {k: round(statistics.median(v), 1) for k, v in times.items()}
+    return out | {"ps_runs_ms": {k: [round(x, 1) for x in v] for k, v in times.items()}}
 
 
 def multidoc_case(agent, docs: int, command: list[str], settle_s: float = 1800.0) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..cgroups import Cgroup, CgroupError
 from ..cgroups.mounts import discover_hierarchy
-from ..daemon.api.transport import ApiError, connect
+from ..daemon.api.client import ApiError, connect
 
 
 class LocalAgent:

@@ -87,7 +87,7 @@ def _state(agent, client, calls: int) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (what this bench prints anyway).")
 def bench_streams(streams, calls, settle_seconds, as_json):
     """Unary latency and the agent's memory with N idle following streams, and after."""
-    from ..daemon.api.transport import connect
+    from ..daemon.api.client import connect
     from ..daemon.api.v1 import agent_pb2 as pb
     from .local_agent import LocalAgent
 

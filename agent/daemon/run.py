@@ -115,7 +115,8 @@ def run(
     from ..inventory import build_model, discover_node
     from ..metrics.exporter import parse_addr
     from .api.access import DEFAULT_ADMIN_GROUP
-    from .api.transport import BindError, resolve_socket
+    from .api.client import resolve_socket
+    from .api.transport import BindError
     from .daemon import DEFAULT_LOG_CAP, DEFAULT_POLICIES, Daemon, Settings, default_state_dir
     from .notify import notify_ready, notify_stopping
     from .store import StoreError

@@ -24,7 +24,7 @@ NOBODY = 65534
 CLIENT = """
 import site, sys
 site.addsitedir(sys.argv[2])  # this venv's packages alone (python -S): none of the system's
-from xhagent.daemon.api.transport import ApiError, connect
+from xhagent.daemon.api.client import ApiError, connect
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 try:
     with connect(sys.argv[1]) as client:

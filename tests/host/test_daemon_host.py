@@ -227,7 +227,7 @@ def test_kill_9_at_random_points_of_a_burst_loses_and_duplicates_nothing(
     import random
     import threading
 
-    from xhagent.daemon.api.transport import ApiError, connect
+    from xhagent.daemon.api.client import ApiError, connect
     from xhagent.daemon.api.v1 import agent_pb2 as pb
 
     rng = random.Random(7)

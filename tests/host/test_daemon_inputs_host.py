@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_host import Agent, task_file
 
-from xhagent.daemon.api.transport import ApiError
+from xhagent.daemon.api.client import ApiError
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host

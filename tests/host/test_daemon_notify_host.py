@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from xhagent.bench.local_agent import LocalAgent
-from xhagent.daemon.api.transport import connect
+from xhagent.daemon.api.client import connect
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from xhagent.bench.local_agent import LocalAgent
 from xhagent.cgroups.mounts import discover_hierarchy
-from xhagent.daemon.api.transport import connect
+from xhagent.daemon.api.client import connect
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host

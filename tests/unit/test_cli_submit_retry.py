@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from xhagent.daemon.api import cli
-from xhagent.daemon.api.transport import ApiError
+from xhagent.daemon.api.client import ApiError
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 

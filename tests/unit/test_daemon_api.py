@@ -11,12 +11,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
 
 from xhagent.daemon.api import transport as api
-from xhagent.daemon.api.transport import AgentUnavailable, ApiError, BindError, bind, connect
+from xhagent.daemon.api.client import AgentUnavailable, ApiError, connect, resolve_socket
+from xhagent.daemon.api.transport import BindError, bind
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 from xhagent.daemon.api.v1 import agent_pb2_grpc as pb_grpc
 
@@ -77,10 +79,10 @@ def served(sock):
 
 def test_resolve_socket_option_then_env_then_default(monkeypatch):
     monkeypatch.delenv("XHAGENT_SOCKET", raising=False)
-    assert api.resolve_socket(None) == api.Path("/run/xhagent/xhagent.sock")
+    assert resolve_socket(None) == Path("/run/xhagent/xhagent.sock")
     monkeypatch.setenv("XHAGENT_SOCKET", "/tmp/env.sock")
-    assert api.resolve_socket(None) == api.Path("/tmp/env.sock")
-    assert api.resolve_socket("/tmp/opt.sock") == api.Path("/tmp/opt.sock")
+    assert resolve_socket(None) == Path("/tmp/env.sock")
+    assert resolve_socket("/tmp/opt.sock") == Path("/tmp/opt.sock")
 
 
 def test_round_trip_over_the_socket(sock, served):
@@ -278,7 +280,8 @@ def test_message_limits_admit_a_4_mib_document(sock, served):
 
 FORKING_AGENT = """
 import os, sys
-from xhagent.daemon.api.transport import bind, connect
+from xhagent.daemon.api.client import connect
+from xhagent.daemon.api.transport import bind
 from xhagent.daemon.api.v1 import agent_pb2 as pb, agent_pb2_grpc as pb_grpc
 class Servicer(pb_grpc.AgentServicer):
     def Health(self, request, context):
@@ -401,7 +404,7 @@ def test_a_refused_stream_is_its_status_not_a_hang(tmp_path):
     sock = tmp_path / "run" / "xhagent.sock"
     server = bind(Refusing(), sock, group=NO_GROUP)
     try:
-        with connect(sock) as client, pytest.raises(api.ApiError) as err:
+        with connect(sock) as client, pytest.raises(ApiError) as err:
             list(client.Watch(pb.WatchRequest()))
         assert err.value.code == "RESOURCE_EXHAUSTED" and "most a caller may" in str(err.value)
     finally:

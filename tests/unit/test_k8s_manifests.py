@@ -10,7 +10,7 @@ import yaml
 from kube import deserialize, load, load_manifest
 from test_crd import validator
 
-from xhagent.daemon.api.transport import DEFAULT_SOCKET
+from xhagent.daemon.api.client import DEFAULT_SOCKET
 from xhagent.daemon.daemon import DEFAULT_POLICIES
 from xhagent.policy.documents import load_any
 

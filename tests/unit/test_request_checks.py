@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from xhagent.daemon.api import request_checks
+from xhagent.daemon.api.client import ApiError, connect
 from xhagent.daemon.api.service import AgentService
-from xhagent.daemon.api.transport import ApiError, bind, connect, unary
+from xhagent.daemon.api.transport import bind, unary
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 from xhagent.daemon.loop.faults import Faults
 

@@ -10,14 +10,13 @@ FILE:LINE:COL errors).
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import time
 
 import click
 
 from ...cliparams import InputFile, Text, shown_path
-from .request_checks import INT64_MAX, MAX_ID, MAX_NAME
+from .limits import INT64_MAX, MAX_ID, MAX_NAME
 
 TASK_ID = Text(MAX_ID, printable=True, required=True)
 
@@ -38,7 +37,7 @@ def socket_option(fn):
 
 
 def _client(socket_path: str | None):
-    from .transport import ApiError, connect, resolve_socket
+    from .client import ApiError, connect, resolve_socket
 
     try:
         return connect(resolve_socket(socket_path))
@@ -47,7 +46,7 @@ def _client(socket_path: str | None):
 
 
 def _call(fn, *args, **kw):
-    from .transport import ApiError
+    from .client import ApiError
 
     try:
         return fn(*args, **kw)
@@ -78,13 +77,15 @@ NO_REPLY = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 def submit_key(key: str, file_name: str) -> str:
     """The idempotency key of one file's Submit: `--key`'s, else a fresh random one."""
+    import secrets  # hashlib, random: only submit pays for them
+
     return f"{key}:{file_name}" if key else f"submit-{secrets.token_hex(16)}"
 
 
 def submit_with_retry(client, request, sleep=time.sleep):
     """`client.Submit(request)`, tried again while no reply came (up to SUBMIT_TRIES in
     all); `request` carries its idempotency key, the same each time."""
-    from .transport import ApiError
+    from .client import ApiError
 
     for attempt in range(SUBMIT_TRIES - 1):
         try:
@@ -193,13 +194,17 @@ def ps(all_, limit, page_token, as_json, socket_path) -> None:
         shown = f"{len(tasks)} older" if page_token else f"the newest {len(tasks)}"
         more = f"; --page-token {reply.next_page_token} for more" if reply.next_page_token else ""
         click.echo(f"showing {shown} of {reply.total} tasks{more}", err=True)
-    click.echo(f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE")
-    for t in tasks:
-        note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")
-        if t.unenforced and not note:
-            note = "not enforced: " + ", ".join(u.limit.split("=")[0] for u in t.unenforced)
-        cpus = ",".join(map(str, t.cpus)) or "-"
-        click.echo(f"{t.id:<10} {t.name[:24]:<24} {t.state:<10} {cpus[:10]:<10} {note}")
+    # one write for the table: a page is a thousand rows, and click.echo flushes each call
+    header = f"{'ID':<10} {'NAME':<24} {'STATE':<10} {'CPUS':<10} NOTE"
+    click.echo("\n".join([header, *map(_row, tasks)]))
+
+
+def _row(t) -> str:
+    note = "; ".join(r.detail for r in t.reasons) or _outcome(t).strip(" ()")
+    if t.unenforced and not note:
+        note = "not enforced: " + ", ".join(u.limit.split("=")[0] for u in t.unenforced)
+    cpus = ",".join(map(str, t.cpus)) or "-"
+    return f"{t.id:<10} {t.name[:24]:<24} {t.state:<10} {cpus[:10]:<10} {note}"
 
 
 @click.command()
@@ -254,7 +259,7 @@ def logs(task_id, follow, stream, socket_path) -> None:
     }[stream]
     client = _client(socket_path)
     chunks = _call(client.Logs, pb.LogsRequest(id=task_id, stream=which, follow=follow))
-    from .transport import ApiError
+    from .client import ApiError
 
     try:
         for chunk in chunks:
@@ -285,7 +290,7 @@ def logs(task_id, follow, stream, socket_path) -> None:
 @socket_option
 def events(follow, task_id, since, as_json, socket_path) -> None:
     """The agent's event stream: submissions, transitions, policy changes."""
-    from .transport import ApiError
+    from .client import ApiError
 
     pb = _pb()
     client = _client(socket_path)

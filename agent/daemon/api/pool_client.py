@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ...runtime.clients import PoolClient
-from .transport import connect, resolve_socket
+from .client import connect, resolve_socket
 from .v1 import agent_pb2 as pb
 
 

@@ -14,15 +14,10 @@ from collections.abc import Callable, Sequence
 
 from ...spec import MAX_BYTES
 from ..store import TaskState
+from .limits import INT64_MAX, MAX_ID, MAX_NAME, MAX_OFFSET, MAX_TEXT
 from .transport import InvalidArgument
 from .v1 import agent_pb2 as pb
 
-INT64_MAX = 2**63 - 1  # SQLite's INTEGER: event sequence numbers live there
-# pread(2) refuses an offset whose offset + count passes off_t's end: far beyond any log.
-MAX_OFFSET = 2**62
-MAX_ID = 64  # task ids are 7 characters today; room for them to grow, none for nonsense
-MAX_NAME = 253  # policy names and idempotency keys, as the store keeps them
-MAX_TEXT = 4096  # file names and reasons: display text
 STATES = tuple(s.value for s in TaskState)
 POLICY_KINDS = ("SchedulingPolicy", "CgroupPolicy")
 
@@ -119,4 +114,4 @@ def check(request) -> None:
         raise InvalidArgument("\n".join(found))
 
 
-__all__ = ["FIELDS", "INT64_MAX", "MAX_ID", "MAX_NAME", "MAX_OFFSET", "check", "problems"]
+__all__ = ["FIELDS", "check", "problems"]

@@ -1,5 +1,5 @@
-"""The agent's gRPC surface on a unix socket: where the socket is, serving the `Agent`
-service there (`bind`), and the client the CLI uses (`connect`).
+"""The server side of the agent's gRPC surface on a unix socket: serving the `Agent`
+service there (`bind`); the client the CLI uses (`connect`) is client.py's.
 
 The contract is `v1/agent.proto` (package `xhagent.v1`). This module is plumbing only:
 what each RPC does is the daemon's servicer, whose methods (`@unary`) raise
@@ -12,9 +12,6 @@ grpc's UNKNOWN "Unexpected <class ...>".
 
     server = bind(servicer, resolve_socket(socket_option))    # the daemon
     server.stop(grace=5)
-
-    with connect(resolve_socket(socket_option)) as agent:      # a CLI command
-        print(agent.Health(HealthRequest()).status)            # ApiError: print, exit_code
 """
 
 from __future__ import annotations
@@ -28,25 +25,16 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-# The daemon forks (task starts, helpers) while grpc's threads run; grpc's fork handlers
-# cannot help a server then, and log a line for every fork. Read once, when grpc loads.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+import grpc
+from google.protobuf.message import DecodeError
 
-import grpc  # noqa: E402
-from google.protobuf.message import DecodeError  # noqa: E402
-
-from ...errors import errno_reason  # noqa: E402
-from .peers import PeerRelay, private_address  # noqa: E402
-from .v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from .client import MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
+from .peers import PeerRelay, private_address
+from .v1 import agent_pb2, agent_pb2_grpc
 
 __all__ = [
-    "DEFAULT_SOCKET",
-    "AgentClient",
-    "AgentUnavailable",
-    "ApiError",
     "BindError",
     "DataLoss",
     "Server",
@@ -59,55 +47,18 @@ __all__ = [
     "ResourceExhausted",
     "Unauthenticated",
     "bind",
-    "connect",
     "internal_error",
-    "resolve_socket",
     "unary",
 ]
 
-DEFAULT_SOCKET = "/run/xhagent/xhagent.sock"
-SOCKET_ENV = "XHAGENT_SOCKET"
-# A request carries YAML of at most 4 MiB (the project's input bound) plus a few fields: the
-# transport's limit sits just above the bound, so that a document at the bound still fits
-# with the rest of its request; the bound itself is the input readers' and the servicer's.
-MAX_REQUEST_BYTES = 4 * 2**20 + 64 * 2**10
-# Responses are the agent's own (task lists, inventory JSON) and may be larger.
-MAX_RESPONSE_BYTES = 64 * 2**20
 # Details travel in a header that grpc refuses past 16 KiB, percent-encoding non-ASCII bytes
 # (x3): 4 KiB of UTF-8 always fits, and holds the first 20 error lines of a file as a rule.
 MAX_DETAILS_BYTES = 4096
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
 
 
-class ApiError(Exception):
-    """A failed RPC: `code` is the status code's name (`INVALID_ARGUMENT`), str() the
-    server's details as a user reads them."""
-
-    def __init__(self, code: str, details: str):
-        super().__init__(details or code)
-        self.code = code
-        self.details = details
-
-    @property
-    def exit_code(self) -> int:
-        # docs/cli.md: 2 for bad input, 1 for what the node refused or could not do.
-        return 2 if self.code == "INVALID_ARGUMENT" else 1
-
-
-class AgentUnavailable(ApiError):
-    """No agent answers at the socket, or this user may not reach it."""
-
-    def __init__(self, message: str):
-        super().__init__("UNAVAILABLE", message)
-
-
 class BindError(Exception):
     """The socket cannot be served: another agent has it, or the path is unsafe."""
-
-
-def resolve_socket(cli_value: str | None) -> Path:
-    """`--socket PATH`, else $XHAGENT_SOCKET, else /run/xhagent/xhagent.sock."""
-    return Path(cli_value or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
 
 
 def bind(
@@ -312,98 +263,6 @@ def _clear_stale(path: Path) -> None:
         creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid = struct.unpack("3i", creds)[0]
     raise BindError(f"another agent serves at {path}" + (f" (pid {pid})" if pid else ""))
-
-
-def connect(path: Path, *, timeout: float | None = 30.0) -> AgentClient:
-    """A client of the agent at `path`; AgentUnavailable at once when none answers there or
-    this user may not reach it. `timeout` bounds each unary call (streams are unbounded)."""
-    path = Path(path)
-    if (err := _unreachable(path)) is not None:
-        raise err
-    return AgentClient(path, timeout=timeout)
-
-
-def _unreachable(path: Path) -> AgentUnavailable | None:
-    """Why no agent answers at `path`, by the errno of a plain connect; None when one does.
-    grpc's own UNAVAILABLE text names no errno a user can act on."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(5)
-        try:
-            probe.connect(os.fsencode(path))
-        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
-            return AgentUnavailable(f"no agent at {path}: start it with `xhagent run`")
-        except PermissionError:
-            return AgentUnavailable(
-                f"{path}: permission denied: run as root or as a member of group xhagent"
-            )
-        except TimeoutError:
-            return AgentUnavailable(f"the agent at {path} does not answer")
-        except OSError as exc:
-            return AgentUnavailable(errno_reason(exc, str(path)))
-    return None
-
-
-class AgentClient:
-    """The `Agent` service's RPCs under their proto names, `client.Health(HealthRequest())`.
-
-    A failure raises ApiError (AgentUnavailable when the agent is gone); a server stream is
-    an iterator, and dropping it (or close()) cancels the call.
-    """
-
-    def __init__(self, path: Path, *, timeout: float | None = 30.0):
-        self.path = Path(path)
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(
-            f"unix:{self.path}",
-            options=[
-                ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
-                ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
-            ],
-        )
-        self._stub = agent_pb2_grpc.AgentStub(self._channel)
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        method = getattr(self._stub, name)
-        if isinstance(method, grpc.UnaryStreamMultiCallable):
-            return lambda request, **kw: self._stream(method, request, **kw)
-        return lambda request, **kw: self._unary(method, request, **kw)
-
-    def _unary(self, method, request, **kw):
-        kw.setdefault("timeout", self.timeout)
-        try:
-            return method(request, **kw)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
-    def _stream(self, method, request, **kw) -> Iterator:
-        call = method(request, **kw)  # started now, not at the first next()
-
-        def items():
-            try:
-                yield from call
-            except grpc.RpcError as exc:
-                raise self._error(exc) from None
-            finally:
-                call.cancel()  # a stream the caller stopped reading ends on the server too
-
-        return items()
-
-    def _error(self, exc: grpc.RpcError) -> ApiError:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE and (gone := _unreachable(self.path)):
-            return gone
-        return ApiError(code.name, details)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> AgentClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _fit(message: str) -> str:

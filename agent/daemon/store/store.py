@@ -491,11 +491,18 @@ class Store:
             args += states
         limit = max(1, min(limit, MAX_TASKS_PAGE))
         out, size, fetched = [], 0, 0
+        order = "DESC" if newest_first else "ASC"
+        # The page's rows are chosen on an index alone (seq is in every index), and only
+        # they are read whole: states in any order would have SQLite sort every matching
+        # row, documents included, to keep the first `limit`.
+        chosen = (
+            f"SELECT seq FROM tasks {'WHERE ' + ' AND '.join(where) if where else ''} "
+            f"ORDER BY seq {order} LIMIT ?"
+        )
         with self._read() as c:
             for row in c.execute(
-                f"SELECT {TaskRecord.COLUMNS} FROM tasks "
-                f"{'WHERE ' + ' AND '.join(where) if where else ''} "
-                f"ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?",
+                f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE seq IN ({chosen}) "
+                f"ORDER BY seq {order}",
                 (*args, limit + 1),
             ):
                 fetched += 1
