@@ -149,3 +149,25 @@ def test_a_batch_whose_intents_cannot_be_committed_starts_none_and_holds_nothing
     assert loop.state(ids[0]) == TaskState.PENDING  # rolled back with the other
     assert loop.store.open_intents() == []
     assert list(lc.cluster.placed()) == [] and loop.executor.runs == {}
+
+
+def test_an_end_during_a_batch_is_committed_when_the_batch_is_done(loop):
+    ids = loop.submit(task("a"), task("b"))
+    lc = loop.scheduler.lifecycle
+    items = [(rec, lc.read_spec(rec), candidate()) for rec in map(loop.store.get, ids)]
+    launch = loop.executor.launch
+
+    def launched(task_id, *args, **kw):  # the first workload ends as the second is spawned
+        got = launch(task_id, *args, **kw)
+        if task_id == ids[1]:
+            loop.executor.exit(ids[0], 0)
+        return got
+
+    loop.executor.launch = launched
+    recs = lc.start_many(items)
+    assert [r.state for r in recs] == [TaskState.RUNNING] * 2  # as the starts left them
+    assert loop.state(ids[0]) == TaskState.SUCCEEDED  # its end already committed
+    assert loop.state(ids[1]) == TaskState.RUNNING
+    assert transition_seq(loop, ids[0], TaskState.RUNNING) < transition_seq(
+        loop, ids[0], TaskState.SUCCEEDED
+    )

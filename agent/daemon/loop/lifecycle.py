@@ -254,7 +254,7 @@ class Lifecycle:
 
     def start(self, rec: TaskRecord, task: Task, placed: Candidate) -> TaskRecord:
         """Pending -> Starting -> Running on `placed`; Failed (its placement given back) when
-        the workload cannot start. The record as it ends up: `start_many` of one."""
+        the workload cannot start. The record as its start left it: `start_many` of one."""
         return self.start_many([(rec, task, placed)])[0]
 
     def start_many(self, items: Sequence[tuple[TaskRecord, Task, Candidate]]) -> list[TaskRecord]:
@@ -263,9 +263,10 @@ class Lifecycle:
         then every leaf made and shim spawned, and only then their `started` records
         awaited, so that the shims start side by side; then every outcome in one
         transaction. Placements are taken in order (a shared task runs on the CPUs that
-        those before it left). The ends the shims' pidfds show by now are committed first:
-        a step starting many tasks records each end when it sees one, not once all its
-        starts are done. The records as they end up, in the order of `items`."""
+        those before it left). The ends the shims' pidfds show are committed before and
+        after: a step starting many tasks records each end when it sees one, not once all
+        its starts are done. The records as their starts left them (Running, Failed), in
+        the order of `items`: an end committed right after is not in them."""
         self.collect_noticed()
         begun = self._begin_starts(items)
         try:
@@ -275,7 +276,9 @@ class Lifecycle:
             for b in begun:
                 self._await(b)
         settled = self._settle_many([b.rec.id for b in begun])
-        return [settled.get(b.rec.id) or self.store.get(b.rec.id) or b.rec for b in begun]
+        out = [settled.get(b.rec.id) or self.store.get(b.rec.id) or b.rec for b in begun]
+        self.collect_noticed()
+        return out
 
     def _begin_starts(self, items) -> list[_Begun]:
         """Each start's placement held and its intent and Starting record committed (all of
