@@ -171,3 +171,20 @@ def test_an_end_during_a_batch_is_committed_when_the_batch_is_done(loop):
     assert transition_seq(loop, ids[0], TaskState.RUNNING) < transition_seq(
         loop, ids[0], TaskState.SUCCEEDED
     )
+
+
+def test_ends_seen_together_are_committed_in_one_transaction(loop):
+    ids = loop.submit(task("a"), task("b"), task("c", command="[sh, -c, 'exit 1']"))
+    loop.step()
+    seen = commits(loop)
+    loop.executor.exit(ids[0], 0)
+    loop.executor.exit(ids[2], 1)
+    loop.scheduler.lifecycle.collect_noticed()
+    assert [loop.state(t) for t in ids] == [
+        TaskState.SUCCEEDED,
+        TaskState.RUNNING,
+        TaskState.FAILED,
+    ]
+    assert len(seen) == 1
+    ended = {rec.id for _, rec in seen[0] if rec is not None}
+    assert ended == {ids[0], ids[2]}

@@ -125,6 +125,16 @@ class Outcome:
         return "started" if self.state is TaskState.RUNNING else "failed"
 
 
+@dataclass(frozen=True)
+class _End:
+    """An attempt's end, its kernel side done, to be committed."""
+
+    rec: TaskRecord
+    ex: ShimExit | None
+    state: TaskState
+    fields: dict
+
+
 @dataclass
 class _Begun:
     """A start whose intent is committed: what it was given, and how far it got."""
@@ -477,19 +487,25 @@ class Lifecycle:
         else:
             got = (self.store.get(t) for t in exited)
             recs = [r for r in got if r and r.state == TaskState.RUNNING]
-        for rec in recs:
-            status = self.executor.status(rec.id, rec.attempt)
-            if status.exit is not None:
-                self.finish(rec, status)
-            elif (exited is not None and rec.id in exited) or (
-                exited is None
-                and status.started is not None
-                and not self.executor.shim_alive(status.started)
-            ):
-                # the shim ended without its record (killed): nothing supervises the
-                # workload any more, and its pidfd would stay readable for ever
-                self.executor.kill(rec.id)
-                self.finish(rec, self.executor.status(rec.id, rec.attempt), lost=True)
+        ends: list[_End] = []
+        try:
+            for rec in recs:
+                status = self.executor.status(rec.id, rec.attempt)
+                if status.exit is not None:
+                    ends.append(self._end(rec, status))
+                elif (exited is not None and rec.id in exited) or (
+                    exited is None
+                    and status.started is not None
+                    and not self.executor.shim_alive(status.started)
+                ):
+                    # the shim ended without its record (killed): nothing supervises the
+                    # workload any more, and its pidfd would stay readable for ever
+                    self.executor.kill(rec.id)
+                    status = self.executor.status(rec.id, rec.attempt)
+                    ends.append(self._end(rec, status, lost=True))
+        finally:  # the ends made so far are committed whatever failed after them
+            if ends:
+                self._commit_ends(ends)
 
     def wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
         deadline = time.monotonic() + timeout
@@ -509,6 +525,13 @@ class Lifecycle:
     ) -> TaskRecord:
         """Record how the workload ended, give back its placement and leaf, and queue it
         again (BackOff) when its restart policy says so."""
+        return self._commit_ends([self._end(rec, status, cancelled, lost)])[0]
+
+    def _end(
+        self, rec: TaskRecord, status: ShimStatus, cancelled: bool = False, lost: bool = False
+    ) -> _End:
+        """`finish` but for its commit: the placement and leaf given back, and what is to
+        be committed of the end."""
         ex = status.exit
         if ex is None:
             error = (
@@ -539,37 +562,36 @@ class Lifecycle:
                 f"restart {restarts(rec) + 1} of {task.restart_policy.max_restarts} "
                 f"in {delay / 1e9:g}s",
             )
-            return self._commit_end(
-                rec,
-                ex,
-                TaskState.PENDING,
-                reasons=[reason],
-                ended_ns=self.clock(),
-                **fields,
-            )
+            fields |= {"reasons": [reason], "ended_ns": self.clock()}
+            return _End(rec, ex, TaskState.PENDING, fields)
         else:
             state = TaskState.FAILED
         self.forget(rec.id)
-        return self._commit_end(rec, ex, state, **fields)
+        return _End(rec, ex, state, fields)
 
-    def _commit_end(self, rec: TaskRecord, ex: ShimExit | None, state: TaskState, **fields):
-        """The attempt's end committed, with an OutputDropped event in the same transaction
-        when the shim dropped some of its output (first: it is still the running task's)."""
+    def _commit_ends(self, ends: list[_End]) -> list[TaskRecord]:
+        """The attempts' ends committed in one transaction, each with an OutputDropped
+        event beside it when its shim dropped some of its output (first: it is still the
+        running task's)."""
         with self.store.atomic():
-            if ex is not None and dropped(ex):
-                self.store.add_event(
-                    "OutputDropped",
-                    dropped_message(ex, self.executor.log_cap),
-                    task_id=rec.id,
-                    detail={
-                        "bytes": dropped(ex),
-                        "stdout": ex.stdout_dropped,
-                        "stderr": ex.stderr_dropped,
-                        "cap": self.executor.log_cap,
-                        "errno": ex.output_errno,
-                    },
-                )
-            return self.store.transition(rec.id, state, expect=rec.state, **fields)
+            return [self._record_end(end) for end in ends]
+
+    def _record_end(self, end: _End) -> TaskRecord:
+        ex, rec = end.ex, end.rec
+        if ex is not None and dropped(ex):
+            self.store.add_event(
+                "OutputDropped",
+                dropped_message(ex, self.executor.log_cap),
+                task_id=rec.id,
+                detail={
+                    "bytes": dropped(ex),
+                    "stdout": ex.stdout_dropped,
+                    "stderr": ex.stderr_dropped,
+                    "cap": self.executor.log_cap,
+                    "errno": ex.output_errno,
+                },
+            )
+        return self.store.transition(rec.id, end.state, expect=rec.state, **end.fields)
 
     def evict(
         self,
