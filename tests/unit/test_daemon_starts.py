@@ -188,3 +188,27 @@ def test_ends_seen_together_are_committed_in_one_transaction(loop):
     assert len(seen) == 1
     ended = {rec.id for _, rec in seen[0] if rec is not None}
     assert ended == {ids[0], ids[2]}
+
+
+def test_an_end_committed_during_a_step_wakes_the_loop_for_its_restart(loop):
+    extra = "  restartPolicy: {policy: OnFailure, maxRestarts: 2, backoff: 100ms}\n"
+    flaky, other = loop.submit(task("flaky", extra), task("b"))
+    spawn = loop.executor.start
+
+    def start(task_id, *args, **kw):  # the first attempt fails while the other starts
+        started = spawn(task_id, *args, **kw)
+        if task_id == other:
+            loop.executor.exit(flaky, 1)
+        return started
+
+    loop.executor.start = start
+    loop.step()
+    assert loop.state(flaky) == TaskState.PENDING  # requeued, BackOff
+    woken = loop.scheduler.wakeups.wait(0)
+    assert woken.anything and not woken.exited  # woken, but not for a look at every task
+    loop.scheduler.step(set())
+    assert loop.scheduler.wakeups.timeout() == pytest.approx(0.1, abs=0.01)  # its backoff
+    loop.clock.advance(0.2)
+    loop.scheduler.step(set())
+    rec = loop.store.get(flaky)
+    assert rec.state == TaskState.RUNNING and rec.attempt == 2

@@ -436,12 +436,15 @@ class Lifecycle:
         """Record the ends of the tasks whose shims' pidfds are readable now, and of those
         whose shims ended before they could be watched, without waiting and without a full
         look; an end whose start is not settled yet (a full disk) is left to the step that
-        settles it."""
+        settles it. Called within a step: the loop is woken for another, which places what
+        the ends freed and sees a task they queued again (BackOff), as a step does after
+        the exits it collects first."""
         ended = self.take_ended()
         self._ended = {t for t in ended if t in self._unsettled}
         exited = (ended | self._wakeups.exited_now()) - self._unsettled.keys()
         if exited:
             self.collect_exits(exited)
+            self._wakeups.wake()
 
     def take_ended(self) -> set[str]:
         """The tasks whose shims ended before they could be watched, since the last call."""
