@@ -212,3 +212,28 @@ def test_an_end_committed_during_a_step_wakes_the_loop_for_its_restart(loop):
     loop.scheduler.step(set())
     rec = loop.store.get(flaky)
     assert rec.state == TaskState.RUNNING and rec.attempt == 2
+
+
+def test_a_batch_cut_by_an_agent_error_rolls_back_what_it_did_not_reach(loop):
+    ids = loop.submit(task("a"), task("b"), task("c"))
+    lc = loop.scheduler.lifecycle
+    items = [(rec, lc.read_spec(rec), candidate()) for rec in map(loop.store.get, ids)]
+    launch = loop.executor.launch
+
+    def launched(task_id, *args, **kw):
+        if task_id == ids[1]:
+            raise RuntimeError("the agent's own bug")
+        return launch(task_id, *args, **kw)
+
+    loop.executor.launch = launched
+    with pytest.raises(RuntimeError):
+        lc.start_many(items)
+    lc.settle_starts()  # as the next step does
+    assert [loop.state(t) for t in ids] == [
+        TaskState.RUNNING,  # spawned before the error: awaited, supervised, committed
+        TaskState.PENDING,
+        TaskState.PENDING,
+    ]
+    assert loop.store.open_intents() == []
+    assert {a.task for _, a in lc.cluster.placed()} == {ids[0]}
+    assert sorted(loop.executor.runs) == [ids[0]]

@@ -122,7 +122,8 @@ class Outcome:
 
     @property
     def word(self) -> str:  # the intent's outcome
-        return "started" if self.state is TaskState.RUNNING else "failed"
+        words = {TaskState.RUNNING: "started", TaskState.PENDING: "rolled back"}
+        return words.get(self.state, "failed")
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,13 @@ class Lifecycle:
         try:
             for b in begun:
                 self._launch(b)
+        except BaseException as exc:  # the agent's own fault: what it did not reach is undone
+            for b in begun:
+                if b.launch is None and b.rec.id not in self._unsettled:
+                    self.release(b.rec.id)
+                    note = f"start rolled back: {exc!r}"
+                    self._unsettled[b.rec.id] = Outcome(b.intent, TaskState.PENDING, {"note": note})
+            raise
         finally:  # a spawned shim is awaited and supervised whatever failed after it
             for b in begun:
                 self._await(b)
@@ -402,6 +410,8 @@ class Lifecycle:
             del self._unsettled[task_id]
             if o.state is TaskState.FAILED and task_id not in gone:
                 self.forget(task_id)
+            elif o.state is TaskState.PENDING:  # waits again: no spec kept, its deadline is
+                self._specs.pop(task_id, None)
         return out
 
     # -- supervision ------------------------------------------------------------------------------
