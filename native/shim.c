@@ -205,7 +205,17 @@ static int reserve_record(int which)
 
 /* NAME in TASKDIR, whole or not at all; 0, or -1 with errno set and a note written. Into
  * its reserved file when there is one (pwrite over blocks already allocated, then the file
- * cut to the record's length: neither needs free space), else into a new NAME.tmp. */
+ * cut to the record's length: neither needs free space), else into a new NAME.tmp.
+ *
+ * The file is fsynced before its rename, so that no crash leaves a torn record (a reader
+ * would take it for corruption). The directory is fsynced after it only for `exit`: the
+ * workload's end must outlive a power loss until the agent has committed it. `started`
+ * is for the agent alive (kill -9 included: the page cache keeps it), and every process
+ * it names is gone after a reboot; what a power loss may undo is the rename alone, which
+ * the agent's own Running commit (synchronous) makes moot a millisecond later and the
+ * flush of `exit` carries to the disk anyway. In between, a power loss reads as a start
+ * that never reported (rolled back and started again), as it already does for one cut
+ * between the exec and this record. */
 static int write_record(const char *name, struct json *j)
 {
     int which = !strcmp(name, record_names[0]) ? 0 : 1;
@@ -231,7 +241,7 @@ static int write_record(const char *name, struct json *j)
         fd = -1;
         step = "rename to", what = name;
         if (renameat(task_fd, tmp, task_fd, name) == 0
-            && (step = "fsync the directory after", fsync(task_fd) == 0))
+            && (step = "fsync the directory after", which == 0 || fsync(task_fd) == 0))
             return 0;
     }
 failed:;
@@ -786,7 +796,9 @@ int main(int argc, char **argv)
     }
     pump_final(&out);
     pump_final(&err);
-    if (fsync(out.out) < 0 || fsync(err.out) < 0)
+    /* The output on the disk before the end is recorded; a stream that holds nothing has
+     * nothing to flush (its directory entry goes to the disk with the `exit` record's). */
+    if ((out.size && fsync(out.out) < 0) || (err.size && fsync(err.out) < 0))
         note("fsync the output: %s", strerror(errno));
 
     j.n = 0;

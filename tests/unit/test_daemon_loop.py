@@ -86,6 +86,14 @@ class Run:
 
 
 @dataclass
+class Launched:
+    started: ShimStarted
+
+    def wait(self) -> ShimStarted:
+        return self.started
+
+
+@dataclass
 class FakeExecutor:
     """The executor's interface over dicts: what the loop asks of leaves and shims."""
 
@@ -110,6 +118,10 @@ class FakeExecutor:
         started = ShimStarted(os.getpid(), 0, os.getpid(), 0, "fake", T0, process=process)
         self.runs[task_id] = Run(attempt, list(argv), dict(env), started, process)
         return started
+
+    def launch(self, *args, **kw):  # a fake shim writes its record at once
+        started = self.start(*args, **kw)
+        return Launched(started)
 
     def status(self, task_id: str, attempt: int) -> ShimStatus:
         if self.fail_status:

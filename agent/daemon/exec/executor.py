@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import grp
 import pwd
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...cgroups import Cgroup, CgroupError, registry
@@ -93,6 +94,25 @@ class Executor:
         its records and the output (default: the attempt's; a migration's checkpoint hook
         runs in the task's leaf with a directory of its own). `trace`: the leaf's scheduler
         events are recorded from before the workload starts until the leaf is removed."""
+        return self.launch(
+            task_id, attempt, plan, argv, env, cwd, uid, gid, run_dir=run_dir, trace=trace
+        ).wait()
+
+    def launch(
+        self,
+        task_id: str,
+        attempt: int,
+        plan: LeafPlan,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        uid: int | None,
+        gid: int | None,
+        run_dir: Path | None = None,
+        trace: bool = False,
+    ) -> Launch:
+        """`start` up to the shim spawned: its `started` record is awaited by the result's
+        `wait`, which the caller must call (a failure then too leaves no leaf behind)."""
         leaf = self.leaf(task_id)
         run_dir = run_dir or self.run_dir(task_id, attempt)
         try:
@@ -116,7 +136,7 @@ class Executor:
                 )
                 if why is not None:
                     self.on_trace(task_id, "TraceNotRecorded", f"runs untraced: {why}")
-            return shim.start_shim(
+            launched = shim.launch_shim(
                 run_dir,
                 leaf,
                 self.sub.group(SHIMS),
@@ -131,6 +151,7 @@ class Executor:
         except BaseException:
             self.remove_leaf(task_id)
             raise
+        return Launch(self, task_id, launched)
 
     def status(self, task_id: str, attempt: int) -> shim.ShimStatus:
         return shim.read_status(self.run_dir(task_id, attempt))
@@ -198,6 +219,23 @@ class Executor:
             return sorted(p.name for p in base.iterdir() if p.is_dir())
         except FileNotFoundError:
             return []
+
+
+@dataclass
+class Launch:
+    """A task's shim spawned in its leaf, its `started` record not awaited yet."""
+
+    executor: Executor
+    task_id: str
+    launched: shim.Launched
+
+    def wait(self) -> shim.ShimStarted:
+        """The shim's `started` record; what `start_shim` raises, the leaf removed first."""
+        try:
+            return self.launched.wait()
+        except BaseException:
+            self.executor.remove_leaf(self.task_id)
+            raise
 
 
 def resolve_run_as(run_as) -> tuple[int, int]:

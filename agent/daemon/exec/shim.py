@@ -154,11 +154,51 @@ def start_shim(
     that says nothing within `timeout` (it is killed; a workload it may have started stays in
     `task_group` for the caller to kill).
 
+    `launch_shim` followed by its `wait`: see there for starting many at once.
+
     Reaping: the shim is the caller's child. Keep the returned `process` (a Spawned, with its
     pidfd) and call its `wait()` or `poll()` once `exit` is written (the pidfd turns readable
     when it ends). An agent that restarts has no such child: the shim was reparented and is
     reaped by its new parent; the records and `process_alive` are all that is needed then.
     """
+    return launch_shim(
+        task_dir, task_group, shim_group, argv, env, cwd, uid, gid, log_cap, keep_free, method
+    ).wait(timeout)
+
+
+@dataclass
+class Launched:
+    """A shim spawned whose `started` record is not awaited yet: `wait` awaits it (as
+    `start_shim` does), so that a caller starting many spawns them all first and their
+    starts overlap."""
+
+    process: Spawned
+    task_dir: Path
+    ready: int  # the read end of the shim's stdout pipe; closed by `wait`
+    shim_name: str
+
+    def wait(self, timeout: float = 5.0) -> ShimStarted:
+        try:
+            return _await_started(self.process, self.task_dir, self.ready, self.shim_name, timeout)
+        finally:
+            os.close(self.ready)
+
+
+def launch_shim(
+    task_dir: str | os.PathLike,
+    task_group: Cgroup,
+    shim_group: Cgroup,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    log_cap: int = DEFAULT_LOG_CAP,
+    keep_free: int = 0,
+    method: str | None = None,
+) -> Launched:
+    """Spawn the shim of `start_shim` without waiting for its `started` record; the caller
+    must call the result's `wait` (which closes its pipe and raises what start_shim does)."""
     task_dir = Path(task_dir)
     for name in (STARTED, EXIT):
         if (task_dir / name).exists():
@@ -189,10 +229,7 @@ def start_shim(
     finally:
         os.close(null)
         os.close(ready_w)
-    try:
-        return _await_started(shim, task_dir, ready_r, cmd[0], timeout)
-    finally:
-        os.close(ready_r)
+    return Launched(shim, task_dir, ready_r, cmd[0])
 
 
 def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: float):

@@ -20,15 +20,15 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from ...node_model import Node
 from ...policy.classes import DEFAULT_WEIGHT, class_weights
 from ...policy.placement import Candidate
 from ...policy.state import Allocation, Cluster, GpuShare
 from ...policy.task import Deadline, Task
-from ..exec.executor import Executor, resolve_run_as
+from ..exec.executor import Executor, Launch, resolve_run_as
 from ..exec.leaf import LeafPlan, plan_leaf
 from ..exec.shim import ShimExit, ShimStatus, dropped_message
 from ..store import (
@@ -122,7 +122,30 @@ class Outcome:
 
     @property
     def word(self) -> str:  # the intent's outcome
-        return "started" if self.state is TaskState.RUNNING else "failed"
+        words = {TaskState.RUNNING: "started", TaskState.PENDING: "rolled back"}
+        return words.get(self.state, "failed")
+
+
+@dataclass(frozen=True)
+class _End:
+    """An attempt's end, its kernel side done, to be committed."""
+
+    rec: TaskRecord
+    ex: ShimExit | None
+    state: TaskState
+    fields: dict
+
+
+@dataclass
+class _Begun:
+    """A start whose intent is committed: what it was given, and how far it got."""
+
+    rec: TaskRecord
+    task: Task
+    placement: Placement
+    plan: LeafPlan
+    intent: int = 0
+    launch: Launch | None = None  # its shim spawned, its `started` record not awaited yet
 
 
 @dataclass
@@ -242,39 +265,92 @@ class Lifecycle:
 
     def start(self, rec: TaskRecord, task: Task, placed: Candidate) -> TaskRecord:
         """Pending -> Starting -> Running on `placed`; Failed (its placement given back) when
-        the workload cannot start. The record as it ends up."""
-        cpus = placed.cpus or self.shared_cpus()
-        plan = self.leaf_plan(task, cpus)
-        placement = Placement(
-            node=placed.node,
-            cpus=tuple(cpus),
-            exclusive=bool(placed.cpus),
-            memory=placed.memory,
-            gpus=tuple(
-                HeldGpu(g.index, g.memory, g.whole, self._gpu_uuid(g.index)) for g in placed.gpus
-            ),
-            tpus=tuple(placed.tpus),
-            unenforced=plan.unenforced,
-        )
-        self._specs[rec.id] = task
-        leaf = self.executor.leaf(rec.id)
-        with self.store.atomic():
-            intent = self.store.begin_intent(rec.id, "start", {"node": placed.node})
-            rec = self.store.transition(
-                rec.id,
-                TaskState.STARTING,
-                expect=TaskState.PENDING,
-                placement=placement,
-                cgroup=str(leaf.path),
-            )
-        self.cluster.commit(allocation_of(rec))
-        env = dict(task.env) | visible_devices(placement)
+        the workload cannot start. The record as its start left it: `start_many` of one."""
+        return self.start_many([(rec, task, placed)])[0]
+
+    def start_many(self, items: Sequence[tuple[TaskRecord, Task, Candidate]]) -> list[TaskRecord]:
+        """`start` of each (record, spec, placement), in three phases: every intent and
+        Starting record committed in one transaction, before any of their processes exists;
+        then every leaf made and shim spawned, and only then their `started` records
+        awaited, so that the shims start side by side; then every outcome in one
+        transaction. Placements are taken in order (a shared task runs on the CPUs that
+        those before it left). The ends the shims' pidfds show are committed before and
+        after: a step starting many tasks records each end when it sees one, not once all
+        its starts are done. The records as their starts left them (Running, Failed), in
+        the order of `items`: an end committed right after is not in them."""
+        self.collect_noticed()
+        begun = self._begin_starts(items)
+        try:
+            for b in begun:
+                self._launch(b)
+        except BaseException as exc:  # the agent's own fault: what it did not reach is undone
+            for b in begun:
+                if b.launch is None and b.rec.id not in self._unsettled:
+                    self.release(b.rec.id)
+                    note = f"start rolled back: {exc!r}"
+                    self._unsettled[b.rec.id] = Outcome(b.intent, TaskState.PENDING, {"note": note})
+            raise
+        finally:  # a spawned shim is awaited and supervised whatever failed after it
+            for b in begun:
+                self._await(b)
+        settled = self._settle_many([b.rec.id for b in begun])
+        out = [settled.get(b.rec.id) or self.store.get(b.rec.id) or b.rec for b in begun]
+        self.collect_noticed()
+        return out
+
+    def _begin_starts(self, items) -> list[_Begun]:
+        """Each start's placement held and its intent and Starting record committed (all of
+        them or, when the transaction fails, none: their placements given back)."""
+        begun: list[_Begun] = []
+        try:
+            for rec, task, placed in items:
+                cpus = placed.cpus or self.shared_cpus()
+                plan = self.leaf_plan(task, cpus)
+                gpus = tuple(
+                    HeldGpu(g.index, g.memory, g.whole, self._gpu_uuid(g.index))
+                    for g in placed.gpus
+                )
+                placement = Placement(
+                    node=placed.node,
+                    cpus=tuple(cpus),
+                    exclusive=bool(placed.cpus),
+                    memory=placed.memory,
+                    gpus=gpus,
+                    tpus=tuple(placed.tpus),
+                    unenforced=plan.unenforced,
+                )
+                held = replace(rec, state=TaskState.STARTING, placement=placement)
+                self.cluster.commit(allocation_of(held))
+                begun.append(_Begun(rec, task, placement, plan))
+            with self.store.atomic():
+                for b in begun:
+                    where = {"node": b.placement.node}
+                    b.intent = self.store.begin_intent(b.rec.id, "start", where)
+                    b.rec = self.store.transition(
+                        b.rec.id,
+                        TaskState.STARTING,
+                        expect=TaskState.PENDING,
+                        placement=b.placement,
+                        cgroup=str(self.executor.leaf(b.rec.id).path),
+                    )
+        except BaseException:
+            for b in begun:
+                self.cluster.release(b.rec.id)
+            raise
+        for b in begun:
+            self._specs[b.rec.id] = b.task
+        return begun
+
+    def _launch(self, b: _Begun) -> None:
+        """Its leaf made and its shim spawned; a failure of the workload's own is its outcome."""
+        task, rec = b.task, b.rec
+        env = dict(task.env) | visible_devices(b.placement)
         try:
             uid, gid = run_as(rec, task)
-            started = self.executor.start(
+            b.launch = self.executor.launch(
                 rec.id,
                 rec.attempt,
-                plan,
+                b.plan,
                 list(task.command or ()),
                 env,
                 task.working_dir,
@@ -283,39 +359,60 @@ class Lifecycle:
                 trace=task.trace,
             )
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                self.disk.failed("start", f"{rec.id}: {exc}")
-            self.release(rec.id)
-            self._unsettled[rec.id] = Outcome(intent, TaskState.FAILED, {"error": str(exc)})
-            return self._settle(rec.id)
+            self._start_failed(b, exc)
+
+    def _await(self, b: _Begun) -> None:
+        """Its shim's `started` record awaited, and its outcome kept to be committed."""
+        if b.launch is None:
+            return
+        launch, b.launch = b.launch, None
+        try:
+            started = launch.wait()
+        except (OSError, ValueError) as exc:
+            self._start_failed(b, exc)
+            return
         # watched before its Running is committed, which a full disk may refuse: then a
         # later step commits it (and looks at every Running task: a retried step looks at all)
-        self.supervise(rec.id, started.shim_pid, started.process)
-        self._unsettled[rec.id] = Outcome(
-            intent, TaskState.RUNNING, {"started_ns": started.started_ns}
+        self.supervise(b.rec.id, started.shim_pid, started.process)
+        self._unsettled[b.rec.id] = Outcome(
+            b.intent, TaskState.RUNNING, {"started_ns": started.started_ns}
         )
-        return self._settle(rec.id)
+
+    def _start_failed(self, b: _Begun, exc: Exception) -> None:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            self.disk.failed("start", f"{b.rec.id}: {exc}")
+        self.release(b.rec.id)
+        self._unsettled[b.rec.id] = Outcome(b.intent, TaskState.FAILED, {"error": str(exc)})
 
     def settle_starts(self) -> None:
         """Commit the outcomes of starts that could not be committed (a full disk): until
         then the task stays Starting, which no step would look at again."""
-        for task_id in list(self._unsettled):
-            try:
-                self._settle(task_id)
-            except (Conflict, NotFound):  # cancelled meanwhile: its end is recorded
-                del self._unsettled[task_id]
+        if self._unsettled:
+            self._settle_many(list(self._unsettled))
 
-    def _settle(self, task_id: str) -> TaskRecord:
-        todo = self._unsettled[task_id]
+    def _settle_many(self, task_ids: list[str]) -> dict[str, TaskRecord]:
+        """The outcomes of `task_ids`' starts committed in one transaction; one cancelled
+        meanwhile (its end recorded) is dropped. The records, by id."""
+        todo = [(t, self._unsettled[t]) for t in task_ids if t in self._unsettled]
+        out: dict[str, TaskRecord] = {}
+        gone = []
         with self.store.atomic():
-            rec = self.store.transition(
-                task_id, todo.state, expect=TaskState.STARTING, **todo.fields
-            )
-            self.store.finish_intent(todo.intent, todo.word)
-        del self._unsettled[task_id]
-        if todo.state is TaskState.FAILED:
-            self.forget(task_id)
-        return rec
+            for task_id, o in todo:
+                try:
+                    out[task_id] = self.store.transition(
+                        task_id, o.state, expect=TaskState.STARTING, **o.fields
+                    )
+                except (Conflict, NotFound):  # cancelled meanwhile: its end is recorded
+                    gone.append(task_id)
+                    continue
+                self.store.finish_intent(o.intent, o.word)
+        for task_id, o in todo:
+            del self._unsettled[task_id]
+            if o.state is TaskState.FAILED and task_id not in gone:
+                self.forget(task_id)
+            elif o.state is TaskState.PENDING:  # waits again: no spec kept, its deadline is
+                self._specs.pop(task_id, None)
+        return out
 
     # -- supervision ------------------------------------------------------------------------------
     def supervise(self, task_id: str, shim_pid: int, process) -> None:
@@ -344,6 +441,20 @@ class Lifecycle:
     def _ended_now(self, task_id: str) -> None:
         self._ended.add(task_id)
         self._wakeups.at(self.clock())
+
+    def collect_noticed(self) -> None:
+        """Record the ends of the tasks whose shims' pidfds are readable now, and of those
+        whose shims ended before they could be watched, without waiting and without a full
+        look; an end whose start is not settled yet (a full disk) is left to the step that
+        settles it. Called within a step: the loop is woken for another, which places what
+        the ends freed and sees a task they queued again (BackOff), as a step does after
+        the exits it collects first."""
+        ended = self.take_ended()
+        self._ended = {t for t in ended if t in self._unsettled}
+        exited = (ended | self._wakeups.exited_now()) - self._unsettled.keys()
+        if exited:
+            self.collect_exits(exited)
+            self._wakeups.wake()
 
     def take_ended(self) -> set[str]:
         """The tasks whose shims ended before they could be watched, since the last call."""
@@ -389,19 +500,25 @@ class Lifecycle:
         else:
             got = (self.store.get(t) for t in exited)
             recs = [r for r in got if r and r.state == TaskState.RUNNING]
-        for rec in recs:
-            status = self.executor.status(rec.id, rec.attempt)
-            if status.exit is not None:
-                self.finish(rec, status)
-            elif (exited is not None and rec.id in exited) or (
-                exited is None
-                and status.started is not None
-                and not self.executor.shim_alive(status.started)
-            ):
-                # the shim ended without its record (killed): nothing supervises the
-                # workload any more, and its pidfd would stay readable for ever
-                self.executor.kill(rec.id)
-                self.finish(rec, self.executor.status(rec.id, rec.attempt), lost=True)
+        ends: list[_End] = []
+        try:
+            for rec in recs:
+                status = self.executor.status(rec.id, rec.attempt)
+                if status.exit is not None:
+                    ends.append(self._end(rec, status))
+                elif (exited is not None and rec.id in exited) or (
+                    exited is None
+                    and status.started is not None
+                    and not self.executor.shim_alive(status.started)
+                ):
+                    # the shim ended without its record (killed): nothing supervises the
+                    # workload any more, and its pidfd would stay readable for ever
+                    self.executor.kill(rec.id)
+                    status = self.executor.status(rec.id, rec.attempt)
+                    ends.append(self._end(rec, status, lost=True))
+        finally:  # the ends made so far are committed whatever failed after them
+            if ends:
+                self._commit_ends(ends)
 
     def wait_exit(self, rec: TaskRecord, timeout: float) -> ShimStatus:
         deadline = time.monotonic() + timeout
@@ -421,6 +538,13 @@ class Lifecycle:
     ) -> TaskRecord:
         """Record how the workload ended, give back its placement and leaf, and queue it
         again (BackOff) when its restart policy says so."""
+        return self._commit_ends([self._end(rec, status, cancelled, lost)])[0]
+
+    def _end(
+        self, rec: TaskRecord, status: ShimStatus, cancelled: bool = False, lost: bool = False
+    ) -> _End:
+        """`finish` but for its commit: the placement and leaf given back, and what is to
+        be committed of the end."""
         ex = status.exit
         if ex is None:
             error = (
@@ -451,37 +575,36 @@ class Lifecycle:
                 f"restart {restarts(rec) + 1} of {task.restart_policy.max_restarts} "
                 f"in {delay / 1e9:g}s",
             )
-            return self._commit_end(
-                rec,
-                ex,
-                TaskState.PENDING,
-                reasons=[reason],
-                ended_ns=self.clock(),
-                **fields,
-            )
+            fields |= {"reasons": [reason], "ended_ns": self.clock()}
+            return _End(rec, ex, TaskState.PENDING, fields)
         else:
             state = TaskState.FAILED
         self.forget(rec.id)
-        return self._commit_end(rec, ex, state, **fields)
+        return _End(rec, ex, state, fields)
 
-    def _commit_end(self, rec: TaskRecord, ex: ShimExit | None, state: TaskState, **fields):
-        """The attempt's end committed, with an OutputDropped event in the same transaction
-        when the shim dropped some of its output (first: it is still the running task's)."""
+    def _commit_ends(self, ends: list[_End]) -> list[TaskRecord]:
+        """The attempts' ends committed in one transaction, each with an OutputDropped
+        event beside it when its shim dropped some of its output (first: it is still the
+        running task's)."""
         with self.store.atomic():
-            if ex is not None and dropped(ex):
-                self.store.add_event(
-                    "OutputDropped",
-                    dropped_message(ex, self.executor.log_cap),
-                    task_id=rec.id,
-                    detail={
-                        "bytes": dropped(ex),
-                        "stdout": ex.stdout_dropped,
-                        "stderr": ex.stderr_dropped,
-                        "cap": self.executor.log_cap,
-                        "errno": ex.output_errno,
-                    },
-                )
-            return self.store.transition(rec.id, state, expect=rec.state, **fields)
+            return [self._record_end(end) for end in ends]
+
+    def _record_end(self, end: _End) -> TaskRecord:
+        ex, rec = end.ex, end.rec
+        if ex is not None and dropped(ex):
+            self.store.add_event(
+                "OutputDropped",
+                dropped_message(ex, self.executor.log_cap),
+                task_id=rec.id,
+                detail={
+                    "bytes": dropped(ex),
+                    "stdout": ex.stdout_dropped,
+                    "stderr": ex.stderr_dropped,
+                    "cap": self.executor.log_cap,
+                    "errno": ex.output_errno,
+                },
+            )
+        return self.store.transition(rec.id, end.state, expect=rec.state, **end.fields)
 
     def evict(
         self,

@@ -58,6 +58,13 @@ class Wakeups:
     def unwatch(self, fd: int) -> None:
         self._selector.unregister(fd)
 
+    def exited_now(self) -> frozenset[str]:
+        """The tasks whose shims' pidfds are readable now, without waiting: for a step busy
+        starting tasks, which would otherwise see these ends only once it is over. A pending
+        wake-up stays pending (the pipe is not drained)."""
+        ready = self._selector.select(timeout=0)
+        return frozenset(key.data for key, _ in ready if key.data is not None)
+
     def wait(self, timeout: float) -> Woken:
         ready = self._selector.select(timeout=timeout)
         exited = frozenset(key.data for key, _ in ready if key.data is not None)
