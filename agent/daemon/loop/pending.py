@@ -101,15 +101,18 @@ class PendingWindow:
     def leaving(self, task_id: str) -> Iterator[None]:
         """Around a change of the caller's that takes `task_id` out of Pending (a start, a
         cancel): the window drops it and still agrees with the store, unless something
-        else moved meanwhile or the change did not complete (then it is read again)."""
-        agreed = self._seen == self._store.pending_moves
+        else moved meanwhile or the change did not complete (then it is read again). The
+        change is its task's one move; any other (a start also commits the ends it finds,
+        and an end may requeue its task) is one the window has not made."""
+        before = self._store.pending_moves
+        agreed = self._seen == before
         try:
             yield
         except BaseException:
             self.invalidate()
             raise
         self._drop(task_id)
-        if agreed:
+        if agreed and self._store.pending_moves <= before + 1:
             self._seen = self._store.pending_moves
 
     def invalidate(self) -> None:
