@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import shutil
+import sqlite3
 import subprocess
 import sys
 import sysconfig
@@ -194,6 +195,20 @@ def test_users_see_and_cancel_only_their_own_tasks(agent, python, people):
     assert {t["id"] for t in everything["tasks"]} == {roots, anns}
     assert json.loads(listed.stdout)["total"] == 1  # a user's count is of its own tasks
     assert agent.as_user(None, None, "cancel", roots).returncode == 0
+
+
+def test_an_unreadable_row_is_told_to_its_owner_and_to_others_is_no_task(agent, python, people):
+    ann, bob = people["ann"], people["bob"]
+    anns = _wait_id(agent, python, ann, _task(agent.base, "anns", ["true"]))
+    with sqlite3.connect(agent.state / "state.db") as db:  # bits lost on disk
+        db.execute("UPDATE tasks SET spec = '{not json' WHERE id = ?", (anns,))
+    unreadable = f"task {anns}: its stored row is unreadable: column spec: not JSON"
+    for who in (ann, None):  # its owner, and root
+        res = agent.as_user(python, who, "get", anns)
+        assert res.returncode == 1 and unreadable in res.stderr, res.stderr
+    for verb in ("get", "cancel", "logs", "explain"):  # to another it does not exist
+        res = agent.as_user(python, bob, verb, anns)
+        assert res.returncode == 1 and res.stderr.strip() == f"xhagent: no task {anns}", res.stderr
 
 
 def test_policies_and_tasks_as_anyone_are_for_admins(agent, python, people, tmp_path):

@@ -202,8 +202,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         ]
 
     def _task(self, task_id: str, who: Access) -> TaskRecord:
-        """The task, when `who` may see it; another's is as unknown as a missing one."""
-        rec = self.scheduler.get(task_id)
+        """The task, when `who` may see it; another's is as unknown as a missing one, also
+        when its row is unreadable (DataLoss is for the owner and admins)."""
+        try:
+            rec = self.scheduler.get(task_id)
+        except CorruptTask as corrupt:
+            if who.owns(corrupt.owner_uid):
+                raise
+            raise NotFound(f"no task {task_id}") from None
         if rec is None or not who.owns(rec.owner.uid if rec.owner else None):
             raise NotFound(f"no task {task_id}")
         return rec

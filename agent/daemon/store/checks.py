@@ -68,11 +68,14 @@ class NotFound(StoreError):
 class CorruptTask(StoreError):
     """A task row that cannot be read back: the task's id, the column and what is wrong."""
 
-    def __init__(self, task_id: str, column: str, problem: str):
+    def __init__(self, task_id: str, column: str, problem: str, owner_uid: int | None = None):
         super().__init__(
             f"task {task_id}: its stored row is unreadable: column {column}: {problem}"
         )
         self.task_id, self.column, self.problem = task_id, column, problem
+        # whose task it is, where the row still says (None: the agent's own, or not known):
+        # the API tells only its owner and admins that it exists
+        self.owner_uid = owner_uid
 
 
 def format_task_id(seq: int) -> str:

@@ -65,6 +65,7 @@ from .checks import (
     text,
 )
 from .records import (
+    OWNER_AT,
     BadColumn,
     Event,
     Intent,
@@ -347,7 +348,9 @@ class Store:
             return TaskRecord.from_row(row)
         except BadColumn as exc:
             task_id = row[0] if isinstance(row[0], str) else repr(row[0])
-            raise CorruptTask(task_id, exc.column, exc.problem) from None
+            uid = row[OWNER_AT]
+            owner = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+            raise CorruptTask(task_id, exc.column, exc.problem, owner) from None
 
     def _report(self, corrupt: CorruptTask) -> None:
         """Once per task and problem: a corrupt row is left out of the agent's work, not
