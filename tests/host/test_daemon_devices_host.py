@@ -22,12 +22,15 @@ from xhagent.node_model import Accelerator
 
 pytestmark = pytest.mark.host
 
+# It prints its environment, then runs until the test has seen the chip held (`go` exists):
+# a workload that ended at once could end within the step that started it.
 TASK = """apiVersion: xh.scheduling/v1
 kind: Task
 metadata: {name: tpu-env}
 spec:
   deviceType: tpu
-  command: [sh, -c, "echo chips=$TPU_VISIBLE_CHIPS; echo cuda=${CUDA_VISIBLE_DEVICES-unset}"]
+  command: [sh, -c, "echo chips=$TPU_VISIBLE_CHIPS; echo cuda=${CUDA_VISIBLE_DEVICES-unset};
+    while [ ! -e %s ]; do sleep 0.01; done"]
 """
 
 
@@ -49,15 +52,18 @@ def agent(tmp_path):
 
 
 def test_a_tpu_task_sees_the_chip_it_holds_and_gives_it_back(agent, tmp_path):
-    (rec,) = agent.submit(TASK, "tpu.yaml")
+    go = tmp_path / "go"
+    (rec,) = agent.submit(TASK % go, "tpu.yaml")
     chips = agent.lifecycle.cluster.nodes[agent.node.name].tpus
     deadline = time.monotonic() + 30
     held = None
     while rec.state not in TERMINAL:
-        agent.step()  # a step collects exits first, then starts: a start is seen running
+        agent.step()
         rec = agent.get(rec.id)
         if rec.placement and held is None:
+            assert rec.state in ("Starting", "Running"), rec  # it waits for `go`
             held = sum(t.holders for t in chips)
+            go.touch()
         assert time.monotonic() < deadline, f"still {rec.state}"
         time.sleep(0.02)
     assert rec.state == "Succeeded", rec
