@@ -39,14 +39,23 @@ SPIN = (
     "print('spun', flush=True)\n"
     "sys.stdin.read()\n"
 )
-# Waits for a line on stdin, reads a file with O_DIRECT (every read goes to the disk), says
-# how many bytes, then sleeps until stdin closes.
+# Waits for a line on stdin, reads a file PASSES times with O_DIRECT (every read goes to the
+# disk), says how many bytes, then sleeps until stdin closes.
+#
+# Reads of 1 MiB, not 64 KiB: the kernel counts a block-I/O wait only when the reader is
+# taken off its run queue for it, and on a busy CPU a reader that sleeps briefly may be woken
+# while the scheduler still holds it queued (a delayed dequeue), which is not counted. Here
+# 64 KiB reads beside four CPU spinners were counted 41-128 times in 128, 1 MiB reads 7-8 in 8.
+PASSES = 4
 DIRECT_READ = (
     "import mmap, os, sys\n"
     "sys.stdin.readline()\n"
     "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)\n"
-    "buf, n = mmap.mmap(-1, 1 << 16), 0\n"
-    "while (got := os.preadv(fd, [buf], n)) > 0: n += got\n"
+    "buf, n = mmap.mmap(-1, 1 << 20), 0\n"
+    f"for _ in range({PASSES}):\n"
+    "    at = 0\n"
+    "    while (got := os.preadv(fd, [buf], at)) > 0: at += got\n"
+    "    n += at\n"
     "print(n, flush=True)\n"
     "sys.stdin.read()\n"
 )
@@ -131,14 +140,14 @@ def test_block_io_is_counted_only_for_tasks_started_while_accounting_is_on(ts, d
             for p in (before, after):
                 p.stdin.write("go\n")
                 p.stdin.flush()
-                assert int(p.stdout.readline()) == 8 << 20
+                assert int(p.stdout.readline()) == PASSES * (8 << 20)
             started_on, started_off = ts.delays(after.pid), ts.delays(before.pid)
         finally:
             _finish(after)
     finally:
         _finish(before)
     assert started_on.blkio.count > 0 and started_on.blkio.total > 0, started_on
-    # Read the same 8 MiB while accounting was on, but forked while it was off.
+    # Read the same bytes while accounting was on, but forked while it was off.
     assert started_off.blkio == Delay(0, 0.0), started_off
     assert started_off.cpu.count > 0  # the scheduler's figure is there regardless
 
