@@ -258,6 +258,7 @@ def spawn(
     start_new_session: bool = False,
     sigmask: Iterable[int] | None = None,
     method: str | None = None,
+    share_vm: bool = False,
 ) -> Spawned:
     """See `Cgroup.spawn`."""
     argv = [os.fsdecode(a) for a in argv]
@@ -320,6 +321,7 @@ def spawn(
                 "new_session": int(start_new_session),
                 "mask": cmask,
                 "nmask": len(mask),
+                "share_vm": int(share_vm),
             },
         )
         cpidfd = ffi.new("int32_t *")

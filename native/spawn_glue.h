@@ -22,6 +22,8 @@ struct xh_spawn_req {
     uint32_t gid;
     int32_t reset_ignored;     /* 1: signals the caller ignores go back to their default too
                                   (a supervisor's workload starts clean); 0: they stay ignored */
+    int32_t share_vm;          /* 1 (clone3 way, x86_64): the child shares the caller's memory until
+                                  its exec, and xh_spawn returns only once it has exec'd or failed */
 };
 
 struct xh_spawn_err {

@@ -1,8 +1,10 @@
 """Cgroup.spawn on this host's cgroup2 tree: the child is in the group from its first
-instruction, by clone3(CLONE_INTO_CGROUP) and by the forced fork-then-join fallback; errors
-come back with the errno and the path, reaped, with nothing left in the group."""
+instruction, by clone3(CLONE_INTO_CGROUP) (with a copy of the caller's memory, and sharing it
+until the exec: `shared`) and by the forced fork-then-join fallback; errors come back with the
+errno and the path, reaped, with nothing left in the group."""
 
 import errno
+import mmap
 import os
 import signal
 import threading
@@ -16,7 +18,24 @@ from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.signals import signals_held
 
 pytestmark = pytest.mark.host
-METHODS = ["clone3", "fork"]
+# "shared": clone3 with share_vm; not for a frozen group, where such a call waits for the thaw
+FROZEN_METHODS = ["clone3", "fork"]
+METHODS = [*FROZEN_METHODS, "shared"]
+
+
+@pytest.fixture(autouse=True)
+def shared_vm(request, monkeypatch):
+    """Under the `shared` method, every spawn is clone3 with share_vm."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is None or callspec.params.get("method") != "shared":
+        return
+    real = Cgroup.spawn
+
+    def spawn(self, argv, method=None, **kw):
+        assert method == "shared"
+        return real(self, argv, method="clone3", share_vm=True, **kw)
+
+    monkeypatch.setattr(Cgroup, "spawn", spawn)
 
 
 def within(seconds, fn, *args, **kw):
@@ -70,8 +89,8 @@ def test_this_kernel_takes_clone3_into_cgroup():
 @pytest.mark.parametrize("method", METHODS)
 def test_the_child_reads_its_own_group_at_its_first_instruction(group, method):
     code, text, child = _run(group, ["cat", "/proc/self/cgroup"], method)
-    assert code == 0 and child.method == method and child.started
-    assert _own_line(text) == [_rel(group)]
+    assert code == 0 and child.method == {"shared": "clone3"}.get(method, method)
+    assert child.started and _own_line(text) == [_rel(group)]
     assert child.pidfd is None  # reaped: the pidfd is closed with it
     assert group.events()["populated"] == 0
 
@@ -230,7 +249,7 @@ def test_a_group_removed_after_it_was_opened_is_a_clear_error(group, method, mon
     assert group.events()["populated"] == 0
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", FROZEN_METHODS)
 def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_its_exec(
     group, method
 ):
@@ -254,7 +273,7 @@ def test_spawn_into_a_frozen_group_returns_at_once_with_the_child_frozen_before_
         group.write("cgroup.freeze", "0")
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", FROZEN_METHODS)
 def test_an_exec_that_fails_after_a_thaw_is_raised_by_wait(group, method):
     group.freeze()
     try:
@@ -294,3 +313,28 @@ def test_a_stop_while_waiting_for_the_exec_leaves_no_child(group, monkeypatch):
         group.spawn(["sleep", "60"])
     assert group.procs() == [] and group.events()["populated"] == 0
     assert [p for p in set(os.listdir("/proc")) - before if p.isdigit() and _state(p)] == []
+
+
+def _minor_faults() -> int:
+    return int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[7])
+
+
+def test_a_shared_vm_spawn_copies_none_of_the_callers_memory(group):
+    pages = 16384  # 64 MiB of small pages, resident
+    private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # (a shared mapping is never copied)
+    ballast = mmap.mmap(-1, pages * mmap.PAGESIZE, flags=private)
+    ballast.madvise(mmap.MADV_NOHUGEPAGE)
+
+    def faults_writing_after(**how) -> int:
+        for i in range(pages):
+            ballast[i * mmap.PAGESIZE] = 1
+        assert group.spawn(["true"], **how).wait(timeout=10) == 0
+        before = _minor_faults()
+        for i in range(pages):
+            ballast[i * mmap.PAGESIZE] = 2
+        return _minor_faults() - before
+
+    # a copy write-protects every page until the child's exec: each write after faults once
+    assert faults_writing_after(method="clone3") >= pages
+    assert faults_writing_after(method="clone3", share_vm=True) < pages // 10
+    ballast.close()

@@ -280,3 +280,16 @@ def test_a_missing_binary_names_its_path_and_the_fix(monkeypatch, tmp_path):
     monkeypatch.setattr(shim_mod, "SHIM", tmp_path / "xhagent-shim")
     with pytest.raises(FileNotFoundError, match="xhagent-shim: .*rebuild with make setup"):
         shim_mod.shim_path()
+
+
+def test_a_shim_that_cannot_exec_is_a_start_error_naming_it(monkeypatch, leaves, tmp_path):
+    broken = tmp_path / "xhagent-shim"
+    broken.write_bytes(b"\x7fELF not really\n")  # executable, but no program: ENOEXEC
+    broken.chmod(0o755)
+    monkeypatch.setattr(shim_mod, "SHIM", broken)
+    task_dir = tmp_path / "t"
+    task_dir.mkdir()
+    with pytest.raises(OSError) as info:  # spawned sharing the agent's memory: told at once
+        shim_mod.launch_shim(task_dir, *leaves, ["true"], ENV)
+    assert info.value.errno == errno.ENOEXEC and str(broken) in str(info.value)
+    assert leaves[1].procs() == [] and leaves[0].procs() == []

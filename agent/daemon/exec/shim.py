@@ -218,10 +218,10 @@ def launch_shim(
     # could not write its records there (no space) writes its error record on the pipe.
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    try:
+    try:  # the agent's memory shared until the exec: the shims' group is never frozen
         shim = shim_group.spawn(
             [*cmd, "--", *argv], env=env, stdin=null, stdout=ready_w, stderr=null,
-            start_new_session=True,
+            start_new_session=True, share_vm=True,
         )  # fmt: skip
     except BaseException:
         os.close(ready_r)
