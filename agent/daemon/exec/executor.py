@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...cgroups import Cgroup, CgroupError, registry
-from ...cgroups.subtree import Subtree
+from ...cgroups.subtree import Subtree, check_name
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
 
@@ -40,6 +40,7 @@ class Executor:
         # became of one is told: on_trace(task_id, event kind, message)
         self.tracer = None
         self.on_trace = lambda task_id, kind, message: None
+        self._dirs: dict[str, Path] = {}  # TASKS, SHIMS: found inside the subtree once
 
     # -- setup ----------------------------------------------------------------------------
     def prepare(self) -> dict[str, str]:
@@ -71,7 +72,15 @@ class Executor:
 
     # -- one task ---------------------------------------------------------------------------
     def leaf(self, task_id: str) -> Cgroup:
-        return self.sub.group(f"{TASKS}/{task_id}")
+        """The task's leaf: one checked name below `tasks`, which was found inside the
+        subtree once (a cgroup2 tree holds no symlinks to follow out of it later)."""
+        return Cgroup(self._dir(TASKS) / check_name(task_id))
+
+    def _dir(self, name: str) -> Path:
+        found = self._dirs.get(name)
+        if found is None:
+            found = self._dirs[name] = self.sub.resolve(name)
+        return found
 
     def run_dir(self, task_id: str, attempt: int) -> Path:
         return self.runs / task_id / str(attempt)
@@ -114,9 +123,14 @@ class Executor:
         """`start` up to the shim spawned: its `started` record is awaited by the result's
         `wait`, which the caller must call (a failure then too leaves no leaf behind)."""
         leaf = self.leaf(task_id)
+        own = run_dir is None  # the attempt's: below its task's directory, below `runs`
         run_dir = run_dir or self.run_dir(task_id, attempt)
         try:
-            run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            if own:  # two mkdirs, not a failed one first: each waits on the journal
+                run_dir.parent.mkdir(mode=0o750, exist_ok=True)
+                run_dir.mkdir(mode=0o750, exist_ok=True)
+            else:
+                run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise shim.no_space(exc.filename or run_dir) from None
@@ -139,7 +153,7 @@ class Executor:
             launched = shim.launch_shim(
                 run_dir,
                 leaf,
-                self.sub.group(SHIMS),
+                Cgroup(self._dir(SHIMS)),
                 argv,
                 env,
                 cwd=cwd,
@@ -214,7 +228,7 @@ class Executor:
 
     def leaves(self) -> list[str]:
         """Task ids that have a leaf now."""
-        base = self.sub.resolve(TASKS)
+        base = self._dir(TASKS)
         try:
             return sorted(p.name for p in base.iterdir() if p.is_dir())
         except FileNotFoundError:
