@@ -1,7 +1,7 @@
 """The start pipeline without root: the loop's fakes (test_daemon_loop.py) over a real store.
 
 Asserted through the store's commits and events: an end a step sees while it starts other
-tasks is committed before its next start, not once the step is over; an end is collected
+tasks is committed by that step, right after their outcomes; an end is collected
 from its shim's pidfd alone, in one transaction, without a look at every running task;
 `start_many` commits every intent before it spawns any shim, spawns every shim before it
 awaits any, and commits every outcome in one transaction; a batch whose intents cannot be
@@ -46,7 +46,7 @@ def transition_seq(loop, task_id: str, to: TaskState) -> int:
     return event.seq
 
 
-def test_an_end_seen_during_a_step_is_committed_before_its_next_start(loop):
+def test_an_end_seen_while_a_step_starts_tasks_is_committed_by_that_step(loop):
     first, second, third = loop.submit(task("a"), task("b"), task("c"))
     spawn = loop.executor.start
 
@@ -57,14 +57,18 @@ def test_an_end_seen_during_a_step_is_committed_before_its_next_start(loop):
         return started
 
     loop.executor.start = start
-    loop.step()  # one step starts all three
+    loop.step()  # one step starts all three, together
     assert [loop.state(t) for t in (first, second, third)] == [
         TaskState.SUCCEEDED,
         TaskState.RUNNING,
         TaskState.RUNNING,
     ]
     ended = transition_seq(loop, first, TaskState.SUCCEEDED)
-    assert ended < transition_seq(loop, third, TaskState.STARTING)
+    # every intent before any process, then the outcomes, then the end seen meanwhile
+    assert transition_seq(loop, third, TaskState.STARTING) < transition_seq(
+        loop, first, TaskState.RUNNING
+    )
+    assert transition_seq(loop, third, TaskState.RUNNING) < ended
 
 
 def test_an_end_is_collected_from_its_pidfd_in_one_transaction_without_a_full_look(loop):
@@ -237,3 +241,19 @@ def test_a_batch_cut_by_an_agent_error_rolls_back_what_it_did_not_reach(loop):
     assert loop.store.open_intents() == []
     assert {a.task for _, a in lc.cluster.placed()} == {ids[0]}
     assert sorted(loop.executor.runs) == [ids[0]]
+
+
+def test_a_steps_starts_are_one_batch_whose_placements_see_each_other(loop):
+    # four CPUs, three tasks wanting two each: the step reserves two and keeps one waiting
+    ids = loop.submit(*(task(n, "  requests: {cpus: 2}\n") for n in "abc"))
+    seen = commits(loop)
+    loop.step()
+    assert [loop.state(t) for t in ids] == [TaskState.RUNNING, TaskState.RUNNING, TaskState.PENDING]
+    held = [set(loop.store.get(t).placement.cpus) for t in ids[:2]]
+    assert held[0].isdisjoint(held[1]) and len(held[0]) == len(held[1]) == 2
+    assert loop.store.get(ids[2]).reasons  # it says why it waits
+    intents = [
+        {event.task_id for event, _ in written if event.message == "Pending -> Starting"}
+        for written in seen
+    ]
+    assert [ts for ts in intents if ts] == [set(ids[:2])]  # both in one commit

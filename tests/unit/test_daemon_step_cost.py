@@ -188,3 +188,23 @@ def test_a_steps_reason_changes_are_one_transaction(loop):
     for t in waiting:
         (reason,) = loop.store.get(t).reasons
         assert reason.detail == "InsufficientCPU: n1 has 1 free CPUs, task needs 2"
+
+
+def test_a_submitted_document_is_parsed_once_and_the_window_holds_at_most_the_offers_cap(
+    loop, monkeypatch
+):
+    parsed = []
+    real = loop.scheduler.lifecycle.read_spec
+
+    def reading(rec):
+        parsed.append(rec.id)
+        return real(rec)
+
+    monkeypatch.setattr(loop.scheduler._pending, "_read_spec", reading)
+    monkeypatch.setattr(loop.scheduler._pending, "_offers_max", 3)
+    ids = loop.submit(*[whole_node(f"w{i}") for i in range(5)])
+    loop.step()
+    assert loop.state(ids[0]) == TaskState.RUNNING
+    # the three offered came as their submission parsed them; the two past the cap are read
+    assert parsed == ids[3:]
+    assert [loop.store.get(t).first_reason for t in ids[1:]] == ["InsufficientCPU"] * 4

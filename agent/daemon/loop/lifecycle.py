@@ -137,8 +137,8 @@ class _End:
 
 
 @dataclass
-class _Begun:
-    """A start whose intent is committed: what it was given, and how far it got."""
+class Reserved:
+    """A start: what it was given, and how far it got (its intent, once committed)."""
 
     rec: TaskRecord
     task: Task
@@ -269,17 +269,58 @@ class Lifecycle:
         return self.start_many([(rec, task, placed)])[0]
 
     def start_many(self, items: Sequence[tuple[TaskRecord, Task, Candidate]]) -> list[TaskRecord]:
-        """`start` of each (record, spec, placement), in three phases: every intent and
-        Starting record committed in one transaction, before any of their processes exists;
-        then every leaf made and shim spawned, and only then their `started` records
-        awaited, so that the shims start side by side; then every outcome in one
-        transaction. Placements are taken in order (a shared task runs on the CPUs that
-        those before it left). The ends the shims' pidfds show are committed before and
-        after: a step starting many tasks records each end when it sees one, not once all
-        its starts are done. The records as their starts left them (Running, Failed), in
-        the order of `items`: an end committed right after is not in them."""
-        self.collect_noticed()
-        begun = self._begin_starts(items)
+        """`reserve` each (record, spec, placement) in order, then `start_reserved` them."""
+        reserved: list[Reserved] = []
+        try:
+            for rec, task, placed in items:
+                reserved.append(self.reserve(rec, task, placed))
+        except BaseException:
+            self.unreserve(reserved)
+            raise
+        return self.start_reserved(reserved)
+
+    def reserve(self, rec: TaskRecord, task: Task, placed: Candidate) -> Reserved:
+        """Hold `placed` for a Pending task about to start: the placement state counts it
+        (a shared task runs on the CPUs that those reserved before it left), the store does
+        not know of it yet. Every reservation is then started or given back (`unreserve`)."""
+        cpus = placed.cpus or self.shared_cpus()
+        plan = self.leaf_plan(task, cpus)
+        gpus = tuple(
+            HeldGpu(g.index, g.memory, g.whole, self._gpu_uuid(g.index)) for g in placed.gpus
+        )
+        placement = Placement(
+            node=placed.node,
+            cpus=tuple(cpus),
+            exclusive=bool(placed.cpus),
+            memory=placed.memory,
+            gpus=gpus,
+            tpus=tuple(placed.tpus),
+            unenforced=plan.unenforced,
+        )
+        held = replace(rec, state=TaskState.STARTING, placement=placement)
+        self.cluster.commit(allocation_of(held))
+        return Reserved(rec, task, placement, plan)
+
+    def unreserve(self, reserved: Iterable[Reserved]) -> None:
+        for b in reserved:
+            self.cluster.release(b.rec.id)
+
+    def start_reserved(self, reserved: Sequence[Reserved]) -> list[TaskRecord]:
+        """Start what `reserve` held, in three phases: every intent and Starting record
+        committed in one transaction, before any of their processes exists; then every leaf
+        made and shim spawned, and only then their `started` records awaited, so that the
+        shims start side by side; then every outcome in one transaction. The ends the
+        shims' pidfds show are committed before and after: a step starting many tasks
+        records each end when it sees one, not once all its starts are done. The records as
+        their starts left them (Running, Failed), in order: an end committed right after is
+        not in them."""
+        try:
+            self.collect_noticed()
+            self._begin_starts(reserved)
+        except BaseException:
+            self.unreserve(reserved)
+            raise
+        begun = reserved
         try:
             for b in begun:
                 self._launch(b)
@@ -298,50 +339,23 @@ class Lifecycle:
         self.collect_noticed()
         return out
 
-    def _begin_starts(self, items) -> list[_Begun]:
-        """Each start's placement held and its intent and Starting record committed (all of
-        them or, when the transaction fails, none: their placements given back)."""
-        begun: list[_Begun] = []
-        try:
-            for rec, task, placed in items:
-                cpus = placed.cpus or self.shared_cpus()
-                plan = self.leaf_plan(task, cpus)
-                gpus = tuple(
-                    HeldGpu(g.index, g.memory, g.whole, self._gpu_uuid(g.index))
-                    for g in placed.gpus
-                )
-                placement = Placement(
-                    node=placed.node,
-                    cpus=tuple(cpus),
-                    exclusive=bool(placed.cpus),
-                    memory=placed.memory,
-                    gpus=gpus,
-                    tpus=tuple(placed.tpus),
-                    unenforced=plan.unenforced,
-                )
-                held = replace(rec, state=TaskState.STARTING, placement=placement)
-                self.cluster.commit(allocation_of(held))
-                begun.append(_Begun(rec, task, placement, plan))
-            with self.store.atomic():
-                for b in begun:
-                    where = {"node": b.placement.node}
-                    b.intent = self.store.begin_intent(b.rec.id, "start", where)
-                    b.rec = self.store.transition(
-                        b.rec.id,
-                        TaskState.STARTING,
-                        expect=TaskState.PENDING,
-                        placement=b.placement,
-                        cgroup=str(self.executor.leaf(b.rec.id).path),
-                    )
-        except BaseException:
+    def _begin_starts(self, begun: Sequence[Reserved]) -> None:
+        """Each reservation's intent and Starting record committed: all of them or none."""
+        with self.store.atomic():
             for b in begun:
-                self.cluster.release(b.rec.id)
-            raise
+                where = {"node": b.placement.node}
+                b.intent = self.store.begin_intent(b.rec.id, "start", where)
+                b.rec = self.store.transition(
+                    b.rec.id,
+                    TaskState.STARTING,
+                    expect=TaskState.PENDING,
+                    placement=b.placement,
+                    cgroup=str(self.executor.leaf(b.rec.id).path),
+                )
         for b in begun:
             self._specs[b.rec.id] = b.task
-        return begun
 
-    def _launch(self, b: _Begun) -> None:
+    def _launch(self, b: Reserved) -> None:
         """Its leaf made and its shim spawned; a failure of the workload's own is its outcome."""
         task, rec = b.task, b.rec
         env = dict(task.env) | visible_devices(b.placement)
@@ -361,7 +375,7 @@ class Lifecycle:
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
             self._start_failed(b, exc)
 
-    def _await(self, b: _Begun) -> None:
+    def _await(self, b: Reserved) -> None:
         """Its shim's `started` record awaited, and its outcome kept to be committed."""
         if b.launch is None:
             return
@@ -378,7 +392,7 @@ class Lifecycle:
             b.intent, TaskState.RUNNING, {"started_ns": started.started_ns}
         )
 
-    def _start_failed(self, b: _Begun, exc: Exception) -> None:
+    def _start_failed(self, b: Reserved, exc: Exception) -> None:
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             self.disk.failed("start", f"{b.rec.id}: {exc}")
         self.release(b.rec.id)

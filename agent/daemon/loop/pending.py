@@ -12,6 +12,7 @@ window again in full. A change of the policies in force orders it again.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class PendingWindow:
         store: Store,
         read_spec: Callable[[TaskRecord], Task],
         failed: Callable[[TaskRecord, InvalidTask], None],
+        offers: int = 1000,
     ):
         self._store = store
         self._read_spec = read_spec  # raises InvalidTask for a document this version cannot read
@@ -50,6 +52,12 @@ class PendingWindow:
         self._seen: int | None = None  # the store's pending_moves it agrees with; None: none
         self._policies: Sequence | None = None
         self._shared: dict = {}
+        # specs parsed by their submission, taken when their task is read into the window so
+        # that no document is parsed twice; at most `offers`, the oldest kept (the window
+        # reads the oldest first), offered from the API's threads
+        self._offers: dict[str, Task] = {}
+        self._offers_max = offers
+        self._offers_lock = threading.Lock()
 
     def tasks(self, policies: Sequence, limit: int) -> list[Entry]:
         """The window in scheduling order, brought up to date with the store."""
@@ -87,6 +95,16 @@ class PendingWindow:
             got = self._shared[key] = make()
         return got
 
+    def offer(self, task_id: str, task: Task) -> None:
+        """`task_id`'s spec as its submission parsed it (any thread)."""
+        with self._offers_lock:
+            if len(self._offers) < self._offers_max:
+                self._offers[task_id] = task
+
+    def _offered(self, task_id: str) -> Task | None:
+        with self._offers_lock:
+            return self._offers.pop(task_id, None)
+
     def get(self, task_id: str) -> Entry | None:
         return self._entries.get(task_id)
 
@@ -98,11 +116,11 @@ class PendingWindow:
         entry.rec, entry.said = rec, said
 
     @contextmanager
-    def leaving(self, task_id: str) -> Iterator[None]:
-        """Around a change of the caller's that takes `task_id` out of Pending (a start, a
-        cancel): the window drops it and still agrees with the store, unless something
+    def leaving(self, *task_ids: str) -> Iterator[None]:
+        """Around a change of the caller's that takes `task_ids` out of Pending (starts, a
+        cancel): the window drops them and still agrees with the store, unless something
         else moved meanwhile or the change did not complete (then it is read again). The
-        change is its task's one move; any other (a start also commits the ends it finds,
+        change is one move per task; any other (a start also commits the ends it finds,
         and an end may requeue its task) is one the window has not made."""
         before = self._store.pending_moves
         agreed = self._seen == before
@@ -111,8 +129,9 @@ class PendingWindow:
         except BaseException:
             self.invalidate()
             raise
-        self._drop(task_id)
-        if agreed and self._store.pending_moves <= before + 1:
+        for task_id in task_ids:
+            self._drop(task_id)
+        if agreed and self._store.pending_moves <= before + len(task_ids):
             self._seen = self._store.pending_moves
 
     def invalidate(self) -> None:
@@ -121,7 +140,9 @@ class PendingWindow:
 
     def _add(self, rec: TaskRecord, policies: Sequence, held: Entry | None) -> None:
         try:
-            task = held.task if held is not None else self._read_spec(rec)
+            task = held.task if held is not None else self._offered(rec.id)
+            if task is None:
+                task = self._read_spec(rec)
         except InvalidTask as exc:
             with self.leaving(rec.id):
                 self._failed(rec, exc)
@@ -133,6 +154,7 @@ class PendingWindow:
         self._order.append(entry)
 
     def _drop(self, task_id: str) -> None:
+        self._offered(task_id)  # (a task that left before the window read it)
         entry = self._entries.pop(task_id, None)
         if entry is not None:
             self._order.remove(entry)

@@ -108,7 +108,9 @@ class Scheduler:
         self.commits = Commits(store, "submissions")
         # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
         # read when their turn comes.
-        self._pending = PendingWindow(store, self.lifecycle.read_spec, self._fail_unreadable)
+        self._pending = PendingWindow(
+            store, self.lifecycle.read_spec, self._fail_unreadable, offers=MAX_PENDING_SCAN
+        )
         self._listeners: list[Callable[[], None]] = []
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
@@ -157,6 +159,8 @@ class Scheduler:
         for rec, task in zip(out, tasks, strict=True):
             if rec.state not in TERMINAL:
                 self.lifecycle.note_deadline(rec, task)
+            if rec.state is TaskState.PENDING:  # parsed once: the window takes it
+                self._pending.offer(rec.id, task)
         self.wakeups.wake()
         return out
 
@@ -352,33 +356,42 @@ class Scheduler:
         """Start what fits, in the order of standing, and keep every other task of the
         window Pending with its reasons: each demand decided once while the placement state
         stays as it is (decisions.py), the window kept from the last step (pending.py), the
-        reasons that changed written together, in one transaction."""
+        reasons that changed written together, in one transaction. What fits is reserved
+        as it is decided, so that each later decision sees it, and the step's starts are
+        made together (lifecycle.start_reserved)."""
         now = self.clock()
         policies = self.policies()
         decisions = StepDecisions(self.lifecycle, policies, self._shared_reasons)
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
-        started = 0
-        for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
-            rec, task = entry.rec, entry.task
-            if started == MAX_STARTS_PER_STEP:  # the rest after the exits queued meanwhile
-                self.wakeups.at(now)
-                break
-            if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
-                continue  # (busy: between a migration's stop and restart, its hook running)
-            why = task.enforce and enforcement_reason(task.enforce, self.executor.missing)
-            if why:
-                unavailable = WaitReason("EnforcementUnavailable", self.node.name, why)
-                writes.append((entry, self._shared_reasons((unavailable,))))
-                continue
-            ask = entry.derived or self._ask(entry, policies)
-            placed = decisions.place(ask, rec, task)
-            if isinstance(placed, tuple):
-                if placed is not entry.said:  # (the same object: known to be what it has)
-                    writes.append((entry, placed))
-                continue
-            with self._pending.leaving(rec.id):
-                self.lifecycle.start(rec, task, placed)
-            started += 1
+        reserved = []
+        try:
+            for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
+                rec, task = entry.rec, entry.task
+                if (
+                    len(reserved) == MAX_STARTS_PER_STEP
+                ):  # the rest after the exits queued meanwhile
+                    self.wakeups.at(now)
+                    break
+                if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
+                    continue  # (busy: between a migration's stop and restart, its hook running)
+                why = task.enforce and enforcement_reason(task.enforce, self.executor.missing)
+                if why:
+                    unavailable = WaitReason("EnforcementUnavailable", self.node.name, why)
+                    writes.append((entry, self._shared_reasons((unavailable,))))
+                    continue
+                ask = entry.derived or self._ask(entry, policies)
+                placed = decisions.place(ask, rec, task)
+                if isinstance(placed, tuple):
+                    if placed is not entry.said:  # (the same object: known to be what it has)
+                        writes.append((entry, placed))
+                    continue
+                reserved.append(self.lifecycle.reserve(rec, task, placed))
+        except BaseException:
+            self.lifecycle.unreserve(reserved)
+            raise
+        if reserved:
+            with self._pending.leaving(*(r.rec.id for r in reserved)):
+                self.lifecycle.start_reserved(reserved)
         self._keep_pending(writes)
 
     def _shared_reasons(self, reasons: tuple[WaitReason, ...]) -> tuple[WaitReason, ...]:
