@@ -22,8 +22,10 @@
  * over them in place and the file cut to its length), so a workload that fills the
  * disk cannot cost its own exit status. A shim that cannot secure that space (or write a
  * record at all) starts nothing and writes its error record on its stdout instead: the
- * agent's pipe until `started` is written. start_time fields are field 22 of /proc/PID/stat
- * (clock ticks since boot): with the pid they name one process, never a reuse.
+ * agent's pipe until `started` is written. TASKDIR and its parent are made when missing
+ * (0750): by the shim, beside the agent, and not by the agent's scheduler loop. start_time
+ * fields are field 22 of /proc/PID/stat (clock ticks since boot): with the pid they name one
+ * process, never a reuse.
  *
  * Exit status: 0 once `exit` holds the workload's end; 1 when `exit` holds an error (or could
  * not be written: then stdout has it, where it could be written); 2 for a bad command line
@@ -280,16 +282,36 @@ static void die(const char *stage, int err, const char *fmt, ...)
             kill(child_pid, SIGKILL);  /* not reaped yet: the pid is still ours */
         reap_blocking(&si);
     }
-    if (task_fd >= 0) {
-        struct json j = {.n = 0};
-        jstr(&j, "error", stage);
-        jint(&j, "errno", err);
-        jstr(&j, "message", msg);
-        /* no record in TASKDIR: the record on stdout, the agent's pipe until `started` */
-        if (write_record("exit", &j) < 0 && write_all(STDOUT_FILENO, j.s, j.n) < 0)
-            exit(1);
-    }
+    struct json j = {.n = 0};
+    jstr(&j, "error", stage);
+    jint(&j, "errno", err);
+    jstr(&j, "message", msg);
+    /* no record in TASKDIR (none open, or none written): the record on stdout, the agent's
+     * pipe until `started` */
+    if (task_fd >= 0 && write_record("exit", &j) == 0)  /* (which closes the record) */
+        exit(1);
+    if (task_fd < 0)
+        jraw(&j, "}\n");
+    write_all(STDOUT_FILENO, j.s, j.n);
     exit(1);
+}
+
+/* `dir` and its parent, each made when missing */
+static int make_dir(const char *dir)
+{
+    char parent[PATH_MAX];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    while (n > 0 && dir[n - 1] != '/')
+        n--;
+    if (n > 1 && n < sizeof parent) {
+        memcpy(parent, dir, n - 1);
+        parent[n - 1] = '\0';
+        if (mkdir(parent, 0750) < 0 && errno != EEXIST)
+            return -1;
+    }
+    return mkdir(dir, 0750) < 0 && errno != EEXIST ? -1 : 0;
 }
 
 __attribute__((noreturn))
@@ -638,11 +660,11 @@ int main(int argc, char **argv)
         usage("--method is clone3 or fork");
     char **cmd = argv + i + 1;
 
+    if (make_dir(dir) < 0)
+        die("record", errno, "mkdir %s: %s", dir, strerror(errno));
     task_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (task_fd < 0) {
-        fprintf(stderr, "xhagent-shim: open %s: %s\n", dir, strerror(errno));
-        return 1;
-    }
+    if (task_fd < 0)
+        die("record", errno, "open %s: %s", dir, strerror(errno));
     for (int which = 0; which < 2; which++)
         if (reserve_record(which) < 0)
             die("reserve", errno, "reserve %s/%s.tmp: %s", dir, record_names[which],

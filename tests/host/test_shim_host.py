@@ -293,3 +293,23 @@ def test_a_shim_that_cannot_exec_is_a_start_error_naming_it(monkeypatch, leaves,
         shim_mod.launch_shim(task_dir, *leaves, ["true"], ENV)
     assert info.value.errno == errno.ENOEXEC and str(broken) in str(info.value)
     assert leaves[1].procs() == [] and leaves[0].procs() == []
+
+
+def test_the_shim_makes_its_directory_and_its_parent_and_names_one_it_cannot_make(leaves, tmp_path):
+    task_dir = tmp_path / "task" / "0"
+    s = start_shim(task_dir, *leaves, ["true"], ENV)
+    assert wait_exit(task_dir).exit_code == 0 and task_dir.is_dir()
+    s.process.wait(timeout=10)
+    assert oct(task_dir.stat().st_mode & 0o777) == oct(0o750 & ~_umask())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ShimError) as info:  # no record can go there: told on the pipe
+        start_shim(blocker / "0", *leaves, ["true"], ENV)
+    assert info.value.errno == errno.ENOTDIR
+    assert str(info.value) == f"mkdir {blocker / '0'}: Not a directory"
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

@@ -123,18 +123,18 @@ class Executor:
         """`start` up to the shim spawned: its `started` record is awaited by the result's
         `wait`, which the caller must call (a failure then too leaves no leaf behind)."""
         leaf = self.leaf(task_id)
-        own = run_dir is None  # the attempt's: below its task's directory, below `runs`
-        run_dir = run_dir or self.run_dir(task_id, attempt)
-        try:
-            if own:  # two mkdirs, not a failed one first: each waits on the journal
-                run_dir.parent.mkdir(mode=0o750, exist_ok=True)
-                run_dir.mkdir(mode=0o750, exist_ok=True)
-            else:
+        # The attempt's own directory (and its task's) the shim makes: a mkdir waits on the
+        # state disk's journal, which the shims' fsyncs keep busy, and the loop must not.
+        # A trace is written there before the shim starts, a hook's directory is elsewhere.
+        if run_dir is not None or trace:
+            run_dir = run_dir or self.run_dir(task_id, attempt)
+            try:
                 run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise shim.no_space(exc.filename or run_dir) from None
-            raise
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise shim.no_space(exc.filename or run_dir) from None
+                raise
+        run_dir = run_dir or self.run_dir(task_id, attempt)
         # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
         # children of a group that was once written to cgroup.kill (see shim.py).
         leaf.create()

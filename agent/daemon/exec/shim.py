@@ -95,7 +95,7 @@ def _record(task_dir: Path, name: str, kind: type) -> object | None:
     path = task_dir / name
     try:
         return _parse(path.read_bytes(), kind, path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a directory not made: none in it)
         return None
 
 
@@ -146,13 +146,13 @@ def start_shim(
     """Start `argv` (no shell; PATH looked up in `env`) in `task_group` under a new shim in
     `shim_group`, and wait up to `timeout` for the shim's `started` record.
 
-    `task_dir` must exist and hold no records yet. The workload gets `env`, stdin /dev/null,
-    stdout and stderr into `task_dir` (each capped at `log_cap` bytes, and none of it into the
-    last `keep_free` bytes of the filesystem). A workload that could not start raises
-    ShimError with the shim's message (`exec /bin/nope: No such file or directory`; for lack
-    of space `no space left on device (ENOSPC): TASKDIR`), the shim reaped; so does a shim
-    that says nothing within `timeout` (it is killed; a workload it may have started stays in
-    `task_group` for the caller to kill).
+    `task_dir` must hold no records yet; the shim makes it, and its parent, when missing.
+    The workload gets `env`, stdin /dev/null, stdout and stderr into `task_dir` (each capped
+    at `log_cap` bytes, and none of it into the last `keep_free` bytes of the filesystem). A
+    workload that could not start raises ShimError with the shim's message (`exec /bin/nope:
+    No such file or directory`; for lack of space `no space left on device (ENOSPC):
+    TASKDIR`), the shim reaped; so does a shim that says nothing within `timeout` (it is
+    killed; a workload it may have started stays in `task_group` for the caller to kill).
 
     `launch_shim` followed by its `wait`: see there for starting many at once.
 
@@ -201,7 +201,7 @@ def launch_shim(
     must call the result's `wait` (which closes its pipe and raises what start_shim does)."""
     task_dir = Path(task_dir)
     for name in (STARTED, EXIT):
-        if (task_dir / name).exists():
+        if os.path.lexists(task_dir / name):  # (False too where task_dir is no directory)
             raise ShimError(errno.EEXIST, f"{task_dir / name} exists: a task directory serves once")
     cmd = [str(shim_path()), "--dir", str(task_dir), "--cgroup", str(task_group.path)]
     cmd += ["--log-cap", str(int(log_cap)), "--keep-free", str(int(keep_free))]
