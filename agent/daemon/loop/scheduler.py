@@ -367,9 +367,8 @@ class Scheduler:
         try:
             for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
                 rec, task = entry.rec, entry.task
-                if (
-                    len(reserved) == MAX_STARTS_PER_STEP
-                ):  # the rest after the exits queued meanwhile
+                # the rest after the exits queued meanwhile
+                if len(reserved) == MAX_STARTS_PER_STEP:
                     self.wakeups.at(now)
                     break
                 if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
