@@ -126,15 +126,15 @@ class Executor:
         # The attempt's own directory (and its task's) the shim makes: a mkdir waits on the
         # state disk's journal, which the shims' fsyncs keep busy, and the loop must not.
         # A trace is written there before the shim starts, a hook's directory is elsewhere.
-        if run_dir is not None or trace:
-            run_dir = run_dir or self.run_dir(task_id, attempt)
+        made_by_shim = run_dir is None and not trace
+        run_dir = run_dir or self.run_dir(task_id, attempt)
+        if not made_by_shim:
             try:
                 run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     raise shim.no_space(exc.filename or run_dir) from None
                 raise
-        run_dir = run_dir or self.run_dir(task_id, attempt)
         # A fresh group for every start: this kernel SIGKILLs clone3(CLONE_INTO_CGROUP)
         # children of a group that was once written to cgroup.kill (see shim.py).
         leaf.create()
