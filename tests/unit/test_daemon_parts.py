@@ -160,6 +160,51 @@ def test_one_definition_per_name_across_files_and_the_api(policies):
         ps.remove("", "q")
 
 
+def test_a_file_of_many_policies_is_stored_once_and_each_reads_back_alone(policies):
+    ps, directory, _, store = policies
+    text = "---\n".join(POLICY.format(name=f"p{i}", priority=i % 100) for i in range(300))
+    infos, _ = ps.apply(text, "many.yaml")
+    assert len(infos) == 300
+    stored = store.active_policies()
+    # each keeps its own document: the file once, not 300 times (13.8 MB of a 46 KB file)
+    assert sum(len(r.source) for r in stored) <= len(text) + 300 * 8
+    again = PolicySet(directory, store, lambda: 1, lambda *a: None)
+    assert {(p.name, p.priority) for p in again.scheduling()} == {
+        (f"p{i}", i % 100) for i in range(300)
+    }
+    # one policy of the file changed: only its version moves
+    changed = text.replace("name: p7}", "name: p7, labels: {x: y}}")
+    versions = {i["name"]: i["version"] for i in ps.apply(changed, "many.yaml")[0]}
+    assert versions["p7"] == 2 and versions["p8"] == 1
+
+
+def test_a_sibling_removed_from_an_applied_file_stays_removed_after_a_restart(policies):
+    ps, directory, seen, store = policies
+    both = POLICY.format(name="a", priority=60) + "---\n" + POLICY.format(name="b", priority=70)
+    ps.apply(both, "two.yaml")
+    # as an older agent kept it: each policy's row holding the whole file
+    store.put_policy("SchedulingPolicy", "a", both, "two.yaml")
+    store.put_policy("SchedulingPolicy", "b", both, "two.yaml")
+    ps.remove("SchedulingPolicy", "b")
+    again = PolicySet(directory, store, lambda: 1, lambda *a: None)
+    assert [(p.name, p.priority) for p in again.scheduling()] == [("a", 60)]
+
+
+def test_a_stored_policy_that_no_longer_reads_is_said_and_the_rest_are_in_force(policies):
+    _, directory, _, store = policies
+    store.put_policy("SchedulingPolicy", "good", POLICY.format(name="good", priority=5), "g")
+    store.put_policy("SchedulingPolicy", "bad", POLICY.format(name="bad", priority=700), "b")
+    store.put_policy("SchedulingPolicy", "gone", POLICY.format(name="other", priority=5), "o")
+    seen: list[tuple[str, str]] = []
+    again = PolicySet(directory, store, lambda: 1, lambda k, m: seen.append((k, m)))
+    assert [p.name for p in again.scheduling()] == ["good"]
+    assert [k for k, _ in seen] == ["PolicyRejected", "PolicyRejected"]
+    bad, gone = sorted(m for _, m in seen)
+    assert bad.startswith("SchedulingPolicy bad version 1, applied through the API, is not")
+    assert "b:5:13: spec.priority: 700 is out of range" in bad
+    assert gone.endswith("is not in force: the text kept for it defines no such policy")
+
+
 CGROUP = (
     "apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {{name: {name}}}\n"
     "spec:\n  groups:\n    - name: a\n      cpu: {{weight: {weight}}}\n"

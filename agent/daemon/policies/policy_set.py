@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...policy.classes import class_table
 from ...spec import SpecError
-from ..store import Store
+from ..store import PolicyRecord, Store
 from .enact import Enacted
 from .files import read_policy_file
 from .sources import CONFIGMAP_SWAP, KINDS, SUFFIXES, Loaded, PolicyError, parse_source
@@ -57,11 +57,30 @@ class PolicySet:
         self.files: dict[str, tuple[str, list[Loaded]]] = {}  # file name -> (text, in force)
         self.applied: dict[tuple[str, str], Loaded] = {}
         for rec in store.active_policies():
+            if (item := self._stored(rec)) is not None:
+                self.applied[(rec.kind, rec.name)] = item
+
+    def _stored(self, rec: PolicyRecord) -> Loaded | None:
+        """An applied policy as the store keeps it. Its text is its own document (or, as an
+        older agent stored it, the whole file it came in: only its own policy is taken from
+        it, so that a sibling removed since stays removed). A text that no longer reads is
+        said and not in force; the agent starts all the same."""
+        try:
             loaded = parse_source(rec.source, rec.file)
-            for item in loaded:
-                self.applied[(item.kind, item.name)] = Loaded(
-                    item.kind, item.name, item.value, rec.file, rec.version, rec.applied_ns
-                )
+            found = [i for i in loaded if (i.kind, i.name) == (rec.kind, rec.name)]
+        except PolicyError as exc:
+            found, why = [], str(exc)
+        else:
+            why = "the text kept for it defines no such policy"
+        if len(found) != 1:
+            self.report(
+                "PolicyRejected",
+                f"{rec.kind} {rec.name} version {rec.version}, applied through the API, is not "
+                f"in force: {why}",
+            )
+            return None
+        item = found[0]
+        return Loaded(rec.kind, rec.name, item.value, rec.file, rec.version, rec.applied_ns)
 
     # -- the directory ------------------------------------------------------------------------
     def reload(self, names: set[str | None] | None = None) -> bool:
@@ -112,7 +131,7 @@ class PolicySet:
         out = []
         with self.store.atomic():  # the versions and their one event, or nothing
             for item in loaded:
-                version = self.store.put_policy(item.kind, item.name, source, file_name)
+                version = self.store.put_policy(item.kind, item.name, item.text, file_name)
                 kept = Loaded(item.kind, item.name, item.value, file_name, version, self.clock())
                 out.append(kept)
             versions = ", ".join(f"{i.kind} {i.name} version {i.version}" for i in out)

@@ -3,7 +3,7 @@ error of it (FILE:LINE:COL). Pure: nothing here touches the store or the kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...spec import SpecError, load_text
 
@@ -30,6 +30,10 @@ class Loaded:
     file_name: str
     version: int = 0  # API-applied: the store's version; files: 0
     applied_ns: int = 0
+    # Its own document's text (a CgroupPolicy: its whole file, which holds it alone): what
+    # the store keeps of an applied policy, so that a file of N policies is stored once, not
+    # N times.
+    text: str = field(default="", repr=False, compare=False)
 
     def info(self) -> dict:
         return {
@@ -60,11 +64,11 @@ def parse_source(text: str, file_name: str) -> list[Loaded]:
             policy = load_policy_text(text, file_name)
             if not policy.name:
                 raise docs[0].root.error("metadata.name: a CgroupPolicy the agent keeps is named")
-            return [Loaded("CgroupPolicy", policy.name, policy, file_name)]
+            return [Loaded("CgroupPolicy", policy.name, policy, file_name, text=text)]
         out = []
         for doc in docs:
             policy = parse_policy(doc)
-            out.append(Loaded("SchedulingPolicy", policy.name, policy, file_name))
+            out.append(Loaded("SchedulingPolicy", policy.name, policy, file_name, text=doc.text))
         return out
     except SpecError as exc:
         raise PolicyError(str(exc)) from None

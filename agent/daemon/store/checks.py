@@ -19,7 +19,7 @@ from .records import Placement, WaitReason
 
 DB_NAME, LOCK_NAME = "state.db", "lock"
 # The input limits are the readers' (xhagent.spec), so that what `policy validate` accepts
-# is stored: a task keeps its own document, an applied policy the file it came in.
+# is stored: a task keeps its own document, an applied policy its own (a CgroupPolicy: its file).
 MAX_DOCUMENT = MAX_DOCUMENT_BYTES  # bytes of one Task document, and of its summary as JSON
 MAX_SOURCE = MAX_BYTES  # bytes of a policy file
 MAX_JSON = 1 << 20  # bytes of reasons, placement, args, detail as JSON
