@@ -16,6 +16,7 @@ import pytest
 from xhagent.daemon.store import (
     Conflict,
     NotFound,
+    Owner,
     Placement,
     Store,
     StoreError,
@@ -26,6 +27,7 @@ from xhagent.daemon.store import (
     schema,
 )
 from xhagent.daemon.store.states import IllegalTransition, TaskState
+from xhagent.daemon.store.store import page_query
 
 N1, N2 = Placement("n1", (), False), Placement("n2", (), False)
 SUMMARY = TaskSummary(document=0, task_class="batch", priority=None, device_type="cpu")
@@ -302,6 +304,42 @@ def test_list_tasks_filters_and_pages(store):
     assert [t.id for t in store.list_tasks(limit=2)] == ids[:2]
     assert [t.id for t in store.list_tasks(after=ids[2])] == ids[3:]
     assert [t.id for t in store.list_tasks(["Cancelled"])] == [ids[1]]
+
+
+def test_a_callers_tasks_in_some_states_page_in_order_on_one_index_range_each(store):
+    owners = [Owner(1000, 1000, 1000), Owner(1001, 1001, 1001)]
+    states = [TaskState.PENDING, TaskState.CANCELLED, TaskState.PENDING, TaskState.FAILED]
+    made = []  # (id, owner uid, state)
+    for i in range(40):
+        owner, state = owners[i % 3 == 0], states[i % 4]
+        rec = submit(store, f"j{i}", owner=owner)
+        if state is TaskState.FAILED:
+            store.transition(rec.id, TaskState.STARTING, placement=N1)
+            store.transition(rec.id, TaskState.FAILED, error="x")
+        elif state is not TaskState.PENDING:
+            store.transition(rec.id, state)
+        made.append((rec.id, owner.uid, state))
+    wanted = {TaskState.PENDING, TaskState.FAILED}
+    for newest_first in (False, True):
+        expect = [i for i, uid, st in made if uid == 1000 and st in wanted]
+        expect = expect[::-1] if newest_first else expect
+        got, after = [], None
+        while True:  # pages of 4, across states
+            page, more = store.task_page(
+                wanted, after=after, limit=4, newest_first=newest_first, owner_uid=1000
+            )
+            got += [t.id for t in page]
+            if not more:
+                break
+            after = page[-1].id
+        assert got == expect and len(expect) > 8
+    assert store.count_tasks(wanted, owner_uid=1000) == len(expect)
+    query, args = page_query(7, True, 1000, {"Pending", "Running"}, 10)
+    with sqlite3.connect(store.path) as c:
+        plan = [r[-1] for r in c.execute(f"EXPLAIN QUERY PLAN {query}", args)]
+    ranges = [p for p in plan if p.startswith("SEARCH tasks")]
+    one = "SEARCH tasks USING COVERING INDEX tasks_owner_state (owner_uid=? AND state=? AND seq<?)"
+    assert ranges == [one] * 2, plan
 
 
 def test_a_second_agent_on_the_same_dir_is_refused(tmp_path):

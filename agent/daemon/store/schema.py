@@ -110,7 +110,11 @@ V4 = sql(
 # write that failed), stdout and stderr together.
 V5 = sql("ALTER TABLE tasks ADD COLUMN output_dropped INTEGER NOT NULL DEFAULT 0")
 
-MIGRATIONS: list[Step] = [V1, V2, V3, V4, V5]
+# A caller's tasks in some states (a user's `ps` of what is Pending or Running) without a walk
+# over every task that caller ever submitted.
+V6 = sql("CREATE INDEX tasks_owner_state ON tasks (owner_uid, state, seq)")
+
+MIGRATIONS: list[Step] = [V1, V2, V3, V4, V5, V6]
 
 
 def latest() -> int:

@@ -481,32 +481,21 @@ class Store:
             cut = parse_task_id(after) if after else None
         except ValueError as exc:
             raise StoreError(str(exc)) from None
-        where, args = [], []
-        if cut is not None:
-            where.append("seq < ?" if newest_first else "seq > ?")
-            args.append(cut)
-        if owner_uid is not None:
-            where.append("owner_uid = ?")
-            args.append(owner_uid)
-        if states is not None:
-            states = [TaskState(s).value for s in states]
-            where.append(f"state IN ({', '.join('?' * len(states))})")
-            args += states
         limit = max(1, min(limit, MAX_TASKS_PAGE))
-        out, size, fetched = [], 0, 0
         order = "DESC" if newest_first else "ASC"
-        # The page's rows are chosen on an index alone (seq is in every index), and only
-        # they are read whole: states in any order would have SQLite sort every matching
-        # row, documents included, to keep the first `limit`.
-        chosen = (
-            f"SELECT seq FROM tasks {'WHERE ' + ' AND '.join(where) if where else ''} "
-            f"ORDER BY seq {order} LIMIT ?"
+        chosen, args = page_query(
+            cut,
+            newest_first,
+            owner_uid,
+            None if states is None else {TaskState(s).value for s in states},
+            limit,
         )
+        out, size, fetched = [], 0, 0
         with self._read() as c:
             for row in c.execute(
                 f"SELECT {TaskRecord.COLUMNS} FROM tasks WHERE seq IN ({chosen}) "
                 f"ORDER BY seq {order}",
-                (*args, limit + 1),
+                args,
             ):
                 fetched += 1
                 size += _length(row[-3]) + _length(row[-1])  # its document and its summary
@@ -782,6 +771,46 @@ class Store:
         return c.execute(
             "SELECT count(DISTINCT kind || '/' || name) FROM policies WHERE removed_ns IS NULL"
         ).fetchone()[0]
+
+
+def page_query(
+    cut: int | None,
+    newest_first: bool,
+    owner_uid: int | None,
+    states: set[str] | None,
+    limit: int,
+) -> tuple[str, list]:
+    """The query choosing a page's seqs, and its arguments: `limit` + 1 of them (the one
+    more says whether another page follows).
+
+    The page is chosen on an index alone (seq is in every index), and only its rows are
+    read whole: states in any order would have SQLite sort every matching row, documents
+    included. A caller's tasks in some states are one range of (owner_uid, state, seq) per
+    state, merged: with IN, SQLite walks every task the caller ever submitted instead."""
+    order = "DESC" if newest_first else "ASC"
+    where, args = [], []
+    if cut is not None:
+        where.append("seq < ?" if newest_first else "seq > ?")
+        args.append(cut)
+    if owner_uid is not None:
+        where.append("owner_uid = ?")
+        args.append(owner_uid)
+    if owner_uid is not None and states:
+        ranges = " UNION ALL ".join(
+            f"SELECT seq FROM (SELECT seq FROM tasks WHERE {' AND '.join(where)} AND state = ? "
+            f"ORDER BY seq {order} LIMIT ?)"
+            for _ in states
+        )
+        each = [[*args, state, limit + 1] for state in sorted(states)]
+        return f"SELECT seq FROM ({ranges}) ORDER BY seq {order} LIMIT ?", [
+            *(a for one in each for a in one),
+            limit + 1,
+        ]
+    if states is not None:
+        where.append(f"state IN ({', '.join('?' * len(states))})")
+        args += sorted(states)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT seq FROM tasks {clause} ORDER BY seq {order} LIMIT ?", [*args, limit + 1]
 
 
 class _Ended(Exception):
