@@ -10,8 +10,11 @@
 6. the worker pool, when configured (pooling.py): its workers in `pool/<cpu>` leaves;
 7. the socket, then the loop.
 
-SIGTERM and SIGINT stop serving and leave workloads running (their shims record them);
-SIGHUP re-reads the policy directory. The loop runs in its own thread; the main thread
+SIGTERM and SIGINT stop the agent and leave workloads running (their shims record them):
+serving, or during start-up, which then ends at its next checkpoint (between two of the
+steps above, or two files or two tasks of steps 4 and 5) and closes what it opened; either
+way the agent exits 0. SIGHUP re-reads the policy directory (signals.py holds the handlers
+from the first line of `xhagent run`). The loop runs in its own thread; the main thread
 waits for signals and the policy directory's changes.
 """
 
@@ -41,7 +44,9 @@ from .loop.scheduler import Scheduler
 from .loop.submission import parse_submission
 from .policies.enact import enact
 from .policies.policy_set import PolicySet
+from .policies.sources import SUFFIXES
 from .policies.watch import DirectoryWatch
+from .signals import DaemonSignals, StopRequested
 from .store import Store
 
 log = logging.getLogger("xhagent")
@@ -84,9 +89,11 @@ def _few_malloc_arenas(arenas: int = 2) -> None:
 
 
 class Daemon:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, signals: DaemonSignals):
         self.settings = settings
+        self.signals = signals  # installed by the caller, before anything here starts
         self.store: Store | None = None
+        self.service: AgentService | None = None
         self.server = None
         self.scheduler: Scheduler | None = None
         self.faults = Faults()
@@ -104,18 +111,31 @@ class Daemon:
         if self.store is not None:
             self.store.add_event(kind, message, task_id=task_id)
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Everything up to serving; False when a stop came first: it was said, and what
+        start-up had opened is closed."""
         _few_malloc_arenas()
-        s = self.settings
-        self.store = Store.open(s.state_dir)
         try:
+            self.signals.checkpoint()
+            self.store = Store.open(self.settings.state_dir)
             self._start()
+        except StopRequested as stop:
+            try:
+                self._stopping(stop.signum, " during start-up")
+            finally:
+                self.close()
+            return False
         except BaseException:
             self.close()
             raise
+        return True
+
+    def _stopping(self, signum: int, when: str = "") -> None:
+        self.report("Stopping", f"{signal.Signals(signum).name}{when}: workloads keep running")
 
     def _start(self) -> None:
-        s = self.settings
+        s, checkpoint = self.settings, self.signals.checkpoint
+        checkpoint()
         pool_cpus = None
         if s.pool is not None:  # a pool that cannot be is refused before anything happens
             from .exec.pooling import pool_cpus as resolve_pool
@@ -136,11 +156,13 @@ class Daemon:
         self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")
         for controller, why in sorted(missing.items()):
             self.report("NotEnforced", f"{controller}: {why}; tasks run without its limits")
+        checkpoint()
         policies = PolicySet(
             s.policies_dir, self.store, time.time_ns, self.report, lambda p: enact(p, sub)
         )
-        policies.reload()
+        self._load_policy_files(policies)
         policies.reconcile()
+        checkpoint()
         self.scheduler = Scheduler(
             self.store,
             executor,
@@ -150,14 +172,17 @@ class Daemon:
             policies.classes,
             faults=self.faults,
         )
-        counts = self.scheduler.recover()
+        counts = self.scheduler.recover(checkpoint)
         self.report("Recovered", " ".join(f"{k}={v}" for k, v in counts.items()))
+        checkpoint()
         if pool_cpus is not None:
             from .exec.pooling import start_pool
 
             self.pool = start_pool(pool_cpus, s.pool.slice_ms, sub, self.report)
+            checkpoint()
         if s.metrics_addr is not None:
             self._serve_metrics(s.metrics_addr, sub, executor)
+            checkpoint()
         info = {"socket": s.socket, "state_dir": s.state_dir, **s.extra}
         if self.exporter is not None:
             info["metrics_addr"] = self.exporter.url
@@ -183,6 +208,17 @@ class Daemon:
         self._thread.start()
         self.scheduler.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
+
+    def _load_policy_files(self, policies: PolicySet) -> None:
+        """The directory's files one at a time (what `reload()` would read, in its order),
+        a checkpoint before each: each file is read, checked and recorded on its own, and
+        many of them (a millisecond or more each) must not hold a stop back."""
+        directory = self.settings.policies_dir
+        if directory is None or not directory.is_dir():
+            return
+        for name in sorted(p.name for p in directory.iterdir() if p.suffix in SUFFIXES):
+            self.signals.checkpoint()
+            policies.reload({name})
 
     def _delay_accounting(self) -> None:
         """Before any workload starts: the kernel keeps I/O and memory delays only of tasks
@@ -246,52 +282,38 @@ class Daemon:
             self.faults.cleared(RELOAD)
 
     def serve_forever(self) -> None:
-        """Until SIGTERM or SIGINT (main thread only)."""
-        got: list[int] = []
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        old_fd = signal.set_wakeup_fd(w)
-        handlers = {
-            sig: signal.signal(sig, lambda n, _f: got.append(n))
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        }
+        """Until SIGTERM or SIGINT (main thread only). A stop goes before a re-read asked
+        for at the same time. A SIGHUP that came during start-up is acted on here, at once:
+        start-up may have read the directory before the operator's edit it announces, and
+        a file read again unchanged is no change (no event, nothing enacted)."""
         sel = selectors.DefaultSelector()
-        sel.register(r, selectors.EVENT_READ)
+        sel.register(self.signals, selectors.EVENT_READ)
         if self.watch is not None:
             sel.register(self.watch, selectors.EVENT_READ)
         try:
             while True:
+                if self.signals.stop is not None:
+                    self._stopping(self.signals.stop)
+                    return
+                if self.signals.take_reload():
+                    self.report("Reload", "SIGHUP: re-reading the policy directory")
+                    self.reload(None)
                 for key, _ in sel.select():
                     if key.fileobj is self.watch:
                         self.reload(self.watch.changes())
                     else:
-                        try:
-                            os.read(r, 4096)
-                        except BlockingIOError:
-                            pass
-                while got:
-                    sig = got.pop(0)
-                    if sig == signal.SIGHUP:
-                        self.report("Reload", "SIGHUP: re-reading the policy directory")
-                        self.reload(None)
-                    else:
-                        self.report(
-                            "Stopping", f"{signal.Signals(sig).name}: workloads keep running"
-                        )
-                        return
+                        self.signals.drain()
         finally:
-            signal.set_wakeup_fd(old_fd)
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
             sel.close()
-            os.close(r)
-            os.close(w)
 
     def close(self) -> None:
         """Stop serving and the loop; workloads keep running under their shims."""
         if self.server is not None:
             self.server.stop(grace=1.0)
             self.server = None
+        if self.service is not None:  # made just before the socket is bound
             self.service.close()
+            self.service = None
         if self.exporter is not None:
             self.exporter.stop()
             self.exporter = None

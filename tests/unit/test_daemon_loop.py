@@ -26,6 +26,7 @@ from xhagent.daemon.loop.scheduler import Scheduler
 from xhagent.daemon.loop.submission import parse_submission
 from xhagent.daemon.metrics import AgentMetrics
 from xhagent.daemon.policies.sources import parse_source
+from xhagent.daemon.signals import StopRequested
 from xhagent.daemon.store import Placement, Store, TaskState, WaitReason
 from xhagent.node_model import Node
 
@@ -412,6 +413,27 @@ def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
     loop.executor.exit(running, 0)
     loop.step()  # adopted and supervised again: its end is collected
     assert loop.state(running) == TaskState.SUCCEEDED
+
+
+def test_a_stop_ends_recovery_between_two_tasks_and_the_next_start_finishes_it(loop):
+    ids = loop.submit(task("a"), task("b"), task("c"))
+    loop.step()
+    loop.executor.dead_shims.update(ids)  # the node rebooted: every shim is gone
+    loop.scheduler.close()
+    loop.store.close()
+    loop.open()
+    calls = []
+
+    def checkpoint():  # a stop comes while the second task is recovered
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise StopRequested(signal.SIGTERM)
+
+    with pytest.raises(StopRequested):
+        loop.scheduler.recover(checkpoint)
+    assert [loop.state(t) for t in ids] == [TaskState.FAILED, TaskState.FAILED, TaskState.RUNNING]
+    assert loop.restart()["ended"] == 1
+    assert [loop.state(t) for t in ids] == [TaskState.FAILED] * 3
 
 
 def test_recovery_completes_a_move_between_devices(tmp_path, clock):

@@ -8,9 +8,15 @@ one whose shim died without a record is killed and recorded as lost, a leaf's fr
 is made to match its task's record, a move between devices that was under way is completed
 (migration.py: stopped, checkpointed, started on its target or where it was), and leaves no
 task owns are removed. Each kind of intent has one branch below.
+
+A stop asked for meanwhile ends recovery between two items (`checkpoint` raises): each
+item is whole on its own, so what is left is what a kill -9 at that point would leave,
+and the next start recovers it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..store import NEEDS_PLACEMENT, CorruptTask, TaskRecord, TaskState
 from .lifecycle import Lifecycle
@@ -18,14 +24,17 @@ from .migration import MigrationController
 from .preemption import KILL_TIMEOUT_S, preempted_reason
 
 
-def recover(lc: Lifecycle, migration: MigrationController) -> dict[str, int]:
+def recover(
+    lc: Lifecycle, migration: MigrationController, checkpoint: Callable[[], None] = lambda: None
+) -> dict[str, int]:
     """Finish or roll back what a kill -9 interrupted, re-adopt the workloads that still
     run, record those that ended meanwhile with their real status, and remove leaves
-    no task owns. Returns counts for the log."""
+    no task owns. Returns counts for the log; `checkpoint()` is called before each item."""
     store, executor = lc.store, lc.executor
     counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0, "moved": 0}
     moves = []  # (intent, the stopped task): started again once every placement is back
     for intent in store.open_intents():
+        checkpoint()
         rec = store.get(intent.task_id)
         if intent.action == "migrate" and rec is not None:
             stopped = migration.resume_stop(rec, intent.args or {})
@@ -49,6 +58,7 @@ def recover(lc: Lifecycle, migration: MigrationController) -> dict[str, int]:
             counts["ended"] += 1
         store.finish_intent(intent.id, "recovered")
     for rec in store.each_task(NEEDS_PLACEMENT):
+        checkpoint()
         lc.hold(rec)
         status = executor.status(rec.id, rec.attempt)
         if status.exit is not None:
@@ -66,15 +76,18 @@ def recover(lc: Lifecycle, migration: MigrationController) -> dict[str, int]:
             lc.finish(rec, status, lost=True)
             counts["ended"] += 1
     for intent, stopped in moves:
+        checkpoint()
         out = migration.resume_restart(stopped, intent.args or {})
         store.finish_intent(intent.id, f"recovered: {out['outcome']}")
         counts["moved"] += bool(out.get("moved"))
     live = {r.id for r in store.each_task(NEEDS_PLACEMENT)}
     for task_id in executor.leaves():
+        checkpoint()
         if task_id not in live and not _unreadable(store, task_id):
             executor.remove_leaf(task_id)
             counts["orphan_leaves"] += 1
     for rec in store.each_task([*NEEDS_PLACEMENT, TaskState.PENDING]):
+        checkpoint()
         lc.note_deadline(rec)
     return counts
 

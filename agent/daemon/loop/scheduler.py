@@ -281,10 +281,10 @@ class Scheduler:
         self.wakeups.wake()
 
     # -- restart ------------------------------------------------------------------------------
-    def recover(self) -> dict[str, int]:
+    def recover(self, checkpoint: Callable[[], None] = lambda: None) -> dict[str, int]:
         """See recovery.recover."""
         with self.lock:
-            return recover(self.lifecycle, self.migration)
+            return recover(self.lifecycle, self.migration, checkpoint)
 
     # -- the loop -----------------------------------------------------------------------------
     def stop(self) -> None:
