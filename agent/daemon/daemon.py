@@ -44,7 +44,6 @@ from .loop.scheduler import Scheduler
 from .loop.submission import parse_submission
 from .policies.enact import enact
 from .policies.policy_set import PolicySet
-from .policies.sources import SUFFIXES
 from .policies.watch import DirectoryWatch
 from .signals import DaemonSignals, StopRequested
 from .store import Store
@@ -160,7 +159,8 @@ class Daemon:
         policies = PolicySet(
             s.policies_dir, self.store, time.time_ns, self.report, lambda p: enact(p, sub)
         )
-        self._load_policy_files(policies)
+        # many files (a millisecond or more each) must not hold a stop back
+        policies.reload(between=checkpoint)
         policies.reconcile()
         checkpoint()
         self.scheduler = Scheduler(
@@ -208,17 +208,6 @@ class Daemon:
         self._thread.start()
         self.scheduler.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
-
-    def _load_policy_files(self, policies: PolicySet) -> None:
-        """The directory's files one at a time (what `reload()` would read, in its order),
-        a checkpoint before each: each file is read, checked and recorded on its own, and
-        many of them (a millisecond or more each) must not hold a stop back."""
-        directory = self.settings.policies_dir
-        if directory is None or not directory.is_dir():
-            return
-        for name in sorted(p.name for p in directory.iterdir() if p.suffix in SUFFIXES):
-            self.signals.checkpoint()
-            policies.reload({name})
 
     def _delay_accounting(self) -> None:
         """Before any workload starts: the kernel keeps I/O and memory delays only of tasks

@@ -83,9 +83,13 @@ class PolicySet:
         return Loaded(rec.kind, rec.name, item.value, rec.file, rec.version, rec.applied_ns)
 
     # -- the directory ------------------------------------------------------------------------
-    def reload(self, names: set[str | None] | None = None) -> bool:
+    def reload(
+        self, names: set[str | None] | None = None, between: Callable[[], None] = lambda: None
+    ) -> bool:
         """Re-read the directory (`names` None or holding None: every file); True when what
-        is in force changed. A file whose text is unchanged is no change."""
+        is in force changed. A file whose text is unchanged is no change. `between()` is
+        called before each file (what it raises ends the reload there: each file read is
+        whole on its own)."""
         if self.directory is None or not self.directory.is_dir():
             return False
         if names is None or None in names or CONFIGMAP_SWAP in names:
@@ -93,6 +97,7 @@ class PolicySet:
             names = present | set(self.files)
         changed = False
         for name in sorted(n for n in names if n and Path(n).suffix in SUFFIXES):
+            between()
             changed |= self._reload_file(name)
         if changed:
             self.on_change()
