@@ -65,14 +65,21 @@ class NotFound(StoreError):
     pass
 
 
-class CorruptTask(StoreError):
+class CorruptRow(StoreError):
+    """A stored row that cannot be read back (edited by hand, damaged on disk): which row,
+    the column and what is wrong."""
+
+    def __init__(self, row: str, column: str, problem: str):
+        super().__init__(f"{row}: its stored row is unreadable: column {column}: {problem}")
+        self.column, self.problem = column, problem
+
+
+class CorruptTask(CorruptRow):
     """A task row that cannot be read back: the task's id, the column and what is wrong."""
 
     def __init__(self, task_id: str, column: str, problem: str, owner_uid: int | None = None):
-        super().__init__(
-            f"task {task_id}: its stored row is unreadable: column {column}: {problem}"
-        )
-        self.task_id, self.column, self.problem = task_id, column, problem
+        super().__init__(f"task {task_id}", column, problem)
+        self.task_id = task_id
         # whose task it is, where the row still says (None: the agent's own, or not known):
         # the API tells only its owner and admins that it exists
         self.owner_uid = owner_uid

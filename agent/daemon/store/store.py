@@ -50,6 +50,7 @@ from .checks import (
     MAX_SOURCE,
     MAX_TASKS_PAGE,
     Conflict,
+    CorruptRow,
     CorruptTask,
     NotFound,
     StoreError,
@@ -65,7 +66,7 @@ from .checks import (
     text,
 )
 from .records import (
-    OWNER_AT,
+    TASK_COLUMNS,
     BadColumn,
     Event,
     Intent,
@@ -80,6 +81,7 @@ from .states import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
 
 log = logging.getLogger("xhagent")
 T = TypeVar("T")
+LEFT_OUT = "it is left out of scheduling"  # what becomes of a task whose row cannot be read
 
 __all__ = [
     "ACTIONS",
@@ -347,20 +349,20 @@ class Store:
         try:
             return TaskRecord.from_row(row)
         except BadColumn as exc:
-            task_id = row[0] if isinstance(row[0], str) else repr(row[0])
-            uid = row[OWNER_AT]
-            owner = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+            task_id = TASK_COLUMNS.readable(row, "id")
+            owner = TASK_COLUMNS.readable(row, "owner_uid")
+            task_id = repr(row[0]) if task_id is None else task_id
             raise CorruptTask(task_id, exc.column, exc.problem, owner) from None
 
-    def _report(self, corrupt: CorruptTask) -> None:
-        """Once per task and problem: a corrupt row is left out of the agent's work, not
-        retried and logged again at every step."""
+    def _report(self, corrupt: CorruptRow, then: str) -> None:
+        """Once per row and problem: a corrupt row met again at every step, or by every
+        reader of the events, is not logged again each time. `then`: what becomes of it."""
         key = str(corrupt)
         with self._mutex:
             if key in self._reported or len(self._reported) >= MAX_TASKS_PAGE:
                 return
             self._reported.add(key)
-        log.error("%s; it is left out of scheduling until the row is repaired", corrupt)
+        log.error("%s; %s until the row is repaired", corrupt, then)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -437,7 +439,7 @@ class Store:
         except CorruptTask as corrupt:
             if unreadable:
                 raise
-            self._report(corrupt)
+            self._report(corrupt, LEFT_OUT)
             return None
 
     def list_tasks(
@@ -515,7 +517,7 @@ class Store:
                 try:
                     out.append(self._record(row))
                 except CorruptTask as corrupt:
-                    self._report(corrupt)
+                    self._report(corrupt, LEFT_OUT)
                     out += [corrupt] if unreadable else []
         return out, False
 
