@@ -4,9 +4,9 @@ task row itself, events, intents and policy versions.
 
 Each JSON column has one reader (`from_json`) and one writer (`to_json`); rows written by an
 older xhagent read through the same reader, whose defaults are the only place a missing key
-is filled in. A task row is read through `TASK_COLUMNS`: a column that does not hold what
-the agent writes there (a row edited by hand, a disk that lost bits) is a `BadColumn`
-naming it, for that row alone.
+is filled in. Task and event rows are read through their table's `Columns`: a column that
+does not hold what the agent writes there (a row edited by hand, a disk that lost bits) is
+a `BadColumn` naming it, for that row alone.
 """
 
 from __future__ import annotations
@@ -215,6 +215,12 @@ def _integer(low: int, high: int, *, nullable: bool = False) -> Callable[[Any], 
     return column
 
 
+def _object(doc: Any) -> dict:
+    if not isinstance(doc, dict):
+        raise ValueError
+    return doc
+
+
 def _state(value: Any) -> TaskState:
     if value not in STATE_NAMES:
         raise BadColumn("state", f"{_shown(value)} is not a task state")
@@ -289,7 +295,7 @@ class Columns:
     def read(self, row: Sequence) -> list:
         """The row's values, each read; BadColumn for the first column that does not read
         as what it keeps."""
-        try:  # a page of a thousand rows is read on every List: no wrapper per column
+        try:  # a page of a thousand rows is read on every List and Watch: no wrapper per column
             return [read(v) for read, v in zip(self._readers, row, strict=True)]
         except _UNREAD:  # read again, column by column, for the one to name
             return [_column(*c, v) for c, v in zip(self.columns, row, strict=True)]
@@ -336,7 +342,18 @@ TASK_COLUMNS = Columns(
     ("source_file", _text(), "text"),
     ("spec", _json(_summary), "a JSON task summary"),
 )
+# seq is the table's rowid: SQLite keeps it an integer whatever is written there.
+EVENT_COLUMNS = Columns(
+    ("seq", _integer(*INT64), "an integer"),
+    ("ts_ns", _integer(*INT64), "an integer"),
+    ("task_id", _text(nullable=True), "text or NULL"),
+    ("kind", _text(), "text"),
+    ("message", _text(), "text"),
+    ("detail", _json(_object), "a JSON object"),
+)
 _OWNER_AT = TASK_COLUMNS.index("owner_uid")
+# The kind of the event shown in place of one whose row cannot be read.
+UNREADABLE = "Unreadable"
 
 
 @dataclass(frozen=True)
@@ -404,11 +421,20 @@ class Event:
     message: str
     detail: dict
 
-    COLUMNS = "seq, ts_ns, task_id, kind, message, detail"
+    COLUMNS = EVENT_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> Event:
-        return cls(*row[:5], json.loads(row[5]))
+        """The event of a row read with COLUMNS; BadColumn for the first column that does
+        not read as what it keeps."""
+        return cls(*EVENT_COLUMNS.read(row))
+
+    @classmethod
+    def in_place_of(cls, row: Sequence, message: str) -> Event:
+        """What is shown of a row that does not read: an `Unreadable` event with its seq,
+        and its time and task where those read (0 and None where they do not)."""
+        ts_ns, task_id = (EVENT_COLUMNS.readable(row, c) for c in ("ts_ns", "task_id"))
+        return cls(row[0], ts_ns or 0, task_id, UNREADABLE, message, {})
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -655,7 +655,11 @@ class Store:
         owner_uid: int | None = None,
     ) -> list[Event]:
         """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE).
-        With `owner_uid`, only events of the tasks that uid submitted."""
+        With `owner_uid`, only events of the tasks that uid submitted: an event whose task id,
+        or whose task's owner, cannot be read is no one's, and shown to admins only.
+
+        A row that cannot be read is an `Unreadable` event in its place, its message naming
+        its seq, the column and what is wrong (logged once): a stream goes on past it."""
         where, args = "seq > ?", [since_seq]
         if task_id is not None:
             where, args = where + " AND task_id = ?", [*args, task_id]
@@ -668,7 +672,15 @@ class Store:
                 f"SELECT {Event.COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
                 (*args, limit),
             ).fetchall()
-        return [Event.from_row(r) for r in rows]
+        return [self._event_of(r) for r in rows]
+
+    def _event_of(self, row) -> Event:
+        try:
+            return Event.from_row(row)
+        except BadColumn as exc:
+            corrupt = CorruptRow(f"event {row[0]}", exc.column, exc.problem)
+            self._report(corrupt, "it is shown as an Unreadable event")
+            return Event.in_place_of(row, str(corrupt))
 
     def last_event_seq(self) -> int:
         """Where a watcher that wants only what happens from now on starts."""
