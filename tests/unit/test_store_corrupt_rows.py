@@ -80,7 +80,7 @@ def test_repairing_the_row_makes_the_task_readable_again(store):
     assert store.get(task.id).summary.task_class == "batch"
 
 
-# -- events: a row that cannot be read is that row's alone as well -------------------------------
+# -- events and intents: a row that cannot be read is that row's alone as well ----------------
 
 
 def corrupt_row(store, table, key, at, column, value):
@@ -157,3 +157,48 @@ def test_an_event_whose_task_cannot_be_read_is_for_admins_alone(store):
     admins = {e.seq: e for e in store.events(0)}
     assert admins[lost_task].kind == "Unreadable" and admins[lost_task].task_id is None
     assert store.events(0, owner_uid=1001) == []
+
+
+def test_an_unreadable_intent_is_listed_in_its_place_and_can_be_finished(store):
+    from xhagent.daemon.store import Conflict, CorruptIntent
+
+    task = submit(store, "acted-on")
+    first, bad, last = (store.begin_intent(task.id, a) for a in ("freeze", "thaw", "kill"))
+    corrupt_row(store, "intents", "id", bad, "created_ns", "noon")
+
+    listed = store.open_intents()
+    assert [getattr(i, "id", None) or i.intent_id for i in listed] == [first, bad, last]
+    corrupt = listed[1]
+    assert isinstance(corrupt, CorruptIntent)
+    assert (corrupt.intent_id, corrupt.task_id, corrupt.column) == (bad, task.id, "created_ns")
+    assert str(corrupt) == (
+        f"intent {bad} of task {task.id}: its stored row is unreadable: column created_ns: "
+        "'noon' is not an integer"
+    )
+    # finished all the same: it is not met again
+    assert isinstance(store.finish_intent(bad, "unreadable: column created_ns"), CorruptIntent)
+    assert [i.id for i in store.open_intents()] == [first, last]
+    with pytest.raises(Conflict, match=r"already finished: unreadable: column created_ns$"):
+        store.finish_intent(bad, "again")
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "task_known", "said"),
+    [
+        ("args", "{not json", True, "not JSON (Expecting property name"),
+        ("args", "[]", True, "'[]' is not a JSON object"),
+        ("action", "explode", True, "'explode' is not an intent action"),
+        ("task_id", b"\xff", False, "b'\\xff' is not text"),
+        ("outcome", b"\x00", True, "b'\\x00' is not text or NULL"),
+    ],
+)
+def test_every_column_of_an_intent_is_read_as_what_it_holds(store, column, value, task_known, said):
+    task = submit(store, "acted-on")
+    intent = store.begin_intent(task.id, "start", {"node": "n1"})
+    with sqlite3.connect(store.path) as db:  # a hand edit with foreign keys off
+        db.execute(f"UPDATE intents SET {column} = ? WHERE id = ?", (value, intent))
+    (corrupt,) = store.open_intents()
+    of = f" of task {task.id}" if task_known else ""
+    assert str(corrupt).startswith(
+        f"intent {intent}{of}: its stored row is unreadable: column {column}: {said}"
+    ), str(corrupt)

@@ -4,9 +4,9 @@ task row itself, events, intents and policy versions.
 
 Each JSON column has one reader (`from_json`) and one writer (`to_json`); rows written by an
 older xhagent read through the same reader, whose defaults are the only place a missing key
-is filled in. Task and event rows are read through their table's `Columns`: a column that
-does not hold what the agent writes there (a row edited by hand, a disk that lost bits) is
-a `BadColumn` naming it, for that row alone.
+is filled in. Task, event and intent rows are read through their table's `Columns`: a
+column that does not hold what the agent writes there (a row edited by hand, a disk that
+lost bits) is a `BadColumn` naming it, for that row alone.
 """
 
 from __future__ import annotations
@@ -221,6 +221,12 @@ def _object(doc: Any) -> dict:
     return doc
 
 
+def _action(value: Any) -> str:
+    if value not in ACTIONS:
+        raise ValueError
+    return value
+
+
 def _state(value: Any) -> TaskState:
     if value not in STATE_NAMES:
         raise BadColumn("state", f"{_shown(value)} is not a task state")
@@ -311,6 +317,8 @@ class Columns:
 
 
 STATE_NAMES = frozenset(s.value for s in TaskState)
+# What an intent records before it is acted on (store.begin_intent).
+ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf", "migrate"})
 INT64 = (-(2**63), 2**63 - 1)
 INT32 = (-(2**31), 2**31 - 1)
 # A task row's columns in TaskRecord's field order (owner_uid, run_uid and run_gid make its
@@ -342,7 +350,7 @@ TASK_COLUMNS = Columns(
     ("source_file", _text(), "text"),
     ("spec", _json(_summary), "a JSON task summary"),
 )
-# seq is the table's rowid: SQLite keeps it an integer whatever is written there.
+# seq and id are each table's rowid: SQLite keeps them integers whatever is written there.
 EVENT_COLUMNS = Columns(
     ("seq", _integer(*INT64), "an integer"),
     ("ts_ns", _integer(*INT64), "an integer"),
@@ -350,6 +358,15 @@ EVENT_COLUMNS = Columns(
     ("kind", _text(), "text"),
     ("message", _text(), "text"),
     ("detail", _json(_object), "a JSON object"),
+)
+INTENT_COLUMNS = Columns(
+    ("id", _integer(*INT64), "an integer"),
+    ("task_id", _text(), "text"),
+    ("action", _action, "an intent action"),
+    ("args", _json(_object), "a JSON object"),
+    ("created_ns", _integer(*INT64), "an integer"),
+    ("done_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
+    ("outcome", _text(nullable=True), "text or NULL"),
 )
 _OWNER_AT = TASK_COLUMNS.index("owner_uid")
 # The kind of the event shown in place of one whose row cannot be read.
@@ -450,11 +467,13 @@ class Intent:
     done_ns: int | None
     outcome: str | None
 
-    COLUMNS = "id, task_id, action, args, created_ns, done_ns, outcome"
+    COLUMNS = INTENT_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> Intent:
-        return cls(row[0], row[1], row[2], json.loads(row[3]), *row[4:])
+        """The intent of a row read with COLUMNS; BadColumn for the first column that does
+        not read as what it keeps."""
+        return cls(*INTENT_COLUMNS.read(row))
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 
 from . import schema
 from .checks import (
-    ACTIONS,
     DB_NAME,
     KEEP_EVENTS,
     KEEP_INTENTS,
@@ -50,6 +49,7 @@ from .checks import (
     MAX_SOURCE,
     MAX_TASKS_PAGE,
     Conflict,
+    CorruptIntent,
     CorruptRow,
     CorruptTask,
     NotFound,
@@ -66,6 +66,8 @@ from .checks import (
     text,
 )
 from .records import (
+    ACTIONS,
+    INTENT_COLUMNS,
     TASK_COLUMNS,
     BadColumn,
     Event,
@@ -86,6 +88,7 @@ LEFT_OUT = "it is left out of scheduling"  # what becomes of a task whose row ca
 __all__ = [
     "ACTIONS",
     "Conflict",
+    "CorruptIntent",
     "CorruptTask",
     "NotFound",
     "Store",
@@ -703,7 +706,9 @@ class Store:
                 (task_id, action, encoded, self._clock()),
             ).lastrowid
 
-    def finish_intent(self, intent_id: int, outcome: str) -> Intent:
+    def finish_intent(self, intent_id: int, outcome: str) -> Intent | CorruptIntent:
+        """The intent, finished with `outcome`; one whose row cannot be read back is finished
+        all the same, and returned as its CorruptIntent."""
         outcome = text(outcome, "intent outcome", MAX_SHORT, cut=True)
         with self._tx(f"finishing intent {intent_id}") as c:
             done = c.execute(
@@ -716,22 +721,33 @@ class Store:
             if row is None:
                 raise NotFound(f"no intent {intent_id}")
             if not done:
-                raise Conflict(f"intent {intent_id} was already finished: {row[-1]}")
+                was = INTENT_COLUMNS.readable(row, "outcome")
+                was = "" if was is None else f": {was}"
+                raise Conflict(f"intent {intent_id} was already finished{was}")
             if intent_id > self.keep_intents and intent_id % 100 == 0:
                 c.execute(
                     "DELETE FROM intents WHERE done_ns IS NOT NULL AND id <= ?",
                     (intent_id - self.keep_intents,),
                 )
-            return Intent.from_row(row)
+            return self._intent(row)
 
-    def open_intents(self, limit: int = 1000) -> list[Intent]:
-        """Begun, not finished, oldest first: what a restarted agent completes or undoes."""
+    def open_intents(self, limit: int = 1000) -> list[Intent | CorruptIntent]:
+        """Begun, not finished, oldest first: what a restarted agent completes or undoes. A
+        row that cannot be read is its CorruptIntent in its place, for the caller to report
+        and finish: one bad row stops no other."""
         with self._read() as c:
             rows = c.execute(
                 f"SELECT {Intent.COLUMNS} FROM intents WHERE done_ns IS NULL ORDER BY id LIMIT ?",
                 (max(1, limit),),
             ).fetchall()
-        return [Intent.from_row(r) for r in rows]
+        return [self._intent(r) for r in rows]
+
+    def _intent(self, row) -> Intent | CorruptIntent:
+        try:
+            return Intent.from_row(row)
+        except BadColumn as exc:
+            task_id = INTENT_COLUMNS.readable(row, "task_id")
+            return CorruptIntent(row[0], task_id, exc.column, exc.problem)
 
     # -- policies: every applied version kept; the active one is the newest not removed ---
 
