@@ -1,7 +1,8 @@
 """A real agent given what an adversary sends: every out-of-range field is INVALID_ARGUMENT
 naming it and leaves no traceback in the agent's log; a task row corrupted with sqlite3 is
 that task's problem alone (ps lists the others, get names task and column, the scheduling
-loop carries on and reports it once)."""
+loop carries on and reports it once), and a corrupted event or intent row that row's alone
+(`events` shows it and goes on, a restart reports the intent and recovers the rest)."""
 
 import os
 import re
@@ -142,3 +143,34 @@ def test_a_running_task_whose_row_is_corrupted_keeps_running_through_a_restart(a
     assert agent.wait(other)["state"] == "Succeeded"
     assert "Traceback" not in agent.log.read_text(), agent.tail(40)
     assert internal_errors(agent)["scheduler_step"] == 0
+
+
+def test_corrupt_event_and_intent_rows_stop_neither_the_event_stream_nor_a_restart(agent, tmp_path):
+    tid = agent.submit(task_file(tmp_path, "ok", ["true"]))
+    assert agent.wait(tid)["state"] == "Succeeded"
+    assert agent.stop() == 0
+    with sqlite3.connect(agent.state / "state.db") as db:
+        (seq,) = db.execute("SELECT min(seq) FROM events WHERE task_id = ?", (tid,)).fetchone()
+        db.execute("UPDATE events SET detail = '{not json' WHERE seq = ?", (seq,))
+        # an intent a kill -9 left open, its arguments damaged on disk
+        intent = db.execute(
+            "INSERT INTO intents (task_id, action, args, created_ns) VALUES (?, 'kill', '{', 1)",
+            (tid,),
+        ).lastrowid
+    agent.start()
+
+    res = agent.cli("events", "--since", "0")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    shown = next(line for line in lines if line.split()[0] == str(seq))
+    assert f" {tid} " in shown, shown
+    assert f"Unreadable: event {seq}: its stored row is unreadable: column detail: not JSON" in (
+        shown
+    )
+    said = next(line for line in lines if "IntentUnreadable" in line)
+    assert f"intent {intent} of task {tid}: its stored row is unreadable: column args" in said
+    assert "unreadable_intents=1" in [line for line in lines if "Recovered" in line][-1]
+    later = agent.submit(task_file(tmp_path, "later", ["true"]))
+    assert agent.wait(later)["state"] == "Succeeded"
+    assert "Traceback" not in agent.log.read_text(), agent.tail(40)
+    assert internal_errors(agent) == {"scheduler_step": 0, "policy_reload": 0, "api": 0}

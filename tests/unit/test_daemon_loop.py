@@ -405,7 +405,14 @@ def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
     loop.executor.dead_shims.add(dead)
     loop.executor.leaves_["t00000zz"] = FakeLeaf(Path("orphan"))
     counts = loop.restart()
-    assert counts == {"adopted": 2, "ended": 1, "rolled_back": 0, "orphan_leaves": 1, "moved": 0}
+    assert counts == {
+        "adopted": 2,
+        "ended": 1,
+        "rolled_back": 0,
+        "orphan_leaves": 1,
+        "moved": 0,
+        "unreadable_intents": 0,
+    }
     assert loop.state(running) == TaskState.RUNNING and loop.executor.leaf(frozen).frozen
     assert not loop.executor.leaf(running).frozen and loop.store.open_intents() == []
     rec = loop.store.get(dead)

@@ -7,7 +7,13 @@ start time checked), one that ended meanwhile is recorded with the status its sh
 one whose shim died without a record is killed and recorded as lost, a leaf's freeze state
 is made to match its task's record, a move between devices that was under way is completed
 (migration.py: stopped, checkpointed, started on its target or where it was), and leaves no
-task owns are removed. Each kind of intent has one branch below.
+task owns are removed. A kill and a move each have a branch below; a start's intent says no
+more than its task's state (Starting) does, and is rolled back from that.
+
+An intent whose row cannot be read is reported (logged, and an `IntentUnreadable` event) and
+finished as unreadable, so that no later start meets it again. What it began is not known:
+its task, like every task that holds a placement, is looked at by what its record and its
+shim say.
 
 A stop asked for meanwhile ends recovery between two items (`checkpoint` raises): each
 item is whole on its own, so what is left is what a kill -9 at that point would leave,
@@ -16,12 +22,24 @@ and the next start recovers it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from ..store import NEEDS_PLACEMENT, CorruptTask, TaskRecord, TaskState
+from ..store import (
+    NEEDS_PLACEMENT,
+    CorruptIntent,
+    CorruptTask,
+    NotFound,
+    Store,
+    TaskRecord,
+    TaskState,
+)
 from .lifecycle import Lifecycle
 from .migration import MigrationController
 from .preemption import KILL_TIMEOUT_S, preempted_reason
+
+log = logging.getLogger("xhagent")
+INTENT_UNREADABLE = "IntentUnreadable"  # the event of an intent recovery could not read
 
 
 def recover(
@@ -31,36 +49,42 @@ def recover(
     run, record those that ended meanwhile with their real status, and remove leaves
     no task owns. Returns counts for the log; `checkpoint()` is called before each item."""
     store, executor = lc.store, lc.executor
-    counts = {"adopted": 0, "ended": 0, "rolled_back": 0, "orphan_leaves": 0, "moved": 0}
+    counts = dict.fromkeys(
+        ("adopted", "ended", "rolled_back", "orphan_leaves", "moved", "unreadable_intents"), 0
+    )
     moves = []  # (intent, the stopped task): started again once every placement is back
     for intent in store.open_intents():
         checkpoint()
+        if isinstance(intent, CorruptIntent):
+            _finish_unreadable(store, intent)
+            counts["unreadable_intents"] += 1
+            continue
         rec = store.get(intent.task_id)
         if intent.action == "migrate" and rec is not None:
             stopped = migration.resume_stop(rec, intent.args or {})
             if stopped is not None:
                 moves.append((intent, stopped))
                 continue
-        elif intent.action == "start" and rec is not None and rec.state == TaskState.STARTING:
-            status = executor.status(rec.id, rec.attempt)
-            if status.started is None and status.exit is None:
-                # The shim never said it started: nothing of the workload runs.
-                executor.remove_leaf(rec.id)
-                store.transition(
-                    rec.id,
-                    TaskState.PENDING,
-                    expect=TaskState.STARTING,
-                    note="start rolled back after a restart",
-                )
-                counts["rolled_back"] += 1
         elif intent.action == "kill" and rec is not None and rec.state in NEEDS_PLACEMENT:
             complete_kill(lc, rec, (intent.args or {}).get("preempted_by"))
             counts["ended"] += 1
         store.finish_intent(intent.id, "recovered")
     for rec in store.each_task(NEEDS_PLACEMENT):
         checkpoint()
-        lc.hold(rec)
         status = executor.status(rec.id, rec.attempt)
+        if rec.state == TaskState.STARTING and status.started is None and status.exit is None:
+            # The shim never said it started: nothing of the workload runs. Here, not by its
+            # intent: one whose row cannot be read leaves the same task to roll back.
+            executor.remove_leaf(rec.id)
+            store.transition(
+                rec.id,
+                TaskState.PENDING,
+                expect=TaskState.STARTING,
+                note="start rolled back after a restart",
+            )
+            counts["rolled_back"] += 1
+            continue
+        lc.hold(rec)
         if status.exit is not None:
             lc.finish(rec, status)
             counts["ended"] += 1
@@ -90,6 +114,22 @@ def recover(
         checkpoint()
         lc.note_deadline(rec)
     return counts
+
+
+def _finish_unreadable(store: Store, corrupt: CorruptIntent) -> None:
+    """Report an intent whose row cannot be read, once (a log line and an event, its task's
+    where that reads), and finish it as unreadable."""
+    message = f"{corrupt}; finished as unreadable"
+    log.error("%s", message)
+    detail = {"intent": corrupt.intent_id, "column": corrupt.column}
+    with store.atomic():
+        try:
+            store.add_event(INTENT_UNREADABLE, message, task_id=corrupt.task_id, detail=detail)
+        except NotFound:  # the id it holds is no task's
+            store.add_event(INTENT_UNREADABLE, message, detail=detail)
+        store.finish_intent(
+            corrupt.intent_id, f"unreadable: column {corrupt.column}: {corrupt.problem}"
+        )
 
 
 def _unreadable(store, task_id: str) -> bool:

@@ -20,6 +20,7 @@ from .states import BACKOFF, NEEDS_PLACEMENT, TERMINAL, TaskState
 from .store import (
     ACTIONS,
     Conflict,
+    CorruptIntent,
     CorruptTask,
     NotFound,
     Store,
@@ -35,6 +36,7 @@ __all__ = [
     "NEEDS_PLACEMENT",
     "TERMINAL",
     "Conflict",
+    "CorruptIntent",
     "CorruptTask",
     "Event",
     "HeldGpu",

@@ -29,7 +29,6 @@ MAX_TASKS_PAGE, MAX_PAGE_BYTES = 1000, 16 << 20  # list_tasks: rows, and bytes o
 MAX_EVENTS_PAGE = 10_000
 MAX_ACTIVE_POLICIES = 1000  # the scheduler holds all of them in memory
 KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
-ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf", "migrate"})
 TASK_FIELDS = frozenset(
     {"reasons", "placement", "cgroup", "attempt", "preempted", "migrated", "exit_code", "signal"}
     | {"error", "started_ns", "ended_ns", "output_dropped"}
@@ -65,17 +64,34 @@ class NotFound(StoreError):
     pass
 
 
-class CorruptTask(StoreError):
+class CorruptRow(StoreError):
+    """A stored row that cannot be read back (edited by hand, damaged on disk): which row,
+    the column and what is wrong."""
+
+    def __init__(self, row: str, column: str, problem: str):
+        super().__init__(f"{row}: its stored row is unreadable: column {column}: {problem}")
+        self.column, self.problem = column, problem
+
+
+class CorruptTask(CorruptRow):
     """A task row that cannot be read back: the task's id, the column and what is wrong."""
 
     def __init__(self, task_id: str, column: str, problem: str, owner_uid: int | None = None):
-        super().__init__(
-            f"task {task_id}: its stored row is unreadable: column {column}: {problem}"
-        )
-        self.task_id, self.column, self.problem = task_id, column, problem
+        super().__init__(f"task {task_id}", column, problem)
+        self.task_id = task_id
         # whose task it is, where the row still says (None: the agent's own, or not known):
         # the API tells only its owner and admins that it exists
         self.owner_uid = owner_uid
+
+
+class CorruptIntent(CorruptRow):
+    """An intent row that cannot be read back: its id (always readable: the table's rowid),
+    its task's where that column reads (else None), the column and what is wrong."""
+
+    def __init__(self, intent_id: int, task_id: str | None, column: str, problem: str):
+        of = f" of task {task_id}" if task_id is not None else ""
+        super().__init__(f"intent {intent_id}{of}", column, problem)
+        self.intent_id, self.task_id = intent_id, task_id
 
 
 def format_task_id(seq: int) -> str:

@@ -4,7 +4,9 @@ task row itself, events, intents and policy versions.
 
 Each JSON column has one reader (`from_json`) and one writer (`to_json`); rows written by an
 older xhagent read through the same reader, whose defaults are the only place a missing key
-is filled in.
+is filled in. Task, event and intent rows are read through their table's `Columns`: a
+column that does not hold what the agent writes there (a row edited by hand, a disk that
+lost bits) is a `BadColumn` naming it, for that row alone.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ class Owner:
 
 
 class BadColumn(ValueError):
-    """A stored column that does not read as what a task row keeps there: which, and why."""
+    """A stored column that does not read as what its row keeps there: which, and why."""
 
     def __init__(self, column: str, problem: str):
         super().__init__(f"column {column}: {problem}")
@@ -211,6 +213,18 @@ def _integer(low: int, high: int, *, nullable: bool = False) -> Callable[[Any], 
         raise ValueError
 
     return column
+
+
+def _object(doc: Any) -> dict:
+    if not isinstance(doc, dict):
+        raise ValueError
+    return doc
+
+
+def _action(value: Any) -> str:
+    if value not in ACTIONS:
+        raise ValueError
+    return value
 
 
 def _state(value: Any) -> TaskState:
@@ -255,12 +269,61 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
 
 
+# What a column's reader raises for a value it does not hold (json's errors are ValueErrors).
+_UNREAD = (ValueError, TypeError, KeyError, IndexError, AttributeError)
+
+
+def _column(name: str, read: Callable[[Any], Any], holds: str, value: Any) -> Any:
+    """`read(value)`, else BadColumn saying what the column holds instead of `holds`."""
+    try:
+        return read(value)
+    except BadColumn:
+        raise
+    except json.JSONDecodeError as exc:
+        raise BadColumn(name, f"not JSON ({exc.msg} at character {exc.pos})") from None
+    except _UNREAD:
+        raise BadColumn(name, f"{_shown(value)} is not {holds}") from None
+
+
+class Columns:
+    """A table's columns in its record's field order: each one's name, how it reads, and
+    what it must hold. `names` is what a SELECT of the record's row lists."""
+
+    def __init__(self, *columns: tuple[str, Callable[[Any], Any], str]):
+        self.columns = columns
+        self.names = ", ".join(name for name, _, _ in columns)
+        self._readers = tuple(read for _, read, _ in columns)
+        self._at = {name: i for i, (name, _, _) in enumerate(columns)}
+
+    def index(self, name: str) -> int:
+        return self._at[name]
+
+    def read(self, row: Sequence) -> list:
+        """The row's values, each read; BadColumn for the first column that does not read
+        as what it keeps."""
+        try:  # a page of a thousand rows is read on every List and Watch: no wrapper per column
+            return [read(v) for read, v in zip(self._readers, row, strict=True)]
+        except _UNREAD:  # read again, column by column, for the one to name
+            return [_column(*c, v) for c, v in zip(self.columns, row, strict=True)]
+
+    def readable(self, row: Sequence, name: str) -> Any:
+        """Column `name` of a row that does not read as a whole, where that column reads;
+        None where it does not either."""
+        at = self._at[name]
+        try:
+            return self._readers[at](row[at])
+        except _UNREAD:
+            return None
+
+
 STATE_NAMES = frozenset(s.value for s in TaskState)
+# What an intent records before it is acted on (store.begin_intent).
+ACTIONS = frozenset({"start", "freeze", "thaw", "signal", "kill", "remove_leaf", "migrate"})
 INT64 = (-(2**63), 2**63 - 1)
 INT32 = (-(2**31), 2**31 - 1)
 # A task row's columns in TaskRecord's field order (owner_uid, run_uid and run_gid make its
-# `owner`): how each reads, and what it must hold.
-TASK_COLUMNS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+# `owner`).
+TASK_COLUMNS = Columns(
     ("id", _text(), "text"),
     ("name", _text(), "text"),
     ("kind", _text(), "text"),
@@ -287,26 +350,27 @@ TASK_COLUMNS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
     ("source_file", _text(), "text"),
     ("spec", _json(_summary), "a JSON task summary"),
 )
-
-
-# What a column's reader raises for a value it does not hold (json's errors are ValueErrors).
-_UNREAD = (ValueError, TypeError, KeyError, IndexError, AttributeError)
-
-
-def _column(name: str, read: Callable[[Any], Any], holds: str, value: Any) -> Any:
-    """`read(value)`, else BadColumn saying what the column holds instead of `holds`."""
-    try:
-        return read(value)
-    except BadColumn:
-        raise
-    except json.JSONDecodeError as exc:
-        raise BadColumn(name, f"not JSON ({exc.msg} at character {exc.pos})") from None
-    except _UNREAD:
-        raise BadColumn(name, f"{_shown(value)} is not {holds}") from None
-
-
-OWNER_AT = [name for name, _, _ in TASK_COLUMNS].index("owner_uid")
-_READERS = tuple(read for _, read, _ in TASK_COLUMNS)
+# seq and id are each table's rowid: SQLite keeps them integers whatever is written there.
+EVENT_COLUMNS = Columns(
+    ("seq", _integer(*INT64), "an integer"),
+    ("ts_ns", _integer(*INT64), "an integer"),
+    ("task_id", _text(nullable=True), "text or NULL"),
+    ("kind", _text(), "text"),
+    ("message", _text(), "text"),
+    ("detail", _json(_object), "a JSON object"),
+)
+INTENT_COLUMNS = Columns(
+    ("id", _integer(*INT64), "an integer"),
+    ("task_id", _text(), "text"),
+    ("action", _action, "an intent action"),
+    ("args", _json(_object), "a JSON object"),
+    ("created_ns", _integer(*INT64), "an integer"),
+    ("done_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
+    ("outcome", _text(nullable=True), "text or NULL"),
+)
+_OWNER_AT = TASK_COLUMNS.index("owner_uid")
+# The kind of the event shown in place of one whose row cannot be read.
+UNREADABLE = "Unreadable"
 
 
 @dataclass(frozen=True)
@@ -335,18 +399,15 @@ class TaskRecord:
     source_file: str
     summary: TaskSummary
 
-    COLUMNS = ", ".join(name for name, _, _ in TASK_COLUMNS)
+    COLUMNS = TASK_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> TaskRecord:
         """The record of a row read with COLUMNS; BadColumn for the first column that does
-        not read as what it keeps (a row edited by hand, a disk that lost bits)."""
-        try:  # a page of a thousand rows is read on every List: no wrapper per column
-            values = [read(v) for read, v in zip(_READERS, row, strict=True)]
-        except _UNREAD:  # read again, column by column, for the one to name
-            values = [_column(*c, v) for c, v in zip(TASK_COLUMNS, row, strict=True)]
-        uid, run_uid, run_gid = values[OWNER_AT : OWNER_AT + 3]
-        values[OWNER_AT : OWNER_AT + 3] = [None if uid is None else Owner(uid, run_uid, run_gid)]
+        not read as what it keeps."""
+        values = TASK_COLUMNS.read(row)
+        uid, run_uid, run_gid = values[_OWNER_AT : _OWNER_AT + 3]
+        values[_OWNER_AT : _OWNER_AT + 3] = [None if uid is None else Owner(uid, run_uid, run_gid)]
         return cls(*values)
 
     @property
@@ -377,11 +438,20 @@ class Event:
     message: str
     detail: dict
 
-    COLUMNS = "seq, ts_ns, task_id, kind, message, detail"
+    COLUMNS = EVENT_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> Event:
-        return cls(*row[:5], json.loads(row[5]))
+        """The event of a row read with COLUMNS; BadColumn for the first column that does
+        not read as what it keeps."""
+        return cls(*EVENT_COLUMNS.read(row))
+
+    @classmethod
+    def in_place_of(cls, row: Sequence, message: str) -> Event:
+        """What is shown of a row that does not read: an `Unreadable` event with its seq,
+        and its time and task where those read (0 and None where they do not)."""
+        ts_ns, task_id = (EVENT_COLUMNS.readable(row, c) for c in ("ts_ns", "task_id"))
+        return cls(row[0], ts_ns or 0, task_id, UNREADABLE, message, {})
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -397,11 +467,13 @@ class Intent:
     done_ns: int | None
     outcome: str | None
 
-    COLUMNS = "id, task_id, action, args, created_ns, done_ns, outcome"
+    COLUMNS = INTENT_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> Intent:
-        return cls(row[0], row[1], row[2], json.loads(row[3]), *row[4:])
+        """The intent of a row read with COLUMNS; BadColumn for the first column that does
+        not read as what it keeps."""
+        return cls(*INTENT_COLUMNS.read(row))
 
     def to_json(self) -> dict:
         return asdict(self)

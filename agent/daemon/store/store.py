@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 
 from . import schema
 from .checks import (
-    ACTIONS,
     DB_NAME,
     KEEP_EVENTS,
     KEEP_INTENTS,
@@ -50,6 +49,8 @@ from .checks import (
     MAX_SOURCE,
     MAX_TASKS_PAGE,
     Conflict,
+    CorruptIntent,
+    CorruptRow,
     CorruptTask,
     NotFound,
     StoreError,
@@ -65,7 +66,9 @@ from .checks import (
     text,
 )
 from .records import (
-    OWNER_AT,
+    ACTIONS,
+    INTENT_COLUMNS,
+    TASK_COLUMNS,
     BadColumn,
     Event,
     Intent,
@@ -80,10 +83,12 @@ from .states import NEEDS_PLACEMENT, TERMINAL, TaskState, check_transition
 
 log = logging.getLogger("xhagent")
 T = TypeVar("T")
+LEFT_OUT = "it is left out of scheduling"  # what becomes of a task whose row cannot be read
 
 __all__ = [
     "ACTIONS",
     "Conflict",
+    "CorruptIntent",
     "CorruptTask",
     "NotFound",
     "Store",
@@ -347,20 +352,20 @@ class Store:
         try:
             return TaskRecord.from_row(row)
         except BadColumn as exc:
-            task_id = row[0] if isinstance(row[0], str) else repr(row[0])
-            uid = row[OWNER_AT]
-            owner = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
+            task_id = TASK_COLUMNS.readable(row, "id")
+            owner = TASK_COLUMNS.readable(row, "owner_uid")
+            task_id = repr(row[0]) if task_id is None else task_id
             raise CorruptTask(task_id, exc.column, exc.problem, owner) from None
 
-    def _report(self, corrupt: CorruptTask) -> None:
-        """Once per task and problem: a corrupt row is left out of the agent's work, not
-        retried and logged again at every step."""
+    def _report(self, corrupt: CorruptRow, then: str) -> None:
+        """Once per row and problem: a corrupt row met again at every step, or by every
+        reader of the events, is not logged again each time. `then`: what becomes of it."""
         key = str(corrupt)
         with self._mutex:
             if key in self._reported or len(self._reported) >= MAX_TASKS_PAGE:
                 return
             self._reported.add(key)
-        log.error("%s; it is left out of scheduling until the row is repaired", corrupt)
+        log.error("%s; %s until the row is repaired", corrupt, then)
 
     # -- tasks ----------------------------------------------------------------------------
 
@@ -437,7 +442,7 @@ class Store:
         except CorruptTask as corrupt:
             if unreadable:
                 raise
-            self._report(corrupt)
+            self._report(corrupt, LEFT_OUT)
             return None
 
     def list_tasks(
@@ -504,7 +509,7 @@ class Store:
                 try:
                     out.append(self._record(row))
                 except CorruptTask as corrupt:
-                    self._report(corrupt)
+                    self._report(corrupt, LEFT_OUT)
                     out += [corrupt] if unreadable else []
         return out, False
 
@@ -642,7 +647,11 @@ class Store:
         owner_uid: int | None = None,
     ) -> list[Event]:
         """Events after `since_seq`, oldest first; at most `limit` (at most MAX_EVENTS_PAGE).
-        With `owner_uid`, only events of the tasks that uid submitted."""
+        With `owner_uid`, only events of the tasks that uid submitted: an event whose task id,
+        or whose task's owner, cannot be read is no one's, and shown to admins only.
+
+        A row that cannot be read is an `Unreadable` event in its place, its message naming
+        its seq, the column and what is wrong (logged once): a stream goes on past it."""
         where, args = "seq > ?", [since_seq]
         if task_id is not None:
             where, args = where + " AND task_id = ?", [*args, task_id]
@@ -655,7 +664,15 @@ class Store:
                 f"SELECT {Event.COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
                 (*args, limit),
             ).fetchall()
-        return [Event.from_row(r) for r in rows]
+        return [self._event_of(r) for r in rows]
+
+    def _event_of(self, row) -> Event:
+        try:
+            return Event.from_row(row)
+        except BadColumn as exc:
+            corrupt = CorruptRow(f"event {row[0]}", exc.column, exc.problem)
+            self._report(corrupt, "it is shown as an Unreadable event")
+            return Event.in_place_of(row, str(corrupt))
 
     def last_event_seq(self) -> int:
         """Where a watcher that wants only what happens from now on starts."""
@@ -678,7 +695,9 @@ class Store:
                 (task_id, action, encoded, self._clock()),
             ).lastrowid
 
-    def finish_intent(self, intent_id: int, outcome: str) -> Intent:
+    def finish_intent(self, intent_id: int, outcome: str) -> Intent | CorruptIntent:
+        """The intent, finished with `outcome`; one whose row cannot be read back is finished
+        all the same, and returned as its CorruptIntent."""
         outcome = text(outcome, "intent outcome", MAX_SHORT, cut=True)
         with self._tx(f"finishing intent {intent_id}") as c:
             done = c.execute(
@@ -691,22 +710,33 @@ class Store:
             if row is None:
                 raise NotFound(f"no intent {intent_id}")
             if not done:
-                raise Conflict(f"intent {intent_id} was already finished: {row[-1]}")
+                was = INTENT_COLUMNS.readable(row, "outcome")
+                was = "" if was is None else f": {was}"
+                raise Conflict(f"intent {intent_id} was already finished{was}")
             if intent_id > self.keep_intents and intent_id % 100 == 0:
                 c.execute(
                     "DELETE FROM intents WHERE done_ns IS NOT NULL AND id <= ?",
                     (intent_id - self.keep_intents,),
                 )
-            return Intent.from_row(row)
+            return self._intent(row)
 
-    def open_intents(self, limit: int = 1000) -> list[Intent]:
-        """Begun, not finished, oldest first: what a restarted agent completes or undoes."""
+    def open_intents(self, limit: int = 1000) -> list[Intent | CorruptIntent]:
+        """Begun, not finished, oldest first: what a restarted agent completes or undoes. A
+        row that cannot be read is its CorruptIntent in its place, for the caller to report
+        and finish: one bad row stops no other."""
         with self._read() as c:
             rows = c.execute(
                 f"SELECT {Intent.COLUMNS} FROM intents WHERE done_ns IS NULL ORDER BY id LIMIT ?",
                 (max(1, limit),),
             ).fetchall()
-        return [Intent.from_row(r) for r in rows]
+        return [self._intent(r) for r in rows]
+
+    def _intent(self, row) -> Intent | CorruptIntent:
+        try:
+            return Intent.from_row(row)
+        except BadColumn as exc:
+            task_id = INTENT_COLUMNS.readable(row, "task_id")
+            return CorruptIntent(row[0], task_id, exc.column, exc.problem)
 
     # -- policies: every applied version kept; the active one is the newest not removed ---
 
