@@ -202,3 +202,39 @@ def test_every_column_of_an_intent_is_read_as_what_it_holds(store, column, value
     assert str(corrupt).startswith(
         f"intent {intent}{of}: its stored row is unreadable: column {column}: {said}"
     ), str(corrupt)
+
+
+POLICY = (
+    "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {{name: {name}}}\n"
+    "spec:\n  priority: {priority}\n  matchRules:\n    - selector: {{matchLabels: {{app: x}}}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [
+        ("version", "two", "SchedulingPolicy b: its stored row is unreadable: column version: "
+         "'two' is not a version (1 or more)"),
+        ("source", b"\x00\xff", "SchedulingPolicy b: its stored row is unreadable: column source: "
+         "b'\\x00\\xff' is not text"),
+        ("kind", b"\x07", "policy b: its stored row is unreadable: column kind: "
+         "b'\\x07' is not text"),
+    ],
+)  # fmt: skip
+def test_an_unreadable_policy_row_keeps_only_itself_out_of_force(tmp_path, column, value, said):
+    from xhagent.daemon.policies.policy_set import PolicySet
+    from xhagent.daemon.store import CorruptPolicy
+
+    store = Store.open(tmp_path / "state")
+    for name in ("a", "b", "c"):
+        store.put_policy("SchedulingPolicy", name, POLICY.format(name=name, priority=5), "f")
+    with sqlite3.connect(store.path) as db:
+        db.execute(f"UPDATE policies SET {column} = ? WHERE name = 'b'", (value,))
+    active = store.active_policies()
+    bad = [p for p in active if isinstance(p, CorruptPolicy)]
+    assert len(active) == 3 and len(bad) == 1 and str(bad[0]) == said
+    seen: list[tuple[str, str]] = []
+    ps = PolicySet(None, store, lambda: 1, lambda k, m: seen.append((k, m)))
+    assert [p.name for p in ps.scheduling()] == ["a", "c"]
+    assert seen == [("PolicyRejected", f"{said}; applied through the API, it is not in force")]
+    store.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...policy.classes import class_table
 from ...spec import SpecError
-from ..store import PolicyRecord, Store
+from ..store import CorruptPolicy, PolicyRecord, Store
 from .enact import Enacted
 from .files import read_policy_file
 from .sources import CONFIGMAP_SWAP, KINDS, SUFFIXES, Loaded, PolicyError, parse_source
@@ -60,11 +60,14 @@ class PolicySet:
             if (item := self._stored(rec)) is not None:
                 self.applied[(rec.kind, rec.name)] = item
 
-    def _stored(self, rec: PolicyRecord) -> Loaded | None:
+    def _stored(self, rec: PolicyRecord | CorruptPolicy) -> Loaded | None:
         """An applied policy as the store keeps it. Its text is its own document (or, as an
         older agent stored it, the whole file it came in: only its own policy is taken from
-        it, so that a sibling removed since stays removed). A text that no longer reads is
-        said and not in force; the agent starts all the same."""
+        it, so that a sibling removed since stays removed). A row or a text that no longer
+        reads is said and not in force; the agent starts all the same."""
+        if isinstance(rec, CorruptPolicy):
+            self.report("PolicyRejected", f"{rec}; applied through the API, it is not in force")
+            return None
         try:
             loaded = parse_source(rec.source, rec.file)
             found = [i for i in loaded if (i.kind, i.name) == (rec.kind, rec.name)]

@@ -94,6 +94,15 @@ class CorruptIntent(CorruptRow):
         self.intent_id, self.task_id = intent_id, task_id
 
 
+class CorruptPolicy(CorruptRow):
+    """An applied policy's row that cannot be read back: its kind and name where those
+    columns read (else None), the column and what is wrong."""
+
+    def __init__(self, kind: str | None, name: str | None, column: str, problem: str):
+        super().__init__(f"{kind or 'policy'} {name or '(name unreadable)'}", column, problem)
+        self.kind, self.name = kind, name
+
+
 def format_task_id(seq: int) -> str:
     digits = []
     while seq or len(digits) < ID_DIGITS:

@@ -368,6 +368,15 @@ INTENT_COLUMNS = Columns(
     ("done_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
     ("outcome", _text(nullable=True), "text or NULL"),
 )
+POLICY_COLUMNS = Columns(
+    ("kind", _text(), "text"),
+    ("name", _text(), "text"),
+    ("version", _integer(1, INT64[1]), "a version (1 or more)"),
+    ("source", _text(), "text"),
+    ("file", _text(), "text"),
+    ("applied_ns", _integer(*INT64), "an integer"),
+    ("removed_ns", _integer(*INT64, nullable=True), "an integer or NULL"),
+)
 _OWNER_AT = TASK_COLUMNS.index("owner_uid")
 # The kind of the event shown in place of one whose row cannot be read.
 UNREADABLE = "Unreadable"
@@ -489,11 +498,12 @@ class PolicyRecord:
     applied_ns: int
     removed_ns: int | None
 
-    COLUMNS = "kind, name, version, source, file, applied_ns, removed_ns"
+    COLUMNS = POLICY_COLUMNS.names
 
     @classmethod
     def from_row(cls, row: Sequence) -> PolicyRecord:
-        return cls(*row)
+        """BadColumn for the first column that does not read as what it keeps."""
+        return cls(*POLICY_COLUMNS.read(row))
 
     def to_json(self) -> dict:
         return asdict(self)

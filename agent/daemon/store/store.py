@@ -50,6 +50,7 @@ from .checks import (
     MAX_TASKS_PAGE,
     Conflict,
     CorruptIntent,
+    CorruptPolicy,
     CorruptRow,
     CorruptTask,
     NotFound,
@@ -68,6 +69,7 @@ from .checks import (
 from .records import (
     ACTIONS,
     INTENT_COLUMNS,
+    POLICY_COLUMNS,
     TASK_COLUMNS,
     BadColumn,
     Event,
@@ -785,7 +787,10 @@ class Store:
             )
             return version
 
-    def active_policies(self, kind: str | None = None) -> list[PolicyRecord]:
+    def active_policies(self, kind: str | None = None) -> list[PolicyRecord | CorruptPolicy]:
+        """The version in force of each policy applied through the API; a row that cannot
+        be read is its CorruptPolicy in its place (for the caller to say): one bad row
+        keeps no other out of force."""
         where, args = ("AND p.kind = ?", (kind,)) if kind else ("", ())
         with self._read() as c:
             rows = c.execute(
@@ -795,7 +800,15 @@ class Store:
                 "WHERE q.kind = p.kind AND q.name = p.name) ORDER BY p.kind, p.name",
                 args,
             ).fetchall()
-        return [PolicyRecord.from_row(r) for r in rows]
+        return [self._policy(r) for r in rows]
+
+    @staticmethod
+    def _policy(row) -> PolicyRecord | CorruptPolicy:
+        try:
+            return PolicyRecord.from_row(row)
+        except BadColumn as exc:
+            kind, name = (POLICY_COLUMNS.readable(row, c) for c in ("kind", "name"))
+            return CorruptPolicy(kind, name, exc.column, exc.problem)
 
     def _active_count(self, c: sqlite3.Connection) -> int:
         return c.execute(
