@@ -30,6 +30,7 @@ import click
 from ..cliparams import FiniteFloat
 
 TARGETS = {"open_p99_ms": 50.0, "rss_back_within_mb": 10.0}
+BASELINE_SETTLE_S = 5.0
 
 
 def _rss_threads(pid: int) -> tuple[float, int]:
@@ -55,6 +56,16 @@ def _unary(client, calls: int) -> dict:
         "p50_ms": round(took[len(took) // 2] * 1e3, 3),
         "p99_ms": round(took[min(len(took) - 1, int(0.99 * len(took)))] * 1e3, 3),
     }
+
+
+def _allocator(client) -> str:
+    """What the agent said it runs with (its Allocator event)."""
+    from ..daemon.api.v1 import agent_pb2 as pb
+
+    for event in client.Watch(pb.WatchRequest(since_seq=0, follow=False)):
+        if event.kind == "Allocator":
+            return event.message
+    return "not said"
 
 
 def _state(agent, client, calls: int) -> dict:
@@ -84,8 +95,15 @@ def _state(agent, client, calls: int) -> dict:
     type=FiniteFloat(0, 600, unit=" s"),
     help="How long after the streams close the agent's RSS is read.",
 )
+@click.option(
+    "--allocator",
+    type=click.Choice(["malloc", "pymalloc"]),
+    default="malloc",
+    show_default=True,
+    help="The scratch agent's allocator (xhagent run --allocator).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (what this bench prints anyway).")
-def bench_streams(streams, calls, settle_seconds, as_json):
+def bench_streams(streams, calls, settle_seconds, allocator, as_json):
     """Unary latency and the agent's memory with N idle following streams, and after."""
     from ..daemon.api.client import connect
     from ..daemon.api.v1 import agent_pb2 as pb
@@ -99,7 +117,7 @@ def bench_streams(streams, calls, settle_seconds, as_json):
         base,
         f"xhagent-bench-streams-{os.getpid()}.slice",
         policies=False,
-        extra=("--max-streams", str(streams + 16)),
+        extra=("--max-streams", str(streams + 16), "--allocator", allocator),
     )
     out: dict = {"benchmark": "streams", "cpus": os.cpu_count(), "streams": streams}
 
@@ -111,6 +129,9 @@ def bench_streams(streams, calls, settle_seconds, as_json):
         agent.start()
         with agent.client() as client:
             client.Health(pb.HealthRequest())
+            out["allocator"] = _allocator(client)
+            # what start-up freed is given back by then, on any allocator
+            time.sleep(BASELINE_SETTLE_S)
             out["baseline"] = _state(agent, client, calls)
             progress(f"opening {streams} idle Watch streams")
             watcher = connect(agent.socket, timeout=None)

@@ -67,6 +67,7 @@ class Settings:
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     debug_endpoints: bool = False  # /debug/ on the metrics port
     pool: PoolConfig | None = None  # the worker pool to host; None: none
+    allocator: str = ""  # what allocator.settle() said the agent runs with
     extra: dict = field(default_factory=dict)
 
 
@@ -152,6 +153,8 @@ class Daemon:
 
         executor.tracer = self.tracer = TaskTracer()
         executor.on_trace = lambda task_id, kind, message: self.report(kind, message, task_id)
+        if s.allocator:
+            self.report("Allocator", s.allocator)
         self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")
         for controller, why in sorted(missing.items()):
             self.report("NotEnforced", f"{controller}: {why}; tasks run without its limits")
