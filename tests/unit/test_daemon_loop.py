@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -412,6 +413,7 @@ def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
         "orphan_leaves": 1,
         "moved": 0,
         "unreadable_intents": 0,
+        "not_held": 0,
     }
     assert loop.state(running) == TaskState.RUNNING and loop.executor.leaf(frozen).frozen
     assert not loop.executor.leaf(running).frozen and loop.store.open_intents() == []
@@ -420,6 +422,37 @@ def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):
     loop.executor.exit(running, 0)
     loop.step()  # adopted and supervised again: its end is collected
     assert loop.state(running) == TaskState.SUCCEEDED
+
+
+def test_a_task_whose_record_cannot_hold_its_placement_is_its_alone_after_a_restart(loop):
+    renamed, unreadable, ended, kept = loop.submit(task("r"), task("u"), task("e"), task("k"))
+    loop.step()
+    loop.step()
+    assert {loop.state(t) for t in (renamed, unreadable, ended, kept)} == {TaskState.RUNNING}
+    loop.executor.exit(ended, 3)  # ended while no agent ran
+    with sqlite3.connect(loop.store.path) as db:  # a node renamed; a document this agent
+        for t in (renamed, ended):  # no longer reads
+            db.execute(
+                "UPDATE tasks SET placement = json_set(placement, '$.node', 'old') WHERE id = ?",
+                (t,),
+            )
+        db.execute("UPDATE tasks SET source = 'kind: [' WHERE id = ?", (unreadable,))
+    counts = loop.restart()
+    assert counts["not_held"] == 3 and counts["adopted"] == 1
+    r, u, e = (loop.store.get(t) for t in (renamed, unreadable, ended))
+    assert r.state == u.state == TaskState.FAILED
+    assert r.error == (
+        "not recovered after a restart: its placement is on node 'old', and this node is 'n1'"
+    )
+    assert u.error.startswith("not recovered after a restart: its document no longer reads: ")
+    assert (e.state, e.exit_code) == (TaskState.FAILED, 3)  # its own status, as it ended
+    # stopped, not left running unseen beside what is placed next
+    assert loop.executor.runs[renamed].exit is not None
+    assert renamed not in loop.executor.leaves() and unreadable not in loop.executor.leaves()
+    assert loop.state(kept) == TaskState.RUNNING
+    (late,) = loop.submit(task("late"))
+    loop.step()
+    assert loop.state(late) == TaskState.RUNNING  # the freed CPUs are placed again
 
 
 def test_a_stop_ends_recovery_between_two_tasks_and_the_next_start_finishes_it(loop):

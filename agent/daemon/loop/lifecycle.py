@@ -112,6 +112,11 @@ class Deadlines:
         return len(self._due)
 
 
+class NotHeld(Exception):
+    """After a restart, a task whose record cannot hold its placement again (its document
+    no longer reads, or its placement is not on this node as it is now): why, in a line."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a start ended, to be committed: its intent, Running or Failed, and the fields."""
@@ -198,9 +203,23 @@ class Lifecycle:
         self._specs[task_id] = task
 
     def hold(self, rec: TaskRecord) -> None:
-        """After a restart: `rec` holds its placement again, and its spec is kept."""
-        self._specs.setdefault(rec.id, self.read_spec(rec))
-        self.cluster.commit(allocation_of(rec))
+        """After a restart: `rec` holds its placement again, and its spec is kept; NotHeld
+        when it cannot, and then it holds nothing."""
+        try:
+            task = self.read_spec(rec)
+        except (ValueError, IndexError) as exc:  # InvalidTask (located), or no such document
+            raise NotHeld(f"its document no longer reads: {exc}") from None
+        allocation = allocation_of(rec)
+        if allocation.node not in self.cluster.nodes:
+            raise NotHeld(
+                f"its placement is on node {allocation.node!r}, and this node is "
+                f"{', '.join(repr(n) for n in self.cluster.nodes)}"
+            )
+        try:
+            self.cluster.commit(allocation)
+        except (KeyError, ValueError) as exc:
+            raise NotHeld(f"its placement does not fit this node now: {exc}") from None
+        self._specs.setdefault(rec.id, task)
 
     def note_deadline(self, rec: TaskRecord, task: Task | None = None) -> None:
         """Keep a task's deadline in mind: from `task`, else its record's summary, else (a

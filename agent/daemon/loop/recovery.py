@@ -34,7 +34,7 @@ from ..store import (
     TaskRecord,
     TaskState,
 )
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, NotHeld
 from .migration import MigrationController
 from .preemption import KILL_TIMEOUT_S, preempted_reason
 
@@ -50,7 +50,16 @@ def recover(
     no task owns. Returns counts for the log; `checkpoint()` is called before each item."""
     store, executor = lc.store, lc.executor
     counts = dict.fromkeys(
-        ("adopted", "ended", "rolled_back", "orphan_leaves", "moved", "unreadable_intents"), 0
+        (
+            "adopted",
+            "ended",
+            "rolled_back",
+            "orphan_leaves",
+            "moved",
+            "unreadable_intents",
+            "not_held",
+        ),
+        0,
     )
     moves = []  # (intent, the stopped task): started again once every placement is back
     for intent in store.open_intents():
@@ -84,7 +93,12 @@ def recover(
             )
             counts["rolled_back"] += 1
             continue
-        lc.hold(rec)
+        try:
+            lc.hold(rec)
+        except NotHeld as exc:
+            _not_held(lc, rec, status, str(exc))
+            counts["not_held"] += 1
+            continue
         if status.exit is not None:
             lc.finish(rec, status)
             counts["ended"] += 1
@@ -114,6 +128,26 @@ def recover(
         checkpoint()
         lc.note_deadline(rec)
     return counts
+
+
+def _not_held(lc: Lifecycle, rec: TaskRecord, status, why: str) -> None:
+    """A task whose record cannot hold its placement again is that task's problem alone:
+    the agent starts all the same. One that ended meanwhile is recorded as it ended; one that
+    still runs is stopped, as its resources cannot be accounted for (it would run unseen
+    beside what is placed next), and recorded Failed with why."""
+    log.error("task %s: not recovered: %s", rec.id, why)
+    if status.exit is not None:
+        lc.finish(rec, status)
+        return
+    lc.executor.kill(rec.id)
+    lc.executor.remove_leaf(rec.id)
+    lc.store.transition(
+        rec.id,
+        TaskState.FAILED,
+        expect=rec.state,
+        error=f"not recovered after a restart: {why}",
+        note="not recovered after a restart",
+    )
 
 
 def _finish_unreadable(store: Store, corrupt: CorruptIntent) -> None:
