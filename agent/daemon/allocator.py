@@ -18,12 +18,14 @@ left as it chose.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CHOICES = ("malloc", "pymalloc")
 MARK = "XHAGENT_ALLOCATOR"  # set on the exec that chose: this process has its allocator
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what signals.py handles
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ def settle(wanted: str) -> str:
     if choice.env is not None:
         sys.stdout.flush()
         sys.stderr.flush()
+        # A stop asked for from here until the new image holds its handlers stays pending
+        # (the mask and pending signals survive the exec; signals.py unblocks them), not
+        # the default action.
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         os.execve(sys.executable, sys.orig_argv, {**os.environ, **choice.env})
     if MARK not in os.environ:
         return f"{choice.name} ({choice.why})"

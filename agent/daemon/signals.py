@@ -42,6 +42,9 @@ class DaemonSignals:
         self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_fd = signal.set_wakeup_fd(self._pipe[1])
         self._old = {s: signal.signal(s, self._caught) for s in (*STOPS, signal.SIGHUP)}
+        # Blocked across the allocator's exec (allocator.py): what came meanwhile is
+        # pending, and is caught now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (*STOPS, signal.SIGHUP))
         return self
 
     def __exit__(self, *_exc) -> None:

@@ -63,3 +63,18 @@ def test_a_stop_before_start_opens_nothing_and_says_stopping(tmp_path, caplog):
         assert Daemon(settings, signals).start() is False
     assert not settings.state_dir.exists()
     assert caplog.messages == ["Stopping: SIGTERM during start-up: workloads keep running"]
+
+
+def test_a_stop_that_came_while_blocked_across_the_allocators_exec_is_caught_on_entry():
+    # what allocator.settle() leaves the new image: the signals blocked, one of them pending
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGHUP))
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.SIGTERM in signal.sigpending()
+        with DaemonSignals() as signals:
+            assert signals.stop == signal.SIGTERM and not signals.reload
+            assert not {signal.SIGTERM, signal.SIGHUP} & signal.pthread_sigmask(
+                signal.SIG_BLOCK, ()
+            )
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGHUP))
