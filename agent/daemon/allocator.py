@@ -61,7 +61,12 @@ def settle(wanted: str) -> str:
         # (the mask and pending signals survive the exec; signals.py unblocks them), not
         # the default action.
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-        os.execve(sys.executable, sys.orig_argv, {**os.environ, **choice.env})
+        try:
+            os.execve(sys.executable, sys.orig_argv, {**os.environ, **choice.env})
+        except OSError as exc:  # the agent goes on as it is, and says so
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+            why = exc.strerror or str(exc)
+            return f"pymalloc (executing {sys.executable or 'the interpreter'} again failed: {why})"
     if MARK not in os.environ:
         return f"{choice.name} ({choice.why})"
     for name in ("PYTHONMALLOC", MARK):

@@ -29,3 +29,18 @@ def test_a_callers_own_pythonmalloc_is_left_as_it_is():
 def test_an_unknown_allocator_is_refused_by_name():
     with pytest.raises(ValueError, match=r"^--allocator 'jemalloc': one of malloc, pymalloc$"):
         choose("jemalloc", {})
+
+
+def test_an_exec_that_fails_leaves_the_agent_as_it_is_and_says_so(monkeypatch):
+    import signal
+
+    from xhagent.daemon import allocator
+
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    monkeypatch.delenv(MARK, raising=False)
+    monkeypatch.setattr(allocator.sys, "executable", "/nonexistent/python3")
+    said = allocator.settle("malloc")
+    assert said == (
+        "pymalloc (executing /nonexistent/python3 again failed: No such file or directory)"
+    )
+    assert not set(allocator.HELD_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, ())
