@@ -4,7 +4,7 @@ task row itself, events, intents and policy versions.
 
 Each JSON column has one reader (`from_json`) and one writer (`to_json`); rows written by an
 older xhagent read through the same reader, whose defaults are the only place a missing key
-is filled in. Task, event and intent rows are read through their table's `Columns`: a
+is filled in. Task, event, intent and policy rows are read through their table's `Columns`: a
 column that does not hold what the agent writes there (a row edited by hand, a disk that
 lost bits) is a `BadColumn` naming it, for that row alone.
 """
