@@ -25,7 +25,7 @@ spec:
     {disk}:
       model: {{ctrl: user, model: linear, rbps: 16000000, rseqiops: 4000, rrandiops: 4000,
               wbps: 80000000, wseqiops: 20000, wrandiops: 20000}}
-      qos: {{enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 100}}
+      qos: {{enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 100, max: 100}}
   groups:
     - name: heavy
       io: {{weight: 500, devices: {{{disk}: 800}}}}

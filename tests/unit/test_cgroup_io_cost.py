@@ -23,7 +23,7 @@ IO_COST = (
     nullb0:
       model: {ctrl: user, model: linear, rbps: 16000000, rseqiops: 4000, rrandiops: 4000,
               wbps: 80000000, wseqiops: 20000, wrandiops: 20000}
-      qos: {enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 1, max: 100}
+      qos: {enable: 1, ctrl: user, rpct: 95, rlat: 5000, wpct: 95, wlat: 5000, min: 100, max: 100}
 """
 )
 MODEL = {
@@ -43,7 +43,7 @@ QOS = {
     "rlat": 5000,
     "wpct": 95.0,
     "wlat": 5000,
-    "min": 1.0,
+    "min": 100.0,
     "max": 100.0,
 }
 # What the kernel's files read once the bench's values are in (blk-iocost.c's formats).
@@ -163,7 +163,7 @@ def test_the_model_is_written_before_the_qos_at_the_root(sys_root):
     )
     assert p.actions[1].describe() == (
         "write <cgroup2 root> io.cost.qos = 250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 "
-        "wpct=95.0 wlat=5000 min=1.0 max=100.0 (was unset)"
+        "wpct=95.0 wlat=5000 min=100.0 max=100.0 (was unset)"
     )
 
 
@@ -316,7 +316,7 @@ def test_plan_apply_read_back_and_a_second_plan_plans_nothing(tree, sys_root, mo
         "wbps=80000000 wseqiops=20000 wrandiops=20000"
     )
     assert (tree.mount / "io.cost.qos").read_text() == (
-        "250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 wpct=95.0 wlat=5000 min=1.0 max=100.0"
+        "250:0 enable=1 ctrl=user rpct=95.0 rlat=5000 wpct=95.0 wlat=5000 min=100.0 max=100.0"
     )
     # the kernel's own spelling of the same values (`95.00`) is the same to the planner
     (tree.mount / "io.cost.qos").write_text(QOS_TEXT)
