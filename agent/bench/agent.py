@@ -330,6 +330,9 @@ def targets_met(out: dict) -> dict[str, bool]:
         met["multidoc_state_bytes"] = multidoc_within(case)
         met["multidoc_every_pending_has_a_reason"] = case["silent_pending_max"] == 0
         met["ps_ms"] = case["ps_ms"] < TARGETS["ps_ms"]
+        # Where the interpreter importing what any client needs takes the target's time
+        # already (measured in the same run), no client of this kind meets it here.
+        met["ps_target_above_import_floor"] = case["import_floor_ms"] < TARGETS["ps_ms"]
     if "burst" in cases:
         met |= burst_met(cases["burst"], out["ratios"])
     return met

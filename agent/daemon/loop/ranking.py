@@ -28,8 +28,17 @@ def standing(
     labels: Mapping[str, str],
     deadline_ns: int | None,
     policies: Iterable,
+    chosen: dict | None = None,
 ) -> Standing:
-    match = choose(policies, labels)
+    """`chosen`, given, keeps each set of labels' match across calls on the same policies:
+    a page of tasks mostly holds a few sets of labels, and matching is the costly part."""
+    if chosen is None:
+        match = choose(policies, labels)
+    else:
+        key = tuple(labels.items())
+        match = chosen.get(key)
+        if match is None:
+            match = chosen[key] = choose(policies, labels)
     priority = own_priority
     if priority is None:
         priority = match.policy.priority if match.policy else DEFAULT_PRIORITY

@@ -198,7 +198,7 @@ class Scheduler:
     def standings(self, recs: Iterable[TaskRecord]) -> list[Standing]:
         """Each task's priority and deciding policy as scheduling uses them now."""
         policies = self.policies()
-        out = []
+        out, chosen = [], {}
         for rec in recs:
             s = rec.summary
             own, labels, deadline = s.priority, s.labels, s.deadline
@@ -211,7 +211,7 @@ class Scheduler:
                     own, labels = task.priority, task.label_map
                     deadline = (task.deadline.ns, task.deadline.relative) if task.deadline else None
             due = Deadline(*deadline).at(rec.created_ns) if deadline else None
-            out.append(standing(own, labels, due, policies))
+            out.append(standing(own, labels, due, policies, chosen))
         return out
 
     def ended(self, task_id: str) -> bool:

@@ -184,6 +184,40 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# A shared column's values, kept by the text they were read from: texts of at most
+# SHARED_TEXT bytes, SHARED_BYTES of them in all (then the memo starts over).
+SHARED_TEXT = 1024
+SHARED_BYTES = 256 * 1024
+
+
+class SharedJson:
+    """A JSON column's reader for values nobody changes: a text read once is not read
+    again, and every row holding it gets the same value. Many rows hold the same text (the
+    tasks of one submission share a summary, the tasks waiting for one thing share their
+    reasons), and a page of a thousand rows is read on every List."""
+
+    def __init__(self, read: Callable[[Any], Any], *, nullable: bool = False):
+        self._read, self._nullable = read, nullable
+        self._memo: dict[str, Any] = {}
+        self.held = 0  # bytes of text kept
+
+    def __call__(self, value: Any) -> Any:
+        if value is None and self._nullable:
+            return None
+        if not isinstance(value, str):
+            raise ValueError
+        out = self._memo.get(value)
+        if out is not None:
+            return out
+        out = self._read(json.loads(value))
+        if len(value) <= SHARED_TEXT:
+            if self.held + len(value) > SHARED_BYTES:
+                self._memo, self.held = {}, 0
+            self._memo[value] = out
+            self.held += len(value)
+        return out
+
+
 def _json(read: Callable[[Any], Any], *, nullable: bool = False) -> Callable[[Any], Any]:
     def column(value: Any) -> Any:
         if value is None and nullable:
@@ -328,8 +362,8 @@ TASK_COLUMNS = Columns(
     ("name", _text(), "text"),
     ("kind", _text(), "text"),
     ("state", _state, "a task state"),
-    ("reasons", _json(_reasons), "a JSON list of reasons"),
-    ("placement", _json(_placement, nullable=True), "a JSON placement or NULL"),
+    ("reasons", SharedJson(_reasons), "a JSON list of reasons"),
+    ("placement", SharedJson(_placement, nullable=True), "a JSON placement or NULL"),
     ("cgroup", _text(nullable=True), "text or NULL"),
     ("attempt", _integer(0, 2**32 - 1), "a count"),
     ("preempted", _integer(0, 2**32 - 1), "a count"),
@@ -348,7 +382,7 @@ TASK_COLUMNS = Columns(
     ("run_gid", _integer(0, 2**32 - 1, nullable=True), "a gid or NULL"),
     ("source", _text(), "text"),
     ("source_file", _text(), "text"),
-    ("spec", _json(_summary), "a JSON task summary"),
+    ("spec", SharedJson(_summary), "a JSON task summary"),
 )
 # seq and id are each table's rowid: SQLite keeps them integers whatever is written there.
 EVENT_COLUMNS = Columns(
