@@ -26,6 +26,7 @@ COMMANDS = {
     "events": "xhagent.daemon.api.cli:events",
     "explain": "xhagent.daemon.api.cli:explain",
     "get": "xhagent.daemon.api.cli:get",
+    "health": "xhagent.daemon.api.cli:health",
     "inventory": "xhagent.inventory.cli:inventory",
     "logs": "xhagent.daemon.api.cli:logs",
     "policy": "xhagent.policy.cli:policy",

@@ -201,7 +201,7 @@ class Daemon:
             Directory(s.admin_group or None),
             max_streams=s.max_streams,
         )
-        self.server = transport.bind(self.service, s.socket)
+        self.server = transport.bind(self.service, s.socket, health=self.service.health)
         self.policies = policies
         policies.on_change = self.scheduler.wake
         self.sub = sub
@@ -272,6 +272,7 @@ class Daemon:
             self.faults.failed(RELOAD, exc)
         else:
             self.faults.cleared(RELOAD)
+        self.service.health.changed()
 
     def serve_forever(self) -> None:
         """Until SIGTERM or SIGINT (main thread only). A stop goes before a re-read asked

@@ -234,6 +234,37 @@ def get(task_id, as_json, socket_path) -> None:
 
 
 @click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (numbers as numbers).")
+@socket_option
+def health(as_json, socket_path) -> None:
+    """Whether the agent works: "ok", else what fails; its version, pid, socket, state and
+    metrics. Exits 0 when it serves, 1 when something fails or no agent answers (for a
+    liveness probe)."""
+    h = _call(_client(socket_path).Health, _pb().HealthRequest())
+    serving = h.status == "ok"
+    if as_json:
+        doc = {
+            "status": h.status,
+            "serving": serving,
+            "version": h.version,
+            "pid": h.pid,
+            "uptime_s": round(h.uptime_s, 3),
+            "socket": h.socket,
+            "state_dir": h.state_dir,
+            "metrics_url": h.metrics_addr,
+            "pool": json.loads(h.pool_json) if h.pool_json else None,
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(f"{'serving' if serving else 'NOT SERVING'}: {h.status}")
+        click.echo(f"  xhagent {h.version}, pid {h.pid}, up {h.uptime_s:.0f} s")
+        click.echo(f"  socket {h.socket}, state {h.state_dir}")
+        click.echo(f"  metrics {h.metrics_addr or 'off'}")
+    if not serving:
+        sys.exit(1)
+
+
+@click.command()
 @click.argument("task_id", type=TASK_ID)
 @socket_option
 def cancel(task_id, socket_path) -> None:

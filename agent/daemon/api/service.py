@@ -41,6 +41,7 @@ from .access import Access, Directory
 from .feed import ChangeFeed
 from .output_files import OutputRefused, read_output
 from .peers import Caller
+from .standard import AgentHealth
 from .transport import (
     DataLoss,
     FailedPrecondition,
@@ -150,6 +151,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._feed: ChangeFeed | None = None  # made on the server's loop by the first stream
         self._last_closed = 0.0  # loop time the last open stream closed
         self._refusals: dict[int, tuple[int, int]] = {}  # uid -> (minute, events in it)
+        # grpc.health.v1 follows what Health's status says (standard.py)
+        self.health = AgentHealth(self.trouble)
         scheduler.on_change(self._changed)
 
     def close(self) -> None:
@@ -280,7 +283,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # reads a following stream waits on the change feed, on the loop: no thread waits for
     # it, so idle streams cost memory, not threads. What blocks (the store, files) runs on
     # the executor, briefly.
+    def trouble(self) -> str | None:
+        """None while nothing fails; else one line per thing that does (Health's status)."""
+        return self.faults.health() or self.scheduler.disk.health()
+
     def _changed(self) -> None:
+        self.health.changed()
         if self._feed is not None:
             self._feed.bump()
 
@@ -446,7 +454,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     @authorized
     def Health(self, request, who: Access):
         return pb.HealthResponse(
-            status=self.faults.health() or self.scheduler.disk.health() or "ok",
+            status=self.trouble() or "ok",
             version=__version__,
             pid=os.getpid(),
             uptime_s=time.monotonic() - self.started,

@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from .client import MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
 from .peers import PeerRelay, private_address
+from .standard import AgentHealth, add_standard_services
 from .v1 import agent_pb2, agent_pb2_grpc
 
 __all__ = [
@@ -66,6 +67,7 @@ def bind(
     path: Path,
     *,
     group: str = "xhagent",
+    health: AgentHealth | None = None,
 ) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
@@ -83,6 +85,8 @@ def bind(
     refused and left alone. Two agents starting at once are kept apart by the daemon's
     state lock, taken before this. The servicer's methods are coroutines (`@unary`, or
     asyncio generators for streams) and what blocks runs on the servicer's `executor`.
+    With `health`, the standard health and reflection services are served beside it
+    (standard.py).
     """
     path = Path(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
@@ -93,7 +97,7 @@ def bind(
     listener = _listen(path, gid)
     server = None
     try:
-        server = Server(servicer, listener)
+        server = Server(servicer, listener, health)
         servicer.identify = server.relay.caller
         server.start()
     except BaseException:
@@ -141,8 +145,14 @@ class Server:
     (`unary`), so a slow call never stalls the loop.
     """
 
-    def __init__(self, servicer: agent_pb2_grpc.AgentServicer, listener: socket.socket):
+    def __init__(
+        self,
+        servicer: agent_pb2_grpc.AgentServicer,
+        listener: socket.socket,
+        health: AgentHealth | None = None,
+    ):
         self._loop = asyncio.new_event_loop()
+        self._health = health
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="xhagent-grpc", daemon=True
         )
@@ -151,7 +161,9 @@ class Server:
         self._inode = os.lstat(self._path).st_ino  # removed at stop only if still ours
         upstream = private_address()
         self.relay = PeerRelay(listener, upstream)
-        self._server = self._call(self._create(servicer))
+        self._server = self._call(self._create(servicer, health))
+        if health is not None:
+            health.bind(self._loop)
         try:
             self.add_port(f"unix-abstract:{upstream}")
         except RuntimeError as exc:
@@ -159,7 +171,7 @@ class Server:
             raise BindError(f"{self._path}: cannot serve: {exc}") from None
 
     @staticmethod
-    async def _create(servicer) -> grpc.aio.Server:
+    async def _create(servicer, health: AgentHealth | None) -> grpc.aio.Server:
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
@@ -167,6 +179,8 @@ class Server:
             ],
         )
         server.add_generic_rpc_handlers((_handlers(servicer),))
+        if health is not None:
+            add_standard_services(server, health)
         return server
 
     def _call(self, coro, timeout: float | None = 30.0):
@@ -192,6 +206,8 @@ class Server:
             return
 
         async def shutdown():
+            if self._health is not None:
+                await self._health.stopping()  # probes see it go before the socket does
             await self.relay.stop()
             await self._server.stop(grace)
             # calls grpc let go of but whose coroutines still wait (on an executor): ended
