@@ -61,11 +61,31 @@ def _pb():
 
 
 def task_json(msg) -> dict:
+    """A message as JSON with the proto's field names, every field shown, and 64-bit
+    integers as numbers: protobuf's JSON mapping writes them as strings (for JavaScript's
+    doubles), but a script reading `created_ns` wants a number, as jq and Python read it."""
     from google.protobuf.json_format import MessageToDict
 
-    return MessageToDict(
+    doc = MessageToDict(
         msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    return _numbers(msg.DESCRIPTOR, doc)
+
+
+def _numbers(descriptor, doc: dict) -> dict:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    wide = {F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64, F.TYPE_FIXED64, F.TYPE_SFIXED64}
+    for field in descriptor.fields:
+        value = doc.get(field.name)
+        if value is None:
+            continue
+        if field.type in wide:
+            doc[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        elif field.type == F.TYPE_MESSAGE and not field.message_type.GetOptions().map_entry:
+            for item in value if isinstance(value, list) else [value]:
+                _numbers(field.message_type, item)
+    return doc
 
 
 # A Submit whose reply was lost may have made its tasks: it is sent again with the same
