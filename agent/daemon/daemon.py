@@ -201,7 +201,9 @@ class Daemon:
             Directory(s.admin_group or None),
             max_streams=s.max_streams,
         )
-        self.server = transport.bind(self.service, s.socket, health=self.service.health)
+        self.server = transport.bind(
+            self.service, s.socket, health=self.service.health, ends=self.service.end_streams
+        )
         self.policies = policies
         policies.on_change = self.scheduler.wake
         self.sub = sub

@@ -208,6 +208,22 @@ def test_sigterm_leaves_workloads_running_and_exits_0(agent, tmp_path):
     assert agent.wait(tid)["state"] == "Succeeded"
 
 
+def test_a_follower_of_events_sees_the_stop_and_ends_with_0(agent, tmp_path):
+    follower = subprocess.Popen(
+        [str(XHAGENT), "events", "-f", "--json", "--socket", str(agent.socket)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1)  # following: what comes now is live
+    assert agent.stop() == 0
+    out, err = follower.communicate(timeout=20)
+    assert follower.returncode == 0, err
+    last = json.loads(out.splitlines()[-1])
+    assert last["kind"] == "Stopping" and "SIGTERM" in last["message"], out
+    agent.start()  # for the fixture's stop
+
+
 def test_on_failure_restarts_with_backoff_then_fails(agent, tmp_path):
     extra = "  restartPolicy: {policy: OnFailure, maxRestarts: 2, backoff: 100ms}\n"
     tid = agent.submit(task_file(tmp_path, "flaky", ["sh", "-c", "exit 1"], extra))

@@ -151,6 +151,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self._feed: ChangeFeed | None = None  # made on the server's loop by the first stream
         self._last_closed = 0.0  # loop time the last open stream closed
         self._refusals: dict[int, tuple[int, int]] = {}  # uid -> (minute, events in it)
+        self._ending = False  # the agent stops: following streams end once they are current
         # grpc.health.v1 follows what Health's status says (standard.py)
         self.health = AgentHealth(self.trouble)
         scheduler.on_change(self._changed)
@@ -304,6 +305,19 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self._feed = ChangeFeed(asyncio.get_running_loop())
         return who
 
+    async def end_streams(self, timeout: float) -> None:
+        """At a stop, before the connections are cut (on the server's loop): following Watch
+        streams send what is left, the Stopping event among it, and end, so that a follower
+        sees a clean end rather than a broken connection. At most `timeout` seconds."""
+        self._ending = True
+        if self._feed is None:
+            return
+        self._feed.bump()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
     def _close_stream(self, who: Access) -> None:
         self._streams[who.uid] -= 1
         if self._streams[who.uid] <= 0:
@@ -333,7 +347,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 events = await self._blocking(
                     self.scheduler.wait_events, since, request.task_id or None, 0.0, owner
                 )
-                if not events and not request.follow:
+                if not events and (not request.follow or self._ending):
                     return
                 for ev in events:
                     since = ev.seq

@@ -25,6 +25,7 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -56,6 +57,7 @@ __all__ = [
 # (x3): 4 KiB of UTF-8 always fits, and holds the first 20 error lines of a file as a rule.
 MAX_DETAILS_BYTES = 4096
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
+STREAMS_END_S = 0.5  # at a stop, of its grace, for streams to end cleanly (bind: ends)
 
 
 class BindError(Exception):
@@ -68,6 +70,7 @@ def bind(
     *,
     group: str = "xhagent",
     health: AgentHealth | None = None,
+    ends: Callable[[float], Awaitable[None]] | None = None,
 ) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
@@ -86,7 +89,8 @@ def bind(
     state lock, taken before this. The servicer's methods are coroutines (`@unary`, or
     asyncio generators for streams) and what blocks runs on the servicer's `executor`.
     With `health`, the standard health and reflection services are served beside it
-    (standard.py).
+    (standard.py). `ends(timeout)`, given, is awaited at a stop before any connection is
+    cut: the servicer's streams may end cleanly then.
     """
     path = Path(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
@@ -97,7 +101,7 @@ def bind(
     listener = _listen(path, gid)
     server = None
     try:
-        server = Server(servicer, listener, health)
+        server = Server(servicer, listener, health, ends)
         servicer.identify = server.relay.caller
         server.start()
     except BaseException:
@@ -150,9 +154,10 @@ class Server:
         servicer: agent_pb2_grpc.AgentServicer,
         listener: socket.socket,
         health: AgentHealth | None = None,
+        ends: Callable[[float], Awaitable[None]] | None = None,
     ):
         self._loop = asyncio.new_event_loop()
-        self._health = health
+        self._health, self._ends = health, ends
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="xhagent-grpc", daemon=True
         )
@@ -208,6 +213,8 @@ class Server:
         async def shutdown():
             if self._health is not None:
                 await self._health.stopping()  # probes see it go before the socket does
+            if self._ends is not None:
+                await self._ends(min(grace or 0.0, STREAMS_END_S))
             await self.relay.stop()
             await self._server.stop(grace)
             # calls grpc let go of but whose coroutines still wait (on an executor): ended
