@@ -128,6 +128,24 @@ def test_following_streams_deliver_as_it_happens_and_dropped_ones_free_the_agent
     assert agent.cli("get", second, check=True).returncode == 0  # and it still serves
 
 
+def test_submit_wait_prints_each_end_and_exits_with_the_tasks_status(agent, tmp_path):
+    three = task_file(tmp_path, "three", ["sh", "-c", "exit 3"])
+    res = agent.cli("submit", str(three), "--wait")
+    assert res.returncode == 3, res.stderr
+    (line,) = res.stdout.splitlines()  # no line before the end
+    assert line.endswith(" three Failed (exit 3)"), line
+
+    term = task_file(tmp_path, "term", ["sh", "-c", "kill -TERM $$"])
+    assert agent.cli("submit", str(term), "--wait").returncode == 128 + signal.SIGTERM
+
+    ok, four = task_file(tmp_path, "ok", ["true"]), task_file(tmp_path, "four", ["false"])
+    res = agent.cli("submit", str(ok), str(four), "--wait", "--json")
+    assert res.returncode == 1  # the first non-zero: false's 1
+    shown = json.loads(res.stdout)
+    assert [(t["name"], t["state"]) for t in shown] == [("ok", "Succeeded"), ("four", "Failed")]
+    assert shown[1]["exit_code"] == 1 and isinstance(shown[0]["created_ns"], int)
+
+
 def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -121,7 +121,10 @@ def submit_with_retry(client, request, sleep=time.sleep):
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=InputFile())
 @click.option(
-    "--wait", is_flag=True, help="Wait until every task ended; exit 1 unless all succeeded."
+    "--wait",
+    is_flag=True,
+    help="Wait until every task ended, print each as it ends, and exit with the task's own "
+    "status (several: the first non-zero one in submission order; 128+N for signal N).",
 )
 @click.option(
     "--key",
@@ -151,27 +154,56 @@ def submit(files, wait, key, as_json, socket_path) -> None:
         request = pb.SubmitRequest(source=source, file_name=name, idempotency_key=each_key)
         reply = _call(submit_with_retry, client, request)
         tasks += reply.tasks
-    if not as_json:
+    if wait:
+        tasks = _wait_ended(client, tasks, None if as_json else _echo_ended)
+    elif not as_json:
         for t in tasks:
             click.echo(f"{t.id} {t.name} {t.state}")
-    if wait:
-        tasks = [_wait_ended(client, t.id) for t in tasks]
     if as_json:
         click.echo(json.dumps([task_json(t) for t in tasks], indent=2))
-    elif wait:
-        for t in tasks:
-            click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
-    if wait and any(t.state != "Succeeded" for t in tasks):
-        sys.exit(1)
+    if wait:
+        sys.exit(next((s for s in map(exit_status, tasks) if s), 0))
 
 
-def _wait_ended(client, task_id: str):
+def _echo_ended(t) -> None:
+    click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
+
+
+ENDED = ("Succeeded", "Failed", "Cancelled")
+WAIT_POLL_S = 0.1
+
+
+def _wait_ended(client, tasks: list, shown) -> list:
+    """`tasks` once each has ended, in their order; `shown(task)` as each one ends."""
     pb = _pb()
-    while True:
-        task = _call(client.Get, pb.GetRequest(id=task_id)).task
-        if task.state in ("Succeeded", "Failed", "Cancelled"):
-            return task
-        time.sleep(0.1)
+    out = {t.id: t for t in tasks if t.state in ENDED}
+    for t in out.values():
+        if shown:
+            shown(t)
+    waiting = [t.id for t in tasks if t.id not in out]
+    while waiting:
+        time.sleep(WAIT_POLL_S)
+        for task_id in list(waiting):
+            task = _call(client.Get, pb.GetRequest(id=task_id)).task
+            if task.state in ENDED:
+                out[task_id] = task
+                waiting.remove(task_id)
+                if shown:
+                    shown(task)
+    return [out[t.id] for t in tasks]
+
+
+def exit_status(task) -> int:
+    """What `submit --wait` exits with for an ended task, as systemd-run --wait and srun do:
+    0 when it succeeded, its exit code, 128+N when signal N ended it, else 1 (cancelled,
+    or it never ran: its error says why)."""
+    if task.state == "Succeeded":
+        return 0
+    if task.HasField("signal") and task.signal > 0:
+        return 128 + task.signal
+    if task.HasField("exit_code") and 0 < task.exit_code < 256:
+        return task.exit_code
+    return 1
 
 
 def _outcome(t) -> str:
