@@ -146,6 +146,34 @@ def test_submit_wait_prints_each_end_and_exits_with_the_tasks_status(agent, tmp_
     assert shown[1]["exit_code"] == 1 and isinstance(shown[0]["created_ns"], int)
 
 
+def test_cancel_logs_apply_and_delete_print_json_for_scripts(agent, tmp_path):
+    # an e-acute across the first 64 KiB chunk's end still comes out whole
+    say = "head -c 65535 /dev/zero | tr '\\0' a; printf '\\303\\251\\n'"
+    tid = agent.submit(task_file(tmp_path, "say", ["sh", "-c", say]))
+    assert agent.wait(tid)["state"] == "Succeeded"
+    out = agent.cli("logs", tid, "--json", check=True).stdout
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["offset"] for x in lines] == [0, 65536], [x["offset"] for x in lines]
+    assert "".join(x["text"] for x in lines) == "a" * 65535 + "\u00e9\n"
+    assert lines[0]["text"] == "a" * 65535 and {x["stream"] for x in lines} == {"stdout"}
+
+    sleeper = agent.submit(task_file(tmp_path, "long", ["sleep", "60"]))
+    assert agent.wait(sleeper, ("Running",))["state"] == "Running"
+    cancelled = json.loads(agent.cli("cancel", sleeper, "--json", check=True).stdout)
+    assert cancelled["id"] == sleeper and cancelled["state"] == "Cancelled"
+
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: pj}\n"
+        "spec:\n  priority: 70\n  matchRules:\n    - selector: {matchLabels: {app: x}}\n"
+    )
+    applied = json.loads(agent.cli("apply", "-f", str(policy), "--json", check=True).stdout)
+    (shown,) = applied["policies"]
+    assert (shown["kind"], shown["name"], shown["version"]) == ("SchedulingPolicy", "pj", 1)
+    removed = json.loads(agent.cli("delete", "policy", "pj", "--json", check=True).stdout)
+    assert removed["removed"]["name"] == "pj"
+
+
 def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(

@@ -9,6 +9,7 @@ FILE:LINE:COL errors).
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 import time
@@ -19,6 +20,7 @@ from ...cliparams import InputFile, Text, shown_path
 from .limits import INT64_MAX, MAX_ID, MAX_NAME
 
 TASK_ID = Text(MAX_ID, printable=True, required=True)
+UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 def fail(message: str, code: int = 1):
@@ -318,11 +320,15 @@ def health(as_json, socket_path) -> None:
 
 @click.command()
 @click.argument("task_id", type=TASK_ID)
+@click.option("--json", "as_json", is_flag=True, help="Print the task after it as JSON.")
 @socket_option
-def cancel(task_id, socket_path) -> None:
+def cancel(task_id, as_json, socket_path) -> None:
     """Stop a task: kill its processes (cgroup.kill) and remove its leaf."""
     t = _call(_client(socket_path).Cancel, _pb().CancelRequest(id=task_id)).task
-    click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
+    if as_json:
+        click.echo(json.dumps(task_json(t), indent=2))
+    else:
+        click.echo(f"{t.id} {t.name} {t.state}{_outcome(t)}")
 
 
 @click.command()
@@ -331,8 +337,14 @@ def cancel(task_id, socket_path) -> None:
 @click.option(
     "--stream", type=click.Choice(["both", "stdout", "stderr"]), default="both", show_default=True
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='One JSON object per chunk: {"stream", "offset", "text"} (UTF-8, bad bytes as U+FFFD).',
+)
 @socket_option
-def logs(task_id, follow, stream, socket_path) -> None:
+def logs(task_id, follow, stream, as_json, socket_path) -> None:
     """A task's output (its current attempt's stdout and stderr)."""
     pb = _pb()
     which = {
@@ -344,11 +356,30 @@ def logs(task_id, follow, stream, socket_path) -> None:
     chunks = _call(client.Logs, pb.LogsRequest(id=task_id, stream=which, follow=follow))
     from .client import ApiError
 
+    names = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
+    decoders: dict[int, codecs.IncrementalDecoder] = {}
+    ends: dict[int, int] = {}  # the byte offset past each stream's last chunk
     try:
         for chunk in chunks:
+            if as_json:  # a character cut between two chunks is decoded whole, in the second
+                decoder = decoders.setdefault(chunk.stream, UTF8(errors="replace"))
+                ends[chunk.stream] = chunk.offset + len(chunk.data)
+                doc = {
+                    "stream": names.get(chunk.stream, "?"),
+                    "offset": chunk.offset,
+                    "text": decoder.decode(chunk.data),
+                }
+                click.echo(json.dumps(doc, ensure_ascii=False))
+                continue
             out = sys.stderr if chunk.stream == pb.LOG_STREAM_STDERR else sys.stdout
             out.buffer.write(chunk.data)
             out.flush()
+        for which, decoder in decoders.items():  # a cut character at the very end
+            held = len(decoder.getstate()[0])
+            if rest := decoder.decode(b"", final=True):
+                at = ends[which] - held
+                doc = {"stream": names.get(which, "?"), "offset": at, "text": rest}
+                click.echo(json.dumps(doc, ensure_ascii=False))
     except ApiError as exc:
         fail(str(exc), exc.exit_code)
 
@@ -410,8 +441,9 @@ def events(follow, task_id, since, as_json, socket_path) -> None:
     type=InputFile(),
     help="A SchedulingPolicy or CgroupPolicy file.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print {policies, cgroup_changes}.")
 @socket_option
-def apply(path, socket_path) -> None:
+def apply(path, as_json, socket_path) -> None:
     """Apply policies through the agent (kept until `xhagent delete policy NAME`).
 
     A CgroupPolicy goes into the node's cgroup tree whole or not at all: one the node cannot
@@ -426,6 +458,9 @@ def apply(path, socket_path) -> None:
         _client(socket_path).ApplyPolicy,
         _pb().ApplyPolicyRequest(source=source, file_name=shown_path(path)),
     )
+    if as_json:
+        click.echo(json.dumps(task_json(reply), indent=2))
+        return
     for p in reply.policies:
         click.echo(f"applied {p.kind} {p.name} (version {p.version})")
     for change in reply.cgroup_changes:
@@ -440,13 +475,17 @@ def delete() -> None:
 @delete.command("policy")
 @click.argument("name", type=Text(MAX_NAME, printable=True, required=True))
 @click.option("--kind", type=click.Choice(["SchedulingPolicy", "CgroupPolicy"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print {removed} as JSON.")
 @socket_option
-def delete_policy(name, kind, socket_path) -> None:
+def delete_policy(name, kind, as_json, socket_path) -> None:
     """Remove a policy applied through the API."""
     reply = _call(
         _client(socket_path).RemovePolicy, _pb().RemovePolicyRequest(kind=kind or "", name=name)
     )
-    click.echo(f"removed {reply.removed.kind} {reply.removed.name}")
+    if as_json:
+        click.echo(json.dumps(task_json(reply), indent=2))
+    else:
+        click.echo(f"removed {reply.removed.kind} {reply.removed.name}")
 
 
 @click.command()
