@@ -7,6 +7,7 @@ Subcommands live beside the code they drive and are imported only when invoked, 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
@@ -67,13 +68,20 @@ class LazyGroup(click.Group):
 class RootGroup(LazyGroup):
     """A stop by signal ends every command the same way: its cleanup has run (commands
     that change state use xhagent.signals), one line says which signal, and the exit
-    status is the shell's 128+N, not a traceback or click's "Aborted!" with status 1."""
+    status is the shell's 128+N, not a traceback or click's "Aborted!" with status 1.
+
+    A reader of the output that went away (`xhagent ps | head`) ends a command as it ends
+    `cat`: silently, with the status of SIGPIPE's default action, 128+13."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise Terminated(signal.SIGINT) from None
+        except BrokenPipeError:  # before click's own handling, which exits 1
+            # nothing more reaches the pipe, not even the flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(128 + signal.SIGPIPE)
 
     def main(self, *args, **kwargs):
         try:

@@ -256,7 +256,9 @@ def export(file, fmt, output, allow_truncated) -> None:
         try:
             count.append(WRITERS[fmt](ordered, sys.stdout))
             sys.stdout.flush()
-        except OSError as exc:  # a full disk, a reader that went away (| head)
+        except BrokenPipeError:
+            raise  # the reader went away (| head): not a failure to report (cli.RootGroup)
+        except OSError as exc:  # a full disk
             # nothing more can reach stdout, not even the flush at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             _fail(f"standard output: {exc.strerror}")

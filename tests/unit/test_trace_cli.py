@@ -275,3 +275,22 @@ def test_a_signal_while_exporting_leaves_no_temporary_file(tmp_path, monkeypatch
     res = run("export", sample(tmp_path), "--format", "perf", "-o", str(tmp_path / "new.txt"))
     assert res.exit_code == 143 and "stopped by SIGTERM" in res.stderr
     assert os.listdir(tmp_path) == ["t.xht"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`xhagent trace export ... | head`: no "Broken pipe", no traceback, SIGPIPE's status
+    (128+13), as `cat` ends."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    big = tmp_path / "big.xht"
+    write_trace(big, sample_header(), sample_events() * 2000)  # megabytes: far past a pipe's
+    exe = Path(sys.executable).with_name("xhagent")
+    argv = [str(exe), "trace", "export", str(big), "--format", "perf", "-o", "-"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()  # what `head -1` reads, then it goes
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert proc.stderr.read() == b""
