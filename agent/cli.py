@@ -116,13 +116,26 @@ def bench() -> None:
     metavar="ITEM",
     help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.",
 )
-def doctor(as_json: bool, required: tuple[str, ...]) -> None:
+@click.option(
+    "--subtree",
+    default=None,
+    metavar="PATH",
+    help="Probe cgroups in this subtree, relative to the cgroup2 root, as `xhagent run "
+    "--subtree` would use it [default: the one the agent would discover].",
+)
+def doctor(as_json: bool, required: tuple[str, ...], subtree: str | None) -> None:
     """Probe the node for everything the agent uses; report what works and why not."""
+    from .cgroups.subtree import check_group_path
     from .doctor import render, required_problems, run_probes
     from .signals import terminate_on_signals
 
+    if subtree is not None:
+        try:
+            check_group_path(subtree)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--subtree'") from None
     with terminate_on_signals():  # a stop runs the probes' cleanup (the cgroup probe's group)
-        items = run_probes()
+        items = run_probes(subtree=subtree)
     click.echo(render.dumps(items) if as_json else render.table(items))
     code, problems = required_problems(items, required)
     for problem in problems:

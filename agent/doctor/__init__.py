@@ -17,7 +17,9 @@ Probe = Callable[[], Iterable[Item]]
 CRASHED = "probe crashed"  # how the reason of a section whose probe raised begins
 
 
-def _probes() -> list[tuple[str, Probe]]:
+def _probes(subtree: str | None = None) -> list[tuple[str, Probe]]:
+    from functools import partial
+
     from . import (
         bpf_probe,
         cgroup_probe,
@@ -35,15 +37,19 @@ def _probes() -> list[tuple[str, Probe]]:
         ("iopoll", iopoll_probe.probe),
         ("ebpf", bpf_probe.probe),
         ("runtime", runtime_probe.probe),
-        ("cgroup", cgroup_probe.probe),
+        ("cgroup", partial(cgroup_probe.probe, subtree=subtree)),
         ("taskstats", taskstats_probe.probe),
         ("nvml", nvml_probe.probe),
     ]
 
 
-def run_probes(probes: list[tuple[str, Probe]] | None = None) -> list[Item]:
+def run_probes(
+    probes: list[tuple[str, Probe]] | None = None, subtree: str | None = None
+) -> list[Item]:
+    """Every probe's items; the cgroup probe's in `subtree` (the agent's own, discovered,
+    when None)."""
     items: list[Item] = []
-    for section, probe in probes if probes is not None else _probes():
+    for section, probe in probes if probes is not None else _probes(subtree):
         try:
             items.extend(probe())
         except Exception as exc:  # a report, not a crash: name what broke

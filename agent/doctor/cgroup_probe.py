@@ -196,7 +196,7 @@ def _remove_parent(parent: Cgroup, made_parent: bool) -> None:
             raise
 
 
-def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
+def probe(mountinfo: str = "/proc/self/mountinfo", subtree: str | None = None) -> list[Item]:
     hier = discover_hierarchy(mountinfo)
     v1 = sorted({m.path for m in hier.mounts if m.fstype == "cgroup"})
     items = [
@@ -214,7 +214,7 @@ def probe(mountinfo: str = "/proc/self/mountinfo") -> list[Item]:
     items.append(ok("cgroup.v2", path=str(root.path)))
     items.append(_controllers_item(root, hier.v1_controllers))
     try:
-        sub = locate(hierarchy=hier)
+        sub = locate(subtree, hierarchy=hier)
     except (CgroupError, ValueError) as exc:  # DelegationError: systemd delegated nothing
         return items + [fail(n, f"no place the agent may write: {exc}") for n in LIFECYCLE]
     except OSError as exc:  # reading /proc/self/cgroup or a delegate mark

@@ -265,3 +265,17 @@ def test_without_bpf_privileges_the_doctor_and_the_pool_both_say_timer():
     assert got["because"].startswith("the BPF preempter does not load: ")
     assert "-EPERM" in got["because"] and "timer signalled after" in got["because"]
     assert got["bpf_signal_ms"] is None and got["timer_signal_ms"] > 0
+
+
+def test_subtree_names_where_the_cgroup_probe_writes_and_bad_paths_are_refused(run_xhagent):
+    name = f"xhagent-doctor-test-{os.getpid()}.slice"
+    where = Path(discover_hierarchy().unified.path) / name
+    res = run_xhagent("doctor", "--json", "--subtree", name)
+    items = json.loads(res.stdout)["items"]
+    assert items["cgroup.create"]["ok"], items["cgroup.create"]
+    assert items["cgroup.create"]["where"] == str(where)
+    assert items["cgroup.create"]["how"] == "option"
+    assert not where.exists()  # the probe made it, and took it away again
+
+    bad = run_xhagent("doctor", "--subtree", "../escape")
+    assert bad.returncode == 2 and "'--subtree'" in bad.stderr and "Traceback" not in bad.stderr
