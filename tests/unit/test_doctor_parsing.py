@@ -150,7 +150,9 @@ def fake_probes(monkeypatch):
     import xhagent.doctor as doctor
 
     monkeypatch.setattr(
-        doctor, "_probes", lambda: [("x", lambda: [ok("io_uring"), fail("iopoll", "io_poll=0")])]
+        doctor,
+        "_probes",
+        lambda subtree=None: [("x", lambda: [ok("io_uring"), fail("iopoll", "io_poll=0")])],
     )
 
 
@@ -198,7 +200,7 @@ def test_a_stop_during_the_probes_exits_128_plus_n_without_a_traceback(monkeypat
         finally:
             cleaned.append(True)
 
-    monkeypatch.setattr(doctor, "_probes", lambda: [("x", stopped)])
+    monkeypatch.setattr(doctor, "_probes", lambda subtree=None: [("x", stopped)])
     res = CliRunner().invoke(cli.main, ["doctor"])
     assert res.exit_code == 128 + signal.SIGTERM and "stopped by SIGTERM" in res.stderr
     assert cleaned == [True] and "Traceback" not in res.output
