@@ -21,18 +21,21 @@ label names the agent's own groups and the leaves of tasks that run now.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable, Iterable
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    Info,
     ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from .. import __version__
 from ..cgroups import Cgroup
 from ..cgroups.stats import StatsSampler
 from .loop.diskfull import DiskFull
@@ -127,6 +130,14 @@ class AgentMetrics:
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
         self.census = _Census(store, groups, runq, taskstats, self._class)
         self.registry.register(self.census)
+        uname = os.uname()
+        Info(
+            "xhagent_build",
+            "The agent's version, its interpreter and the kernel it runs on.",
+            **reg,
+        ).info(
+            {"version": __version__, "python": platform.python_version(), "kernel": uname.release}
+        )
         if faults is not None:
             self.registry.register(_InternalErrors(faults))
         if disk is not None:
@@ -233,8 +244,16 @@ class _Census:
             "Tasks known to the agent, by state and class.",
             labels=["state", "class"],
         )
-        for (state, cls), n in sorted(by_state.items()):
-            tasks.add_metric([state, cls or DEFAULT_CLASS], n)
+        # every state of every class seen, 0 included: a series that vanishes at 0 reads as
+        # "no data" to a query, not as none
+        classes = sorted({cls or DEFAULT_CLASS for _, cls in by_state} or {DEFAULT_CLASS})
+        counts: dict[tuple[str, str], int] = {}
+        for (state, cls), n in by_state.items():
+            key = (state, cls or DEFAULT_CLASS)
+            counts[key] = counts.get(key, 0) + n
+        for cls in classes:
+            for state in TaskState:
+                tasks.add_metric([state.value, cls], counts.get((state.value, cls), 0))
         yield tasks
         reasons = GaugeMetricFamily(
             "xhagent_pending_tasks", "Pending tasks by the kind of their reason.", labels=["reason"]

@@ -341,3 +341,40 @@ def test_a_pools_collector_reports_its_workers_tasks_contexts_steals_and_preempt
             assert got[("xhagent_pool_tasks_queued", key)] == 0
         if len(cpus) > 1:  # they were queued on one worker's ring: the other stole some
             assert sum(v for (n, _), v in got.items() if n == "xhagent_pool_steals_total") >= 1
+
+
+def series(m, name):
+    families = text_string_to_metric_families(generate_latest(m.registry).decode())
+    return [s for f in families for s in f.samples if s.name == name]
+
+
+def test_every_state_of_every_class_is_a_series_zero_included(store, metrics, tmp_path):
+    t = submit(store, "a", "latency")
+    store.transition(t.id, TaskState.STARTING, placement=PLACED)
+    shown = {
+        (s.labels["class"], s.labels["state"]): s.value for s in series(metrics, "xhagent_tasks")
+    }
+    assert {cls for cls, _ in shown} == {"latency"}
+    assert {state for _, state in shown} == {s.value for s in TaskState}
+    assert shown[("latency", "Starting")] == 1 and shown[("latency", "Succeeded")] == 0
+
+    with Store.open(tmp_path / "empty") as empty:  # no task at all: every state, at 0
+        none = {
+            s.labels["state"]: s.value
+            for s in series(AgentMetrics(empty, lambda: []), "xhagent_tasks")
+        }
+    assert set(none) == {s.value for s in TaskState} and set(none.values()) == {0}
+
+
+def test_build_info_names_the_version_the_interpreter_and_the_kernel(metrics):
+    import platform
+
+    from xhagent import __version__
+
+    (info,) = series(metrics, "xhagent_build_info")
+    assert info.value == 1
+    assert info.labels == {
+        "version": __version__,
+        "python": platform.python_version(),
+        "kernel": os.uname().release,
+    }
