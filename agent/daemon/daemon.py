@@ -202,7 +202,11 @@ class Daemon:
             max_streams=s.max_streams,
         )
         self.server = transport.bind(
-            self.service, s.socket, health=self.service.health, ends=self.service.end_streams
+            self.service,
+            s.socket,
+            health=self.service.health,
+            ends=self.service.end_streams,
+            calls=self.metrics,
         )
         self.policies = policies
         policies.on_change = self.scheduler.wake
@@ -259,6 +263,7 @@ class Daemon:
 
             metrics.registry.register(PoolCollector(self.pool))
         metrics.registry.register(self.tracer)
+        self.scheduler.step_timed = metrics.step_seconds.observe
         self.metrics = metrics
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe

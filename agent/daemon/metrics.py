@@ -126,6 +126,33 @@ class AgentMetrics:
             ["class"],
             **reg,
         )
+        # the gRPC server's calls, under the names grpc-prometheus gives them (what gRPC
+        # dashboards query); method names are the service's, a bounded set
+        self.calls_started = Counter(
+            "grpc_server_started",
+            "RPCs started on the agent's socket.",
+            ["grpc_service", "grpc_method", "grpc_type"],
+            **reg,
+        )
+        self.calls_handled = Counter(
+            "grpc_server_handled",
+            "RPCs completed on the agent's socket, by status code.",
+            ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
+            **reg,
+        )
+        self.call_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "From an RPC's start to its end (a stream's whole life), by method.",
+            ["grpc_service", "grpc_method", "grpc_type"],
+            buckets=LATENCY_BUCKETS,
+            **reg,
+        )
+        self.step_seconds = Histogram(
+            "xhagent_scheduler_step_seconds",
+            "One scheduler step: exits collected, Pending tasks placed, starts committed.",
+            buckets=LATENCY_BUCKETS,
+            **reg,
+        )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
         self.census = _Census(store, groups, runq, taskstats, self._class)
@@ -142,6 +169,13 @@ class AgentMetrics:
             self.registry.register(_InternalErrors(faults))
         if disk is not None:
             self.registry.register(_StateDisk(disk))
+
+    def call_started(self, service: str, method: str, kind: str) -> None:
+        self.calls_started.labels(service, method, kind).inc()
+
+    def call_ended(self, service: str, method: str, kind: str, code: str, seconds: float) -> None:
+        self.calls_handled.labels(service, method, kind, code).inc()
+        self.call_seconds.labels(service, method, kind).observe(seconds)
 
     def observe(self, written: list[tuple[Event, TaskRecord | None]]) -> None:
         for event, rec in written:

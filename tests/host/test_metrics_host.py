@@ -155,6 +155,12 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         shims = 'xhagent_runq_latency_seconds_bucket{group="shims"}'
         runq = prom.scalar(f"histogram_quantile(0.9, sum by (le) ({shims}))")
         assert runq is not None and 0 < runq < 10, runq
+        # the CLI's calls, by method and code, and the loop's steps, as Prometheus read them
+        submits = 'grpc_server_handled_total{grpc_method="Submit",grpc_code="OK"}'
+        assert prom.scalar(submits) >= 3
+        assert prom.scalar("xhagent_scheduler_step_seconds_count") > 0
+        info = 'xhagent_build_info{kernel!=""}'
+        assert prom.scalar(info) == 1
         targets = get_json(f"{prom.url}/api/v1/targets")["data"]["activeTargets"]
         assert [(t["scrapeUrl"], t["health"]) for t in targets] == [(url, "up")]
     finally:

@@ -441,3 +441,38 @@ def test_bytes_a_client_sends_before_grpcs_end_is_connected_are_held_not_lost(
             assert client.Health(pb.HealthRequest()).status == "ok"
     finally:
         server.stop(None)
+
+
+def test_every_call_is_counted_by_method_and_status_code(sock, tmp_path):
+    from xhagent.daemon.metrics import AgentMetrics
+    from xhagent.daemon.store import Store
+
+    with Store.open(tmp_path / "state") as store:
+        metrics = AgentMetrics(store, lambda: [])
+        server = bind(Servicer(), sock, group=NO_GROUP, calls=metrics)
+        try:
+            with connect(sock) as client:
+                client.Health(pb.HealthRequest())
+                with pytest.raises(ApiError):
+                    client.Get(pb.GetRequest(id="t1"))
+                assert len(list(client.Watch(pb.WatchRequest()))) == 3
+        finally:
+            server.stop(None)
+
+        def handled(method, kind, code):
+            return metrics.registry.get_sample_value(
+                "grpc_server_handled_total",
+                {
+                    "grpc_service": "xhagent.v1.Agent",
+                    "grpc_method": method,
+                    "grpc_type": kind,
+                    "grpc_code": code,
+                },
+            )
+
+        assert handled("Health", "unary", "OK") == 1
+        assert handled("Get", "unary", "NOT_FOUND") == 1
+        assert handled("Watch", "server_stream", "OK") == 1
+        labels = {"grpc_service": "xhagent.v1.Agent", "grpc_method": "Get", "grpc_type": "unary"}
+        assert metrics.registry.get_sample_value("grpc_server_started_total", labels) == 1
+        assert metrics.registry.get_sample_value("grpc_server_handling_seconds_count", labels) == 1

@@ -25,8 +25,10 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -57,6 +59,7 @@ __all__ = [
 # (x3): 4 KiB of UTF-8 always fits, and holds the first 20 error lines of a file as a rule.
 MAX_DETAILS_BYTES = 4096
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the terminating NUL
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 STREAMS_END_S = 0.5  # at a stop, of its grace, for streams to end cleanly (bind: ends)
 
 
@@ -71,6 +74,7 @@ def bind(
     group: str = "xhagent",
     health: AgentHealth | None = None,
     ends: Callable[[float], Awaitable[None]] | None = None,
+    calls: Calls | None = None,
 ) -> Server:
     """Serve `servicer` at unix socket `path`; the started server (stop() removes the file).
 
@@ -90,7 +94,8 @@ def bind(
     asyncio generators for streams) and what blocks runs on the servicer's `executor`.
     With `health`, the standard health and reflection services are served beside it
     (standard.py). `ends(timeout)`, given, is awaited at a stop before any connection is
-    cut: the servicer's streams may end cleanly then.
+    cut: the servicer's streams may end cleanly then. `calls`, given, counts every call of
+    the agent's service.
     """
     path = Path(path)
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
@@ -101,7 +106,7 @@ def bind(
     listener = _listen(path, gid)
     server = None
     try:
-        server = Server(servicer, listener, health, ends)
+        server = Server(servicer, listener, health, ends, calls)
         servicer.identify = server.relay.caller
         server.start()
     except BaseException:
@@ -155,6 +160,7 @@ class Server:
         listener: socket.socket,
         health: AgentHealth | None = None,
         ends: Callable[[float], Awaitable[None]] | None = None,
+        calls: Calls | None = None,
     ):
         self._loop = asyncio.new_event_loop()
         self._health, self._ends = health, ends
@@ -166,7 +172,7 @@ class Server:
         self._inode = os.lstat(self._path).st_ino  # removed at stop only if still ours
         upstream = private_address()
         self.relay = PeerRelay(listener, upstream)
-        self._server = self._call(self._create(servicer, health))
+        self._server = self._call(self._create(servicer, health, calls))
         if health is not None:
             health.bind(self._loop)
         try:
@@ -176,14 +182,14 @@ class Server:
             raise BindError(f"{self._path}: cannot serve: {exc}") from None
 
     @staticmethod
-    async def _create(servicer, health: AgentHealth | None) -> grpc.aio.Server:
+    async def _create(servicer, health: AgentHealth | None, calls: Calls | None) -> grpc.aio.Server:
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
             ],
         )
-        server.add_generic_rpc_handlers((_handlers(servicer),))
+        server.add_generic_rpc_handlers((_handlers(servicer, calls),))
         if health is not None:
             add_standard_services(server, health)
         return server
@@ -373,7 +379,39 @@ def unary(impl):
     return method
 
 
-def _handlers(servicer) -> grpc.GenericRpcHandler:
+class Calls(Protocol):
+    """Who counts the calls (the agent's metrics): each call's start, and its end with its
+    status code's name and how long it took."""
+
+    def call_started(self, service: str, method: str, kind: str) -> None: ...
+
+    def call_ended(
+        self, service: str, method: str, kind: str, code: str, seconds: float
+    ) -> None: ...
+
+
+class _Counted:
+    """One call's start and end told to `calls`; the code is what the call ended with."""
+
+    def __init__(self, calls: Calls | None, method: str, kind: str):
+        self.calls, self.method, self.kind = calls, method, kind
+        self.began = time.monotonic()
+        if calls is not None:
+            calls.call_started(SERVICE, method, kind)
+
+    def ended(self, context, exc: BaseException | None) -> None:
+        if self.calls is None:
+            return
+        if exc is None:
+            code = "OK"
+        elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            code = "CANCELLED"  # the client went, or the server stops
+        else:
+            code = getattr(context.code(), "name", None) or "UNKNOWN"
+        self.calls.call_ended(SERVICE, self.method, self.kind, code, time.monotonic() - self.began)
+
+
+def _handlers(servicer, calls: Calls | None = None) -> grpc.GenericRpcHandler:
     """The `Agent` service's methods, each behind `_guarded`; requests arrive as bytes so that
     one that does not decode is the guard's to answer, not grpc's."""
     service = agent_pb2.DESCRIPTOR.services_by_name["Agent"]
@@ -388,41 +426,55 @@ def _handlers(servicer) -> grpc.GenericRpcHandler:
         )
         impl = _guarded_stream if m.server_streaming else _guarded
         handlers[m.name] = handler(
-            impl(servicer, m.name, request_type),
+            impl(servicer, m.name, request_type, calls),
             response_serializer=reply_type.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-def _guarded(servicer, name: str, request_type):
+def _guarded(servicer, name: str, request_type, calls: Calls | None = None):
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        request = await _admitted(servicer, name, request_type, data, context)
+        counted, ended = _Counted(calls, name, "unary"), None
         try:
-            reply = method(request, context)
-            return await reply if inspect.isawaitable(reply) else reply
-        except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
-            await _abort(servicer, name, exc, context)
+            request = await _admitted(servicer, name, request_type, data, context)
+            try:
+                reply = method(request, context)
+                return await reply if inspect.isawaitable(reply) else reply
+            except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
+                await _abort(servicer, name, exc, context)
+        except BaseException as exc:
+            ended = exc
+            raise
+        finally:
+            counted.ended(context, ended)
 
     return call
 
 
-def _guarded_stream(servicer, name: str, request_type):
+def _guarded_stream(servicer, name: str, request_type, calls: Calls | None = None):
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        request = await _admitted(servicer, name, request_type, data, context)
+        counted, ended = _Counted(calls, name, "server_stream"), None
         try:
-            items = method(request, context)
-            if inspect.isasyncgen(items):
-                async for item in items:
-                    yield item
-            else:
-                for item in items:
-                    yield item
-        except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
-            await _abort(servicer, name, exc, context)
+            request = await _admitted(servicer, name, request_type, data, context)
+            try:
+                items = method(request, context)
+                if inspect.isasyncgen(items):
+                    async for item in items:
+                        yield item
+                else:
+                    for item in items:
+                        yield item
+            except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
+                await _abort(servicer, name, exc, context)
+        except BaseException as exc:
+            ended = exc
+            raise
+        finally:
+            counted.ended(context, ended)
 
     return call
 

@@ -114,6 +114,7 @@ class Scheduler:
         self._listeners: list[Callable[[], None]] = []
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
+        self.step_timed: Callable[[float], None] | None = None  # each step's seconds (metrics)
         self._last_full = 0.0  # monotonic time of the last look at every running task
 
     # -- requests (any thread) ----------------------------------------------------------------
@@ -306,6 +307,7 @@ class Scheduler:
             # timeout) every running task is looked at, and at least every FULL_LOOK_S
             # while a supervised task has no pidfd (its end has no event)
             full = failed or not woken.anything or self._unwatched_due()
+            began = time.monotonic()
             try:
                 self.step(None if full else set(woken.exited))
             except StoreFull as exc:  # the node's disk, not the agent's fault
@@ -317,6 +319,8 @@ class Scheduler:
                 timeout, failed = 1.0, True  # and then a look at everything again
                 continue
             self.faults.cleared(STEP)
+            if self.step_timed is not None:
+                self.step_timed(time.monotonic() - began)
             failed = False
             timeout = self.wakeups.timeout()
             if self.disk.check():  # still full: looked at again soon, for when it clears
