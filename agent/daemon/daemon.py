@@ -64,6 +64,7 @@ class Settings:
     log_cap: int = DEFAULT_LOG_CAP
     admin_group: str = "xhagent-admin"  # "" for none: root and the agent's user only
     max_streams: int = 1024  # following API streams per caller
+    task_series: int = 200  # tasks whose own cgroup series /metrics shows, at most
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     debug_endpoints: bool = False  # /debug/ on the metrics port
     pool: PoolConfig | None = None  # the worker pool to host; None: none
@@ -256,7 +257,13 @@ class Daemon:
         except OSError as exc:
             self.report("NotObserved", f"task delays: {exc}")
         metrics = AgentMetrics(
-            self.store, groups, runq, self.taskstats, self.faults, self.scheduler.disk
+            self.store,
+            groups,
+            runq,
+            self.taskstats,
+            self.faults,
+            self.scheduler.disk,
+            task_series=self.settings.task_series,
         )
         if self.pool is not None:
             from ..runtime.metrics import PoolCollector

@@ -15,7 +15,8 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
   refused (`loop.diskfull`); plus the agent's own process (`process_*`).
 
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
-label names the agent's own groups and the leaves of tasks that run now.
+label names the agent's own groups and the leaves of tasks that run now, at most
+`task_series` of them (the oldest first; `xhagent_metrics_tasks_left_out` counts the rest).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class AgentMetrics:
         taskstats=None,
         faults: Faults | None = None,
         disk: DiskFull | None = None,
+        task_series: int = 200,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -155,7 +157,7 @@ class AgentMetrics:
         )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
-        self.census = _Census(store, groups, runq, taskstats, self._class)
+        self.census = _Census(store, groups, runq, taskstats, self._class, task_series)
         self.registry.register(self.census)
         uname = os.uname()
         Info(
@@ -262,8 +264,11 @@ class _StateDisk:
 class _Census:
     """What is, at scrape time."""
 
-    def __init__(self, store: Store, groups, runq, taskstats, classes: dict[str, str]):
+    def __init__(
+        self, store: Store, groups, runq, taskstats, classes: dict[str, str], task_series: int
+    ):
         self.store, self.groups, self.classes = store, groups, classes
+        self.task_series = task_series  # task leaves shown at most: series stay bounded
         self.runq, self.taskstats = runq, taskstats
         # the groups' stat files stay open from one scrape to the next, and are opened
         # afresh only when the set of groups changed (a task started or ended)
@@ -295,13 +300,29 @@ class _Census:
         for kind, n in sorted(pending.items()):
             reasons.add_metric([kind or "Unknown"], n)
         yield reasons
-        groups = list(self.groups())
+        groups, left_out = self._shown_groups()
+        shown = GaugeMetricFamily(
+            "xhagent_metrics_tasks_left_out",
+            "Running tasks whose own cgroup series this scrape left out (past --task-series).",
+        )
+        shown.add_metric([], left_out)
+        yield shown
         yield from group_metrics(groups, self._stats(groups))
         yield self._file_reads()
         if self.runq is not None:
             yield self._runq(groups)
         if self.taskstats is not None:
             yield self._delays(groups)
+
+    def _shown_groups(self) -> tuple[list[tuple[str, Cgroup]], int]:
+        """The groups whose series this scrape shows: the subtree's own always, the task
+        leaves up to `task_series` (the oldest tasks first: ids sort by submission), and how
+        many leaves are left out."""
+        groups, leaves = [], []
+        for name, group in self.groups():
+            (leaves if name.startswith("tasks/") else groups).append((name, group))
+        leaves.sort(key=lambda g: g[0])
+        return groups + leaves[: self.task_series], max(0, len(leaves) - self.task_series)
 
     def _stats(self, groups: list[tuple[str, Cgroup]]) -> list[dict]:
         key = tuple((name, str(g.path)) for name, g in groups)

@@ -83,6 +83,14 @@ from .signals import DaemonSignals
     help="Following Watch and Logs streams one caller (uid) may hold open at once.",
 )
 @click.option(
+    "--task-series",
+    type=click.IntRange(0, 100_000),
+    default=200,
+    show_default=True,
+    help="Tasks whose own cgroup series /metrics shows at most (the oldest running first); "
+    "xhagent_metrics_tasks_left_out says how many more run.",
+)
+@click.option(
     "--pool",
     "pool_cpus",
     default=None,
@@ -118,6 +126,7 @@ def run(
     debug_endpoints,
     admin_group,
     max_streams,
+    task_series,
     pool_cpus,
     pool_slice_ms,
 ) -> None:
@@ -179,6 +188,7 @@ def run(
         log_cap=config.log_cap or DEFAULT_LOG_CAP,
         admin_group=_first(admin_group, config.admin_group, DEFAULT_ADMIN_GROUP),
         max_streams=max_streams,
+        task_series=task_series,
         metrics_addr=metrics,
         debug_endpoints=debug_endpoints != "off",
         pool=pool,

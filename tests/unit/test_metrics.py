@@ -154,7 +154,8 @@ def lint(text: str) -> list[str]:
             problems.append(f"{name}: not snake_case")
         if not fam.documentation.strip():
             problems.append(f"{name}: no HELP")
-        if not name.startswith(("xhagent_", "process_")):
+        # process_ and grpc_server_: the names the ecosystem's dashboards already query
+        if not name.startswith(("xhagent_", "process_", "grpc_server_")):
             problems.append(f"{name}: no xhagent_ prefix")
         if UNIT_WORDS.search(name) and not name.endswith(("_seconds", "_bytes")):
             problems.append(f"{name}: a duration without a base unit")
@@ -378,3 +379,21 @@ def test_build_info_names_the_version_the_interpreter_and_the_kernel(metrics):
         "python": platform.python_version(),
         "kernel": os.uname().release,
     }
+
+
+def test_task_series_are_capped_oldest_first_and_the_rest_counted(store, tmp_path):
+    from xhagent.cgroups import Cgroup
+
+    def group(name):
+        path = tmp_path / "tree" / name
+        path.mkdir(parents=True)
+        (path / "cpu.stat").write_text("usage_usec 2000000\nuser_usec 1\nsystem_usec 1\n")
+        return name, Cgroup(path)
+
+    own = [group("."), group("shims")]
+    leaves = [group(f"tasks/t{i:07d}") for i in (5, 1, 3, 2, 4)]
+    m = AgentMetrics(store, lambda: own + leaves, task_series=3)
+    cpu = {s.labels["group"] for s in series(m, "xhagent_cgroup_cpu_usage_seconds_total")}
+    assert cpu == {".", "shims", "tasks/t0000001", "tasks/t0000002", "tasks/t0000003"}
+    assert series(m, "xhagent_metrics_tasks_left_out")[0].value == 2
+    m.census.close()
