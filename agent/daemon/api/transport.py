@@ -396,19 +396,20 @@ class _Counted:
     def __init__(self, calls: Calls | None, method: str, kind: str):
         self.calls, self.method, self.kind = calls, method, kind
         self.began = time.monotonic()
+        self.code = "OK"
         if calls is not None:
             calls.call_started(SERVICE, method, kind)
 
-    def ended(self, context, exc: BaseException | None) -> None:
-        if self.calls is None:
-            return
-        if exc is None:
-            code = "OK"
-        elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
-            code = "CANCELLED"  # the client went, or the server stops
+    def failed(self, context, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            self.code = "CANCELLED"  # the client went, or the server stops
         else:
-            code = getattr(context.code(), "name", None) or "UNKNOWN"
-        self.calls.call_ended(SERVICE, self.method, self.kind, code, time.monotonic() - self.began)
+            self.code = getattr(context.code(), "name", None) or "UNKNOWN"
+
+    def ended(self) -> None:
+        if self.calls is not None:
+            seconds = time.monotonic() - self.began
+            self.calls.call_ended(SERVICE, self.method, self.kind, self.code, seconds)
 
 
 def _handlers(servicer, calls: Calls | None = None) -> grpc.GenericRpcHandler:
@@ -436,7 +437,7 @@ def _guarded(servicer, name: str, request_type, calls: Calls | None = None):
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        counted, ended = _Counted(calls, name, "unary"), None
+        counted = _Counted(calls, name, "unary")
         try:
             request = await _admitted(servicer, name, request_type, data, context)
             try:
@@ -445,10 +446,10 @@ def _guarded(servicer, name: str, request_type, calls: Calls | None = None):
             except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
                 await _abort(servicer, name, exc, context)
         except BaseException as exc:
-            ended = exc
+            counted.failed(context, exc)
             raise
         finally:
-            counted.ended(context, ended)
+            counted.ended()
 
     return call
 
@@ -457,7 +458,7 @@ def _guarded_stream(servicer, name: str, request_type, calls: Calls | None = Non
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        counted, ended = _Counted(calls, name, "server_stream"), None
+        counted, items = _Counted(calls, name, "server_stream"), None
         try:
             request = await _admitted(servicer, name, request_type, data, context)
             try:
@@ -471,10 +472,12 @@ def _guarded_stream(servicer, name: str, request_type, calls: Calls | None = Non
             except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
                 await _abort(servicer, name, exc, context)
         except BaseException as exc:
-            ended = exc
+            counted.failed(context, exc)
             raise
         finally:
-            counted.ended(context, ended)
+            if inspect.isasyncgen(items):  # its own cleanup now, not when it is collected
+                await items.aclose()
+            counted.ended()
 
     return call
 
