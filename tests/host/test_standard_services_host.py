@@ -57,3 +57,36 @@ def test_a_running_agent_serves_health_and_reflection(tmp_path):
         agent.remove_subtree()
     gone = health_cli(agent.socket)
     assert gone.returncode == 1 and "no agent at" in gone.stderr
+
+
+def test_the_shell_completes_task_ids_from_the_agent(tmp_path):
+    agent = LocalAgent(tmp_path, f"xhagent-complete-test-{os.getpid()}.slice")
+    agent.start()
+    try:
+        task = tmp_path / "t.yaml"
+        task.write_text(
+            "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: done}\n"
+            'spec:\n  deviceType: cpu\n  command: ["true"]\n'
+        )
+        sub = subprocess.run(
+            [str(XHAGENT), "submit", str(task), "--socket", str(agent.socket)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        task_id = sub.stdout.split()[0]
+
+        def complete(words: str) -> list[str]:
+            env = dict(os.environ, _XHAGENT_COMPLETE="bash_complete", COMP_WORDS=words)
+            env["COMP_CWORD"] = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+            res = subprocess.run(
+                [str(XHAGENT)], env=env, capture_output=True, text=True, timeout=60
+            )
+            return [line.split(",", 1)[1] for line in res.stdout.splitlines() if line]
+
+        assert task_id in complete(f"xhagent get --socket {agent.socket} {task_id[:3]}")
+        assert complete(f"xhagent logs --socket {agent.socket} tzzz") == []
+        assert complete(f"xhagent get --socket {tmp_path}/none.sock t") == []  # no agent
+    finally:
+        agent.stop()
+        agent.remove_subtree()

@@ -19,7 +19,34 @@ import click
 from ...cliparams import InputFile, Text, shown_path
 from .limits import INT64_MAX, MAX_ID, MAX_NAME
 
-TASK_ID = Text(MAX_ID, printable=True, required=True)
+
+class TaskId(Text):
+    """A task id; the shell completes it from the agent's tasks (newest first), asked over
+    the socket the command line names so far; nothing when no agent answers in a second."""
+
+    name = "task_id"
+    COMPLETE_TIMEOUT_S = 1.0
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        from .client import ApiError, connect, resolve_socket
+        from .v1 import agent_pb2 as pb
+
+        try:
+            where = resolve_socket(ctx.params.get("socket_path"))
+            with connect(where, timeout=self.COMPLETE_TIMEOUT_S) as client:
+                tasks = client.List(pb.ListRequest(all=True, limit=1000)).tasks
+        except (ApiError, OSError):
+            return []
+        return [
+            CompletionItem(t.id, help=f"{t.name} {t.state}")
+            for t in tasks
+            if t.id.startswith(incomplete)
+        ]
+
+
+TASK_ID = TaskId(MAX_ID, printable=True, required=True)
 UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
