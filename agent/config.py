@@ -16,8 +16,14 @@
       cpus: auto                # auto: every CPU the agent may use, reserved ones excluded;
                                 # or a cpu list ("2-7", [2, 3])
       sliceMs: 10               # its preemption time slice (0: no preemption)
+    metricsAddr: 0.0.0.0:9464   # HOST:PORT of /metrics, "off" for none (127.0.0.1:9464)
+    logFormat: json             # text | json (text)
+    debugEndpoints: "off"       # off | on | heap: /debug/* on the metrics address (off)
+    maxStreams: 1024            # following API streams per caller (1024)
+    taskSeries: 200             # running tasks with series of their own on /metrics (200)
 
-Ground floor: every package may read it; `xhagent run`'s options override the file.
+Every `xhagent run` option that is no path to a file of its own has its field here. Ground
+floor: every package may read it; an option given to `xhagent run` wins over the file.
 
 Validated as policies are: an unknown field is an error (with a did-you-mean), every error
 of the file is reported at once, each `FILE:LINE:COL: message`; reserved CPUs must be
@@ -49,7 +55,16 @@ FIELDS = (
     "logCap",
     "adminGroup",
     "pool",
+    "metricsAddr",
+    "logFormat",
+    "debugEndpoints",
+    "maxStreams",
+    "taskSeries",
 )
+LOG_FORMATS = ("text", "json")
+DEBUG_ENDPOINTS = ("off", "on", "heap")
+MAX_STREAMS = 1 << 20
+MAX_TASK_SERIES = 100_000
 POOL_FIELDS = ("cpus", "sliceMs")
 MAX_SLICE_MS = 10_000.0
 PATHS = {"stateDir": "state_dir", "socket": "socket", "policiesDir": "policies_dir"}
@@ -78,6 +93,12 @@ class AgentConfig:
     source: str | None = None
     reserved_at: str = field(default="", compare=False)  # FILE:LINE:COL of reservedCpus
     pool: PoolConfig | None = None
+    # None: not in the file (the option's own default applies)
+    metrics_addr: str | None = None  # HOST:PORT, checked, or "off"
+    log_format: str | None = None
+    debug_endpoints: str | None = None
+    max_streams: int | None = None
+    task_series: int | None = None
 
 
 @dataclass(frozen=True)
@@ -168,11 +189,48 @@ def _config(docs, source: str) -> AgentConfig:
     with doc.collecting():
         if root["pool"].present:
             values["pool"] = _pool(root["pool"], source)
+    with doc.collecting():
+        if root["metricsAddr"].present:
+            values["metrics_addr"] = _metrics_addr(root["metricsAddr"])
+    with doc.collecting():
+        if root["logFormat"].present:
+            values["log_format"] = root["logFormat"].str(LOG_FORMATS)
+    with doc.collecting():
+        if root["debugEndpoints"].present:
+            values["debug_endpoints"] = _switch(root["debugEndpoints"], DEBUG_ENDPOINTS)
+    with doc.collecting():
+        if root["maxStreams"].present:
+            values["max_streams"] = root["maxStreams"].int(1, MAX_STREAMS)
+    with doc.collecting():
+        if root["taskSeries"].present:
+            values["task_series"] = root["taskSeries"].int(0, MAX_TASK_SERIES)
     try:
         doc.errors.raise_if_any()
     except SpecError as exc:
         raise ConfigError.of(exc) from None
     return AgentConfig(**values, source=source)
+
+
+def _metrics_addr(c: Cursor) -> str:
+    if c.value is False:  # YAML reads a bare off as false
+        return "off"
+    text = c.str()
+    if text == "off":
+        return text
+    from .metrics.exporter import parse_addr  # only where the field is set: it loads HTTP
+
+    try:
+        parse_addr(text)
+    except ValueError as exc:
+        raise c.error(f"metricsAddr: {exc}") from None
+    return text
+
+
+def _switch(c: Cursor, choices: tuple[str, ...]) -> str:
+    """One of `choices`; YAML's bare off and on (false and true) read as the words."""
+    if isinstance(c.value, bool):
+        return "on" if c.value else "off"
+    return c.str(choices)
 
 
 def _group_name(c: Cursor) -> str:

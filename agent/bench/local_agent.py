@@ -33,7 +33,7 @@ class LocalAgent:
 
     # Any free loopback port: agents side by side must not want the same one; Health says
     # which one it got (`metrics_url`).
-    metrics_addr = "127.0.0.1:0"
+    metrics_addr: str | None = "127.0.0.1:0"
 
     def metrics_url(self) -> str:
         from ..daemon.api.v1 import agent_pb2 as pb
@@ -56,9 +56,9 @@ class LocalAgent:
             str(self.socket),
             "--subtree",
             self.subtree,
-            "--metrics-addr",
-            self.metrics_addr,
         ]
+        if self.metrics_addr is not None:  # None: agent.yaml's, or the agent's default
+            args += ["--metrics-addr", self.metrics_addr]
         if self.policies is not None:
             args += ["--policies-dir", str(self.policies)]
         args += self.extra

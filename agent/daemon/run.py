@@ -16,6 +16,11 @@ from ..cliparams import FiniteFloat
 from .api.cli import fail, socket_option
 from .signals import DaemonSignals
 
+# What an option not given takes when agent.yaml has no field for it either.
+DEFAULT_METRICS = "127.0.0.1:9464"
+DEFAULT_MAX_STREAMS = 1024
+DEFAULT_TASK_SERIES = 200
+
 
 @click.command()
 @click.option(
@@ -50,23 +55,22 @@ from .signals import DaemonSignals
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="One line per event, as text or JSON.",
+    default=None,
+    help="One line per event, as text or JSON [default: agent.yaml's logFormat, else text].",
 )
 @click.option(
     "--metrics-addr",
-    default="127.0.0.1:9464",
-    show_default=True,
-    help="Where Prometheus scrapes /metrics (HOST:PORT; port 0: any free one); off: none.",
+    default=None,
+    help="Where Prometheus scrapes /metrics (HOST:PORT; port 0: any free one); off: none "
+    f"[default: agent.yaml's metricsAddr, else {DEFAULT_METRICS}].",
 )
 @click.option(
     "--debug-endpoints",
     type=click.Choice(["off", "on", "heap"]),
-    default="off",
-    show_default=True,
+    default=None,
     help="Serve /debug/stacks, /debug/profile?seconds=N and /debug/heap on the metrics "
-    "address; heap also traces allocations (costs memory and time).",
+    "address; heap also traces allocations (costs memory and time) [default: agent.yaml's "
+    "debugEndpoints, else off].",
 )
 @click.option(
     "--admin-group",
@@ -78,17 +82,17 @@ from .signals import DaemonSignals
 @click.option(
     "--max-streams",
     type=click.IntRange(1, 1 << 20),
-    default=1024,
-    show_default=True,
-    help="Following Watch and Logs streams one caller (uid) may hold open at once.",
+    default=None,
+    help="Following Watch and Logs streams one caller (uid) may hold open at once "
+    "[default: agent.yaml's maxStreams, else 1024].",
 )
 @click.option(
     "--task-series",
     type=click.IntRange(0, 100_000),
-    default=200,
-    show_default=True,
+    default=None,
     help="Tasks whose own cgroup series /metrics shows at most (the oldest running first); "
-    "xhagent_metrics_tasks_left_out says how many more run.",
+    "xhagent_metrics_tasks_left_out says how many more run [default: agent.yaml's "
+    "taskSeries, else 200].",
 )
 @click.option(
     "--pool",
@@ -151,6 +155,16 @@ def run(
     from .notify import notify_ready
     from .store import StoreError
 
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    # an option given wins over the file, the file over the built-in default
+    log_format = _first(log_format, config.log_format, "text")
+    metrics_addr = _first(metrics_addr, config.metrics_addr, DEFAULT_METRICS)
+    debug_endpoints = _first(debug_endpoints, config.debug_endpoints, "off")
+    max_streams = _first(max_streams, config.max_streams, DEFAULT_MAX_STREAMS)
+    task_series = _first(task_series, config.task_series, DEFAULT_TASK_SERIES)
     _logging(log_format)
     # systemd's $NOTIFY_SOCKET is the agent's alone (sd_notify's unset_environment): taken out
     # of the environment so no child (shim, workload, helper) inherits and misuses it.
@@ -162,7 +176,6 @@ def run(
     if metrics is None and debug_endpoints != "off":
         fail("--debug-endpoints: they are served on the metrics address, which is off", 2)
     try:
-        config = load_config(config_path)
         inv = discover_node(config=config)
         check_reserved(config, [c.id for c in inv.cpu.cpus])
         node = build_model(inv)

@@ -129,3 +129,31 @@ def test_admin_group_is_a_group_name_or_empty():
     with pytest.raises(ConfigError) as err:
         parse_config("adminGroup: 'wheel; rm -rf /'\n", "agent.yaml")
     assert str(err.value).startswith("agent.yaml:1:13: adminGroup: ")
+
+
+def test_every_run_option_has_its_field_read_and_checked_with_positions():
+    cfg = parse_config(
+        "metricsAddr: '[::1]:0'\nlogFormat: json\ndebugEndpoints: on\nmaxStreams: 8\n"
+        "taskSeries: 0\n",
+        "agent.yaml",
+    )
+    assert (cfg.metrics_addr, cfg.log_format, cfg.debug_endpoints) == ("[::1]:0", "json", "on")
+    assert (cfg.max_streams, cfg.task_series) == (8, 0)
+    bare = parse_config("metricsAddr: off\ndebugEndpoints: off\n", "agent.yaml")
+    assert (bare.metrics_addr, bare.debug_endpoints) == ("off", "off")  # YAML's false
+    unset = parse_config("nodeName: n1\n", "agent.yaml")
+    assert (unset.metrics_addr, unset.log_format, unset.max_streams) == (None, None, None)
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            "metricsAddr: 9464\nlogFormat: xml\ndebugEndpoints: heaps\nmaxStreams: 0\n"
+            "taskSeries: -1\n",
+            "agent.yaml",
+        )
+    assert str(info.value).splitlines() == [
+        "agent.yaml:1:14: metricsAddr: expected a string, got an integer",
+        "agent.yaml:2:12: logFormat: 'xml' is not one of text, json",
+        "agent.yaml:3:17: debugEndpoints: 'heaps' is not one of off, on, heap "
+        "(did you mean 'heap'?)",
+        "agent.yaml:4:13: maxStreams: 0 is out of range 1..1048576",
+        "agent.yaml:5:13: taskSeries: -1 is out of range 0..100000",
+    ]
