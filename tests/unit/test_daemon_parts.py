@@ -118,6 +118,26 @@ def policies(tmp_path):
     store.close()
 
 
+def test_a_refusal_is_one_line_and_said_once_until_it_changes(policies):
+    ps, directory, seen, _ = policies
+    bad = POLICY.format(name="p", priority=700).replace("matchRules", "matchRulez")
+    (directory / "p.yaml").write_text(bad)
+    for _ in range(3):  # the file read again, unchanged: SIGHUP, a watch event
+        assert ps.reload({"p.yaml"}) is False
+    rejected = [m for k, m in seen if k == "PolicyRejected"]
+    assert len(rejected) == 1, rejected
+    (message,) = rejected
+    assert "\n" not in message and message.count(f"{directory / 'p.yaml'}:") >= 2, message
+    (directory / "p.yaml").write_text(bad.replace("700", "800"))  # another refusal: said
+    assert ps.reload({"p.yaml"}) is False
+    assert len([k for k, _ in seen if k == "PolicyRejected"]) == 2
+    (directory / "p.yaml").write_text(POLICY.format(name="p", priority=60))
+    assert ps.reload({"p.yaml"}) is True
+    (directory / "p.yaml").write_text(bad)  # refused again after it was good: said again
+    assert ps.reload({"p.yaml"}) is False
+    assert len([k for k, _ in seen if k == "PolicyRejected"]) == 3
+
+
 def test_a_bad_file_keeps_its_previous_version_in_force(policies):
     ps, directory, seen, _ = policies
     (directory / "p.yaml").write_text(POLICY.format(name="p", priority=60))

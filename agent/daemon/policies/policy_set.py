@@ -56,6 +56,8 @@ class PolicySet:
         self.on_change: Callable[[], None] = lambda: None  # the scheduler loop's wake-up
         self.files: dict[str, tuple[str, list[Loaded]]] = {}  # file name -> (text, in force)
         self.applied: dict[tuple[str, str], Loaded] = {}
+        # file name -> why it was last refused: a refusal is said once, until it changes
+        self._refused: dict[str, str] = {}
         for rec in store.active_policies():
             if (item := self._stored(rec)) is not None:
                 self.applied[(rec.kind, rec.name)] = item
@@ -112,6 +114,7 @@ class PolicySet:
         try:
             text = read_policy_file(self.directory, name)  # never waits: see files.py
             if text is None:
+                self._refused.pop(name, None)
                 if self.files.pop(name, None) is None:
                     return False
                 self.report("PolicyRemoved", f"{path}: removed; its policies no longer apply")
@@ -122,8 +125,12 @@ class PolicySet:
             self._check_names(loaded, origin=name)
             enacted = self._enact(loaded)
         except (SpecError, PolicyError) as exc:
-            self.report("PolicyRejected", f"{exc} ({kept})")
+            why = f"{_one_line(str(exc))} ({kept})"
+            if self._refused.get(name) != why:  # the same refusal again is no news
+                self._refused[name] = why
+                self.report("PolicyRejected", why)
             return False
+        self._refused.pop(name, None)
         self.files[name] = (text, loaded)
         self.report("PolicyLoaded", f"{path}: {_described(loaded, enacted)}")
         return True
@@ -238,6 +245,13 @@ class PolicySet:
 
 def _described(loaded: list[Loaded], enacted: Enacted | None) -> str:
     return ", ".join(f"{i.kind} {i.name}" for i in loaded) + _what(enacted)
+
+
+def _one_line(text: str) -> str:
+    """An error of several lines (each FILE:LINE:COL, or a heading and its items) as the one
+    line an event is: the lines joined by "; ", a heading's colon kept."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines).replace(":; ", ": ")
 
 
 def _what(enacted: Enacted | None) -> str:
