@@ -183,6 +183,10 @@ class AgentMetrics:
         for event, rec in written:
             if event.kind == "Transition" and rec is not None:
                 self._transition(event, rec)
+            elif event.kind == "Waiting":  # kept Pending with new reasons
+                if rec is not None:
+                    self._class[rec.id] = rec.summary.task_class or DEFAULT_CLASS
+                self.decisions.labels("pending").inc()
             elif event.kind == "DeadlineMissed":
                 self.deadline_misses.labels(self._class.get(event.task_id, DEFAULT_CLASS)).inc()
             elif event.kind in MIGRATION_RESULTS:
@@ -202,8 +206,6 @@ class AgentMetrics:
             self.decisions.labels("placed").inc()
             if rec.attempt == 1:
                 self.queue_wait.labels(cls).observe(max(0, now - rec.created_ns) / 1e9)
-        elif new is TaskState.PENDING and old is TaskState.PENDING:
-            self.decisions.labels("pending").inc()
         elif new is TaskState.FROZEN:
             self.preemptions.labels(cls, "freeze").inc()
         elif new is TaskState.PENDING and old is TaskState.RUNNING:

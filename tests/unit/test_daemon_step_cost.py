@@ -172,7 +172,7 @@ def test_a_steps_reason_changes_are_one_transaction(loop):
     observe = loop.store.on_commit
 
     def record(written):
-        batches.append([e.detail for e, _ in written if e.kind == "Transition"])
+        batches.append([e.detail for e, _ in written if e.kind == "Waiting"])
         observe(written)
 
     loop.store.on_commit = record
@@ -183,8 +183,9 @@ def test_a_steps_reason_changes_are_one_transaction(loop):
     batches.clear()
     loop.step()
     assert loop.state(small) == TaskState.RUNNING
-    reasons = [b for b in batches if b and all(d["from"] == d["to"] == "Pending" for d in b)]
+    reasons = [b for b in batches if b]  # Waiting: Pending, with reasons that changed
     assert [len(b) for b in reasons] == [5]
+    assert all(d["from"] == d["to"] == "Pending" for d in reasons[0])
     for t in waiting:
         (reason,) = loop.store.get(t).reasons
         assert reason.detail == "InsufficientCPU: n1 has 1 free CPUs, task needs 2"

@@ -617,14 +617,17 @@ class Store:
                 f"UPDATE tasks SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
                 (*values.values(), task_id),
             )
+            kind = "Transition"
             message = f"{old} -> {to}" + (f": {note}" if note else "")
             detail = {"from": old.value, "to": to.value}
+            if old is to:  # Pending's only self-loop: what it waits for changed, not its state
+                kind, message = "Waiting", _waiting(fields.get("reasons"), note)
             detail |= {k: fields[k] for k in ("exit_code", "signal", "attempt") if k in fields}
             if "error" in fields:
                 detail["error"] = values["error"]
             if isinstance(fields.get("placement"), Placement):
                 detail["node"] = fields["placement"].node
-            event = self._event(c, task_id, "Transition", message, detail, now=now)
+            event = self._event(c, task_id, kind, message, detail, now=now)
             rec = self._task(c, task_id)
             self._written[-1] = (event, rec)
             return rec
@@ -858,6 +861,18 @@ def page_query(
 
 class _Ended(Exception):
     """SQLite ended the transaction of a commit_each under one of its works."""
+
+
+def _waiting(reasons: Any, note: str) -> str:
+    """A Waiting event's line: the first reason a Pending task now waits for, and how many
+    more (one per node that refused it)."""
+    reasons = list(reasons or ())
+    if not reasons or not isinstance(reasons[0], WaitReason):
+        return note or "waiting"
+    first = reasons[0]
+    where = f" on {first.node}" if first.node else ""
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return f"{first.kind}{where}: {first.detail}{more}" if first.detail else first.kind + more
 
 
 def _uid(owner: Owner | None) -> int | None:
