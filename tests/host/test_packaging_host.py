@@ -286,6 +286,7 @@ def test_workloads_unit_settings(deb_tree):
     # and nothing restarts it (systemd 252 could not place its new process: EBUSY).
     assert settings["Delegate"].split() == ["cpu", "cpuset", "io", "memory", "pids"]
     assert settings["ExecStart"] == "/bin/sleep infinity"
+    assert settings["TasksMax"] == "infinity"  # all workloads together: no DefaultTasksMax
     assert settings["KillMode"] == "process"
     assert "Restart" not in settings and "DelegateSubgroup" not in settings
     assert settings["WantedBy"] == "multi-user.target"
