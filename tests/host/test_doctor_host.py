@@ -163,7 +163,8 @@ def test_a_killed_doctors_group_is_removed_by_the_next_run_and_nothing_else(run_
 # `xhagent doctor` with only the cgroup probe: the seconds the others take are not needed here.
 CGROUP_DOCTOR = (
     "import sys\nimport xhagent.doctor as d\nfrom xhagent.doctor import cgroup_probe\n"
-    "d._probes = lambda: [('cgroup', cgroup_probe.probe)]\nfrom xhagent.cli import main\n"
+    "d._probes = lambda subtree=None: [('cgroup', cgroup_probe.probe)]\n"
+    "from xhagent.cli import main\n"
     "sys.argv = ['xhagent', 'doctor']\nmain()\n"
 )
 
@@ -205,7 +206,7 @@ def test_the_probe_uses_the_place_locate_finds_and_says_so(monkeypatch):
     mount = Path(discover_hierarchy().unified.path)
     rel = f"xhagent-doctor-test-{os.getpid()}.slice"
     placement = Placement(rel, "option", "given by the test")
-    monkeypatch.setattr(cgroup_probe, "locate", lambda **k: Subtree(mount, rel, placement))
+    monkeypatch.setattr(cgroup_probe, "locate", lambda *a, **k: Subtree(mount, rel, placement))
     items = {i.name: i for i in cgroup_probe.probe()}
     create = items["cgroup.create"]
     assert create.ok, create
@@ -214,7 +215,7 @@ def test_the_probe_uses_the_place_locate_finds_and_says_so(monkeypatch):
     assert items["cgroup.kill"].ok
     assert not (mount / rel).exists()  # made for the probe, removed after it
 
-    def refused(**k):
+    def refused(*a, **k):
         raise DelegationError("systemd manages the cgroup2 tree and delegated none of it")
 
     monkeypatch.setattr(cgroup_probe, "locate", refused)
