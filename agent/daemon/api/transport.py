@@ -391,25 +391,29 @@ class Calls(Protocol):
 
 
 class _Counted:
-    """One call's start and end told to `calls`; the code is what the call ended with."""
+    """`with _Counted(...)`: one call's start and its end told to `calls`, with the code it
+    ended with (what it raised says which); nothing when `calls` is None."""
 
-    def __init__(self, calls: Calls | None, method: str, kind: str):
-        self.calls, self.method, self.kind = calls, method, kind
+    def __init__(self, calls: Calls | None, method: str, kind: str, context):
+        self.calls, self.method, self.kind, self.context = calls, method, kind, context
+
+    def __enter__(self) -> _Counted:
         self.began = time.monotonic()
-        self.code = "OK"
-        if calls is not None:
-            calls.call_started(SERVICE, method, kind)
-
-    def failed(self, context, exc: BaseException) -> None:
-        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
-            self.code = "CANCELLED"  # the client went, or the server stops
-        else:
-            self.code = getattr(context.code(), "name", None) or "UNKNOWN"
-
-    def ended(self) -> None:
         if self.calls is not None:
-            seconds = time.monotonic() - self.began
-            self.calls.call_ended(SERVICE, self.method, self.kind, self.code, seconds)
+            self.calls.call_started(SERVICE, self.method, self.kind)
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if self.calls is None:
+            return
+        if exc is None:
+            code = "OK"
+        elif isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            code = "CANCELLED"  # the client went, or the server stops
+        else:
+            code = getattr(self.context.code(), "name", None) or "UNKNOWN"
+        seconds = time.monotonic() - self.began
+        self.calls.call_ended(SERVICE, self.method, self.kind, code, seconds)
 
 
 def _handlers(servicer, calls: Calls | None = None) -> grpc.GenericRpcHandler:
@@ -437,19 +441,13 @@ def _guarded(servicer, name: str, request_type, calls: Calls | None = None):
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        counted = _Counted(calls, name, "unary")
-        try:
+        with _Counted(calls, name, "unary", context):
             request = await _admitted(servicer, name, request_type, data, context)
             try:
                 reply = method(request, context)
                 return await reply if inspect.isawaitable(reply) else reply
             except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
                 await _abort(servicer, name, exc, context)
-        except BaseException as exc:
-            counted.failed(context, exc)
-            raise
-        finally:
-            counted.ended()
 
     return call
 
@@ -458,8 +456,8 @@ def _guarded_stream(servicer, name: str, request_type, calls: Calls | None = Non
     method = getattr(servicer, name)
 
     async def call(data: bytes, context):
-        counted, items = _Counted(calls, name, "server_stream"), None
-        try:
+        items = None
+        with _Counted(calls, name, "server_stream", context):
             request = await _admitted(servicer, name, request_type, data, context)
             try:
                 items = method(request, context)
@@ -471,13 +469,9 @@ def _guarded_stream(servicer, name: str, request_type, calls: Calls | None = Non
                         yield item
             except Exception as exc:  # noqa: BLE001 - every failure ends as a status, in one line
                 await _abort(servicer, name, exc, context)
-        except BaseException as exc:
-            counted.failed(context, exc)
-            raise
-        finally:
-            if inspect.isasyncgen(items):  # its own cleanup now, not when it is collected
-                await items.aclose()
-            counted.ended()
+            finally:
+                if inspect.isasyncgen(items):  # its own cleanup now, not when it is collected
+                    await items.aclose()
 
     return call
 
