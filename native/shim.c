@@ -50,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "shim.h"
 #include "spawn_glue.h"
 
 #ifndef SYS_pidfd_open
@@ -617,7 +618,7 @@ static const char **candidates(const char *prog)
     return list;
 }
 
-int main(int argc, char **argv)
+int shim_main(int argc, char **argv)
 {
     const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
     unsigned long long cap = DEFAULT_LOG_CAP, keep_free = 0;
@@ -838,4 +839,11 @@ int main(int argc, char **argv)
     if (write_record("exit", &j) < 0)
         return 1;
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "--serve"))
+        return shim_serve(argc, argv);
+    return shim_main(argc, argv);
 }

@@ -15,7 +15,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SHIM = HERE.parent / "agent" / "daemon" / "exec" / "xhagent-shim"
-SHIM_SOURCES = [HERE / "shim.c", HERE / "spawn_glue.c", HERE / "spawn_glue.h"]
+SHIM_SOURCES = [
+    HERE / "shim.c",
+    HERE / "shim_serve.c",
+    HERE / "shim.h",
+    HERE / "spawn_glue.c",
+    HERE / "spawn_glue.h",
+]
 SHIM_FLAGS = ["-O2", "-Wall", "-Wextra"]
 
 

@@ -97,6 +97,7 @@ class Daemon:
         self.service: AgentService | None = None
         self.server = None
         self.scheduler: Scheduler | None = None
+        self.executor: Executor | None = None
         self.faults = Faults()
         self.watch: DirectoryWatch | None = None
         self.exporter = None
@@ -148,7 +149,7 @@ class Daemon:
                 moved = settle(sub.mount, sub.placement)
                 if moved:
                     self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
-            executor = Executor(sub, s.state_dir, s.log_cap)
+            executor = self.executor = Executor(sub, s.state_dir, s.log_cap)
             missing = executor.prepare()
         from .exec.tracing import TaskTracer
 
@@ -341,6 +342,9 @@ class Daemon:
                 self.scheduler.close()
             self._thread = None
             self.scheduler = None
+        if self.executor is not None:  # after the loop: no start is under way
+            self.executor.close()
+            self.executor = None
         if self.pool is not None:  # its clients' pending tasks fail with PoolClosed
             self.pool.close()
             self.pool = None

@@ -16,6 +16,7 @@ from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.daemon.exec import shim as shim_mod
 from xhagent.daemon.exec.shim import ShimError, process_alive, read_status, start_shim
+from xhagent.daemon.exec.shim_server import ServedShim, ShimServer
 
 pytestmark = pytest.mark.host
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
@@ -32,24 +33,31 @@ def leaves(group):
         leaf.remove(kill_first=True)
 
 
-@pytest.fixture
-def run(leaves, tmp_path):
-    """start(argv, **kw) -> ShimStarted in a fresh task directory; every shim reaped at the end."""
+@pytest.fixture(params=["one-shot", "served"])
+def run(request, leaves, tmp_path):
+    """start(argv, **kw) -> ShimStarted in a fresh task directory; every shim reaped at the end.
+    Each test runs with a shim of its own (`one-shot`) and with one the shim server forks
+    (`served`): the two are the same supervisor."""
     task, shim_leaf = leaves
     started = []
+    server = ShimServer(shim_leaf, shim_mod.shim_path()) if request.param == "served" else None
 
     def start(argv, **kw):
         task_dir = tmp_path / f"task{len(started)}"
         task_dir.mkdir()
         kw.setdefault("env", ENV)
-        s = start_shim(task_dir, task, shim_leaf, argv, **kw)
+        s = start_shim(task_dir, task, shim_leaf, argv, server=server, **kw)
+        assert isinstance(s.process, ServedShim) == (server is not None)
         started.append(s)
         return s, task_dir
 
+    start.served = server is not None
     yield start
     for s in started:
         s.process.kill()
         s.process.wait()
+    if server is not None:
+        server.close()
 
 
 def wait_exit(task_dir, timeout=10.0):
@@ -223,7 +231,8 @@ def test_the_shim_is_small_and_the_workload_gets_a_clean_signal_state(run):
         signal.signal(signal.SIGUSR1, old)
         _raw_sigaction(32, old32)
     shim_ignores = int(_status_field(s.shim_pid, "SigIgn"), 16)
-    assert shim_ignores & (1 << (signal.SIGUSR1 - 1)) and shim_ignores & (1 << 31)
+    if not run.served:  # (a served shim has the server's signal state, which began clean)
+        assert shim_ignores & (1 << (signal.SIGUSR1 - 1)) and shim_ignores & (1 << 31)
     rss_kib = int(_status_field(s.shim_pid, "VmRSS").split()[0])
     print(f"\nxhagent-shim VmRSS while supervising: {rss_kib} kB")
     assert rss_kib < 1024

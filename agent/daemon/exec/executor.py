@@ -25,13 +25,14 @@ from ...cgroups import Cgroup, CgroupError, registry
 from ...cgroups.subtree import Subtree, check_name
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
+from .shim_server import ShimServer
 
 TASKS = "tasks"
 SHIMS = "shims"
 
 
 class Executor:
-    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int):
+    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int, serve_shims: bool = True):
         self.sub = sub
         self.runs = state_dir / "tasks"
         self.log_cap = log_cap
@@ -41,6 +42,10 @@ class Executor:
         self.tracer = None
         self.on_trace = lambda task_id, kind, message: None
         self._dirs: dict[str, Path] = {}  # TASKS, SHIMS: found inside the subtree once
+        # The shims' server (shim_server.py), started with the first task; False: every
+        # task's shim is spawned on its own.
+        self._serve_shims = serve_shims
+        self._shim_server: ShimServer | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def prepare(self) -> dict[str, str]:
@@ -161,11 +166,23 @@ class Executor:
                 gid=gid,
                 log_cap=self.log_cap,
                 keep_free=shim.AGENT_RESERVE,
+                server=self._shims(),
             )
         except BaseException:
             self.remove_leaf(task_id)
             raise
         return Launch(self, task_id, launched)
+
+    def _shims(self) -> ShimServer | None:
+        if self._shim_server is None and self._serve_shims:
+            self._shim_server = ShimServer(Cgroup(self._dir(SHIMS)), shim.shim_path())
+        return self._shim_server
+
+    def close(self) -> None:
+        """The shims' server ends; the shims it started go on supervising their workloads."""
+        if self._shim_server is not None:
+            self._shim_server.close()
+            self._shim_server = None
 
     def status(self, task_id: str, attempt: int) -> shim.ShimStatus:
         return shim.read_status(self.run_dir(task_id, attempt))

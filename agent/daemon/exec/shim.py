@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from ...cgroups import Cgroup, Spawned
+from .shim_server import ServedShim, ShimServer, Unserved
 
 SHIM = Path(__file__).resolve().parent / "xhagent-shim"
 DEFAULT_LOG_CAP = 16 << 20
@@ -42,8 +43,9 @@ class ShimStarted:
     start_time: int  # its /proc/PID/stat field 22: with the pid, the pid-reuse guard
     spawn_method: str
     started_ns: int
-    # not in the record: the shim as the caller's child, from start_shim only
-    process: Spawned | None = field(default=None, compare=False, repr=False)
+    # not in the record: the shim as the caller's child (or the shim server's), from
+    # start_shim only
+    process: Spawned | ServedShim | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def start_shim(
     keep_free: int = 0,
     timeout: float = 5.0,
     method: str | None = None,
+    server: ShimServer | None = None,
 ) -> ShimStarted:
     """Start `argv` (no shell; PATH looked up in `env`) in `task_group` under a new shim in
     `shim_group`, and wait up to `timeout` for the shim's `started` record.
@@ -162,8 +165,9 @@ def start_shim(
     reaped by its new parent; the records and `process_alive` are all that is needed then.
     """
     return launch_shim(
-        task_dir, task_group, shim_group, argv, env, cwd, uid, gid, log_cap, keep_free, method
-    ).wait(timeout)
+        task_dir, task_group, shim_group, argv, env, cwd, uid, gid, log_cap, keep_free, method,
+        server,
+    ).wait(timeout)  # fmt: skip
 
 
 @dataclass
@@ -172,7 +176,7 @@ class Launched:
     `start_shim` does), so that a caller starting many spawns them all first and their
     starts overlap."""
 
-    process: Spawned
+    process: Spawned | ServedShim
     task_dir: Path
     ready: int  # the read end of the shim's stdout pipe; closed by `wait`
     shim_name: str
@@ -196,9 +200,12 @@ def launch_shim(
     log_cap: int = DEFAULT_LOG_CAP,
     keep_free: int = 0,
     method: str | None = None,
+    server: ShimServer | None = None,
 ) -> Launched:
     """Spawn the shim of `start_shim` without waiting for its `started` record; the caller
-    must call the result's `wait` (which closes its pipe and raises what start_shim does)."""
+    must call the result's `wait` (which closes its pipe and raises what start_shim does).
+    With `server`, the shim is the server's fork (shim_server.py), not the caller's child,
+    unless the server cannot take it: then it is spawned as without."""
     task_dir = Path(task_dir)
     for name in (STARTED, EXIT):
         if os.path.lexists(task_dir / name):  # (False too where task_dir is no directory)
@@ -216,20 +223,33 @@ def launch_shim(
     # The shim's stdout is a pipe it closes once its `started` record is written (or when it
     # exits): the wait below wakes on that instead of polling the directory. A shim that
     # could not write its records there (no space) writes its error record on the pipe.
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    try:  # the agent's memory shared until the exec: the shims' group is never frozen
-        shim = shim_group.spawn(
-            [*cmd, "--", *argv], env=env, stdin=null, stdout=ready_w, stderr=null,
-            start_new_session=True, share_vm=True,
-        )  # fmt: skip
+    try:
+        shim = None
+        if server is not None:
+            try:
+                shim = server.request([*cmd[1:], "--", *argv], env, ready_w)
+            except Unserved:
+                pass  # (counted by the server) spawned below, as without one
+        if shim is None:
+            shim = _spawn_shim(shim_group, [*cmd, "--", *argv], env, ready_w)
     except BaseException:
         os.close(ready_r)
         raise
     finally:
-        os.close(null)
         os.close(ready_w)
     return Launched(shim, task_dir, ready_r, cmd[0])
+
+
+def _spawn_shim(shim_group: Cgroup, cmd: list[str], env: Mapping[str, str], ready_w: int):
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:  # the agent's memory shared until the exec: the shims' group is never frozen
+        return shim_group.spawn(
+            cmd, env=env, stdin=null, stdout=ready_w, stderr=null, start_new_session=True,
+            share_vm=True,
+        )  # fmt: skip
+    finally:
+        os.close(null)
 
 
 def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: float):
@@ -248,7 +268,8 @@ def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: fl
             said += _drain(ready)
             if said.strip():
                 raise _start_error(_parse(said, ShimExit, f"{shim_name}'s stdout"), task_dir)
-            why = f"{shim_name} exited with {shim.returncode} and left no record in {task_dir}"
+            how = f" with {shim.returncode}" if isinstance(shim, Spawned) else ""
+            why = f"{shim_name} exited{how} and left no record in {task_dir}"
             raise ShimError(errno.EIO, why)
         left = deadline - time.monotonic()
         if left <= 0:

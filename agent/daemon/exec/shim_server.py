@@ -1,0 +1,298 @@
+"""The agent's side of `xhagent-shim --serve` (native/shim_serve.c): one long-lived shim
+process that makes each workload's supervisor by a fork of itself, so that a start costs
+the agent a message instead of a process spawn and an exec on its own thread.
+
+    server = ShimServer(shim_group)
+    shim = server.request(shim_args, env, ready_w)   # ready_w: the supervisor's stdout
+    shim.poll() / shim.wait(timeout) / shim.kill() / shim.pidfd
+
+A supervisor is exactly a one-shot shim (the same records, in its own session, outliving
+the agent), only not the agent's child: `ServedShim` tells its end by its pidfd, not by a
+status. The server is started on the first request and again after it ended (a request
+then is sent once more, to the new one); a request it cannot take (a command line over
+REQUEST_MAX, a server that cannot start) raises `Unserved`, and the caller spawns a
+one-shot shim instead. Requests come from the scheduler loop, but any thread may send one.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ...cgroups import Cgroup, Spawned
+
+REQUEST_MAX = 60 << 10  # shim_serve.c's: a larger request goes to a one-shot shim
+REPLY = struct.Struct("=ii")  # struct shim_reply: the supervisor's pid (or -1), errno
+# Empty arguments after `--serve`: room in the server's command line that each supervisor
+# fills with its own, so that ps shows which task it serves, as it shows a one-shot shim's.
+TITLE_ROOM = 4096
+REPLY_TIMEOUT_S = 5.0  # a server that forks nothing in this long is taken for stuck
+
+
+class Unserved(OSError):
+    """The server cannot take this request: start a one-shot shim instead."""
+
+
+class ServedShim:
+    """A supervisor the server forked: alive until its pidfd turns readable. Its pid and
+    pidfd come with the server's reply, read when first needed (so that many requests are
+    sent before any reply is awaited). Its exit status is the server's to reap:
+    `returncode` is 0 once it ended (its records say how), and its pidfd is closed then, as
+    a reaped child's is."""
+
+    def __init__(self, server: ShimServer):
+        self._server: ShimServer | None = server  # until its reply is read
+        self._pid = -1
+        self._pidfd: int | None = None
+        self.returncode: int | None = None
+        self.error: ShimServerError | None = None  # the server started no shim for it
+
+    def answered(self, pid: int, pidfd: int | None) -> None:
+        self._server, self._pid, self._pidfd = None, pid, pidfd
+
+    @property
+    def pid(self) -> int:
+        self._answer()
+        return self._pid
+
+    @property
+    def pidfd(self) -> int | None:
+        self._answer()
+        return self._pidfd
+
+    def _answer(self) -> None:
+        if self._server is not None:
+            self._server.answer(self)
+        if self.error is not None:
+            raise self.error
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._ended(0):
+            self._gone()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not self._ended(timeout):
+                raise subprocess.TimeoutExpired(["xhagent-shim", str(self.pid)], timeout or 0)
+            self._gone()
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        """Signal it, unless it ended (through its pidfd where there is one: never a
+        recycled pid)."""
+        if self.returncode is not None or self.pid <= 0:  # (never a kill(-1))
+            return
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _gone(self) -> None:
+        self.returncode = 0
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _ended(self, timeout: float | None) -> bool:
+        if self.pidfd is None:  # (no pidfd_open: the pid alone, as after an agent restart)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while _alive(self._pid):
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+            return True
+        return bool(select.select([self._pidfd], [], [], timeout)[0])
+
+
+class ShimServerError(OSError):
+    """A request sent that the server did not start a shim for (it ended, or failed to fork)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def encode(args: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """A request: the one-shot shim's arguments (after its name) and the environment."""
+    parts = [os.fsencode(a) for a in args] + [
+        os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()
+    ]
+    if any(b"\0" in p for p in parts):
+        raise ValueError("an argument or environment entry holds a NUL byte")
+    return struct.pack("=I", len(args)) + b"".join(p + b"\0" for p in parts)
+
+
+class ShimServer:
+    def __init__(self, group: Cgroup, program: Path | str):
+        self.group, self.program = group, str(program)
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: Spawned | None = None
+        self._awaited: deque[ServedShim] = deque()  # requests sent, their replies not read
+        self.started = 0  # servers started, the first included: a restart is counted here
+        self.unserved = 0  # requests it could not take (each spawned a one-shot shim)
+
+    def request(self, args: Sequence[str], env: Mapping[str, str], ready_w: int) -> ServedShim:
+        """A supervisor for the one-shot command line `args` with `env`, its stdout
+        `ready_w` (the caller keeps and closes its own copy). Sent, not awaited: the reply
+        is read when the result's pid or pidfd is first asked for."""
+        try:
+            return self._request(encode(args, env), ready_w)
+        except Unserved:
+            self.unserved += 1
+            raise
+
+    def _request(self, message: bytes, ready_w: int) -> ServedShim:
+        if len(message) > REQUEST_MAX:
+            raise Unserved(errno.EMSGSIZE, f"the command line is over {REQUEST_MAX} bytes")
+        with self._lock:
+            for attempt in (0, 1):  # a server that ended: once more, to a new one
+                sock = self._connected()
+                try:
+                    fds = array.array("i", [ready_w])
+                    sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                except (BrokenPipeError, ConnectionResetError):
+                    self._failed("the shim server ended")
+                    if attempt:
+                        raise Unserved(errno.EPIPE, "the shim server ended twice") from None
+                    continue
+                shim = ServedShim(self)
+                self._awaited.append(shim)
+                return shim
+            raise AssertionError("unreachable")
+
+    def answer(self, shim: ServedShim) -> None:
+        """Read replies, in the order of the requests, until `shim`'s is in."""
+        with self._lock:
+            while shim._server is not None:
+                if not self._awaited or self._sock is None:
+                    raise ShimServerError(errno.EPIPE, "the shim server ended before it answered")
+                self._read_reply(self._sock)
+
+    def _read_reply(self, sock: socket.socket) -> None:
+        if not select.select([sock], [], [], REPLY_TIMEOUT_S)[0]:
+            self._failed(f"the shim server did not answer in {REPLY_TIMEOUT_S:g}s")
+            return
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, REPLY.size, 1)
+        except ConnectionResetError:
+            data, fds = b"", []
+        if len(data) != REPLY.size:
+            for fd in fds:
+                os.close(fd)
+            self._failed("the shim server ended before it answered")
+            return
+        pid, err = REPLY.unpack(data)
+        shim = self._awaited.popleft()
+        if pid < 0:
+            for fd in fds:
+                os.close(fd)
+            shim.answered(-1, None)
+            shim.returncode = 0
+            shim.error = ShimServerError(
+                err or errno.EIO, f"the shim server could not start a shim: {os.strerror(err)}"
+            )
+            return
+        shim.answered(pid, fds[0] if fds else None)
+
+    def _failed(self, why: str) -> None:
+        """The server is let go of; every request it did not answer fails with `why`."""
+        awaited, self._awaited = self._awaited, deque()
+        self._drop()
+        for shim in awaited:
+            shim.answered(-1, None)
+            shim.returncode = 0
+            shim.error = ShimServerError(errno.EPIPE, why)
+
+    def _connected(self) -> socket.socket:
+        if self._sock is not None and self._process is not None and self._process.poll() is None:
+            return self._sock
+        self._drop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            try:  # its own session, in the shims' group, which is never frozen
+                self._process = self.group.spawn(
+                    [self.program, "--serve", *[""] * TITLE_ROOM], env={},
+                    stdin=theirs.fileno(), stdout=null, stderr=null, start_new_session=True,
+                )  # fmt: skip
+            finally:
+                os.close(null)
+        except OSError as exc:
+            ours.close()
+            raise Unserved(
+                exc.errno or errno.EIO, f"the shim server did not start: {exc}"
+            ) from None
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.started += 1
+        return ours
+
+    def _drop(self) -> None:
+        """Let go of the server: its socket closed, it ends (and is reaped) on its own."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        process, self._process = self._process, None
+        if process is not None:
+            _reap_later(process)
+
+    def close(self) -> None:
+        """The server ends (its supervisors go on); waits a moment for it."""
+        with self._lock:
+            process = self._process
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._process = None
+        if process is not None:
+            try:
+                process.wait(timeout=2.0)
+            except Exception:  # (a server that does not end on EOF: it is killed)
+                process.kill()
+                process.wait()
+
+
+def _reap_later(process: Spawned) -> None:
+    """A server let go of is waited for by a thread of its own: the caller must not wait."""
+    if process.poll() is not None:
+        return
+
+    def reap() -> None:
+        try:
+            process.wait(timeout=10.0)
+        except Exception:
+            process.kill()
+            process.wait()
+
+    threading.Thread(target=reap, name="xhagent-shim-server-reap", daemon=True).start()
+
+
+__all__ = ["REQUEST_MAX", "ServedShim", "ShimServer", "Unserved", "encode"]

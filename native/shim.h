@@ -1,0 +1,13 @@
+/* shim.h: the two ways xhagent-shim runs (shim.c: one workload; shim_serve.c: many). */
+#ifndef XH_SHIM_H
+#define XH_SHIM_H
+
+/* Supervise the one workload `argv` names (the command line of shim.c's usage); returns
+ * the shim's exit status, or exits with it. */
+int shim_main(int argc, char **argv);
+
+/* `xhagent-shim --serve [""...]`: start a supervisor per request on the socket at stdin
+ * (shim_serve.c); returns once the agent closes its end. */
+int shim_serve(int argc, char **argv);
+
+#endif
