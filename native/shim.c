@@ -16,11 +16,12 @@
  * TASKDIR/exit     {"exit_code":N | "signal":N,"core_dumped":B, "ended_ns":N,
  *                   "stdout_dropped":N,"stderr_dropped":N[,"output_errno":N]}
  *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
- * Each is one line of JSON, written to NAME.tmp, fsynced, renamed, and the directory fsynced:
- * a crash leaves either no file or a whole one. The space of both is secured before the
- * workload starts (NAME.tmp created and RECORD_SIZE bytes written; the record is written
- * over them in place and the file cut to its length), so a workload that fills the
- * disk cannot cost its own exit status. A shim that cannot secure that space (or write a
+ * Each is one line of JSON, written to NAME.tmp and renamed; `exit` is fsynced before its
+ * rename and the directory after it: a crash leaves either no file or a whole one (for
+ * `started`, not flushed, also one of the reservation's filler alone: see write_record).
+ * The space of both is secured before the workload starts (NAME.tmp created and
+ * RECORD_SIZE bytes written; the record is written over them in place and the file cut to
+ * its length), so a workload that fills the disk cannot cost its own exit status. A shim that cannot secure that space (or write a
  * record at all) starts nothing and writes its error record on its stdout instead: the
  * agent's pipe until `started` is written. TASKDIR and its parent are made when missing
  * (0750): by the shim, beside the agent, and not by the agent's scheduler loop. start_time
@@ -210,15 +211,17 @@ static int reserve_record(int which)
  * its reserved file when there is one (pwrite over blocks already allocated, then the file
  * cut to the record's length: neither needs free space), else into a new NAME.tmp.
  *
- * The file is fsynced before its rename, so that no crash leaves a torn record (a reader
- * would take it for corruption). The directory is fsynced after it only for `exit`: the
- * workload's end must outlive a power loss until the agent has committed it. `started`
- * is for the agent alive (kill -9 included: the page cache keeps it), and every process
- * it names is gone after a reboot; what a power loss may undo is the rename alone, which
- * the agent's own Running commit (synchronous) makes moot a millisecond later and the
- * flush of `exit` carries to the disk anyway. In between, a power loss reads as a start
- * that never reported (rolled back and started again), as it already does for one cut
- * between the exec and this record. */
+ * `exit` is fsynced before its rename and the directory after it: the workload's end must
+ * outlive a power loss until the agent has committed it, whole (never torn: a reader would
+ * take a torn one for corruption). `started` is flushed by neither: it is for the agent
+ * alive (kill -9 included: the page cache keeps it), every process it names is gone after
+ * a reboot, and the agent's own Running commit (synchronous) follows it within
+ * milliseconds. What a power loss in between can leave is no `started`, or one that holds
+ * only the reservation's filler (spaces, or the zeros of blocks never written): a reader
+ * takes either for a record not written, which is a start that never reported (rolled
+ * back and started again), as one cut between the exec and this record already is. A
+ * record is one write into the file's first block, so it is not found half written. One
+ * flush fewer for every start, and a burst's starts no longer wait for the disk. */
 static int write_record(const char *name, struct json *j)
 {
     int which = !strcmp(name, record_names[0]) ? 0 : 1;
@@ -239,7 +242,7 @@ static int write_record(const char *name, struct json *j)
         if (fd < 0 || (step = "write", write_all(fd, j->s, j->n) < 0))
             goto failed;
     }
-    if ((step = "fsync", fsync(fd) == 0)) {
+    if ((step = "fsync", which == 0 || fsync(fd) == 0)) {  /* `started`: none (above) */
         close(fd);
         fd = -1;
         step = "rename to", what = name;

@@ -268,13 +268,21 @@ def test_process_alive_guards_against_dead_and_reused_pids():
     assert not process_alive(child.pid, start)
 
 
-def test_read_status_tolerates_missing_records_and_refuses_malformed_ones(tmp_path):
+def test_read_status_tolerates_missing_and_unwritten_records_and_refuses_malformed_ones(tmp_path):
     assert read_status(tmp_path) == shim_mod.ShimStatus(None, None)
     (tmp_path / "exit").write_text('{"exit_code": 0, "surprise": 1}\n')
     with pytest.raises(ValueError, match="malformed shim record"):
         read_status(tmp_path)
     (tmp_path / "exit").write_text('{"exit_code": 0, "ended_')
     with pytest.raises(ValueError, match=f"{tmp_path}/exit: malformed"):
+        read_status(tmp_path)
+    # what a power loss can leave of the unflushed `started`: its reservation's filler alone
+    (tmp_path / "exit").unlink()
+    for filler in (b" " * 8192, b" " * 133, b"\0" * 133, b""):
+        (tmp_path / "started").write_bytes(filler)
+        assert read_status(tmp_path) == shim_mod.ShimStatus(None, None), filler[:4]
+    (tmp_path / "started").write_bytes(b'{"shim_pid": 1' + b" " * 100)  # but a torn one is not
+    with pytest.raises(ValueError, match="started: malformed"):
         read_status(tmp_path)
 
 

@@ -55,6 +55,11 @@ class Executor:
         root = self.sub.ensure()
         tasks = self.sub.group(TASKS).create(exist_ok=True)
         self.sub.group(SHIMS).create(exist_ok=True)
+        if self._serve_shims:  # now, not at the first start, which would wait for its exec
+            try:
+                self._shims().start()
+            except OSError:  # (Unserved, or no shim at all) each start tries again: one
+                pass  # that finds no server spawns its own shim, and says what is missing
         available = set(root.controllers())
         self.missing = {
             c: f"the {c} controller is not available in cgroup2 at {root.path}"

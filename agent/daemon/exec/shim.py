@@ -101,7 +101,14 @@ def _record(task_dir: Path, name: str, kind: type) -> object | None:
         return None
 
 
-def _parse(raw: bytes, kind: type, where: object) -> object:
+# What a record's reserved space holds before the record is written over it (shim.c: spaces,
+# or the zeros of blocks a power loss kept from the disk): a record not written.
+FILLER = b" \0"
+
+
+def _parse(raw: bytes, kind: type, where: object) -> object | None:
+    if not raw.strip(FILLER):
+        return None
     text = raw.decode("utf-8", "replace")
     try:
         data = json.loads(text)
@@ -125,8 +132,10 @@ def _start_error(ex: ShimExit, task_dir: Path) -> ShimError:
 
 
 def read_status(task_dir: str | os.PathLike) -> ShimStatus:
-    """The records in `task_dir`; None for one not written (yet). The shim writes each whole
-    (rename after fsync), so a malformed one is corruption and raises ValueError."""
+    """The records in `task_dir`; None for one not written (yet), or that holds only the
+    filler of its reserved space (`started`, which the shim does not flush, after a power
+    loss). The shim writes each whole, so a malformed one is corruption and raises
+    ValueError."""
     task_dir = Path(task_dir)
     return ShimStatus(_record(task_dir, STARTED, ShimStarted), _record(task_dir, EXIT, ShimExit))
 
@@ -266,7 +275,7 @@ def _await_started(shim, task_dir: Path, ready: int, shim_name: str, timeout: fl
             return replace(status.started, process=shim)
         if gone:
             said += _drain(ready)
-            if said.strip():
+            if said.strip(FILLER):
                 raise _start_error(_parse(said, ShimExit, f"{shim_name}'s stdout"), task_dir)
             how = f" with {shim.returncode}" if isinstance(shim, Spawned) else ""
             why = f"{shim_name} exited{how} and left no record in {task_dir}"

@@ -2,14 +2,15 @@
 process that makes each workload's supervisor by a fork of itself, so that a start costs
 the agent a message instead of a process spawn and an exec on its own thread.
 
-    server = ShimServer(shim_group)
+    server = ShimServer(shim_group, shim_path)
+    server.start()                                   # or at the first request
     shim = server.request(shim_args, env, ready_w)   # ready_w: the supervisor's stdout
     shim.poll() / shim.wait(timeout) / shim.kill() / shim.pidfd
 
 A supervisor is exactly a one-shot shim (the same records, in its own session, outliving
 the agent), only not the agent's child: `ServedShim` tells its end by its pidfd, not by a
-status. The server is started on the first request and again after it ended (a request
-then is sent once more, to the new one); a request it cannot take (a command line over
+status. A server that ended is started again at the next request (which is sent once
+more, to the new one); a request it cannot take (a command line over
 REQUEST_MAX, a server that cannot start) raises `Unserved`, and the caller spawns a
 one-shot shim instead. Requests come from the scheduler loop, but any thread may send one.
 """
@@ -229,6 +230,12 @@ class ShimServer:
             shim.answered(-1, None)
             shim.returncode = 0
             shim.error = ShimServerError(errno.EPIPE, why)
+
+    def start(self) -> None:
+        """Start the server now, not at the first request (which would wait for its exec);
+        Unserved when it cannot be (requests then go to one-shot shims)."""
+        with self._lock:
+            self._connected()
 
     def _connected(self) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
