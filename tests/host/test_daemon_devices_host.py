@@ -46,6 +46,7 @@ def agent(tmp_path):
     a = Scheduler(store, executor, node, parse_submission, lambda: [])
     yield a
     store.close()
+    executor.close()  # its shim server ends
     for rel in reversed(sub.walk()):
         sub.group(rel).remove(kill_first=True)
     sub.root.remove()

@@ -89,6 +89,7 @@ def setup(tmp_path):
     yield new, name, tmp_path
     for a in made:
         a.store.close()
+        a.executor.close()  # its shim server ends
     for rel in reversed(sub.walk()):
         sub.group(rel).remove(kill_first=True)
     sub.root.remove()
