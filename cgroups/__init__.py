@@ -9,7 +9,7 @@ from .group import Cgroup, CgroupError
 from .mounts import CGROUP2_SUPER_MAGIC, Mount, discover_hierarchy, fs_magic, parse_mountinfo
 from .policy import CgroupPolicy, load_policy, load_policy_text
 from .reconcile import Actual, Options, Plan, plan
-from .spawn import Spawned, SpawnError, spawn_method
+from .spawn import Spawned, SpawnError, signal_process, spawn_method
 from .state import ApplyReport, apply, read_actual
 from .stats import read_stats
 from .subtree import DEFAULT_SUBTREE, Subtree, locate
@@ -41,5 +41,6 @@ __all__ = [
     "plan",
     "read_actual",
     "read_stats",
+    "signal_process",
     "spawn_method",
 ]

@@ -188,17 +188,9 @@ class Spawned:
         self._close_pidfd()
 
     def send_signal(self, sig: int) -> None:
-        """Signal the child, unless it has been reaped (through its pidfd where there is one:
-        never a recycled pid)."""
-        if self.returncode is not None:
-            return
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass  # exited, not reaped yet
+        """Signal the child, unless it has been reaped (see `signal_process`)."""
+        if self.returncode is None:
+            signal_process(self.pid, self.pidfd, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -217,6 +209,18 @@ class Spawned:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def signal_process(pid: int, pidfd: int | None, sig: int) -> None:
+    """`sig` to process `pid`, through its `pidfd` where there is one (never a recycled
+    pid); one that exited meanwhile (not reaped yet) is no error."""
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _read_all(fd: int) -> bytes:

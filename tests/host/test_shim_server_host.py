@@ -9,13 +9,13 @@ import errno
 import os
 import socket
 import struct
-import time
 
 import pytest
+from test_shim_host import wait_exit
 
 from xhagent.cgroups import Cgroup, Spawned
 from xhagent.daemon.exec import shim as shim_mod
-from xhagent.daemon.exec.shim import launch_shim, read_status, start_shim
+from xhagent.daemon.exec.shim import launch_shim, start_shim
 from xhagent.daemon.exec.shim_server import REPLY, REQUEST_MAX, ServedShim, ShimServer, encode
 
 pytestmark = pytest.mark.host
@@ -42,14 +42,6 @@ def server(groups):
     srv = ShimServer(groups[1], shim_mod.shim_path())
     yield srv
     srv.close()
-
-
-def wait_exit(task_dir, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while (status := read_status(task_dir)).exit is None:
-        assert time.monotonic() < deadline, f"no exit record in {task_dir} after {timeout}s"
-        time.sleep(0.01)
-    return status.exit
 
 
 def test_requests_sent_together_each_get_their_own_supervisor(groups, server, tmp_path):

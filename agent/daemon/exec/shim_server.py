@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ...cgroups import Cgroup, Spawned
+from ...cgroups import Cgroup, Spawned, signal_process
 
 REQUEST_MAX = 60 << 10  # shim_serve.c's: a larger request goes to a one-shot shim
 REPLY = struct.Struct("=ii")  # struct shim_reply: the supervisor's pid (or -1), errno
@@ -91,17 +91,9 @@ class ServedShim:
         return 0
 
     def send_signal(self, sig: int) -> None:
-        """Signal it, unless it ended (through its pidfd where there is one: never a
-        recycled pid)."""
-        if self.returncode is not None or self.pid <= 0:  # (never a kill(-1))
-            return
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
+        """Signal it, unless it ended (see `signal_process`)."""
+        if self.returncode is None and self.pid > 0:  # (never a kill(-1))
+            signal_process(self.pid, self.pidfd, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
