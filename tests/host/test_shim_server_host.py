@@ -7,6 +7,7 @@ other way, test_shim_host.py's tests show: each runs both ways.)"""
 
 import errno
 import os
+import select
 import socket
 import struct
 
@@ -86,6 +87,21 @@ def test_a_server_that_ended_is_replaced_and_its_supervisors_go_on(groups, serve
     # the supervisor of the first outlived its server and recorded its workload's end
     assert first.process.poll() is None
     assert wait_exit(tmp_path / "a").exit_code == 0
+
+
+def test_a_server_killed_with_a_reply_unread_still_gives_each_start_its_own(
+    groups, server, tmp_path
+):
+    leaf, shims = groups
+    first = launch_shim(tmp_path / "a", leaf(), shims, ["sleep", "0.3"], ENV, server=server)
+    assert select.select([server._sock], [], [], 5)[0]  # its reply is in, not read
+    server._process.kill()
+    server._process.wait()
+    second = launch_shim(tmp_path / "b", leaf(), shims, ["true"], ENV, server=server)
+    a, b = first.wait(), second.wait()  # (the first's reply came from the server now gone)
+    assert server.started == 2
+    assert (a.process.pid, b.process.pid) == (a.shim_pid, b.shim_pid) and a.shim_pid != b.shim_pid
+    assert wait_exit(tmp_path / "a").exit_code == 0 and wait_exit(tmp_path / "b").exit_code == 0
 
 
 def test_a_request_over_its_limit_goes_to_a_one_shot_shim(groups, server, tmp_path):

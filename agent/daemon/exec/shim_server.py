@@ -191,7 +191,12 @@ class ShimServer:
     def _read_reply(self, sock: socket.socket) -> None:
         if not select.select([sock], [], [], REPLY_TIMEOUT_S)[0]:
             self._failed(f"the shim server did not answer in {REPLY_TIMEOUT_S:g}s")
-            return
+        elif not self._take_reply(sock):
+            self._failed("the shim server ended before it answered")
+
+    def _take_reply(self, sock: socket.socket) -> bool:
+        """The next reply (one is there), given to the oldest request; False when the
+        server's end is closed instead."""
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, REPLY.size, 1)
         except ConnectionResetError:
@@ -199,8 +204,7 @@ class ShimServer:
         if len(data) != REPLY.size:
             for fd in fds:
                 os.close(fd)
-            self._failed("the shim server ended before it answered")
-            return
+            return False
         pid, err = REPLY.unpack(data)
         shim = self._awaited.popleft()
         if pid < 0:
@@ -211,11 +215,17 @@ class ShimServer:
             shim.error = ShimServerError(
                 err or errno.EIO, f"the shim server could not start a shim: {os.strerror(err)}"
             )
-            return
-        shim.answered(pid, fds[0] if fds else None)
+        else:
+            shim.answered(pid, fds[0] if fds else None)
+        return True
 
     def _failed(self, why: str) -> None:
-        """The server is let go of; every request it did not answer fails with `why`."""
+        """The server is let go of: the replies it sent are taken first, then every request
+        it did not answer fails with `why` (never another server's reply for it)."""
+        sock = self._sock
+        while self._awaited and sock is not None and select.select([sock], [], [], 0)[0]:
+            if not self._take_reply(sock):
+                break
         awaited, self._awaited = self._awaited, deque()
         self._drop()
         for shim in awaited:
@@ -232,7 +242,7 @@ class ShimServer:
     def _connected(self) -> socket.socket:
         if self._sock is not None and self._process is not None and self._process.poll() is None:
             return self._sock
-        self._drop()
+        self._failed("the shim server ended before it answered")  # (its replies taken)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
