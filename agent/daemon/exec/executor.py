@@ -32,7 +32,7 @@ SHIMS = "shims"
 
 
 class Executor:
-    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int, serve_shims: bool = True):
+    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int):
         self.sub = sub
         self.runs = state_dir / "tasks"
         self.log_cap = log_cap
@@ -42,9 +42,8 @@ class Executor:
         self.tracer = None
         self.on_trace = lambda task_id, kind, message: None
         self._dirs: dict[str, Path] = {}  # TASKS, SHIMS: found inside the subtree once
-        # The shims' server (shim_server.py), started with the first task; False: every
-        # task's shim is spawned on its own.
-        self._serve_shims = serve_shims
+        # The shims' server (shim_server.py), started by prepare(); a start it cannot take
+        # spawns a shim of its own.
         self._shim_server: ShimServer | None = None
 
     # -- setup ----------------------------------------------------------------------------
@@ -55,11 +54,10 @@ class Executor:
         root = self.sub.ensure()
         tasks = self.sub.group(TASKS).create(exist_ok=True)
         self.sub.group(SHIMS).create(exist_ok=True)
-        if self._serve_shims:  # now, not at the first start, which would wait for its exec
-            try:
-                self._shims().start()
-            except OSError:  # (Unserved, or no shim at all) each start tries again: one
-                pass  # that finds no server spawns its own shim, and says what is missing
+        try:  # now, not at the first start, which would wait for its exec
+            self._shims().start()
+        except OSError:  # (Unserved, or no shim at all) each start tries again: one that
+            pass  # finds no server spawns its own shim, and says what is missing
         available = set(root.controllers())
         self.missing = {
             c: f"the {c} controller is not available in cgroup2 at {root.path}"
@@ -178,8 +176,8 @@ class Executor:
             raise
         return Launch(self, task_id, launched)
 
-    def _shims(self) -> ShimServer | None:
-        if self._shim_server is None and self._serve_shims:
+    def _shims(self) -> ShimServer:
+        if self._shim_server is None:
             self._shim_server = ShimServer(Cgroup(self._dir(SHIMS)), shim.shim_path())
         return self._shim_server
 
