@@ -4,10 +4,10 @@
  *                [--cwd DIR] [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
  *
  * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
- * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each up to --log-cap
- * bytes, and never into the last --keep-free bytes of the filesystem, which are the agent's
- * for its records and its store: output beyond either is read, dropped and counted), waits
- * for it and writes its end into TASKDIR/exit. The workload is this process's child, not the
+ * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each file made at
+ * the stream's first byte, each up to --log-cap bytes, and never into the last --keep-free
+ * bytes of the filesystem, which are the agent's for its records and its store: output
+ * beyond either is read, dropped and counted), waits for it and writes its end into TASKDIR/exit. The workload is this process's child, not the
  * agent's, so its status survives the agent's death: a restarted agent reads TASKDIR instead
  * of waiting.
  *
@@ -437,6 +437,11 @@ static int populated(int events_fd)
 
 /* ---- output --------------------------------------------------------------------------- */
 
+/* A stream's file is made at its first byte, not before: a workload that writes nothing
+ * (most short ones) costs its directory two inodes fewer. One already there when the shim
+ * starts is opened now and appended to (it counts against the cap). One made later must be
+ * the shim's own: O_EXCL, so a name planted meanwhile (a link to another file, by a workload
+ * that can write here) is never written through; its output is dropped instead (EEXIST). */
 static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap,
                       unsigned long long keep_free)
 {
@@ -445,7 +450,13 @@ static void sink_open(struct sink *s, const char *name, int in, unsigned long lo
     s->in = in;
     s->cap = cap;
     s->keep_free = keep_free;
-    s->out = openat(task_fd, name, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+    s->out = -1;
+    if (fstatat(task_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno != ENOENT)
+            die("log", errno, "stat %s: %s", name, strerror(errno));
+        return;  /* made by sink_create */
+    }
+    s->out = openat(task_fd, name, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
     if (s->out < 0)
         die("log", errno, "open %s: %s", name, strerror(errno));
     if (fstat(s->out, &st) < 0)
@@ -453,12 +464,26 @@ static void sink_open(struct sink *s, const char *name, int in, unsigned long lo
     s->size = (unsigned long long)st.st_size;  /* a file already there counts against the cap */
 }
 
+/* 0 once the stream has its file; -1 (s->write_errno set, the reason noted) if not. */
+static int sink_create(struct sink *s)
+{
+    if (s->out >= 0)
+        return 0;
+    s->out = openat(task_fd, s->name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC
+                    | O_NOFOLLOW, 0640);
+    if (s->out >= 0)
+        return 0;
+    s->write_errno = errno;
+    note("create %s: %s (its output is dropped)", s->name, strerror(errno));
+    return -1;
+}
+
 /* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
  * when that cannot be told. */
 static unsigned long long room_for_output(const struct sink *s)
 {
     struct statvfs st;
-    if (fstatvfs(s->out, &st) < 0)
+    if (fstatvfs(task_fd, &st) < 0)
         return ~0ULL;
     unsigned long long avail = (unsigned long long)st.f_bavail * st.f_frsize;
     return avail > s->keep_free ? avail - s->keep_free : 0;
@@ -494,6 +519,8 @@ static int pump(struct sink *s)
                  "is dropped)", s->name, s->keep_free);
         }
     }
+    if (keep && sink_create(s) < 0)
+        keep = 0;
     if (keep) {
         size_t done = write_some(s->out, iobuf, keep);
         if (done < keep) {  /* the part not written is counted as dropped, and all after it */
@@ -824,7 +851,8 @@ int shim_main(int argc, char **argv)
     pump_final(&err);
     /* The output on the disk before the end is recorded; a stream that holds nothing has
      * nothing to flush (its directory entry goes to the disk with the `exit` record's). */
-    if ((out.size && fsync(out.out) < 0) || (err.size && fsync(err.out) < 0))
+    if ((out.size && out.out >= 0 && fsync(out.out) < 0)
+            || (err.size && err.out >= 0 && fsync(err.out) < 0))
         note("fsync the output: %s", strerror(errno));
 
     j.n = 0;

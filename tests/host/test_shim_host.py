@@ -181,6 +181,37 @@ def test_output_beyond_the_cap_is_counted_and_never_blocks_the_workload(run):
     assert end.stderr_dropped == 0
 
 
+def test_a_stream_gets_its_file_at_its_first_byte(run):
+    s, task_dir = run(["sh", "-c", "echo err >&2"])
+    end = wait_exit(task_dir)
+    assert end.exit_code == 0 and end.output_errno == 0
+    assert sorted(p.name for p in task_dir.iterdir()) == ["exit", "started", "stderr"]
+    assert (task_dir / "stderr").read_text() == "err\n"
+
+
+def test_a_file_there_before_the_start_is_appended_to_within_the_cap(leaves, tmp_path):
+    task, shim_leaf = leaves
+    task_dir = tmp_path / "t"
+    task_dir.mkdir()
+    (task_dir / "stdout").write_bytes(b"x" * 10)
+    start_shim(task_dir, task, shim_leaf, ["echo", "0123456789"], ENV, log_cap=16).process.wait(5)
+    end = wait_exit(task_dir)
+    assert (task_dir / "stdout").read_bytes() == b"x" * 10 + b"012345"
+    assert end.stdout_dropped == 5
+
+
+@pytest.mark.parametrize("link", ["-s", "-P"])  # a symbolic link, a hard link
+def test_a_name_planted_before_the_first_byte_is_never_written_through(run, tmp_path, link):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched\n")
+    script = 'ln "$0" "$1" "$2/stdout" && echo written'  # (task0: the directory run makes)
+    s, task_dir = run(["sh", "-c", script, link, str(victim), str(tmp_path / "task0")])
+    end = wait_exit(task_dir)
+    assert end.exit_code == 0, (task_dir / "stderr").read_text()
+    assert victim.read_bytes() == b"untouched\n"
+    assert end.output_errno == errno.EEXIST and end.stdout_dropped == len("written\n")
+
+
 def test_a_grandchild_holding_stdout_does_not_hold_the_exit_record(run, leaves):
     t0 = time.monotonic()
     s, task_dir = run(["sh", "-c", "echo before; sleep 30 & exit 0"])
