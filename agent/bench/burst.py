@@ -10,9 +10,15 @@ does without the agent.
 - `spawn_floor`: the same N `true` by posix_spawn, as many at once as this process may use
   CPUs, no cgroup, no record: what the node does with no agent (the median of FLOOR_ROUNDS
   rounds);
+- `contract_floor`: the same N `true` as tasks with everything the agent promises one on
+  this node (a fresh leaf, a supervisor from the shim server, the records on the agent's
+  state disk, the end seen on a pidfd) and none of the agent's own work: contract_floor.py;
 - `systemd_run`: where systemd is PID 1, `systemd-run --wait --collect` of `true` N times,
   `--clients` at once (a transient unit each: the tool an operator would use for a command
   in its own cgroup); elsewhere `measured: false` and why.
+
+`ratios.burst_vs_spawn_floor` is the target's; `ratios.burst_vs_contract_floor` says how much
+of the gap between the two is the agent's own.
 
 `burst_ratios` and `burst_met` turn a case's figures into ratios and targets, nothing else.
 """
@@ -26,7 +32,8 @@ import statistics
 import time
 from pathlib import Path
 
-from .submits import percentile, submit_from_clients, task_doc
+from .contract_floor import contract_floor
+from .submits import spread_us, submit_from_clients, task_doc
 
 TARGETS = {
     "burst_vs_spawn_floor": 0.5,
@@ -40,16 +47,6 @@ POLL_S = 0.05  # how often List is asked whether tasks are still live
 # The floor takes a second or two where the parts take a minute: on a shared machine one
 # short round can land on a busy moment, so it runs this many rounds and counts the median.
 FLOOR_ROUNDS = 3
-
-
-def spread_us(prefix: str, values_us: list[float]) -> dict:
-    """p50 and p99 of `values_us` as `PREFIX_p50_us`, `PREFIX_p99_us`; None when empty."""
-    if not values_us:
-        return {f"{prefix}_p50_us": None, f"{prefix}_p99_us": None}
-    return {
-        f"{prefix}_p50_us": round(percentile(values_us, 0.5), 1),
-        f"{prefix}_p99_us": round(percentile(values_us, 0.99), 1),
-    }
 
 
 def part_figures(tasks: list, submit_us: list[float], submit_s: float, first_ns: int) -> dict:
@@ -77,8 +74,8 @@ def part_figures(tasks: list, submit_us: list[float], submit_s: float, first_ns:
 
 
 def burst_ratios(case: dict) -> dict:
-    """Each part's tasks/s over the floor's processes/s and over systemd-run's runs/s (None
-    where systemd-run was not measured)."""
+    """Each part's tasks/s over the floor's processes/s, over the contract floor's tasks/s,
+    and over systemd-run's runs/s (None where systemd-run was not measured)."""
 
     def over(base: float) -> dict:
         return {part: round(case[part]["tasks_per_s"] / base, 4) for part in PARTS}
@@ -86,6 +83,7 @@ def burst_ratios(case: dict) -> dict:
     systemd = case["systemd_run"]
     return {
         "burst_vs_spawn_floor": over(case["spawn_floor"]["per_s"]),
+        "burst_vs_contract_floor": over(case["contract_floor"]["per_s"]),
         "burst_vs_systemd_run": over(systemd["per_s"]) if systemd["measured"] else None,
     }
 
@@ -232,7 +230,7 @@ def _multidoc_part(agent, n: int) -> dict:
 
 def burst_case(agent, n: int, clients: int, progress) -> dict:
     """The parts one after the other (each starts when every task before it has ended),
-    then the floor and systemd-run with the agent idle."""
+    then the floors and systemd-run with the agent idle."""
     progress(f"burst: {n} tasks of true from {clients} clients, one Submit each")
     case: dict = {"tasks": n, "clients": _clients_part(agent, n, clients)}
     progress(f"burst: {n} tasks of true as one Submit of {n} documents")
@@ -243,6 +241,10 @@ def burst_case(agent, n: int, clients: int, progress) -> dict:
     width = len(os.sched_getaffinity(0))
     progress(f"burst: the floor, {n} true by posix_spawn, {width} at a time, {FLOOR_ROUNDS} times")
     case["spawn_floor"] = median_round([spawn_pool([true], n, width) for _ in range(FLOOR_ROUNDS)])
+    progress(f"burst: the contract floor, {n} tasks of true without the agent, {width} at a time")
+    case["contract_floor"] = contract_floor(
+        n, width, agent.base / "contract-floor", f"xhagent-bench-floor-{os.getpid()}.slice"
+    )
     path, why = systemd_run_path()
     if path is None:
         progress(f"burst: systemd-run not measured: {why}")

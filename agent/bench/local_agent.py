@@ -95,14 +95,19 @@ class LocalAgent:
 
     def remove_subtree(self) -> None:
         """Kill whatever runs in the subtree and remove its groups, leaves first."""
-        path = self.subtree_path
-        if not path.is_dir():
-            return
-        groups = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-        for group in [*groups, path]:
-            cg = Cgroup(group)
-            try:
-                cg.write("cgroup.freeze", "0")
-                cg.remove(kill_first=True)
-            except CgroupError:
-                pass
+        remove_groups(self.subtree_path)
+
+
+def remove_groups(path: Path) -> None:
+    """The group at `path` and every group below it, leaves first, each thawed and its
+    processes killed (one that will not go is left)."""
+    if not path.is_dir():
+        return
+    groups = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for group in [*groups, path]:
+        cg = Cgroup(group)
+        try:
+            cg.write("cgroup.freeze", "0")
+            cg.remove(kill_first=True)
+        except CgroupError:
+            pass

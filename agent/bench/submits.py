@@ -25,6 +25,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def spread_us(prefix: str, values_us: list[float]) -> dict:
+    """p50 and p99 of `values_us` as `PREFIX_p50_us`, `PREFIX_p99_us`; None when empty."""
+    if not values_us:
+        return {f"{prefix}_p50_us": None, f"{prefix}_p99_us": None}
+    return {
+        f"{prefix}_p50_us": round(percentile(values_us, 0.5), 1),
+        f"{prefix}_p99_us": round(percentile(values_us, 0.99), 1),
+    }
+
+
 @dataclass(frozen=True)
 class Submitted:
     ids: list[str]  # in no particular order

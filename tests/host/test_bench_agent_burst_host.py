@@ -1,6 +1,6 @@
 """`xhagent bench agent --only burst` run for real with a small burst: a scratch agent runs
 40 `true` tasks from 4 clients and then as one Submit, beside 40 `true` by posix_spawn
-(three rounds);
+(three rounds) and 40 tasks of `true` through the executor alone (the contract floor);
 the figures it prints hold together (every task Succeeded, the clocks of bench and agent
 agree, percentiles ordered), and systemd-run is measured only where systemd is PID 1."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.bench.burst import PARTS
+from xhagent.cgroups.mounts import discover_hierarchy
 
 pytestmark = pytest.mark.host
 
@@ -63,6 +64,22 @@ def test_the_floor_is_measured_in_the_same_run_and_the_ratios_follow_from_it(rep
     assert isinstance(met["burst_submit_per_s"], bool)
     assert isinstance(met["burst_submit_p99_us"], bool)
     assert out["targets"]["burst_vs_spawn_floor"] == 0.5
+
+
+def test_the_contract_floor_runs_tasks_as_the_agent_does_and_leaves_nothing(report):
+    out, stderr = report
+    case = out["cases"]["burst"]
+    floor = case["contract_floor"]
+    width = case["spawn_floor"]["concurrency"]
+    assert floor["tasks"] == N and floor["failed"] == 0 and floor["concurrency"] == width
+    assert floor["per_s"] == pytest.approx(N / floor["seconds"], rel=0.01)
+    assert 0 <= floor["run_p50_us"] <= floor["run_p99_us"] <= floor["seconds"] * 1e6
+    ratios = out["ratios"]["burst_vs_contract_floor"]
+    for part in PARTS:
+        assert ratios[part] == round(case[part]["tasks_per_s"] / floor["per_s"], 4)
+    assert f"burst: the contract floor, {N} tasks of true without the agent" in stderr
+    root = Path(discover_hierarchy().unified.path)
+    assert not list(root.glob("xhagent-bench-floor-*"))  # its scratch subtree removed
 
 
 def test_systemd_run_is_measured_only_under_systemd(report):

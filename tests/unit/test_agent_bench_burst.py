@@ -78,6 +78,7 @@ def case(clients_tps=30.0, multidoc_tps=40.0, systemd=None, run_p99=200_000.0, f
         },
         "multidoc": {**part, "tasks_per_s": multidoc_tps},
         "spawn_floor": {"per_s": 2000.0},
+        "contract_floor": {"per_s": 300.0},
         "systemd_run": systemd or {"measured": False, "reason": "systemd is not PID 1"},
     }
 
@@ -86,6 +87,7 @@ def test_ratios_over_the_floor_and_none_without_systemd_run():
     ratios = burst_ratios(case())
     assert ratios == {
         "burst_vs_spawn_floor": {"clients": 0.015, "multidoc": 0.02},
+        "burst_vs_contract_floor": {"clients": 0.1, "multidoc": 0.1333},
         "burst_vs_systemd_run": None,
     }
     met = burst_met(case(), ratios)
