@@ -78,11 +78,27 @@ def test_create_and_reopen_keeps_the_data(tmp_path):
             assert c.execute("PRAGMA user_version").fetchone()[0] == schema.latest()
 
 
-def test_ids_are_short_sortable_and_parse_back():
-    ids = [format_task_id(n) for n in (1, 31, 32, 1000, 32**7 - 1)]
-    assert ids == sorted(ids) and all(len(i) == 8 for i in ids)
-    assert [parse_task_id(i) for i in ids] == [1, 31, 32, 1000, 32**7 - 1]
-    for bad in ("", "t", "x0000001", "t000000i", "t0000001" + "0" * 10):
+def test_ids_are_decimal_sortable_and_parse_back():
+    numbers = [1, 9, 10, 1000, 10**10 - 1]
+    ids = [format_task_id(n) for n in numbers]
+    assert ids[:3] == ["t0000000001", "t0000000009", "t0000000010"]
+    assert ids == sorted(ids) and all(len(i) == 11 for i in ids)
+    assert [parse_task_id(i) for i in ids] == numbers
+    assert parse_task_id(format_task_id(10**10)) == 10**10  # one digit more, still an id
+    for bad in ("", "t", "x0000000001", "t000000001a", "t" + "0" * 19, "t٠٠٠٠٠٠٠٠٠١", " t1"):
+        with pytest.raises(ValueError, match="not a task id"):
+            parse_task_id(bad)
+
+
+def test_ids_given_before_the_decimal_ones_still_parse():
+    # seven base32 digits (no i, l, o, u): the tasks submitted then keep them
+    assert [parse_task_id(i) for i in ("t0000001", "t000000a", "t0000010", "tzzzzzzz")] == [
+        1,
+        10,
+        32,
+        32**7 - 1,
+    ]
+    for bad in ("t000000i", "t000000u", "t00000a", "t1"):  # not base32, or too short
         with pytest.raises(ValueError):
             parse_task_id(bad)
 
@@ -92,7 +108,7 @@ def test_a_repeated_idempotency_key_gets_the_same_task(store):
     again = submit(store, "a", key="client-1/42")
     assert again == first and len(store.list_tasks()) == 1
     assert [e.kind for e in store.events()] == ["Submitted"]
-    with pytest.raises(Conflict, match="was used for task t0000001 with another document"):
+    with pytest.raises(Conflict, match="was used for task t0000000001 with another document"):
         submit(store, "other", key="client-1/42")
     assert submit(store, "a", key="client-1/43").id != first.id
 
@@ -419,7 +435,7 @@ def test_a_migration_keeps_the_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(schema, "MIGRATIONS", [*schema.MIGRATIONS, step])
     with Store.open(d) as s:
         assert s.get(t.id) == t and s.active_policies()[0].source == "g: 1"
-        assert submit(s, "new").id == "t0000002"
+        assert submit(s, "new").id == "t0000000002"
     with sqlite3.connect(d / "state.db") as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == now + 1
         assert c.execute("SELECT name, priority FROM tasks ORDER BY seq").fetchall() == [
@@ -445,6 +461,28 @@ def test_a_version_1_database_gains_the_preemption_count(tmp_path, monkeypatch):
             "t0000001", TaskState.PENDING, reasons=[WaitReason("Preempted")], preempted=1
         )
         assert (rec.attempt, rec.preempted) == (1, 1)
+
+
+def test_tasks_keep_ids_of_the_earlier_kind_beside_the_decimal_ones(tmp_path):
+    d = tmp_path / "s"
+    Store.open(d).close()
+    with sqlite3.connect(d / "state.db") as c:  # as an agent giving base32 ids left them
+        for seq, task_id in ((31, "t000000z"), (32, "t0000010")):
+            c.execute(
+                "INSERT INTO tasks (seq, id, name, kind, source, source_file, spec, state, "
+                "created_ns, updated_ns) VALUES (?, ?, 'old', 'cpu', 'doc', '-', '{}', "
+                "'Pending', 1, 1)",
+                (seq, task_id),
+            )
+    with Store.open(d) as s:
+        assert submit(s, "new").id == "t0000000033"  # the numbering goes on
+        assert [r.id for r in s.list_tasks()] == ["t000000z", "t0000010", "t0000000033"]
+        assert [r.id for r in s.list_tasks(after="t000000z")] == ["t0000010", "t0000000033"]
+        assert [r.id for r in s.list_tasks(after="t0000000033", newest_first=True)] == [
+            "t0000010",
+            "t000000z",
+        ]
+        assert s.get("t0000010").name == "old"
 
 
 def test_a_failing_migration_leaves_the_previous_version(tmp_path, monkeypatch):

@@ -43,9 +43,15 @@ INTEGER_FIELDS = (
     "started_ns",
     "ended_ns",
 )
-# Crockford's base32, lower case: no i, l, o, u to misread when typed.
-ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-ID_DIGITS = 7  # 34 billion submissions before an id grows a digit and stops sorting
+# A task id is `t` and its submission number in decimal, ten digits: ids sort as they were
+# submitted (ten billion submissions before one grows a digit) and read as the number.
+ID_DIGITS = 10
+MAX_ID_DIGITS = 18  # (a number SQLite's INTEGER holds)
+# Ids given before these were `t` and seven digits of Crockford's base32, lower case: a task
+# submitted then keeps its id (its leaf, run directory and events are named by it). The two
+# kinds never meet: those have seven digits (nine at most), these at least ten.
+LEGACY_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+LEGACY_DIGITS = (7, 9)
 
 
 class StoreError(Exception):
@@ -104,21 +110,22 @@ class CorruptPolicy(CorruptRow):
 
 
 def format_task_id(seq: int) -> str:
-    digits = []
-    while seq or len(digits) < ID_DIGITS:
-        seq, d = divmod(seq, 32)
-        digits.append(ALPHABET[d])
-    return "t" + "".join(reversed(digits))
+    return f"t{seq:0{ID_DIGITS}d}"
 
 
 def parse_task_id(task_id: str) -> int:
-    """The submission number of an id; ValueError for a string no id has."""
-    if not (task_id[:1] == "t" and 1 < len(task_id) <= 14 and set(task_id[1:]) <= set(ALPHABET)):
-        raise ValueError(f"{task_id!r} is not a task id (t and base32 digits)")
-    seq = 0
-    for c in task_id[1:]:
-        seq = seq * 32 + ALPHABET.index(c)
-    return seq
+    """The submission number of an id (of either kind); ValueError for a string no id has."""
+    digits = task_id[1:]
+    if task_id[:1] == "t" and digits.isascii():
+        if ID_DIGITS <= len(digits) <= MAX_ID_DIGITS and digits.isdigit():
+            return int(digits)
+        low, high = LEGACY_DIGITS
+        if low <= len(digits) <= high and set(digits) <= set(LEGACY_ALPHABET):
+            seq = 0
+            for c in digits:
+                seq = seq * 32 + LEGACY_ALPHABET.index(c)
+            return seq
+    raise ValueError(f"{task_id!r} is not a task id (t and {ID_DIGITS} decimal digits)")
 
 
 # -- checks on what callers hand in: bounded, JSON, one clear line each ----------------------
