@@ -170,7 +170,8 @@ class Cgroup:
         `started` is False). `share_vm`: the child shares this process's memory until its
         exec instead of a copy of its page tables (clone3 on x86_64; elsewhere ignored),
         which a large process starts faster; the call then returns only once the child has
-        exec'd or failed, so never ask it for a group that may be frozen. A failed join, fd
+        exec'd or failed, so never ask it for a group that may be frozen. `oom_score_adj`:
+        the child's, written before its exec (None: this process's, inherited). A failed join, fd
         setup, chdir or exec raises SpawnError (a CgroupError) with the errno and the path,
         the child already reaped; a group that cannot be opened or entered raises
         CgroupError."""

@@ -230,7 +230,21 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-_STAGES = {1: "join", 2: "stdio and fds", 3: "cwd", 4: "setsid", 5: "signals", 6: "exec"}
+# The kernel's default: a process nobody adjusted. A workload the agent starts has it, while
+# the agent and the supervisors that record the workloads' ends may be spared by the OOM
+# killer (the packaged unit's OOMScoreAdjust=).
+WORKLOAD_OOM_SCORE_ADJ = 0
+
+_STAGES = {
+    1: "join",
+    2: "stdio and fds",
+    3: "cwd",
+    4: "setsid",
+    5: "signals",
+    6: "exec",
+    7: "ids",
+    8: "oom_score_adj",
+}
 
 
 def _error_from(data: bytes, argv: list[str], group: str, cwd: str | None = None) -> SpawnError:
@@ -263,11 +277,14 @@ def spawn(
     sigmask: Iterable[int] | None = None,
     method: str | None = None,
     share_vm: bool = False,
+    oom_score_adj: int | None = None,
 ) -> Spawned:
     """See `Cgroup.spawn`."""
     argv = [os.fsdecode(a) for a in argv]
     if not argv or not argv[0]:
         raise ValueError("empty command")
+    if oom_score_adj is not None and not -1000 <= oom_score_adj <= 1000:
+        raise ValueError(f"oom_score_adj {oom_score_adj}: not from -1000 to 1000")
     bargv = [_bytes(a, "an argument") for a in argv]
     environ = os.environ if env is None else env
     benv = []
@@ -326,6 +343,8 @@ def spawn(
                 "mask": cmask,
                 "nmask": len(mask),
                 "share_vm": int(share_vm),
+                "set_oom_score_adj": int(oom_score_adj is not None),
+                "oom_score_adj": oom_score_adj or 0,
             },
         )
         cpidfd = ffi.new("int32_t *")

@@ -1,15 +1,18 @@
 /* shim.c: xhagent-shim, the supervisor of one workload (the containerd-shim pattern).
  *
  *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--keep-free BYTES]
- *                [--cwd DIR] [--uid N --gid N] [--method clone3|fork] -- PROG [ARGS...]
+ *                [--cwd DIR] [--uid N --gid N] [--oom-score-adj N] [--method clone3|fork]
+ *                -- PROG [ARGS...]
  *
  * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
  * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each file made at
  * the stream's first byte, each up to --log-cap bytes, and never into the last --keep-free
  * bytes of the filesystem, which are the agent's for its records and its store: output
- * beyond either is read, dropped and counted), waits for it and writes its end into TASKDIR/exit. The workload is this process's child, not the
- * agent's, so its status survives the agent's death: a restarted agent reads TASKDIR instead
- * of waiting.
+ * beyond either is read, dropped and counted), waits for it and writes its end into
+ * TASKDIR/exit. The workload is this process's child, not the agent's, so its status
+ * survives the agent's death: a restarted agent reads TASKDIR instead of waiting. With
+ * --oom-score-adj the workload starts with that oom_score_adj, while the shim keeps its
+ * own (the agent's, which the OOM killer is told to spare: the workloads are not).
  *
  * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
  *                   "spawn_method":"clone3"|"fork","started_ns":N}
@@ -62,6 +65,8 @@
 #endif
 
 #define DEFAULT_LOG_CAP (16ULL << 20)
+/* No --oom-score-adj: the workload keeps the shim's (which is the agent's). */
+#define OOM_AS_IS (-(1LL << 32))
 /* The most a record holds (struct json's buffer, a line of JSON): what is reserved for each. */
 #define RECORD_SIZE 8192
 /* After the workload ends, how long a process that still holds its stdout or stderr (a
@@ -324,6 +329,7 @@ static void usage(const char *why)
     fprintf(stderr,
             "xhagent-shim: %s\nusage: xhagent-shim --dir TASKDIR --cgroup CGROUPDIR "
             "[--log-cap BYTES] [--keep-free BYTES] [--cwd DIR] [--uid N --gid N] "
+            "[--oom-score-adj N] "
             "[--method clone3|fork] "
             "-- PROG [ARGS...]\n",
             why);
@@ -613,7 +619,7 @@ static int serve_once(struct sink *out, struct sink *err, int fd, short events, 
 static const char *const stage_names[] = {
     [XH_STAGE_JOIN] = "join", [XH_STAGE_FDS] = "fds",         [XH_STAGE_CWD] = "cwd",
     [XH_STAGE_SESSION] = "session", [XH_STAGE_SIGNALS] = "signals", [XH_STAGE_EXEC] = "exec",
-    [XH_STAGE_IDS] = "ids",
+    [XH_STAGE_IDS] = "ids", [XH_STAGE_OOM] = "oom_score_adj",
 };
 
 /* PROG as execvp finds it: itself when it names a path, else each directory of PATH. */
@@ -652,7 +658,7 @@ int shim_main(int argc, char **argv)
 {
     const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
     unsigned long long cap = DEFAULT_LOG_CAP, keep_free = 0;
-    long long uid = -1, gid = -1;
+    long long uid = -1, gid = -1, oom_score_adj = OOM_AS_IS;
     int i;
 
     for (i = 1; i < argc; i++) {
@@ -678,6 +684,9 @@ int shim_main(int argc, char **argv)
             gid = (long long)number(a, v, UINT32_MAX - 1);
         else if (!strcmp(a, "--method"))
             method = v;
+        else if (!strcmp(a, "--oom-score-adj"))  /* -1000..1000 as `-N`, or N */
+            oom_score_adj = v[0] == '-' ? -(long long)number(a, v + 1, 1000)
+                                        : (long long)number(a, v, 1000);
         else
             usage("unknown option");
     }
@@ -741,6 +750,8 @@ int shim_main(int argc, char **argv)
         .reset_ignored = 1, /* whatever ignored what in the agent's world, the workload starts clean */
         .uid = (uint32_t)(uid < 0 ? 0 : uid),
         .gid = (uint32_t)(gid < 0 ? 0 : gid),
+        .set_oom_score_adj = oom_score_adj != OOM_AS_IS,
+        .oom_score_adj = (int32_t)(oom_score_adj == OOM_AS_IS ? 0 : oom_score_adj),
     };
     int32_t pidfd = -1;
     int32_t pid = xh_spawn(&req, &pidfd);
@@ -770,7 +781,7 @@ int shim_main(int argc, char **argv)
         if (n != (ssize_t)sizeof failed)
             die("start", n < 0 ? errno : EIO, "start %s: the child's report was cut short", cmd[0]);
         int e = failed.err;
-        const char *stage = failed.stage > 0 && failed.stage <= XH_STAGE_IDS
+        const char *stage = failed.stage > 0 && failed.stage <= XH_STAGE_OOM
                                 ? stage_names[failed.stage] : "start";
         switch (failed.stage) {
         case XH_STAGE_EXEC:
@@ -781,6 +792,8 @@ int shim_main(int argc, char **argv)
             die(stage, e, "join %s/cgroup.procs: %s", cgroup, strerror(e));
         case XH_STAGE_IDS:
             die(stage, e, "ids uid %lld gid %lld: %s", uid, gid, strerror(e));
+        case XH_STAGE_OOM:
+            die(stage, e, "oom_score_adj %lld: %s", oom_score_adj, strerror(e));
         default:
             die(stage, e, "%s %s: %s", stage, cmd[0], strerror(e));
         }

@@ -202,6 +202,24 @@ static void child(const struct xh_spawn_req *r)
     if (sigprocmask(SIG_SETMASK, &mask, NULL) < 0)
         report(fd, XH_STAGE_SIGNALS, errno);
 
+    if (r->set_oom_score_adj) {  /* while /proc/self is still this uid's to write */
+        char value[16], *p = value + sizeof value;  /* by hand: no stdio in this child */
+        int v = r->oom_score_adj < 0 ? -r->oom_score_adj : r->oom_score_adj;
+        do
+            *--p = (char)('0' + v % 10);
+        while ((v /= 10) && p > value + 1);
+        if (r->oom_score_adj < 0)
+            *--p = '-';
+        ssize_t n = value + sizeof value - p;
+        int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (adj < 0)
+            report(fd, XH_STAGE_OOM, errno);
+        ssize_t put = write(adj, p, (size_t)n);
+        if (put != n)
+            report(fd, XH_STAGE_OOM, put < 0 ? errno : EIO);
+        close(adj);
+    }
+
     /* groups first: once the uid is dropped, setgroups/setgid are no longer allowed */
     if (r->set_ids && (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setgid, r->gid) < 0 ||
                        syscall(SYS_setuid, r->uid) < 0))

@@ -24,6 +24,9 @@ struct xh_spawn_req {
                                   (a supervisor's workload starts clean); 0: they stay ignored */
     int32_t share_vm;          /* 1 (clone3 way, x86_64): the child shares the caller's memory until
                                   its exec, and xh_spawn returns only once it has exec'd or failed */
+    int32_t set_oom_score_adj; /* 1: the child writes oom_score_adj to /proc/self/oom_score_adj (a
+                                  supervisor the OOM killer spares starts a workload it does not) */
+    int32_t oom_score_adj;
 };
 
 struct xh_spawn_err {
@@ -39,6 +42,7 @@ struct xh_spawn_err {
 #define XH_STAGE_SIGNALS 5
 #define XH_STAGE_EXEC 6
 #define XH_STAGE_IDS 7          /* runs just before the exec: numbered last so that 1..6 keep their meaning */
+#define XH_STAGE_OOM 8          /* runs before the ids (a process's /proc/self is root's once setuid) */
 
 /* The child's pid (> 0), or -errno when no child was made. *pidfd: its pidfd (clone3 way), else -1. */
 int32_t xh_spawn(const struct xh_spawn_req *req, int32_t *pidfd);

@@ -184,10 +184,13 @@ class Pool:
         if parent is None:
             proc = subprocess.Popen(argv, env=env, pass_fds=fds)
         else:
+            from ..cgroups.spawn import WORKLOAD_OOM_SCORE_ADJ
+
             group = type(parent)(parent.path / str(cpu)).create(exist_ok=True)
             if all(g.path != group.path for g in self._groups):  # a worker started again
                 self._groups.append(group)
-            proc = group.spawn(argv, env=env, pass_fds=fds)
+            # a worker runs its clients' code: the OOM killer spares it no more than a task
+            proc = group.spawn(argv, env=env, pass_fds=fds, oom_score_adj=WORKLOAD_OOM_SCORE_ADJ)
         if self._preempter is not None:  # its main thread's tid is its pid
             self._preempter.arm(proc.pid, int(slice_ms * 1e6))
         return _Worker(index, cpu, proc, group)

@@ -21,6 +21,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def raised_oom_score_adj():
+    """This process's oom_score_adj raised to 300 (what its children inherit), then put back:
+    raising needs no privilege, and going back down to the value it had is allowed too."""
+    path = "/proc/self/oom_score_adj"
+    with open(path) as f:
+        before = f.read().strip()
+
+    def write(value: str) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    write("300")
+    yield 300
+    write(before)
+
+
+@pytest.fixture
 def group():
     """A fresh group in this host's cgroup2 tree; thawed, emptied and removed afterwards."""
     root = discover_hierarchy().unified

@@ -28,6 +28,7 @@ CHECKS = [
     "workloads_unit_delegated",
     "agent_in_its_own_unit",
     "example_task_runs_in_its_leaf",
+    "oom_killer_spares_the_agent_not_the_workloads",
     "example_hello_succeeds",
     "restart_keeps_workload",
     "upgrade_restarts_the_agent_only",

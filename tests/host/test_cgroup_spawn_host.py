@@ -72,6 +72,11 @@ def _run(group, argv, method, **kw):
     return child.wait(timeout=10), text, child
 
 
+def _status(name):
+    with open("/proc/self/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith(name + ":"))
+
+
 def _own_line(text):
     return [line for line in text.splitlines() if line.startswith("0::")]
 
@@ -289,6 +294,32 @@ def test_an_exec_that_fails_after_a_thaw_is_raised_by_wait(group, method):
     assert group.events()["populated"] == 0
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_child_gets_the_oom_score_adj_asked_for_and_else_the_callers(
+    raised_oom_score_adj, group, method
+):
+    code, text, _ = _run(group, ["cat", "/proc/self/oom_score_adj"], method, oom_score_adj=0)
+    assert (code, text) == (0, "0\n")
+    code, text, _ = _run(group, ["cat", "/proc/self/oom_score_adj"], method, oom_score_adj=-0)
+    assert (code, text) == (0, "0\n")
+    code, text, _ = _run(group, ["cat", "/proc/self/oom_score_adj"], method, oom_score_adj=1000)
+    assert (code, text) == (0, "1000\n")
+    code, text, _ = _run(group, ["cat", "/proc/self/oom_score_adj"], method)
+    assert (code, text) == (0, f"{raised_oom_score_adj}\n")
+
+
+def test_an_oom_score_adj_the_kernel_refuses_is_an_error_and_no_child(group):
+    lowering = bool(int(_status("CapEff"), 16) >> 24 & 1)  # CAP_SYS_RESOURCE: below 0 allowed
+    if lowering:
+        code, text, _ = _run(group, ["cat", "/proc/self/oom_score_adj"], "clone3", oom_score_adj=-5)
+        assert (code, text) == (0, "-5\n")
+        return
+    with pytest.raises(SpawnError) as failed:
+        group.spawn(["true"], oom_score_adj=-5)
+    assert failed.value.errno == errno.EACCES and "true: oom_score_adj:" in str(failed.value)
+    assert group.events()["populated"] == 0
+
+
 def test_bad_arguments_are_refused_before_any_child(group):
     for argv, kw in (
         ([], {}),
@@ -296,6 +327,8 @@ def test_bad_arguments_are_refused_before_any_child(group):
         (["a\0b"], {}),
         (["true"], {"env": {"A=B": "1"}}),
         (["true"], {"method": "vfork"}),
+        (["true"], {"oom_score_adj": 1001}),
+        (["true"], {"oom_score_adj": -1001}),
     ):
         with pytest.raises(ValueError):
             group.spawn(argv, **kw)

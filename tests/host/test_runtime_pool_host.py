@@ -116,6 +116,18 @@ def test_workers_in_their_own_leaf(subtree):
     assert not (sub.path / "pool").exists()  # the pool's groups are removed with it
 
 
+def test_workers_in_the_subtree_start_at_oom_score_adj_0(raised_oom_score_adj, subtree):
+    # the owner (the agent: -999 under its unit) is spared by the OOM killer; the code its
+    # workers run is not
+    with Pool(CPUS, subtree=subtree) as pool:
+        assert pool.submit(square, 3).result(T) == 9
+        for w in pool.workers:
+            with open(f"/proc/{w.pid}/oom_score_adj") as f:
+                assert f.read().strip() == "0"
+    with open("/proc/self/oom_score_adj") as f:
+        assert f.read().strip() == str(raised_oom_score_adj)
+
+
 def test_killed_worker_fails_its_task_and_the_rest_complete(tmp_path):
     with Pool(CPUS) as pool:
         marker = tmp_path / "running"

@@ -212,6 +212,21 @@ def test_a_name_planted_before_the_first_byte_is_never_written_through(run, tmp_
     assert end.output_errno == errno.EEXIST and end.stdout_dropped == len("written\n")
 
 
+def test_the_workload_gets_the_oom_score_adj_asked_for_and_the_shim_keeps_its_own(
+    raised_oom_score_adj, run
+):
+    script = "cat /proc/self/oom_score_adj /proc/$PPID/oom_score_adj"  # its own, its shim's
+    s, task_dir = run(["sh", "-c", script], oom_score_adj=0, uid=65534, gid=65534)
+    assert wait_exit(task_dir).exit_code == 0
+    assert (task_dir / "stdout").read_text() == f"0\n{raised_oom_score_adj}\n"
+    s, task_dir = run(["cat", "/proc/self/oom_score_adj"])  # none asked: the shim's
+    assert wait_exit(task_dir).exit_code == 0
+    assert (task_dir / "stdout").read_text() == f"{raised_oom_score_adj}\n"
+    if not int(_status_field("self", "CapEff"), 16) >> 24 & 1:  # no CAP_SYS_RESOURCE: < 0 refused
+        with pytest.raises(ShimError, match=r"oom_score_adj -5: Permission denied"):
+            run(["true"], oom_score_adj=-5)
+
+
 def test_a_grandchild_holding_stdout_does_not_hold_the_exit_record(run, leaves):
     t0 = time.monotonic()
     s, task_dir = run(["sh", "-c", "echo before; sleep 30 & exit 0"])

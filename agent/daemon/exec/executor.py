@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...cgroups import Cgroup, CgroupError, registry
+from ...cgroups.spawn import WORKLOAD_OOM_SCORE_ADJ
 from ...cgroups.subtree import Subtree, check_name
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
@@ -170,6 +171,7 @@ class Executor:
                 log_cap=self.log_cap,
                 keep_free=shim.AGENT_RESERVE,
                 server=self._shims(),
+                oom_score_adj=WORKLOAD_OOM_SCORE_ADJ,
             )
         except BaseException:
             self.remove_leaf(task_id)
