@@ -15,6 +15,8 @@ import pytest
 from xhagent.bench.local_agent import LocalAgent
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
+from xhagent.daemon.api.client import ApiError
+from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host
 
@@ -172,6 +174,42 @@ def test_cancel_logs_apply_and_delete_print_json_for_scripts(agent, tmp_path):
     assert (shown["kind"], shown["name"], shown["version"]) == ("SchedulingPolicy", "pj", 1)
     removed = json.loads(agent.cli("delete", "policy", "pj", "--json", check=True).stdout)
     assert removed["removed"]["name"] == "pj"
+
+
+def test_logs_tail_gives_the_last_lines_of_each_stream_then_follows(agent, tmp_path):
+    script = "seq 1 5; seq 10 12 >&2; printf partial"
+    tid = agent.submit(task_file(tmp_path, "lines", ["sh", "-c", script]))
+    assert agent.wait(tid)["state"] == "Succeeded"
+    two = agent.cli("logs", tid, "--tail", "2", check=True)
+    assert (two.stdout, two.stderr) == ("5\npartial", "11\n12\n")  # "partial" is a line
+    assert agent.cli("logs", tid, "--tail", "0", check=True).stdout == ""
+    everything = agent.cli("logs", tid, "--tail", "100", "--stream", "stdout", check=True)
+    assert everything.stdout == "1\n2\n3\n4\n5\npartial"
+    (chunk,) = map(json.loads, agent.cli("logs", tid, "--tail", "1", "--stream", "stderr",
+                                         "--json", check=True).stdout.splitlines())  # fmt: skip
+    assert chunk == {"stream": "stderr", "offset": len("10\n11\n"), "text": "12\n"}
+    bad = agent.cli("logs", tid, "--tail", "-1")
+    assert bad.returncode == 2 and "--tail" in bad.stderr and "Traceback" not in bad.stderr
+    # following from the tail: the last line written so far, then what comes after it
+    go = tmp_path / "go"
+    script = f"seq 1 3; while [ ! -e {go} ]; do sleep 0.05; done; echo 4"
+    slow = agent.submit(task_file(tmp_path, "slow", ["sh", "-c", script]))
+    out = agent.state / "tasks" / slow / "1" / "stdout"
+    deadline = time.monotonic() + 15
+    while not (out.exists() and out.read_bytes() == b"1\n2\n3\n"):
+        assert time.monotonic() < deadline, "the task's first lines were not written"
+        time.sleep(0.05)
+    follow = [str(XHAGENT), "logs", slow, "--tail", "1", "-f", "--stream", "stdout"]
+    with subprocess.Popen(
+        [*follow, "--socket", str(agent.socket)], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout.readline() == "3\n"  # the tail, before the task goes on
+        go.touch()
+        assert proc.stdout.read() == "4\n" and proc.wait(15) == 0  # then it, to its end
+    with agent.client() as client:  # a tail and an offset together: refused
+        with pytest.raises(ApiError, match="tail_lines: not with an offset") as refused:
+            list(client.Logs(pb.LogsRequest(id=tid, tail_lines=1, offset=2)))
+        assert refused.value.code == "INVALID_ARGUMENT"
 
 
 def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):

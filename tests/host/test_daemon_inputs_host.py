@@ -49,6 +49,7 @@ HOSTILE = [
     ("List", pb.ListRequest(states=["Pending"] * 400_000), "states: at most 7"),
     ("Submit", pb.SubmitRequest(idempotency_key="k" * 254), "idempotency_key: at most 253 bytes"),
     ("Get", pb.GetRequest(id=""), "id: must not be empty"),
+    ("Logs", pb.LogsRequest(id="t0000001", tail_lines=1_000_001), "tail_lines: at most"),
 ]
 
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from xhagent.daemon.api.output_files import OutputRefused, read_output
+from xhagent.daemon.api import output_files
+from xhagent.daemon.api.output_files import OutputRefused, read_output, tail_offset
 
 
 @pytest.fixture
@@ -19,6 +20,9 @@ def run_dir(tmp_path):
 def refused(run_dir, name="stdout") -> str:
     with pytest.raises(OutputRefused) as caught:
         read_output(run_dir, name, 0, 100)
+    with pytest.raises(OutputRefused) as tail:  # the tail's reader checks the same
+        tail_offset(run_dir, name, 1)
+    assert str(tail.value) == str(caught.value)
     return str(caught.value)
 
 
@@ -68,3 +72,36 @@ def test_a_fifo_in_its_place_is_refused_at_once(run_dir):
 def test_a_run_directory_that_is_a_link_is_refused(run_dir, tmp_path):
     (tmp_path / "link").symlink_to(run_dir)
     assert "the run directory is not a directory" in refused(tmp_path / "link")
+
+
+@pytest.mark.parametrize(
+    "data, lines, tail",
+    [
+        (b"a\nb\nc\n", 2, b"b\nc\n"),
+        (b"a\nb\nc", 2, b"b\nc"),  # a last line without its newline is one
+        (b"a\nb\nc\n", 3, b"a\nb\nc\n"),
+        (b"a\nb\nc\n", 10, b"a\nb\nc\n"),  # fewer lines than asked: all of them
+        (b"a\nb\nc\n", 0, b""),
+        (b"\n\n\n", 2, b"\n\n"),
+        (b"", 5, b""),
+        (b"one line, no newline", 1, b"one line, no newline"),
+    ],
+)
+def test_the_tail_begins_where_its_last_lines_do(run_dir, data, lines, tail):
+    (run_dir / "stdout").write_bytes(data)
+    at = tail_offset(run_dir, "stdout", lines)
+    assert data[at:] == tail
+
+
+def test_a_tail_across_blocks_reads_back_block_by_block(run_dir, monkeypatch):
+    monkeypatch.setattr(output_files, "TAIL_BLOCK", 7)  # lines cross the blocks' edges
+    data = b"".join(b"line %d\n" % i for i in range(100))
+    (run_dir / "stdout").write_bytes(data)
+    for lines in (1, 2, 13, 99, 100, 101):
+        want = b"".join(b"line %d\n" % i for i in range(max(0, 100 - lines), 100))
+        assert data[tail_offset(run_dir, "stdout", lines) :] == want
+
+
+def test_no_file_yet_has_its_tail_at_0(run_dir, tmp_path):
+    assert tail_offset(run_dir, "stderr", 3) == 0
+    assert tail_offset(tmp_path / "not-started", "stdout", 3) == 0

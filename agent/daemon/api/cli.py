@@ -17,7 +17,7 @@ import time
 import click
 
 from ...cliparams import InputFile, Text, shown_path
-from .limits import INT64_MAX, MAX_ID, MAX_NAME
+from .limits import INT64_MAX, MAX_ID, MAX_NAME, MAX_TAIL_LINES
 
 
 class TaskId(Text):
@@ -365,13 +365,21 @@ def cancel(task_id, as_json, socket_path) -> None:
     "--stream", type=click.Choice(["both", "stdout", "stderr"]), default="both", show_default=True
 )
 @click.option(
+    "--tail",
+    "tail_lines",
+    type=click.IntRange(0, MAX_TAIL_LINES),
+    default=None,
+    metavar="N",
+    help="Only the last N lines of each stream (then, with -f, what follows).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
     help='One JSON object per chunk: {"stream", "offset", "text"} (UTF-8, bad bytes as U+FFFD).',
 )
 @socket_option
-def logs(task_id, follow, stream, as_json, socket_path) -> None:
+def logs(task_id, follow, stream, tail_lines, as_json, socket_path) -> None:
     """A task's output (its current attempt's stdout and stderr)."""
     pb = _pb()
     which = {
@@ -380,7 +388,8 @@ def logs(task_id, follow, stream, as_json, socket_path) -> None:
         "stderr": pb.LOG_STREAM_STDERR,
     }[stream]
     client = _client(socket_path)
-    chunks = _call(client.Logs, pb.LogsRequest(id=task_id, stream=which, follow=follow))
+    request = pb.LogsRequest(id=task_id, stream=which, follow=follow, tail_lines=tail_lines)
+    chunks = _call(client.Logs, request)
     from .client import ApiError
 
     names = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}

@@ -28,12 +28,56 @@ def _refuse(path: Path, what: str) -> OutputRefused:
 
 
 def read_output(run_dir: Path, name: str, offset: int, size: int) -> bytes:
-    """Up to `size` bytes of `run_dir/name` from `offset`; b"" while it does not exist yet."""
+    """Up to `size` bytes of `run_dir/name` from `offset`; b"" while it does not exist yet
+    (the shim makes it at its stream's first byte)."""
+    fd = _open_output(run_dir, name)
+    if fd is None:
+        return b""
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+TAIL_BLOCK = 64 << 10
+
+
+def tail_offset(run_dir: Path, name: str, lines: int) -> int:
+    """Where the last `lines` lines of `run_dir/name` begin (a last line without its
+    newline counts as one); 0 while it does not exist yet. Read backwards a block at a time,
+    so a short tail of a long file reads one block."""
+    fd = _open_output(run_dir, name)
+    if fd is None:
+        return 0
+    try:
+        end = os.fstat(fd).st_size
+        if lines == 0 or end == 0:
+            return end
+        if os.pread(fd, 1, end - 1) == b"\n":
+            end -= 1  # the last line's own newline starts no line after it
+        found, pos = 0, end
+        while pos > 0:
+            start = max(0, pos - TAIL_BLOCK)
+            block = os.pread(fd, pos - start, start)
+            cut = len(block)
+            while (cut := block.rfind(b"\n", 0, cut)) >= 0:
+                found += 1
+                if found == lines:
+                    return start + cut + 1
+            pos = start
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _open_output(run_dir: Path, name: str) -> int | None:
+    """An fd of `run_dir/name` when it is the file the shim wrote (the module's docstring);
+    None while it does not exist yet; OutputRefused for anything else."""
     path = run_dir / name
     try:
         dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return b""
+        return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise _refuse(run_dir, "the run directory is not a directory (a link?)") from None
@@ -43,7 +87,7 @@ def read_output(run_dir: Path, name: str, offset: int, size: int) -> bytes:
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
         )
     except FileNotFoundError:
-        return b""
+        return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse(path, "a symbolic link") from None
@@ -58,6 +102,7 @@ def read_output(run_dir: Path, name: str, offset: int, size: int) -> bytes:
             raise _refuse(path, f"owned by uid {st.st_uid}")
         if st.st_nlink != 1:
             raise _refuse(path, f"a file with {st.st_nlink} names (a hard link)")
-        return os.pread(fd, size, offset)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd

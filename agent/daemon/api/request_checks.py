@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from ...spec import MAX_BYTES
 from ..store import TaskState
-from .limits import INT64_MAX, MAX_ID, MAX_NAME, MAX_OFFSET, MAX_TEXT
+from .limits import INT64_MAX, MAX_ID, MAX_NAME, MAX_OFFSET, MAX_TAIL_LINES, MAX_TEXT
 from .transport import InvalidArgument
 from .v1 import agent_pb2 as pb
 
@@ -88,6 +88,7 @@ FIELDS: dict[type, tuple[tuple[str, Check], ...]] = {
         ("id", TASK_ID),
         ("stream", one_of(pb.LogStream.values(), "0 (both), 1 (stdout), 2 (stderr)")),
         ("offset", at_most(MAX_OFFSET)),
+        ("tail_lines", at_most(MAX_TAIL_LINES)),
     ),
     pb.ApplyPolicyRequest: (("source", DOCUMENT), ("file_name", FILE_NAME)),
     pb.RemovePolicyRequest: (

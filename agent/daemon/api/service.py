@@ -39,7 +39,7 @@ from . import access as rules
 from . import request_checks
 from .access import Access, Directory
 from .feed import ChangeFeed
-from .output_files import OutputRefused, read_output
+from .output_files import OutputRefused, read_output, tail_offset
 from .peers import Caller
 from .standard import AgentHealth
 from .transport import (
@@ -372,8 +372,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 pb.LOG_STREAM_STDOUT: ["stdout"],
                 pb.LOG_STREAM_STDERR: ["stderr"],
             }.get(request.stream, ["stdout", "stderr"])
-            offsets = {name: request.offset for name in streams}
             run_dir = self.scheduler.executor.run_dir(request.id, max(rec.attempt, 1))
+            offsets = {name: request.offset for name in streams}
+            if request.HasField("tail_lines"):
+                if request.offset:
+                    raise InvalidArgument("tail_lines: not with an offset (offset must be 0)")
+                for name in streams:
+                    try:
+                        offsets[name] = await self._blocking(
+                            tail_offset, run_dir, name, request.tail_lines
+                        )
+                    except OutputRefused as exc:
+                        raise FailedPrecondition(str(exc)) from None
             kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
             while True:
                 change = self._feed.current()
