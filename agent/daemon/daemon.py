@@ -272,6 +272,7 @@ class Daemon:
             metrics.registry.register(PoolCollector(self.pool))
         metrics.registry.register(self.tracer)
         self.scheduler.step_timed = metrics.step_seconds.observe
+        self.scheduler.lag_timed = metrics.lag_seconds.observe
         self.metrics = metrics
         self.exporter = Exporter(metrics.registry, addr, self.settings.debug_endpoints)
         self.store.on_commit = metrics.observe

@@ -155,6 +155,13 @@ class AgentMetrics:
             buckets=LATENCY_BUCKETS,
             **reg,
         )
+        self.lag_seconds = Histogram(
+            "xhagent_scheduler_lag_seconds",
+            "How late a scheduler step began after the time it was due (a backoff's end, a "
+            "deadline, a start put off to the next step).",
+            buckets=LATENCY_BUCKETS,
+            **reg,
+        )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
         self.census = _Census(store, groups, runq, taskstats, self._class, task_series)

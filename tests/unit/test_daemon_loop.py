@@ -540,6 +540,28 @@ def test_an_internal_error_is_counted_surfaces_in_health_and_clears(loop, caplog
     )  # every place exists from the start
 
 
+def test_a_step_that_begins_after_its_due_time_is_counted_as_lag(loop, clock):
+    # Something fell due 5 s ago on the loop's clock (which this test holds still): the
+    # loop's next step is 5 s late. A step woken by a request before its due time is not.
+    lag = loop.metrics.registry.get_sample_value
+    loop.scheduler.lag_timed = loop.metrics.lag_seconds.observe  # as the daemon wires them
+    loop.scheduler.step_timed = loop.metrics.step_seconds.observe
+    loop.scheduler.wakeups.at(clock() - int(5e9))
+    thread = threading.Thread(target=loop.scheduler.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: lag("xhagent_scheduler_lag_seconds_count") == 1, "the late step")
+        loop.scheduler.wakeups.at(clock() + int(60e9))
+        steps = lag("xhagent_scheduler_step_seconds_count") or 0
+        loop.scheduler.wake()
+        wait_for(lambda: (lag("xhagent_scheduler_step_seconds_count") or 0) > steps, "a step")
+    finally:
+        loop.scheduler.stop()
+        thread.join(timeout=5)
+    assert lag("xhagent_scheduler_lag_seconds_count") == 1
+    assert lag("xhagent_scheduler_lag_seconds_sum") == pytest.approx(5.0)
+
+
 def wait_for(done, what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():

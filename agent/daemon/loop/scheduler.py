@@ -115,6 +115,8 @@ class Scheduler:
         self._stopping = False
         self._worked = False  # something happened since the heap was last trimmed
         self.step_timed: Callable[[float], None] | None = None  # each step's seconds (metrics)
+        # how late a step began after the time it was due, in seconds (metrics)
+        self.lag_timed: Callable[[float], None] | None = None
         self._last_full = 0.0  # monotonic time of the last look at every running task
 
     # -- requests (any thread) ----------------------------------------------------------------
@@ -300,9 +302,14 @@ class Scheduler:
         wake-up costs ~10 ms of CPU on a cold virtual CPU; a poll every second was 2-4%)."""
         timeout, failed = 0.0, True  # the first step looks at everything
         while not self._stopping:
+            due = self.wakeups.due()
             woken = self.wakeups.wait(timeout)
             if self._stopping:
                 return
+            # A step due at a time (a backoff's end, a deadline) that begins later: the lag
+            # is the loop's own (a step before it that ran long, a busy interpreter).
+            if due is not None and self.lag_timed is not None and (now := self.clock()) >= due:
+                self.lag_timed((now - due) / 1e9)
             # a shim's pidfd says which task ended; with no event at all (the safety
             # timeout) every running task is looked at, and at least every FULL_LOOK_S
             # while a supervised task has no pidfd (its end has no event)

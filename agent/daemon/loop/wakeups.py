@@ -41,6 +41,10 @@ class Wakeups:
         """Something falls due at `ns` (the clock's time): the loop steps then at the latest."""
         self._due = ns if self._due is None else min(self._due, ns)
 
+    def due(self) -> int | None:
+        """The clock's time the next thing falls due (None: nothing is)."""
+        return self._due
+
     def clear_due(self) -> None:
         """A step begins: whatever is still due is set again while it runs."""
         self._due = None
