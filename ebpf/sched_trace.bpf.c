@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0
-/* Scheduler tracing: sched_switch, sched_wakeup(_new), sched_process_exit and
+/* Scheduler tracing: sched_switch, sched_waking, sched_wakeup(_new), sched_process_exit and
  * sched_process_fork as fixed-size records in a BPF ring buffer, filtered by
  * nothing, a cgroup subtree, or a set of pids/tgids that follows forks.
  * tp_btf programs are the default; raw_tp twins are the fallback where tp_btf
@@ -236,6 +236,15 @@ int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_str
 	return on_switch(true, preempt, prev, next, prev_state);
 }
 
+/* sched_waking runs in the waker's context; sched_wakeup may not: a wakeup of a task whose
+ * CPU is idle (or shares no cache with the waker's) is queued to that CPU and completed
+ * there, where current is whatever runs there, often the idle task. */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(btf_waking, struct task_struct *p)
+{
+	return on_wakeup(true, p, EV_WAKING);
+}
+
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(btf_wakeup, struct task_struct *p)
 {
@@ -265,6 +274,12 @@ int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_str
 	     unsigned int prev_state)
 {
 	return on_switch(false, preempt, prev, next, prev_state);
+}
+
+SEC("raw_tp/sched_waking")
+int BPF_PROG(raw_waking, struct task_struct *p)
+{
+	return on_wakeup(false, p, EV_WAKING);
 }
 
 SEC("raw_tp/sched_wakeup")

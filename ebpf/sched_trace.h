@@ -12,19 +12,19 @@ struct xh_sched_event {
 	__u32 cpu;
 	__u16 type;        /* enum xh_event_type */
 	__u16 pad;
-	__u32 prev_pid;    /* switch: prev; wakeup: the waker (current); exit: the task; fork: parent */
+	__u32 prev_pid;    /* switch: prev; waking/wakeup: current; exit: the task; fork: parent */
 	__u32 prev_tgid;
-	__u32 next_pid;    /* switch: next; wakeup: the woken task; fork: child */
+	__u32 next_pid;    /* switch: next; waking/wakeup: the woken task; fork: child */
 	__u32 next_tgid;
 	__s32 prev_prio;
 	__s32 next_prio;
 	__u32 prev_state;  /* switch: the kernel's sched_switch prev_state value */
-	__u32 aux;         /* wakeup: target cpu; exit: group_dead */
+	__u32 aux;         /* waking/wakeup: task_cpu; exit: group_dead */
 	char prev_comm[16];
 	char next_comm[16];
 };
 
-enum xh_event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK };
+enum xh_event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK, EV_WAKING };
 /* trace_config[CFG_MODE] */
 enum xh_trace_filter { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
 /* trace_config keys */

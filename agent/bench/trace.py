@@ -149,7 +149,7 @@ def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool) -> None:
         sys.exit(1)
     why_no_perf = perf_missing()
     # "xhagent" records what perf records (sched_switch, system-wide); "xhagent_all"
-    # adds sched_wakeup(_new), exit and fork, the default of `xhagent trace record`.
+    # adds sched_waking, sched_wakeup(_new), exit and fork, the default of `xhagent trace record`.
     runs: dict[str, list[dict]] = {"untraced": [], "xhagent": [], "xhagent_all": [], "perf": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeat):  # interleaved, so that background noise hits all modes

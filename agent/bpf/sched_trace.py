@@ -1,4 +1,4 @@
-"""sched_trace.bpf.o: sched_switch / sched_wakeup(_new) / sched_process_exit /
+"""sched_trace.bpf.o: sched_switch / sched_waking / sched_wakeup(_new) / sched_process_exit /
 sched_process_fork records in a ring buffer, written to a file by C (RingSink) so
 that Python never handles events one by one.
 
@@ -29,7 +29,7 @@ MIRROR = Mirror(
         "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED"),
     },
 )
-TRACEPOINTS = ("switch", "wakeup", "wakeup_new", "exit", "fork")
+TRACEPOINTS = ("switch", "waking", "wakeup", "wakeup_new", "exit", "fork")
 WAKEUP_BYTES = 256 * 1024  # wake the consumer once this much waits in the ring
 
 

@@ -74,9 +74,9 @@ def trace() -> None:
 )
 @click.option(
     "--events",
-    default="switch,wakeup,wakeup_new,exit,fork",
+    default="switch,waking,wakeup,wakeup_new,exit,fork",
     show_default=True,
-    help="Comma-separated subset of: switch, wakeup, wakeup_new, exit, fork.",
+    help="Comma-separated subset of: switch, waking, wakeup, wakeup_new, exit, fork.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option(
@@ -86,7 +86,7 @@ def trace() -> None:
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output, duration, cgroup, pids, events, as_json, metrics_addr, command) -> None:
-    """Record sched_switch/wakeup/exit/fork into OUTPUT.
+    """Record sched_switch/waking/wakeup/exit/fork into OUTPUT.
 
     With `-- COMMAND ...`, trace the command and its descendants and stop when it exits,
     exiting with its status; SIGINT/SIGTERM/SIGHUP are passed on to it. Otherwise stop

@@ -5,6 +5,7 @@ Payloads follow the kernel's TP_printk for each event."""
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from typing import IO
 
@@ -14,12 +15,13 @@ from .fmt import (
     EV_SWITCH,
     EV_WAKEUP,
     EV_WAKEUP_NEW,
+    EV_WAKING,
     EVENT_NAMES,
     Event,
     TraceFile,
     comm,
 )
-from .intervals import Selection, runs
+from .intervals import Interval, Selection, runs
 
 FORMATS = ("perf", "ftrace", "chrome")
 # sched_switch's __print_flags table; 0x100 (TASK_REPORT_MAX) is preemption: "+"
@@ -48,7 +50,7 @@ def payload(ev: Event) -> str:
             f"prev_state={state_str(ev.prev_state)} ==> next_comm={comm(ev.next_comm)} "
             f"next_pid={ev.next_pid} next_prio={ev.next_prio}"
         )
-    if ev.type in (EV_WAKEUP, EV_WAKEUP_NEW):
+    if ev.type in (EV_WAKING, EV_WAKEUP, EV_WAKEUP_NEW):
         return (
             f"comm={comm(ev.next_comm)} pid={ev.next_pid} prio={ev.next_prio} "
             f"target_cpu={ev.aux:03d}"
@@ -142,9 +144,11 @@ def _grid_bits(max_ns: int) -> int:
 def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dict]:
     """Trace Event JSON: an `X` slice per on-CPU interval on track tid=cpu of the
     pseudo-process "CPUs", and the same run again on the task's own track (pid=tgid,
-    tid=pid, the slice named after its CPU); `M` events name every process and track.
-    With a filter (`filt`, the trace's), slices are the runs `trace stats` counts
-    (Selection). Timestamps are microseconds on a binary grid (_grid_bits)."""
+    tid=pid, the slice named after its CPU); `M` events name every process and track; a
+    wakeup is a flow (`s` -> `f`) from the waker's run to the woken task's next run, both
+    on the CPU tracks (wakeup_flows). With a filter (`filt`, the trace's), slices are the
+    runs `trace stats` counts (Selection). Timestamps are microseconds on a binary grid
+    (_grid_bits)."""
     events = list(events)
     bits = _grid_bits(max((ev.ts_ns for ev in events), default=0))
     scale = float(1 << bits)
@@ -183,9 +187,8 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
         )
     slices: list[dict] = []
     names: dict[tuple[int, int], str] = {}  # (tgid, pid) -> its latest comm
-    for iv in runs(events, Selection(events, filt)):
-        if iv.pid == 0:
-            continue  # idle is the absence of a slice
+    shown = [iv for iv in runs(events, Selection(events, filt)) if iv.pid != 0]
+    for iv in shown:  # idle is the absence of a slice
         start, end = us(iv.start_ns), us(iv.end_ns)
         ts, dur = start / scale, (end - start) / scale
         state = state_str(iv.end_state) if iv.end_state is not None else "?"
@@ -226,7 +229,57 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
         out.append(
             {"ph": "M", "name": "thread_name", "pid": tgid, "tid": pid, "args": {"name": name}}
         )
-    return out + slices
+    flows: list[dict] = []
+    for n, (waker, woken, ts_ns) in enumerate(wakeup_flows(events, shown), start=1):
+        for ph, iv, at in (("s", waker, ts_ns), ("f", woken, woken.start_ns)):
+            flows.append(
+                {
+                    "ph": ph,
+                    "id": n,
+                    "name": "wakeup",
+                    "cat": "sched",
+                    "pid": CPU_TRACKS_PID,
+                    "tid": iv.cpu,
+                    "ts": us(at) / scale,
+                    **({"bp": "e"} if ph == "f" else {}),  # the slice it lies in, not the next
+                }
+            )
+    return out + slices + flows
+
+
+def wakeup_flows(
+    events: Iterable[Event], shown: list[Interval]
+) -> list[tuple[Interval, Interval, int]]:
+    """(the waker's run, the woken task's next run, the wakeup's time) for each sched_waking
+    whose two ends are runs the export shows. sched_waking, not sched_wakeup: only it is
+    recorded in the waker's context (a wakeup queued to an idle CPU completes there, under
+    the idle task), so a trace without it has no flows. A wakeup from idle or an interrupt
+    on an idle CPU, or by or of a task outside the filter, has no slice to start or end at.
+    A run is the end of one flow at most, the first wakeup before it (a later one found it
+    runnable already)."""
+    by_cpu: dict[int, list[Interval]] = {}
+    by_pid: dict[int, list[Interval]] = {}
+    for iv in sorted(shown, key=lambda iv: iv.start_ns):
+        by_cpu.setdefault(iv.cpu, []).append(iv)
+        by_pid.setdefault(iv.pid, []).append(iv)
+    starts = {cpu: [iv.start_ns for iv in ivs] for cpu, ivs in by_cpu.items()}
+    pid_starts = {pid: [iv.start_ns for iv in ivs] for pid, ivs in by_pid.items()}
+    wakeups = sorted((ev for ev in events if ev.type == EV_WAKING), key=lambda e: e.ts_ns)
+    flows: list[tuple[Interval, Interval, int]] = []
+    ended: set[tuple[int, int]] = set()  # (pid, index in by_pid) of the runs a flow ends at
+    for ev in wakeups:
+        own = by_pid.get(ev.next_pid, [])
+        i = bisect_left(pid_starts.get(ev.next_pid, []), ev.ts_ns)
+        # a task woken still on its CPU (before it could switch out) never left it
+        if i == len(own) or (ev.next_pid, i) in ended or (i and own[i - 1].end_ns > ev.ts_ns):
+            continue
+        j = bisect_right(starts.get(ev.cpu, []), ev.ts_ns)
+        waker = by_cpu[ev.cpu][j - 1] if j else None
+        if waker is None or waker.pid != ev.prev_pid or waker.end_ns < ev.ts_ns:
+            continue
+        ended.add((ev.next_pid, i))
+        flows.append((waker, own[i], ev.ts_ns))
+    return flows
 
 
 def write_chrome(trace: TraceFile, out: IO[str]) -> int:

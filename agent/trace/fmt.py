@@ -55,11 +55,15 @@ RECORD = Record(
     ),
 )
 OFF_CPU, OFF_TYPE = 8, 12  # of a record's cpu (u32) and type (u16)
-EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK = 1, 2, 3, 4, 5
+EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK, EV_WAKING = 1, 2, 3, 4, 5, 6
 MIRROR = Mirror(
     "sched_trace",
     records=(RECORD,),
-    enums={"xh_event_type": pick(globals(), "EV_SWITCH EV_WAKEUP EV_WAKEUP_NEW EV_EXIT EV_FORK")},
+    enums={
+        "xh_event_type": pick(
+            globals(), "EV_SWITCH EV_WAKEUP EV_WAKEUP_NEW EV_EXIT EV_FORK EV_WAKING"
+        )
+    },
 )
 EVENT_NAMES = {
     EV_SWITCH: "sched_switch",
@@ -67,6 +71,7 @@ EVENT_NAMES = {
     EV_WAKEUP_NEW: "sched_wakeup_new",
     EV_EXIT: "sched_process_exit",
     EV_FORK: "sched_process_fork",
+    EV_WAKING: "sched_waking",
 }
 
 

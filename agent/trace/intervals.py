@@ -6,7 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .fmt import EV_EXIT, EV_FORK, EV_SWITCH, EV_WAKEUP, EV_WAKEUP_NEW, Event, comm
+from .fmt import (
+    EV_EXIT,
+    EV_FORK,
+    EV_SWITCH,
+    EV_WAKEUP,
+    EV_WAKEUP_NEW,
+    EV_WAKING,
+    Event,
+    comm,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ def by_time(events: Iterable[Event]) -> list[Event]:
 # (and, under a cgroup filter, the child, which starts in its parent's cgroup).
 _SUBJECTS = {
     EV_WAKEUP: ("next",),
+    EV_WAKING: ("next",),
     EV_WAKEUP_NEW: ("next",),
     EV_EXIT: ("prev",),
     EV_FORK: ("prev", "next"),

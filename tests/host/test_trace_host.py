@@ -88,11 +88,27 @@ def test_exports(pingpong, tmp_path, run_xhagent):
         for x in ftrace
     )
     doc = json.loads((tmp_path / "chrome").read_text())
-    assert {e["ph"] for e in doc["traceEvents"]} <= {"X", "M"}
+    assert {e["ph"] for e in doc["traceEvents"]} <= {"X", "M", "s", "f"}
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     # pong's runs on the CPU tracks (pid 0) and on its own track
     assert any(e["pid"] == 0 and e["args"]["tid"] == work["pong"] for e in slices)
     assert any(e["pid"] == e["tid"] == work["pong"] for e in slices)
+    # each write to the pipe wakes the other task: a flow from the writer's run on its CPU
+    # to the reader's next run, each end within the run of the CPU track it names (the last
+    # to begin at or before it: a run that begins where another ends holds that instant)
+    cpu_runs: dict[int, list[dict]] = {}
+    for x in sorted(slices, key=lambda x: x["ts"]):
+        if x["pid"] == 0:
+            cpu_runs.setdefault(x["tid"], []).append(x)
+    ends: dict[int, dict] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            run = [x for x in cpu_runs[e["tid"]] if x["ts"] <= e["ts"]][-1]
+            assert e["ts"] <= run["ts"] + run["dur"], (e, run)
+            ends.setdefault(e["id"], {})[e["ph"]] = run["args"]["tid"]
+    assert all(len(f) == 2 for f in ends.values())
+    handoffs = [f for f in ends.values() if {f["s"], f["f"]} == {work["ping"], work["pong"]}]
+    assert len(handoffs) >= ROUNDS, len(handoffs)
 
 
 def test_stats_and_heatmap(pingpong, tmp_path, run_xhagent):

@@ -69,6 +69,8 @@ TITLE_CENTRE_JS = """
 })()
 """
 LIST_SHOWN_JS = "document.querySelector('tr[title]').closest('div[style]').innerText"
+# speedscope reports a file it cannot import with alert(); kept, not shown, in every page
+ALERTS_JS = "window.xhAlerts = []; window.alert = m => { window.xhAlerts.push(String(m)); };"
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +125,8 @@ class DevTools:
             page["webSocketDebuggerUrl"], suppress_origin=True, timeout=30
         )
         self.next_id = 0
+        self.call("Page.enable")
+        self.call("Page.addScriptToEvaluateOnNewDocument", source=ALERTS_JS)
 
     def call(self, method: str, **params) -> dict:
         self.next_id += 1
@@ -227,6 +231,7 @@ def test_speedscope_shows_the_traced_threads(traced, view_url, browser, tmp_path
     shown = browser.wait_for(LIST_SHOWN_JS, timeout=10)
     shot = base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"])
     assert "Something went wrong" not in text, text
+    assert browser.eval("window.xhAlerts") == []
     # the first track is a CPU's; a process is named after its main thread
     assert re.search(r"CPUs \(pid 0\), CPU \d+ \(tid \d+\)", text), text
     names = {r.split(" (pid ")[0] for r in rows if f"(pid {work['pid']})" in r}
@@ -249,6 +254,36 @@ def test_speedscope_shows_the_traced_threads(traced, view_url, browser, tmp_path
     (tmp_path / "speedscope.png").write_bytes(shot)
     if os.environ.get("XHAGENT_VIEWER_SCREENSHOT"):  # how docs/trace-speedscope.png is made
         Path(os.environ["XHAGENT_VIEWER_SCREENSHOT"]).write_bytes(shot)
+
+
+def test_the_viewer_page_keeps_an_alert(view_url, browser):
+    # the check above sees what speedscope would alert: the hook is in the page it loads
+    open_page(browser, view_url)
+    browser.wait_for(f"{PROFILE_ROWS_JS}.length > 0")
+    assert browser.eval("alert('unrecognized'), window.xhAlerts") == ["unrecognized"]
+
+
+def test_the_served_export_has_the_threads_handoffs_as_flows(traced, run_xhagent, tmp_path):
+    """The file the viewer loads: each thread's set() of the other's turn is a wakeup flow
+    from the setter's run to the woken thread's next run (speedscope draws no flows; the
+    viewer test above shows that they do not stop it from importing the file)."""
+    path, work, _ = traced
+    out = tmp_path / "t.json"
+    res = run_xhagent("trace", "export", path, "--format", "chrome", "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    evs = json.loads(out.read_text())["traceEvents"]
+    run_of = {}  # (cpu, ts) of a CPU-track run's start -> its tid
+    for e in evs:
+        if e["ph"] == "X" and e["pid"] == 0:
+            run_of[(e["tid"], e["ts"])] = e["args"]["tid"]
+    ends = {}
+    for e in evs:
+        if e["ph"] in ("s", "f"):
+            ends.setdefault(e["id"], {})[e["ph"]] = e
+    tids = set(work["tids"].values())
+    handoffs = [f for f in ends.values() if run_of.get((f["f"]["tid"], f["f"]["ts"])) in tids]
+    # five turns are handed over (three rounds, each thread passing its turn on)
+    assert len(handoffs) >= 5, ends
 
 
 def test_speedscope_sees_back_to_back_runs_side_by_side(traced, view_url, browser):

@@ -3,7 +3,16 @@ import json
 import re
 
 import pytest
-from trace_samples import PID_FILTER, R, S, filtered_events, sample_events, sample_header, switch
+from trace_samples import (
+    PID_FILTER,
+    R,
+    S,
+    filtered_events,
+    sample_events,
+    sample_header,
+    switch,
+    wakeup,
+)
 
 from xhagent.trace.export import (
     CPU_TRACKS_PID,
@@ -15,7 +24,7 @@ from xhagent.trace.export import (
     write_ftrace,
     write_perf,
 )
-from xhagent.trace.fmt import TraceFile, write_trace
+from xhagent.trace.fmt import EV_WAKEUP, EV_WAKING, TraceFile, write_trace
 
 # perf script's layout: comm (right-aligned 16), tid, [cpu], secs.usecs: sched:EVENT: payload
 PERF_LINE = re.compile(r"^ {0,15}\S.{0,15} +\d+ \[\d{3}\] +\d+\.\d{6}: sched:(\w+): (.*)$")
@@ -31,6 +40,7 @@ PAYLOAD = {
         r"==> next_comm=.* next_pid=\d+ next_prio=-?\d+$"
     ),
     "sched_wakeup": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
+    "sched_waking": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
     "sched_wakeup_new": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ target_cpu=\d{3}$"),
     "sched_process_exit": re.compile(r"^comm=.* pid=\d+ prio=-?\d+ group_dead=(true|false)$"),
     "sched_process_fork": re.compile(r"^comm=.* pid=\d+ child_comm=.* child_pid=\d+$"),
@@ -93,7 +103,7 @@ def test_chrome_trace(tmp_path):
     write_chrome(trace(tmp_path), out)
     doc = json.loads(out.getvalue())
     evs = doc["traceEvents"]
-    assert {e["ph"] for e in evs} <= {"X", "M"}
+    assert {e["ph"] for e in evs} <= {"X", "M", "s", "f"}
     slices = [e for e in evs if e["ph"] == "X"]
     named_threads = {
         (e["pid"], e["tid"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
@@ -137,6 +147,67 @@ def test_chrome_trace(tmp_path):
     }
     assert names[(100, 100)] == "ping" and names[(200, 200)] == "pong"
     assert names[(300, 300)] == "busy" and names[(CPU_TRACKS_PID, 0)] == "CPU 0"
+
+
+def flows(evs: list[dict]) -> list[tuple]:
+    """Each flow as ((track, ts) of its start, (track, ts) of its end), by id."""
+    ends: dict[int, dict] = {}
+    for e in evs:
+        if e["ph"] in ("s", "f"):
+            assert e["name"] == "wakeup" and e["cat"] == "sched"
+            assert e["ph"] not in ends.setdefault(e["id"], {}), e  # one start, one end
+            ends[e["id"]][e["ph"]] = ((e["pid"], e["tid"]), e["ts"], e.get("bp"))
+    return [(f["s"][:2], f["f"][:2]) for _, f in sorted(ends.items()) if f["s"][2] is None]
+
+
+def waking(ts, cpu, waker, waker_comm, pid, name, target):
+    return wakeup(ts, cpu, waker, waker_comm, pid, name, target, EV_WAKING)
+
+
+def test_chrome_wakeups_are_flows_from_the_wakers_run_to_the_woken_tasks_next():
+    # sched_wakeup's current need not be the waker (a wakeup queued to an idle CPU runs
+    # under its idle task): flows come from sched_waking, and a trace without it has none
+    assert flows(chrome_events(sample_events())) == []
+    evs = chrome_events(
+        [e._replace(type=EV_WAKING) if e.type == EV_WAKEUP else e for e in sample_events()]
+    )
+    # ping (CPU 0, 1-3 ms) wakes pong at 2 ms, which runs on CPU 1 at 4 ms; pong wakes ping
+    # at 5 ms, which runs on CPU 0 at 6.004 ms; the child forked at 7 ms never ran: no flow
+    assert flows(evs) == [
+        (((CPU_TRACKS_PID, 0), 2000.0), ((CPU_TRACKS_PID, 1), 4000.0)),
+        (((CPU_TRACKS_PID, 1), 5000.0), ((CPU_TRACKS_PID, 0), 6004.0)),
+    ]
+    # each end lies within a slice of its track (a flow end binds to the enclosing slice)
+    slices = cpu_slices(evs)
+    for e in (e for e in evs if e["ph"] in ("s", "f")):
+        assert e.get("bp") == ("e" if e["ph"] == "f" else None)
+        assert any(
+            s["tid"] == e["tid"] and s["ts"] <= e["ts"] <= s["ts"] + s["dur"] for s in slices
+        ), e
+
+
+def test_chrome_a_wakeup_with_no_run_at_either_end_is_no_flow():
+    ms = 1_000_000
+    evs = [
+        switch(1 * ms, 0, 0, "swapper/0", R, 100, "ping"),
+        switch(1 * ms, 1, 0, "swapper/1", R, 200, "pong"),
+        waking(2 * ms, 1, 0, "swapper/1", 100, "ping", 0),  # from idle: no waker's run
+        waking(2 * ms, 1, 200, "pong", 100, "ping", 0),  # ping still on CPU 0: not off it
+        switch(3 * ms, 0, 100, "ping", S, 0, "swapper/0"),
+        switch(3 * ms, 1, 200, "pong", S, 0, "swapper/1"),
+        waking(4 * ms, 1, 0, "swapper/1", 100, "ping", 0),  # from an interrupt on idle
+        switch(5 * ms, 0, 0, "swapper/0", R, 100, "ping"),
+        waking(5 * ms + 1000, 0, 100, "ping", 200, "pong", 1),  # the first of two: pong's flow
+        waking(5 * ms + 2000, 0, 100, "ping", 200, "pong", 1),
+        switch(6 * ms, 1, 0, "swapper/1", R, 200, "pong"),
+        switch(7 * ms, 0, 100, "ping", S, 0, "swapper/0"),
+        switch(8 * ms, 1, 200, "pong", S, 0, "swapper/1"),
+    ]
+    assert flows(chrome_events(evs)) == [
+        (((CPU_TRACKS_PID, 0), 5001.0), ((CPU_TRACKS_PID, 1), 6000.0)),
+    ]
+    # under a filter on ping alone, pong's runs are not shown: the flow has no end
+    assert flows(chrome_events(evs, {"kind": "pids", "pids": [100]})) == []
 
 
 def test_chrome_skips_runs_without_a_start():
