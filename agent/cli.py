@@ -102,6 +102,12 @@ def bench() -> None:
     """Benchmarks: JSON out, the baseline measured in the same run, results as ratios."""
 
 
+def _doctor_items(incomplete: str) -> list[str]:
+    from .doctor import item_names
+
+    return [name for name in item_names() if name.startswith(incomplete)]
+
+
 @main.command()
 @click.option(
     "--json",
@@ -114,6 +120,7 @@ def bench() -> None:
     "required",
     multiple=True,
     metavar="ITEM",
+    shell_complete=lambda ctx, param, incomplete: _doctor_items(incomplete),
     help="Exit 1 if ITEM is not ok (repeatable), e.g. --require iopoll; an unknown ITEM exits 2.",
 )
 @click.option(

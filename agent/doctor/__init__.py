@@ -15,6 +15,54 @@ from .report import Item, fail
 
 Probe = Callable[[], Iterable[Item]]
 CRASHED = "probe crashed"  # how the reason of a section whose probe raised begins
+# Every item a probe reports, in report order (docs/operations.md's table; the host test
+# holds a real report to it), less `iopoll.<dev>`, one per block device (item_names).
+ITEMS = (
+    "kernel",
+    "capabilities",
+    "cpus",
+    "numa",
+    "io_uring",
+    "io_uring.sqpoll",
+    "io_uring.registered_buffers",
+    "io_uring.registered_files",
+    "io_uring.o_direct",
+    "io_uring.ops",
+    "iopoll",
+    "iopoll.file",
+    "ebpf.btf",
+    "ebpf.tp_btf_sched_switch",
+    "ebpf.ringbuf",
+    "ebpf.send_signal_thread",
+    "ebpf.sched_trace",
+    "ebpf.runqlat",
+    "runtime.preempt",
+    "cgroup.mode",
+    "cgroup.v2",
+    "cgroup.controllers",
+    "cgroup.create",
+    "cgroup.spawn",
+    "cgroup.freeze",
+    "cgroup.kill",
+    "taskstats",
+    "taskstats.delayacct",
+    "nvml",
+)
+
+
+def item_names(sys_root=None) -> list[str]:
+    """The names `--require` takes on this node, without probing anything: ITEMS and an
+    `iopoll.<dev>` per block device with a medium (what the shell completes)."""
+    from pathlib import Path
+
+    from ..inventory.block import block_devices
+
+    try:
+        devices = [f"iopoll.{d.name}" for d in block_devices(Path(sys_root or "/sys"))]
+    except OSError:
+        devices = []
+    at = ITEMS.index("iopoll.file")
+    return [*ITEMS[:at], *devices, *ITEMS[at:]]
 
 
 def _probes(subtree: str | None = None) -> list[tuple[str, Probe]]:

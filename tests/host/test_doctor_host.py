@@ -29,6 +29,12 @@ def test_kernel_and_privileges(report):
     assert report["capabilities"]["euid"] == 0
 
 
+def test_the_report_holds_exactly_the_items_completion_offers(report):
+    from xhagent.doctor import item_names
+
+    assert list(report) == item_names()
+
+
 def test_io_uring_items(report):
     for name in (
         "io_uring",

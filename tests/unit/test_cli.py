@@ -1,5 +1,8 @@
 """Every registered subcommand imports and shows its help."""
 
+import re
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -48,6 +51,54 @@ def test_shell_completion_reaches_lazy_subcommands():
         },
     )
     assert res.output.split() == ["plain,freeze"]
+
+
+def complete(words: str) -> list[str]:
+    env = {"_XHAGENT_COMPLETE": "bash_complete", "COMP_WORDS": words}
+    env["COMP_CWORD"] = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+    return CliRunner().invoke(cli.main, [], prog_name="xhagent", env=env).output.split()
+
+
+def test_doctor_require_completes_item_names_without_probing(monkeypatch):
+    def probed(*_a, **_kw):
+        raise AssertionError("completion ran a probe")
+
+    monkeypatch.setattr("xhagent.doctor.run_probes", probed)
+    assert complete("xhagent doctor --require cgroup.") == [
+        f"plain,cgroup.{n}"
+        for n in ("mode", "v2", "controllers", "create", "spawn", "freeze", "kill")
+    ]
+    assert complete("xhagent doctor --require io_uring.o") == [
+        "plain,io_uring.o_direct",
+        "plain,io_uring.ops",
+    ]
+    assert complete("xhagent doctor --require nosuch") == []
+
+
+def test_item_names_add_a_polled_read_item_per_block_device(tmp_path):
+    from xhagent.doctor import ITEMS, item_names
+
+    for name, size in (("loop0", 0), ("nvme0n1", 131072), ("vda", 1 << 29)):
+        d = tmp_path / "block" / name / "queue"
+        d.mkdir(parents=True)
+        (d.parent / "dev").write_text("259:0\n")
+        (d.parent / "size").write_text(f"{size}\n")
+        (d / "io_poll").write_text("0\n")
+        (d / "logical_block_size").write_text("512\n")
+    names = item_names(tmp_path)
+    at = names.index("iopoll")
+    assert names[at : at + 4] == ["iopoll", "iopoll.nvme0n1", "iopoll.vda", "iopoll.file"]
+    assert [n for n in names if not n.startswith("iopoll.") or n == "iopoll.file"] == list(ITEMS)
+    assert item_names(tmp_path / "nowhere") == list(ITEMS)
+
+
+def test_the_doctor_items_are_the_documented_ones():
+    from xhagent.doctor import ITEMS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    table = doc.split("## The doctor", 1)[1].split("\n\n**", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9_.<>]+)` \|", table, re.M)
+    assert [r for r in rows if r != "iopoll.<dev>"] == list(ITEMS)
 
 
 @pytest.mark.parametrize("raised,code", [(KeyboardInterrupt, 130), ("SIGTERM", 143)])
