@@ -29,6 +29,7 @@ CHECKS = [
     "agent_in_its_own_unit",
     "example_task_runs_in_its_leaf",
     "oom_killer_spares_the_agent_not_the_workloads",
+    "units_hardened",
     "example_hello_succeeds",
     "restart_keeps_workload",
     "upgrade_restarts_the_agent_only",

@@ -4,6 +4,7 @@ reports exactly the checks the host test asserts. The boot itself is
 tests/host/test_boot_image_host.py."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,29 @@ def test_the_backports_node_is_a_base_of_its_own():
     assert boot_image.flavour(True) != boot_image.flavour(False)
     assert "systemd" in boot_image.BACKPORTS
     assert "DelegateSubgroup=agent.leaf" in boot_image.DELEGATE_SUBGROUP_DROPIN
+
+
+def exposure(unit: Path) -> float:
+    """`systemd-analyze security --offline` of a unit file: the score the booted node shows
+    for the installed unit (the boot check `units_hardened` reads it there)."""
+    res = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    last = [ln for ln in res.stdout.splitlines() if "Overall exposure level" in ln]
+    assert last, res.stdout + res.stderr
+    return float(last[-1].split(":")[-1].split()[0])
+
+
+@pytest.mark.parametrize("unit", ["xhagent.service", "xhagent-workloads.service"])
+def test_the_packaged_units_score_what_the_boot_check_asserts(unit, tmp_path):
+    path = ROOT / "packaging" / unit
+    assert exposure(path) <= boot_check.EXPOSURE[unit]
+    # the same unit without its seccomp filter scores worse: the figure tracks the file
+    copy = tmp_path / unit
+    copy.write_text(
+        "".join(ln for ln in path.read_text().splitlines(True) if "SystemCallFilter" not in ln)
+    )
+    assert exposure(copy) > boot_check.EXPOSURE[unit]
