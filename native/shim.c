@@ -16,6 +16,9 @@
  *
  * TASKDIR/started  {"shim_pid":N,"shim_start_time":N,"pid":N,"start_time":N,
  *                   "spawn_method":"clone3"|"fork","started_ns":N}
+ * TASKDIR/stdout.times, stderr.times: where each second's output begins in its stream, for
+ *                   `logs --since`: 16-byte marks (u64 CLOCK_REALTIME ns, u64 offset, little
+ *                   endian), one before the first byte kept in each second, TIMES_MAX at most
  * TASKDIR/exit     {"exit_code":N | "signal":N,"core_dumped":B, "ended_ns":N,
  *                   "stdout_dropped":N,"stderr_dropped":N[,"output_errno":N]}
  *              or  {"error":STAGE,"errno":N,"message":TEXT}  (no workload runs any more)
@@ -36,6 +39,7 @@
  * (before TASKDIR is known: stderr only).
  */
 #define _GNU_SOURCE
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -85,8 +89,16 @@ static int reserved_fd[2] = {-1, -1};  /* started.tmp, exit.tmp: their space sec
 static pid_t child_pid = -1;
 static int child_pidfd = -1;
 
+/* Marks of a stream's time index at most: 1 MiB, 18 hours of output in every second. */
+#define TIMES_MAX 65536
+
 struct sink {
     const char *name;  /* the file in TASKDIR */
+    const char *times_name;  /* its time index in TASKDIR (mark_time) */
+    int times;         /* the index, -1 until its first mark */
+    int times_stopped; /* no more marks: the index is full or could not be written */
+    long long last_sec;     /* the second of the last mark */
+    unsigned long long marks;
     int in;            /* read end of the workload's pipe; -1 once at EOF */
     int out;           /* the file */
     unsigned long long size, cap, dropped;
@@ -448,15 +460,27 @@ static int populated(int events_fd)
  * starts is opened now and appended to (it counts against the cap). One made later must be
  * the shim's own: O_EXCL, so a name planted meanwhile (a link to another file, by a workload
  * that can write here) is never written through; its output is dropped instead (EEXIST). */
-static void sink_open(struct sink *s, const char *name, int in, unsigned long long cap,
-                      unsigned long long keep_free)
+static void sink_open(struct sink *s, const char *name, const char *times_name, int in,
+                      unsigned long long cap, unsigned long long keep_free)
 {
     struct stat st;
     s->name = name;
+    s->times_name = times_name;
+    s->times = -1;
+    s->last_sec = -1;
     s->in = in;
     s->cap = cap;
     s->keep_free = keep_free;
     s->out = -1;
+    s->times = openat(task_fd, times_name, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+    if (s->times >= 0 && fstat(s->times, &st) == 0 && S_ISREG(st.st_mode)) {
+        s->marks = (unsigned long long)st.st_size / 16;  /* appended to, as the stream is */
+    } else if (s->times >= 0 || errno != ENOENT) {
+        if (s->times >= 0)
+            close(s->times);
+        s->times = -1;
+        s->times_stopped = 1;  /* not a file to write through: `--since` starts earlier */
+    }
     if (fstatat(task_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
         if (errno != ENOENT)
             die("log", errno, "stat %s: %s", name, strerror(errno));
@@ -482,6 +506,37 @@ static int sink_create(struct sink *s)
     s->write_errno = errno;
     note("create %s: %s (its output is dropped)", s->name, strerror(errno));
     return -1;
+}
+
+/* Before the bytes at s->size are written, when they are the first of a new second: a mark
+ * (the wall time now, their offset) in the stream's time index, so that `logs --since` finds
+ * where a time's output begins. The mark goes first, so every byte in the stream has its
+ * mark: output with no mark of its own was written in the second of the mark before it. Like
+ * the stream, the index is made O_EXCL at its first mark; a failure stops the marks (the
+ * agent then starts `--since` earlier, never later, than asked). */
+static void mark_time(struct sink *s)
+{
+    struct timespec now;
+    if (s->times_stopped || clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec == s->last_sec)
+        return;
+    s->last_sec = now.tv_sec;
+    if (s->marks >= TIMES_MAX) {
+        s->times_stopped = 1;
+        note("%s: %d marks, the most kept (--since before its last mark starts there)",
+             s->times_name, TIMES_MAX);
+        return;
+    }
+    if (s->times < 0)
+        s->times = openat(task_fd, s->times_name, O_WRONLY | O_CREAT | O_EXCL | O_APPEND
+                          | O_CLOEXEC | O_NOFOLLOW, 0640);
+    uint64_t mark[2] = {htole64((uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec),
+                        htole64(s->size)};
+    if (s->times < 0 || write_some(s->times, (const char *)mark, sizeof mark) != sizeof mark) {
+        s->times_stopped = 1;
+        note("write %s: %s (no more marks for --since)", s->times_name, strerror(errno));
+        return;
+    }
+    s->marks++;
 }
 
 /* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
@@ -528,6 +583,7 @@ static int pump(struct sink *s)
     if (keep && sink_create(s) < 0)
         keep = 0;
     if (keep) {
+        mark_time(s);
         size_t done = write_some(s->out, iobuf, keep);
         if (done < keep) {  /* the part not written is counted as dropped, and all after it */
             if (!s->write_errno) {
@@ -728,8 +784,8 @@ int shim_main(int argc, char **argv)
         || pipe2(report, O_CLOEXEC) < 0)
         die("start", errno, "pipe: %s", strerror(errno));
     struct sink out = {0}, err = {0};
-    sink_open(&out, "stdout", out_pipe[0], cap, keep_free);
-    sink_open(&err, "stderr", err_pipe[0], cap, keep_free);
+    sink_open(&out, "stdout", "stdout.times", out_pipe[0], cap, keep_free);
+    sink_open(&err, "stderr", "stderr.times", err_pipe[0], cap, keep_free);
 
     struct xh_spawn_req req = {
         .use_clone3 = use_clone3,

@@ -1,6 +1,7 @@
 """`xhagent run` on this host: real processes in real cgroup leaves, a real socket, SQLite on
 disk; the CLI clients against it. Each test gets its own agent (state dir, socket, subtree)."""
 
+import datetime
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from xhagent.bench.local_agent import LocalAgent
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.daemon.api.client import ApiError
+from xhagent.daemon.api.output_files import MARK
 from xhagent.daemon.api.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.host
@@ -210,6 +212,33 @@ def test_logs_tail_gives_the_last_lines_of_each_stream_then_follows(agent, tmp_p
         with pytest.raises(ApiError, match="tail_lines: not with an offset") as refused:
             list(client.Logs(pb.LogsRequest(id=tid, tail_lines=1, offset=2)))
         assert refused.value.code == "INVALID_ARGUMENT"
+
+
+def test_logs_since_starts_at_the_output_written_since(agent, tmp_path):
+    go = tmp_path / "go-since"
+    script = f"echo early; while [ ! -e {go} ]; do sleep 0.05; done; echo late; echo later >&2"
+    tid = agent.submit(task_file(tmp_path, "since", ["sh", "-c", script]))
+    run = agent.state / "tasks" / tid / "1"
+    deadline = time.monotonic() + 15
+    while not ((run / "stdout").exists() and (run / "stdout").read_bytes() == b"early\n"):
+        assert time.monotonic() < deadline, "the task's first line was not written"
+        time.sleep(0.05)
+    time.sleep(1.2)  # the cut lies in a second of its own, after early's and before late's
+    cut = datetime.datetime.fromtimestamp(time.time(), datetime.UTC).isoformat()
+    time.sleep(1.2)
+    go.touch()
+    assert agent.wait(tid)["state"] == "Succeeded"
+    since = agent.cli("logs", tid, "--since", cut, check=True)
+    assert (since.stdout, since.stderr) == ("late\n", "later\n")
+    hour = agent.cli("logs", tid, "--since", "1h", "--stream", "stdout", check=True)
+    assert hour.stdout == "early\nlate\n"
+    both = agent.cli("logs", tid, "--since", "1h", "--tail", "1", "--stream", "stdout", check=True)
+    assert both.stdout == "late\n"  # the later start of the two
+    # the shim's marks: one per second that had output, each where that output begins
+    marks = list(MARK.iter_unpack((run / "stdout.times").read_bytes()))
+    assert [offset for _, offset in marks] == [0, len("early\n")], marks
+    bad = agent.cli("logs", tid, "--since", "yesterday")
+    assert bad.returncode == 2 and "--since" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_a_bad_task_file_is_refused_with_its_position_and_exit_2(agent, tmp_path):

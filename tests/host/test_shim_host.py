@@ -14,6 +14,7 @@ import pytest
 
 from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
+from xhagent.daemon.api.output_files import MARK
 from xhagent.daemon.exec import shim as shim_mod
 from xhagent.daemon.exec.shim import ShimError, process_alive, read_status, start_shim
 from xhagent.daemon.exec.shim_server import ServedShim, ShimServer
@@ -93,7 +94,11 @@ def test_output_status_and_groups(run, leaves, method):
     assert (task_dir / "stderr").read_text() == "err\n"
     assert (task_dir / "stdout").stat().st_mode & 0o777 == 0o640
     assert abs(end.ended_ns - time.time_ns()) < 60e9 and end.ended_ns >= s.started_ns
-    assert sorted(p.name for p in task_dir.iterdir()) == ["exit", "started", "stderr", "stdout"]
+    names = ["exit", "started", "stderr", "stderr.times", "stdout", "stdout.times"]
+    assert sorted(p.name for p in task_dir.iterdir()) == names
+    # each stream's time index: a mark (wall time, offset 0) before its first byte
+    ((ns, at),) = MARK.iter_unpack((task_dir / "stderr.times").read_bytes())
+    assert at == 0 and s.started_ns - 1e9 < ns <= end.ended_ns
 
 
 def test_cgroup_kill_is_reported_as_signal_9(run, leaves):
@@ -185,7 +190,12 @@ def test_a_stream_gets_its_file_at_its_first_byte(run):
     s, task_dir = run(["sh", "-c", "echo err >&2"])
     end = wait_exit(task_dir)
     assert end.exit_code == 0 and end.output_errno == 0
-    assert sorted(p.name for p in task_dir.iterdir()) == ["exit", "started", "stderr"]
+    assert sorted(p.name for p in task_dir.iterdir()) == [
+        "exit",
+        "started",
+        "stderr",
+        "stderr.times",
+    ]
     assert (task_dir / "stderr").read_text() == "err\n"
 
 

@@ -114,3 +114,20 @@ def test_a_stop_by_signal_is_one_line_and_128_plus_n(monkeypatch, raised, code):
     res = CliRunner().invoke(cli.main, ["doctor"])
     assert res.exit_code == code, res.output
     assert res.output == f"xhagent: stopped by {signal.Signals(code - 128).name}\n"
+
+
+def test_logs_since_takes_a_duration_back_from_now_or_an_rfc3339_time():
+    import time
+
+    from xhagent.daemon.api.cli import Since
+
+    since = Since()
+    before = time.time_ns()
+    back = since.convert("1h30m", None, None)
+    assert before - 5400 * 10**9 <= back <= time.time_ns() - 5400 * 10**9
+    assert since.convert("2026-12-04T18:00:00.5Z", None, None) == 1796407200_500000000
+    assert since.convert("2026-12-04T19:00:00+01:00", None, None) == 1796407200_000000000
+    assert since.convert("1000000h", None, None) == 0  # before the epoch: from the start
+    for bad in ("yesterday", "5 minutes", "2026-12-04", "-5m"):
+        with pytest.raises(click.BadParameter, match="neither a duration"):
+            since.convert(bad, None, None)

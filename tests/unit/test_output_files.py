@@ -105,3 +105,38 @@ def test_a_tail_across_blocks_reads_back_block_by_block(run_dir, monkeypatch):
 def test_no_file_yet_has_its_tail_at_0(run_dir, tmp_path):
     assert tail_offset(run_dir, "stderr", 3) == 0
     assert tail_offset(tmp_path / "not-started", "stdout", 3) == 0
+
+
+S = output_files.SECOND
+
+
+@pytest.mark.parametrize(
+    "since,start",
+    [
+        (0, 0),  # before the first mark: everything
+        (10 * S + 100, 0),  # in the first mark's second, after it: that second's output too
+        (10 * S + S // 2, 0),
+        (11 * S, 5),  # the second after: what came in mark 0's second is left out
+        (12 * S + 3, 5),  # no mark in between: the next one
+        (13 * S, 5),  # exactly the second mark's second
+        (13 * S + 700, 5),
+        (14 * S, 9),  # after the last mark's second: its bytes came before since
+        (99 * S, 9),
+    ],
+)
+def test_since_starts_at_the_first_second_of_output_at_or_after_it(since, start):
+    marks = [(10 * S + 100, 0), (13 * S + 600, 5)]
+    assert output_files.offset_since(marks, 9, since) == start
+
+
+def test_since_reads_the_shims_marks_with_the_outputs_own_checks(run_dir):
+    assert output_files.since_offset(run_dir, "stdout", 0) == 0  # no index: from the start
+    marks = output_files.MARK.pack(5 * S, 0) + output_files.MARK.pack(8 * S, 4)
+    (run_dir / "stdout.times").write_bytes(marks + b"torn")  # a torn last mark is no mark
+    assert output_files.since_offset(run_dir, "stdout", 6 * S) == 4
+    assert output_files.since_offset(run_dir, "stdout", 9 * S) == 10  # the end: nothing since
+    assert output_files.since_offset(run_dir, "stderr", 9 * S) == 0  # no stream yet
+    os.unlink(run_dir / "stdout.times")
+    os.symlink("/etc/passwd", run_dir / "stdout.times")
+    with pytest.raises(OutputRefused, match="symbolic link"):
+        output_files.since_offset(run_dir, "stdout", 6 * S)

@@ -47,6 +47,32 @@ class TaskId(Text):
 
 
 TASK_ID = TaskId(MAX_ID, printable=True, required=True)
+
+
+class Since(click.ParamType):
+    """A duration back from now (`30s`, `5m`, `1h30m`) or an RFC 3339 time
+    (`2026-12-04T18:00:00Z`) -> ns since the epoch (CLOCK_REALTIME)."""
+
+    name = "since"
+
+    def convert(self, value, param, ctx) -> int:
+        from ...policy.units import parse_duration_ns, parse_instant_ns
+
+        if isinstance(value, int):
+            return value
+        try:
+            if value[:4].isdigit() and "-" in value:
+                return parse_instant_ns(value)
+            return max(0, time.time_ns() - parse_duration_ns(value))
+        except ValueError:
+            self.fail(
+                f"{value!r} is neither a duration (30s, 5m, 1h30m) nor an RFC 3339 time "
+                "(2026-12-04T18:00:00Z)",
+                param,
+                ctx,
+            )
+
+
 UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
@@ -373,13 +399,23 @@ def cancel(task_id, as_json, socket_path) -> None:
     help="Only the last N lines of each stream (then, with -f, what follows).",
 )
 @click.option(
+    "--since",
+    "since_ns",
+    type=Since(),
+    default=None,
+    metavar="D",
+    help="Only what was written since D: a duration back from now (30s, 5m, 1h30m) or an "
+    "RFC 3339 time; to the second (output of D's own second may show). With --tail, the "
+    "later start.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
     help='One JSON object per chunk: {"stream", "offset", "text"} (UTF-8, bad bytes as U+FFFD).',
 )
 @socket_option
-def logs(task_id, follow, stream, tail_lines, as_json, socket_path) -> None:
+def logs(task_id, follow, stream, tail_lines, since_ns, as_json, socket_path) -> None:
     """A task's output (its current attempt's stdout and stderr)."""
     pb = _pb()
     which = {
@@ -388,7 +424,9 @@ def logs(task_id, follow, stream, tail_lines, as_json, socket_path) -> None:
         "stderr": pb.LOG_STREAM_STDERR,
     }[stream]
     client = _client(socket_path)
-    request = pb.LogsRequest(id=task_id, stream=which, follow=follow, tail_lines=tail_lines)
+    request = pb.LogsRequest(
+        id=task_id, stream=which, follow=follow, tail_lines=tail_lines, since_ns=since_ns
+    )
     chunks = _call(client.Logs, request)
     from .client import ApiError
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from pathlib import Path
 
 
@@ -68,6 +69,48 @@ def tail_offset(run_dir: Path, name: str, lines: int) -> int:
         return 0
     finally:
         os.close(fd)
+
+
+MARK = struct.Struct("<QQ")  # the shim's time index: CLOCK_REALTIME ns, offset
+MARKS_MAX = 65536  # the shim's TIMES_MAX: what is read of an index at most
+SECOND = 1_000_000_000
+
+
+def since_offset(run_dir: Path, name: str, since_ns: int) -> int:
+    """Where the output of `run_dir/name` written at or after `since_ns` (CLOCK_REALTIME)
+    begins, from the shim's marks in NAME.times: a mark before the first byte of each second
+    of output. Bytes with no mark of their own were written in the second of the mark before
+    them, so output of since_ns's own second may be included (whole seconds' precision), and
+    a stream with no index (or whose marks stopped) starts earlier than asked, never later.
+    0 while the stream does not exist yet."""
+    fd = _open_output(run_dir, name)
+    if fd is None:
+        return 0
+    try:
+        end = os.fstat(fd).st_size  # before the marks: every byte up to here has its mark
+    finally:
+        os.close(fd)
+    fd = _open_output(run_dir, f"{name}.times")
+    if fd is None:
+        return 0
+    try:
+        size = min(os.fstat(fd).st_size // MARK.size, MARKS_MAX) * MARK.size  # torn: no mark
+        marks = list(MARK.iter_unpack(os.pread(fd, size, 0)))
+    finally:
+        os.close(fd)
+    return offset_since(marks, end, since_ns)
+
+
+def offset_since(marks: list[tuple[int, int]], end: int, since_ns: int) -> int:
+    """since_offset's rule on the marks (ns, offset) of a stream `end` bytes long."""
+    before = [i for i, (ns, _) in enumerate(marks) if ns <= since_ns]
+    if not before:
+        return 0  # every byte came at or after the first mark, itself after since_ns
+    i = before[-1]
+    if marks[i][0] // SECOND == since_ns // SECOND:
+        return min(marks[i][1], end)  # since_ns's own second: all of it
+    # what follows mark i up to the next mark came in mark i's second, before since_ns
+    return min(marks[i + 1][1], end) if i + 1 < len(marks) else end
 
 
 def _open_output(run_dir: Path, name: str) -> int | None:

@@ -49,6 +49,13 @@ def at_most(limit: int) -> Check:
     return check
 
 
+def at_least(limit: int) -> Check:
+    def check(value: int) -> str | None:
+        return f"at least {limit} (this one is {value})" if value < limit else None
+
+    return check
+
+
 def one_of(choices: Sequence, shown: str) -> Check:
     def check(value) -> str | None:
         return None if value in choices else f"{value!r} is not one of {shown}"
@@ -89,6 +96,7 @@ FIELDS: dict[type, tuple[tuple[str, Check], ...]] = {
         ("stream", one_of(pb.LogStream.values(), "0 (both), 1 (stdout), 2 (stderr)")),
         ("offset", at_most(MAX_OFFSET)),
         ("tail_lines", at_most(MAX_TAIL_LINES)),
+        ("since_ns", at_least(0)),
     ),
     pb.ApplyPolicyRequest: (("source", DOCUMENT), ("file_name", FILE_NAME)),
     pb.RemovePolicyRequest: (

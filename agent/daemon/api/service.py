@@ -39,7 +39,7 @@ from . import access as rules
 from . import request_checks
 from .access import Access, Directory
 from .feed import ChangeFeed
-from .output_files import OutputRefused, read_output, tail_offset
+from .output_files import OutputRefused, read_output, since_offset, tail_offset
 from .peers import Caller
 from .standard import AgentHealth
 from .transport import (
@@ -374,16 +374,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             }.get(request.stream, ["stdout", "stderr"])
             run_dir = self.scheduler.executor.run_dir(request.id, max(rec.attempt, 1))
             offsets = {name: request.offset for name in streams}
+            starts = []  # where tail_lines and since_ns start each stream: the later wins
             if request.HasField("tail_lines"):
+                starts.append((tail_offset, request.tail_lines, "tail_lines"))
+            if request.HasField("since_ns"):
+                starts.append((since_offset, request.since_ns, "since_ns"))
+            for find, arg, field in starts:
                 if request.offset:
-                    raise InvalidArgument("tail_lines: not with an offset (offset must be 0)")
+                    raise InvalidArgument(f"{field}: not with an offset (offset must be 0)")
                 for name in streams:
                     try:
-                        offsets[name] = await self._blocking(
-                            tail_offset, run_dir, name, request.tail_lines
-                        )
+                        at = await self._blocking(find, run_dir, name, arg)
                     except OutputRefused as exc:
                         raise FailedPrecondition(str(exc)) from None
+                    offsets[name] = max(offsets[name], at)
             kind = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
             while True:
                 change = self._feed.current()
