@@ -18,6 +18,7 @@ XH_BTF_EXPORT(enum xh_event_type, event_type);
 XH_BTF_EXPORT(enum xh_trace_filter, filter);
 XH_BTF_EXPORT(enum xh_trace_cfg, cfg);
 XH_BTF_EXPORT(enum xh_trace_count, count);
+XH_BTF_EXPORT(enum xh_trace_stacks, stacks);
 
 /* TASK_REPORT and friends from include/linux/sched.h */
 #define TASK_REPORT 0x7f
@@ -35,6 +36,12 @@ XH_MAP(pids, BPF_MAP_TYPE_HASH, 65536, __u32, __u8);
 XH_PERCPU_COUNTERS(counts, COUNT_MAX);
 
 XH_RINGBUF(events, 16 << 20);
+
+/* Kernel stacks of tasks switched out (CFG_STACKS & STACKS_KERNEL), by id: a switch
+ * record's aux is its id + 1 (0: none). Ids are never reused (no BPF_F_REUSE_STACKID), so a
+ * record never names another stack; a stack that finds its bucket taken is counted lost. */
+typedef __u64 xh_stack_t[XH_STACK_DEPTH];
+XH_MAP(kstacks, BPF_MAP_TYPE_STACK_TRACE, XH_STACKS_MAX, __u32, xh_stack_t);
 
 static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
 {
@@ -150,12 +157,13 @@ static __always_inline __u32 switch_state(bool btf, bool preempt, unsigned int p
 	return 0;
 }
 
-static __always_inline int on_switch(bool btf, bool preempt, struct task_struct *prev,
+static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct task_struct *prev,
 				     struct task_struct *next, unsigned int prev_state)
 {
 	struct xh_sched_event *e;
+	bool prev_traced = traced(btf, prev);
 
-	if (!traced(btf, prev) && !traced(btf, next))
+	if (!prev_traced && !traced(btf, next))
 		return 0;
 	e = reserve(EV_SWITCH);
 	if (!e)
@@ -163,6 +171,15 @@ static __always_inline int on_switch(bool btf, bool preempt, struct task_struct 
 	fill_prev(btf, e, prev);
 	fill_next(btf, e, next);
 	e->prev_state = switch_state(btf, preempt, prev_state, prev);
+	/* current is still prev here: its kernel stack is where it leaves the CPU */
+	if (prev_traced && e->prev_pid && (xh_get(&trace_config, CFG_STACKS) & STACKS_KERNEL)) {
+		long id = bpf_get_stackid(ctx, &kstacks, 0);
+
+		if (id >= 0)
+			e->aux = (__u32)id + 1;
+		else
+			xh_bump(&counts, COUNT_STACKS_LOST);
+	}
 	submit(e);
 	return 0;
 }
@@ -233,7 +250,7 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	return on_switch(true, preempt, prev, next, prev_state);
+	return on_switch(ctx, true, preempt, prev, next, prev_state);
 }
 
 /* sched_waking runs in the waker's context; sched_wakeup may not: a wakeup of a task whose
@@ -273,7 +290,7 @@ SEC("raw_tp/sched_switch")
 int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	return on_switch(false, preempt, prev, next, prev_state);
+	return on_switch(ctx, false, preempt, prev, next, prev_state);
 }
 
 SEC("raw_tp/sched_waking")

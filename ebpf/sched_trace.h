@@ -19,7 +19,8 @@ struct xh_sched_event {
 	__s32 prev_prio;
 	__s32 next_prio;
 	__u32 prev_state;  /* switch: the kernel's sched_switch prev_state value */
-	__u32 aux;         /* waking/wakeup: task_cpu; exit: group_dead */
+	__u32 aux;         /* switch: prev's kernel stack id + 1 (0: none); waking/wakeup: task_cpu;
+	                    * exit: group_dead */
 	char prev_comm[16];
 	char next_comm[16];
 };
@@ -28,8 +29,13 @@ enum xh_event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK, 
 /* trace_config[CFG_MODE] */
 enum xh_trace_filter { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
 /* trace_config keys */
-enum xh_trace_cfg { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_MAX };
+enum xh_trace_cfg { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS, CFG_MAX };
+/* trace_config[CFG_STACKS] bits */
+enum xh_trace_stacks { STACKS_KERNEL = 1 };
 /* counts keys (per-CPU) */
-enum xh_trace_count { COUNT_EVENTS, COUNT_DROPPED, COUNT_MAX };
+enum xh_trace_count { COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST, COUNT_MAX };
+/* the kstacks map: frames kept of a stack (the kernel's PERF_MAX_STACK_DEPTH), stacks */
+#define XH_STACK_DEPTH 127
+#define XH_STACKS_MAX 16384
 
 #endif

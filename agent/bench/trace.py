@@ -56,9 +56,10 @@ def run_xhagent(rounds: int, path: str, pin: str, events: tuple[str, ...] | None
     }
 
 
-def perf_command(perf: str, data: str, command: list[str]) -> list[str]:
+def perf_command(perf: str, data: str, command: list[str], stacks: bool = False) -> list[str]:
     """perf needs tracefs for sched:sched_switch; mount it in a private mount
-    namespace when the host has not (nothing changes outside that namespace)."""
+    namespace when the host has not (nothing changes outside that namespace).
+    `stacks`: `-g`, a call chain with each event."""
     # 8 MiB per CPU: perf's default buffer loses events on a loaded 2-CPU machine, and a
     # baseline that drops events would flatter neither side. Not -q: its "lost" lines count.
     cmd = [
@@ -69,6 +70,7 @@ def perf_command(perf: str, data: str, command: list[str]) -> list[str]:
         "-e",
         "sched:sched_switch",
         "-a",
+        *(["-g"] if stacks else []),
         "-o",
         data,
         "--",

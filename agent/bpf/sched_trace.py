@@ -19,16 +19,19 @@ RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes i
 # The enums of ebpf/sched_trace.h that index the maps; checked against the object's
 # BTF by tests/unit/test_bpf_layout.py.
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
-CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES = 0, 1, 2
-COUNT_EVENTS, COUNT_DROPPED = 0, 1
+CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS = 0, 1, 2, 3
+STACKS_KERNEL = 1
+COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST = 0, 1, 2
 MIRROR = Mirror(
     "sched_trace",
     enums={
         "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
-        "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES"),
-        "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED"),
+        "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES CFG_STACKS"),
+        "xh_trace_stacks": pick(globals(), "STACKS_KERNEL"),
+        "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED COUNT_STACKS_LOST"),
     },
 )
+STACK_DEPTH = 127  # XH_STACK_DEPTH: frames of a kstacks value
 TRACEPOINTS = ("switch", "waking", "wakeup", "wakeup_new", "exit", "fork")
 WAKEUP_BYTES = 256 * 1024  # wake the consumer once this much waits in the ring
 
@@ -139,6 +142,23 @@ class SchedTrace(ProgramLoader):
             self.add_pid(pid)
         self._set(CFG_MODE, FILTER_PIDS)
         self._mode = FILTER_PIDS
+
+    def take_kernel_stacks(self) -> None:
+        """Record the kernel stack of each traced task switched out (a switch's aux: its
+        id + 1); read them with kernel_stack() before close()."""
+        self._set(CFG_STACKS, STACKS_KERNEL)
+
+    def kernel_stack(self, stack_id: int) -> list[int]:
+        """The return addresses of stack `stack_id`, innermost first; [] if it is gone."""
+        raw = self.obj.map("kstacks").lookup(struct.pack("<I", stack_id))
+        if raw is None:
+            return []
+        ips = struct.unpack(f"<{STACK_DEPTH}Q", raw)
+        return list(ips[: ips.index(0)] if 0 in ips else ips)
+
+    def stacks_lost(self) -> int:
+        """Stacks not recorded: the map was full or their hash bucket held another."""
+        return self._counts.sum_percpu(COUNT_STACKS_LOST)
 
     def add_pid(self, pid: int) -> None:
         self._pids.update(struct.pack("<I", pid), b"\x01")

@@ -78,6 +78,14 @@ def trace() -> None:
     show_default=True,
     help="Comma-separated subset of: switch, waking, wakeup, wakeup_new, exit, fork.",
 )
+@click.option(
+    "--stacks",
+    type=click.Choice(["none", "kernel"]),
+    default="none",
+    show_default=True,
+    help="kernel: each traced task's kernel stack where it leaves the CPU (at its switch-out), "
+    "named from /proc/kallsyms when the recording ends; `export --format perf` prints them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option(
     "--metrics-addr",
@@ -85,7 +93,7 @@ def trace() -> None:
     "recorded and lost (xhagent_trace_*).",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def record(output, duration, cgroup, pids, events, as_json, metrics_addr, command) -> None:
+def record(output, duration, cgroup, pids, events, stacks, as_json, metrics_addr, command) -> None:
     """Record sched_switch/waking/wakeup/exit/fork into OUTPUT.
 
     With `-- COMMAND ...`, trace the command and its descendants and stop when it exits,
@@ -153,6 +161,7 @@ def record(output, duration, cgroup, pids, events, as_json, metrics_addr, comman
             command=list(command) or None,
             progress=progress,
             events=chosen,
+            stacks=stacks,
         )
     except OutputError as exc:
         _fail(str(exc), BAD_INPUT)
@@ -172,6 +181,19 @@ def record(output, duration, cgroup, pids, events, as_json, metrics_addr, comman
         f"{res.lost} lost",
         err=True,
     )
+    taken = res.meta.get("stacks") or {}
+    if taken.get("lost"):
+        click.echo(
+            f"xhagent trace: WARNING: {taken['lost']} stacks not recorded (the stack map was "
+            "full or a hash bucket held another stack): those switches have none",
+            err=True,
+        )
+    if taken.get("symbols") == "hidden":
+        click.echo(
+            "xhagent trace: WARNING: /proc/kallsyms hides kernel addresses (kptr_restrict): "
+            "frames keep their addresses, unnamed",
+            err=True,
+        )
     if res.lost:
         click.echo(
             f"xhagent trace: WARNING: {res.lost} events LOST (ring buffer full; per CPU: "
@@ -189,6 +211,7 @@ def record(output, duration, cgroup, pids, events, as_json, metrics_addr, comman
                     "elapsed_s": round(res.elapsed_s, 6),
                     "exit_code": res.exit_code,
                     "filter": res.meta.get("filter"),
+                    "stacks": taken or None,
                 }
             )
         )
@@ -272,6 +295,7 @@ class _Sorted:
 
     def __init__(self, tr: TraceFile, events: list):
         self.path, self.header, self._events = tr.path, tr.header, events
+        self.stacks = tr.stacks
 
     def __iter__(self):
         return iter(self._events)

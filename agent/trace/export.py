@@ -107,9 +107,16 @@ def ftrace_line(ev: Event) -> str:
 
 
 def write_perf(trace: TraceFile, out: IO[str]) -> int:
+    """`perf script`'s layout; for a trace with stacks, `perf script` of a `-g` recording:
+    each event followed by its stack (a switch's, the task it switched out), a frame a line
+    (`\t<addr> <symbol>+0x<offset> (<module>)`, innermost first), and a blank line."""
+    stacks = trace.stacks()
     n = 0
     for ev in trace:
         out.write(perf_line(ev) + "\n")
+        if stacks:
+            frames = stacks.get(ev.aux - 1, ()) if ev.type == EV_SWITCH and ev.aux else ()
+            out.write("".join(f"\t{f.perf()}\n" for f in frames) + "\n")
         n += 1
     return n
 

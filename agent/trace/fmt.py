@@ -5,7 +5,8 @@ Header (little endian): PREFIX, then a JSON metadata block padded with spaces to
 `meta_len` bytes (room is reserved so that it can be rewritten when recording ends),
 then records from byte `data_offset`. `records` and `lost` are patched in place at
 the end; a file whose recorder died reads with records derived from its size and
-`complete` false.
+`complete` false. A recording with stacks ends with its stacks section (stacks.py), right
+after the records, where metadata `stacks.offset` and `stacks.bytes` say.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import NamedTuple
 from ..bpf.layout import Mirror, Record, pick
 from ..cpulist import MAX_CPUS
 from ..inputs import InputError, open_input, read_input
+from .stacks import MAX_SECTION, decode_section
 
 MAGIC = b"XHTRACE\x00"
 VERSION = 1
@@ -155,12 +157,32 @@ def finish_header(fd: int, header: Header) -> None:
     os.pwrite(fd, data, 0)
 
 
-def write_trace(path: str | Path, header: Header, events: list[Event]) -> None:
-    """A whole trace from Python (tests, conversions); the recorder streams instead."""
+def write_trace(
+    path: str | Path, header: Header, events: list[Event], stacks: bytes | None = None
+) -> None:
+    """A whole trace from Python (tests, conversions); the recorder streams instead.
+    `stacks`: a stacks section's bytes (stacks.encode_section) to end it with."""
     header.records, header.complete = len(events), True
+    if stacks is not None:
+        room = len(header.encode())
+        header.meta["stacks"] = {
+            **header.meta.get("stacks", {}),
+            "offset": room + len(events) * RECORD.size,
+            "bytes": len(stacks),
+        }
     with open(path, "wb") as f:
         f.write(header.encode())
         f.write(b"".join(RECORD.pack(*e) for e in events))
+        f.write(stacks or b"")
+
+
+def append_stacks(fd: int, header: Header, data_offset: int, section: bytes) -> None:
+    """The stacks section after the header.records records (the recorder's, at the end;
+    finish_header writes the metadata that locates it)."""
+    offset = data_offset + header.records * RECORD.size
+    os.pwrite(fd, section, offset)
+    header.meta["stacks"] = {**header.meta.get("stacks", {}), "offset": offset}
+    header.meta["stacks"]["bytes"] = len(section)
 
 
 MAX_META = 1 << 20  # metadata is a few hundred bytes; room is reserved in KiB
@@ -178,6 +200,7 @@ META_TYPES = {
     "elapsed_ns": int,
     "lost_per_cpu": list,
     "foreign_records": int,
+    "stacks": dict,
 }
 FILTER_KINDS = ("all", "cgroup", "pids")
 
@@ -199,6 +222,7 @@ class TraceFile:
         self.warnings: list[str] = []
         self._data = self._map()
         self.header, self.data_offset = self._parse_header()
+        self._stacks: dict[int, list] | None = None
         self.count, self.truncated_bytes = self._count_records(allow_truncated)
         self._check_records()
 
@@ -277,8 +301,40 @@ class TraceFile:
             ):
                 self._fail(f"{where}: filter.pids and filter.command_pid must be integers")
 
+    def _stacks_section(self) -> tuple[int, int] | None:
+        """(offset, bytes) of the stacks section a complete trace says it ends with."""
+        s = self.header.meta.get("stacks") or {}
+        if not self.header.complete or "offset" not in s:
+            return None
+        offset, size = s.get("offset"), s.get("bytes")
+        want = self.data_offset + self.header.records * RECORD.size
+        if not (_is_int(offset) and _is_int(size)) or offset != want or not 0 < size <= MAX_SECTION:
+            self._fail(
+                f"metadata at offset {PREFIX.size}: stacks.offset/bytes ({offset}, {size}) do not "
+                f"locate a section after the {self.header.records} records (offset {want})"
+            )
+        if offset + size > len(self._data):  # cut: the records' own check says how far
+            return None
+        return offset, size
+
+    def stacks(self) -> dict[int, list]:
+        """Stack id -> frames (stacks.Frame, innermost first); {} for a trace without."""
+        if self._stacks is None:
+            where = self._stacks_section()
+            self._stacks = {}
+            if where is not None:
+                offset, size = where
+                try:
+                    self._stacks = decode_section(bytes(self._data[offset : offset + size]))
+                except ValueError as exc:
+                    self._fail(f"offset {offset:,}: {exc}")
+        return self._stacks
+
     def _count_records(self, allow_truncated: bool) -> tuple[int, int]:
         h, body = self.header, len(self._data) - self.data_offset
+        section = self._stacks_section()
+        if section is not None:
+            body -= section[1]
         whole, partial = divmod(body, RECORD.size)
         if not h.complete:
             h.records = whole

@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 
 from ..outputs import atomic_output
 from ..signals import TERMINATING, forward_signals, terminate_on_signals
-from .fmt import Header, clock_offset_ns, finish_header, write_header
+from .fmt import (
+    EV_SWITCH,
+    PREFIX,
+    RECORD,
+    Header,
+    append_stacks,
+    clock_offset_ns,
+    finish_header,
+    write_header,
+)
 
 # Waits for one byte on fd argv[1], then becomes the command (same pid).
 GATE = (
@@ -147,8 +156,38 @@ def end_records(fd: int, header: Header, sink, st, elapsed: float) -> tuple[int,
     header.meta.update(
         elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
     )
+    if "stacks" in header.meta:
+        end_stacks(fd, header, st)
     finish_header(fd, header)
     return written, lost_per_cpu, foreign
+
+
+# where a record's type (u16) and aux (u32, a switch's stack id + 1) lie
+_OFFSET = {name: at for name, at, _, _ in RECORD.members()}
+
+
+def end_stacks(fd: int, header: Header, st) -> None:
+    """Name the stacks the records use (kallsyms, now, while the kernel that made them runs)
+    and append them as the trace's stacks section."""
+    import mmap
+
+    from .stacks import KernelSymbols, encode_section
+
+    data_offset = PREFIX.size + PREFIX.unpack(os.pread(fd, PREFIX.size, 0))[-1]
+    ids: set[int] = set()
+    end = data_offset + header.records * RECORD.size
+    if header.records:
+        with mmap.mmap(fd, end, prot=mmap.PROT_READ) as m:
+            view = memoryview(m)[data_offset:end]
+            types = view.cast("H")[_OFFSET["type"] // 2 :: RECORD.size // 2]
+            auxes = view.cast("I")[_OFFSET["aux"] // 4 :: RECORD.size // 4]
+            ids = {a - 1 for t, a in zip(types, auxes, strict=True) if t == EV_SWITCH and a}
+            del types, auxes, view
+    syms = KernelSymbols.from_proc()
+    header.meta["stacks"].update(
+        stacks=len(ids), lost=st.stacks_lost(), symbols="hidden" if syms.hidden else "kallsyms"
+    )
+    append_stacks(fd, header, data_offset, encode_section(ids, st.kernel_stack, syms))
 
 
 def record(
@@ -162,9 +201,13 @@ def record(
     system_wide: bool = False,
     command_stdout=None,
     events: tuple[str, ...] | None = None,
+    stacks: str = "none",
 ) -> RecordResult:
     """Trace into `path`. With `command`, its tasks are traced (all tasks if
     `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None).
+
+    `stacks`: "kernel" takes each traced task's kernel stack at its switch-out ("none":
+    no stacks).
 
     `path` is replaced only by a finished trace (see output.py). A SIGINT/SIGTERM/SIGHUP
     before recording starts raises Terminated and leaves nothing; during the recording it
@@ -198,7 +241,11 @@ def record(
                     filt["command_pid"] = proc.pid
                 if filt["kind"] == "pids":
                     st.filter_pids(list(pids) + ([proc.pid] if proc else []))
-                header = new_header(filt, st.flavour, events)
+                extra = {}
+                if stacks == "kernel":
+                    st.take_kernel_stacks()
+                    extra["stacks"] = {"kind": "kernel"}
+                header = new_header(filt, st.flavour, events, **extra)
                 write_header(out.fd, header)
                 sink = st.start(out.fd, events)
                 # from here on a signal ends the recording (or goes to the command), and

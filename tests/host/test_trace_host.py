@@ -251,6 +251,94 @@ def test_perf_agrees(tmp_path, run_xhagent):
     assert abs(ours - perf_n) <= 0.01 * perf_n, (ours, perf_n)
 
 
+def switch_out_stacks(events, stacks, pids) -> dict[int, list[list[str]]]:
+    """pid -> the kernel stack (symbols) of each of its switches out, in order."""
+    out: dict[int, list[list[str]]] = {pid: [] for pid in pids}
+    for e in events:
+        if e.type == EV_SWITCH and e.prev_pid in pids:
+            frames = stacks.get(e.aux - 1, []) if e.aux else []
+            out[e.prev_pid].append([f.symbol for f in frames])
+    return out
+
+
+def caller_of_schedule(symbols: list[str]) -> str | None:
+    """The kernel frame nearest schedule(): what the task was doing when it left the CPU."""
+    for i, sym in enumerate(symbols[:-1]):
+        if sym == "schedule":
+            return symbols[i + 1]
+    return None
+
+
+def test_kernel_stacks_at_switch_out(tmp_path, run_xhagent):
+    path = str(tmp_path / "k.xht")
+    res = run_xhagent(
+        "trace", "record", "--stacks", "kernel", "-o", path, "--json", "--", *WORKLOAD
+    )
+    assert res.returncode == 0, res.stderr
+    work, summary = json_lines(res.stdout)
+    assert summary["stacks"]["kind"] == "kernel" and summary["stacks"]["lost"] == 0
+    tr = TraceFile(path)
+    pids = (work["ping"], work["pong"])
+    blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid in pids and e.prev_state & 1]
+    stacks = tr.stacks()
+    assert len(blocked) >= ROUNDS and all(e.aux - 1 in stacks for e in blocked)
+    # each round blocked in read() on its pipe: __schedule <- schedule <- the pipe's read
+    # (and ping, once, in wait() for pong)
+    callers = [caller_of_schedule([f.symbol for f in stacks[e.aux - 1]]) for e in blocked]
+    assert all(callers) and sum("pipe_read" in c for c in callers) >= ROUNDS, set(callers)
+    assert all(stacks[e.aux - 1][0].symbol == "__schedule" for e in blocked)
+    # the perf export: perf script -g's layout, each event's frames then a blank line
+    out = tmp_path / "k.perf"
+    assert run_xhagent("trace", "export", path, "--format", "perf", "-o", str(out)).returncode == 0
+    frame = re.compile(r"^\t[ 0-9a-f]{16} (\S+\+0x[0-9a-f]+|\[unknown\]) \(\[[^\]]+\]\)$")
+    blocks = out.read_text().split("\n\n")
+    assert len(blocks) == len(tr) + 1 and blocks[-1] == ""
+    with_frames = [b for b in blocks if "\t" in b]
+    assert len(with_frames) >= ROUNDS
+    for b in with_frames:
+        head, *lines = b.split("\n")
+        assert "sched:sched_switch:" in head and lines and all(frame.match(x) for x in lines), b
+
+
+def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
+    why = perf_missing()
+    if why:
+        pytest.skip(why)
+    from xhagent.bench.trace import perf_command
+
+    data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
+    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", "kernel"]
+    xh += ["-o", path, "--", *WORKLOAD]
+    res = subprocess.run(
+        perf_command(shutil.which("perf"), data, xh, stacks=True),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    work = json_lines(res.stdout)[0]
+    pids = (work["ping"], work["pong"])
+    script = subprocess.run(
+        ["perf", "script", "-i", data], capture_output=True, text=True, check=True
+    )
+    theirs: dict[int, list[list[str]]] = {pid: [] for pid in pids}
+    for block in script.stdout.split("\n\n"):
+        head, *lines = block.strip("\n").split("\n") or [""]
+        m = re.search(r"sched:sched_switch: .*prev_pid=(\d+) ", head)
+        if m and int(m.group(1)) in pids:
+            kernel = [x.split()[1] for x in lines if x.endswith("([kernel.kallsyms])")]
+            theirs[int(m.group(1))].append([s.split("+0x")[0] for s in kernel])
+    tr = TraceFile(path)
+    ours = switch_out_stacks(tr, tr.stacks(), pids)
+    # the same switches, seen by both in the same run: the frame nearest schedule agrees
+    for pid in pids:
+        assert len(theirs[pid]) > ROUNDS / 2, len(theirs[pid])
+        pairs = list(zip(ours[pid], theirs[pid], strict=False))
+        same = sum(caller_of_schedule(a) == caller_of_schedule(b) for a, b in pairs)
+        assert same >= 0.99 * len(pairs), (pid, same, len(pairs))
+        assert abs(len(ours[pid]) - len(theirs[pid])) <= 0.01 * len(theirs[pid])
+
+
 SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
 
 
