@@ -254,13 +254,16 @@ def _check_output(output: str) -> None:
 
 @trace.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--format", "fmt", required=True, type=click.Choice(["perf", "ftrace", "chrome"]))
+@click.option(
+    "--format", "fmt", required=True, type=click.Choice(["perf", "ftrace", "chrome", "folded"])
+)
 @click.option(
     "-o", "--output", required=True, type=click.Path(dir_okay=False), help="'-' for stdout."
 )
 @ALLOW_TRUNCATED
 def export(file, fmt, output, allow_truncated) -> None:
-    """Export FILE as `perf script` text, ftrace text (Perfetto) or Chrome trace JSON."""
+    """Export FILE as `perf script` text, ftrace text (Perfetto), Chrome trace JSON, or folded
+    stacks weighted by off-CPU microseconds (flame graphs; a trace with --stacks)."""
     from .export import WRITERS
     from .intervals import by_time
 
@@ -302,6 +305,55 @@ class _Sorted:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+@trace.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--pid",
+    "pids",
+    type=click.IntRange(min=1),
+    multiple=True,
+    help="Only this pid or tgid (repeatable).",
+)
+@click.option(
+    "--min-us",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Leave out blocks shorter than this many microseconds.",
+)
+@click.option(
+    "--top", default=20, show_default=True, type=click.IntRange(min=1), help="Stacks listed."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@ALLOW_TRUNCATED
+def offcpu(file, pids, min_us, top, as_json, allow_truncated) -> None:
+    """Off-CPU time by task and kernel stack, as offcputime counts it: from each switch-out
+    to the task's next switch-in. Stacks come from a trace recorded with --stacks kernel."""
+    from .offcpu import off_cpu, render
+
+    tr = _open(file, allow_truncated)
+    _warn_lost(tr)
+    stacks = tr.stacks()
+    if not stacks:
+        click.echo(
+            f"xhagent trace: {file}: no stacks (recorded without --stacks kernel): "
+            "off-CPU time by task only",
+            err=True,
+        )
+    blocks = off_cpu(tr, stacks, pids, min_us * 1000, tr.header.meta.get("filter"))
+    if as_json:
+        doc = {
+            "min_us": min_us,
+            "pids": list(pids),
+            "total_us": sum(b.total_ns for b in blocks) // 1000,
+            "stacks": [b.to_json() for b in blocks[:top]],
+            "left_out": max(0, len(blocks) - top),
+        }
+        click.echo(json.dumps(doc))
+        return
+    click.echo(render(blocks, top))
 
 
 @trace.command()

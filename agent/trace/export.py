@@ -23,7 +23,7 @@ from .fmt import (
 )
 from .intervals import Interval, Selection, runs
 
-FORMATS = ("perf", "ftrace", "chrome")
+FORMATS = ("perf", "ftrace", "chrome", "folded")
 # sched_switch's __print_flags table; 0x100 (TASK_REPORT_MAX) is preemption: "+"
 STATE_FLAGS = (
     (0x01, "S"),
@@ -296,4 +296,19 @@ def write_chrome(trace: TraceFile, out: IO[str]) -> int:
     return len(evs)
 
 
-WRITERS = {"perf": write_perf, "ftrace": write_ftrace, "chrome": write_chrome}
+def write_folded(trace: TraceFile, out: IO[str]) -> int:
+    """Folded stacks weighted by off-CPU microseconds (offcpu.py), for flame graphs."""
+    from .offcpu import folded_lines, off_cpu
+
+    filt = trace.header.meta.get("filter")
+    lines = folded_lines(off_cpu(trace, trace.stacks(), min_ns=0, filt=filt))
+    out.write("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+WRITERS = {
+    "perf": write_perf,
+    "ftrace": write_ftrace,
+    "chrome": write_chrome,
+    "folded": write_folded,
+}

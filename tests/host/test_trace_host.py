@@ -300,6 +300,51 @@ def test_kernel_stacks_at_switch_out(tmp_path, run_xhagent):
         assert "sched:sched_switch:" in head and lines and all(frame.match(x) for x in lines), b
 
 
+def test_off_cpu_time_by_stack_and_folded(tmp_path, run_xhagent):
+    path = str(tmp_path / "o.xht")
+    res = run_xhagent(
+        "trace", "record", "--stacks", "kernel", "-o", path, "--json", "--", *WORKLOAD
+    )
+    assert res.returncode == 0, res.stderr
+    work = json_lines(res.stdout)[0]
+    pids = (work["ping"], work["pong"])
+    res = run_xhagent("trace", "offcpu", path, "--json", *(f"--pid={p}" for p in pids))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert {s["pid"] for s in doc["stacks"]} <= set(pids)
+    # the ping-pong waits in pipe_read: the top stack of each task, nearly all its blocks
+    tr = TraceFile(path)
+    for pid in pids:
+        top = next(s for s in doc["stacks"] if s["pid"] == pid)
+        assert "pipe_read" in caller_of_schedule(top["frames"]), top
+        blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid == pid and e.prev_state & 1]
+        assert top["count"] >= 0.9 * len(blocked) and top["count"] <= len(blocked)
+        # its time is what the task's switch-out -> switch-in gaps of 1 us or more add up to
+        gaps, out_at = 0, None
+        for e in sorted((e for e in tr if e.type == EV_SWITCH), key=lambda e: e.ts_ns):
+            if e.prev_pid == pid:
+                out_at = e.ts_ns
+            if e.next_pid == pid and out_at is not None:
+                gaps += e.ts_ns - out_at if e.ts_ns - out_at >= 1000 else 0
+                out_at = None
+        ours = sum(s["off_cpu_us"] for s in doc["stacks"] if s["pid"] == pid)
+        stacks_of_pid = sum(1 for s in doc["stacks"] if s["pid"] == pid)
+        assert gaps // 1000 - stacks_of_pid <= ours <= gaps // 1000  # each stack rounds down
+    out = tmp_path / "o.folded"
+    assert (
+        run_xhagent("trace", "export", path, "--format", "folded", "-o", str(out)).returncode == 0
+    )
+    lines = out.read_text().splitlines()
+    pipe = [ln for ln in lines if ln.startswith(("xh-ping;", "xh-pong;")) and "pipe_read" in ln]
+    assert len(pipe) == 2, lines
+    for ln in pipe:  # outermost first, as flame graphs stack them
+        frames, count = ln.rsplit(" ", 1)
+        assert frames.split(";")[1].startswith("entry_SYSCALL") and frames.endswith("__schedule")
+        assert int(count) > 0
+    plain = run_xhagent("trace", "offcpu", path, "--top", "2")
+    assert plain.returncode == 0 and "pipe_read" in plain.stdout, plain.stdout
+
+
 def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
     why = perf_missing()
     if why:

@@ -146,3 +146,71 @@ def test_a_corrupt_stacks_section_is_refused_when_read(tmp_path):
     tr = TraceFile(path)
     with pytest.raises(TraceFormatError, match="stacks section unreadable"):
         tr.stacks()
+
+
+def blocks_sample():
+    """ping (100) blocks twice in read (stack 7), is preempted once (stack 8); busy (300,
+    outside a pid filter on 100) only shares switches with it."""
+    ms = 1_000_000
+    return [
+        switch(1 * ms, 0, 0, "swapper/0", R, 100, "ping"),
+        switch(2 * ms, 0, 100, "ping", S, 300, "busy")._replace(aux=8),  # out 2 ms
+        switch(5 * ms, 0, 300, "busy", R, 100, "ping"),  # in: 3 ms off CPU
+        switch(6 * ms, 0, 100, "ping", S, 0, "swapper/0")._replace(aux=8),  # out 6 ms
+        switch(7 * ms, 0, 0, "swapper/0", R, 100, "ping"),  # in: 1 ms
+        switch(8 * ms, 0, 100, "ping", R | 0x100, 300, "busy")._replace(aux=9),  # preempted
+        switch(8 * ms + 500_000, 0, 300, "busy", R, 100, "ping"),  # in: 0.5 ms
+        switch(9 * ms, 0, 100, "ping", S, 0, "swapper/0")._replace(aux=8),  # never back in
+    ]
+
+
+def test_off_cpu_time_is_summed_per_task_and_stack_from_switch_out_to_in():
+    from xhagent.trace.offcpu import off_cpu
+
+    syms = KernelSymbols(KALLSYMS)
+    stacks = decode_section(encode_section({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    blocks = off_cpu(blocks_sample(), stacks, filt={"kind": "pids", "pids": [100]})
+    got = [(b.comm, b.pid, [f.symbol for f in b.frames], b.total_ns, b.count) for b in blocks]
+    assert got == [
+        ("ping", 100, [f.symbol for f in stacks[7]], 4_000_000, 2),
+        ("ping", 100, ["__schedule", "schedule"], 500_000, 1),  # preempted: stack 8
+    ]
+    # busy's switches were recorded only with ping on the other side: not counted
+    assert all(b.pid == 100 for b in blocks)
+    # --min-us leaves the short block out; --pid another task's leaves nothing
+    pid100 = {"kind": "pids", "pids": [100]}
+    assert [
+        b.total_ns for b in off_cpu(blocks_sample(), stacks, min_ns=2_000_000, filt=pid100)
+    ] == [3_000_000]
+    # with no filter (a system-wide trace) busy's block between its runs counts too
+    assert [b.pid for b in off_cpu(blocks_sample(), stacks, min_ns=2_000_000)] == [100, 300]
+    assert off_cpu(blocks_sample(), stacks, pids=[555]) == []
+
+
+def test_folded_stacks_follow_the_flame_graph_format():
+    from xhagent.trace.offcpu import folded_lines, off_cpu
+
+    syms = KernelSymbols(KALLSYMS)
+    stacks = decode_section(encode_section({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    lines = folded_lines(off_cpu(blocks_sample(), stacks, filt={"kind": "pids", "pids": [100]}))
+    assert lines == [
+        "ping;entry_SYSCALL_64_after_hwframe;anon_pipe_read;schedule;__schedule 4000",
+        "ping;schedule;__schedule 500",
+    ]
+    # stackcollapse-perf.pl's output: frames joined by ';', no space but before the count
+    for line in lines:
+        frames, count = line.rsplit(" ", 1)
+        assert count.isdigit() and " " not in frames and all(frames.split(";"))
+
+
+def test_offcpu_renders_like_offcputime():
+    from xhagent.trace.offcpu import off_cpu, render
+
+    text = render(off_cpu(blocks_sample(), {}, filt={"kind": "pids", "pids": [100]}), top=1)
+    assert text.splitlines() == [
+        "    [no stack]",
+        "    -                ping (100)",
+        "        4000 us in 2 blocks",
+        "",
+        "4500 us off CPU in 3 blocks, 2 stacks (1 not shown, --top)",
+    ]
