@@ -72,11 +72,12 @@ def _seconds(ts_ns: int) -> str:
     return f"{ts_ns // 1_000_000_000:5d}.{ts_ns % 1_000_000_000 // 1000:06d}"
 
 
-def perf_line(ev: Event) -> str:
-    # the sample's task is `current`: prev (switch), the waker, the exiting task, the parent
+def perf_line(ev: Event, callchain: bool = False) -> str:
+    # the sample's task is `current`: prev (switch), the waker, the exiting task, the parent;
+    # perf pads its name to 16 columns, except where samples have call chains
     name = "swapper" if ev.prev_pid == 0 else comm(ev.prev_comm)
     return (
-        f"{name:>16} {ev.prev_pid:5d} [{ev.cpu:03d}] {_seconds(ev.ts_ns)}: "
+        f"{name if callchain else f'{name:>16}'} {ev.prev_pid:5d} [{ev.cpu:03d}] {_seconds(ev.ts_ns)}: "
         f"sched:{EVENT_NAMES[ev.type]}: {payload(ev)}"
     )
 
@@ -113,7 +114,7 @@ def write_perf(trace: TraceFile, out: IO[str]) -> int:
     stacks = trace.stacks()
     n = 0
     for ev in trace:
-        out.write(perf_line(ev) + "\n")
+        out.write(perf_line(ev, bool(stacks)) + "\n")
         if stacks:
             frames = stacks.get(ev.aux - 1, ()) if ev.type == EV_SWITCH and ev.aux else ()
             out.write("".join(f"\t{f.perf()}\n" for f in frames) + "\n")

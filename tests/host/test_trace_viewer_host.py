@@ -309,3 +309,72 @@ def test_speedscope_sees_back_to_back_runs_side_by_side(traced, view_url, browse
         assert total == self_time, (name, total, self_time)
     symbols = {name.split(" {")[0] for _, _, name in rows}
     assert set(work["tids"]) <= symbols, symbols
+
+
+# the profiles of the track list (one per thread), once it has rendered them
+PROFILE_TITLES_JS = """
+(() => { const t = [...document.querySelectorAll('tr[title]')].map(r => r.title);
+         return t.length >= 2 ? t : null; })()
+"""
+# the sandwich view's lines: its table shows each symbol (speedscope drops the +0xoff)
+# on a line of its own, under its total and self weights
+SYMBOL_ROWS_JS = "(document.body ? document.body.innerText : '').split('\\n').map(s => s.trim())"
+
+
+@pytest.fixture(scope="module")
+def perf_export(tmp_path_factory, run_xhagent):
+    """The ping-pong's trace with kernel stacks, exported as `perf script -g` text."""
+    where = tmp_path_factory.mktemp("perfview")
+    path, out = str(where / "pp.xht"), str(where / "pp.perf")
+    workload = [sys.executable, "-m", "xhagent.trace.workload", "500"]
+    res = run_xhagent("trace", "record", "--stacks", "kernel", "-o", path, "--", *workload)
+    assert res.returncode == 0, res.stderr
+    work = json.loads(res.stdout.splitlines()[0])
+    res = run_xhagent("trace", "export", path, "--format", "perf", "-o", out)
+    assert res.returncode == 0, res.stderr
+    # the ping-pong's events alone, so that the profile speedscope shows first is one of
+    # theirs (it opens at the first event's thread: here the recorder's, with no stack)
+    blocks = Path(out).read_text().split("\n\n")
+    kept = [b for b in blocks if b.startswith(("xh-ping ", "xh-pong "))]
+    assert len(kept) > 500, len(kept)
+    Path(out).write_text("\n\n".join(kept) + "\n\n")
+    return out, work
+
+
+def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscope, browser):
+    path, work = perf_export
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("xhagent")), "trace", "view", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XHAGENT_SPEEDSCOPE": str(speedscope)},
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, proc.stderr.read())
+        browser.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=4000,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        try:
+            open_page(browser, url + "&view=sandwich")
+            browser.wait_for(f"{SYMBOL_ROWS_JS}.includes('__schedule')")
+            symbols = browser.eval(SYMBOL_ROWS_JS)
+            text = browser.eval("document.body.innerText")
+            profiles = browser.wait_for(PROFILE_TITLES_JS, timeout=30)
+            alerts = browser.eval("window.xhAlerts")
+        finally:
+            browser.call("Emulation.clearDeviceMetricsOverride")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert alerts == [] and "Something went wrong" not in text, (alerts, text[:500])
+    # a profile per thread, named after it (speedscope's perf import), in the list a person
+    # opens; the one shown has the kernel frames, named
+    for name in ("ping", "pong"):
+        assert f"xh-{name} tid: {work[name]}" in profiles, (work, profiles)
+    assert {"__schedule", "schedule", "do_syscall_64"} <= set(symbols), symbols
