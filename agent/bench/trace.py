@@ -1,7 +1,9 @@
 """`xhagent bench trace`: the ping-pong workload timed untraced, traced system-wide by
 xhagent, and traced by `perf record -e sched:sched_switch -a` where perf works;
 slowdown ratios, events/s sustained, lost events. The workload times its own loop,
-so recorder start-up and shutdown are not counted."""
+so recorder start-up and shutdown are not counted. With --stacks, the same with kernel
+stacks at each switch: xhagent --stacks kernel beside `perf record -g --kernel-callchains`
+and libbpf-tools' offcputime (kernel and user stacks, aggregated in the kernel)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import click
 
@@ -35,7 +39,13 @@ def run_untraced(rounds: int, pin: str) -> dict:
     return {"elapsed_s": _workload_result(res.stdout)["elapsed_s"]}
 
 
-def run_xhagent(rounds: int, path: str, pin: str, events: tuple[str, ...] | None = None) -> dict:
+def run_xhagent(
+    rounds: int,
+    path: str,
+    pin: str,
+    events: tuple[str, ...] | None = None,
+    stacks: str = "none",
+) -> dict:
     from ..trace.recorder import record
 
     with tempfile.TemporaryFile("w+") as out:
@@ -45,21 +55,49 @@ def run_xhagent(rounds: int, path: str, pin: str, events: tuple[str, ...] | None
             system_wide=True,
             command_stdout=out,
             events=events,
+            stacks=stacks,
         )
         out.seek(0)
         work = _workload_result(out.read())
-    return {
+    result = {
         "elapsed_s": work["elapsed_s"],
         "events": res.records,
         "lost": res.lost,
         "events_per_s": round(res.records / work["elapsed_s"]) if work["elapsed_s"] else 0,
     }
+    if stacks != "none":
+        result["stacks_lost"] = res.meta["stacks"]["lost"]
+    return result
+
+
+OFFCPUTIME_ATTACH_S = 1.0  # offcputime says nothing once attached: give its load this long
+
+
+def run_offcputime(rounds: int, pin: str) -> dict:
+    """The workload under libbpf-tools' offcputime (all threads, kernel and user stacks),
+    started first and stopped (SIGINT, then it prints its summary) after it."""
+    tool = subprocess.Popen(
+        [shutil.which("offcputime"), "--stack-storage-size", "16384"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(OFFCPUTIME_ATTACH_S)
+        if tool.poll() is not None:
+            raise RuntimeError(f"offcputime exited {tool.returncode}: {tool.stderr.read()[-400:]}")
+        result = run_untraced(rounds, pin)
+    finally:
+        tool.send_signal(signal.SIGINT)
+        tool.wait(timeout=60)
+    return result
 
 
 def perf_command(perf: str, data: str, command: list[str], stacks: bool = False) -> list[str]:
     """perf needs tracefs for sched:sched_switch; mount it in a private mount
     namespace when the host has not (nothing changes outside that namespace).
-    `stacks`: `-g`, a call chain with each event."""
+    `stacks`: `-g --kernel-callchains`, the kernel call chain with each event (what
+    xhagent's --stacks kernel takes)."""
     # 8 MiB per CPU: perf's default buffer loses events on a loaded 2-CPU machine, and a
     # baseline that drops events would flatter neither side. Not -q: its "lost" lines count.
     cmd = [
@@ -70,7 +108,7 @@ def perf_command(perf: str, data: str, command: list[str], stacks: bool = False)
         "-e",
         "sched:sched_switch",
         "-a",
-        *(["-g"] if stacks else []),
+        *(["-g", "--kernel-callchains"] if stacks else []),
         "-o",
         data,
         "--",
@@ -99,9 +137,10 @@ def perf_missing() -> str | None:
     return None
 
 
-def run_perf(rounds: int, data: str, pin: str) -> dict:
+def run_perf(rounds: int, data: str, pin: str, stacks: bool = False) -> dict:
+    workload = [*WORKLOAD, str(rounds), "--pin", pin]
     res = subprocess.run(
-        perf_command(shutil.which("perf"), data, [*WORKLOAD, str(rounds), "--pin", pin]),
+        perf_command(shutil.which("perf"), data, workload, stacks),
         capture_output=True,
         text=True,
     )
@@ -116,6 +155,22 @@ def run_perf(rounds: int, data: str, pin: str) -> dict:
         "lost": lost,
         "events_per_s": round(count / work["elapsed_s"]) if work["elapsed_s"] else 0,
     }
+
+
+def _stacks_ratios(out: dict) -> dict:
+    """xhagent's added slowdown with stacks against each peer's (None: the peer shows none
+    above the noise, or did not run)."""
+    x = out["xhagent_stacks"]["slowdown"] - 1
+    ratios: dict = {}
+    for peer in ("perf_g", "offcputime"):
+        slowdown = out.get(peer, {}).get("slowdown")
+        overhead = slowdown - 1 if slowdown is not None else None
+        ratios[f"overhead_ratio_xhagent_stacks_to_{peer}"] = (
+            round(x / overhead, 4) if overhead and overhead > 0 else None
+        )
+    peer = ratios["overhead_ratio_xhagent_stacks_to_perf_g"]
+    ratios["target_stacks_overhead_at_most_half_of_perf_g"] = None if peer is None else peer <= 0.5
+    return ratios
 
 
 def perf_switches(data: str) -> int:
@@ -144,15 +199,28 @@ def _median(runs: list[dict], key: str) -> float:
 @click.option(
     "--json", "as_json", is_flag=True, help="JSON only (it is the default output anyway)."
 )
-def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool) -> None:
+@click.option(
+    "--stacks",
+    is_flag=True,
+    help="Also with kernel stacks at each switch: xhagent --stacks kernel, perf -g "
+    "--kernel-callchains and offcputime.",
+)
+def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool, stacks: bool) -> None:
     """Ping-pong slowdown under xhagent tracing vs perf record; events/s; lost events."""
     if os.geteuid() != 0:
         click.echo("xhagent bench trace: needs root (BPF, perf -a)", err=True)
         sys.exit(1)
     why_no_perf = perf_missing()
+    why_no_offcputime = (
+        None
+        if shutil.which("offcputime")
+        else ("offcputime not installed (Debian package libbpf-tools)")
+    )
     # "xhagent" records what perf records (sched_switch, system-wide); "xhagent_all"
     # adds sched_waking, sched_wakeup(_new), exit and fork, the default of `xhagent trace record`.
     runs: dict[str, list[dict]] = {"untraced": [], "xhagent": [], "xhagent_all": [], "perf": []}
+    if stacks:
+        runs |= {"xhagent_stacks": [], "perf_g": [], "offcputime": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(repeat):  # interleaved, so that background noise hits all modes
             click.echo(f"bench trace: round {i + 1}/{repeat}", err=True)
@@ -163,6 +231,16 @@ def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool) -> None:
             runs["xhagent_all"].append(run_xhagent(rounds, os.path.join(tmp, "x.xht"), pin))
             if why_no_perf is None:
                 runs["perf"].append(run_perf(rounds, os.path.join(tmp, "perf.data"), pin))
+            if not stacks:
+                continue
+            runs["xhagent_stacks"].append(
+                run_xhagent(rounds, os.path.join(tmp, "x.xht"), pin, ("switch",), "kernel")
+            )
+            if why_no_perf is None:
+                data = os.path.join(tmp, "perf.data")
+                runs["perf_g"].append(run_perf(rounds, data, pin, stacks=True))
+            if why_no_offcputime is None:
+                runs["offcputime"].append(run_offcputime(rounds, pin))
     base = _median(runs["untraced"], "elapsed_s")
     out: dict = {
         "benchmark": "trace",
@@ -172,17 +250,23 @@ def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool) -> None:
         "untraced_s": base,
         "runs": runs,
     }
-    for mode in ("xhagent", "xhagent_all", "perf"):
-        if runs[mode]:
-            t = _median(runs[mode], "elapsed_s")
-            out[mode] = {
-                "elapsed_s": t,
-                "slowdown": round(t / base, 4),
-                "events_per_s": _median(runs[mode], "events_per_s"),
-                "lost": sum(r["lost"] for r in runs[mode]),
-            }
+    for mode, mode_runs in runs.items():
+        if mode != "untraced" and mode_runs:
+            t = _median(mode_runs, "elapsed_s")
+            out[mode] = {"elapsed_s": t, "slowdown": round(t / base, 4)}
+            if "events_per_s" in mode_runs[0]:
+                out[mode]["events_per_s"] = _median(mode_runs, "events_per_s")
+                out[mode]["lost"] = sum(r["lost"] for r in mode_runs)
+            if "stacks_lost" in mode_runs[0]:
+                out[mode]["stacks_lost"] = sum(r["stacks_lost"] for r in mode_runs)
     if why_no_perf:
         out["perf"] = {"skipped": why_no_perf}
+        if stacks:
+            out["perf_g"] = {"skipped": why_no_perf}
+    if stacks and why_no_offcputime:
+        out["offcputime"] = {"skipped": why_no_offcputime}
+    if stacks:
+        out |= _stacks_ratios(out)
     x, p = out["xhagent"], out.get("perf", {})
     if "slowdown" in p:
         overhead_x, overhead_p = x["slowdown"] - 1, p["slowdown"] - 1

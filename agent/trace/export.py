@@ -76,8 +76,9 @@ def perf_line(ev: Event, callchain: bool = False) -> str:
     # the sample's task is `current`: prev (switch), the waker, the exiting task, the parent;
     # perf pads its name to 16 columns, except where samples have call chains
     name = "swapper" if ev.prev_pid == 0 else comm(ev.prev_comm)
+    task = name if callchain else f"{name:>16}"
     return (
-        f"{name if callchain else f'{name:>16}'} {ev.prev_pid:5d} [{ev.cpu:03d}] {_seconds(ev.ts_ns)}: "
+        f"{task} {ev.prev_pid:5d} [{ev.cpu:03d}] {_seconds(ev.ts_ns)}: "
         f"sched:{EVENT_NAMES[ev.type]}: {payload(ev)}"
     )
 
