@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -116,16 +117,42 @@ def _sched_trace() -> Item:
 
     name = "ebpf.sched_trace"
     try:
-        with SchedTrace() as st, open(os.devnull, "wb") as sink:
+        with SchedTrace() as st, tempfile.TemporaryFile() as sink:
             st.filter_pids([os.getpid()])
-            st.start(sink.fileno(), TRACEPOINTS)
-            return ok(name, attach=st.flavour, events=list(TRACEPOINTS))
+            st.take_kernel_stacks()
+            ring = st.start(sink.fileno(), TRACEPOINTS)
+            time.sleep(0.01)  # this thread leaves its CPU: a switch with its kernel stack
+            ring.poll(0)
+            ring.flush()
+            frames = _own_kernel_stack(st, sink)
+            return ok(
+                name,
+                attach=st.flavour,
+                events=list(TRACEPOINTS),
+                stacks=["kernel"] if frames else [],
+                kernel_stack_frames=frames,
+            )
     except OSError as exc:
         return fail(
             name,
             _reason("load and attach sched_trace", exc)
             + ": `xhagent trace record` and tasks' `trace: true` cannot run here",
         )
+
+
+def _own_kernel_stack(st, sink) -> int:
+    """Frames of a kernel stack the program took of this thread's switch-outs (0: none)."""
+    from ..trace.fmt import EV_SWITCH, RECORD, Event
+
+    sink.seek(0)
+    data = sink.read()
+    for rec in RECORD.iter_unpack(data[: len(data) // RECORD.size * RECORD.size]):
+        ev = Event(*rec)
+        if ev.type == EV_SWITCH and ev.prev_pid == threading.get_native_id() and ev.aux:
+            frames = len(st.kernel_stack(ev.aux - 1))
+            if frames:
+                return frames
+    return 0
 
 
 def _runqlat() -> Item:

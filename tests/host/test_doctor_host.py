@@ -102,6 +102,9 @@ def test_ebpf_items(report):
     ):
         assert report[name]["ok"], (name, report[name])
     assert report["ebpf.tp_btf_sched_switch"]["events"] > 0
+    # this kernel gives kernel stacks: the doctor's own switch-out came back with frames
+    assert report["ebpf.sched_trace"]["stacks"] == ["kernel"]
+    assert report["ebpf.sched_trace"]["kernel_stack_frames"] >= 3
 
 
 def test_nvml_reports_its_own_error_without_a_driver(report):

@@ -38,6 +38,32 @@ def test_doctor_ebpf_items_ok_in_guest():
     bad = {n: i.reason for n, i in items.items() if not i.ok}
     assert not bad, f"{platform.release()}: {bad}"
     assert {"ebpf.sched_trace", "ebpf.runqlat"} <= set(items)
+    assert items["ebpf.sched_trace"].detail["stacks"] == ["kernel"], items["ebpf.sched_trace"]
+
+
+def test_kernel_stacks_on_6_1_name_where_a_sleep_waits(tmp_path):
+    """trace record --stacks kernel on Debian's 6.1: a sleeping command's switch-out has its
+    kernel stack, named from this kernel's kallsyms, in the nanosleep path."""
+    out = tmp_path / "s.xht"
+    rec = subprocess.run(
+        [sys.executable, "-m", "xhagent.cli", "trace", "record", "--stacks", "kernel"]
+        + ["-o", str(out), "--json", "--", "sleep", "0.05"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rec.returncode == 0, rec.stderr
+    from xhagent.trace.fmt import EV_SWITCH, TraceFile
+
+    trace = TraceFile(out)
+    stacks = trace.stacks()
+    asleep = [
+        [f.symbol for f in stacks.get(e.aux - 1, [])]
+        for e in trace
+        if e.type == EV_SWITCH and e.prev_state & 1 and e.aux
+    ]
+    assert asleep, platform.release()
+    assert any(s[:1] == ["__schedule"] and "do_nanosleep" in s for s in asleep), asleep
 
 
 def test_trace_record_on_6_1_loads_tp_btf_and_reports_exits(tmp_path):
