@@ -22,6 +22,7 @@ from .fmt import (
     comm,
 )
 from .intervals import Interval, Selection, runs
+from .stacks import StackFrames
 
 FORMATS = ("perf", "ftrace", "chrome", "folded")
 # sched_switch's __print_flags table; 0x100 (TASK_REPORT_MAX) is preemption: "+"
@@ -150,14 +151,20 @@ def _grid_bits(max_ns: int) -> int:
     return bits
 
 
-def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dict]:
+def chrome_events(
+    events: Iterable[Event],
+    filt: dict | None = None,
+    stacks: dict | None = None,
+    frames: StackFrames | None = None,
+) -> list[dict]:
     """Trace Event JSON: an `X` slice per on-CPU interval on track tid=cpu of the
     pseudo-process "CPUs", and the same run again on the task's own track (pid=tgid,
     tid=pid, the slice named after its CPU); `M` events name every process and track; a
     wakeup is a flow (`s` -> `f`) from the waker's run to the woken task's next run, both
     on the CPU tracks (wakeup_flows). With a filter (`filt`, the trace's), slices are the
     runs `trace stats` counts (Selection). Timestamps are microseconds on a binary grid
-    (_grid_bits)."""
+    (_grid_bits). With `stacks` (the trace's) and `frames`, a run that ended in a switch-out
+    with a stack carries it as its end stack (`esf`, a node that `frames` keeps)."""
     events = list(events)
     bits = _grid_bits(max((ev.ts_ns for ev in events), default=0))
     scale = float(1 << bits)
@@ -201,6 +208,10 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
         start, end = us(iv.start_ns), us(iv.end_ns)
         ts, dur = start / scale, (end - start) / scale
         state = state_str(iv.end_state) if iv.end_state is not None else "?"
+        esf = None
+        if stacks and frames is not None and iv.end_stack:
+            esf = frames.node(stacks.get(iv.end_stack - 1, []))
+        ends = {"esf": esf} if esf else {}
         slices.append(
             {
                 "ph": "X",
@@ -211,6 +222,7 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
                 "ts": ts,
                 "dur": dur,
                 "args": {"pid": iv.tgid, "tid": iv.pid, "comm": iv.comm, "end_state": state},
+                **ends,
             }
         )
         # the task's track: when and where it ran; args kept short, as speedscope shows
@@ -225,6 +237,7 @@ def chrome_events(events: Iterable[Event], filt: dict | None = None) -> list[dic
                 "ts": ts,
                 "dur": dur,
                 "args": {"end_state": state},
+                **ends,
             }
         )
         names[(iv.tgid, iv.pid)] = iv.comm
@@ -292,9 +305,13 @@ def wakeup_flows(
 
 
 def write_chrome(trace: TraceFile, out: IO[str]) -> int:
-    evs = chrome_events(trace, trace.header.meta.get("filter"))
+    frames = StackFrames()
+    evs = chrome_events(trace, trace.header.meta.get("filter"), trace.stacks(), frames)
     # the metadata came from JSON (fmt.TraceFile checks it): its values stay JSON values
-    json.dump({"traceEvents": evs, "displayTimeUnit": "ms", "otherData": trace.header.meta}, out)
+    doc = {"traceEvents": evs, "displayTimeUnit": "ms", "otherData": trace.header.meta}
+    if frames.nodes:
+        doc["stackFrames"] = frames.nodes
+    json.dump(doc, out)
     return len(evs)
 
 

@@ -70,6 +70,30 @@ class KernelSymbols:
         return Frame(addr, name, addr - base, module)
 
 
+class StackFrames:
+    """The Trace Event format's `stackFrames`: a tree of frames, each node {"name",
+    "category", "parent"} under an id, one per distinct path from the outermost frame, so
+    that an event names a whole stack by its innermost node (`esf`: its end stack)."""
+
+    def __init__(self):
+        self._ids: dict[tuple[str | None, str], str] = {}
+        self.nodes: dict[str, dict] = {}
+
+    def node(self, frames: list[Frame]) -> str | None:
+        """The id of the stack `frames` (innermost first); None for an empty one."""
+        parent = None
+        for f in reversed(frames):
+            key = (parent, f.symbol)
+            if key not in self._ids:
+                self._ids[key] = str(len(self._ids) + 1)
+                node = {"name": f.symbol, "category": f.module}
+                if parent is not None:
+                    node["parent"] = parent
+                self.nodes[self._ids[key]] = node
+            parent = self._ids[key]
+        return parent
+
+
 def trim_tracing(frames: list[Frame]) -> list[Frame]:
     """The stack without the tracing machinery's frames at its top."""
     i = 0

@@ -338,11 +338,11 @@ def perf_export(tmp_path_factory, run_xhagent):
     kept = [b for b in blocks if b.startswith(("xh-ping ", "xh-pong "))]
     assert len(kept) > 500, len(kept)
     Path(out).write_text("\n\n".join(kept) + "\n\n")
-    return out, work
+    return out, work, path
 
 
 def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscope, browser):
-    path, work = perf_export
+    path, work, _ = perf_export
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("xhagent")), "trace", "view", path],
         stdout=subprocess.PIPE,
@@ -378,3 +378,28 @@ def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscop
     for name in ("ping", "pong"):
         assert f"xh-{name} tid: {work[name]}" in profiles, (work, profiles)
     assert {"__schedule", "schedule", "do_syscall_64"} <= set(symbols), symbols
+
+
+def test_speedscope_reads_the_chrome_export_with_end_stacks(perf_export, speedscope, browser):
+    """The Chrome export of a trace with stacks carries `stackFrames` and each run's `esf`:
+    speedscope still imports it (no alert) and shows the ping-pong's tracks."""
+    _, work, trace = perf_export
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("xhagent")), "trace", "view", trace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XHAGENT_SPEEDSCOPE": str(speedscope)},
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, proc.stderr.read())
+        open_page(browser, url)
+        profiles = browser.wait_for(PROFILE_TITLES_JS, timeout=30)
+        alerts = browser.eval("window.xhAlerts")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert alerts == [], alerts
+    for name in ("ping", "pong"):
+        assert any(f"(tid {work[name]})" in p for p in profiles), profiles

@@ -214,3 +214,25 @@ def test_offcpu_renders_like_offcputime():
         "",
         "4500 us off CPU in 3 blocks, 2 stacks (1 not shown, --top)",
     ]
+
+
+def test_the_chrome_export_ends_each_run_with_its_switch_out_stack(tmp_path):
+    import json
+
+    from xhagent.trace.export import write_chrome
+
+    path = traced(tmp_path, encode_section({7}, lambda _: STACK, KernelSymbols(KALLSYMS)))
+    out = io.StringIO()
+    write_chrome(TraceFile(path), out)
+    doc = json.loads(out.getvalue())
+    frames = doc["stackFrames"]
+    runs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    # ping's run of 1-2 ms ended blocked with stack 7: on its CPU track and on its own
+    ended = [e for e in runs if e.get("esf")]
+    assert len(ended) == 2 and {e["pid"] for e in ended} == {0, 100}
+    path_up, node = [], ended[0]["esf"]
+    while node is not None:
+        path_up.append(frames[node]["name"])
+        node = frames[node].get("parent")
+    assert path_up == [f.symbol for f in TraceFile(path).stacks()[7]]  # innermost first
+    assert all(f["category"] == KERNEL for f in frames.values())
