@@ -23,6 +23,7 @@
       preemption: kill                # freeze (default) | kill | never
       enforce: [cpuset, memory]
       trace: true                     # its scheduler events recorded per attempt
+      traceStacks: kernel             # with each switch-out's kernel stack (default none)
 
 `requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
 `minMemoryGB`) each GPU is taken whole. The fields from `command` on say how the task runs
@@ -118,6 +119,7 @@ class Task:
     enforce: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None
     trace: bool = False  # record its scheduler events (xhagent.daemon.exec.tracing)
+    trace_stacks: str = "none"  # with trace: "kernel" takes stacks at each switch-out
 
     @property
     def label_map(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ class, restarts, preemption and the limits it demands be enforced.
     enforce: [cpu, memory]                     # these limits or no start (stays Pending)
     checkpoint: {command: [ckpt, --save], timeout: 30s}   # migratable tasks: run on a move
     trace: true                                # record its scheduler events (default false)
+    traceStacks: kernel                        # and each switch-out's kernel stack (none)
 
 Every field is checked for syntax only. A name in `user` is resolved against the node's user
 database when the task starts, not when the file is read: the file describes the task, not
@@ -54,7 +55,9 @@ for it). A non-zero exit or a timeout cancels the move: the task starts again wh
 `trace: true` has the agent record the task's scheduler events (sched_switch, wakeups,
 forks and exits of the processes in its leaf, by eBPF) for each attempt, into
 `<state>/tasks/<id>/<attempt>/sched.xht`, the format of `xhagent trace record`
-(xhagent.daemon.exec.tracing).
+(xhagent.daemon.exec.tracing). `traceStacks: kernel` (only with `trace: true`) adds the
+kernel stack of each switch-out, as `trace record --stacks kernel` does: `xhagent trace
+offcpu` of the attempt's trace then says where it waited.
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ EXEC_FIELDS = (
     "enforce",
     "checkpoint",
     "trace",
+    "traceStacks",
 )
+TRACE_STACKS = ("none", "kernel")
 MAX_ARG_BYTES = 4096
 MAX_ARGV_BYTES = 128 << 10  # counted with each argument's terminating NUL, as execve does
 # The kernel's own bound on one argv or environment string (MAX_ARG_STRLEN).
@@ -178,7 +183,16 @@ def parse_exec(spec: Cursor) -> dict[str, Any]:
         enforce=doc.attempt(lambda: parse_enforce(spec["enforce"]), ()),
         checkpoint=doc.attempt(lambda: parse_checkpoint(spec["checkpoint"])),
         trace=doc.attempt(lambda: spec["trace"].bool(default=False), False),
+        trace_stacks=doc.attempt(lambda: parse_trace_stacks(spec), "none"),
     )
+
+
+def parse_trace_stacks(spec: Cursor) -> str:
+    cur = spec["traceStacks"]
+    kind = cur.str(TRACE_STACKS, default="none")
+    if kind != "none" and not spec["trace"].bool(default=False):
+        raise cur.error(f"{cur.where}: takes stacks of a trace: set trace: true as well")
+    return kind
 
 
 def parse_command(cur: Cursor) -> tuple[str, ...] | None:
@@ -397,6 +411,7 @@ def dump_exec(t: Task) -> dict[str, Any]:
         ("enforce", list(t.enforce) if t.enforce else None),
         ("checkpoint", t.checkpoint.dump() if t.checkpoint is not None else None),
         ("trace", True if t.trace else None),
+        ("traceStacks", t.trace_stacks if t.trace_stacks != "none" else None),
     )
     return {k: v for k, v in fields if v is not None}
 

@@ -144,9 +144,12 @@ def new_header(filt: dict, flavour: str, events, **meta) -> Header:
     )
 
 
-def end_records(fd: int, header: Header, sink, st, elapsed: float) -> tuple[int, list[int], int]:
+def end_records(
+    fd: int, header: Header, sink, st, elapsed: float, symbols=None
+) -> tuple[int, list[int], int]:
     """Write what the ring still holds and the header's final counts (the file is then
-    complete); (records written, lost per CPU, foreign records)."""
+    complete); (records written, lost per CPU, foreign records). A recording with stacks
+    gets its stacks section, named with `symbols` (stacks.KernelSymbols; default: read now)."""
     sink.poll(0)
     sink.flush()
     written, _, foreign = sink.stats()
@@ -157,7 +160,7 @@ def end_records(fd: int, header: Header, sink, st, elapsed: float) -> tuple[int,
         elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
     )
     if "stacks" in header.meta:
-        end_stacks(fd, header, st)
+        end_stacks(fd, header, st, symbols)
     finish_header(fd, header)
     return written, lost_per_cpu, foreign
 
@@ -166,7 +169,7 @@ def end_records(fd: int, header: Header, sink, st, elapsed: float) -> tuple[int,
 _OFFSET = {name: at for name, at, _, _ in RECORD.members()}
 
 
-def end_stacks(fd: int, header: Header, st) -> None:
+def end_stacks(fd: int, header: Header, st, symbols=None) -> None:
     """Name the stacks the records use (kallsyms, now, while the kernel that made them runs)
     and append them as the trace's stacks section."""
     import mmap
@@ -183,7 +186,7 @@ def end_stacks(fd: int, header: Header, st) -> None:
             auxes = view.cast("I")[_OFFSET["aux"] // 4 :: RECORD.size // 4]
             ids = {a - 1 for t, a in zip(types, auxes, strict=True) if t == EV_SWITCH and a}
             del types, auxes, view
-    syms = KernelSymbols.from_proc()
+    syms = symbols if symbols is not None else KernelSymbols.from_proc()
     header.meta["stacks"].update(
         stacks=len(ids), lost=st.stacks_lost(), symbols="hidden" if syms.hidden else "kallsyms"
     )

@@ -68,6 +68,29 @@ def test_a_traced_task_leaves_a_trace_of_its_own_processes_only(agent, tmp_path)
     assert samples["xhagent_traces_recording"] == 0
 
 
+def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
+    stacks = TRACE + "  traceStacks: kernel\n"
+    tid = agent.submit(task_file(tmp_path, "stacks", ["sh", "-c", SCRIPT], stacks))
+    assert agent.wait(tid)["state"] == "Succeeded"
+    path = agent.state / "tasks" / tid / "1" / "sched.xht"
+    res = subprocess.run(
+        [sys.executable, "-m", "xhagent.cli", "trace", "offcpu", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)["stacks"]
+    # the three sleeps: each off CPU ~50 ms in nanosleep, the shell meanwhile in wait()
+    naps = [s for s in got if s["comm"] == "sleep" and "do_nanosleep" in s["frames"]]
+    assert len(naps) == 3 and all(s["off_cpu_us"] >= 40_000 for s in naps), got
+    assert any(s["comm"] == "sh" and "do_wait" in s["frames"] for s in got), got
+    # a stack needs a trace to be taken in
+    bad = task_file(tmp_path, "bad", ["true"], "  traceStacks: kernel\n")
+    res = agent.cli("submit", str(bad))
+    assert res.returncode == 2 and "traceStacks" in res.stderr and "trace: true" in res.stderr
+
+
 def test_an_untraced_task_has_no_trace_and_a_cancelled_one_is_finished(agent, tmp_path):
     plain = agent.submit(task_file(tmp_path, "plain", ["true"]))
     assert agent.wait(plain)["state"] == "Succeeded"

@@ -112,7 +112,20 @@ class FakeExecutor:
     def run_dir(self, task_id: str, attempt: int) -> Path:
         return self.root / "runs" / task_id / str(attempt)
 
-    def start(self, task_id, attempt, plan, argv, env, cwd, uid, gid, run_dir=None, trace=False):
+    def start(
+        self,
+        task_id,
+        attempt,
+        plan,
+        argv,
+        env,
+        cwd,
+        uid,
+        gid,
+        run_dir=None,
+        trace=False,
+        trace_stacks="none",
+    ):
         if argv and argv[0] == "no-such-program":
             raise FileNotFoundError(2, f"{argv[0]}: no such file")
         self.leaves_[task_id] = FakeLeaf(self.root / "tasks" / task_id)

@@ -106,14 +106,26 @@ class Executor:
         gid: int | None,
         run_dir: Path | None = None,
         trace: bool = False,
+        trace_stacks: str = "none",
     ) -> shim.ShimStarted:
         """Create the leaf with its limits, then start the shim, which starts the workload
         inside the leaf. A failure leaves no leaf behind. `run_dir`: where the shim keeps
         its records and the output (default: the attempt's; a migration's checkpoint hook
         runs in the task's leaf with a directory of its own). `trace`: the leaf's scheduler
-        events are recorded from before the workload starts until the leaf is removed."""
+        events are recorded from before the workload starts until the leaf is removed, with
+        each switch-out's kernel stack when `trace_stacks` is "kernel"."""
         return self.launch(
-            task_id, attempt, plan, argv, env, cwd, uid, gid, run_dir=run_dir, trace=trace
+            task_id,
+            attempt,
+            plan,
+            argv,
+            env,
+            cwd,
+            uid,
+            gid,
+            run_dir=run_dir,
+            trace=trace,
+            trace_stacks=trace_stacks,
         ).wait()
 
     def launch(
@@ -128,6 +140,7 @@ class Executor:
         gid: int | None,
         run_dir: Path | None = None,
         trace: bool = False,
+        trace_stacks: str = "none",
     ) -> Launch:
         """`start` up to the shim spawned: its `started` record is awaited by the result's
         `wait`, which the caller must call (a failure then too leaves no leaf behind)."""
@@ -153,7 +166,7 @@ class Executor:
                     leaf.set(f, value)
             if trace:
                 why = (
-                    self.tracer.begin(task_id, leaf.path, run_dir)
+                    self.tracer.begin(task_id, leaf.path, run_dir, trace_stacks)
                     if self.tracer is not None
                     else "the agent records no traces"
                 )

@@ -6,6 +6,9 @@ leaf is made and before the shim starts the workload, so its first event is in; 
 C into `<run dir>/sched.xht.partial` and, when the leaf goes (exit, cancel, kill), finished
 and renamed `sched.xht` (fsynced): the file of `xhagent trace record`, for `trace export`,
 `stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S.
+With `traceStacks: kernel` each switch-out's kernel stack is taken too, and named when the
+recording ends from /proc/kallsyms, parsed once (in the drain thread, not the agent's loop)
+and again only when /proc/modules changed.
 
 At most MAX_RECORDINGS at once (each holds its own BPF programs and 16 MiB ring); a task
 beyond them, or on a node where BPF does not load, runs untraced and the reason is its
@@ -31,6 +34,36 @@ TRACE_FILE = "sched.xht"
 PARTIAL = ".partial"
 
 
+class _Symbols:
+    """/proc/kallsyms parsed (0.3 s of Python) once for every recording with stacks, and
+    again when /proc/modules changed (a module loaded or gone moves the kernel's text)."""
+
+    def __init__(self):
+        self.wanted = False
+        self._lock = threading.Lock()
+        self._symbols = None
+        self._modules: str | None = None
+
+    def prepare(self) -> None:
+        if self.wanted and self._symbols is None:
+            self.get()
+
+    def get(self):
+        from ...trace.stacks import KernelSymbols
+
+        try:  # a module's name, size and address: not its use count, which changes often
+            with open("/proc/modules", encoding="utf-8", errors="replace") as f:
+                modules = "\n".join(
+                    " ".join((p[0], p[1], p[-1])) for p in map(str.split, f) if len(p) >= 3
+                )
+        except OSError:
+            modules = ""
+        with self._lock:
+            if self._symbols is None or modules != self._modules:
+                self._symbols, self._modules = KernelSymbols.from_proc(), modules
+            return self._symbols
+
+
 @dataclass
 class _Recording:
     task_id: str
@@ -52,9 +85,11 @@ class TaskTracer:
         self._events = self._lost = self._done = 0  # of finished recordings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._symbols = _Symbols()
 
-    def begin(self, task_id: str, leaf: Path, run_dir: Path) -> str | None:
-        """Start recording the leaf's processes into run_dir; None, or why it does not."""
+    def begin(self, task_id: str, leaf: Path, run_dir: Path, stacks: str = "none") -> str | None:
+        """Start recording the leaf's processes into run_dir (with their kernel stacks at
+        each switch-out when `stacks` is "kernel"); None, or why it does not."""
         from ...bpf.sched_trace import TRACEPOINTS, SchedTrace
         from ...trace.fmt import write_header
         from ...trace.recorder import new_header
@@ -71,12 +106,18 @@ class TaskTracer:
         fd = -1
         try:
             cgroup_id = st.filter_cgroup(str(leaf))
+            extra = {}
+            if stacks == "kernel":
+                st.take_kernel_stacks()
+                extra["stacks"] = {"kind": "kernel"}
+                self._symbols.wanted = True  # the drain thread parses kallsyms meanwhile
             fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
             header = new_header(
                 {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
                 st.flavour,
                 TRACEPOINTS,
                 task=task_id,
+                **extra,
             )
             write_header(fd, header)
             sink = st.start(fd, TRACEPOINTS)
@@ -106,7 +147,10 @@ class TaskTracer:
                 return None
             elapsed = time.monotonic() - rec.started
             try:
-                written, _, _ = end_records(rec.fd, rec.header, rec.sink, rec.st, elapsed)
+                syms = self._symbols.get() if "stacks" in rec.header.meta else None
+                written, _, _ = end_records(
+                    rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms
+                )
                 os.fsync(rec.fd)
             finally:
                 rec.st.close()
@@ -126,6 +170,7 @@ class TaskTracer:
         ticks = 0
         while not self._stop.wait(POLL_S):
             ticks += 1
+            self._symbols.prepare()  # outside the lock: the loop's end() need not wait
             with self._lock:
                 for rec in self._live.values():
                     try:

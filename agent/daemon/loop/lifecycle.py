@@ -390,6 +390,7 @@ class Lifecycle:
                 uid,
                 gid,
                 trace=task.trace,
+                trace_stacks=task.trace_stacks,
             )
         except (OSError, ValueError) as exc:  # the workload's own failure, not the agent's
             self._start_failed(b, exc)
