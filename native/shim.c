@@ -508,6 +508,17 @@ static int sink_create(struct sink *s)
     return -1;
 }
 
+/* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
+ * when that cannot be told. */
+static unsigned long long room_for_output(const struct sink *s)
+{
+    struct statvfs st;
+    if (fstatvfs(task_fd, &st) < 0)
+        return ~0ULL;
+    unsigned long long avail = (unsigned long long)st.f_bavail * st.f_frsize;
+    return avail > s->keep_free ? avail - s->keep_free : 0;
+}
+
 /* Before the bytes at s->size are written, when they are the first of a new second: a mark
  * (the wall time now, their offset) in the stream's time index, so that `logs --since` finds
  * where a time's output begins. The mark goes first, so every byte in the stream has its
@@ -520,6 +531,12 @@ static void mark_time(struct sink *s)
     if (s->times_stopped || clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec == s->last_sec)
         return;
     s->last_sec = now.tv_sec;
+    if (s->keep_free && room_for_output(s) < 2 * sizeof(uint64_t)) {
+        s->times_stopped = 1;  /* the last keep_free bytes are the agent's, as for output */
+        note("%s: the last %llu bytes of the disk are the agent's (no more marks)",
+             s->times_name, s->keep_free);
+        return;
+    }
     if (s->marks >= TIMES_MAX) {
         s->times_stopped = 1;
         note("%s: %d marks, the most kept (--since before its last mark starts there)",
@@ -537,17 +554,6 @@ static void mark_time(struct sink *s)
         return;
     }
     s->marks++;
-}
-
-/* Bytes the output may still take from its filesystem, leaving keep_free there; all it wants
- * when that cannot be told. */
-static unsigned long long room_for_output(const struct sink *s)
-{
-    struct statvfs st;
-    if (fstatvfs(task_fd, &st) < 0)
-        return ~0ULL;
-    unsigned long long avail = (unsigned long long)st.f_bavail * st.f_frsize;
-    return avail > s->keep_free ? avail - s->keep_free : 0;
 }
 
 /* One read from the pipe into the file: 1 when data came, 0 when there is none now (or EOF,

@@ -28,6 +28,7 @@ OUT_OF_RANGE = [
     ("Logs", pb.LogsRequest(id="t1", offset=BIG), "offset: at most 4611686018427387904"),
     ("Logs", pb.LogsRequest(id="t1", stream=7), "stream: 7 is not one of"),
     ("Logs", pb.LogsRequest(id="t1", tail_lines=2**32 - 1), "tail_lines: at most 1000000"),
+    ("Logs", pb.LogsRequest(id="t1", since_ns=-1), "since_ns: at least 0"),
     ("Logs", pb.LogsRequest(), "id: must not be empty"),
     ("List", pb.ListRequest(states=["Pending"] * 400_000), "states: at most 7 (this request"),
     ("List", pb.ListRequest(states=["Bogus"]), "states: 'Bogus' is not a state"),
