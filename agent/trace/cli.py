@@ -211,7 +211,8 @@ def record(output, duration, cgroup, pids, events, stacks, as_json, metrics_addr
                     "elapsed_s": round(res.elapsed_s, 6),
                     "exit_code": res.exit_code,
                     "filter": res.meta.get("filter"),
-                    "stacks": taken or None,
+                    "stacks": {k: v for k, v in taken.items() if k not in ("offset", "bytes")}
+                    or None,
                 }
             )
         )
