@@ -5,6 +5,7 @@ parsed is read back from its page: the traced threads by name, pid and tid, with
 on-CPU time that `trace stats` counts."""
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -192,7 +193,13 @@ def browser(chromium):
 
 @pytest.fixture(scope="module")
 def view_url(traced, speedscope):
-    path = traced[0]
+    with viewing(traced[0], speedscope) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def viewing(path: str, speedscope: Path):
+    """`xhagent trace view PATH` running: its URL; stopped at the end."""
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("xhagent")), "trace", "view", path],
         stdout=subprocess.PIPE,
@@ -343,16 +350,7 @@ def perf_export(tmp_path_factory, run_xhagent):
 
 def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscope, browser):
     path, work, _ = perf_export
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("xhagent")), "trace", "view", path],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "XHAGENT_SPEEDSCOPE": str(speedscope)},
-    )
-    try:
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), (url, proc.stderr.read())
+    with viewing(path, speedscope) as url:
         browser.call(
             "Emulation.setDeviceMetricsOverride",
             width=1280,
@@ -369,9 +367,6 @@ def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscop
             alerts = browser.eval("window.xhAlerts")
         finally:
             browser.call("Emulation.clearDeviceMetricsOverride")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     assert alerts == [] and "Something went wrong" not in text, (alerts, text[:500])
     # a profile per thread, named after it (speedscope's perf import), in the list a person
     # opens; the one shown has the kernel frames, named
@@ -384,22 +379,10 @@ def test_speedscope_reads_the_chrome_export_with_end_stacks(perf_export, speedsc
     """The Chrome export of a trace with stacks carries `stackFrames` and each run's `esf`:
     speedscope still imports it (no alert) and shows the ping-pong's tracks."""
     _, work, trace = perf_export
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("xhagent")), "trace", "view", trace],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "XHAGENT_SPEEDSCOPE": str(speedscope)},
-    )
-    try:
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), (url, proc.stderr.read())
+    with viewing(trace, speedscope) as url:
         open_page(browser, url)
         profiles = browser.wait_for(PROFILE_TITLES_JS, timeout=30)
         alerts = browser.eval("window.xhAlerts")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
     assert alerts == [], alerts
     for name in ("ping", "pong"):
         assert any(f"(tid {work[name]})" in p for p in profiles), profiles
