@@ -80,11 +80,13 @@ def test_a_fifo_appearing_at_a_reload_is_refused_and_sigterm_still_stops_it(idle
     assert agent.proc.returncode == 0, agent.tail()
 
 
-# The workload finds its run directory as its shim was told it (`--dir DIR`), then puts a
-# link to a root-only file where its stdout file was; the shim keeps writing to the old one.
+# The workload finds its run directory as its shim was told it (`--dir DIR`), waits for the
+# shim to make its stdout file (at the stream's first byte), then puts a link to a root-only
+# file where that file was; the shim keeps writing to the old one.
 SWAP = (
     'dir=$(tr "\\0" "\\n" < /proc/$PPID/cmdline | sed -n "/^--dir$/{{n;p;}}"); '
-    'echo before; rm "$dir/stdout"; ln {how} "$1" "$dir/stdout"; echo after'
+    'echo before; while [ ! -e "$dir/stdout" ]; do sleep 0.01; done; '
+    'rm "$dir/stdout"; ln {how} "$1" "$dir/stdout"; echo after'
 )
 
 
