@@ -154,6 +154,22 @@ class DevTools:
             f"page never had {expression!r}; it shows: {self.eval('document.body.innerText')!r}"
         )
 
+    @contextlib.contextmanager
+    def tall_page(self):
+        """A page 4,000 px tall meanwhile, so that speedscope's virtual lists render every
+        row of a short trace."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=4000,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        try:
+            yield
+        finally:
+            self.call("Emulation.clearDeviceMetricsOverride")
+
     def click(self, x: float, y: float) -> None:
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
@@ -297,21 +313,11 @@ def test_speedscope_sees_back_to_back_runs_side_by_side(traced, view_url, browse
     """CPU 0's runs in speedscope's sandwich view: a run that swallowed its successor
     (its end read a hair after the next start) would show more total than self time."""
     _, work, _ = traced
-    # a tall page, so that the virtual list renders every symbol of the short trace
-    browser.call(
-        "Emulation.setDeviceMetricsOverride",
-        width=1280,
-        height=4000,
-        deviceScaleFactor=1,
-        mobile=False,
-    )
-    try:
+    with browser.tall_page():
         open_page(browser, view_url + "&view=sandwich")
         browser.wait_for(f"{SANDWICH_ROWS_JS}.length > 0")
         assert "CPUs (pid 0), CPU 0 (tid 0)" in browser.eval("document.body.innerText")
         rows = browser.eval(SANDWICH_ROWS_JS)
-    finally:
-        browser.call("Emulation.clearDeviceMetricsOverride")
     for total, self_time, name in rows:
         assert total == self_time, (name, total, self_time)
     symbols = {name.split(" {")[0] for _, _, name in rows}
@@ -350,23 +356,13 @@ def perf_export(tmp_path_factory, run_xhagent):
 
 def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscope, browser):
     path, work, _ = perf_export
-    with viewing(path, speedscope) as url:
-        browser.call(
-            "Emulation.setDeviceMetricsOverride",
-            width=1280,
-            height=4000,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
-        try:
-            open_page(browser, url + "&view=sandwich")
-            browser.wait_for(f"{SYMBOL_ROWS_JS}.includes('__schedule')")
-            symbols = browser.eval(SYMBOL_ROWS_JS)
-            text = browser.eval("document.body.innerText")
-            profiles = browser.wait_for(PROFILE_TITLES_JS, timeout=30)
-            alerts = browser.eval("window.xhAlerts")
-        finally:
-            browser.call("Emulation.clearDeviceMetricsOverride")
+    with viewing(path, speedscope) as url, browser.tall_page():
+        open_page(browser, url + "&view=sandwich")
+        browser.wait_for(f"{SYMBOL_ROWS_JS}.includes('__schedule')")
+        symbols = browser.eval(SYMBOL_ROWS_JS)
+        text = browser.eval("document.body.innerText")
+        profiles = browser.wait_for(PROFILE_TITLES_JS, timeout=30)
+        alerts = browser.eval("window.xhAlerts")
     assert alerts == [] and "Something went wrong" not in text, (alerts, text[:500])
     # a profile per thread, named after it (speedscope's perf import), in the list a person
     # opens; the one shown has the kernel frames, named
