@@ -13,12 +13,16 @@ does without the agent.
 - `contract_floor`: the same N `true` as tasks with everything the agent promises one on
   this node (a fresh leaf, a supervisor from the shim server, the records on the agent's
   state disk, the end seen on a pidfd) and none of the agent's own work: contract_floor.py;
+- `call_floor`: a unary call that does nothing, to grpcio alone and to the agent, as many
+  as the Submits and from as many clients: the ceiling of any Submit rate (call_floor.py);
 - `systemd_run`: where systemd is PID 1, `systemd-run --wait --collect` of `true` N times,
   `--clients` at once (a transient unit each: the tool an operator would use for a command
   in its own cgroup); elsewhere `measured: false` and why.
 
 `ratios.burst_vs_spawn_floor` is the target's; `ratios.burst_vs_contract_floor` says how much
-of the gap between the two is the agent's own.
+of the gap between the two is the agent's own. `ratios.burst_submit_vs_call_floor` is the
+clients' Submit rate over grpcio's no-op rate, and `targets_met` says whether the Submit
+target lies within that floor at all (`burst_submit_target_within_call_floor`).
 
 `burst_ratios` and `burst_met` turn a case's figures into ratios and targets, nothing else.
 """
@@ -32,6 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
+from .call_floor import call_floor
 from .contract_floor import contract_floor
 from .submits import spread_us, submit_from_clients, task_doc
 
@@ -80,11 +85,16 @@ def burst_ratios(case: dict) -> dict:
     def over(base: float) -> dict:
         return {part: round(case[part]["tasks_per_s"] / base, 4) for part in PARTS}
 
-    systemd = case["systemd_run"]
+    systemd, calls = case["systemd_run"], case["call_floor"]
+    submits = case["clients"]["submit_tasks_per_s"]
     return {
         "burst_vs_spawn_floor": over(case["spawn_floor"]["per_s"]),
         "burst_vs_contract_floor": over(case["contract_floor"]["per_s"]),
         "burst_vs_systemd_run": over(systemd["per_s"]) if systemd["measured"] else None,
+        "burst_submit_vs_call_floor": {
+            "grpc_alone": round(submits / calls["grpc_alone"]["per_s"], 4),
+            "agent_health": round(submits / calls["agent_health"]["per_s"], 4),
+        },
     }
 
 
@@ -110,6 +120,10 @@ def burst_met(case: dict, ratios: dict) -> dict[str, bool]:
     clients = case["clients"]
     met["burst_submit_per_s"] = clients["submit_tasks_per_s"] >= TARGETS["burst_submit_per_s"]
     met["burst_submit_p99_us"] = clients["submit_p99_us"] < TARGETS["burst_submit_p99_us"]
+    # not a target of the agent's: false says the Submit target lies past what a call that
+    # does nothing reaches here, from the same clients in the same run
+    floor = case["call_floor"]["grpc_alone"]["per_s"]
+    met["burst_submit_target_within_call_floor"] = floor >= TARGETS["burst_submit_per_s"]
     return met
 
 
@@ -245,6 +259,11 @@ def burst_case(agent, n: int, clients: int, progress) -> dict:
     case["contract_floor"] = contract_floor(
         n, width, agent.base / "contract-floor", f"xhagent-bench-floor-{os.getpid()}.slice"
     )
+    progress(
+        f"burst: the call floor, {n} no-op calls from {clients} clients to grpcio alone "
+        "and to the agent's Health"
+    )
+    case["call_floor"] = call_floor(agent, n, clients)
     path, why = systemd_run_path()
     if path is None:
         progress(f"burst: systemd-run not measured: {why}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -36,6 +37,46 @@ def spread_us(prefix: str, values_us: list[float]) -> dict:
 
 
 @dataclass(frozen=True)
+class Calls:
+    latencies_us: list[float]  # of each call
+    wall_s: float  # from the first call's start to the last one's reply
+    first_ns: int  # wall clock (the agent's clock too) when the first call started
+    replies: list  # what each call returned, in no particular order
+
+
+def calls_from_clients(session, total: int, clients: int) -> Calls:
+    """`total` calls from `clients` threads at once, closed loop: each thread opens its own
+    channel (`with session() as call`) and makes calls `i = k, k + clients, ...` one after
+    the other (`call(i)`), timing each."""
+    lat: list[float] = []
+    replies: list = []
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            with session() as call:
+                for i in range(k, total, clients):
+                    t0 = time.perf_counter_ns()
+                    reply = call(i)
+                    with lock:
+                        lat.append((time.perf_counter_ns() - t0) / 1000)
+                        replies.append(reply)
+        except Exception as exc:  # raised again in the caller's thread, where it is reported
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
+    first_ns, t0 = time.time_ns(), time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return Calls(lat, time.monotonic() - t0, first_ns, replies)
+
+
+@dataclass(frozen=True)
 class Submitted:
     ids: list[str]  # in no particular order
     latencies_us: list[float]  # of each Submit call
@@ -48,34 +89,18 @@ def submit_from_clients(agent, total: int, clients: int, prefix: str) -> Submitt
     on its own channel."""
     from ..daemon.api.v1 import agent_pb2 as pb
 
-    lat: list[float] = []
-    ids: list[str] = []
-    lock = threading.Lock()
-    failures: list[BaseException] = []
+    @contextmanager
+    def session():
+        with agent.client() as c:
 
-    def worker(k: int) -> None:
-        try:
-            with agent.client() as c:
-                for i in range(k, total, clients):
-                    source = task_doc(f"{prefix}{i}", ["true"])
-                    req = pb.SubmitRequest(source=source, file_name="bench.yaml")
-                    t0 = time.perf_counter_ns()
-                    reply = c.Submit(req)
-                    with lock:
-                        lat.append((time.perf_counter_ns() - t0) / 1000)
-                        ids.append(reply.tasks[0].id)
-        except Exception as exc:  # raised again in the caller's thread, where it is reported
-            failures.append(exc)
+            def submit(i: int) -> str:
+                source = task_doc(f"{prefix}{i}", ["true"])
+                return c.Submit(pb.SubmitRequest(source=source, file_name="bench.yaml")).tasks[0].id
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(clients)]
-    first_ns, t0 = time.time_ns(), time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
-    return Submitted(ids, lat, time.monotonic() - t0, first_ns)
+            yield submit
+
+    sent = calls_from_clients(session, total, clients)
+    return Submitted(sent.replies, sent.latencies_us, sent.wall_s, sent.first_ns)
 
 
 def wait_states(client, ids: list[str], states: set[str], timeout: float) -> None:

@@ -94,3 +94,22 @@ def test_systemd_run_is_measured_only_under_systemd(report):
         assert systemd["measured"] and systemd["runs"] == N and systemd["failed"] == 0
         assert systemd["concurrency"] == 4 and systemd["per_s"] > 0
         assert isinstance(out["targets_met"]["burst_clients_vs_systemd_run"], bool)
+
+
+def test_the_call_floor_is_a_real_no_op_call_from_the_same_clients(report):
+    out, stderr = report
+    case = out["cases"]["burst"]
+    floor = case["call_floor"]
+    for server in ("grpc_alone", "agent_health"):
+        got = floor[server]
+        assert got["calls"] == N and got["clients"] == case["clients"]["clients"]
+        assert got["per_s"] > 0 and 0 < got["p50_us"] <= got["p99_us"], (server, got)
+    # a call that does nothing is never slower than the agent's Submit of a task
+    submits = case["clients"]["submit_tasks_per_s"]
+    assert floor["grpc_alone"]["per_s"] > submits
+    ratios = out["ratios"]["burst_submit_vs_call_floor"]
+    assert ratios["grpc_alone"] == round(submits / floor["grpc_alone"]["per_s"], 4)
+    assert ratios["agent_health"] == round(submits / floor["agent_health"]["per_s"], 4)
+    within = out["targets_met"]["burst_submit_target_within_call_floor"]
+    assert within == (floor["grpc_alone"]["per_s"] >= out["targets"]["burst_submit_per_s"])
+    assert f"burst: the call floor, {N} no-op calls from 4 clients" in stderr

@@ -67,7 +67,9 @@ def test_part_figures_refuse_a_task_not_ended():
         part_figures([task("Running", 1, 2, 0)], [1.0], 1.0, 0)
 
 
-def case(clients_tps=30.0, multidoc_tps=40.0, systemd=None, run_p99=200_000.0, failed=0):
+def case(
+    clients_tps=30.0, multidoc_tps=40.0, systemd=None, run_p99=200_000.0, failed=0, calls=2500.0
+):
     part = {"run_p99_us": run_p99, "failed": failed}
     return {
         "clients": {
@@ -79,6 +81,7 @@ def case(clients_tps=30.0, multidoc_tps=40.0, systemd=None, run_p99=200_000.0, f
         "multidoc": {**part, "tasks_per_s": multidoc_tps},
         "spawn_floor": {"per_s": 2000.0},
         "contract_floor": {"per_s": 300.0},
+        "call_floor": {"grpc_alone": {"per_s": calls}, "agent_health": {"per_s": 1500.0}},
         "systemd_run": systemd or {"measured": False, "reason": "systemd is not PID 1"},
     }
 
@@ -89,6 +92,7 @@ def test_ratios_over_the_floor_and_none_without_systemd_run():
         "burst_vs_spawn_floor": {"clients": 0.015, "multidoc": 0.02},
         "burst_vs_contract_floor": {"clients": 0.1, "multidoc": 0.1333},
         "burst_vs_systemd_run": None,
+        "burst_submit_vs_call_floor": {"grpc_alone": 0.06, "agent_health": 0.1},
     }
     met = burst_met(case(), ratios)
     # today's figures (issue 33) meet nothing but every task having succeeded
@@ -101,6 +105,8 @@ def test_ratios_over_the_floor_and_none_without_systemd_run():
         "burst_multidoc_all_succeeded": True,
         "burst_submit_per_s": False,
         "burst_submit_p99_us": False,
+        # a no-op call from the same clients ran at 2,500/s: the target is past it
+        "burst_submit_target_within_call_floor": False,
     }
 
 
@@ -108,13 +114,16 @@ def test_targets_at_their_bounds():
     floor = 2000.0
     half = TARGETS["burst_vs_spawn_floor"] * floor
     systemd = {"measured": True, "per_s": 100.0}
-    good = case(half, half, systemd, run_p99=TARGETS["burst_run_p99_us"] - 1)
+    good = case(
+        half, half, systemd, run_p99=TARGETS["burst_run_p99_us"] - 1,
+        calls=TARGETS["burst_submit_per_s"],
+    )  # fmt: skip
     good["clients"]["submit_tasks_per_s"] = TARGETS["burst_submit_per_s"]
     good["clients"]["submit_p99_us"] = TARGETS["burst_submit_p99_us"] - 1
     ratios = burst_ratios(good)
     assert ratios["burst_vs_systemd_run"] == {"clients": 10.0, "multidoc": 10.0}
     met = burst_met(good, ratios)
-    assert all(met.values()) and len(met) == 10, met
+    assert all(met.values()) and len(met) == 11, met
     bad = case(half - 1, half, {"measured": True, "per_s": 250.0}, failed=1)
     bad["clients"]["submit_p99_us"] = TARGETS["burst_submit_p99_us"]  # < is the bound
     met = burst_met(bad, burst_ratios(bad))
