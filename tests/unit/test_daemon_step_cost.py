@@ -62,11 +62,14 @@ def test_a_backlog_of_one_demand_on_a_full_node_is_decided_once_a_step(loop, cou
     (holder,) = loop.submit(whole_node("holder"))
     loop.step()
     ids = loop.submit(*[whole_node(f"w{i}") for i in range(5000)])
-    for _ in range(3):
+    counted["decide"] = counted["preempt"] = 0
+    loop.step()
+    # one decision for the demand and one look for victims, not 5,000 (nor 1,000) of each
+    assert counted == {"decide": 1, "preempt": 1}
+    for _ in range(2):  # nothing freed since: each task's answer stands, none is asked again
         counted["decide"] = counted["preempt"] = 0
         loop.step()
-        # one decision for the demand and one look for victims, not 5,000 (nor 1,000) of each
-        assert counted == {"decide": 1, "preempt": 1}
+        assert counted == {"decide": 0, "preempt": 0}
     scan = scheduler_module.MAX_PENDING_SCAN
     kinds = [loop.store.get(t).first_reason for t in ids]
     assert set(kinds[:scan]) == {"InsufficientCPU"} and set(kinds[scan:]) == {"Queued"}
@@ -83,6 +86,50 @@ def test_a_backlog_of_one_demand_on_a_full_node_is_decided_once_a_step(loop, cou
     loop.step()
     assert loop.store.get(ids[scan]).first_reason == "InsufficientCPU"
     assert loop.store.get(ids[scan + 1]).first_reason == "Queued"
+
+
+def visits(monkeypatch) -> list[str]:
+    """The Pending tasks a step decides (StepDecisions.place), in order."""
+    seen: list[str] = []
+    real = decisions_module.StepDecisions.place
+
+    def place(self, ask, rec, task):
+        seen.append(rec.id)
+        return real(self, ask, rec, task)
+
+    monkeypatch.setattr(decisions_module.StepDecisions, "place", place)
+    return seen
+
+
+def test_a_step_in_an_unchanged_state_decides_only_what_is_new(loop, monkeypatch):
+    (holder,) = loop.submit(whole_node("holder"))
+    loop.step()
+    waiting = loop.submit(*[whole_node(f"w{i}") for i in range(20)])
+    seen = visits(monkeypatch)
+    loop.step()
+    assert seen == waiting  # each once, in the order of standing
+    seen.clear()
+    (late,) = loop.submit(whole_node("late"))
+    (small,) = loop.submit(task("small", "  priority: 10\n  requests: {cpus: 1}\n"))
+    loop.step()
+    assert seen == [late, small]  # the backlog is not looked at again
+    assert loop.store.get(late).first_reason == "InsufficientCPU"
+    seen.clear()
+    loop.scheduler.step(set())
+    assert seen == []
+    # the holder ends: the state changed, so every task is decided again, in order; the
+    # first of them takes the node
+    loop.executor.exit(holder, 0)
+    loop.step()
+    assert seen[:2] == waiting[:2] and loop.state(waiting[0]) == TaskState.RUNNING
+    assert set(waiting[1:]) | {late, small} <= set(seen)
+    # a change of policies asks again too
+    seen.clear()
+    loop.step()
+    assert seen == []
+    loop.policies = [parse_policy(policy(5))]
+    loop.step()
+    assert set(seen) == set(waiting[1:]) | {late, small}
 
 
 def test_a_step_with_nothing_new_reads_no_pending_row(loop, monkeypatch):

@@ -32,6 +32,9 @@ class Entry:
     key: tuple
     derived: object = field(default=None)
     said: tuple | None = None  # its reasons as the store holds them, once compared (shared)
+    # the placement state (Cluster.version) the scheduler found it waiting in: the same
+    # answer as long as that state and the policies stay; None: to be decided
+    settled: int | None = None
 
 
 class PendingWindow:
@@ -70,7 +73,7 @@ class PendingWindow:
             self._shared = {}
             for entry in self._order:
                 entry.key = order_key(entry.rec.id, entry.task, entry.rec.created_ns, policies)
-                entry.derived = None
+                entry.derived = entry.settled = None
             self._sorted = False
         room = limit - len(self._entries)
         if room > 0:

@@ -369,14 +369,19 @@ class Scheduler:
         stays as it is (decisions.py), the window kept from the last step (pending.py), the
         reasons that changed written together, in one transaction. What fits is reserved
         as it is decided, so that each later decision sees it, and the step's starts are
-        made together (lifecycle.start_reserved)."""
+        made together (lifecycle.start_reserved). A task found waiting in a placement state
+        is passed over while that state lasts (`Entry.settled`): a step with nothing freed
+        decides only what is new, however long the backlog."""
         now = self.clock()
         policies = self.policies()
+        cluster = self.lifecycle.cluster
         decisions = StepDecisions(self.lifecycle, policies, self._shared_reasons)
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         reserved = []
         try:
             for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
+                if entry.settled == cluster.version:
+                    continue  # its answer in this state is the one the store holds
                 rec, task = entry.rec, entry.task
                 # the rest after the exits queued meanwhile
                 if len(reserved) == MAX_STARTS_PER_STEP:
@@ -390,10 +395,15 @@ class Scheduler:
                     writes.append((entry, self._shared_reasons((unavailable,))))
                     continue
                 ask = entry.derived or self._ask(entry, policies)
+                version = cluster.version
                 placed = decisions.place(ask, rec, task)
                 if isinstance(placed, tuple):
                     if placed is not entry.said:  # (the same object: known to be what it has)
                         writes.append((entry, placed))
+                    # settled unless stopping victims changed the state under the answer,
+                    # or its fit depends on peers that may leave without a change of state
+                    if cluster.version == version and not ask.demand.needs_peers:
+                        entry.settled = version
                     continue
                 reserved.append(self.lifecycle.reserve(rec, task, placed))
         except BaseException:
