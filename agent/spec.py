@@ -22,7 +22,6 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,12 +108,8 @@ class ErrorList:
         if isinstance(exc, SpecErrors):
             self.total += exc.total - len(exc.errors)
 
-    @contextmanager
-    def collecting(self) -> Iterator[None]:
-        try:
-            yield
-        except SpecError as exc:
-            self.add(exc)
+    def collecting(self) -> _Collecting:
+        return _Collecting(self)
 
     def __bool__(self) -> bool:
         return self.total > 0
@@ -122,6 +117,24 @@ class ErrorList:
     def raise_if_any(self) -> None:
         if self.total:
             raise SpecErrors(self.errors, self.total)
+
+
+class _Collecting:
+    """`ErrorList.collecting()`: a class, not a generator, as every field's check is in one."""
+
+    __slots__ = ("errors",)
+
+    def __init__(self, errors: ErrorList):
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, SpecError):
+            self.errors.add(exc)
+            return True
+        return False
 
 
 @dataclass
@@ -145,9 +158,11 @@ class Document:
 
     def attempt(self, fn: Callable[[], T], default: Any = None) -> T:
         """`fn()`, or `default` when it raises a SpecError, which is kept in `errors`."""
-        with self.collecting():
+        try:
             return fn()
-        return default
+        except SpecError as exc:
+            self.errors.add(exc)
+            return default
 
     def position(self, path: Path_) -> tuple[int, int]:
         """(line, col), 1-based, of the value at `path`, or of its nearest existing parent."""
