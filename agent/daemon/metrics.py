@@ -14,6 +14,9 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
   over the processes in its leaf; whether the state disk is full, and what a full disk
   refused (`loop.diskfull`); plus the agent's own process (`process_*`).
 
+CPU time by class (`class_cpu.py`) holds every task, those past the cap too: ended attempts
+from their records, running ones from their leaves at each scrape.
+
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
 label names the agent's own groups and the leaves of tasks that run now, at most
 `task_series` of them (the oldest first; `xhagent_metrics_tasks_left_out` counts the rest).
@@ -37,8 +40,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from .. import __version__
-from ..cgroups import Cgroup
+from ..cgroups import Cgroup, CgroupError, registry
 from ..cgroups.stats import StatsSampler
+from .class_cpu import ClassCpu
 from .loop.diskfull import DiskFull
 from .loop.faults import Faults
 from .store import TERMINAL, Event, Store, TaskRecord, TaskState
@@ -164,7 +168,8 @@ class AgentMetrics:
         )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
-        self.census = _Census(store, groups, runq, taskstats, self._class, task_series)
+        self.cpu = ClassCpu()
+        self.census = _Census(store, groups, runq, taskstats, self._class, task_series, self.cpu)
         self.registry.register(self.census)
         uname = os.uname()
         Info(
@@ -213,6 +218,8 @@ class AgentMetrics:
             self.decisions.labels("placed").inc()
             if rec.attempt == 1:
                 self.queue_wait.labels(cls).observe(max(0, now - rec.created_ns) / 1e9)
+        elif new is TaskState.RUNNING:
+            self.cpu.started(rec.id, cls)
         elif new is TaskState.FROZEN:
             self.preemptions.labels(cls, "freeze").inc()
         elif new is TaskState.PENDING and old is TaskState.RUNNING:
@@ -222,8 +229,11 @@ class AgentMetrics:
         began = self._starting.pop(rec.id, None) if old is TaskState.STARTING else None
         if began is not None and new is TaskState.RUNNING:
             self.start_latency.labels(cls).observe(max(0, now - began) / 1e9)
-        if old in (TaskState.RUNNING, TaskState.FROZEN) and rec.started_ns:
-            if new in TERMINAL or new is TaskState.PENDING:
+        if old in (TaskState.RUNNING, TaskState.FROZEN) and (
+            new in TERMINAL or new is TaskState.PENDING
+        ):
+            self.cpu.ended(rec.id, rec.cpu_usec)
+            if rec.started_ns:
                 self.run_time.labels(cls).observe(max(0, now - rec.started_ns) / 1e9)
         if new in TERMINAL:
             self._class.pop(rec.id, None)
@@ -274,9 +284,16 @@ class _Census:
     """What is, at scrape time."""
 
     def __init__(
-        self, store: Store, groups, runq, taskstats, classes: dict[str, str], task_series: int
+        self,
+        store: Store,
+        groups,
+        runq,
+        taskstats,
+        classes: dict[str, str],
+        task_series: int,
+        cpu: ClassCpu,
     ):
-        self.store, self.groups, self.classes = store, groups, classes
+        self.store, self.groups, self.classes, self.cpu = store, groups, classes, cpu
         self.task_series = task_series  # task leaves shown at most: series stay bounded
         self.runq, self.taskstats = runq, taskstats
         # the groups' stat files stay open from one scrape to the next, and are opened
@@ -314,24 +331,55 @@ class _Census:
             "xhagent_metrics_tasks_left_out",
             "Running tasks whose own cgroup series this scrape left out (past --task-series).",
         )
-        shown.add_metric([], left_out)
+        shown.add_metric([], len(left_out))
         yield shown
-        yield from group_metrics(groups, self._stats(groups))
+        stats = self._stats(groups)
+        yield from group_metrics(groups, stats)
+        yield self._class_cpu(classes, groups, stats, left_out)
         yield self._file_reads()
         if self.runq is not None:
             yield self._runq(groups)
         if self.taskstats is not None:
             yield self._delays(groups)
 
-    def _shown_groups(self) -> tuple[list[tuple[str, Cgroup]], int]:
+    def _shown_groups(self) -> tuple[list[tuple[str, Cgroup]], list[tuple[str, Cgroup]]]:
         """The groups whose series this scrape shows: the subtree's own always, the task
-        leaves up to `task_series` (the oldest tasks first: ids sort by submission), and how
-        many leaves are left out."""
+        leaves up to `task_series` (the oldest tasks first: ids sort by submission); and the
+        leaves left out."""
         groups, leaves = [], []
         for name, group in self.groups():
             (leaves if name.startswith("tasks/") else groups).append((name, group))
         leaves.sort(key=lambda g: g[0])
-        return groups + leaves[: self.task_series], max(0, len(leaves) - self.task_series)
+        return groups + leaves[: self.task_series], leaves[self.task_series :]
+
+    def _class_cpu(self, classes, groups, stats, left_out) -> CounterMetricFamily:
+        """Every running task's leaf read (the shown ones by this scrape's sampler, the
+        others here: one file each), then the totals by class (class_cpu.py)."""
+        usage: dict[str, int] = {}
+        for (name, _), st in zip(groups, stats, strict=True):
+            cpu = st.get("cpu.stat") or {}
+            if name.startswith("tasks/") and "usage_usec" in cpu:
+                usage[name[len("tasks/") :]] = cpu["usage_usec"]
+        running = set(self.cpu.running())
+        for name, group in left_out:
+            task_id = name[len("tasks/") :]
+            if task_id in running:
+                try:
+                    usage[task_id] = int(group.get(registry.CPU_STAT)["usage_usec"])
+                except (CgroupError, OSError, KeyError, ValueError):
+                    continue  # the leaf went meanwhile: its end will say
+        for task_id in running & usage.keys():
+            self.cpu.seen(task_id, usage[task_id])
+        fam = CounterMetricFamily(
+            "xhagent_task_cpu_seconds",
+            "CPU time used by tasks, by class: each ended attempt as its leaf counted it at "
+            "the end, each running one as its leaf counts it now (cpu.stat usage_usec).",
+            labels=["class"],
+        )
+        totals = self.cpu.totals()
+        for cls in sorted(set(classes) | totals.keys()):
+            fam.add_metric([cls], totals.get(cls, 0.0))
+        return fam
 
     def _stats(self, groups: list[tuple[str, Cgroup]]) -> list[dict]:
         key = tuple((name, str(g.path)) for name, g in groups)

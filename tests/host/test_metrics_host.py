@@ -234,3 +234,37 @@ def test_each_task_shows_its_delays_and_its_run_queue_latency(agent, tmp_path):
     for tid in ids:
         assert delays.get(f"tasks/{tid}", 0) > 0, delays  # waited for a CPU, per taskstats
         assert waited.get(f"tasks/{tid}", 0) > 0, waited  # and per the BPF probe
+
+
+def test_a_tasks_cpu_time_is_in_its_record_and_in_its_class_counter(agent, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # about 0.3 s of CPU in the workload itself, in the real leaf the agent made for it
+    burn = [
+        "python3",
+        "-c",
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass",
+    ]
+    task_id = submit(agent, tmp_path, "burn", burn)
+    res = subprocess.run(
+        [str(XHAGENT), "get", task_id, "--json", "--socket", str(agent.socket)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    task = json.loads(res.stdout)
+    assert task["state"] == "Succeeded"
+    wall_us = (task["ended_ns"] - task["started_ns"]) / 1000
+    assert 300_000 <= task["cpu_usec"] <= wall_us * os.cpu_count(), task
+    shown = subprocess.run(
+        [str(XHAGENT), "get", task_id, "--socket", str(agent.socket)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert f"  cpu: {task['cpu_usec'] / 1e6:.3f} s used in " in shown
+    with urllib.request.urlopen(agent.metrics_url(), timeout=10) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    by_class = {s.labels["class"]: s.value for s in families["xhagent_task_cpu_seconds"].samples}
+    assert by_class["batch"] >= task["cpu_usec"] / 1e6, by_class

@@ -105,6 +105,7 @@ class FakeExecutor:
     leaves_: dict[str, FakeLeaf] = field(default_factory=dict)
     dead_shims: set[str] = field(default_factory=set)
     fail_status: bool = False  # status() raises: an internal error of the agent's
+    cpu_usec: dict[str, int] = field(default_factory=dict)  # a leaf's CPU time at its removal
 
     def leaf(self, task_id: str) -> FakeLeaf:
         return self.leaves_.get(task_id) or FakeLeaf(self.root / "tasks" / task_id)
@@ -162,8 +163,10 @@ class FakeExecutor:
         if task_id in self.leaves_:
             self.leaves_[task_id].frozen = frozen
 
-    def remove_leaf(self, task_id: str) -> None:
+    def remove_leaf(self, task_id: str) -> int | None:
+        """The leaf's CPU time as the real one reads it: here, what the test set (`cpu_usec`)."""
         self.leaves_.pop(task_id, None)
+        return self.cpu_usec.get(task_id)
 
     def leaves(self) -> list[str]:
         return sorted(self.leaves_)

@@ -397,3 +397,54 @@ def test_task_series_are_capped_oldest_first_and_the_rest_counted(store, tmp_pat
     assert cpu == {".", "shims", "tasks/t0000001", "tasks/t0000002", "tasks/t0000003"}
     assert series(m, "xhagent_metrics_tasks_left_out")[0].value == 2
     m.census.close()
+
+
+def test_cpu_by_class_holds_ended_and_running_attempts_and_never_goes_back(store, tmp_path):
+    from xhagent.cgroups import Cgroup
+
+    tree: list = []
+
+    def leaf(task_id, usec):
+        path = tmp_path / "tree" / task_id
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "cpu.stat").write_text(f"usage_usec {usec}\nuser_usec 1\nsystem_usec 1\n")
+        return f"tasks/{task_id}", Cgroup(path)
+
+    m = AgentMetrics(store, lambda: list(tree), task_series=1)  # one leaf shown, the rest read
+    store.on_commit = m.observe
+    a, b, c = submit(store, "a", "latency"), submit(store, "b", "latency"), submit(store, "c", "")
+    for t in (a, b, c):
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.RUNNING)
+    tree[:] = [leaf(a.id, 2_000_000), leaf(b.id, 1_000_000), leaf(c.id, 500_000)]
+    seen = []
+
+    def cpu():
+        got = {s.labels["class"]: s.value for s in series(m, "xhagent_task_cpu_seconds_total")}
+        seen.append(got)
+        return got
+
+    assert cpu() == {"latency": 3.0, "default": 0.5}
+    tree[0] = leaf(a.id, 2_500_000)
+    assert cpu()["latency"] == 3.5
+    # a ends: its record's figure (read at its leaf's removal) replaces the last reading
+    store.transition(a.id, TaskState.SUCCEEDED, exit_code=0, cpu_usec=2_600_000)
+    assert cpu()["latency"] == 3.6  # the scrape still lists its leaf: that reading is dropped
+    del tree[0]
+    # b's leaf could not be read at its end: its last reading stands
+    store.transition(b.id, TaskState.FAILED, exit_code=1, cpu_usec=None)
+    del tree[0]
+    assert cpu()["latency"] == 3.6
+    assert store.get(a.id).cpu_usec == 2_600_000 and store.get(b.id).cpu_usec is None
+    # c is requeued, runs again in a fresh leaf: both attempts count
+    store.transition(c.id, TaskState.PENDING, cpu_usec=700_000, reasons=[WaitReason("Preempted")])
+    tree[:] = []
+    assert cpu()["default"] == 0.7
+    store.transition(c.id, TaskState.STARTING, placement=PLACED)
+    assert store.get(c.id).cpu_usec is None  # a new attempt: the last one's figure is gone
+    store.transition(c.id, TaskState.RUNNING)
+    tree[:] = [leaf(c.id, 100_000)]
+    assert cpu()["default"] == pytest.approx(0.8)
+    for before, after in zip(seen, seen[1:], strict=False):
+        assert all(after[k] >= v for k, v in before.items()), (before, after)
+    m.census.close()

@@ -333,6 +333,10 @@ def get(task_id, as_json, socket_path) -> None:
         click.echo(f"  not enforced: {u.limit}: {u.reason}")
     if t.error:
         click.echo(f"  error: {t.error}")
+    if t.HasField("cpu_usec") and t.ended_ns:
+        wall = max(0, t.ended_ns - t.started_ns) / 1e9 if t.started_ns else None
+        ran = f" in {wall:.3f} s" if wall is not None else ""
+        click.echo(f"  cpu: {t.cpu_usec / 1e6:.3f} s used{ran}")
     if t.output_dropped_bytes:
         click.echo(
             f"  output: {t.output_dropped_bytes} bytes dropped (past the log cap, or after a "

@@ -107,6 +107,8 @@ def task_message(rec: TaskRecord, standing: Standing) -> pb.Task:
         msg.exit_code = rec.exit_code
     if rec.signal is not None:
         msg.signal = rec.signal
+    if rec.cpu_usec is not None:
+        msg.cpu_usec = rec.cpu_usec
     return msg
 
 

@@ -235,8 +235,15 @@ class Executor:
         if (leaf.read(registry.FREEZE.name).strip() == "1") != frozen:
             leaf.freeze(timeout) if frozen else leaf.thaw(timeout)
 
-    def remove_leaf(self, task_id: str) -> None:
+    def remove_leaf(self, task_id: str) -> int | None:
+        """The leaf removed (its processes killed first); the CPU time it used in all (µs,
+        cpu.stat, which the kernel keeps for the processes that left), None where there
+        was no leaf or its file could not be read."""
         leaf = self.leaf(task_id)
+        try:
+            used = int(leaf.get(registry.CPU_STAT)["usage_usec"])
+        except (CgroupError, OSError, KeyError, ValueError):
+            used = None
         try:
             leaf.remove(kill_first=True)
         except CgroupError as exc:
@@ -244,6 +251,7 @@ class Executor:
                 raise
         finally:  # the leaf is empty: its processes' last events are in the ring
             self._end_trace(task_id)
+        return used
 
     def _end_trace(self, task_id: str) -> None:
         if self.tracer is None or not self.tracer.recording(task_id):

@@ -591,9 +591,9 @@ class Lifecycle:
         code = ex.exit_code if ex else None
         oom = self.executor.oom_kills(rec.id)
         self.release(rec.id)
-        self.executor.remove_leaf(rec.id)
+        cpu_usec = self.executor.remove_leaf(rec.id)
         fields = {"exit_code": code, "signal": ex.signal if ex else None, "error": error}
-        fields["output_dropped"] = dropped(ex)
+        fields |= {"output_dropped": dropped(ex), "cpu_usec": cpu_usec}
         if oom:
             fields["error"] = "OOMKilled: the task reached its memory.max"
         task = self._specs.get(rec.id)
@@ -655,7 +655,7 @@ class Lifecycle:
         its placement and leaf given back, the attempt's outcome kept; `intent` (id,
         outcome) is finished in the same transaction."""
         self.release(rec.id)
-        self.executor.remove_leaf(rec.id)
+        cpu_usec = self.executor.remove_leaf(rec.id)
         ex = status.exit
         with self.store.atomic():
             pending = self.store.transition(
@@ -669,6 +669,7 @@ class Lifecycle:
                 exit_code=ex.exit_code if ex else None,
                 signal=ex.signal if ex else None,
                 output_dropped=dropped(ex),
+                cpu_usec=cpu_usec,
             )
             if intent is not None:
                 self.store.finish_intent(*intent)

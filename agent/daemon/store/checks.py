@@ -31,13 +31,14 @@ MAX_ACTIVE_POLICIES = 1000  # the scheduler holds all of them in memory
 KEEP_EVENTS, KEEP_INTENTS = 100_000, 10_000
 TASK_FIELDS = frozenset(
     {"reasons", "placement", "cgroup", "attempt", "preempted", "migrated", "exit_code", "signal"}
-    | {"error", "started_ns", "ended_ns", "output_dropped"}
+    | {"error", "started_ns", "ended_ns", "output_dropped", "cpu_usec"}
 )
 INTEGER_FIELDS = (
     "attempt",
     "preempted",
     "migrated",
     "output_dropped",
+    "cpu_usec",
     "exit_code",
     "signal",
     "started_ns",

@@ -369,6 +369,7 @@ TASK_COLUMNS = Columns(
     ("preempted", _integer(0, 2**32 - 1), "a count"),
     ("migrated", _integer(0, 2**32 - 1), "a count"),
     ("output_dropped", _integer(0, 2**63 - 1), "a count of bytes"),
+    ("cpu_usec", _integer(0, 2**63 - 1, nullable=True), "a count of µs or NULL"),
     ("exit_code", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
     ("signal", _integer(*INT32, nullable=True), "a 32-bit integer or NULL"),
     ("error", _text(nullable=True), "text or NULL"),
@@ -429,6 +430,7 @@ class TaskRecord:
     preempted: int
     migrated: int
     output_dropped: int  # bytes of the last attempt's output the shim dropped
+    cpu_usec: int | None  # CPU time its last attempt's leaf used; None: running, or not read
     exit_code: int | None
     signal: int | None
     error: str | None

@@ -114,7 +114,11 @@ V5 = sql("ALTER TABLE tasks ADD COLUMN output_dropped INTEGER NOT NULL DEFAULT 0
 # over every task that caller ever submitted.
 V6 = sql("CREATE INDEX tasks_owner_state ON tasks (owner_uid, state, seq)")
 
-MIGRATIONS: list[Step] = [V1, V2, V3, V4, V5, V6]
+# CPU time (user and system, µs) the last attempt's leaf used, read from its cpu.stat before
+# the leaf was removed; NULL while it runs, or where the leaf could not be read.
+V7 = sql("ALTER TABLE tasks ADD COLUMN cpu_usec INTEGER")
+
+MIGRATIONS: list[Step] = [V1, V2, V3, V4, V5, V6, V7]
 
 
 def latest() -> int:

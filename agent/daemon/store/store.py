@@ -603,7 +603,7 @@ class Store:
                 values.setdefault("reasons", "[]")  # they say why a task waits; it no longer does
             if to is TaskState.STARTING:  # a new attempt: the last one's end is in the events
                 values.setdefault("attempt", row[2] + 1)
-                for key in ("exit_code", "signal", "error", "started_ns", "ended_ns"):
+                for key in ("exit_code", "signal", "error", "started_ns", "ended_ns", "cpu_usec"):
                     values.setdefault(key, None)
                 values.setdefault("output_dropped", 0)
             if to is TaskState.RUNNING and old is TaskState.STARTING:
