@@ -45,12 +45,22 @@ def events(agent: Agent, tid: str) -> str:
     return agent.cli("events", "--task", tid, check=True).stdout
 
 
+def recorded(agent: Agent, tid: str, timeout: float = 30.0) -> str:
+    """The task's events once its trace is finished: the agent's trace thread finishes it
+    after the task ended, and says so (TraceRecorded) once the file is in place."""
+    deadline = time.monotonic() + timeout
+    while "TraceRecorded: " not in (text := events(agent, tid)):
+        assert time.monotonic() < deadline, f"no TraceRecorded in {timeout:g} s:\n{text}"
+        time.sleep(0.05)
+    return text
+
+
 def test_a_traced_task_leaves_a_trace_of_its_own_processes_only(agent, tmp_path):
     tid = agent.submit(task_file(tmp_path, "traced", ["sh", "-c", SCRIPT], TRACE))
     assert agent.wait(tid)["state"] == "Succeeded"
     path = agent.state / "tasks" / tid / "1" / "sched.xht"
+    assert str(path) in recorded(agent, tid)
     assert path.is_file() and not path.with_name("sched.xht.partial").exists()
-    assert "TraceRecorded: " in events(agent, tid) and str(path) in events(agent, tid)
     got = trace_stats(path)
     assert got.returncode == 0, got.stderr
     stats = json.loads(got.stdout)
@@ -72,6 +82,7 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     stacks = TRACE + "  traceStacks: kernel\n"
     tid = agent.submit(task_file(tmp_path, "stacks", ["sh", "-c", SCRIPT], stacks))
     assert agent.wait(tid)["state"] == "Succeeded"
+    recorded(agent, tid)
     path = agent.state / "tasks" / tid / "1" / "sched.xht"
     res = subprocess.run(
         [sys.executable, "-m", "xhagent.cli", "trace", "offcpu", str(path), "--json"],
@@ -101,7 +112,7 @@ def test_an_untraced_task_has_no_trace_and_a_cancelled_one_is_finished(agent, tm
     assert agent.wait(long, ("Running",))["state"] == "Running"
     time.sleep(0.3)
     agent.cli("cancel", long, check=True)
-    assert "TraceRecorded: " in events(agent, long)
+    recorded(agent, long)
     stats = json.loads(trace_stats(agent.state / "tasks" / long / "1" / "sched.xht").stdout)
     assert stats["events"] > 10
 

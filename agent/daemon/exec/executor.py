@@ -254,20 +254,23 @@ class Executor:
         return used
 
     def _end_trace(self, task_id: str) -> None:
-        if self.tracer is None or not self.tracer.recording(task_id):
+        """The task's recording ends; the tracer's thread finishes the file and tells."""
+        if self.tracer is None:
             return
-        try:
-            done = self.tracer.end(task_id)
-        except OSError as exc:
-            self.on_trace(task_id, "TraceNotRecorded", f"the trace could not be finished: {exc}")
-            return
-        if done is not None:
+
+        def then(done: dict | None, error: OSError | None) -> None:
+            if error is not None:
+                why = f"the trace could not be finished: {error}"
+                self.on_trace(task_id, "TraceNotRecorded", why)
+                return
             self.on_trace(
                 task_id,
                 "TraceRecorded",
                 f"{done['events']} events ({done['lost']} lost) in {done['seconds']:.1f}s: "
                 f"{done['path']}",
             )
+
+        self.tracer.end_later(task_id, then)
 
     def leaves(self) -> list[str]:
         """Task ids that have a leaf now."""

@@ -5,7 +5,11 @@ the task's leaf (its processes and their descendants, by cgroup id), attached af
 leaf is made and before the shim starts the workload, so its first event is in; streamed by
 C into `<run dir>/sched.xht.partial` and, when the leaf goes (exit, cancel, kill), finished
 and renamed `sched.xht` (fsynced): the file of `xhagent trace record`, for `trace export`,
-`stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S.
+`stats`, `heatmap` and `view`. One thread drains every recording's ring every POLL_S, and
+finishes the recordings whose leaf went (`end_later`): what is left in the ring, the stacks
+named, the final counts, the fsync and the rename happen there, not on the agent's loop,
+which a long recording (hundreds of MB to scan for its stacks, then to sync) would hold up
+for seconds. `TraceRecorded` says when the file is in place.
 With `traceStacks: kernel` each switch-out's kernel stack is taken too, and named when the
 recording ends from /proc/kallsyms, parsed once (in the drain thread, not the agent's loop)
 and again only when /proc/modules changed.
@@ -19,15 +23,20 @@ the adopted task goes on untraced.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-MAX_RECORDINGS = 4  # each holds its own BPF programs and a 16 MiB ring buffer (kernel memory)
+log = logging.getLogger("xhagent")
+# each holds its own BPF programs and a 16 MiB ring buffer (kernel memory) until it is
+# finished: those being finished count too
+MAX_RECORDINGS = 4
 POLL_S = 0.1
 FLUSH_EVERY = 10  # polls: the records C buffers reach the file at least once a second
 TRACE_FILE = "sched.xht"
@@ -73,15 +82,21 @@ class _Recording:
     sink: object  # RingSink
     header: object  # trace.fmt.Header
     started: float
+    ended: float | None = None  # when its leaf went (monotonic): its length is to there
+
+
+# what becomes of a finished recording: (its figures, None) or (None, why it failed)
+Then = Callable[[dict | None, OSError | None], None]
 
 
 class TaskTracer:
-    """The recordings of the running tasks; begin() and end() from the agent's loop, the
-    drain in a thread of its own, collect() from the exporter's."""
+    """The recordings of the running tasks; begin() and end_later() from the agent's loop,
+    the drain and the finishing in a thread of its own, collect() from the exporter's."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._live: dict[str, _Recording] = {}
+        self._finishing: list[tuple[_Recording, Then]] = []
         self._events = self._lost = self._done = 0  # of finished recordings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,7 +110,7 @@ class TaskTracer:
         from ...trace.recorder import new_header
 
         with self._lock:
-            if len(self._live) >= MAX_RECORDINGS:
+            if len(self._live) + len(self._finishing) >= MAX_RECORDINGS:
                 return f"{MAX_RECORDINGS} traces are recording already (the most at once)"
         path = run_dir / TRACE_FILE
         partial = path.with_name(path.name + PARTIAL)
@@ -130,37 +145,72 @@ class TaskTracer:
         rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic())
         with self._lock:
             self._live[task_id] = rec
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._drain, name="xhagent-traces", daemon=True
-                )
-                self._thread.start()
+            self._running()
         return None
 
-    def end(self, task_id: str) -> dict | None:
-        """Finish the task's recording, if it has one: {path, events, lost, seconds}."""
-        from ...trace.recorder import end_records
+    def _running(self) -> None:
+        """The drain thread, started if it is not (under the lock)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._drain, name="xhagent-traces", daemon=True)
+            self._thread.start()
 
-        with self._lock:  # the drain thread must not poll a sink being freed
+    def end_later(self, task_id: str, then: Then) -> bool:
+        """The task's recording ends (its leaf went: no record comes after) and is finished
+        by the drain thread, which calls `then` when the file is in place, or failed; False
+        when the task had no recording."""
+        with self._lock:
             rec = self._live.pop(task_id, None)
             if rec is None:
-                return None
-            elapsed = time.monotonic() - rec.started
-            try:
-                syms = self._symbols.get() if "stacks" in rec.header.meta else None
-                written, _, _ = end_records(
-                    rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms
-                )
-                os.fsync(rec.fd)
-            finally:
-                rec.st.close()
-                os.close(rec.fd)
-            os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
-            lost = rec.header.lost
+                return False
+            rec.ended = time.monotonic()
+            self._finishing.append((rec, then))
+            self._running()
+        return True
+
+    def end(self, task_id: str) -> dict | None:
+        """Finish the task's recording now, if it has one: {path, events, lost, seconds}."""
+        with self._lock:  # the drain thread must not poll a sink being freed
+            rec = self._live.pop(task_id, None)
+        return None if rec is None else self._finish(rec)
+
+    def _finish(self, rec: _Recording) -> dict:
+        """The rest of the ring, the stacks named, the final counts, then fsync and rename
+        (OSError when any fails; the `.partial` file stays). The recording is no longer
+        live: nothing else touches it."""
+        from ...trace.recorder import end_records
+
+        elapsed = (rec.ended or time.monotonic()) - rec.started
+        try:
+            syms = self._symbols.get() if "stacks" in rec.header.meta else None
+            written, _, _ = end_records(rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms)
+            os.fsync(rec.fd)
+        finally:
+            rec.st.close()
+            os.close(rec.fd)
+        os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
+        lost = rec.header.lost
+        with self._lock:
             self._events += written
             self._lost += lost
             self._done += 1
         return {"path": str(rec.path), "events": written, "lost": lost, "seconds": elapsed}
+
+    def _finish_queued(self) -> None:
+        while True:
+            with self._lock:
+                if not self._finishing:
+                    return
+                rec, then = self._finishing[0]
+            try:
+                done, error = self._finish(rec), None
+            except OSError as exc:
+                done, error = None, exc
+            with self._lock:  # counted towards MAX_RECORDINGS until here
+                self._finishing.pop(0)
+            try:
+                then(done, error)
+            except Exception:  # the caller's (a store that refused the event): logged
+                log.exception("traces: what follows %s's finished trace failed", rec.task_id)
 
     def recording(self, task_id: str) -> bool:
         with self._lock:
@@ -170,7 +220,7 @@ class TaskTracer:
         ticks = 0
         while not self._stop.wait(POLL_S):
             ticks += 1
-            self._symbols.prepare()  # outside the lock: the loop's end() need not wait
+            self._symbols.prepare()  # outside the lock: the loop's begin() need not wait
             with self._lock:
                 for rec in self._live.values():
                     try:
@@ -178,20 +228,27 @@ class TaskTracer:
                         if ticks % FLUSH_EVERY == 0:  # on disk, should the agent be killed
                             rec.sink.flush()
                     except OSError:
-                        pass  # a full disk: counted as the sink's, seen again at end()
-                if not self._live:
+                        pass  # a full disk: counted as the sink's, seen again at its end
+            self._finish_queued()
+            with self._lock:
+                if not self._live and not self._finishing:
                     self._thread = None
                     return
 
     def close(self) -> None:
         """The agent stops: recordings of running tasks are finished as they are (the
-        workloads go on untraced)."""
+        workloads go on untraced), and those ended before are finished now."""
+        self._stop.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._finish_queued()
         for task_id in list(self._live):
             try:
                 self.end(task_id)
             except OSError:
                 pass
-        self._stop.set()
 
     def collect(self):
         with self._lock:  # end() frees a recording's sink and maps under the same lock
