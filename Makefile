@@ -28,7 +28,7 @@ deps:
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel cffi 'grpcio-tools>=1.85.1,<1.86' 'greenlet>=3.1'
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel cffi 'grpcio-tools==1.85.4' 'greenlet>=3.1'
 
 # An editable install builds xhagent._uring, xhagent._bpf and the BPF objects in place.
 $(STAMPS)/install: $(BIN)/python $(NATIVE_SOURCES) | deps
