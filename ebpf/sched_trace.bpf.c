@@ -27,6 +27,7 @@ XH_BTF_EXPORT(enum xh_trace_stacks, stacks);
 #define TASK_REPORT_IDLE 0x80
 #define TASK_REPORT_MAX 0x100
 #define MAX_CGROUP_DEPTH 32
+#define XH_EFAULT 14  /* errno.h is not for BPF programs */
 
 XH_ARRAY(trace_config, CFG_MAX, __u64);
 
@@ -37,11 +38,17 @@ XH_PERCPU_COUNTERS(counts, COUNT_MAX);
 
 XH_RINGBUF(events, 16 << 20);
 
-/* Kernel stacks of tasks switched out (CFG_STACKS & STACKS_KERNEL), by id: a switch
- * record's aux is its id + 1 (0: none). Ids are never reused (no BPF_F_REUSE_STACKID), so a
- * record never names another stack; a stack that finds its bucket taken is counted lost. */
+/* Kernel and user stacks of tasks switched out (CFG_STACKS), by id: a switch record's aux is
+ * its kernel stack's id + 1 and its ustack its user stack's (0: none). Ids are never reused
+ * (no BPF_F_REUSE_STACKID), so a record never names another stack; a stack that finds its
+ * bucket taken is counted lost. */
 typedef __u64 xh_stack_t[XH_STACK_DEPTH];
-XH_MAP(kstacks, BPF_MAP_TYPE_STACK_TRACE, XH_STACKS_MAX, __u32, xh_stack_t);
+XH_MAP(stacks, BPF_MAP_TYPE_STACK_TRACE, XH_STACKS_MAX, __u32, xh_stack_t);
+
+/* The tgids whose user stacks were taken: user space reads each one's mappings while it
+ * lives (a user stack's addresses mean nothing without them), then deletes the key, so
+ * the map holds the processes seen since it last looked. */
+XH_MAP(utgids, BPF_MAP_TYPE_HASH, XH_UTGIDS_MAX, __u32, __u8);
 
 static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
 {
@@ -162,6 +169,7 @@ static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct t
 {
 	struct xh_sched_event *e;
 	bool prev_traced = traced(btf, prev);
+	__u64 kinds;
 
 	if (!prev_traced && !traced(btf, next))
 		return 0;
@@ -171,14 +179,28 @@ static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct t
 	fill_prev(btf, e, prev);
 	fill_next(btf, e, next);
 	e->prev_state = switch_state(btf, preempt, prev_state, prev);
-	/* current is still prev here: its kernel stack is where it leaves the CPU */
-	if (prev_traced && e->prev_pid && (xh_get(&trace_config, CFG_STACKS) & STACKS_KERNEL)) {
-		long id = bpf_get_stackid(ctx, &kstacks, 0);
+	/* current is still prev here: its stacks are where it leaves the CPU */
+	kinds = prev_traced && e->prev_pid ? xh_get(&trace_config, CFG_STACKS) : 0;
+	if (kinds & STACKS_KERNEL) {
+		long id = bpf_get_stackid(ctx, &stacks, 0);
 
 		if (id >= 0)
 			e->aux = (__u32)id + 1;
 		else
 			xh_bump(&counts, COUNT_STACKS_LOST);
+	}
+	if (kinds & STACKS_USER) {
+		long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+		__u8 one = 1;
+
+		if (id >= 0 && id < XH_STACKS_MAX) {
+			__u32 tgid = e->prev_tgid;  /* 6.1 takes no ring record memory as a key */
+
+			e->ustack = (__u16)(id + 1);
+			bpf_map_update_elem(&utgids, &tgid, &one, BPF_NOEXIST);
+		} else if (id != -XH_EFAULT) {  /* a kernel thread: no user stack */
+			xh_bump(&counts, COUNT_STACKS_LOST);
+		}
 	}
 	submit(e);
 	return 0;

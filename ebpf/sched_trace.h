@@ -11,7 +11,7 @@ struct xh_sched_event {
 	__u64 ts_ns;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
 	__u32 cpu;
 	__u16 type;        /* enum xh_event_type */
-	__u16 pad;
+	__u16 ustack;      /* switch: prev's user stack id + 1 (0: none) */
 	__u32 prev_pid;    /* switch: prev; waking/wakeup: current; exit: the task; fork: parent */
 	__u32 prev_tgid;
 	__u32 next_pid;    /* switch: next; waking/wakeup: the woken task; fork: child */
@@ -31,11 +31,14 @@ enum xh_trace_filter { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
 /* trace_config keys */
 enum xh_trace_cfg { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS, CFG_MAX };
 /* trace_config[CFG_STACKS] bits */
-enum xh_trace_stacks { STACKS_KERNEL = 1 };
+enum xh_trace_stacks { STACKS_KERNEL = 1, STACKS_USER = 2 };
 /* counts keys (per-CPU) */
 enum xh_trace_count { COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST, COUNT_MAX };
-/* the kstacks map: frames kept of a stack (the kernel's PERF_MAX_STACK_DEPTH), stacks */
+/* the stacks map: frames kept of a stack (the kernel's PERF_MAX_STACK_DEPTH), stacks (an id
+ * + 1 fits a record's ustack) */
 #define XH_STACK_DEPTH 127
 #define XH_STACKS_MAX 16384
+/* the utgids map: processes whose user stacks were taken since user space last looked */
+#define XH_UTGIDS_MAX 4096
 
 #endif

@@ -53,6 +53,7 @@ __u32 bpf_map__max_entries(const struct bpf_map *map);
 int bpf_map_lookup_elem(int fd, const void *key, void *value);
 int bpf_map_update_elem(int fd, const void *key, const void *value, uint64_t flags);
 int bpf_map_delete_elem(int fd, const void *key);
+int bpf_map_get_next_key(int fd, const void *key, void *next_key);
 
 /* misc */
 long libbpf_get_error(const void *ptr);

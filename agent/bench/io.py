@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import stat
 import subprocess
@@ -23,6 +22,7 @@ import click
 from .. import quantity
 from ..cgroups.mounts import discover_hierarchy
 from ..cliparams import FiniteFloat
+from ..fdlimit import room_for_fds
 from ..io.aio import AsyncRing
 from ..io.batch import RwStream
 from ..io.buffers import AlignedBuffer
@@ -642,7 +642,7 @@ def _files_cases(sets: dict[str, tuple[str, list[str]]], seconds, cases, notes, 
     chains through io_uring, and open/read/close from C (the kernel's own work plus the
     result objects: no way that opens, reads and closes every file is much faster). First,
     the kept-open cases (see _sampler_cases)."""
-    _room_for_fds(4 * max((len(p) for _, p in sets.values()), default=0))
+    room_for_fds(4 * max((len(p) for _, p in sets.values()), default=0))
     for name, (what, paths) in sets.items():
         if not paths:
             notes[f"files_{name}"] = f"no {what} here; cases skipped"
@@ -750,16 +750,6 @@ def _sampler_cases(name: str, paths: list[str], seconds, cases, notes) -> None:
         sampler.close()
         by_pread.close()
         close_kept()
-
-
-def _room_for_fds(count: int) -> None:
-    """The kept-open cases hold every file open two or three times over: lift the soft
-    RLIMIT_NOFILE towards the hard one when the default (often 1024) is short."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = count + 256
-    if soft != resource.RLIM_INFINITY and soft < want:
-        top = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, top), hard))
 
 
 def _make_groups(notes: dict) -> tuple[Path | None, list[str]]:

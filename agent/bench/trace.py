@@ -93,11 +93,14 @@ def run_offcputime(rounds: int, pin: str) -> dict:
     return result
 
 
-def perf_command(perf: str, data: str, command: list[str], stacks: bool = False) -> list[str]:
+CALLCHAINS = {"none": [], "kernel": ["-g", "--kernel-callchains"], "both": ["-g"]}
+
+
+def perf_command(perf: str, data: str, command: list[str], stacks: str = "none") -> list[str]:
     """perf needs tracefs for sched:sched_switch; mount it in a private mount
     namespace when the host has not (nothing changes outside that namespace).
-    `stacks`: `-g --kernel-callchains`, the kernel call chain with each event (what
-    xhagent's --stacks kernel takes)."""
+    `stacks`: "kernel", `-g --kernel-callchains`, the kernel call chain with each event (what
+    xhagent's --stacks kernel takes); "both", `-g`, the kernel's and the user's."""
     # 8 MiB per CPU: perf's default buffer loses events on a loaded 2-CPU machine, and a
     # baseline that drops events would flatter neither side. Not -q: its "lost" lines count.
     cmd = [
@@ -108,7 +111,7 @@ def perf_command(perf: str, data: str, command: list[str], stacks: bool = False)
         "-e",
         "sched:sched_switch",
         "-a",
-        *(["-g", "--kernel-callchains"] if stacks else []),
+        *CALLCHAINS[stacks],
         "-o",
         data,
         "--",
@@ -137,7 +140,7 @@ def perf_missing() -> str | None:
     return None
 
 
-def run_perf(rounds: int, data: str, pin: str, stacks: bool = False) -> dict:
+def run_perf(rounds: int, data: str, pin: str, stacks: str = "none") -> dict:
     workload = [*WORKLOAD, str(rounds), "--pin", pin]
     res = subprocess.run(
         perf_command(shutil.which("perf"), data, workload, stacks),
@@ -238,7 +241,7 @@ def bench_trace(rounds: int, repeat: int, pin: str, as_json: bool, stacks: bool)
             )
             if why_no_perf is None:
                 data = os.path.join(tmp, "perf.data")
-                runs["perf_g"].append(run_perf(rounds, data, pin, stacks=True))
+                runs["perf_g"].append(run_perf(rounds, data, pin, stacks="kernel"))
             if why_no_offcputime is None:
                 runs["offcputime"].append(run_offcputime(rounds, pin))
     base = _median(runs["untraced"], "elapsed_s")

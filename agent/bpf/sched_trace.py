@@ -20,18 +20,18 @@ RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes i
 # BTF by tests/unit/test_bpf_layout.py.
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
 CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS = 0, 1, 2, 3
-STACKS_KERNEL = 1
+STACKS_KERNEL, STACKS_USER = 1, 2
 COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST = 0, 1, 2
 MIRROR = Mirror(
     "sched_trace",
     enums={
         "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
         "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES CFG_STACKS"),
-        "xh_trace_stacks": pick(globals(), "STACKS_KERNEL"),
+        "xh_trace_stacks": pick(globals(), "STACKS_KERNEL STACKS_USER"),
         "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED COUNT_STACKS_LOST"),
     },
 )
-STACK_DEPTH = 127  # XH_STACK_DEPTH: frames of a kstacks value
+STACK_DEPTH = 127  # XH_STACK_DEPTH: frames of a stacks value
 TRACEPOINTS = ("switch", "waking", "wakeup", "wakeup_new", "exit", "fork")
 WAKEUP_BYTES = 256 * 1024  # wake the consumer once this much waits in the ring
 
@@ -143,14 +143,28 @@ class SchedTrace(ProgramLoader):
         self._set(CFG_MODE, FILTER_PIDS)
         self._mode = FILTER_PIDS
 
-    def take_kernel_stacks(self) -> None:
-        """Record the kernel stack of each traced task switched out (a switch's aux: its
-        id + 1); read them with kernel_stack() before close()."""
-        self._set(CFG_STACKS, STACKS_KERNEL)
+    def take_stacks(self, kernel: bool = True, user: bool = False) -> None:
+        """Record the kernel stack (a switch's aux: its id + 1) and the user stack (its
+        ustack) of each traced task switched out; read them with stack() before close(),
+        and the processes whose user stacks were taken with user_tgids() while they live."""
+        self._set(CFG_STACKS, (STACKS_KERNEL if kernel else 0) | (STACKS_USER if user else 0))
 
-    def kernel_stack(self, stack_id: int) -> list[int]:
+    def user_tgids(self) -> list[int]:
+        """The processes whose user stacks were taken since the last call (each forgotten
+        here, so that the next call names only those seen again)."""
+        m = self.obj.map("utgids")
+        out = []
+        for key in m.keys():
+            try:
+                m.delete(key)
+            except BpfError:
+                continue  # (deleted meanwhile)
+            out.append(struct.unpack("<I", key)[0])
+        return out
+
+    def stack(self, stack_id: int) -> list[int]:
         """The return addresses of stack `stack_id`, innermost first; [] if it is gone."""
-        raw = self.obj.map("kstacks").lookup(struct.pack("<I", stack_id))
+        raw = self.obj.map("stacks").lookup(struct.pack("<I", stack_id))
         if raw is None:
             return []
         ips = struct.unpack(f"<{STACK_DEPTH}Q", raw)

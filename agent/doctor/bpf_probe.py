@@ -119,18 +119,19 @@ def _sched_trace() -> Item:
     try:
         with SchedTrace() as st, tempfile.TemporaryFile() as sink:
             st.filter_pids([os.getpid()])
-            st.take_kernel_stacks()
+            st.take_stacks(kernel=True, user=True)
             ring = st.start(sink.fileno(), TRACEPOINTS)
             time.sleep(0.01)  # this thread leaves its CPU: a switch with its kernel stack
             ring.poll(0)
             ring.flush()
-            frames = _own_kernel_stack(st, sink)
+            frames, user = _own_stacks(st, sink)
             return ok(
                 name,
                 attach=st.flavour,
                 events=list(TRACEPOINTS),
-                stacks=["kernel"] if frames else [],
+                stacks=[kind for kind, n in (("kernel", frames), ("user", user)) if n],
                 kernel_stack_frames=frames,
+                user_stack_frames=user,
             )
     except OSError as exc:
         return fail(
@@ -140,19 +141,20 @@ def _sched_trace() -> Item:
         )
 
 
-def _own_kernel_stack(st, sink) -> int:
-    """Frames of a kernel stack the program took of this thread's switch-outs (0: none)."""
+def _own_stacks(st, sink) -> tuple[int, int]:
+    """Frames of a kernel and of a user stack the program took of this thread's switch-outs
+    (0: none)."""
     from ..trace.fmt import EV_SWITCH, RECORD, Event
 
     sink.seek(0)
     data = sink.read()
+    kernel = user = 0
     for rec in RECORD.iter_unpack(data[: len(data) // RECORD.size * RECORD.size]):
         ev = Event(*rec)
-        if ev.type == EV_SWITCH and ev.prev_pid == threading.get_native_id() and ev.aux:
-            frames = len(st.kernel_stack(ev.aux - 1))
-            if frames:
-                return frames
-    return 0
+        if ev.type == EV_SWITCH and ev.prev_pid == threading.get_native_id():
+            kernel = kernel or (len(st.stack(ev.aux - 1)) if ev.aux else 0)
+            user = user or (len(st.stack(ev.ustack - 1)) if ev.ustack else 0)
+    return kernel, user
 
 
 def _runqlat() -> Item:

@@ -86,7 +86,7 @@ EXEC_FIELDS = (
     "trace",
     "traceStacks",
 )
-TRACE_STACKS = ("none", "kernel")
+TRACE_STACKS = ("none", "kernel", "user", "both")
 MAX_ARG_BYTES = 4096
 MAX_ARGV_BYTES = 128 << 10  # counted with each argument's terminating NUL, as execve does
 # The kernel's own bound on one argv or environment string (MAX_ARG_STRLEN).

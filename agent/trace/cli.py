@@ -80,11 +80,13 @@ def trace() -> None:
 )
 @click.option(
     "--stacks",
-    type=click.Choice(["none", "kernel"]),
+    type=click.Choice(["none", "kernel", "user", "both"]),
     default="none",
     show_default=True,
-    help="kernel: each traced task's kernel stack where it leaves the CPU (at its switch-out), "
-    "named from /proc/kallsyms when the recording ends; `export --format perf` prints them.",
+    help="Each traced task's stack where it leaves the CPU (at its switch-out): kernel (named "
+    "from /proc/kallsyms when the recording ends), user (named from the ELF symbols of the "
+    "files the process had mapped; code without frame pointers gives its innermost frames "
+    "only), or both; `export --format perf` prints them.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option(
@@ -186,6 +188,12 @@ def record(output, duration, cgroup, pids, events, stacks, as_json, metrics_addr
         click.echo(
             f"xhagent trace: WARNING: {taken['lost']} stacks not recorded (the stack map was "
             "full or a hash bucket held another stack): those switches have none",
+            err=True,
+        )
+    if taken.get("processes_missed"):
+        click.echo(
+            f"xhagent trace: WARNING: {taken['processes_missed']} processes ended before their "
+            "mappings were read: their user frames keep their addresses, unnamed",
             err=True,
         )
     if taken.get("symbols") == "hidden":
@@ -330,8 +338,8 @@ class _Sorted:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @ALLOW_TRUNCATED
 def offcpu(file, pids, min_us, top, as_json, allow_truncated) -> None:
-    """Off-CPU time by task and kernel stack, as offcputime counts it: from each switch-out
-    to the task's next switch-in. Stacks come from a trace recorded with --stacks kernel."""
+    """Off-CPU time by task and stack, as offcputime counts it: from each switch-out
+    to the task's next switch-in. Stacks come from a trace recorded with --stacks."""
     from .offcpu import off_cpu, render
 
     tr = _open(file, allow_truncated)
@@ -339,7 +347,7 @@ def offcpu(file, pids, min_us, top, as_json, allow_truncated) -> None:
     stacks = tr.stacks()
     if not stacks:
         click.echo(
-            f"xhagent trace: {file}: no stacks (recorded without --stacks kernel): "
+            f"xhagent trace: {file}: no stacks (recorded without --stacks): "
             "off-CPU time by task only",
             err=True,
         )

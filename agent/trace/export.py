@@ -118,7 +118,7 @@ def write_perf(trace: TraceFile, out: IO[str]) -> int:
     for ev in trace:
         out.write(perf_line(ev, bool(stacks)) + "\n")
         if stacks:
-            frames = stacks.get(ev.aux - 1, ()) if ev.type == EV_SWITCH and ev.aux else ()
+            frames = stacks.of(ev.aux, ev.ustack, ev.prev_tgid) if ev.type == EV_SWITCH else ()
             out.write("".join(f"\t{f.perf()}\n" for f in frames) + "\n")
         n += 1
     return n
@@ -209,8 +209,8 @@ def chrome_events(
         ts, dur = start / scale, (end - start) / scale
         state = state_str(iv.end_state) if iv.end_state is not None else "?"
         esf = None
-        if stacks and frames is not None and iv.end_stack:
-            esf = frames.node(stacks.get(iv.end_stack - 1, []))
+        if stacks and frames is not None:
+            esf = frames.node(stacks.of(iv.end_stack, iv.end_ustack, iv.tgid))
         ends = {"esf": esf} if esf else {}
         slices.append(
             {

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from ..bpf.layout import Mirror, Record, pick
 from ..cpulist import MAX_CPUS
 from ..inputs import InputError, open_input, read_input
-from .stacks import MAX_SECTION, decode_section
+from .stacks import MAX_SECTION, Stacks, decode_section
 
 MAGIC = b"XHTRACE\x00"
 VERSION = 1
@@ -43,7 +43,7 @@ RECORD = Record(
         ("ts_ns", "Q"),
         ("cpu", "I"),
         ("type", "H"),
-        ("pad", "H"),
+        ("ustack", "H"),
         ("prev_pid", "I"),
         ("prev_tgid", "I"),
         ("next_pid", "I"),
@@ -81,7 +81,7 @@ class Event(NamedTuple):
     ts_ns: int
     cpu: int
     type: int
-    pad: int
+    ustack: int  # a switch's user stack id + 1 (0: none)
     prev_pid: int
     prev_tgid: int
     next_pid: int
@@ -222,7 +222,7 @@ class TraceFile:
         self.warnings: list[str] = []
         self._data = self._map()
         self.header, self.data_offset = self._parse_header()
-        self._stacks: dict[int, list] | None = None
+        self._stacks: Stacks | None = None
         self.count, self.truncated_bytes = self._count_records(allow_truncated)
         self._check_records()
 
@@ -317,11 +317,11 @@ class TraceFile:
             return None
         return offset, size
 
-    def stacks(self) -> dict[int, list]:
-        """Stack id -> frames (stacks.Frame, innermost first); {} for a trace without."""
+    def stacks(self) -> Stacks:
+        """The trace's stacks (empty for a trace without: false)."""
         if self._stacks is None:
             where = self._stacks_section()
-            self._stacks = {}
+            self._stacks = Stacks()
             if where is not None:
                 offset, size = where
                 try:

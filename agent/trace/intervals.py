@@ -28,6 +28,7 @@ class Interval:
     end_ns: int
     end_state: int | None  # sched_switch prev_state at the end; None if the trace ended first
     end_stack: int = 0  # the switch-out's aux: its kernel stack's id + 1 (0: none)
+    end_ustack: int = 0  # the switch-out's ustack: its user stack's id + 1 (0: none)
 
 
 def on_cpu_intervals(events: Iterable[Event]) -> Iterator[Interval]:
@@ -43,7 +44,9 @@ def on_cpu_intervals(events: Iterable[Event]) -> Iterator[Interval]:
             continue
         cur = current.get(ev.cpu)
         if cur is not None and cur[0] == ev.prev_pid and ev.ts_ns >= cur[3]:
-            yield Interval(ev.cpu, cur[0], cur[1], cur[2], cur[3], ev.ts_ns, ev.prev_state, ev.aux)
+            yield Interval(
+                ev.cpu, cur[0], cur[1], cur[2], cur[3], ev.ts_ns, ev.prev_state, ev.aux, ev.ustack
+            )
         current[ev.cpu] = (ev.next_pid, ev.next_tgid, comm(ev.next_comm), ev.ts_ns)
     for cpu, (pid, tgid, name, start) in sorted(current.items()):
         if last_ts > start:

@@ -1,6 +1,7 @@
 """Off-CPU time by stack, as libbpf-tools' offcputime counts it: from a task's switch-out
-to its next switch-in (blocked, then waiting on a run queue), summed per task and kernel
-stack at the switch-out (trace record --stacks kernel). Pure: events in, figures out."""
+to its next switch-in (blocked, then waiting on a run queue), summed per task and stack at
+the switch-out (trace record --stacks kernel|user|both: its kernel frames, then its user
+frames). Pure: events in, figures out."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from .fmt import EV_SWITCH, Event, comm
 from .intervals import Selection, by_time
-from .stacks import Frame
+from .stacks import Frame, Stacks
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class OffCpu:
     comm: str
     pid: int
     tgid: int
-    frames: tuple[Frame, ...]  # the kernel stack, innermost first; () when none was taken
+    frames: tuple[Frame, ...]  # its stack, innermost first: kernel, then user; () for none
     total_ns: int
     count: int
 
@@ -34,7 +35,7 @@ class OffCpu:
 
 def off_cpu(
     events: Iterable[Event],
-    stacks: dict[int, list[Frame]],
+    stacks: Stacks,
     pids: Iterable[int] = (),
     min_ns: int = 1000,
     filt: dict | None = None,
@@ -62,13 +63,13 @@ def off_cpu(
             continue
         if not selection.selected(went.prev_pid, went.prev_tgid):
             continue
-        key = (comm(went.prev_comm), went.prev_pid, went.prev_tgid, went.aux)
+        key = (comm(went.prev_comm), went.prev_pid, went.prev_tgid, went.aux, went.ustack)
         acc = totals.setdefault(key, [0, 0])
         acc[0] += took
         acc[1] += 1
     out = [
-        OffCpu(name, pid, tgid, tuple(stacks.get(aux - 1, ()) if aux else ()), total, n)
-        for (name, pid, tgid, aux), (total, n) in totals.items()
+        OffCpu(name, pid, tgid, tuple(stacks.of(aux, ustack, tgid)), total, n)
+        for (name, pid, tgid, aux, ustack), (total, n) in totals.items()
     ]
     return sorted(out, key=lambda o: (-o.total_ns, o.pid, [f.symbol for f in o.frames]))
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..fdlimit import room_for_fds
 from ..outputs import atomic_output
 from ..signals import TERMINATING, forward_signals, terminate_on_signals
 from .fmt import (
@@ -26,9 +27,11 @@ from .fmt import (
     Header,
     append_stacks,
     clock_offset_ns,
+    comm,
     finish_header,
     write_header,
 )
+from .ustacks import MAX_FILES, ProcessMaps
 
 # Waits for one byte on fd argv[1], then becomes the command (same pid).
 GATE = (
@@ -38,6 +41,19 @@ GATE = (
     "file=sys.stderr)\n    sys.exit(127)\n"
 )
 POLL_MS = 100
+USER_POLL_MS = 10
+STACK_KINDS = ("none", "kernel", "user", "both")  # trace record --stacks, traceStacks
+USER_KINDS = ("user", "both")
+
+
+def take_stacks(st, kind: str) -> None:
+    """Have the recorder `st` (SchedTrace) take the stacks of `kind` (STACK_KINDS)."""
+    if kind not in STACK_KINDS:
+        raise ValueError(f"stacks: {kind!r} is not one of {', '.join(STACK_KINDS)}")
+    if kind != "none":
+        st.take_stacks(kernel=kind in ("kernel", "both"), user=kind in USER_KINDS)
+
+
 MAX_PID = 2**32 - 1  # the BPF filter keys pids as u32
 
 
@@ -145,11 +161,13 @@ def new_header(filt: dict, flavour: str, events, **meta) -> Header:
 
 
 def end_records(
-    fd: int, header: Header, sink, st, elapsed: float, symbols=None
+    fd: int, header: Header, sink, st, elapsed: float, symbols=None, maps=None
 ) -> tuple[int, list[int], int]:
     """Write what the ring still holds and the header's final counts (the file is then
     complete); (records written, lost per CPU, foreign records). A recording with stacks
-    gets its stacks section, named with `symbols` (stacks.KernelSymbols; default: read now)."""
+    gets its stacks section, named with `symbols` (stacks.KernelSymbols; default: read now)
+    and, for user stacks, the processes' mappings `maps` (ustacks.ProcessMaps) captured
+    while it recorded."""
     sink.poll(0)
     sink.flush()
     written, _, foreign = sink.stats()
@@ -160,37 +178,81 @@ def end_records(
         elapsed_ns=int(elapsed * 1e9), lost_per_cpu=lost_per_cpu, foreign_records=foreign
     )
     if "stacks" in header.meta:
-        end_stacks(fd, header, st, symbols)
+        end_stacks(fd, header, st, symbols, maps)
     finish_header(fd, header)
     return written, lost_per_cpu, foreign
 
 
-# where a record's type (u16) and aux (u32, a switch's stack id + 1) lie
+# where a record's type and ustack (u16), aux and prev_tgid (u32), prev_comm (16 bytes) lie
 _OFFSET = {name: at for name, at, _, _ in RECORD.members()}
+_COMM = slice(_OFFSET["prev_comm"], _OFFSET["prev_comm"] + 16)
 
 
-def end_stacks(fd: int, header: Header, st, symbols=None) -> None:
-    """Name the stacks the records use (kallsyms, now, while the kernel that made them runs)
-    and append them as the trace's stacks section."""
+def _stacks_used(m, data_offset: int, records: int) -> tuple[set[int], dict]:
+    """The kernel stack ids of the switch records, and each (tgid, user stack id) with the
+    comm of the first record naming it."""
+    n = RECORD.size
+    view = memoryview(m)[data_offset : data_offset + records * n]
+    try:
+        types = view.cast("H")[_OFFSET["type"] // 2 :: n // 2]
+        ustacks = view.cast("H")[_OFFSET["ustack"] // 2 :: n // 2]
+        auxes = view.cast("I")[_OFFSET["aux"] // 4 :: n // 4]
+        tgids = view.cast("I")[_OFFSET["prev_tgid"] // 4 :: n // 4]
+        kernel: set[int] = set()
+        user: dict[tuple[int, int], str] = {}
+        for i, (t, a, u) in enumerate(zip(types, auxes, ustacks, strict=True)):
+            if t != EV_SWITCH:
+                continue
+            if a:
+                kernel.add(a - 1)
+            if u and (key := (tgids[i], u - 1)) not in user:
+                at = i * n
+                user[key] = comm(bytes(view[at + _COMM.start : at + _COMM.stop]))
+        return kernel, user
+    finally:
+        del types, ustacks, auxes, tgids
+        view.release()
+
+
+def end_stacks(fd: int, header: Header, st, symbols=None, maps=None) -> None:
+    """Name the stacks the records use (kernel frames from kallsyms, now, while the kernel
+    that made them runs; user frames from the processes' mappings, `maps`) and append them
+    as the trace's stacks section."""
     import mmap
 
-    from .stacks import KernelSymbols, encode_section
+    from .stacks import KernelSymbols, encode_section, kernel_frames
+    from .ustacks import ProcessMaps, UserSymbols
 
     data_offset = PREFIX.size + PREFIX.unpack(os.pread(fd, PREFIX.size, 0))[-1]
-    ids: set[int] = set()
-    end = data_offset + header.records * RECORD.size
+    kernel_ids: set[int] = set()
+    user_keys: dict = {}
     if header.records:
+        end = data_offset + header.records * RECORD.size
         with mmap.mmap(fd, end, prot=mmap.PROT_READ) as m:
-            view = memoryview(m)[data_offset:end]
-            types = view.cast("H")[_OFFSET["type"] // 2 :: RECORD.size // 2]
-            auxes = view.cast("I")[_OFFSET["aux"] // 4 :: RECORD.size // 4]
-            ids = {a - 1 for t, a in zip(types, auxes, strict=True) if t == EV_SWITCH and a}
-            del types, auxes, view
-    syms = symbols if symbols is not None else KernelSymbols.from_proc()
-    header.meta["stacks"].update(
-        stacks=len(ids), lost=st.stacks_lost(), symbols="hidden" if syms.hidden else "kallsyms"
-    )
-    append_stacks(fd, header, data_offset, encode_section(ids, st.kernel_stack, syms))
+            kernel_ids, user_keys = _stacks_used(m, data_offset, header.records)
+    meta = header.meta["stacks"]
+    kernel = {}
+    if meta.get("kind") != "user":
+        syms = symbols if symbols is not None else KernelSymbols.from_proc()
+        kernel = kernel_frames(kernel_ids, st.stack, syms)
+        meta.update(symbols="hidden" if syms.hidden else "kallsyms")
+    maps = maps if maps is not None else ProcessMaps()
+    names = UserSymbols(maps)
+    user = {
+        (tgid, sid): names.frames(tgid, name, st.stack(sid))
+        for (tgid, sid), name in sorted(user_keys.items())
+    }
+    meta.update(stacks=len(kernel_ids), lost=st.stacks_lost())
+    if meta.get("kind") != "kernel":
+        meta.update(
+            user_stacks=len(user),
+            processes=len(maps.images),
+            processes_missed=maps.missed,
+            files=len(maps.files),
+            files_unread=len(maps.unread),
+            builds=dict(sorted(names.builds.items())),  # what named the user frames
+        )
+    append_stacks(fd, header, data_offset, encode_section(kernel, user))
 
 
 def record(
@@ -209,8 +271,9 @@ def record(
     """Trace into `path`. With `command`, its tasks are traced (all tasks if
     `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None).
 
-    `stacks`: "kernel" takes each traced task's kernel stack at its switch-out ("none":
-    no stacks).
+    `stacks`: "kernel", "user" or "both" takes each traced task's kernel stack, user stack or
+    both at its switch-out ("none": no stacks); the mappings of the processes whose user
+    stacks were taken are read as they come (ustacks.py).
 
     `path` is replaced only by a finished trace (see output.py). A SIGINT/SIGTERM/SIGHUP
     before recording starts raises Terminated and leaves nothing; during the recording it
@@ -225,7 +288,13 @@ def record(
     pids = [check_pid(p) for p in pids]
 
     proc = gate = None
-    with terminate_on_signals(), atomic_output(path, 0o644) as out:
+    user = stacks in USER_KINDS
+    if user:
+        room_for_fds(MAX_FILES)  # the mapped files, held open until the stacks are named
+    # with user stacks, look for new processes often: one that lives less than a poll is
+    # gone before its mappings are read
+    poll_ms = USER_POLL_MS if user else POLL_MS
+    with terminate_on_signals(), atomic_output(path, 0o644) as out, ProcessMaps() as maps:
         try:
             with SchedTrace() as st:
                 if cgroup is not None:
@@ -245,9 +314,9 @@ def record(
                 if filt["kind"] == "pids":
                     st.filter_pids(list(pids) + ([proc.pid] if proc else []))
                 extra = {}
-                if stacks == "kernel":
-                    st.take_kernel_stacks()
-                    extra["stacks"] = {"kind": "kernel"}
+                if stacks != "none":
+                    take_stacks(st, stacks)
+                    extra["stacks"] = {"kind": stacks}
                 header = new_header(filt, st.flavour, events, **extra)
                 write_header(out.fd, header)
                 sink = st.start(out.fd, events)
@@ -262,7 +331,9 @@ def record(
                     next_report = t0 + 1.0
                     # with a command, a signal goes to it and its exit ends the loop
                     while proc is not None or not stop.requested:
-                        sink.poll(POLL_MS)
+                        sink.poll(poll_ms)
+                        if user:
+                            maps.capture(st.user_tgids())
                         now = time.monotonic()
                         if progress is not None and now >= next_report:
                             progress(
@@ -277,8 +348,10 @@ def record(
                             break
                     # records committed on other CPUs just before the stop
                     time.sleep(0.02)
+                    if user:
+                        maps.capture(st.user_tgids())
                     written, lost_per_cpu, foreign = end_records(
-                        out.fd, header, sink, st, time.monotonic() - t0
+                        out.fd, header, sink, st, time.monotonic() - t0, maps=maps
                     )
                     elapsed = header.meta["elapsed_ns"] / 1e9
                     out.commit()

@@ -1,11 +1,13 @@
-"""Kernel stacks of a trace: taken by the BPF program at each switch-out (a record's aux is
-the stack's id + 1), named at the end of the recording from /proc/kallsyms (so that the
-trace reads the same after a reboot or on another machine), and kept in the trace file's
-stacks section (fmt.py): frames deduplicated, each stack a list of frame indices.
+"""Stacks of a trace: taken by the BPF program at each switch-out (a switch record's aux is
+its kernel stack's id + 1, its ustack its user stack's), named at the end of the recording,
+kernel frames from /proc/kallsyms and user frames from the mapped files (ustacks.py), so
+that the trace reads the same after a reboot or on another machine, and kept in the trace
+file's stacks section (fmt.py): frames deduplicated, each stack a list of frame indices.
 
 A frame is (address, symbol, offset, module): module "[kernel.kallsyms]" for the kernel
-image, as perf names it, else the module's name in brackets. An address no symbol covers
-keeps its address alone (symbol "[unknown]", as perf prints it).
+image, as perf names it, the module's name in brackets for a kernel module, the file's
+path for user code. An address no symbol covers keeps its address alone (symbol
+"[unknown]", as perf prints it).
 """
 
 from __future__ import annotations
@@ -107,23 +109,62 @@ def stack_ids(auxes: Iterable[int]) -> set[int]:
     return {aux - 1 for aux in auxes if aux}
 
 
-def encode_section(ids: Iterable[int], lookup: Callable[[int], list[int]], syms: KernelSymbols):
+class Stacks:
+    """A trace's stacks: kernel ones by id, user ones by (tgid, id): a user stack's id
+    is its addresses', which mean something else in another process."""
+
+    def __init__(
+        self,
+        kernel: dict[int, list[Frame]] | None = None,
+        user: dict[tuple[int, int], list[Frame]] | None = None,
+    ):
+        self.kernel = kernel or {}
+        self.user = user or {}
+
+    def __bool__(self) -> bool:
+        return bool(self.kernel or self.user)
+
+    def of(self, aux: int, ustack: int, tgid: int) -> list[Frame]:
+        """A switch-out's frames, innermost first: its kernel stack, then its user stack
+        (as `perf script -g` prints them); [] for none."""
+        kernel = self.kernel.get(aux - 1, []) if aux else []
+        user = self.user.get((tgid, ustack - 1), []) if ustack else []
+        return kernel + user if user else kernel
+
+
+def encode_section(
+    kernel: dict[int, list[Frame]], user: dict[tuple[int, int], list[Frame]] | None = None
+) -> bytes:
     """The stacks section's bytes: zlib-compressed JSON {"frames": [[addr, symbol, offset,
-    module], ...], "kernel": {id: [frame index, ...]}}, each stack innermost frame first."""
+    module], ...], "kernel": {id: [frame index, ...]}, "user": {"TGID/ID": [...]}}, each
+    stack innermost frame first."""
     index: dict[Frame, int] = {}
-    stacks: dict[str, list[int]] = {}
-    for sid in sorted(ids):
-        frames = trim_tracing([syms.frame(ip) for ip in lookup(sid)])
-        stacks[str(sid)] = [index.setdefault(f, len(index)) for f in frames]
-    doc = {"frames": [list(f) for f in index], "kernel": stacks}
+
+    def indices(frames: list[Frame]) -> list[int]:
+        return [index.setdefault(f, len(index)) for f in frames]
+
+    doc: dict = {"kernel": {str(sid): indices(kernel[sid]) for sid in sorted(kernel)}}
+    if user:
+        doc["user"] = {f"{t}/{sid}": indices(user[(t, sid)]) for t, sid in sorted(user)}
+    doc["frames"] = [list(f) for f in index]
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
 
 
-def decode_section(data: bytes) -> dict[int, list[Frame]]:
-    """id -> frames, from encode_section's bytes; ValueError for anything else."""
+def kernel_frames(ids: Iterable[int], lookup: Callable[[int], list[int]], syms: KernelSymbols):
+    """Kernel stack id -> its frames named, without the tracing machinery's."""
+    return {sid: trim_tracing([syms.frame(ip) for ip in lookup(sid)]) for sid in ids}
+
+
+def decode_section(data: bytes) -> Stacks:
+    """The stacks of encode_section's bytes; ValueError for anything else."""
     try:
         doc = json.loads(zlib.decompressobj().decompress(data, MAX_SECTION * 4))
         frames = [Frame(int(a), str(s), int(o), str(m)) for a, s, o, m in doc["frames"]]
-        return {int(k): [frames[i] for i in v] for k, v in doc["kernel"].items()}
+        kernel = {int(k): [frames[i] for i in v] for k, v in doc["kernel"].items()}
+        user = {}
+        for k, v in doc.get("user", {}).items():
+            tgid, _, sid = k.partition("/")
+            user[(int(tgid), int(sid))] = [frames[i] for i in v]
+        return Stacks(kernel, user)
     except (zlib.error, ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
         raise ValueError(f"stacks section unreadable: {exc}") from None

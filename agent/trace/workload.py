@@ -2,14 +2,21 @@
 byte over two pipes `rounds` times, so each blocks in read() (prev_state=S) once
 per round. Run as `python -m xhagent.trace.workload ROUNDS [--pin none|same|split]`; it prints
 `{"ping": PID, "pong": PID, "rounds": N, "elapsed_s": S}` (the loop's
-wall time) as JSON on stdout."""
+wall time) as JSON on stdout.
+
+`build_c` builds the same workload in C (pingpong.c) with frame pointers, for user stacks
+that a tracer can take whole: CPython keeps none, so a Python workload's user stacks stop
+after a frame or two."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 PING, PONG = "xh-ping", "xh-pong"
 
@@ -71,6 +78,21 @@ def ping_pong(rounds: int, pin: str = "none") -> dict:
 
 
 PINS = ("none", "same", "split")
+C_SOURCE = Path(__file__).with_name("pingpong.c")
+C_FLAGS = ("-O2", "-fno-omit-frame-pointer")
+
+
+def build_c(dest: str) -> list[str]:
+    """Build the C ping-pong into the directory `dest`; the command that runs it (append
+    ROUNDS and --pin P). RuntimeError when there is no C compiler or the build fails."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("the C ping-pong needs a C compiler (Debian package build-essential)")
+    out = os.path.join(dest, "xh-pingpong")
+    res = subprocess.run([cc, *C_FLAGS, "-o", out, str(C_SOURCE)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"building {C_SOURCE} failed: {res.stderr.strip()[-400:]}")
+    return [out]
 
 
 def main(argv: list[str]) -> int:

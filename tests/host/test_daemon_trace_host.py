@@ -79,7 +79,7 @@ def test_a_traced_task_leaves_a_trace_of_its_own_processes_only(agent, tmp_path)
 
 
 def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
-    stacks = TRACE + "  traceStacks: kernel\n"
+    stacks = TRACE + "  traceStacks: both\n"
     tid = agent.submit(task_file(tmp_path, "stacks", ["sh", "-c", SCRIPT], stacks))
     assert agent.wait(tid)["state"] == "Succeeded"
     recorded(agent, tid)
@@ -96,6 +96,9 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     naps = [s for s in got if s["comm"] == "sleep" and "do_nanosleep" in s["frames"]]
     assert len(naps) == 3 and all(s["off_cpu_us"] >= 40_000 for s in naps), got
     assert any(s["comm"] == "sh" and "do_wait" in s["frames"] for s in got), got
+    # and their user stacks: the sleeps in the C library's nanosleep, named from its symbols
+    user = [s["frames"][s["frames"].index("entry_SYSCALL_64_after_hwframe") + 1 :] for s in naps]
+    assert all(u and "nanosleep" in u[0] for u in user), user
     # a stack needs a trace to be taken in
     bad = task_file(tmp_path, "bad", ["true"], "  traceStacks: kernel\n")
     res = agent.cli("submit", str(bad))

@@ -252,12 +252,11 @@ def test_perf_agrees(tmp_path, run_xhagent):
 
 
 def switch_out_stacks(events, stacks, pids) -> dict[int, list[list[str]]]:
-    """pid -> the kernel stack (symbols) of each of its switches out, in order."""
+    """pid -> the stack (symbols: kernel, then user) of each of its switches out, in order."""
     out: dict[int, list[list[str]]] = {pid: [] for pid in pids}
     for e in events:
         if e.type == EV_SWITCH and e.prev_pid in pids:
-            frames = stacks.get(e.aux - 1, []) if e.aux else []
-            out[e.prev_pid].append([f.symbol for f in frames])
+            out[e.prev_pid].append([f.symbol for f in stacks.of(e.aux, e.ustack, e.prev_tgid)])
     return out
 
 
@@ -280,8 +279,9 @@ def test_kernel_stacks_at_switch_out(tmp_path, run_xhagent):
     tr = TraceFile(path)
     pids = (work["ping"], work["pong"])
     blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid in pids and e.prev_state & 1]
-    stacks = tr.stacks()
+    stacks = tr.stacks().kernel
     assert len(blocked) >= ROUNDS and all(e.aux - 1 in stacks for e in blocked)
+    assert not any(e.ustack for e in blocked)  # kernel stacks only
     # each round blocked in read() on its pipe: __schedule <- schedule <- the pipe's read
     # (and ping, once, in wait() for pong)
     callers = [caller_of_schedule([f.symbol for f in stacks[e.aux - 1]]) for e in blocked]
@@ -355,7 +355,7 @@ def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
     xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", "kernel"]
     xh += ["-o", path, "--", *WORKLOAD]
     res = subprocess.run(
-        perf_command(shutil.which("perf"), data, xh, stacks=True),
+        perf_command(shutil.which("perf"), data, xh, stacks="kernel"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -382,6 +382,112 @@ def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
         same = sum(caller_of_schedule(a) == caller_of_schedule(b) for a, b in pairs)
         assert same >= 0.99 * len(pairs), (pid, same, len(pairs))
         assert abs(len(ours[pid]) - len(theirs[pid])) <= 0.01 * len(theirs[pid])
+
+
+@pytest.fixture(scope="module")
+def c_pingpong(tmp_path_factory) -> list[str]:
+    """The ping-pong in C with frame pointers: user stacks a tracer can take whole."""
+    from xhagent.trace.workload import build_c
+
+    return [*build_c(str(tmp_path_factory.mktemp("c"))), str(ROUNDS), "--pin", "same"]
+
+
+def test_user_stacks_name_the_program_and_its_library(tmp_path, run_xhagent, c_pingpong):
+    path = str(tmp_path / "u.xht")
+    res = run_xhagent(
+        "trace", "record", "--stacks", "both", "-o", path, "--json", "--", *c_pingpong
+    )
+    assert res.returncode == 0, res.stderr
+    work, summary = json_lines(res.stdout)
+    meta = summary["stacks"]
+    assert meta["kind"] == "both" and meta["lost"] == 0 and meta["processes_missed"] == 0, meta
+    assert re.fullmatch(r"[0-9a-f]{40}", meta["builds"][c_pingpong[0]]), meta  # its build id
+    tr = TraceFile(path)
+    stacks = tr.stacks()
+    pids = (work["ping"], work["pong"])
+    blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid in pids and e.prev_state & 1]
+    assert len(blocked) >= ROUNDS and all(e.aux and e.ustack for e in blocked)
+    reads = 0
+    for e in blocked:
+        kernel = stacks.kernel[e.aux - 1]
+        user = stacks.user[(e.prev_tgid, e.ustack - 1)]
+        assert stacks.of(e.aux, e.ustack, e.prev_tgid) == kernel + user
+        # in the C library (read, named as perf names it; ping once in wait4 for pong),
+        # under the program's main (read keeps no frame of its own, so the frame chain goes
+        # from it to its caller's caller, as perf's does)
+        assert user[0].module.endswith("libc.so.6"), user
+        if user[0].symbol != "read":
+            continue
+        assert ("main", c_pingpong[0]) in [(f.symbol, f.module) for f in user], user
+        reads += 1
+    assert reads >= len(blocked) - 1 and reads >= ROUNDS
+    # the perf export: user frames after the kernel's, each in its file's own layout
+    out = tmp_path / "u.perf"
+    assert run_xhagent("trace", "export", path, "--format", "perf", "-o", str(out)).returncode == 0
+    frame = re.compile(r"^\t[ 0-9a-f]{16} (\S+\+0x[0-9a-f]+|\[unknown\]) \((/.+|\[[^\]]+\])\)$")
+    blocks = [b for b in out.read_text().split("\n\n") if "prev_comm=xh-p" in b.split("\n")[0]]
+    lines = [x for b in blocks for x in b.split("\n")[1:]]
+    assert lines and all(frame.match(x) for x in lines), [x for x in lines if not frame.match(x)]
+    main = [x for x in lines if " main+0x" in x and x.endswith(f"({c_pingpong[0]})")]
+    assert len(main) >= ROUNDS and all(int(x.split()[0], 16) < 1 << 32 for x in main), main[:3]
+    # folded: the comm, the user frames outermost first, then the kernel's
+    out = tmp_path / "u.folded"
+    assert (
+        run_xhagent("trace", "export", path, "--format", "folded", "-o", str(out)).returncode == 0
+    )
+    folded = [ln for ln in out.read_text().splitlines() if ln.startswith("xh-pong;")]
+    assert any(";main;" in ln and "read;entry_SYSCALL" in ln for ln in folded), folded
+
+
+def perf_user_stacks(script: str, pids) -> dict[int, list[list[str]]]:
+    """pid -> the user frames (symbols) of each of its switches out in `perf script` text,
+    from when it is named xh-ping or xh-pong (before, it was the recorder's gate)."""
+    theirs: dict[int, list[list[str]]] = {pid: [] for pid in pids}
+    for block in script.split("\n\n"):
+        head, *lines = block.strip("\n").split("\n") or [""]
+        m = re.search(r"sched:sched_switch: prev_comm=(xh-p[a-z]+) prev_pid=(\d+) ", head)
+        if m and int(m.group(2)) in pids:
+            user = [x.split()[1] for x in lines if not x.endswith("([kernel.kallsyms])")]
+            theirs[int(m.group(2))].append([s.split("+0x")[0] for s in user])
+    return theirs
+
+
+def test_user_stacks_agree_with_perf_g(tmp_path, run_xhagent, c_pingpong):
+    why = perf_missing()
+    if why:
+        pytest.skip(why)
+    from xhagent.bench.trace import perf_command
+
+    data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
+    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", "both"]
+    xh += ["-o", path, "--", *c_pingpong]
+    res = subprocess.run(
+        perf_command(shutil.which("perf"), data, xh, stacks="both"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    work = json_lines(res.stdout)[0]
+    pids = (work["ping"], work["pong"])
+    script = subprocess.run(
+        ["perf", "script", "-i", data], capture_output=True, text=True, check=True
+    )
+    theirs = perf_user_stacks(script.stdout, pids)
+    tr = TraceFile(path)
+    stacks = tr.stacks()
+    ours = {pid: [] for pid in pids}
+    for e in tr:
+        if e.type == EV_SWITCH and e.prev_pid in pids and comm(e.prev_comm).startswith("xh-p"):
+            user = stacks.user.get((e.prev_tgid, e.ustack - 1), []) if e.ustack else []
+            ours[e.prev_pid].append([f.symbol for f in user])
+    # the same switches, seen by both in the same run: the same user frames, named alike
+    for pid in pids:
+        assert len(theirs[pid]) > ROUNDS / 2, len(theirs[pid])
+        pairs = list(zip(ours[pid], theirs[pid], strict=False))
+        same = sum(a == b for a, b in pairs)
+        assert same >= 0.99 * len(pairs), (pid, same, len(pairs), pairs[:3])
+        assert any("main" in a for a, _ in pairs)
 
 
 SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")

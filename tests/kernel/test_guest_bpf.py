@@ -38,15 +38,18 @@ def test_doctor_ebpf_items_ok_in_guest():
     bad = {n: i.reason for n, i in items.items() if not i.ok}
     assert not bad, f"{platform.release()}: {bad}"
     assert {"ebpf.sched_trace", "ebpf.runqlat"} <= set(items)
-    assert items["ebpf.sched_trace"].detail["stacks"] == ["kernel"], items["ebpf.sched_trace"]
+    assert items["ebpf.sched_trace"].detail["stacks"] == ["kernel", "user"], items[
+        "ebpf.sched_trace"
+    ]
 
 
-def test_kernel_stacks_on_6_1_name_where_a_sleep_waits(tmp_path):
-    """trace record --stacks kernel on Debian's 6.1: a sleeping command's switch-out has its
-    kernel stack, named from this kernel's kallsyms, in the nanosleep path."""
+def test_stacks_on_6_1_name_where_a_sleep_waits(tmp_path):
+    """trace record --stacks both on Debian's 6.1: a sleeping command's switch-out has its
+    kernel stack, named from this kernel's kallsyms, in the nanosleep path, and its user
+    stack in the C library's nanosleep, named from the library's symbols."""
     out = tmp_path / "s.xht"
     rec = subprocess.run(
-        [sys.executable, "-m", "xhagent.cli", "trace", "record", "--stacks", "kernel"]
+        [sys.executable, "-m", "xhagent.cli", "trace", "record", "--stacks", "both"]
         + ["-o", str(out), "--json", "--", "sleep", "0.05"],
         capture_output=True,
         text=True,
@@ -57,13 +60,13 @@ def test_kernel_stacks_on_6_1_name_where_a_sleep_waits(tmp_path):
 
     trace = TraceFile(out)
     stacks = trace.stacks()
-    asleep = [
-        [f.symbol for f in stacks.get(e.aux - 1, [])]
-        for e in trace
-        if e.type == EV_SWITCH and e.prev_state & 1 and e.aux
-    ]
-    assert asleep, platform.release()
-    assert any(s[:1] == ["__schedule"] and "do_nanosleep" in s for s in asleep), asleep
+    asleep = [e for e in trace if e.type == EV_SWITCH and e.prev_state & 1 and e.aux]
+    kernel = [[f.symbol for f in stacks.kernel.get(e.aux - 1, [])] for e in asleep]
+    assert kernel, platform.release()
+    assert any(s[:1] == ["__schedule"] and "do_nanosleep" in s for s in kernel), kernel
+    user = [stacks.user.get((e.prev_tgid, e.ustack - 1), []) for e in asleep if e.ustack]
+    named = [u[0] for u in user if u and "nanosleep" in u[0].symbol]
+    assert named and named[0].module.endswith("libc.so.6"), (user, trace.header.meta)
 
 
 def test_trace_record_on_6_1_loads_tp_btf_and_reports_exits(tmp_path):

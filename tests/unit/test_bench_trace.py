@@ -22,8 +22,10 @@ def test_perf_takes_kernel_call_chains_only_when_stacks_are_compared(monkeypatch
         "--",
         "w",
     ]
-    with_stacks = bench.perf_command("perf", "d", ["w"], stacks=True)
-    assert with_stacks[: with_stacks.index("-o")][-2:] == ["-g", "--kernel-callchains"]
+    kernel = bench.perf_command("perf", "d", ["w"], stacks="kernel")
+    assert kernel[: kernel.index("-o")][-2:] == ["-g", "--kernel-callchains"]
+    both = bench.perf_command("perf", "d", ["w"], stacks="both")
+    assert both[: both.index("-o")][-2:] == ["-a", "-g"]
 
 
 def test_the_stacks_ratios_compare_added_slowdowns():

@@ -33,7 +33,7 @@ def live(*task_ids: str) -> dict:
     """Recordings as the tracer holds them: a ring the drain thread polls (nothing in it),
     and the task id the stand-in _finish reads."""
     ring = SimpleNamespace(poll=lambda timeout_ms: 0, flush=lambda: None)
-    return {t: SimpleNamespace(task_id=t, sink=ring) for t in task_ids}
+    return {t: SimpleNamespace(task_id=t, sink=ring, maps=None) for t in task_ids}
 
 
 @pytest.fixture

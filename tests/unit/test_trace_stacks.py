@@ -14,8 +14,10 @@ from xhagent.trace.stacks import (
     KERNEL,
     Frame,
     KernelSymbols,
+    Stacks,
     decode_section,
     encode_section,
+    kernel_frames,
     stack_ids,
     trim_tracing,
 )
@@ -69,10 +71,12 @@ def test_the_tracing_frames_above_the_scheduler_are_dropped():
 
 def test_the_section_keeps_each_stack_and_shares_frames():
     syms = KernelSymbols(KALLSYMS)
-    data = encode_section({7, 9}, lambda sid: STACK if sid == 7 else STACK[2:4], syms)
+    data = encode_section(
+        kernel_frames({7, 9}, lambda sid: STACK if sid == 7 else STACK[2:4], syms)
+    )
     stacks = decode_section(data)
-    assert [f.symbol for f in stacks[9]] == ["__schedule", "schedule"]
-    assert stacks[7][:2] == stacks[9]
+    assert [f.symbol for f in stacks.kernel[9]] == ["__schedule", "schedule"]
+    assert stacks.kernel[7][:2] == stacks.kernel[9] and not stacks.user
     assert stack_ids([0, 8, 10, 8]) == {7, 9}
 
 
@@ -106,9 +110,12 @@ def traced(tmp_path, section: bytes | None):
 
 def test_a_trace_ends_with_its_stacks_and_the_perf_export_prints_them(tmp_path):
     syms = KernelSymbols(KALLSYMS)
-    path = traced(tmp_path, encode_section({7}, lambda _: STACK, syms))
+    path = traced(tmp_path, encode_section(kernel_frames({7}, lambda _: STACK, syms)))
     tr = TraceFile(path)
-    assert len(tr) == 3 and [f.symbol for f in tr.stacks()[7]][:2] == ["__schedule", "schedule"]
+    assert len(tr) == 3 and [f.symbol for f in tr.stacks().kernel[7]][:2] == [
+        "__schedule",
+        "schedule",
+    ]
     out = io.StringIO()
     assert write_perf(tr, out) == 3
     blocks = out.getvalue().split("\n\n")
@@ -128,11 +135,13 @@ def test_a_trace_without_stacks_exports_as_before(tmp_path):
     tr = TraceFile(traced(tmp_path, None))
     out = io.StringIO()
     write_perf(tr, out)
-    assert tr.stacks() == {} and "\n\n" not in out.getvalue()
+    assert not tr.stacks() and "\n\n" not in out.getvalue()
 
 
 def test_a_stacks_section_the_metadata_misplaces_is_refused(tmp_path):
-    path = traced(tmp_path, encode_section({7}, lambda _: STACK, KernelSymbols(KALLSYMS)))
+    path = traced(
+        tmp_path, encode_section(kernel_frames({7}, lambda _: STACK, KernelSymbols(KALLSYMS)))
+    )
     data = bytearray(path.read_bytes())
     blob_at = data.index(b'"offset":')
     data[blob_at : blob_at + 10] = b'"offset":1'  # another offset, same length of text
@@ -168,11 +177,13 @@ def test_off_cpu_time_is_summed_per_task_and_stack_from_switch_out_to_in():
     from xhagent.trace.offcpu import off_cpu
 
     syms = KernelSymbols(KALLSYMS)
-    stacks = decode_section(encode_section({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    stacks = decode_section(
+        encode_section(kernel_frames({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    )
     blocks = off_cpu(blocks_sample(), stacks, filt={"kind": "pids", "pids": [100]})
     got = [(b.comm, b.pid, [f.symbol for f in b.frames], b.total_ns, b.count) for b in blocks]
     assert got == [
-        ("ping", 100, [f.symbol for f in stacks[7]], 4_000_000, 2),
+        ("ping", 100, [f.symbol for f in stacks.kernel[7]], 4_000_000, 2),
         ("ping", 100, ["__schedule", "schedule"], 500_000, 1),  # preempted: stack 8
     ]
     # busy's switches were recorded only with ping on the other side: not counted
@@ -191,7 +202,9 @@ def test_folded_stacks_follow_the_flame_graph_format():
     from xhagent.trace.offcpu import folded_lines, off_cpu
 
     syms = KernelSymbols(KALLSYMS)
-    stacks = decode_section(encode_section({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    stacks = decode_section(
+        encode_section(kernel_frames({7, 8}, lambda s: STACK if s == 7 else STACK[2:4], syms))
+    )
     lines = folded_lines(off_cpu(blocks_sample(), stacks, filt={"kind": "pids", "pids": [100]}))
     assert lines == [
         "ping;entry_SYSCALL_64_after_hwframe;anon_pipe_read;schedule;__schedule 4000",
@@ -206,7 +219,7 @@ def test_folded_stacks_follow_the_flame_graph_format():
 def test_offcpu_renders_like_offcputime():
     from xhagent.trace.offcpu import off_cpu, render
 
-    text = render(off_cpu(blocks_sample(), {}, filt={"kind": "pids", "pids": [100]}), top=1)
+    text = render(off_cpu(blocks_sample(), Stacks(), filt={"kind": "pids", "pids": [100]}), top=1)
     assert text.splitlines() == [
         "    [no stack]",
         "    -                ping (100)",
@@ -221,7 +234,9 @@ def test_the_chrome_export_ends_each_run_with_its_switch_out_stack(tmp_path):
 
     from xhagent.trace.export import write_chrome
 
-    path = traced(tmp_path, encode_section({7}, lambda _: STACK, KernelSymbols(KALLSYMS)))
+    path = traced(
+        tmp_path, encode_section(kernel_frames({7}, lambda _: STACK, KernelSymbols(KALLSYMS)))
+    )
     out = io.StringIO()
     write_chrome(TraceFile(path), out)
     doc = json.loads(out.getvalue())
@@ -234,5 +249,5 @@ def test_the_chrome_export_ends_each_run_with_its_switch_out_stack(tmp_path):
     while node is not None:
         path_up.append(frames[node]["name"])
         node = frames[node].get("parent")
-    assert path_up == [f.symbol for f in TraceFile(path).stacks()[7]]  # innermost first
+    assert path_up == [f.symbol for f in TraceFile(path).stacks().kernel[7]]  # innermost first
     assert all(f["category"] == KERNEL for f in frames.values())

@@ -113,7 +113,7 @@ class Executor:
         its records and the output (default: the attempt's; a migration's checkpoint hook
         runs in the task's leaf with a directory of its own). `trace`: the leaf's scheduler
         events are recorded from before the workload starts until the leaf is removed, with
-        each switch-out's kernel stack when `trace_stacks` is "kernel"."""
+        each switch-out's stacks when `trace_stacks` says so (kernel, user or both)."""
         return self.launch(
             task_id,
             attempt,

@@ -10,9 +10,10 @@ finishes the recordings whose leaf went (`end_later`): what is left in the ring,
 named, the final counts, the fsync and the rename happen there, not on the agent's loop,
 which a long recording (hundreds of MB to scan for its stacks, then to sync) would hold up
 for seconds. `TraceRecorded` says when the file is in place.
-With `traceStacks: kernel` each switch-out's kernel stack is taken too, and named when the
-recording ends from /proc/kallsyms, parsed once (in the drain thread, not the agent's loop)
-and again only when /proc/modules changed.
+With `traceStacks: kernel|user|both` each switch-out's stacks are taken too: kernel ones named
+when the recording ends from /proc/kallsyms, parsed once (in the drain thread, not the agent's
+loop) and again only when /proc/modules changed; user ones from the mappings of their
+processes, which the drain thread reads as the processes come (trace/ustacks.py).
 
 At most MAX_RECORDINGS at once (each holds its own BPF programs and 16 MiB ring); a task
 beyond them, or on a node where BPF does not load, runs untraced and the reason is its
@@ -38,7 +39,10 @@ log = logging.getLogger("xhagent")
 # finished: those being finished count too
 MAX_RECORDINGS = 4
 POLL_S = 0.1
-FLUSH_EVERY = 10  # polls: the records C buffers reach the file at least once a second
+FLUSH_S = 1.0  # the records C buffers reach the file at least this often
+# With user stacks: a process's mappings must be read while it lives, and one that lives less
+# than a poll is named by addresses only.
+USER_POLL_S = 0.01
 TRACE_FILE = "sched.xht"
 PARTIAL = ".partial"
 
@@ -52,10 +56,26 @@ class _Symbols:
         self._lock = threading.Lock()
         self._symbols = None
         self._modules: str | None = None
+        self._flag = threading.Lock()
+        self._parsing = False
 
     def prepare(self) -> None:
-        if self.wanted and self._symbols is None:
+        """Parse kallsyms in a thread of its own if a recording wants it and it is not
+        yet, so that its end need not wait for it; the drain thread goes on meanwhile."""
+        with self._flag:  # not self._lock, which a parse holds
+            if not self.wanted or self._symbols is not None or self._parsing:
+                return
+            self._parsing = True
+        threading.Thread(target=self._parse, name="xhagent-kallsyms", daemon=True).start()
+
+    def _parse(self) -> None:
+        try:
             self.get()
+        except OSError:
+            pass  # said by the recording that needs it, when it ends
+        finally:
+            with self._flag:
+                self._parsing = False
 
     def get(self):
         from ...trace.stacks import KernelSymbols
@@ -82,6 +102,7 @@ class _Recording:
     sink: object  # RingSink
     header: object  # trace.fmt.Header
     started: float
+    maps: object = None  # trace.ustacks.ProcessMaps, with user stacks
     ended: float | None = None  # when its leaf went (monotonic): its length is to there
 
 
@@ -99,15 +120,17 @@ class TaskTracer:
         self._finishing: list[tuple[_Recording, Then]] = []
         self._events = self._lost = self._done = 0  # of finished recordings
         self._stop = threading.Event()
+        self._nudge = threading.Event()  # a recording with user stacks began: look now
         self._thread: threading.Thread | None = None
         self._symbols = _Symbols()
 
     def begin(self, task_id: str, leaf: Path, run_dir: Path, stacks: str = "none") -> str | None:
-        """Start recording the leaf's processes into run_dir (with their kernel stacks at
-        each switch-out when `stacks` is "kernel"); None, or why it does not."""
+        """Start recording the leaf's processes into run_dir (with their stacks at each
+        switch-out when `stacks` is "kernel", "user" or "both"); None, or why it does not."""
         from ...bpf.sched_trace import TRACEPOINTS, SchedTrace
         from ...trace.fmt import write_header
-        from ...trace.recorder import new_header
+        from ...trace.recorder import USER_KINDS, new_header, take_stacks
+        from ...trace.ustacks import ProcessMaps
 
         with self._lock:
             if len(self._live) + len(self._finishing) >= MAX_RECORDINGS:
@@ -122,10 +145,11 @@ class TaskTracer:
         try:
             cgroup_id = st.filter_cgroup(str(leaf))
             extra = {}
-            if stacks == "kernel":
-                st.take_kernel_stacks()
-                extra["stacks"] = {"kind": "kernel"}
-                self._symbols.wanted = True  # the drain thread parses kallsyms meanwhile
+            if stacks != "none":
+                take_stacks(st, stacks)
+                extra["stacks"] = {"kind": stacks}
+                if stacks != "user":
+                    self._symbols.wanted = True  # the drain thread parses kallsyms meanwhile
             fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
             header = new_header(
                 {"kind": "cgroup", "cgroup": str(leaf), "cgroup_id": cgroup_id},
@@ -142,10 +166,13 @@ class TaskTracer:
                 os.close(fd)
                 os.unlink(partial)  # made just now, by this call
             return f"{exc.filename or 'sched_trace'}: {exc.strerror or exc}"
-        rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic())
+        maps = ProcessMaps() if stacks in USER_KINDS else None
+        rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic(), maps)
         with self._lock:
             self._live[task_id] = rec
             self._running()
+        if maps is not None:
+            self._nudge.set()
         return None
 
     def _running(self) -> None:
@@ -181,12 +208,19 @@ class TaskTracer:
 
         elapsed = (rec.ended or time.monotonic()) - rec.started
         try:
-            syms = self._symbols.get() if "stacks" in rec.header.meta else None
-            written, _, _ = end_records(rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms)
+            kind = (rec.header.meta.get("stacks") or {}).get("kind", "none")
+            syms = self._symbols.get() if kind in ("kernel", "both") else None
+            if rec.maps is not None:
+                rec.maps.capture(rec.st.user_tgids())
+            written, _, _ = end_records(
+                rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms, maps=rec.maps
+            )
             os.fsync(rec.fd)
         finally:
             rec.st.close()
             os.close(rec.fd)
+            if rec.maps is not None:
+                rec.maps.close()
         os.rename(rec.path.with_name(rec.path.name + PARTIAL), rec.path)
         lost = rec.header.lost
         with self._lock:
@@ -217,18 +251,30 @@ class TaskTracer:
             return task_id in self._live
 
     def _drain(self) -> None:
-        ticks = 0
-        while not self._stop.wait(POLL_S):
-            ticks += 1
-            self._symbols.prepare()  # outside the lock: the loop's begin() need not wait
+        wait, flush_at = USER_POLL_S, time.monotonic() + FLUSH_S
+        while not self._stop.is_set():
+            self._nudge.wait(wait)
+            self._nudge.clear()
+            if self._stop.is_set():
+                break
+            wait, flush = POLL_S, time.monotonic() >= flush_at
+            if flush:
+                flush_at = time.monotonic() + FLUSH_S
+            with self._lock:
+                users = any(rec.maps is not None for rec in self._live.values())
+            if not users:  # a parse holds the interpreter long enough to miss a process
+                self._symbols.prepare()
             with self._lock:
                 for rec in self._live.values():
                     try:
                         rec.sink.poll(0)
-                        if ticks % FLUSH_EVERY == 0:  # on disk, should the agent be killed
+                        if flush:  # on disk, should the agent be killed
                             rec.sink.flush()
                     except OSError:
                         pass  # a full disk: counted as the sink's, seen again at its end
+                    if rec.maps is not None:  # while they live
+                        rec.maps.capture(rec.st.user_tgids())
+                        wait = USER_POLL_S
             self._finish_queued()
             with self._lock:
                 if not self._live and not self._finishing:
@@ -239,6 +285,7 @@ class TaskTracer:
         """The agent stops: recordings of running tasks are finished as they are (the
         workloads go on untraced), and those ended before are finished now."""
         self._stop.set()
+        self._nudge.set()
         with self._lock:
             thread = self._thread
         if thread is not None:
