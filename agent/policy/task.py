@@ -23,7 +23,7 @@
       preemption: kill                # freeze (default) | kill | never
       enforce: [cpuset, memory]
       trace: true                     # its scheduler events recorded per attempt
-      traceStacks: kernel             # with each switch-out's kernel stack (default none)
+      traceStacks: kernel             # each switch-out's stack: kernel, user or both (none)
 
 `requests.gpuMemory` is per GPU and shares the GPU; without it (and without a policy's
 `minMemoryGB`) each GPU is taken whole. The fields from `command` on say how the task runs

@@ -11,7 +11,7 @@ class, restarts, preemption and the limits it demands be enforced.
     enforce: [cpu, memory]                     # these limits or no start (stays Pending)
     checkpoint: {command: [ckpt, --save], timeout: 30s}   # migratable tasks: run on a move
     trace: true                                # record its scheduler events (default false)
-    traceStacks: kernel                        # and each switch-out's kernel stack (none)
+    traceStacks: kernel                        # and each switch-out's stacks (none)
 
 Every field is checked for syntax only. A name in `user` is resolved against the node's user
 database when the task starts, not when the file is read: the file describes the task, not
@@ -55,9 +55,9 @@ for it). A non-zero exit or a timeout cancels the move: the task starts again wh
 `trace: true` has the agent record the task's scheduler events (sched_switch, wakeups,
 forks and exits of the processes in its leaf, by eBPF) for each attempt, into
 `<state>/tasks/<id>/<attempt>/sched.xht`, the format of `xhagent trace record`
-(xhagent.daemon.exec.tracing). `traceStacks: kernel` (only with `trace: true`) adds the
-kernel stack of each switch-out, as `trace record --stacks kernel` does: `xhagent trace
-offcpu` of the attempt's trace then says where it waited.
+(xhagent.daemon.exec.tracing). `traceStacks: kernel|user|both` (only with `trace: true`)
+adds those stacks of each switch-out, as `trace record --stacks` does: `xhagent trace offcpu`
+of the attempt's trace then says where it waited.
 """
 
 from __future__ import annotations

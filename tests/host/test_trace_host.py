@@ -345,35 +345,40 @@ def test_off_cpu_time_by_stack_and_folded(tmp_path, run_xhagent):
     assert plain.returncode == 0 and "pipe_read" in plain.stdout, plain.stdout
 
 
-def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
+def recorded_under_perf_g(tmp_path, run_xhagent, stacks: str, command: list[str]):
+    """`command` traced by xhagent with `stacks` while perf records the same switches with
+    the same stacks: (the ping-pong's pids, perf script's text, xhagent's trace)."""
     why = perf_missing()
     if why:
         pytest.skip(why)
     from xhagent.bench.trace import perf_command
 
     data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
-    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", "kernel"]
-    xh += ["-o", path, "--", *WORKLOAD]
+    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", stacks]
+    xh += ["-o", path, "--", *command]
     res = subprocess.run(
-        perf_command(shutil.which("perf"), data, xh, stacks="kernel"),
+        perf_command(shutil.which("perf"), data, xh, stacks=stacks),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert res.returncode == 0, res.stderr
     work = json_lines(res.stdout)[0]
-    pids = (work["ping"], work["pong"])
     script = subprocess.run(
         ["perf", "script", "-i", data], capture_output=True, text=True, check=True
     )
+    return (work["ping"], work["pong"]), script.stdout, TraceFile(path)
+
+
+def test_kernel_stacks_agree_with_perf_g(tmp_path, run_xhagent):
+    pids, script, tr = recorded_under_perf_g(tmp_path, run_xhagent, "kernel", WORKLOAD)
     theirs: dict[int, list[list[str]]] = {pid: [] for pid in pids}
-    for block in script.stdout.split("\n\n"):
+    for block in script.split("\n\n"):
         head, *lines = block.strip("\n").split("\n") or [""]
         m = re.search(r"sched:sched_switch: .*prev_pid=(\d+) ", head)
         if m and int(m.group(1)) in pids:
             kernel = [x.split()[1] for x in lines if x.endswith("([kernel.kallsyms])")]
             theirs[int(m.group(1))].append([s.split("+0x")[0] for s in kernel])
-    tr = TraceFile(path)
     ours = switch_out_stacks(tr, tr.stacks(), pids)
     # the same switches, seen by both in the same run: the frame nearest schedule agrees
     for pid in pids:
@@ -453,28 +458,8 @@ def perf_user_stacks(script: str, pids) -> dict[int, list[list[str]]]:
 
 
 def test_user_stacks_agree_with_perf_g(tmp_path, run_xhagent, c_pingpong):
-    why = perf_missing()
-    if why:
-        pytest.skip(why)
-    from xhagent.bench.trace import perf_command
-
-    data, path = str(tmp_path / "perf.data"), str(tmp_path / "x.xht")
-    xh = [str(run_xhagent.__globals__["XHAGENT"]), "trace", "record", "--stacks", "both"]
-    xh += ["-o", path, "--", *c_pingpong]
-    res = subprocess.run(
-        perf_command(shutil.which("perf"), data, xh, stacks="both"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
-    work = json_lines(res.stdout)[0]
-    pids = (work["ping"], work["pong"])
-    script = subprocess.run(
-        ["perf", "script", "-i", data], capture_output=True, text=True, check=True
-    )
-    theirs = perf_user_stacks(script.stdout, pids)
-    tr = TraceFile(path)
+    pids, script, tr = recorded_under_perf_g(tmp_path, run_xhagent, "both", c_pingpong)
+    theirs = perf_user_stacks(script, pids)
     stacks = tr.stacks()
     ours = {pid: [] for pid in pids}
     for e in tr:
