@@ -108,10 +108,12 @@ class Daemon:
         self.tracer = None  # the scheduler traces of tasks with `trace: true`
         self._thread: threading.Thread | None = None
 
-    def report(self, kind: str, message: str, task_id: str | None = None) -> None:
+    def report(
+        self, kind: str, message: str, task_id: str | None = None, detail: dict | None = None
+    ) -> None:
         log.info("%s: %s", kind, message)
         if self.store is not None:
-            self.store.add_event(kind, message, task_id=task_id)
+            self.store.add_event(kind, message, task_id=task_id, detail=detail)
 
     def start(self) -> bool:
         """Everything up to serving; False when a stop came first: it was said, and what
@@ -154,7 +156,9 @@ class Daemon:
         from .exec.tracing import TaskTracer
 
         executor.tracer = self.tracer = TaskTracer()
-        executor.on_trace = lambda task_id, kind, message: self.report(kind, message, task_id)
+        executor.on_trace = lambda task_id, kind, message, detail=None: self.report(
+            kind, message, task_id, detail
+        )
         if s.allocator:
             self.report("Allocator", s.allocator)
         self.report("Subtree", f"{sub.path} ({sub.placement.how if sub.placement else 'given'})")

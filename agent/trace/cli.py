@@ -317,7 +317,7 @@ class _Sorted:
 
 
 @trace.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), required=False)
 @click.option(
     "--pid",
     "pids",
@@ -336,12 +336,33 @@ class _Sorted:
     "--top", default=20, show_default=True, type=click.IntRange(min=1), help="Stacks listed."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
+@click.option(
+    "--task",
+    "task_id",
+    default=None,
+    help="Instead of FILE, the last finished trace of this agent task (trace: true).",
+)
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    metavar="PATH",
+    help="With --task: the agent's socket [default: $XHAGENT_SOCKET, else "
+    "/run/xhagent/xhagent.sock].",
+)
 @ALLOW_TRUNCATED
-def offcpu(file, pids, min_us, top, as_json, allow_truncated) -> None:
+def offcpu(file, pids, min_us, top, as_json, task_id, socket_path, allow_truncated) -> None:
     """Off-CPU time by task and stack, as offcputime counts it: from each switch-out
-    to the task's next switch-in. Stacks come from a trace recorded with --stacks."""
+    to the task's next switch-in. Stacks come from a trace recorded with --stacks (or a
+    task's traceStacks)."""
     from .offcpu import off_cpu, render
 
+    if (file is None) == (task_id is None):
+        raise click.UsageError("give a trace FILE or --task ID, one of them")
+    if task_id is not None:
+        from ..daemon.api.cli import task_trace
+
+        file = task_trace(task_id, socket_path)
     tr = _open(file, allow_truncated)
     _warn_lost(tr)
     stacks = tr.stacks()

@@ -83,13 +83,8 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     tid = agent.submit(task_file(tmp_path, "stacks", ["sh", "-c", SCRIPT], stacks))
     assert agent.wait(tid)["state"] == "Succeeded"
     recorded(agent, tid)
-    path = agent.state / "tasks" / tid / "1" / "sched.xht"
-    res = subprocess.run(
-        [sys.executable, "-m", "xhagent.cli", "trace", "offcpu", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    # one command, from the task's id: the agent names its trace (TraceRecorded's detail)
+    res = agent.cli("trace", "offcpu", "--task", tid, "--json")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)["stacks"]
     # the three sleeps: each off CPU ~50 ms in nanosleep, the shell meanwhile in wait()
@@ -99,6 +94,10 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     # and their user stacks: the sleeps in the C library's nanosleep, named from its symbols
     user = [s["frames"][s["frames"].index("entry_SYSCALL_64_after_hwframe") + 1 :] for s in naps]
     assert all(u and "nanosleep" in u[0] for u in user), user
+    plain = agent.submit(task_file(tmp_path, "plain", ["true"]))
+    assert agent.wait(plain)["state"] == "Succeeded"
+    res = agent.cli("trace", "offcpu", "--task", plain)
+    assert res.returncode == 2 and f"task {plain} has no finished trace" in res.stderr
     # a stack needs a trace to be taken in
     bad = task_file(tmp_path, "bad", ["true"], "  traceStacks: kernel\n")
     res = agent.cli("submit", str(bad))

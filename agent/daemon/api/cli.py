@@ -510,6 +510,25 @@ def events(follow, task_id, since, as_json, socket_path) -> None:
         fail(str(exc), exc.exit_code)
 
 
+def task_trace(task_id: str, socket_path: str | None) -> str:
+    """The file of the task's last finished trace (its TraceRecorded event), asked of the
+    agent; exits 2 naming the task when it has none."""
+    from .client import ApiError
+
+    client = _client(socket_path)
+    path = None
+    try:
+        request = _pb().WatchRequest(task_id=task_id, since_seq=0, follow=False)
+        for ev in _call(client.Watch, request):
+            if ev.kind == "TraceRecorded":
+                path = json.loads(ev.detail_json or "{}").get("path") or path
+    except ApiError as exc:
+        fail(str(exc), exc.exit_code)
+    if path is None:
+        fail(f"task {task_id} has no finished trace (trace: true, once an attempt ended)", 2)
+    return path
+
+
 @click.command()
 @click.option(
     "-f",

@@ -39,9 +39,9 @@ class Executor:
         self.log_cap = log_cap
         self.missing: dict[str, str] = {}
         # scheduler traces of tasks with `trace: true` (tracing.TaskTracer), and where what
-        # became of one is told: on_trace(task_id, event kind, message)
+        # became of one is told: on_trace(task_id, event kind, message, detail)
         self.tracer = None
-        self.on_trace = lambda task_id, kind, message: None
+        self.on_trace = lambda task_id, kind, message, detail=None: None
         self._dirs: dict[str, Path] = {}  # TASKS, SHIMS: found inside the subtree once
         # The shims' server (shim_server.py), started by prepare(); a start it cannot take
         # spawns a shim of its own.
@@ -268,6 +268,7 @@ class Executor:
                 "TraceRecorded",
                 f"{done['events']} events ({done['lost']} lost) in {done['seconds']:.1f}s: "
                 f"{done['path']}",
+                {k: done[k] for k in ("path", "events", "lost", "seconds")},
             )
 
         self.tracer.end_later(task_id, then)
