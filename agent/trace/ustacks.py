@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -29,6 +30,9 @@ MAX_MAPPINGS = 512  # executable file mappings kept of one process
 # hundred shared objects; the agent's LimitNOFILE leaves room for its recordings at once.
 MAX_FILES = 1024
 MAX_ELF_BYTES = 4 << 30
+# A process image is read again when seen again: every REREAD_YOUNG_S in its first YOUNG_S
+# (the dynamic loader maps its libraries after the exec), then every REREAD_OLD_S.
+YOUNG_S, REREAD_YOUNG_S, REREAD_OLD_S = 2.0, 0.02, 2.0
 UNKNOWN_MODULE = "[unknown]"
 DEBUG_ROOT = "/usr/lib/debug/.build-id"
 
@@ -65,29 +69,29 @@ def parse_maps(text: str) -> list[Mapping]:
     return out
 
 
-def _same_file(fd: int, m: Mapping) -> bool:
+def _usable(fd: int, m: Mapping | None) -> bool:
+    """A regular file of a readable size and, for `m`, the very file it names (device and
+    inode as /proc/PID/maps says: what a path opened later must prove)."""
     st = os.fstat(fd)
-    return (
-        stat.S_ISREG(st.st_mode)
-        and ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino) == m.file
-        and st.st_size <= MAX_ELF_BYTES
-    )
+    same = m is None or ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino) == m.file
+    return stat.S_ISREG(st.st_mode) and st.st_size <= MAX_ELF_BYTES and same
 
 
 def _open_mapped(proc: str, tgid: int, m: Mapping) -> int | None:
-    """An fd of the file `m` maps in process `tgid` (its map_files entry, else its path),
-    checked to be that file (device and inode); None if neither is."""
+    """An fd of the file `m` maps in process `tgid`: its map_files entry (the kernel's own
+    file of the mapping: no check needed, and on 9p the inode that fstat reports is not the
+    one the maps show), else its path if that is still the same file; None if neither."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    for path, more in (
-        (f"{proc}/{tgid}/map_files/{m.start:x}-{m.end:x}", 0),
-        (m.path, os.O_NOFOLLOW),
+    for path, more, check in (
+        (f"{proc}/{tgid}/map_files/{m.start:x}-{m.end:x}", 0, None),
+        (m.path, os.O_NOFOLLOW, m),
     ):
         try:
             fd = os.open(path, flags | more)
         except OSError:
             continue
         try:
-            if _same_file(fd, m):
+            if _usable(fd, check):
                 return fd
         except OSError:
             pass
@@ -95,26 +99,54 @@ def _open_mapped(proc: str, tgid: int, m: Mapping) -> int | None:
     return None
 
 
+def _merged(old: list[Mapping], new: list[Mapping]) -> list[Mapping]:
+    """The mappings read now, and those of an earlier read that none of them overlaps (a
+    library unmapped since still names the frames taken while it was mapped)."""
+    starts = [n.start for n in new]  # sorted and disjoint, as /proc/PID/maps lists them
+
+    def overlapped(o: Mapping) -> bool:
+        i = bisect_right(starts, o.end - 1) - 1  # the last one starting before o ends
+        return i >= 0 and new[i].end > o.start
+
+    kept = [o for o in old if not overlapped(o)]
+    return sorted(new + kept, key=lambda m: m.start)[:MAX_MAPPINGS]
+
+
 class ProcessMaps:
     """The mappings of the processes whose user stacks a recording took, by (tgid, comm),
     and their files held open (MAX_FILES at most) until close()."""
 
-    def __init__(self, proc: str = "/proc"):
+    def __init__(self, proc: str = "/proc", clock=time.monotonic):
         self.proc = proc
+        self.clock = clock
         self.images: dict[tuple[int, str], list[Mapping]] = {}
+        self._read: dict[tuple[int, str], tuple[float, float]] = {}  # first and last read
         self.files: dict[tuple[tuple[int, int], int], int] = {}  # (dev, inode) -> fd
         self.unread: set[tuple[tuple[int, int], int]] = set()  # files not held: past the cap,
         # or neither their map_files entry nor their path opened the file mapped
         self.missed = 0  # processes gone before their mappings were first read, or past the cap
 
+    def _due(self, key: tuple[int, str], now: float) -> bool:
+        """Whether an image seen again is read again: a young one often (the dynamic loader
+        maps the libraries after the exec, and a first look may come before it), an old
+        one rarely (a dlopen)."""
+        if key not in self._read:
+            return True
+        first, last = self._read[key]
+        return now - last >= (REREAD_YOUNG_S if now - first < YOUNG_S else REREAD_OLD_S)
+
     def capture(self, tgids) -> None:
+        """Read the mappings of the processes `tgids` (those whose user stacks were taken
+        since the last call), once per image and again while it is young."""
+        now = self.clock()
         for tgid in tgids:
             try:
                 with open(f"{self.proc}/{tgid}/comm", encoding="utf-8", errors="replace") as f:
                     comm = f.read().rstrip("\n")
-                if (tgid, comm) in self.images:
+                key = (tgid, comm)
+                if not self._due(key, now):
                     continue
-                if len(self.images) >= MAX_PROCESSES:
+                if key not in self.images and len(self.images) >= MAX_PROCESSES:
                     self.missed += 1
                     continue
                 with open(f"{self.proc}/{tgid}/maps", encoding="utf-8", errors="replace") as f:
@@ -123,7 +155,8 @@ class ProcessMaps:
                 if not any(t == tgid for t, _ in self.images):
                     self.missed += 1
                 continue
-            self.images[(tgid, comm)] = mappings
+            self.images[key] = _merged(self.images.get(key, []), mappings)
+            self._read[key] = (self._read.get(key, (now, now))[0], now)
             for m in mappings:
                 if m.file in self.files or m.file in self.unread:
                     continue

@@ -336,11 +336,14 @@ SYMBOL_ROWS_JS = "(document.body ? document.body.innerText : '').split('\\n').ma
 
 @pytest.fixture(scope="module")
 def perf_export(tmp_path_factory, run_xhagent):
-    """The ping-pong's trace with kernel stacks, exported as `perf script -g` text."""
+    """The C ping-pong's trace with kernel and user stacks, exported as `perf script -g`
+    text."""
+    from xhagent.trace.workload import build_c
+
     where = tmp_path_factory.mktemp("perfview")
     path, out = str(where / "pp.xht"), str(where / "pp.perf")
-    workload = [sys.executable, "-m", "xhagent.trace.workload", "500"]
-    res = run_xhagent("trace", "record", "--stacks", "kernel", "-o", path, "--", *workload)
+    workload = [*build_c(str(where)), "500"]
+    res = run_xhagent("trace", "record", "--stacks", "both", "-o", path, "--", *workload)
     assert res.returncode == 0, res.stderr
     work = json.loads(res.stdout.splitlines()[0])
     res = run_xhagent("trace", "export", path, "--format", "perf", "-o", out)
@@ -365,10 +368,10 @@ def test_speedscope_reads_the_perf_export_with_its_stacks(perf_export, speedscop
         alerts = browser.eval("window.xhAlerts")
     assert alerts == [] and "Something went wrong" not in text, (alerts, text[:500])
     # a profile per thread, named after it (speedscope's perf import), in the list a person
-    # opens; the one shown has the kernel frames, named
+    # opens; the one shown has the kernel frames and the user frames under them, named
     for name in ("ping", "pong"):
         assert f"xh-{name} tid: {work[name]}" in profiles, (work, profiles)
-    assert {"__schedule", "schedule", "do_syscall_64"} <= set(symbols), symbols
+    assert {"__schedule", "schedule", "do_syscall_64", "read", "main"} <= set(symbols), symbols
 
 
 def test_speedscope_reads_the_chrome_export_with_end_stacks(perf_export, speedscope, browser):

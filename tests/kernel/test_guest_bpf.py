@@ -50,7 +50,9 @@ def test_stacks_on_6_1_name_where_a_sleep_waits(tmp_path):
     out = tmp_path / "s.xht"
     rec = subprocess.run(
         [sys.executable, "-m", "xhagent.cli", "trace", "record", "--stacks", "both"]
-        + ["-o", str(out), "--json", "--", "sleep", "0.05"],
+        # 0.5 s: the recorder reads a process's mappings while it lives, and under the
+        # emulator its own loop is slow enough to miss a 50 ms one
+        + ["-o", str(out), "--json", "--", "sleep", "0.5"],
         capture_output=True,
         text=True,
         timeout=120,

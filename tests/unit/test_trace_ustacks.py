@@ -77,7 +77,7 @@ def test_an_address_in_this_process_is_named_from_its_library_symbols():
     assert names.frames(os.getpid(), "other", [addr])[0].symbol == UNKNOWN
 
 
-def test_a_file_that_is_not_the_one_mapped_is_not_read():
+def test_a_file_that_is_not_the_one_mapped_is_not_read(tmp_path):
     maps = ProcessMaps()
     maps.capture([os.getpid()])
     libc = next(m for m in next(iter(maps.images.values())) if "libc" in m.path)
@@ -85,7 +85,11 @@ def test_a_file_that_is_not_the_one_mapped_is_not_read():
     swapped = Mapping(libc.start, libc.end, libc.offset, libc.dev, libc.inode + 1, libc.path)
     other.images[(os.getpid(), "x")] = [swapped]
     other.capture([])  # nothing new: only what capture() itself opened is held
-    assert _open_mapped("/proc", os.getpid(), swapped) is None
+    # its path, where there is no map_files entry to open, must be the file the maps name
+    assert _open_mapped(str(tmp_path), os.getpid(), swapped) is None
+    fd = _open_mapped(str(tmp_path), os.getpid(), libc)
+    assert fd is not None
+    os.close(fd)
     f = UserSymbols(other).frames(os.getpid(), "x", [libc.start + 0x10])[0]
     # the address (in the file's layout) and the path
     assert f == Frame(libc.offset + 0x10, UNKNOWN, 0, libc.path)
@@ -165,6 +169,37 @@ def test_gone_processes_are_counted_and_the_images_bounded(tmp_path):
     maps.images |= {(1000 + i, "x"): [] for i in range(MAX_PROCESSES)}
     maps.capture([3])
     assert (3, "p3") not in maps.images and maps.missed == 2
+
+
+def test_a_young_image_is_read_again_and_keeps_what_it_unmapped(tmp_path):
+    """A first look can come between the exec and the loader mapping the libraries."""
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "comm").write_text("ping\n")
+    exe, libc, jit = MAPS.splitlines()[1], MAPS.splitlines()[3], MAPS.splitlines()[5]
+    now = [100.0]
+    maps = ProcessMaps(str(proc), clock=lambda: now[0])
+    (proc / "7" / "maps").write_text(exe + "\n")
+    maps.capture([7])
+    assert [m.path for m in maps.mappings(7, "ping")] == ["/usr/bin/ping"]
+    (proc / "7" / "maps").write_text("\n".join([exe, libc, jit]) + "\n")
+    now[0] += 0.001
+    maps.capture([7])  # read just now: not again yet
+    assert len(maps.mappings(7, "ping")) == 1
+    now[0] += 0.05
+    maps.capture([7])
+    assert len(maps.mappings(7, "ping")) == 3
+    (proc / "7" / "maps").write_text("\n".join([exe, libc]) + "\n")  # jit unmapped
+    now[0] += 0.05
+    maps.capture([7])
+    assert [m.path for m in maps.mappings(7, "ping")][-1] == "/memfd:jit (deleted)"
+    (proc / "7" / "maps").write_text(exe + "\n")
+    now[0] += 5  # old: read again only every few seconds
+    maps.capture([7])
+    now[0] += 0.5
+    (proc / "7" / "maps").write_text("\n".join([exe, libc, jit]) + "\n")
+    maps.capture([7])
+    assert maps.missed == 0 and len(maps.mappings(7, "ping")) == 3
 
 
 USER = [
