@@ -173,6 +173,16 @@ static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct t
 
 	if (!prev_traced && !traced(btf, next))
 		return 0;
+	kinds = xh_get(&trace_config, CFG_STACKS);
+	if (kinds & STACKS_ONLY) {  /* the cost of the stacks alone: take them, record nothing */
+		if (prev_traced && BPF_CORE_READ(prev, pid)) {
+			if (kinds & STACKS_KERNEL)
+				bpf_get_stackid(ctx, &stacks, 0);
+			if (kinds & STACKS_USER)
+				bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+		}
+		return 0;
+	}
 	e = reserve(EV_SWITCH);
 	if (!e)
 		return 0;
@@ -180,7 +190,7 @@ static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct t
 	fill_next(btf, e, next);
 	e->prev_state = switch_state(btf, preempt, prev_state, prev);
 	/* current is still prev here: its stacks are where it leaves the CPU */
-	kinds = prev_traced && e->prev_pid ? xh_get(&trace_config, CFG_STACKS) : 0;
+	kinds = prev_traced && e->prev_pid ? kinds : 0;
 	if (kinds & STACKS_KERNEL) {
 		long id = bpf_get_stackid(ctx, &stacks, 0);
 

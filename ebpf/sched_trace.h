@@ -30,8 +30,9 @@ enum xh_event_type { EV_SWITCH = 1, EV_WAKEUP, EV_WAKEUP_NEW, EV_EXIT, EV_FORK, 
 enum xh_trace_filter { FILTER_ALL, FILTER_CGROUP, FILTER_PIDS };
 /* trace_config keys */
 enum xh_trace_cfg { CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS, CFG_MAX };
-/* trace_config[CFG_STACKS] bits */
-enum xh_trace_stacks { STACKS_KERNEL = 1, STACKS_USER = 2 };
+/* trace_config[CFG_STACKS] bits; STACKS_ONLY: take the stacks and write no record (what the
+ * stacks alone cost: the floor of `xhagent bench trace --stacks`) */
+enum xh_trace_stacks { STACKS_KERNEL = 1, STACKS_USER = 2, STACKS_ONLY = 4 };
 /* counts keys (per-CPU) */
 enum xh_trace_count { COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST, COUNT_MAX };
 /* the stacks map: frames kept of a stack (the kernel's PERF_MAX_STACK_DEPTH), stacks (an id

@@ -20,14 +20,14 @@ RECORD_SIZE = 80  # struct xh_sched_event; agent/trace/fmt.py RECORD describes i
 # BTF by tests/unit/test_bpf_layout.py.
 FILTER_ALL, FILTER_CGROUP, FILTER_PIDS = 0, 1, 2
 CFG_MODE, CFG_CGROUP_ID, CFG_WAKEUP_BYTES, CFG_STACKS = 0, 1, 2, 3
-STACKS_KERNEL, STACKS_USER = 1, 2
+STACKS_KERNEL, STACKS_USER, STACKS_ONLY = 1, 2, 4
 COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST = 0, 1, 2
 MIRROR = Mirror(
     "sched_trace",
     enums={
         "xh_trace_filter": pick(globals(), "FILTER_ALL FILTER_CGROUP FILTER_PIDS"),
         "xh_trace_cfg": pick(globals(), "CFG_MODE CFG_CGROUP_ID CFG_WAKEUP_BYTES CFG_STACKS"),
-        "xh_trace_stacks": pick(globals(), "STACKS_KERNEL STACKS_USER"),
+        "xh_trace_stacks": pick(globals(), "STACKS_KERNEL STACKS_USER STACKS_ONLY"),
         "xh_trace_count": pick(globals(), "COUNT_EVENTS COUNT_DROPPED COUNT_STACKS_LOST"),
     },
 )
@@ -143,11 +143,13 @@ class SchedTrace(ProgramLoader):
         self._set(CFG_MODE, FILTER_PIDS)
         self._mode = FILTER_PIDS
 
-    def take_stacks(self, kernel: bool = True, user: bool = False) -> None:
+    def take_stacks(self, kernel: bool = True, user: bool = False, only: bool = False) -> None:
         """Record the kernel stack (a switch's aux: its id + 1) and the user stack (its
         ustack) of each traced task switched out; read them with stack() before close(),
-        and the processes whose user stacks were taken with user_tgids() while they live."""
-        self._set(CFG_STACKS, (STACKS_KERNEL if kernel else 0) | (STACKS_USER if user else 0))
+        and the processes whose user stacks were taken with user_tgids() while they live.
+        `only`: take them and record no switch at all (what the stacks alone cost)."""
+        kinds = (STACKS_KERNEL if kernel else 0) | (STACKS_USER if user else 0)
+        self._set(CFG_STACKS, kinds | (STACKS_ONLY if only else 0))
 
     def user_tgids(self) -> list[int]:
         """The processes whose user stacks were taken since the last call (each forgotten
