@@ -612,3 +612,20 @@ def test_a_bad_metrics_address_is_refused_before_recording(tmp_path, run_xhagent
     )
     assert res.returncode == 2 and "--metrics-addr" in res.stderr and "HOST:PORT" in res.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_bench_trace_with_stacks_runs_every_peer_and_the_floor(run_xhagent):
+    """A short `bench trace --stacks`: every mode ran (a peer missing here would be a
+    `skipped` with its reason), the floor took stacks, and off-CPU time of 1 ms blocks is
+    offcputime's within 5% on the same run."""
+    res = run_xhagent("bench", "trace", "--stacks", "--rounds", "2000", "--repeat", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    for mode in ("xhagent_stacks", "stacks_floor", "xhagent_both_c", "stacks_floor_both_c"):
+        assert doc[mode]["slowdown"] > 0, (mode, doc[mode])
+    assert doc["xhagent_both_c"]["stacks_lost"] == 0
+    if "skipped" in doc["offcpu_agreement"]:
+        pytest.skip(doc["offcpu_agreement"]["skipped"])
+    sleeper = doc["offcpu_agreement"]["sleeper_1ms"]
+    assert sleeper["max_abs_diff_long_blocks"] <= 0.05, sleeper
+    assert doc["target_offcpu_within_5_percent_of_offcputime"] is True
