@@ -82,8 +82,11 @@ def trace() -> None:
     "--stacks",
     type=click.Choice(["none", "kernel", "user", "both"]),
     default="none",
+    is_flag=False,
+    flag_value="both",
     show_default=True,
-    help="Each traced task's stack where it leaves the CPU (at its switch-out): kernel (named "
+    help="Each traced task's stack where it leaves the CPU (at its switch-out): `--stacks` "
+    "alone takes both; kernel (named "
     "from /proc/kallsyms when the recording ends), user (named from the ELF symbols of the "
     "files the process had mapped; code without frame pointers gives its innermost frames "
     "only), or both; `export --format perf` prints them.",
