@@ -45,10 +45,10 @@ XH_RINGBUF(events, 16 << 20);
 typedef __u64 xh_stack_t[XH_STACK_DEPTH];
 XH_MAP(stacks, BPF_MAP_TYPE_STACK_TRACE, XH_STACKS_MAX, __u32, xh_stack_t);
 
-/* The tgids whose user stacks were taken: user space reads each one's mappings while it
- * lives (a user stack's addresses mean nothing without them), then deletes the key, so
- * the map holds the processes seen since it last looked. */
-XH_MAP(utgids, BPF_MAP_TYPE_HASH, XH_UTGIDS_MAX, __u32, __u8);
+/* The tgids whose stacks were taken: user space reads each one's cgroup and, for user
+ * stacks, its mappings while it lives (a user stack's addresses mean nothing without them),
+ * then deletes the key, so the map holds the processes seen since it last looked. */
+XH_MAP(tgids, BPF_MAP_TYPE_HASH, XH_TGIDS_MAX, __u32, __u8);
 
 static __always_inline bool in_cgroup(struct task_struct *t, __u64 want)
 {
@@ -201,16 +201,17 @@ static __always_inline int on_switch(void *ctx, bool btf, bool preempt, struct t
 	}
 	if (kinds & STACKS_USER) {
 		long id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+
+		if (id >= 0 && id < XH_STACKS_MAX)
+			e->ustack = (__u16)(id + 1);
+		else if (id != -XH_EFAULT)  /* a kernel thread: no user stack */
+			xh_bump(&counts, COUNT_STACKS_LOST);
+	}
+	if (kinds) {
+		__u32 tgid = e->prev_tgid;  /* 6.1 takes no ring record memory as a key */
 		__u8 one = 1;
 
-		if (id >= 0 && id < XH_STACKS_MAX) {
-			__u32 tgid = e->prev_tgid;  /* 6.1 takes no ring record memory as a key */
-
-			e->ustack = (__u16)(id + 1);
-			bpf_map_update_elem(&utgids, &tgid, &one, BPF_NOEXIST);
-		} else if (id != -XH_EFAULT) {  /* a kernel thread: no user stack */
-			xh_bump(&counts, COUNT_STACKS_LOST);
-		}
+		bpf_map_update_elem(&tgids, &tgid, &one, BPF_NOEXIST);
 	}
 	submit(e);
 	return 0;

@@ -39,7 +39,7 @@ enum xh_trace_count { COUNT_EVENTS, COUNT_DROPPED, COUNT_STACKS_LOST, COUNT_MAX 
  * + 1 fits a record's ustack) */
 #define XH_STACK_DEPTH 127
 #define XH_STACKS_MAX 16384
-/* the utgids map: processes whose user stacks were taken since user space last looked */
-#define XH_UTGIDS_MAX 4096
+/* the tgids map: processes whose stacks were taken since user space last looked */
+#define XH_TGIDS_MAX 4096
 
 #endif

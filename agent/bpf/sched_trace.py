@@ -146,15 +146,15 @@ class SchedTrace(ProgramLoader):
     def take_stacks(self, kernel: bool = True, user: bool = False, only: bool = False) -> None:
         """Record the kernel stack (a switch's aux: its id + 1) and the user stack (its
         ustack) of each traced task switched out; read them with stack() before close(),
-        and the processes whose user stacks were taken with user_tgids() while they live.
+        and the processes whose stacks were taken with stacked_tgids() while they live.
         `only`: take them and record no switch at all (what the stacks alone cost)."""
         kinds = (STACKS_KERNEL if kernel else 0) | (STACKS_USER if user else 0)
         self._set(CFG_STACKS, kinds | (STACKS_ONLY if only else 0))
 
-    def user_tgids(self) -> list[int]:
-        """The processes whose user stacks were taken since the last call (each forgotten
-        here, so that the next call names only those seen again)."""
-        m = self.obj.map("utgids")
+    def stacked_tgids(self) -> list[int]:
+        """The processes whose stacks were taken since the last call (each forgotten here,
+        so that the next call names only those seen again)."""
+        m = self.obj.map("tgids")
         out = []
         for key in m.keys():
             try:

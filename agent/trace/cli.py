@@ -338,6 +338,13 @@ class _Sorted:
 @click.option(
     "--top", default=20, show_default=True, type=click.IntRange(min=1), help="Stacks listed."
 )
+@click.option(
+    "--cgroup",
+    default=None,
+    help="Only the processes that were in this cgroup v2 directory (or its cgroup path, "
+    "/a/b) or below it when last seen by the recorder (a trace recorded with --stacks notes "
+    "each one's).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys).")
 @click.option(
     "--task",
@@ -354,7 +361,7 @@ class _Sorted:
     "/run/xhagent/xhagent.sock].",
 )
 @ALLOW_TRUNCATED
-def offcpu(file, pids, min_us, top, as_json, task_id, socket_path, allow_truncated) -> None:
+def offcpu(file, pids, min_us, top, cgroup, as_json, task_id, socket_path, allow_truncated) -> None:
     """Off-CPU time by task and stack, as offcputime counts it: from each switch-out
     to the task's next switch-in. Stacks come from a trace recorded with --stacks (or a
     task's traceStacks)."""
@@ -376,6 +383,10 @@ def offcpu(file, pids, min_us, top, as_json, task_id, socket_path, allow_truncat
             err=True,
         )
     blocks = off_cpu(tr, stacks, pids, min_us * 1000, tr.header.meta.get("filter"))
+    if cgroup is not None:
+        chosen = _cgroup_tgids(file, tr, cgroup)
+        if chosen is not None:
+            blocks = [b for b in blocks if b.tgid in chosen]
     if as_json:
         doc = {
             "min_us": min_us,
@@ -387,6 +398,46 @@ def offcpu(file, pids, min_us, top, as_json, task_id, socket_path, allow_truncat
         click.echo(json.dumps(doc))
         return
     click.echo(render(blocks, top))
+
+
+def cgroup_path(given: str) -> str:
+    """`--cgroup`'s value as /proc/PID/cgroup names a cgroup: a directory of the cgroup2
+    mount made relative to it, else the value itself if it is such a path (/a/b)."""
+    from ..cgroups.mounts import discover_hierarchy
+
+    unified = discover_hierarchy().unified
+    if unified is not None and os.path.isdir(given):
+        rel = os.path.relpath(os.path.realpath(given), os.path.realpath(unified.path))
+        if rel == "." or not rel.startswith(".."):
+            return "/" if rel == "." else "/" + rel
+    if not given.startswith("/"):
+        raise click.BadParameter(
+            f"{given}: neither a directory of the cgroup2 mount nor a cgroup path (/a/b)",
+            param_hint="--cgroup",
+        )
+    return given
+
+
+def _cgroup_tgids(file: str, tr, given: str) -> set[int] | None:
+    """The processes of trace `tr` in cgroup `given`; None: all the trace selected (a trace
+    recorded in that cgroup or below, a task's). Exit 2 when the trace cannot say."""
+    from .offcpu import in_cgroup
+
+    path = cgroup_path(given)
+    chosen = in_cgroup(tr.header.meta, path)
+    if chosen is not None:
+        return chosen
+    filt = tr.header.meta.get("filter") or {}
+    if filt.get("kind") == "cgroup":
+        recorded = cgroup_path(filt["cgroup"]) if os.path.isdir(filt["cgroup"]) else None
+        if recorded is not None and (path == "/" or (recorded + "/").startswith(path + "/")):
+            return None
+    click.echo(
+        f"xhagent trace: {file}: says no process's cgroup (recorded without --stacks, or "
+        f"only of a cgroup outside {path})",
+        err=True,
+    )
+    sys.exit(2)
 
 
 @trace.command()

@@ -102,3 +102,20 @@ def render(blocks: list[OffCpu], top: int) -> str:
         f"{len(blocks)} stacks" + (f" ({left} not shown, --top)" if left else "")
     )
     return "\n".join(lines)
+
+
+def in_cgroup(meta: dict, cgroup: str) -> set[int] | None:
+    """The processes of a trace that were in `cgroup` (a cgroup v2 path as /proc/PID/cgroup
+    names it: "/a/b") or below it when its recorder last saw them (`stacks.cgroups`); None
+    when the trace records none (recorded without stacks, or a task's trace)."""
+    seen = (meta.get("stacks") or {}).get("cgroups") or {}
+    if not seen:
+        return None
+    base = cgroup.rstrip("/") or "/"
+    under = base if base == "/" else base + "/"
+    return {
+        tgid
+        for path, tgids in seen.items()
+        if path == base or path.startswith(under) or base == "/"
+        for tgid in tgids
+    }

@@ -41,7 +41,7 @@ GATE = (
     "file=sys.stderr)\n    sys.exit(127)\n"
 )
 POLL_MS = 100
-USER_POLL_MS = 10
+STACKS_POLL_MS = 10
 STACK_KINDS = ("none", "kernel", "user", "both")  # trace record --stacks, traceStacks
 USER_KINDS = ("user", "both")
 
@@ -214,6 +214,14 @@ def _stacks_used(m, data_offset: int, records: int) -> tuple[set[int], dict]:
         view.release()
 
 
+def _by_cgroup(cgroups: dict[int, str]) -> dict[str, list[int]]:
+    """cgroup path -> the processes seen in it, for `trace offcpu --cgroup`."""
+    out: dict[str, list[int]] = {}
+    for tgid, path in sorted(cgroups.items()):
+        out.setdefault(path, []).append(tgid)
+    return out
+
+
 def end_stacks(fd: int, header: Header, st, symbols=None, maps=None) -> None:
     """Name the stacks the records use (kernel frames from kallsyms, now, while the kernel
     that made them runs; user frames from the processes' mappings, `maps`) and append them
@@ -242,7 +250,7 @@ def end_stacks(fd: int, header: Header, st, symbols=None, maps=None) -> None:
         (tgid, sid): names.frames(tgid, name, st.stack(sid))
         for (tgid, sid), name in sorted(user_keys.items())
     }
-    meta.update(stacks=len(kernel_ids), lost=st.stacks_lost())
+    meta.update(stacks=len(kernel_ids), lost=st.stacks_lost(), cgroups=_by_cgroup(maps.cgroups))
     if meta.get("kind") != "kernel":
         meta.update(
             user_stacks=len(user),
@@ -272,8 +280,8 @@ def record(
     `system_wide`) until it exits; its stdout goes to `command_stdout` (inherited if None).
 
     `stacks`: "kernel", "user" or "both" takes each traced task's kernel stack, user stack or
-    both at its switch-out ("none": no stacks); the mappings of the processes whose user
-    stacks were taken are read as they come (ustacks.py).
+    both at its switch-out ("none": no stacks); the cgroups of the processes whose stacks
+    were taken, and with user stacks their mappings, are read as they come (ustacks.py).
 
     `path` is replaced only by a finished trace (see output.py). A SIGINT/SIGTERM/SIGHUP
     before recording starts raises Terminated and leaves nothing; during the recording it
@@ -291,10 +299,11 @@ def record(
     user = stacks in USER_KINDS
     if user:
         room_for_fds(MAX_FILES)  # the mapped files, held open until the stacks are named
-    # with user stacks, look for new processes often: one that lives less than a poll is
-    # gone before its mappings are read
-    poll_ms = USER_POLL_MS if user else POLL_MS
-    with terminate_on_signals(), atomic_output(path, 0o644) as out, ProcessMaps() as maps:
+    # with stacks, look for new processes often: one that lives less than a poll is gone
+    # before its cgroup and mappings are read
+    poll_ms = STACKS_POLL_MS if stacks != "none" else POLL_MS
+    maps = ProcessMaps(mappings=user)
+    with terminate_on_signals(), atomic_output(path, 0o644) as out, maps:
         try:
             with SchedTrace() as st:
                 if cgroup is not None:
@@ -332,8 +341,8 @@ def record(
                     # with a command, a signal goes to it and its exit ends the loop
                     while proc is not None or not stop.requested:
                         sink.poll(poll_ms)
-                        if user:
-                            maps.capture(st.user_tgids())
+                        if stacks != "none":
+                            maps.capture(st.stacked_tgids())
                         now = time.monotonic()
                         if progress is not None and now >= next_report:
                             progress(
@@ -348,8 +357,8 @@ def record(
                             break
                     # records committed on other CPUs just before the stop
                     time.sleep(0.02)
-                    if user:
-                        maps.capture(st.user_tgids())
+                    if stacks != "none":
+                        maps.capture(st.stacked_tgids())
                     written, lost_per_cpu, foreign = end_records(
                         out.fd, header, sink, st, time.monotonic() - t0, maps=maps
                     )

@@ -1,7 +1,7 @@
 """User stacks of a trace: what their addresses mean, captured while the processes live.
 
 A user stack is a list of addresses in one process's address space. While recording, each
-process whose user stack was taken (the BPF program names them: `SchedTrace.user_tgids`) has
+process whose user stack was taken (the BPF program names them: `SchedTrace.stacked_tgids`) has
 its executable file mappings read from /proc/PID/maps, once per process image (tgid and
 comm: an exec changes both the mappings and the comm), and each mapped file not seen before
 is opened then through /proc/PID/map_files, which gives the very file mapped even once it is
@@ -112,13 +112,25 @@ def _merged(old: list[Mapping], new: list[Mapping]) -> list[Mapping]:
     return sorted(new + kept, key=lambda m: m.start)[:MAX_MAPPINGS]
 
 
-class ProcessMaps:
-    """The mappings of the processes whose user stacks a recording took, by (tgid, comm),
-    and their files held open (MAX_FILES at most) until close()."""
+def cgroup_of(text: str) -> str | None:
+    """The cgroup v2 path of a /proc/PID/cgroup text (its `0::` line), or None."""
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:] or "/"
+    return None
 
-    def __init__(self, proc: str = "/proc", clock=time.monotonic):
+
+class ProcessMaps:
+    """What a recording with stacks learns of each process whose stacks it took, while the
+    process lives: its cgroup v2 path when last seen (`cgroups`); with `mappings` (user
+    stacks), its mappings by (tgid, comm) and their files, held open (MAX_FILES at most)
+    until close()."""
+
+    def __init__(self, proc: str = "/proc", clock=time.monotonic, mappings: bool = True):
         self.proc = proc
         self.clock = clock
+        self.want_mappings = mappings
+        self.cgroups: dict[int, str] = {}  # tgid -> cgroup v2 path (MAX_PROCESSES at most)
         self.images: dict[tuple[int, str], list[Mapping]] = {}
         self._read: dict[tuple[int, str], tuple[float, float]] = {}  # first and last read
         self.files: dict[tuple[tuple[int, int], int], int] = {}  # (dev, inode) -> fd
@@ -136,10 +148,22 @@ class ProcessMaps:
         return now - last >= (REREAD_YOUNG_S if now - first < YOUNG_S else REREAD_OLD_S)
 
     def capture(self, tgids) -> None:
-        """Read the mappings of the processes `tgids` (those whose user stacks were taken
-        since the last call), once per image and again while it is young."""
+        """Read the cgroup and the mappings of the processes `tgids` (those whose stacks were
+        taken since the last call): a cgroup each time, an image once and again while young."""
         now = self.clock()
         for tgid in tgids:
+            if tgid in self.cgroups or len(self.cgroups) < MAX_PROCESSES:
+                try:  # each time it is seen: a process may move
+                    with open(
+                        f"{self.proc}/{tgid}/cgroup", encoding="utf-8", errors="replace"
+                    ) as f:
+                        path = cgroup_of(f.read())
+                except OSError:
+                    path = None  # gone: counted below, where its mappings are
+                if path is not None:
+                    self.cgroups[tgid] = path
+            if not self.want_mappings:
+                continue
             try:
                 with open(f"{self.proc}/{tgid}/comm", encoding="utf-8", errors="replace") as f:
                     comm = f.read().rstrip("\n")

@@ -629,3 +629,42 @@ def test_bench_trace_with_stacks_runs_every_peer_and_the_floor(run_xhagent):
     sleeper = doc["offcpu_agreement"]["sleeper_1ms"]
     assert sleeper["max_abs_diff_long_blocks"] <= 0.05, sleeper
     assert doc["target_offcpu_within_5_percent_of_offcputime"] is True
+
+
+def test_off_cpu_time_of_one_cgroup(tmp_path, run_xhagent, c_pingpong):
+    """A trace with stacks notes each process's cgroup while it lives: offcpu --cgroup then
+    keeps the ping-pong, which moved itself into a group, and leaves out the rest."""
+    root = cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup2 mount on this host")
+    cg = os.path.join(root, f"xh-offcpu-test-{os.getpid()}")
+    os.mkdir(cg)
+    try:
+        path = str(tmp_path / "g.xht")
+        script = f'echo $$ > {cg}/cgroup.procs && exec "$@"'
+        res = run_xhagent(
+            "trace", "record", "--stacks", "kernel", "-o", path, "--json",
+            "--", "sh", "-c", f"sleep 0.05; sh -c '{script}' sh {' '.join(c_pingpong)}",
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        work, summary = json_lines(res.stdout)
+        seen = summary["stacks"]["cgroups"]
+        rel = "/" + os.path.relpath(cg, root)
+        assert {work["ping"], work["pong"]} <= set(seen[rel]), seen
+        got = {}
+        for given in (cg, rel):  # the directory, or its path as /proc/PID/cgroup says it
+            res = run_xhagent("trace", "offcpu", path, "--cgroup", given, "--json")
+            assert res.returncode == 0, res.stderr
+            got[given] = json.loads(res.stdout)
+        assert got[cg] == got[rel]
+        assert {s["pid"] for s in got[cg]["stacks"]} == {work["ping"], work["pong"]}
+        everyone = json.loads(run_xhagent("trace", "offcpu", path, "--json").stdout)
+        assert {s["comm"] for s in everyone["stacks"]} - {"xh-ping", "xh-pong"}  # the sleep
+        res = run_xhagent("trace", "offcpu", path, "--cgroup", "not/a/cgroup")
+        assert res.returncode == 2 and "--cgroup" in res.stderr, res.stderr
+        plain = str(tmp_path / "plain.xht")
+        assert run_xhagent("trace", "record", "-o", plain, "--", "true").returncode == 0
+        res = run_xhagent("trace", "offcpu", plain, "--cgroup", rel)
+        assert res.returncode == 2 and "says no process's cgroup" in res.stderr, res.stderr
+    finally:
+        os.rmdir(cg)

@@ -235,3 +235,16 @@ def test_the_perf_export_prints_user_frames_after_kernel_frames(tmp_path):
         "\t    7f3a3c700010 __GI___libc_read+0x10 (/usr/lib/x86_64-linux-gnu/libc.so.6)",
         "\t    55d0c0a01234 main+0x34 (/usr/bin/ping)",
     ]
+
+
+def test_a_process_cgroup_is_its_cgroup2_line_and_selects_below_it():
+    from xhagent.trace.offcpu import in_cgroup
+    from xhagent.trace.ustacks import cgroup_of
+
+    assert cgroup_of("12:pids:/x\n0::/a/b\n") == "/a/b" and cgroup_of("0::\n") == "/"
+    assert cgroup_of("3:cpu:/v1 only\n") is None
+    meta = {"stacks": {"cgroups": {"/a": [1], "/a/b": [2, 3], "/ab": [4], "/": [5]}}}
+    assert in_cgroup(meta, "/a") == {1, 2, 3}  # not /ab
+    assert in_cgroup(meta, "/a/b/") == {2, 3} and in_cgroup(meta, "/") == {1, 2, 3, 4, 5}
+    assert in_cgroup(meta, "/none") == set()
+    assert in_cgroup({"stacks": {"kind": "kernel"}}, "/a") is None  # says nothing

@@ -166,6 +166,7 @@ class TaskTracer:
                 os.close(fd)
                 os.unlink(partial)  # made just now, by this call
             return f"{exc.filename or 'sched_trace'}: {exc.strerror or exc}"
+        # a task's processes are all in its leaf: only user stacks need what the maps hold
         maps = ProcessMaps() if stacks in USER_KINDS else None
         rec = _Recording(task_id, path, fd, st, sink, header, time.monotonic(), maps)
         with self._lock:
@@ -211,7 +212,7 @@ class TaskTracer:
             kind = (rec.header.meta.get("stacks") or {}).get("kind", "none")
             syms = self._symbols.get() if kind in ("kernel", "both") else None
             if rec.maps is not None:
-                rec.maps.capture(rec.st.user_tgids())
+                rec.maps.capture(rec.st.stacked_tgids())
             written, _, _ = end_records(
                 rec.fd, rec.header, rec.sink, rec.st, elapsed, symbols=syms, maps=rec.maps
             )
@@ -273,7 +274,7 @@ class TaskTracer:
                     except OSError:
                         pass  # a full disk: counted as the sink's, seen again at its end
                     if rec.maps is not None:  # while they live
-                        rec.maps.capture(rec.st.user_tgids())
+                        rec.maps.capture(rec.st.stacked_tgids())
                         wait = USER_POLL_S
             self._finish_queued()
             with self._lock:
