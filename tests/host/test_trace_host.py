@@ -312,11 +312,15 @@ def test_off_cpu_time_by_stack_and_folded(tmp_path, run_xhagent):
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert {s["pid"] for s in doc["stacks"]} <= set(pids)
-    # the ping-pong waits in pipe_read: the top stack of each task, nearly all its blocks
+    # the ping-pong waits in pipe_read: that stack of each task holds nearly all its blocks
     tr = TraceFile(path)
     for pid in pids:
-        top = next(s for s in doc["stacks"] if s["pid"] == pid)
-        assert "pipe_read" in caller_of_schedule(top["frames"]), top
+        # its blocks in read (S): not always its most time, which a busy machine's
+        # preemptions (R) can pass
+        top = next(
+            s for s in doc["stacks"]
+            if s["pid"] == pid and "pipe_read" in (caller_of_schedule(s["frames"]) or "")
+        )  # fmt: skip
         blocked = [e for e in tr if e.type == EV_SWITCH and e.prev_pid == pid and e.prev_state & 1]
         assert top["count"] >= 0.9 * len(blocked) and top["count"] <= len(blocked)
         # its time is what the task's switch-out -> switch-in gaps of 1 us or more add up to
