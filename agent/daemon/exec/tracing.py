@@ -196,7 +196,9 @@ class TaskTracer:
         return True
 
     def end(self, task_id: str) -> dict | None:
-        """Finish the task's recording now, if it has one: {path, events, lost, seconds}."""
+        """Finish the task's recording now, if it has one: {path, events, lost, seconds}.
+        Only once the drain thread has stopped (close()): it reads a live recording's
+        processes outside the lock."""
         with self._lock:  # the drain thread must not poll a sink being freed
             rec = self._live.pop(task_id, None)
         return None if rec is None else self._finish(rec)
@@ -262,10 +264,6 @@ class TaskTracer:
             if flush:
                 flush_at = time.monotonic() + FLUSH_S
             with self._lock:
-                users = any(rec.maps is not None for rec in self._live.values())
-            if not users:  # a parse holds the interpreter long enough to miss a process
-                self._symbols.prepare()
-            with self._lock:
                 for rec in self._live.values():
                     try:
                         rec.sink.poll(0)
@@ -273,9 +271,14 @@ class TaskTracer:
                             rec.sink.flush()
                     except OSError:
                         pass  # a full disk: counted as the sink's, seen again at its end
-                    if rec.maps is not None:  # while they live
-                        rec.maps.capture(rec.st.stacked_tgids())
-                        wait = USER_POLL_S
+                users = [rec for rec in self._live.values() if rec.maps is not None]
+            # Outside the lock, which the agent's loop takes to end a recording: only this
+            # thread finishes one, so none of these is closed meanwhile.
+            for rec in users:  # their processes' mappings, while they live
+                rec.maps.capture(rec.st.stacked_tgids())
+                wait = USER_POLL_S
+            if not users:  # a parse holds the interpreter long enough to miss a process
+                self._symbols.prepare()
             self._finish_queued()
             with self._lock:
                 if not self._live and not self._finishing:
