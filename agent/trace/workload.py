@@ -85,6 +85,8 @@ C_FLAGS = ("-O2", "-fno-omit-frame-pointer")
 def build_c(dest: str) -> list[str]:
     """Build the C ping-pong into the directory `dest`; the command that runs it (append
     ROUNDS and --pin P). RuntimeError when there is no C compiler or the build fails."""
+    if not C_SOURCE.is_file():  # not packaged: an installed node compiles nothing
+        raise RuntimeError(f"the C ping-pong needs its source, {C_SOURCE.name}, from a checkout")
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("the C ping-pong needs a C compiler (Debian package build-essential)")

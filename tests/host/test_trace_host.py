@@ -627,7 +627,10 @@ def test_bench_trace_with_stacks_runs_every_peer_and_the_floor(run_xhagent):
     doc = json.loads(res.stdout)
     for mode in ("xhagent_stacks", "stacks_floor", "xhagent_both_c", "stacks_floor_both_c"):
         assert doc[mode]["slowdown"] > 0, (mode, doc[mode])
-    assert doc["xhagent_both_c"]["stacks_lost"] == 0
+    # system-wide: whatever else runs here adds stacks of its own, and a hash bucket taken
+    # by another stack is counted lost, not overwritten; the ping-pong's are few and repeat
+    events = doc["runs"]["xhagent_both_c"][0]["events"]
+    assert doc["xhagent_both_c"]["stacks_lost"] <= 0.01 * events, doc["xhagent_both_c"]
     if "skipped" in doc["offcpu_agreement"]:
         pytest.skip(doc["offcpu_agreement"]["skipped"])
     sleeper = doc["offcpu_agreement"]["sleeper_1ms"]
