@@ -369,6 +369,8 @@ def offcpu(file, pids, min_us, top, cgroup, as_json, task_id, socket_path, allow
 
     if (file is None) == (task_id is None):
         raise click.UsageError("give a trace FILE or --task ID, one of them")
+    if task_id is not None and not task_id:
+        raise click.BadParameter("an empty task id", param_hint="--task")
     if task_id is not None:
         from ..daemon.api.cli import task_trace
 

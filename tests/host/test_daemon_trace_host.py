@@ -98,6 +98,8 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     assert agent.wait(plain)["state"] == "Succeeded"
     res = agent.cli("trace", "offcpu", "--task", plain)
     assert res.returncode == 2 and f"task {plain} has no finished trace" in res.stderr
+    res = agent.cli("trace", "offcpu", "--task", "")  # not every task's events
+    assert res.returncode == 2 and "--task" in res.stderr, res.stderr
     # a stack needs a trace to be taken in
     bad = task_file(tmp_path, "bad", ["true"], "  traceStacks: kernel\n")
     res = agent.cli("submit", str(bad))
