@@ -42,6 +42,7 @@ GATE = (
 )
 POLL_MS = 100
 STACKS_POLL_MS = 10
+MAX_USER_STACKS = 65536  # (process, stack) pairs a trace names; the rest keep no frames
 STACK_KINDS = ("none", "kernel", "user", "both")  # trace record --stacks, traceStacks
 USER_KINDS = ("user", "both")
 
@@ -246,14 +247,14 @@ def end_stacks(fd: int, header: Header, st, symbols=None, maps=None) -> None:
         meta.update(symbols="hidden" if syms.hidden else "kallsyms")
     maps = maps if maps is not None else ProcessMaps()
     names = UserSymbols(maps)
-    user = {
-        (tgid, sid): names.frames(tgid, name, st.stack(sid))
-        for (tgid, sid), name in sorted(user_keys.items())
-    }
+    # a stack id names one stack in each process that took it: bounded, whatever forks
+    kept = sorted(user_keys.items())[:MAX_USER_STACKS]
+    user = {(tgid, sid): names.frames(tgid, name, st.stack(sid)) for (tgid, sid), name in kept}
     meta.update(stacks=len(kernel_ids), lost=st.stacks_lost(), cgroups=_by_cgroup(maps.cgroups))
     if meta.get("kind") != "kernel":
         meta.update(
             user_stacks=len(user),
+            user_stacks_unnamed=len(user_keys) - len(user),
             processes=len(maps.images),
             processes_missed=maps.missed,
             files=len(maps.files),
