@@ -12,6 +12,7 @@ offcputime (which always takes both) and the same floor."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -90,24 +91,32 @@ def run_stacks_floor(command: list[str], user: bool) -> dict:
 OFFCPUTIME_ATTACH_S = 1.0  # offcputime says nothing once attached: give its load this long
 
 
-def run_offcputime(command: list[str]) -> dict:
-    """The workload under libbpf-tools' offcputime (all threads, kernel and user stacks),
-    started first and stopped (SIGINT, then it prints its summary) after it."""
+@contextlib.contextmanager
+def offcputime_attached():
+    """libbpf-tools' offcputime (all threads, kernel and user stacks) attached for the body;
+    the list it yields gets its summary, which it prints when stopped (SIGINT) after it."""
     tool = subprocess.Popen(
         [shutil.which("offcputime"), "--stack-storage-size", "16384"],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    summary: list[str] = []
     try:
         time.sleep(OFFCPUTIME_ATTACH_S)
         if tool.poll() is not None:
             raise RuntimeError(f"offcputime exited {tool.returncode}: {tool.stderr.read()[-400:]}")
-        result = run_untraced(command)
+        yield summary
     finally:
         tool.send_signal(signal.SIGINT)
-        tool.wait(timeout=60)
-    return result
+        out, _ = tool.communicate(timeout=60)
+        summary.append(out)
+
+
+def run_offcputime(command: list[str]) -> dict:
+    """The workload under offcputime, started first and stopped after it."""
+    with offcputime_attached():
+        return run_untraced(command)
 
 
 def parse_offcputime(text: str) -> dict[tuple[int, tuple[str, ...]], int]:
@@ -145,23 +154,12 @@ def offcpu_agreement(command: list[str], path: str) -> dict:
     from ..trace.offcpu import off_cpu
     from ..trace.recorder import record
 
-    tool = subprocess.Popen(
-        [shutil.which("offcputime"), "--stack-storage-size", "16384"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        time.sleep(OFFCPUTIME_ATTACH_S)
-        with tempfile.TemporaryFile("w+") as out:
-            record(path, command=command, command_stdout=out, events=("switch",), stacks="kernel")
-            out.seek(0)
-            work = _workload_result(out.read())
-    finally:
-        tool.send_signal(signal.SIGINT)
-        theirs_text, _ = tool.communicate(timeout=60)
+    with offcputime_attached() as summary, tempfile.TemporaryFile("w+") as out:
+        record(path, command=command, command_stdout=out, events=("switch",), stacks="kernel")
+        out.seek(0)
+        work = _workload_result(out.read())
     pids = (work["ping"], work["pong"])
-    theirs = {k: us for k, us in parse_offcputime(theirs_text).items() if k[0] in pids}
+    theirs = {k: us for k, us in parse_offcputime(summary[0]).items() if k[0] in pids}
     trace = TraceFile(path)
     ours: dict[tuple[int, tuple[str, ...]], list[float]] = {}
     for b in off_cpu(trace, trace.stacks(), pids, 1000, trace.header.meta.get("filter")):
