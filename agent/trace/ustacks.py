@@ -133,6 +133,7 @@ class ProcessMaps:
         self.cgroups: dict[int, str] = {}  # tgid -> cgroup v2 path (MAX_PROCESSES at most)
         self.images: dict[tuple[int, str], list[Mapping]] = {}
         self._read: dict[tuple[int, str], tuple[float, float]] = {}  # first and last read
+        self._waiting: list[int] = []  # seen again before their image was due
         self.files: dict[tuple[tuple[int, int], int], int] = {}  # (dev, inode) -> fd
         self.unread: set[tuple[tuple[int, int], int]] = set()  # files not held: past the cap,
         # or neither their map_files entry nor their path opened the file mapped
@@ -151,7 +152,10 @@ class ProcessMaps:
         """Read the cgroup and the mappings of the processes `tgids` (those whose stacks were
         taken since the last call): a cgroup each time, an image once and again while young."""
         now = self.clock()
-        for tgid in tgids:
+        # a process seen again before its image is due keeps its place: the kernel says it
+        # once a switch-out, and one asleep meanwhile would never be read again
+        due, self._waiting = list(dict.fromkeys([*self._waiting, *tgids])), []
+        for tgid in due:
             if tgid in self.cgroups or len(self.cgroups) < MAX_PROCESSES:
                 try:  # each time it is seen: a process may move
                     with open(
@@ -169,6 +173,8 @@ class ProcessMaps:
                     comm = f.read().rstrip("\n")
                 key = (tgid, comm)
                 if not self._due(key, now):
+                    if len(self._waiting) < MAX_PROCESSES:
+                        self._waiting.append(tgid)
                     continue
                 if key not in self.images and len(self.images) >= MAX_PROCESSES:
                     self.missed += 1

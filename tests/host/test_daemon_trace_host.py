@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_host import Agent, task_file
 
 from xhagent.daemon.exec.tracing import MAX_RECORDINGS, TaskTracer
+from xhagent.trace.fmt import TraceFile
 
 pytestmark = pytest.mark.host
 
@@ -92,8 +93,11 @@ def test_a_task_traced_with_stacks_says_where_it_waited(agent, tmp_path):
     assert len(naps) == 3 and all(s["off_cpu_us"] >= 40_000 for s in naps), got
     assert any(s["comm"] == "sh" and "do_wait" in s["frames"] for s in got), got
     # and their user stacks: the sleeps in the C library's nanosleep, named from its symbols
+    # (unless the stack map had no room for one: a bucket taken is counted lost)
     user = [s["frames"][s["frames"].index("entry_SYSCALL_64_after_hwframe") + 1 :] for s in naps]
-    assert all(u and "nanosleep" in u[0] for u in user), user
+    named = sum(1 for u in user if u and "nanosleep" in u[0])
+    lost = TraceFile(agent.state / "tasks" / tid / "1" / "sched.xht").header.meta["stacks"]["lost"]
+    assert named and named + lost >= 3, (user, lost)
     plain = agent.submit(task_file(tmp_path, "plain", ["true"]))
     assert agent.wait(plain)["state"] == "Succeeded"
     res = agent.cli("trace", "offcpu", "--task", plain)

@@ -187,8 +187,11 @@ def test_a_young_image_is_read_again_and_keeps_what_it_unmapped(tmp_path):
     maps.capture([7])  # read just now: not again yet
     assert len(maps.mappings(7, "ping")) == 1
     now[0] += 0.05
-    maps.capture([7])
+    maps.capture([])  # not seen again since (asleep): read all the same, once due
     assert len(maps.mappings(7, "ping")) == 3
+    now[0] += 0.05
+    maps.capture([])
+    assert not maps._waiting
     (proc / "7" / "maps").write_text("\n".join([exe, libc]) + "\n")  # jit unmapped
     now[0] += 0.05
     maps.capture([7])
