@@ -88,6 +88,10 @@ def _scheduling_policy() -> fields.Schema:
             "priority": scheduling_policy.PRIORITY.schema,
             "preemption": scheduling_policy.PREEMPTION_FIELD.schema,
             "migration": fields.obj({k: f.schema for k, f in scheduling_policy.MIGRATION.items()}),
+            "queueing": fields.obj(
+                {k: f.schema for k, f in scheduling_policy.QUEUEING.items()},
+                scheduling_policy.QUEUEING_REQUIRED,
+            ),
         },
         scheduling_policy.SPEC_REQUIRED,
     )

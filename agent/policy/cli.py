@@ -20,7 +20,7 @@ from .documents import (
     policy_files,
 )
 from .explanation import explain as explain_task
-from .policy import SchedulingPolicy, tie_warnings
+from .policy import SchedulingPolicy, policy_warnings
 from .state import Cluster
 from .task import Task
 
@@ -70,7 +70,7 @@ def validate(files: tuple[Path, ...], as_json: bool) -> None:
             click.echo(f"{path}: ok ({', '.join(names)})")
             for note in notes:
                 click.echo(f"  note: {note}")
-    warnings = tie_warnings(policies)
+    warnings = policy_warnings(policies)
     if as_json:
         click.echo(json.dumps({"files": report, "warnings": warnings}, indent=2))
     else:
@@ -119,7 +119,7 @@ def explain(
         sys.exit(EXIT_INPUT)
     cluster = Cluster.of(inputs.nodes)
     reports = [explain_task(t, inputs.policies, cluster).as_dict() for t in inputs.tasks]
-    warnings = tie_warnings(inputs.policies)
+    warnings = policy_warnings(inputs.policies)
     if as_json:
         click.echo(json.dumps({"schema": 2, "tasks": reports, "warnings": warnings}, indent=2))
     else:

@@ -18,6 +18,7 @@ from typing import Any
 from .. import fields
 from ..node_model import VERSION_RE, Version, parse_version
 from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
+from ..sched.queues import ALGORITHMS, DEFAULT_NODE_ALGORITHM, NODE_ALGORITHMS
 from ..spec import Cursor, Document
 from .selector import SELECTOR, Selector, parse_selector
 from .units import format_duration, parse_duration_ns
@@ -89,6 +90,15 @@ class Migration:
 
 
 @dataclass(frozen=True)
+class Queueing:
+    """`spec.queueing`: the discipline (xhagent.sched.queues) that orders the node's
+    Pending tasks. One node has one order: of the policies in force that set it, the one
+    with the highest `priority` decides (ties by name), as `queueing_in_force` says."""
+
+    algorithm: str = DEFAULT_NODE_ALGORITHM
+
+
+@dataclass(frozen=True)
 class SchedulingPolicy:
     name: str
     rules: tuple[Rule, ...]
@@ -96,6 +106,7 @@ class SchedulingPolicy:
     preemption: str = "lower-priority"
     labels: tuple[tuple[str, str], ...] = ()
     migration: Migration | None = None  # None: no migration controller
+    queueing: Queueing | None = None  # None: leaves the order to other policies
 
     def rule_for(self, labels: Mapping[str, str]) -> Rule | None:
         return next((r for r in self.rules if r.selector.matches(labels)), None)
@@ -127,7 +138,7 @@ def parse_name(cur: Cursor) -> str:
 HEADER_FIELDS = ("apiVersion", "kind", "metadata", "spec")
 HEADER_REQUIRED = HEADER_FIELDS
 METADATA_FIELDS, METADATA_REQUIRED = ("name", "labels"), ("name",)
-SPEC_FIELDS = ("matchRules", "priority", "preemption", "migration")
+SPEC_FIELDS = ("matchRules", "priority", "preemption", "migration", "queueing")
 SPEC_REQUIRED = ("matchRules",)
 RULE_FIELDS, RULE_REQUIRED = ("selector", "constraints"), ("selector",)
 PRIORITY = fields.Int(0, 100, default=DEFAULT_PRIORITY)
@@ -158,6 +169,23 @@ def duration_field(lo_ns: int, hi_ns: int, default: int) -> fields.Field:
     schema["default"] = format_duration(default)
     return fields.Field(read, schema)
 
+
+def _algorithm(c: Cursor) -> str:
+    name = c.str()
+    if name in NODE_ALGORITHMS:
+        return name
+    if name in ALGORITHMS:
+        raise c.error(
+            f"{c.where}: {name!r} runs in `xhagent simulate` only; the agent orders its "
+            f"tasks by {', '.join(NODE_ALGORITHMS)}"
+        )
+    raise c.error(f"{c.where}: {name!r} is not one of {', '.join(NODE_ALGORITHMS)}")
+
+
+QUEUEING: dict[str, fields.Field] = {
+    "algorithm": fields.Field(_algorithm, fields.string(enum=NODE_ALGORITHMS)),
+}
+QUEUEING_REQUIRED = ("algorithm",)
 
 _M = Migration()
 MIGRATION: dict[str, fields.Field] = {
@@ -220,7 +248,7 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
     root = doc.root
     name, labels = parse_metadata(root)
     spec, rules = root["spec"], []
-    priority, preemption, migration = DEFAULT_PRIORITY, "lower-priority", None
+    priority, preemption, migration, queueing = DEFAULT_PRIORITY, "lower-priority", None, None
     if spec.present and spec.fields(SPEC_FIELDS, required=SPEC_REQUIRED):
         if spec["matchRules"].present:
             items = doc.attempt(lambda: spec["matchRules"].seq(), None)
@@ -233,6 +261,8 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
         preemption = doc.attempt(lambda: PREEMPTION_FIELD.read(spec["preemption"]))
         if spec["migration"].present:
             migration = parse_migration(spec["migration"])
+        if spec["queueing"].present:
+            queueing = parse_queueing(spec["queueing"])
     doc.errors.raise_if_any()
     return SchedulingPolicy(
         name=name,
@@ -241,7 +271,16 @@ def parse_policy(doc: Document) -> SchedulingPolicy:
         preemption=preemption,
         labels=labels,
         migration=migration,
+        queueing=queueing,
     )
+
+
+def parse_queueing(cur: Cursor) -> Queueing | None:
+    """`spec.queueing`; errors are kept in the document."""
+    if not cur.fields(QUEUEING, required=QUEUEING_REQUIRED) or not cur["algorithm"].present:
+        return None
+    algorithm = cur.doc.attempt(lambda: QUEUEING["algorithm"].read(cur["algorithm"]))
+    return None if algorithm is None else Queueing(algorithm)
 
 
 def parse_migration(cur: Cursor) -> Migration | None:
@@ -393,6 +432,7 @@ def dump_policy(p: SchedulingPolicy) -> dict[str, Any]:
             "priority": p.priority,
             "preemption": p.preemption,
             **({} if p.migration is None else {"migration": dump_migration(p.migration)}),
+            **({} if p.queueing is None else {"queueing": {"algorithm": p.queueing.algorithm}}),
         },
     }
 
@@ -494,6 +534,35 @@ def tie_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
                     f"same task ({ra.selector} / {rb.selector}); {a.name!r} wins by name order"
                 )
     return out
+
+
+def queueing_in_force(policies: Iterable[SchedulingPolicy]) -> tuple[str, str]:
+    """(algorithm, the policy that set it; "" for none): of the policies that set
+    `spec.queueing`, the highest `priority` decides, ties by name; none: the default."""
+    setting = [p for p in policies if p.queueing is not None]
+    if not setting:
+        return DEFAULT_NODE_ALGORITHM, ""
+    best = min(setting, key=lambda p: (-p.priority, p.name))
+    return best.queueing.algorithm, best.name
+
+
+def queueing_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
+    """Policies that set another `spec.queueing` than the one that decides: each is
+    named, since the node has one order and theirs is not it."""
+    policies = list(policies)
+    algorithm, decider = queueing_in_force(policies)
+    return [
+        f"policy {p.name!r} sets spec.queueing.algorithm {p.queueing.algorithm!r}, but "
+        f"{decider!r} decides the node's order ({algorithm!r}: higher priority, then name)"
+        for p in sorted(policies, key=lambda p: p.name)
+        if p.queueing is not None and p.name != decider and p.queueing.algorithm != algorithm
+    ]
+
+
+def policy_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
+    """What `policy validate` and `explain` warn of: ties, and orders that do not decide."""
+    policies = list(policies)
+    return tie_warnings(policies) + queueing_warnings(policies)
 
 
 def min_gpu_memory(c: Constraints) -> int | None:

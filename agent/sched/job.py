@@ -62,17 +62,31 @@ def weight_of(priority: int) -> float:
     return 1024.0 * 2.0 ** ((priority - 50) / 10.0)
 
 
-def from_task(task, submitted_ns: int = 0, default_runtime_ns: int = 1_000_000) -> Job:
+def from_task(
+    task,
+    submitted_ns: int = 0,
+    default_runtime_ns: int = 1_000_000,
+    *,
+    name: str | None = None,
+    priority: int | None = None,
+    deadline_ns: int | None = None,
+) -> Job:
     """A `xhagent.policy.task.Task` as a Job submitted at `submitted_ns`: its class is the
     `app` label, its runtime the estimate (or `default_runtime_ns`), unset priority 50;
-    migratable only when it says `migratable: true`, as the daemon moves it."""
+    migratable only when it says `migratable: true`, as the daemon moves it. The daemon
+    names its jobs by task id and gives them the priority and deadline it ranks them by
+    (a policy's priority where the task has none)."""
     labels = dict(task.labels)
+    if priority is None:
+        priority = 50 if task.priority is None else task.priority
+    if deadline_ns is None and task.deadline is not None:
+        deadline_ns = task.deadline.at(submitted_ns)
     return Job(
-        name=task.name,
+        name=task.name if name is None else name,
         arrival_ns=submitted_ns,
         runtime_ns=task.estimated_runtime_ns or default_runtime_ns,
-        deadline_ns=None if task.deadline is None else task.deadline.at(submitted_ns),
-        priority=50 if task.priority is None else task.priority,
+        deadline_ns=deadline_ns,
+        priority=priority,
         cls=labels.get("app", "default"),
         device=task.device_type,
         affinity=labels,

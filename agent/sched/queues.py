@@ -1,7 +1,7 @@
 """Ready queues: one heap, ordered by a discipline's key (smallest runs first).
 
     fifo      arrival order, never preempts
-    priority  higher priority first, then arrival; preemptive
+    priority  higher priority first, then the earliest deadline, then arrival; preemptive
     edf       earliest absolute deadline first (none = last); preemptive
     edf-pic   edf on the deadline inherited through resource waits (pic.py)
     fair      least vruntime first (fair.py); switches only when a slice ends
@@ -28,7 +28,7 @@ from .pic import ResourceTable
 # What each algorithm does, in a phrase: `simulate --algorithm` help.
 DESCRIPTIONS = {
     "fifo": "arrival order, never preempts",
-    "priority": "higher priority first, preemptive",
+    "priority": "higher priority first (then deadline), preemptive",
     "edf": "earliest deadline first, preemptive",
     "edf-pic": "EDF where a job holding a resource runs with the deadline of a job waiting for it",
     "fair": "least priority-weighted run time first, in time slices",
@@ -36,6 +36,11 @@ DESCRIPTIONS = {
     "dwps": "EDF, and a GPU allocation that fails for fragmentation evicts a later-deadline job",
 }
 ALGORITHMS = tuple(DESCRIPTIONS)
+# What the agent's loop orders its Pending tasks by (a SchedulingPolicy's
+# `spec.queueing.algorithm`); the others need state that only the simulator keeps so far
+# (held resources, vruntimes, levels, GPU memory by process).
+NODE_ALGORITHMS = ("fifo", "priority", "edf")
+DEFAULT_NODE_ALGORITHM = "priority"
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,9 @@ def discipline(
     if name == "fifo":
         return Discipline(name, lambda j: (j.arrival_ns, j.name), preemptive=False)
     if name == "priority":
-        return Discipline(name, lambda j: (-j.priority, j.arrival_ns, j.name), preemptive=True)
+        return Discipline(
+            name, lambda j: (-j.priority, j.deadline, j.arrival_ns, j.name), preemptive=True
+        )
     if name in ("edf", "dwps"):
         return Discipline(name, lambda j: (j.deadline, j.arrival_ns, j.name), preemptive=True)
     if name == "edf-pic":

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..policy.policy import Migration, SchedulingPolicy
+from . import queues
 from .dwps import Dwps, GpuMemory
 from .fair import FairShare, twfs_slice_ns
 from .gpumem import CAPACITY, FITS, FRAGMENTATION, GpuDevice
@@ -30,7 +31,7 @@ from .migration import Move
 from .migrator import Migrator
 from .mlq import MultiLevel
 from .pic import ResourceTable
-from .queues import ReadyQueue, discipline, worst_first
+from .queues import ReadyQueue, worst_first
 from .slots import FreeSlots, NodeSpec, Slot, slots_of
 from .snapshot import PreemptionDecision, VersionedSlots
 
@@ -124,7 +125,7 @@ class Simulation:
         self.jobs = sorted(jobs, key=lambda j: (j.arrival_ns, j.name))
         self.resources = ResourceTable()
         self.fair = FairShare(migration_cost_ns=migration_cost_ns)
-        self.discipline = discipline(
+        self.discipline = queues.discipline(
             algorithm, resources=self.resources, fair=self.fair, levels=levels
         )
         self.queues = {d: ReadyQueue(self.discipline) for d in devices}

@@ -460,6 +460,54 @@ def test_a_higher_priority_task_preempts_a_lower_one_which_resumes_after(agent, 
         assert "Running -> Pending: preempted by " + high in events
 
 
+QUEUEING_POLICY = (
+    "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: order}\n"
+    "spec:\n  queueing: {algorithm: ALGORITHM}\n"
+    "  matchRules:\n    - selector: {matchLabels: {app: queued}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    "algorithm, order",
+    [
+        (None, ["lax-high", "mid", "urgent-low"]),  # priority, then deadline: as before
+        ("edf", ["urgent-low", "lax-high", "mid"]),
+        ("fifo", ["lax-high", "urgent-low", "mid"]),
+    ],
+)
+def test_waiting_tasks_start_in_the_order_of_the_queueing_algorithm(
+    agent, tmp_path, algorithm, order
+):
+    """Three tasks wait behind one that holds every CPU; each needs every CPU, so they
+    start one by one, in the order the node's discipline gives them."""
+    if algorithm is not None:
+        policy = tmp_path / "order.yaml"
+        policy.write_text(QUEUEING_POLICY.replace("ALGORITHM", algorithm))
+        agent.cli("apply", "-f", str(policy), check=True)
+    cpus = len(agent_cpus(agent))
+    whole = f"  requests: {{cpus: {cpus}}}\n"
+    blocker = agent.submit(
+        task_file(tmp_path, "blocker", ["sleep", "1.5"], whole + "  priority: 100\n")
+    )
+    assert agent.wait(blocker, ("Running",))["state"] == "Running"
+    waiting = {
+        "lax-high": "  priority: 90\n  deadline: 60s\n",
+        "urgent-low": "  priority: 10\n  deadline: 20s\n",
+        "mid": "  priority: 50\n",
+    }
+    ids = {
+        name: agent.submit(task_file(tmp_path, name, ["true"], whole + extra))
+        for name, extra in waiting.items()
+    }
+    assert agent.task(blocker)["state"] == "Running"  # all three came while it held the CPUs
+    started = {}
+    for name, tid in ids.items():
+        t = agent.wait(tid, timeout=30)
+        assert t["state"] == "Succeeded", t
+        started[name] = int(t["started_ns"])
+    assert sorted(started, key=started.get) == order
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

@@ -16,12 +16,15 @@ from xhagent.policy.policy import (
     CpuConstraint,
     GpuConstraint,
     Migration,
+    Queueing,
     Rule,
     SchedulingPolicy,
     Topology,
     choose,
     dump_policy,
     parse_policy,
+    policy_warnings,
+    queueing_in_force,
     tie_warnings,
 )
 from xhagent.policy.selector import Expression, Selector
@@ -161,6 +164,27 @@ LOCATED_ERRORS = [
         "p.yaml:7:15: unknown field 'spec.migration.intervalSeconds' (did you mean 'interval'?)",
     ),
     (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: fair}\n",
+        "p.yaml:7:25: spec.queueing.algorithm: 'fair' runs in `xhagent simulate` only; "
+        "the agent orders its tasks by fifo, priority, edf",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: lifo}\n",
+        "p.yaml:7:25: spec.queueing.algorithm: 'lifo' is not one of fifo, priority, edf",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {}\n",
+        "p.yaml:7:13: missing required field 'spec.queueing.algorithm'",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: edf, slice: 5ms}\n",
+        "p.yaml:7:30: unknown field 'spec.queueing.slice'",
+    ),
+    (
         "Task",
         "  deviceType: gpu\n  numThreads: 4\n",
         "t.yaml:6:3: spec.numThreads is only for deviceType cpu (this task is gpu)",
@@ -292,6 +316,7 @@ policies = st.builds(
     st.sampled_from(["never", "lower-priority", "deadline-driven"]),
     label_sets,
     st.none() | migrations(),
+    st.none() | st.builds(Queueing, st.sampled_from(["fifo", "priority", "edf"])),
 )
 
 
@@ -372,6 +397,23 @@ def test_tie_warning_only_for_overlapping_equal_priorities():
     assert tie_warnings([a, b]) == [
         "policies 'a' and 'b' both have priority 60 and can match the same task "
         "(app=x / tier=gold); 'a' wins by name order"
+    ]
+
+
+def test_the_node_order_is_the_highest_priority_policy_that_sets_one():
+    rule = (Rule(Selector((("app", "x"),))),)
+    plain = SchedulingPolicy("plain", rule, priority=99)
+    edf = SchedulingPolicy("edf", rule, priority=60, queueing=Queueing("edf"))
+    fifo = SchedulingPolicy("fifo", rule, priority=70, queueing=Queueing("fifo"))
+    fifo_too = SchedulingPolicy("a-fifo", rule, priority=70, queueing=Queueing("fifo"))
+    assert queueing_in_force([plain]) == ("priority", "")
+    assert queueing_in_force([plain, edf]) == ("edf", "edf")
+    assert queueing_in_force([edf, fifo, plain]) == ("fifo", "fifo")
+    assert queueing_in_force([fifo, fifo_too]) == ("fifo", "a-fifo")  # ties by name
+    # a policy whose order does not decide is named; one that agrees is not
+    assert [w for w in policy_warnings([edf, fifo, fifo_too]) if "queueing" in w] == [
+        "policy 'edf' sets spec.queueing.algorithm 'edf', but 'a-fifo' decides the node's "
+        "order ('fifo': higher priority, then name)"
     ]
 
 

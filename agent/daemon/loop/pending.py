@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ...policy.task import Task
 from ..store import Store, TaskRecord, TaskState
-from .ranking import order_key
+from .ranking import Ranking
 from .submission import InvalidTask
 
 
@@ -54,6 +54,7 @@ class PendingWindow:
         self._after: str | None = None  # the last task read; those after it are not held
         self._seen: int | None = None  # the store's pending_moves it agrees with; None: none
         self._policies: Sequence | None = None
+        self._ranking: Ranking | None = None  # the order under _policies
         self._shared: dict = {}
         # specs parsed by their submission, taken when their task is read into the window so
         # that no document is parsed twice; at most `offers`, the oldest kept (the window
@@ -70,9 +71,10 @@ class PendingWindow:
             self._seen = self._store.pending_moves
         if not _same(policies, self._policies):
             self._policies = policies
+            self._ranking = Ranking(policies)
             self._shared = {}
             for entry in self._order:
-                entry.key = order_key(entry.rec.id, entry.task, entry.rec.created_ns, policies)
+                entry.key = self._ranking.key(entry.rec.id, entry.task, entry.rec.created_ns)
                 entry.derived = entry.settled = None
             self._sorted = False
         room = limit - len(self._entries)
@@ -80,7 +82,7 @@ class PendingWindow:
             page = self._store.list_tasks([TaskState.PENDING], after=self._after, limit=room)
             for rec in page:
                 self._after = rec.id
-                self._add(rec, policies, parsed.get(rec.id))
+                self._add(rec, parsed.get(rec.id))
         if not self._sorted:
             self._order.sort(key=lambda e: e.key)
             self._sorted = True
@@ -141,7 +143,7 @@ class PendingWindow:
         """Read in full by the next step."""
         self._seen = None
 
-    def _add(self, rec: TaskRecord, policies: Sequence, held: Entry | None) -> None:
+    def _add(self, rec: TaskRecord, held: Entry | None) -> None:
         try:
             task = held.task if held is not None else self._offered(rec.id)
             if task is None:
@@ -150,7 +152,8 @@ class PendingWindow:
             with self.leaving(rec.id):
                 self._failed(rec, exc)
             return
-        entry = Entry(rec, task, order_key(rec.id, task, rec.created_ns, policies))
+        assert self._ranking is not None  # (tasks() sets it before it reads)
+        entry = Entry(rec, task, self._ranking.key(rec.id, task, rec.created_ns))
         self._entries[rec.id] = entry
         if self._sorted and self._order and entry.key < self._order[-1].key:
             self._sorted = False

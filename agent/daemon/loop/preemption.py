@@ -18,7 +18,7 @@ from ...policy.preemption import choose_victims
 from ...policy.task import Task
 from ..store import TaskRecord, TaskState, WaitReason
 from .lifecycle import Lifecycle, allocation_of
-from .ranking import order_key, standing_of
+from .ranking import Ranking, standing_of
 
 FREEZE_TIMEOUT_S = 2.0
 KILL_TIMEOUT_S = 3.0
@@ -97,7 +97,10 @@ def preempted_reason(lc: Lifecycle, preemptor: str) -> WaitReason:
 def thaw_frozen(lc: Lifecycle, policies) -> None:
     """A frozen task resumes once its CPUs are free again, highest standing first."""
     frozen = lc.store.list_tasks([TaskState.FROZEN], limit=1000)
-    ordered = sorted(frozen, key=lambda r: order_key(r.id, lc.spec(r.id), r.created_ns, policies))
+    if not frozen:
+        return
+    ranking = Ranking(policies)
+    ordered = sorted(frozen, key=lambda r: ranking.key(r.id, lc.spec(r.id), r.created_ns))
     for rec in ordered:
         whole = allocation_of(replace(rec, state=TaskState.RUNNING))
         lc.cluster.release(rec.id)

@@ -1,19 +1,27 @@
-"""A task's standing: its priority (its own, else its winning policy's, else 50) and its
-deadline, from the policies in force now. The scheduler orders Pending tasks by it,
-preemption compares by it, and `get`/`ps` show it: one rule, so what is shown is what
-scheduling uses.
+"""A task's standing and the node's order of Pending tasks.
+
+Standing: its priority (its own, else its winning policy's, else 50) and its deadline, from
+the policies in force now; preemption compares by it, and `get`/`ps` show it.
+
+Order: the discipline that `spec.queueing` names among the policies in force (default
+`priority`: higher priority first, then the earliest deadline, then submission), applied
+to each task as a `Job`. The discipline is the simulator's own (xhagent.sched.queues), so
+`xhagent simulate` predicts the order the loop starts tasks in: one rule, not two.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...policy.policy import choose
+from ...policy.policy import choose, queueing_in_force
 from ...policy.preemption import NO_DEADLINE
 from ...policy.task import Task
+from ...sched import queues
+from ...sched.job import Job, from_task
 
 DEFAULT_PRIORITY = 50
+MAX_LABEL_SETS = 4096  # matches a Ranking keeps
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,25 @@ def standing_of(task: Task, created_ns: int, policies: Iterable) -> Standing:
     return standing(task.priority, task.label_map, deadline, policies)
 
 
-def order_key(task_id: str, task: Task, created_ns: int, policies: Iterable) -> tuple:
-    """Highest priority first, then the earliest deadline, then submission order (ids sort
-    by it)."""
-    s = standing_of(task, created_ns, policies)
-    return (-s.priority, s.deadline_ns, task_id)
+def queued_job(task_id: str, task: Task, created_ns: int, s: Standing) -> Job:
+    """The task as the disciplines see it: named by its id (ids sort by submission),
+    arriving when it was submitted, with the priority and deadline of its standing."""
+    deadline = None if s.deadline_ns == NO_DEADLINE else s.deadline_ns
+    return from_task(task, created_ns, name=task_id, priority=s.priority, deadline_ns=deadline)
+
+
+class Ranking:
+    """The order under `policies`: `key(...)` sorts the most urgent task first."""
+
+    def __init__(self, policies: Sequence):
+        self.policies = policies
+        self.algorithm, self.decided_by = queueing_in_force(policies)
+        self._key = queues.discipline(self.algorithm).key
+        self._chosen: dict = {}  # labels -> their match, under these policies
+
+    def key(self, task_id: str, task: Task, created_ns: int) -> tuple:
+        if len(self._chosen) > MAX_LABEL_SETS:  # labels unique to each task: kept bounded
+            self._chosen = {}
+        deadline = task.deadline.at(created_ns) if task.deadline else None
+        s = standing(task.priority, task.label_map, deadline, self.policies, self._chosen)
+        return self._key(queued_job(task_id, task, created_ns, s))
