@@ -13,7 +13,7 @@ import click
 
 from ..node_model import ModelError
 from ..policy.documents import DocumentError, load_items
-from ..policy.policy import SchedulingPolicy
+from ..policy.policy import SchedulingPolicy, queueing_in_force
 from ..spec import SpecError
 from . import metrics
 from . import nodes as node_model
@@ -54,7 +54,7 @@ class Progress:
 def simulate(
     workload_path: str,
     nodes_path: str,
-    algorithm: str,
+    algorithm: str | None,
     seed: int,
     *,
     max_jobs: int = MAX_JOBS,
@@ -65,7 +65,10 @@ def simulate(
     policy_path: str | None = None,
 ) -> dict:
     """The report `--json` prints; raises SpecError, ModelError or SimulationError on bad
-    input, OverLimit past a cap."""
+    input, OverLimit past a cap. `algorithm` None: the order the policies give the node
+    (their `spec.queueing`), else DEFAULT_ALGORITHM."""
+    policies = load_policies(policy_path, warn) if policy_path else []
+    algorithm = _algorithm(algorithm, policies, warn)
     w = workload_model.load_workload(workload_path)
     if algorithm == "mlq" and w.levels is None:
         warn(
@@ -93,7 +96,6 @@ def simulate(
         jobs = w.generate(seed, capacity, max_jobs)
     except TooManyJobs as exc:
         raise OverLimit(f"{workload_path}: {exc}") from None
-    policies = load_policies(policy_path, warn) if policy_path else []
     migration = next((p.migration for p in policies if p.migration is not None), None)
     try:
         run = partial(Simulation, jobs, nodes, algorithm, levels=w.levels)
@@ -106,6 +108,20 @@ def simulate(
     if without is not None:
         report["migration"] = metrics.migration(outcome, without, w.slas, w.window_ns)
     return {"schema": 1, "workload": w.name, "seed": seed, **report}
+
+
+def _algorithm(asked: str | None, policies: list, warn: Callable[[str], None]) -> str:
+    """The algorithm to simulate: the one asked, else the node's order under `policies`
+    (the agent's own rule), else DEFAULT_ALGORITHM."""
+    node, decider = queueing_in_force(policies)
+    if asked is None:
+        return node if decider else DEFAULT_ALGORITHM
+    if decider and asked != node:
+        warn(
+            f"xhagent simulate: warning: policy {decider!r} orders the node by {node}; "
+            f"simulating --algorithm {asked} instead"
+        )
+    return asked
 
 
 def load_policies(path: str, warn: Callable[[str], None]) -> list[SchedulingPolicy]:
@@ -190,6 +206,7 @@ def _migration_lines(m: dict | None) -> list[str]:
     return lines
 
 
+DEFAULT_ALGORITHM = "edf"  # with no --algorithm and no policy that orders the node
 ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.items()) + "."
 
 
@@ -211,9 +228,8 @@ ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.item
 @click.option(
     "--algorithm",
     type=click.Choice(ALGORITHMS),
-    default="edf",
-    show_default=True,
-    help=ALGORITHM_HELP,
+    default=None,
+    help=f"{ALGORITHM_HELP} Default: the --policy file's spec.queueing, else {DEFAULT_ALGORITHM}.",
 )
 @click.option(
     "--seed", type=int, default=1, show_default=True, help="Same seed, same arrivals, same report."
@@ -244,13 +260,14 @@ ALGORITHM_HELP = "; ".join(f"{name}: {what}" for name, what in DESCRIPTIONS.item
     "policy_path",
     metavar="P.yaml",
     help="SchedulingPolicy file: its spec.migration runs the migration controller (reported "
-    "against the same run without it), its rules are the jobs' hard constraints.",
+    "against the same run without it), its spec.queueing is the algorithm unless "
+    "--algorithm says, its rules are the jobs' hard constraints.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def simulate_command(
     workload_path: str,
     nodes_path: str,
-    algorithm: str,
+    algorithm: str | None,
     seed: int,
     max_jobs: int,
     max_nodes: int,

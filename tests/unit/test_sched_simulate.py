@@ -333,3 +333,23 @@ def test_infinite_or_nan_rate_is_a_located_error_not_an_endless_run(tmp_path, va
         res.exit_code == 2
         and res.stderr == f"xhagent simulate: {w}:3:29: '{value}' is not a finite number\n"
     )
+
+
+def test_a_policy_that_orders_the_node_is_what_simulate_runs_unless_told(tmp_path):
+    policy = tmp_path / "order.yaml"
+    policy.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: order}\n"
+        "spec:\n  queueing: {algorithm: fifo}\n  matchRules:\n    - selector: {}\n"
+    )
+    warned: list[str] = []
+    assert simulate(MIXED, PLAIN_NODES, None, 1)["algorithm"] == "edf"
+    ordered = simulate(MIXED, PLAIN_NODES, None, 1, policy_path=str(policy), warn=warned.append)
+    assert ordered["algorithm"] == "fifo"
+    assert ordered == simulate(MIXED, PLAIN_NODES, "fifo", 1, policy_path=str(policy))
+    assert not [w for w in warned if "orders the node" in w]
+    told = simulate(MIXED, PLAIN_NODES, "edf", 1, policy_path=str(policy), warn=warned.append)
+    assert told["algorithm"] == "edf"
+    assert warned[-1] == (
+        "xhagent simulate: warning: policy 'order' orders the node by fifo; "
+        "simulating --algorithm edf instead"
+    )
