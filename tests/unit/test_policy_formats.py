@@ -633,6 +633,7 @@ def test_every_example_validates_by_its_kind(sys_root):
         "migration-nodes.yaml": {"node"},
         "migration-policy.yaml": {"SchedulingPolicy"},
         "nodes.yaml": {"node"},
+        "queueing-edf.yaml": {"SchedulingPolicy"},
         "task-hello.yaml": {"Task"},
         "task-infer.yaml": {"Task"},
         "video-inference-strict.yaml": {"SchedulingPolicy"},
