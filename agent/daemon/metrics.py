@@ -52,6 +52,7 @@ READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 DEFAULT_CLASS = "default"
+BOOST_ACTIONS = {"Boosted": "boost", "BoostEnded": "restore"}  # loop/boosts.py's events
 # loop/moves.py's events -> the result label of xhagent_migrations_total
 MIGRATION_RESULTS = {
     "Migrated": "moved",
@@ -118,6 +119,13 @@ class AgentMetrics:
             "Load-driven moves of a task to another device, by class and result (moved; "
             "aborted: started again where it was or requeued; failed: not stopped).",
             ["class", "result"],
+            **reg,
+        )
+        self.boosts = Counter(
+            "xhagent_resource_boosts",
+            "Holders of a resource an earlier-deadline task waits for (edf-pic), by class and "
+            "action: boost (its leaf given the waiter's weights) or restore (the boost ended).",
+            ["class", "action"],
             **reg,
         )
         self.decisions = Counter(
@@ -204,6 +212,9 @@ class AgentMetrics:
             elif event.kind in MIGRATION_RESULTS:
                 cls = self._class.get(event.task_id, DEFAULT_CLASS)
                 self.migrations.labels(cls, MIGRATION_RESULTS[event.kind]).inc()
+            elif event.kind in BOOST_ACTIONS:
+                cls = self._class.get(event.task_id, DEFAULT_CLASS)
+                self.boosts.labels(cls, BOOST_ACTIONS[event.kind]).inc()
             elif event.kind == "OutputDropped":
                 cls = self._class.get(event.task_id, DEFAULT_CLASS)
                 self.output_dropped.labels(cls).inc(event.detail["bytes"])

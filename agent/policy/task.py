@@ -11,6 +11,7 @@
       estimatedRuntime: 40ms
       migratable: true
       runsOn: [gpu, tpu]              # device types a move may take it to (default: its own)
+      resources: [pcie-switch]        # exclusive: held from its start to its end
       computeGraphHash: <64 hex digits, SHA-256>
       memoryLayout: NCHW@64B
       streamId: 3                     # gpu, tpu only; numThreads: cpu; coreAssignment: tpu
@@ -103,6 +104,9 @@ class Task:
     estimated_runtime_ns: int | None = None
     migratable: bool | None = None
     runs_on: tuple[str, ...] = ()  # device types a migration may move it to; (): its own
+    # exclusive resources it holds from its start to its end: a task that needs one another
+    # holds waits (ResourceHeld), and under edf-pic lends the holder its class's weights
+    resources: tuple[str, ...] = ()
     compute_graph_hash: str | None = None
     memory_layout: str | None = None
     num_threads: int | None = None
@@ -148,6 +152,7 @@ SPEC_FIELDS = {
     "estimatedRuntime",
     "migratable",
     "runsOn",
+    "resources",
     "computeGraphHash",
     "memoryLayout",
     *DEVICE_FIELDS,
@@ -209,6 +214,7 @@ def _spec(spec: Cursor) -> dict[str, Any]:
         ),
         migratable=doc.attempt(lambda: spec["migratable"].bool(default=None)),
         runs_on=doc.attempt(lambda: _runs_on(spec["runsOn"], device), ()),
+        resources=doc.attempt(lambda: _resources(spec["resources"]), ()),
         compute_graph_hash=doc.attempt(
             lambda: _matching(
                 spec["computeGraphHash"],
@@ -242,6 +248,32 @@ def _runs_on(cur: Cursor, device: str | None) -> tuple[str, ...]:
             f"{cur.where}: lists {', '.join(kinds) or 'nothing'}, not the deviceType {device}"
         )
     return kinds
+
+
+# A resource's name: what an event, a reason and a metric label show (a DNS label).
+RESOURCE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_RESOURCES = 16  # named by one task
+
+
+def _resources(cur: Cursor) -> tuple[str, ...]:
+    """`resources: [pcie-switch, licence]`: exclusive, each named once."""
+    if not cur.present:
+        return ()
+    items = cur.seq()
+    if len(items) > MAX_RESOURCES:
+        raise cur.error(f"{cur.where}: {len(items)} resources, more than {MAX_RESOURCES}")
+    names: list[str] = []
+    for item in items:
+        name = item.str()
+        if not RESOURCE_RE.fullmatch(name):
+            raise item.error(
+                f"{item.where}: {name[:70]!r} is not a resource name (lowercase letters, "
+                "digits and '-', starting and ending with a letter or digit, at most 63)"
+            )
+        if name in names:
+            raise item.error(f"{item.where}: {name!r} is listed twice")
+        names.append(name)
+    return tuple(names)
 
 
 def _requests(req: Cursor, device: str | None) -> Requests:
@@ -308,6 +340,7 @@ def dump_task(t: Task) -> dict[str, Any]:
         ),
         ("migratable", t.migratable),
         ("runsOn", list(t.runs_on) if t.runs_on else None),
+        ("resources", list(t.resources) if t.resources else None),
         ("computeGraphHash", t.compute_graph_hash),
         ("memoryLayout", t.memory_layout),
         ("numThreads", t.num_threads),

@@ -94,4 +94,5 @@ def from_task(
         # as the daemon: only `migratable: true` moves, and then to its runsOn types
         migratable=bool(task.migratable),
         runs_on=frozenset(task.runs_on),
+        holds=frozenset(task.resources),
     )

@@ -38,8 +38,8 @@ DESCRIPTIONS = {
 ALGORITHMS = tuple(DESCRIPTIONS)
 # What the agent's loop orders its Pending tasks by (a SchedulingPolicy's
 # `spec.queueing.algorithm`); the others need state that only the simulator keeps so far
-# (held resources, vruntimes, levels, GPU memory by process).
-NODE_ALGORITHMS = ("fifo", "priority", "edf")
+# (vruntimes, levels, GPU memory by process).
+NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic")
 DEFAULT_NODE_ALGORITHM = "priority"
 
 

@@ -508,6 +508,53 @@ def test_waiting_tasks_start_in_the_order_of_the_queueing_algorithm(
     assert sorted(started, key=started.get) == order
 
 
+@pytest.mark.parametrize("algorithm", [None, "edf-pic"])
+def test_a_task_waits_for_a_held_resource_and_under_edf_pic_lends_the_holder_its_class(
+    agent, tmp_path, algorithm
+):
+    """The CPUs are free, but `pcie` is held: the waiter waits (ResourceHeld) until the
+    holder ends. Under edf-pic the holder is boosted to the waiter's class while it waits
+    (this host has no cpu controller in cgroup2: the event says it is not enforced; the
+    guest checks the weight itself), and the boost ends with the holder."""
+    if algorithm is not None:
+        policy = tmp_path / "order.yaml"
+        policy.write_text(QUEUEING_POLICY.replace("ALGORITHM", algorithm))
+        agent.cli("apply", "-f", str(policy), check=True)
+    holder = agent.submit(
+        task_file(tmp_path, "holder", ["sleep", "1.5"], "  class: batch\n  resources: [pcie]\n")
+    )
+    assert agent.wait(holder, ("Running",))["state"] == "Running"
+    waiter = agent.submit(
+        task_file(
+            tmp_path,
+            "waiter",
+            ["true"],
+            "  class: latency\n  deadline: 30s\n  resources: [pcie, licence]\n",
+        )
+    )
+    t = agent.wait(waiter, ("Pending",))
+    deadline = time.monotonic() + 10
+    while not t["reasons"] or t["reasons"][0]["kind"] != "ResourceHeld":
+        assert time.monotonic() < deadline, t
+        time.sleep(0.05)
+        t = agent.task(waiter)
+    assert t["reasons"][0]["detail"] == f"pcie is held by {holder}", t
+    done, held = agent.wait(waiter), agent.wait(holder)
+    assert done["state"] == held["state"] == "Succeeded"
+    assert int(done["started_ns"]) >= int(held["ended_ns"])  # not before the holder let go
+    events = agent.cli("events", "--task", holder, "--since", "0", "--json", check=True).stdout
+    kinds = [json.loads(line)["kind"] for line in events.splitlines()]
+    if algorithm is None:
+        assert "Boosted" not in kinds
+        return
+    boosted = [json.loads(line) for line in events.splitlines() if '"Boosted"' in line]
+    assert len(boosted) == 1 and kinds.index("BoostEnded") > kinds.index("Boosted"), kinds
+    b = boosted[0]
+    assert b["detail"]["from"] == [100, 100] and b["detail"]["to"] == [1000, 1000], b
+    assert b["detail"]["lenders"] == [waiter]
+    assert "cpu.weight 100 -> 1000" in b["message"], b
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

@@ -112,6 +112,44 @@ def test_a_latency_task_freezes_a_batch_task_holding_the_cpus(agent):
     assert output(agent, batch) == "batch-done\n"
 
 
+EDF_PIC = (
+    "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: pic}\n"
+    "spec:\n  queueing: {algorithm: edf-pic}\n  matchRules:\n    - selector: {}\n"
+)
+
+
+def test_under_edf_pic_a_holder_runs_with_its_urgent_waiters_weights_until_it_leaves(agent):
+    """The batch holder of `pcie` gets the latency waiter's cpu.weight and io.weight in its
+    leaf while the waiter waits for it; cancelling the waiter gives it its own back."""
+    with agent.client() as c:
+        c.ApplyPolicy(pb.ApplyPolicyRequest(source=EDF_PIC, file_name="pic.yaml"))
+    holder = submit(agent, "holder", ["sleep", "120"], "  class: batch\n  resources: [pcie]\n")
+    assert wait(agent, holder, ("Running",)).state == "Running"
+    leaf = agent.subtree_path / "tasks" / holder
+    assert (leaf / "cpu.weight").read_text().strip() == "100"
+    waiter = submit(
+        agent, "waiter", ["true"], "  class: latency\n  deadline: 60s\n  resources: [pcie]\n"
+    )
+    deadline = time.monotonic() + 30
+    while (leaf / "cpu.weight").read_text().strip() != "1000":
+        assert time.monotonic() < deadline, "the holder was not boosted"
+        time.sleep(0.05)
+    assert "default 1000" in (leaf / "io.weight").read_text()
+    assert wait(agent, waiter, ("Pending",)).reasons[0].kind == "ResourceHeld"
+    with agent.client() as c:
+        c.Cancel(pb.CancelRequest(id=waiter))
+    while (leaf / "cpu.weight").read_text().strip() != "100":
+        assert time.monotonic() < deadline, "the holder's boost did not end"
+        time.sleep(0.05)
+    assert "default 100" in (leaf / "io.weight").read_text()
+    with agent.client() as c:
+        events = list(c.Watch(pb.WatchRequest(since_seq=0, task_id=holder)))
+        c.Cancel(pb.CancelRequest(id=holder))
+    boosts = [e for e in events if e.kind in ("Boosted", "BoostEnded")]
+    assert [e.kind for e in boosts] == ["Boosted", "BoostEnded"], boosts
+    assert "not enforced" not in boosts[0].message, boosts[0].message
+
+
 def cgroup_policy(name: str, groups: str) -> str:
     return (
         f"apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {{name: {name}}}\n"

@@ -167,12 +167,12 @@ LOCATED_ERRORS = [
         "SchedulingPolicy",
         "  matchRules:\n    - selector: {}\n  queueing: {algorithm: fair}\n",
         "p.yaml:7:25: spec.queueing.algorithm: 'fair' runs in `xhagent simulate` only; "
-        "the agent orders its tasks by fifo, priority, edf",
+        "the agent orders its tasks by fifo, priority, edf, edf-pic",
     ),
     (
         "SchedulingPolicy",
         "  matchRules:\n    - selector: {}\n  queueing: {algorithm: lifo}\n",
-        "p.yaml:7:25: spec.queueing.algorithm: 'lifo' is not one of fifo, priority, edf",
+        "p.yaml:7:25: spec.queueing.algorithm: 'lifo' is not one of fifo, priority, edf, edf-pic",
     ),
     (
         "SchedulingPolicy",
@@ -316,7 +316,7 @@ policies = st.builds(
     st.sampled_from(["never", "lower-priority", "deadline-driven"]),
     label_sets,
     st.none() | migrations(),
-    st.none() | st.builds(Queueing, st.sampled_from(["fifo", "priority", "edf"])),
+    st.none() | st.builds(Queueing, st.sampled_from(["fifo", "priority", "edf", "edf-pic"])),
 )
 
 
@@ -339,6 +339,15 @@ def tasks(draw):
         priority=draw(st.none() | st.integers(0, 100)),
         estimated_runtime_ns=draw(st.none() | st.integers(0, 2**60)),
         migratable=draw(st.none() | st.booleans()),
+        resources=tuple(
+            draw(
+                st.lists(
+                    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?", fullmatch=True),
+                    unique=True,
+                    max_size=4,
+                )
+            )
+        ),
         compute_graph_hash=draw(st.none() | st.from_regex(r"[0-9a-f]{64}", fullmatch=True)),
         memory_layout=draw(st.none() | st.sampled_from(["NCHW", "NHWC@64B", "row_major@4096B"])),
         num_threads=draw(st.none() | st.integers(1, 256)) if device == "cpu" else None,

@@ -227,6 +227,15 @@ class Executor:
         if leaf.events().get("populated"):
             leaf.kill(timeout)
 
+    def set_weights(self, task_id: str, cpu_weight: int, io_weight: int) -> None:
+        """The leaf's `cpu.weight` and `io.weight` now (a boost, or its class's again); a
+        controller the node lacks (`missing`) is left alone."""
+        leaf = self.leaf(task_id)
+        if "cpu" not in self.missing:
+            leaf.set(registry.CPU_WEIGHT, cpu_weight)
+        if "io" not in self.missing and leaf.has(registry.IO_WEIGHT):
+            leaf.set(registry.IO_WEIGHT, {"default": io_weight})
+
     def set_frozen(self, task_id: str, frozen: bool, timeout: float = 2.0) -> None:
         """Freeze or thaw the leaf to match the task's record (after a restart)."""
         leaf = self.leaf(task_id)

@@ -111,6 +111,9 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._due)
 
+    def due(self, task_id: str) -> int | None:
+        return self._due.get(task_id)
+
 
 class NotHeld(Exception):
     """After a restart, a task whose record cannot hold its placement again (its document
@@ -256,6 +259,22 @@ class Lifecycle:
         """The task ended: nothing of it stays in memory."""
         self._specs.pop(task_id, None)
         self.deadlines.forget(task_id)
+
+    def holding(self) -> list[tuple[str, Task]]:
+        """(id, spec) of the tasks that hold a placement and name resources: they hold them."""
+        out = []
+        for _, a in self.cluster.placed():
+            task = self._specs.get(a.task)
+            if task is not None and task.resources:
+                out.append((a.task, task))
+        return out
+
+    def weights_of(self, task: Task) -> tuple[int, int]:
+        """(cpu.weight, io.weight) of the task's class now (the default for a class removed)."""
+        try:
+            return class_weights(task.task_class, self._classes())
+        except KeyError:
+            return DEFAULT_WEIGHT, DEFAULT_WEIGHT
 
     # -- starting ---------------------------------------------------------------------------------
     def leaf_plan(self, task: Task, cpus: Iterable[int]) -> LeafPlan:

@@ -28,7 +28,7 @@ from ...node_model import Node
 from ...policy.classes import CLASS_WEIGHTS
 from ...policy.explanation import Explanation, explain
 from ...policy.placement import Demand
-from ...policy.policy import choose
+from ...policy.policy import choose, queueing_in_force
 from ...policy.task import Deadline, Task
 from ..exec.executor import Executor
 from ..exec.leaf import enforcement_reason
@@ -44,6 +44,7 @@ from ..store import (
     TaskSummary,
     WaitReason,
 )
+from .boosts import Boosts
 from .commits import Commits
 from .decisions import Ask, StepDecisions
 from .diskfull import RETRY_S, DiskFull
@@ -54,6 +55,7 @@ from .pending import Entry, PendingWindow
 from .preemption import thaw_frozen
 from .ranking import Standing, standing
 from .recovery import recover
+from .resources import blocker, holders
 from .submission import InvalidTask, read_submission
 from .wakeups import Wakeups
 
@@ -67,6 +69,7 @@ MAX_STARTS_PER_STEP = 16
 # MAX_STARTS_PER_STEP before its turn): every Pending task says why it waits.
 QUEUED = "Queued"
 QUEUED_DETAIL = f"not looked at yet: steps take the {MAX_PENDING_SCAN} oldest Pending tasks"
+RESOURCE_HELD = "ResourceHeld"  # a resource it names (spec.resources) is another's
 MAX_LIST_PAGE = 1000  # tasks in one List reply
 FULL_LOOK_S = 1.0  # under load, how often tasks whose shim has no pidfd are looked at
 STEP = "scheduler_step"  # where the loop's internal errors are counted
@@ -105,6 +108,7 @@ class Scheduler:
             store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
         )
         self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
+        self.boosts = Boosts(self.lifecycle)
         self.commits = Commits(store, "submissions")
         # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
         # read when their turn comes.
@@ -238,6 +242,7 @@ class Scheduler:
                         task_id, TaskState.CANCELLED, expect=TaskState.PENDING
                     )
                 self.lifecycle.forget(task_id)
+                self.wakeups.wake()  # a holder it lent its class to runs with its own again
             self._changed()
             return rec
 
@@ -356,14 +361,16 @@ class Scheduler:
         with self.lock:
             self.lifecycle.settle_starts()  # before the exits: a start settled Running is seen
             self.lifecycle.collect_exits(exited)
-            thaw_frozen(self.lifecycle, self.policies())
-            self._place_pending()
+            policies = self.policies()
+            thaw_frozen(self.lifecycle, policies)
+            window = self._place_pending()
+            self.boosts.step(queueing_in_force(policies)[0], ((e.rec, e.task) for e in window))
             self.migration.round()
             self.lifecycle.report_deadlines()
             self._changed()
 
     # -- placement --------------------------------------------------------------------------------
-    def _place_pending(self) -> None:
+    def _place_pending(self) -> list[Entry]:
         """Start what fits, in the order of standing, and keep every other task of the
         window Pending with its reasons: each demand decided once while the placement state
         stays as it is (decisions.py), the window kept from the last step (pending.py), the
@@ -378,8 +385,10 @@ class Scheduler:
         decisions = StepDecisions(self.lifecycle, policies, self._shared_reasons)
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         reserved = []
+        held = holders((tid, t.resources) for tid, t in self.lifecycle.holding())
+        window = self._pending.tasks(policies, MAX_PENDING_SCAN)
         try:
-            for entry in self._pending.tasks(policies, MAX_PENDING_SCAN):
+            for entry in window:
                 if entry.settled == cluster.version:
                     continue  # its answer in this state is the one the store holds
                 rec, task = entry.rec, entry.task
@@ -389,6 +398,13 @@ class Scheduler:
                     break
                 if not self._backoff_over(task, rec, now) or self.migration.busy(rec.id):
                     continue  # (busy: between a migration's stop and restart, its hook running)
+                taken = task.resources and blocker(task.resources, held, rec.id)
+                if taken:  # not a matter of room: no placement or preemption frees it
+                    resource, holder = taken
+                    detail = f"{resource} is held by {holder}"
+                    wait = WaitReason(RESOURCE_HELD, self.node.name, detail)
+                    writes.append((entry, self._shared_reasons((wait,))))
+                    continue
                 why = task.enforce and enforcement_reason(task.enforce, self.executor.missing)
                 if why:
                     unavailable = WaitReason("EnforcementUnavailable", self.node.name, why)
@@ -406,6 +422,7 @@ class Scheduler:
                         entry.settled = version
                     continue
                 reserved.append(self.lifecycle.reserve(rec, task, placed))
+                held.update(dict.fromkeys(task.resources, rec.id))  # taken with its start
         except BaseException:
             self.lifecycle.unreserve(reserved)
             raise
@@ -413,6 +430,7 @@ class Scheduler:
             with self._pending.leaving(*(r.rec.id for r in reserved)):
                 self.lifecycle.start_reserved(reserved)
         self._keep_pending(writes)
+        return window
 
     def _shared_reasons(self, reasons: tuple[WaitReason, ...]) -> tuple[WaitReason, ...]:
         return self._pending.shared(reasons, lambda: reasons)
