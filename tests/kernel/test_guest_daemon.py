@@ -150,6 +150,47 @@ def test_under_edf_pic_a_holder_runs_with_its_urgent_waiters_weights_until_it_le
     assert "not enforced" not in boosts[0].message, boosts[0].message
 
 
+BURN = "while true; do :; done"
+# a holder with a fixed amount of work: it ends once it has had this much CPU time
+WORK = "import time\nwhile time.process_time() < 1.0:\n    pass\n"
+
+
+def wait_behind_a_busy_holder(agent, algorithm: str) -> float:
+    """Seconds an urgent latency task waits for `pcie` behind a batch holder that shares
+    the CPUs with six batch burners."""
+    policy = EDF_PIC.replace("edf-pic", algorithm)
+    with agent.client() as c:
+        c.ApplyPolicy(pb.ApplyPolicyRequest(source=policy, file_name="order.yaml"))
+    burners = [submit(agent, f"burn{i}", ["sh", "-c", BURN], "  class: batch\n") for i in range(6)]
+    for b in burners:
+        assert wait(agent, b, ("Running",)).state == "Running"
+    holder = submit(
+        agent, "holder", [sys.executable, "-c", WORK], "  class: batch\n  resources: [pcie]\n"
+    )
+    assert wait(agent, holder, ("Running",)).state == "Running"
+    waiter = submit(
+        agent, "waiter", ["true"], "  class: latency\n  deadline: 120s\n  resources: [pcie]\n"
+    )
+    done = wait(agent, waiter, timeout=120)
+    assert done.state == "Succeeded", done
+    with agent.client() as c:
+        for b in burners:
+            c.Cancel(pb.CancelRequest(id=b))
+    for b in burners:
+        wait(agent, b)
+    return (done.started_ns - done.created_ns) / 1e9
+
+
+def test_edf_pic_cuts_the_wait_behind_a_held_resource_against_edf(agent):
+    """The inversion of seed 003 on the kernel: under edf the holder gets a seventh of the
+    CPUs' weight beside six burners (2/7 of a CPU here) and the urgent waiter waits for all
+    of its work; under edf-pic the holder runs with the waiter's cpu.weight (1000 against
+    100 each: a whole CPU) and is done sooner."""
+    plain = wait_behind_a_busy_holder(agent, "edf")
+    lent = wait_behind_a_busy_holder(agent, "edf-pic")
+    assert lent < 0.75 * plain, (lent, plain)
+
+
 def cgroup_policy(name: str, groups: str) -> str:
     return (
         f"apiVersion: xh.scheduling/v1\nkind: CgroupPolicy\nmetadata: {{name: {name}}}\n"
