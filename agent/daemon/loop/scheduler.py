@@ -9,9 +9,11 @@ invariants between steps are the lifecycle's.
 
 The loop wakes (wakeups.py) on a submission, a cancel, a policy change, a shim's exit (its
 pidfd) or the time something falls due; a step collects exits, thaws what may resume,
-starts what fits in the order of the tasks' standing (ranking.py: priority, then deadline)
-and keeps the rest Pending with a reason per node, runs the migration controller and
-reports missed deadlines. A step that raises is an internal error (faults.py): counted,
+starts what fits in the node's order (ranking.py: the simulator's discipline that the
+policies' `spec.queueing` names) and keeps the rest Pending with a reason per node (a
+resource another task holds is one: resources.py), boosts the holders that earlier
+deadlines wait for under edf-pic (boosts.py), runs the migration controller and reports
+missed deadlines. A step that raises is an internal error (faults.py): counted,
 logged when it starts and when it clears, and tried again a second later; but for a full
 state disk, which is the node's condition (diskfull.py), looked at again every second.
 """
