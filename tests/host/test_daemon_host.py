@@ -555,6 +555,40 @@ def test_a_task_waits_for_a_held_resource_and_under_edf_pic_lends_the_holder_its
     assert "cpu.weight 100 -> 1000" in b["message"], b
 
 
+@pytest.mark.parametrize("algorithm, frozen", [("edf", True), ("edf-pic", False)])
+def test_under_edf_pic_a_holder_stands_by_its_waiters_deadline_against_preemption(
+    agent, tmp_path, algorithm, frozen
+):
+    """deadline-driven preemption freezes a running task due later than the preemptor.
+    The holder of `pcie` has no deadline of its own, but an urgent task waits for it:
+    under edf it is frozen for a task due in 60 s (and its waiter waits on), under edf-pic
+    it stands by the waiter's 30 s and keeps running."""
+    policy = tmp_path / "order.yaml"
+    policy.write_text(
+        QUEUEING_POLICY.replace("ALGORITHM", algorithm)
+        .replace("  matchRules:", "  preemption: deadline-driven\n  matchRules:")
+        .replace("{matchLabels: {app: queued}}", "{}")
+    )
+    agent.cli("apply", "-f", str(policy), check=True)
+    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+    holder = agent.submit(
+        task_file(tmp_path, "holder", ["sleep", "3"], whole + "  resources: [pcie]\n")
+    )
+    assert agent.wait(holder, ("Running",))["state"] == "Running"
+    waiter = agent.submit(
+        task_file(tmp_path, "waiter", ["true"], "  deadline: 30s\n  resources: [pcie]\n")
+    )
+    assert agent.wait(waiter, ("Pending",))["state"] == "Pending"
+    time.sleep(0.3)  # a step has seen it wait
+    later = agent.submit(task_file(tmp_path, "later", ["true"], whole + "  deadline: 60s\n"))
+    ended = {tid: agent.wait(tid, timeout=30) for tid in (holder, waiter, later)}
+    assert {t["state"] for t in ended.values()} == {"Succeeded"}, ended
+    events = agent.cli("events", "--task", holder, "--since", "0", check=True).stdout
+    assert (f"Running -> Frozen: preempted by {later}" in events) == frozen, events
+    if not frozen:  # it waited for the holder, whose waiter is due before it
+        assert int(ended[later]["started_ns"]) >= int(ended[holder]["ended_ns"])
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

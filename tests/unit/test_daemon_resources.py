@@ -26,7 +26,8 @@ def test_the_holder_runs_with_the_class_of_an_earlier_deadline_waiter():
     lent = boosted_weights(
         [job("holder", 10_000, "pcie")], [job("urgent", 5_000, "pcie")], WEIGHTS.__getitem__
     )
-    assert lent == {"holder": Lent((1000, 1000), ("urgent",))}
+    assert lent == {"holder": Lent((1000, 1000), (100, 100), ("urgent",), 5_000)}
+    assert lent["holder"].boosted
 
 
 def test_no_boost_for_a_later_deadline_a_waiter_without_one_or_a_lighter_class():
@@ -34,8 +35,11 @@ def test_no_boost_for_a_later_deadline_a_waiter_without_one_or_a_lighter_class()
     weights = WEIGHTS.__getitem__
     assert boosted_weights(holding, [job("urgent", 20_000, "pcie")], weights) == {}
     assert boosted_weights(holding, [job("urgent", None, "pcie")], weights) == {}
-    # earlier, but its class weighs less: the holder keeps its own weights
-    assert boosted_weights(holding, [job("lax", 5_000, "pcie")], weights) == {}
+    # earlier, but its class weighs less: the holder keeps its own weights, and stands
+    # by the waiter's deadline (what preemption weighs it by)
+    lent = boosted_weights(holding, [job("lax", 5_000, "pcie")], weights)
+    assert lent == {"holder": Lent((100, 100), (100, 100), ("lax",), 5_000)}
+    assert not lent["holder"].boosted
     # another resource: not its waiter
     assert boosted_weights(holding, [job("urgent", 5_000, "disk")], weights) == {}
 
@@ -46,7 +50,7 @@ def test_a_holder_without_a_deadline_takes_the_heaviest_weights_of_its_waiters()
         [job("other", 7_000, "disk"), job("urgent", 9_000, "pcie"), job("lax", 1_000, "pcie")],
         WEIGHTS.__getitem__,
     )
-    assert lent == {"holder": Lent((1000, 1000), ("lax", "other", "urgent"))}
+    assert lent == {"holder": Lent((1000, 1000), (100, 100), ("lax", "other", "urgent"), 1_000)}
 
 
 TASK = (

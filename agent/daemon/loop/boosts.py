@@ -37,6 +37,12 @@ class Boosts:
     def lent(self) -> dict[str, Lent]:
         return dict(self._lent)
 
+    def inherited(self, task_id: str) -> int | None:
+        """The deadline a holder stands by for its earlier-deadline waiters (None: none
+        waits): what preemption weighs it by."""
+        lent = self._lent.get(task_id)
+        return None if lent is None else lent.deadline_ns
+
     def step(self, algorithm: str, waiting: Iterable[tuple[TaskRecord, Task]]) -> None:
         """`waiting`: the Pending tasks looked at (those needing nothing held are passed
         over)."""
@@ -51,16 +57,22 @@ class Boosts:
         own = {tid: lc.weights_of(task) for tid, task in holding}
         changes: list[tuple[str, str, str, dict]] = []
         for tid, lent in targets.items():
-            before = self._lent[tid].weights if tid in self._lent else own[tid]
-            if before != lent.weights:
-                changes.append(self._boost(tid, before, lent))
+            before = self._lent.get(tid)
+            applied = before.weights if before is not None else own[tid]
+            if applied != lent.weights:
+                changes.append(
+                    self._boost(tid, applied, lent)
+                    if lent.boosted
+                    else self._restore(tid, applied, own[tid])
+                )
             self._lent[tid] = lent
         for tid in [t for t in self._lent if t not in targets]:
-            lent = self._lent.pop(tid)
-            changes.append(self._restore(tid, lent, own.get(tid)))
-        if self._fresh:  # after a restart: a leaf boosted before it is set back quietly
-            for tid in own.keys() - targets.keys():
-                self._write(tid, own[tid])
+            before = self._lent.pop(tid)
+            if before.boosted:
+                changes.append(self._restore(tid, before.weights, own.get(tid)))
+        if self._fresh:  # after a restart: what a leaf was given before it is set again
+            for tid, weights in own.items():
+                self._write(tid, targets[tid].weights if tid in targets else weights)
             self._fresh = False
         if changes:
             with lc.store.atomic():
@@ -97,16 +109,18 @@ class Boosts:
         detail = _detail(before, lent.weights, unenforced) | {"lenders": list(lent.lenders)}
         return "Boosted", tid, message, detail
 
-    def _restore(self, tid: str, lent: Lent, own: Weights | None) -> tuple[str, str, str, dict]:
+    def _restore(
+        self, tid: str, applied: Weights, own: Weights | None
+    ) -> tuple[str, str, str, dict]:
         if own is None:  # it ended or was stopped: its leaf and the boost went with it
             message = "stopped while boosted: its leaf went, and the boost with it"
-            return "BoostEnded", tid, message, _detail(lent.weights, None, [])
+            return "BoostEnded", tid, message, _detail(applied, None, [])
         unenforced = self._write(tid, own)
         message = (
-            f"{_weights(lent.weights, own)}: no earlier-deadline task waits for what it "
-            f"holds now{_unenforced(unenforced)}"
+            f"{_weights(applied, own)}: no earlier-deadline task of a weightier class waits "
+            f"for what it holds now{_unenforced(unenforced)}"
         )
-        return "BoostEnded", tid, message, _detail(lent.weights, own, unenforced)
+        return "BoostEnded", tid, message, _detail(applied, own, unenforced)
 
     def _write(self, tid: str, weights: Weights) -> list[str]:
         """The weights written; what could not be, as "controller: why"."""

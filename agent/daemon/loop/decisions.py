@@ -29,9 +29,16 @@ class Ask:
 
 
 class StepDecisions:
-    def __init__(self, lc: Lifecycle, policies, share: Callable[[tuple], tuple] = lambda r: r):
+    def __init__(
+        self,
+        lc: Lifecycle,
+        policies,
+        share: Callable[[tuple], tuple] = lambda r: r,
+        inherited: Callable[[str], int | None] = lambda task_id: None,
+    ):
         self._lc = lc
         self._policies = policies
+        self._inherited = inherited  # a holder's deadline lent by its waiter (edf-pic)
         self._share = share  # equal reasons as one object, from one step to the next
         self._version: int | None = None  # the placement state the answers below hold for
         self._unfit: dict[Ask, tuple[WaitReason, ...]] = {}
@@ -55,7 +62,7 @@ class StepDecisions:
             self._unfit[ask] = reasons
         if ask in self._no_victims:
             return reasons
-        placed = preempt_for(self._lc, rec, task, ask.demand, self._policies)
+        placed = preempt_for(self._lc, rec, task, ask.demand, self._policies, self._inherited)
         if placed is not None:
             return placed
         if cluster.version == self._version and not ask.demand.needs_peers:

@@ -9,6 +9,7 @@ highest standing first, once its CPUs are free again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ...policy.placement import Candidate, Demand, decide_demand
@@ -25,11 +26,19 @@ KILL_TIMEOUT_S = 3.0
 
 
 def preempt_for(
-    lc: Lifecycle, rec: TaskRecord, task: Task, demand: Demand, policies
+    lc: Lifecycle,
+    rec: TaskRecord,
+    task: Task,
+    demand: Demand,
+    policies,
+    inherited: Callable[[str], int | None] = lambda task_id: None,
 ) -> Candidate | None:
     """Freeze or kill the victims the core chooses so that `rec` fits; where it goes, or
     None (nothing to preempt, or a victim could not be stopped: then nothing changed
-    for the preemptor, and the victims stopped so far stay stopped until thawed)."""
+    for the preemptor, and the victims stopped so far stay stopped until thawed).
+    `inherited(id)`: the deadline a running task holds for a waiter under edf-pic (its
+    resource's earlier-deadline waiter's), which it stands by as a victim too: a holder
+    frozen for a later deadline would keep the waiter waiting."""
     match = choose(policies, task.label_map)
     rule = match.policy.preemption if match.policy else "lower-priority"
     mine = standing_of(task, rec.created_ns, policies)
@@ -41,8 +50,10 @@ def preempt_for(
         if held is None or other_task is None or not (held.cpus or held.gpus or held.tpus):
             continue  # holds nothing a placement could take (a shared task)
         s = standing_of(other_task, other.created_ns, policies)
+        lent = inherited(other.id)
+        deadline = s.deadline_ns if lent is None else min(s.deadline_ns, lent)
         running.append(
-            Victim(held, s.priority, s.deadline_ns, other_task.preemption, other.started_ns or 0)
+            Victim(held, s.priority, deadline, other_task.preemption, other.started_ns or 0)
         )
     plan = choose_victims(
         rec.id,

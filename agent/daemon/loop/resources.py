@@ -47,10 +47,17 @@ def blocker(resources: Iterable[str], held: Mapping[str, str], me: str) -> tuple
 
 @dataclass(frozen=True)
 class Lent:
-    """What a holder runs with while earlier-deadline tasks wait for what it holds."""
+    """A holder that earlier-deadline tasks wait for: the weights it runs with meanwhile
+    (its own where no lender's class weighs more) and the deadline it stands by."""
 
     weights: Weights
-    lenders: tuple[str, ...]  # the waiting tasks whose class it has, by id
+    own: Weights  # its class's
+    lenders: tuple[str, ...]  # the waiting tasks it runs for, by id
+    deadline_ns: int  # the earliest of theirs: its inherited deadline
+
+    @property
+    def boosted(self) -> bool:
+        return self.weights != self.own
 
 
 def boosted_weights(
@@ -58,9 +65,9 @@ def boosted_weights(
     waiting: Iterable[Job],
     weights_of: Callable[[str], Weights],
 ) -> dict[str, Lent]:
-    """Holder id -> its weights, for the holders that an earlier-deadline waiter lends to
-    (ResourceTable.effective_deadline below the holder's own); `weights_of(task id)`: the
-    weights of a task's class. Jobs are named by task id; a job's `holds` are its
+    """Holder id -> what it is lent, for the holders that an earlier-deadline waiter lends
+    to (ResourceTable.effective_deadline below the holder's own); `weights_of(task id)`:
+    the weights of a task's class. Jobs are named by task id; a job's `holds` are its
     resources."""
     table = ResourceTable()
     holding = list(holding)
@@ -70,7 +77,8 @@ def boosted_weights(
         table.acquire(job)  # blocked: it waits for what the holders hold
     out: dict[str, Lent] = {}
     for holder in holding:
-        if not table.effective_deadline(holder) < holder.deadline:
+        inherited = table.effective_deadline(holder)
+        if not inherited < holder.deadline:
             continue
         lenders = sorted(
             {
@@ -85,8 +93,7 @@ def boosted_weights(
         lent = [weights_of(w) for w in lenders]
         cpu = max([own[0], *(w[0] for w in lent)])
         io = max([own[1], *(w[1] for w in lent)])
-        if (cpu, io) != own:
-            out[holder.name] = Lent((cpu, io), tuple(lenders))
+        out[holder.name] = Lent((cpu, io), own, tuple(lenders), int(inherited))
     return out
 
 

@@ -384,7 +384,9 @@ class Scheduler:
         now = self.clock()
         policies = self.policies()
         cluster = self.lifecycle.cluster
-        decisions = StepDecisions(self.lifecycle, policies, self._shared_reasons)
+        decisions = StepDecisions(
+            self.lifecycle, policies, self._shared_reasons, self.boosts.inherited
+        )
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         reserved = []
         held = holders((tid, t.resources) for tid, t in self.lifecycle.holding())
