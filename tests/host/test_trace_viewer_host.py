@@ -342,7 +342,9 @@ def perf_export(tmp_path_factory, run_xhagent):
 
     where = tmp_path_factory.mktemp("perfview")
     path, out = str(where / "pp.xht"), str(where / "pp.perf")
-    workload = [*build_c(str(where)), "500"]
+    # 5,000 rounds (~0.1 s): the recorder reads a process's mappings every 10 ms, and a
+    # process that ends before it looks keeps addresses only (`processes_missed`)
+    workload = [*build_c(str(where)), "5000"]
     res = run_xhagent("trace", "record", "--stacks", "both", "-o", path, "--", *workload)
     assert res.returncode == 0, res.stderr
     work = json.loads(res.stdout.splitlines()[0])
