@@ -34,9 +34,6 @@ class Boosts:
         self._lent: dict[str, Lent] = {}  # holders running boosted now
         self._fresh = True  # no step yet: the leaves' weights are not known
 
-    def lent(self) -> dict[str, Lent]:
-        return dict(self._lent)
-
     def inherited(self, task_id: str) -> int | None:
         """The deadline a holder stands by for its earlier-deadline waiters (None: none
         waits): what preemption weighs it by."""
