@@ -238,10 +238,10 @@ class Daemon:
     def _serve_metrics(self, addr: tuple[str, int], sub, executor: Executor) -> None:
         from ..metrics.exporter import Exporter
         from .exec.executor import SHIMS, TASKS
-        from .metrics import AgentMetrics
+        from .metrics import SUBTREE, AgentMetrics
 
         def groups():
-            yield ".", sub.root
+            yield SUBTREE, sub.root
             yield SHIMS, sub.group(SHIMS)
             for task_id in executor.leaves():
                 yield f"{TASKS}/{task_id}", sub.group(f"{TASKS}/{task_id}")
@@ -269,6 +269,7 @@ class Daemon:
             self.faults,
             self.scheduler.disk,
             task_series=self.settings.task_series,
+            report=self.report,
         )
         if self.pool is not None:
             from ..runtime.metrics import PoolCollector

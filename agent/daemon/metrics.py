@@ -8,24 +8,28 @@ Two sources, so that a scrape reads nothing twice and misses nothing between scr
 - what is, read at scrape time (`_Census.collect`): tasks by state and class, Pending
   tasks by reason, and the managed cgroups' statistics (CPU, memory, io, pressure), read in
   one batch (the files read by io_uring and by its fallbacks counted); the run-queue
-  latency of their tasks (`xhagent.bpf.runqlat`, where BPF
-  loads: the groups watched are kept in step with the managed ones at each scrape); each
-  task's delays (`xhagent.metrics.taskstats`: CPU, block I/O, swap-in, reclaim...) summed
-  over the processes in its leaf; whether the state disk is full, and what a full disk
-  refused (`loop.diskfull`); plus the agent's own process (`process_*`).
+  latency of their tasks (`xhagent.bpf.runqlat`, where BPF loads: the groups watched are
+  kept in step with the managed ones at each scrape); each task's delays
+  (`xhagent.metrics.taskstats`: CPU, block I/O, swap-in, reclaim...) summed over the
+  processes in its leaf; whether the state disk is full, and what a full disk refused
+  (`loop.diskfull`); plus the agent's own process (`process_*`).
 
-CPU time by class (`class_cpu.py`) holds every task, those past the cap too: ended attempts
-from their records, running ones from their leaves at each scrape.
+By class, every task counts, those past the cap too: CPU time (`class_cpu.py`: ended
+attempts from their records, running ones from their leaves), run-queue latency
+(`class_runq.py`: every running leaf watched, ended ones as their leaf's last counts) and
+memory in use (the running leaves' memory.current).
 
 Labels are bounded: classes come from policies, reasons and states are typed; the `group`
-label names the agent's own groups and the leaves of tasks that run now, at most
-`task_series` of them (the oldest first; `xhagent_metrics_tasks_left_out` counts the rest).
+label names the agent's own groups (`subtree`, `shims`) and the leaves of tasks that run
+now (`tasks/ID`), at most `task_series` of them (the oldest first;
+`xhagent_metrics_tasks_left_out` counts the rest).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import threading
 from collections.abc import Callable, Iterable
 
 from prometheus_client import (
@@ -43,15 +47,17 @@ from .. import __version__
 from ..cgroups import Cgroup, CgroupError, registry
 from ..cgroups.stats import StatsSampler
 from .class_cpu import ClassCpu
+from .class_runq import ClassRunq
 from .loop.diskfull import DiskFull
 from .loop.faults import Faults
-from .store import TERMINAL, Event, Store, TaskRecord, TaskState
+from .store import TERMINAL, Event, Store, StoreError, TaskRecord, TaskState
 
 READ_PATHS = ("io_uring", "pread", "plain")  # StatsSampler.reads()
 # Seconds. Queue waits and starts: a few ms to minutes; runs: up to days.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 RUN_BUCKETS = (0.01, 0.1, 1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 DEFAULT_CLASS = "default"
+SUBTREE = "subtree"  # the `group` of the agent's whole subtree (its root cgroup)
 BOOST_ACTIONS = {"Boosted": "boost", "BoostEnded": "restore"}  # loop/boosts.py's events
 # loop/moves.py's events -> the result label of xhagent_migrations_total
 MIGRATION_RESULTS = {
@@ -74,6 +80,7 @@ class AgentMetrics:
         faults: Faults | None = None,
         disk: DiskFull | None = None,
         task_series: int = 200,
+        report: Callable[[str, str], None] | None = None,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -176,8 +183,14 @@ class AgentMetrics:
         )
         self._starting: dict[str, int] = {}  # task id -> when it entered Starting (ns)
         self._class: dict[str, str] = {}  # task id -> class, while it has not ended
+        # the tasks the agent recovered before these metrics existed: their leaves count in
+        # their own class, not in the default one
+        for rec in store.each_task([s for s in TaskState if s not in TERMINAL]):
+            self._class[rec.id] = rec.summary.task_class or DEFAULT_CLASS
         self.cpu = ClassCpu()
-        self.census = _Census(store, groups, runq, taskstats, self._class, task_series, self.cpu)
+        self.census = _Census(
+            store, groups, runq, taskstats, self._class, task_series, self.cpu, report
+        )
         self.registry.register(self.census)
         uname = os.uname()
         Info(
@@ -303,10 +316,16 @@ class _Census:
         classes: dict[str, str],
         task_series: int,
         cpu: ClassCpu,
+        report: Callable[[str, str], None] | None,
     ):
         self.store, self.groups, self.classes, self.cpu = store, groups, classes, cpu
         self.task_series = task_series  # task leaves shown at most: series stay bounded
-        self.runq, self.taskstats = runq, taskstats
+        self.runq, self.taskstats, self.report = runq, taskstats, report
+        self.class_runq = ClassRunq()
+        # scrapes may overlap (a thread each): watching, reading and ending the leaves is one
+        # step, so that no reading from before a leaf's end lands after it
+        self._runq_step = threading.Lock()
+        self._unwatched_said = False  # the probe's map is full, and an event said so
         # the groups' stat files stay open from one scrape to the next, and are opened
         # afresh only when the set of groups changed (a task started or ended)
         self._sampled: tuple[tuple[str, str], ...] = ()
@@ -347,9 +366,10 @@ class _Census:
         stats = self._stats(groups)
         yield from group_metrics(groups, stats)
         yield self._class_cpu(classes, groups, stats, left_out)
+        yield self._class_memory(classes, groups, stats, left_out)
         yield self._file_reads()
         if self.runq is not None:
-            yield self._runq(groups)
+            yield from self._runq(classes, groups, left_out)
         if self.taskstats is not None:
             yield self._delays(groups)
 
@@ -392,6 +412,34 @@ class _Census:
             fam.add_metric([cls], totals.get(cls, 0.0))
         return fam
 
+    def _class_memory(self, classes, groups, stats, left_out) -> GaugeMetricFamily:
+        """memory.current of every running task's leaf (the shown ones as this scrape's
+        sampler read them, the others here: one file each), summed by class."""
+        current = {
+            name: st["memory.current"]
+            for (name, _), st in zip(groups, stats, strict=True)
+            if isinstance(st.get("memory.current"), int)
+        }
+        for name, group in left_out:
+            try:
+                current[name] = int(group.get(registry.MEMORY_CURRENT))
+            except (CgroupError, ValueError):
+                continue  # the leaf went meanwhile, or has no memory controller
+        totals = dict.fromkeys(classes, 0)
+        for name, used in current.items():
+            task_class = self._running_class(name)
+            if task_class is not None:
+                totals[task_class] = totals.get(task_class, 0) + used
+        fam = GaugeMetricFamily(
+            "xhagent_class_memory_bytes",
+            "Memory in use by the running tasks of each class: memory.current of every "
+            "task's leaf, those past --task-series too.",
+            labels=["class"],
+        )
+        for task_class, used in sorted(totals.items()):
+            fam.add_metric([task_class], used)
+        return fam
+
     def _stats(self, groups: list[tuple[str, Cgroup]]) -> list[dict]:
         key = tuple((name, str(g.path)) for name, g in groups)
         if key != self._sampled or self._sampler is None:
@@ -423,6 +471,11 @@ class _Census:
         task_id = name.rpartition("/")[2] if name.startswith("tasks/") else None
         return self.classes.get(task_id, DEFAULT_CLASS) if task_id else ""
 
+    def _running_class(self, name: str) -> str | None:
+        """The class of a task leaf's task; None for a group that is not a task's leaf, or
+        whose task has ended (its leaf is about to go)."""
+        return self.classes.get(name[len("tasks/") :]) if name.startswith("tasks/") else None
+
     def _delays(self, groups: list[tuple[str, Cgroup]]) -> GaugeMetricFamily:
         fam = GaugeMetricFamily(
             "xhagent_task_delay_seconds",
@@ -447,12 +500,45 @@ class _Census:
                 fam.add_metric([name, cls, kind], total)
         return fam
 
-    def _runq(self, groups: list[tuple[str, Cgroup]]) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(
+    def _runq(self, classes, groups, left_out):
+        """Every listed group watched, as far as the probe's map holds: the shown ones have
+        their own series, every task leaf counts in its class (class_runq.py)."""
+        per_group = HistogramMetricFamily(
             "xhagent_runq_latency_seconds",
             "Time runnable tasks of a managed group waited for a CPU (BPF, sched_switch).",
-            labels=["group", "class"],
+            labels=["group"],
         )
+        by_class = HistogramMetricFamily(
+            "xhagent_class_runq_latency_seconds",
+            "Time runnable tasks waited for a CPU, by class (BPF, sched_switch): every task's "
+            "leaf, those past --task-series too, a running one as of this scrape, an ended "
+            "one as of its removal. Not counted: a leaf's waits before the first scrape that "
+            "lists it, and the waits of leaves the probe could not watch (its map full: a "
+            "NotObserved event says so).",
+            labels=["class"],
+        )
+        # The probe counts a process in its own group, and the subtree's own group holds none
+        # (cgroup v2 keeps processes out of a group whose controllers its children use).
+        groups = [(name, g) for name, g in groups if name != SUBTREE]
+        shown = {name for name, _ in groups}
+        with self._runq_step:
+            ids = self._watch([*groups, *left_out])
+            for cgid, hist in sorted(self.runq.histograms().items()):
+                if ids[cgid] in shown:
+                    per_group.add_metric([ids[cgid]], _buckets(hist), sum_value=hist.sum)
+                task_class = self._running_class(ids[cgid])
+                if task_class is not None:
+                    self.class_runq.seen(cgid, task_class, hist)
+            totals = self.class_runq.totals(classes)
+        for task_class, hist in totals.items():
+            by_class.add_metric([task_class], _buckets(hist), sum_value=hist.sum)
+        yield per_group
+        yield by_class
+
+    def _watch(self, groups: list[tuple[str, Cgroup]]) -> dict[int, str]:
+        """The probe made to watch `groups`, in their order while its map has room; the
+        groups gone since the last scrape unwatched, their final counts read first.
+        Returns {cgroup id: name} of the groups still there."""
         ids: dict[int, str] = {}
         for name, group in groups:
             try:
@@ -460,20 +546,37 @@ class _Census:
             except FileNotFoundError:
                 continue  # a leaf removed since it was listed
         for gone in self.runq.watched() - ids.keys():
+            self.class_runq.ended(gone, self.runq.histogram(gone))
             self.runq.unwatch(gone)
-        for cgid in ids.keys() - self.runq.watched():
+        watched = self.runq.watched()
+        missing = [cgid for cgid in ids if cgid not in watched]
+        for i, cgid in enumerate(missing):
             try:
                 self.runq.watch(cgid)
-            except OSError:
-                break  # the map is full: the groups already watched go on
-        for cgid, hist in sorted(self.runq.histograms().items()):
-            name = ids.get(cgid)
-            if name is None:
-                continue
-            cls = self._task_class(name)
-            buckets = [(floatToGoString(le), n) for le, n in hist.buckets]
-            fam.add_metric([name, cls], buckets, sum_value=hist.sum)
-        return fam
+            except OSError as exc:  # the map is full: the groups already watched go on
+                self._say_unwatched(len(missing) - i, exc)
+                break
+        else:
+            self._unwatched_said = False
+        return ids
+
+    def _say_unwatched(self, count: int, why: OSError) -> None:
+        """Once while the probe's map stays full."""
+        if self._unwatched_said or self.report is None:
+            return
+        self._unwatched_said = True
+        try:
+            self.report(
+                "NotObserved",
+                f"run-queue latency of {count} groups: {why}; their waits are not counted "
+                "until they are watched",
+            )
+        except StoreError:
+            pass  # the state disk is full: the scrape goes on (Daemon.report logs first)
+
+
+def _buckets(hist) -> list[tuple[str, int]]:
+    return [(floatToGoString(le), n) for le, n in hist.buckets]
 
 
 def group_metrics(groups: list[tuple[str, Cgroup]], stats: list[dict]):

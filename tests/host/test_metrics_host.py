@@ -143,6 +143,7 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         )
         assert median is not None and 0 < median < 60  # a quantile of real starts
         assert prom.scalar('sum(xhagent_cgroup_cpu_usage_seconds_total{group="shims"})') > 0
+        assert prom.scalar('xhagent_cgroup_cpu_usage_seconds_total{group="subtree"}') > 0
         # the groups' files were read by the io engine (io_uring, or pread where io_uring
         # would punt), never by the plain fallback here, and the count rises per scrape
         reads = 'sum(xhagent_stats_file_reads_total{via=~"io_uring|pread"})'
@@ -165,6 +166,37 @@ def test_a_real_prometheus_scrapes_the_agent_and_sees_counters_rise(agent, tmp_p
         assert [(t["scrapeUrl"], t["health"]) for t in targets] == [(url, "up")]
     finally:
         prom.stop()
+
+
+def test_promtool_finds_nothing_to_lint_in_a_scrape(agent, tmp_path):
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"  # prometheus's package
+    path = tmp_path / "sleep.yaml"
+    path.write_text(
+        "apiVersion: xh.scheduling/v1\nkind: Task\nmetadata: {name: sleep}\n"
+        "spec:\n  deviceType: cpu\n  command: [sleep, '60']\n"
+    )
+    res = subprocess.run(
+        [str(XHAGENT), "submit", str(path), "--socket", str(agent.socket)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    try:
+        for _ in range(2):  # the second scrape has the leaf watched: its histograms filled
+            with urllib.request.urlopen(agent.metrics_url(), timeout=10) as r:
+                body = r.read()
+        assert b'xhagent_class_runq_latency_seconds_count{class="' in body
+        lint = subprocess.run(
+            [promtool, "check", "metrics"], input=body, capture_output=True, timeout=60
+        )
+        assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    finally:
+        subprocess.run(
+            [str(XHAGENT), "cancel", res.stdout.split()[0], "--socket", str(agent.socket)],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def test_bench_metrics_reports_a_scrape_and_leaves_no_group():
@@ -226,14 +258,30 @@ def test_each_task_shows_its_delays_and_its_run_queue_latency(agent, tmp_path):
         for s in fams["xhagent_task_delay_seconds"].samples
         if s.labels["kind"] == "cpu"
     }
-    waited = {
-        s.labels["group"]: s.value
-        for s in fams["xhagent_runq_latency_seconds"].samples
-        if s.name.endswith("_count")
-    }
+    runq = fams["xhagent_runq_latency_seconds"].samples
+    waited = {s.labels["group"]: s.value for s in runq if s.name.endswith("_count")}
     for tid in ids:
         assert delays.get(f"tasks/{tid}", 0) > 0, delays  # waited for a CPU, per taskstats
         assert waited.get(f"tasks/{tid}", 0) > 0, waited  # and per the BPF probe
+    # the subtree's own group holds no process (its leaves do): it has no run-queue series
+    assert "shims" in waited and "subtree" not in waited
+    assert [s for s in runq if "class" in s.labels] == []
+    # the spinners' class, in the series by class as well
+    (cls,) = {
+        s.labels["class"]
+        for s in fams["xhagent_tasks"].samples
+        if s.labels["state"] == "Running" and s.value == len(ids)
+    }
+    by_class = {
+        s.labels["class"]: s.value
+        for s in fams["xhagent_class_runq_latency_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert by_class[cls] >= sum(waited[f"tasks/{tid}"] for tid in ids), by_class
+    memory = {s.labels["class"]: s.value for s in fams["xhagent_class_memory_bytes"].samples}
+    leaves = {s.labels["group"]: s.value for s in fams["xhagent_cgroup_memory_bytes"].samples}
+    # 0 where the leaves have no memory.current (the memory controller left to cgroup v1)
+    assert memory[cls] == sum(leaves.get(f"tasks/{tid}", 0) for tid in ids), (memory, leaves)
 
 
 def test_a_tasks_cpu_time_is_in_its_record_and_in_its_class_counter(agent, tmp_path):

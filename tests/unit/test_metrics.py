@@ -2,6 +2,7 @@
 with prometheus_client's own parser and the naming conventions, and the exporter over a
 real loopback socket. No root needed."""
 
+import errno
 import os
 import re
 import time
@@ -13,7 +14,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from xhagent.daemon.metrics import AgentMetrics
+from xhagent.daemon.metrics import DELAY_KINDS, AgentMetrics
 from xhagent.daemon.store import Placement, Store, TaskSummary, WaitReason
 from xhagent.daemon.store.states import TaskState
 from xhagent.metrics.exporter import Exporter, parse_addr
@@ -390,11 +391,11 @@ def test_task_series_are_capped_oldest_first_and_the_rest_counted(store, tmp_pat
         (path / "cpu.stat").write_text("usage_usec 2000000\nuser_usec 1\nsystem_usec 1\n")
         return name, Cgroup(path)
 
-    own = [group("."), group("shims")]
+    own = [group("subtree"), group("shims")]
     leaves = [group(f"tasks/t{i:07d}") for i in (5, 1, 3, 2, 4)]
     m = AgentMetrics(store, lambda: own + leaves, task_series=3)
     cpu = {s.labels["group"] for s in series(m, "xhagent_cgroup_cpu_usage_seconds_total")}
-    assert cpu == {".", "shims", "tasks/t0000001", "tasks/t0000002", "tasks/t0000003"}
+    assert cpu == {"subtree", "shims", "tasks/t0000001", "tasks/t0000002", "tasks/t0000003"}
     assert series(m, "xhagent_metrics_tasks_left_out")[0].value == 2
     m.census.close()
 
@@ -447,4 +448,173 @@ def test_cpu_by_class_holds_ended_and_running_attempts_and_never_goes_back(store
     assert cpu()["default"] == pytest.approx(0.8)
     for before, after in zip(seen, seen[1:], strict=False):
         assert all(after[k] >= v for k, v in before.items()), (before, after)
+    m.census.close()
+
+
+class FakeRunq:
+    """The run-queue probe's interface (bpf/runqlat.py) over a dict: what it counted for
+    each watched group is set by the test; its map holds `room` groups."""
+
+    def __init__(self, room: int = 1024):
+        self.room = room
+        self.counted: dict[int, object] = {}  # cgroup id -> Histogram
+        self._watched: set[int] = set()
+
+    def watch(self, cgid: int) -> int:
+        from xhagent.bpf import BpfError
+
+        if len(self._watched) >= self.room:
+            raise BpfError(errno.E2BIG, f"cannot watch cgroup {cgid}: the map is full")
+        self._watched.add(cgid)
+        return cgid
+
+    def unwatch(self, cgid: int) -> None:
+        self._watched.discard(cgid)
+        self.counted.pop(cgid, None)  # the probe drops its counts with the group
+
+    def watched(self) -> set[int]:
+        return set(self._watched)
+
+    def histogram(self, cgid: int):
+        from xhagent.bpf.runqlat import RUNQ_SLOTS, Histogram
+
+        if cgid not in self._watched:
+            return None
+        return self.counted.get(cgid) or Histogram.from_slots([0] * RUNQ_SLOTS, 0)
+
+    def histograms(self) -> dict:
+        return {cgid: self.histogram(cgid) for cgid in sorted(self._watched)}
+
+
+def waits(n: int, each_us: int = 3):
+    """A probe reading of `n` waits of `each_us` microseconds (slot 1: [2, 4) us)."""
+    from xhagent.bpf.runqlat import RUNQ_SLOTS, Histogram
+
+    return Histogram.from_slots([0, n] + [0] * (RUNQ_SLOTS - 2), n * each_us * 1000)
+
+
+def by_label(m, name: str, label: str) -> dict[str, float]:
+    return {s.labels[label]: s.value for s in series(m, name)}
+
+
+def test_class_runq_and_memory_hold_every_leaf_past_the_cap_and_never_go_back(store, tmp_path):
+    from types import SimpleNamespace
+
+    from xhagent.cgroups import Cgroup
+
+    def group(name, memory=0):
+        path = tmp_path / "tree" / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "cpu.stat").write_text("usage_usec 1\nuser_usec 1\nsystem_usec 1\n")
+        (path / "memory.current").write_text(f"{memory}\n")
+        (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        return name, Cgroup(path)
+
+    a, b = submit(store, "a", "latency"), submit(store, "b", "latency")
+    for t in (a, b):  # running before the metrics existed: recovered at the agent's start
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.RUNNING)
+    waited = SimpleNamespace(**{**dict.fromkeys(DELAY_KINDS), "cpu": SimpleNamespace(total=0.25)})
+    taskstats = SimpleNamespace(delays_of=lambda pids: dict.fromkeys(pids, waited))
+    runq, said = FakeRunq(), []
+    m = AgentMetrics(
+        store,
+        lambda: list(tree),
+        runq,
+        taskstats,
+        task_series=1,
+        report=lambda kind, message: said.append((kind, message)),
+    )
+    store.on_commit = m.observe
+    c = submit(store, "c", "")
+    store.transition(c.id, TaskState.STARTING, placement=PLACED)
+    store.transition(c.id, TaskState.RUNNING)
+    own = [group("subtree", 5000), group("shims", 100)]
+    leaf = {t.id: group(f"tasks/{t.id}", mem) for t, mem in ((a, 10), (b, 20), (c, 40))}
+    tree = [*own, *leaf.values()]
+    ids = {name: os.stat(g.path).st_ino for name, g in tree}
+    series(m, "xhagent_tasks")  # the first scrape watches every group with processes: a, b, c
+    for name, n in (("subtree", 9), ("shims", 5), (f"tasks/{a.id}", 1)):
+        runq.counted[ids[name]] = waits(n)
+    runq.counted[ids[f"tasks/{b.id}"]] = waits(2)
+    runq.counted[ids[f"tasks/{c.id}"]] = waits(4)
+    seen = []
+
+    def scrape():
+        got = by_label(m, "xhagent_class_runq_latency_seconds_count", "class")
+        seen.append(got)
+        return got
+
+    assert scrape() == {"latency": 3, "default": 4}
+    # the per-group series: the shown groups only (a is the oldest), and no class label
+    shown = series(m, "xhagent_runq_latency_seconds_count")
+    assert {s.labels["group"]: s.value for s in shown} == {"shims": 5, f"tasks/{a.id}": 1}
+    assert ids["subtree"] not in runq.watched()  # (its own group holds no process)
+    assert all(set(s.labels) == {"group"} for s in shown)
+    sums = by_label(m, "xhagent_class_runq_latency_seconds_sum", "class")
+    assert sums == pytest.approx({"latency": 9e-6, "default": 12e-6})
+    memory = by_label(m, "xhagent_class_memory_bytes", "class")
+    assert memory == {"latency": 30, "default": 40}
+    delays = series(m, "xhagent_task_delay_seconds")
+    assert {s.labels["group"] for s in delays} == {f"tasks/{a.id}"}
+    assert all(s.labels["class"] == "latency" for s in delays)
+    # b waits more, then ends and its leaf goes: the probe's last counts for it are kept
+    runq.counted[ids[f"tasks/{b.id}"]] = waits(5)
+    store.transition(b.id, TaskState.SUCCEEDED, exit_code=0)
+    tree.remove(leaf[b.id])
+    assert scrape()["latency"] == 6
+    assert ids[f"tasks/{b.id}"] not in runq.watched()
+    assert by_label(m, "xhagent_class_memory_bytes", "class") == {"latency": 10, "default": 40}
+    # c is requeued, its next attempt in a fresh leaf: the old leaf's waits stay counted
+    runq.counted[ids[f"tasks/{c.id}"]] = waits(7)
+    store.transition(c.id, TaskState.PENDING, reasons=[WaitReason("Preempted")])
+    tree.remove(leaf[c.id])
+    assert scrape()["default"] == 7
+    store.transition(c.id, TaskState.STARTING, placement=PLACED)
+    store.transition(c.id, TaskState.RUNNING)
+    (tmp_path / "tree" / "tasks" / c.id).rename(tmp_path / "tree" / "attempt-1")
+    tree.append(group(f"tasks/{c.id}", 40))
+    assert scrape()["default"] == 7  # watched from this scrape on, from zero
+    runq.counted[os.stat(tree[-1][1].path).st_ino] = waits(1)
+    assert scrape() == {"latency": 6, "default": 8}
+    for before, after in zip(seen, seen[1:], strict=False):
+        assert all(after[k] >= v for k, v in before.items()), (before, after)
+    assert said == []
+    m.census.close()
+
+
+def test_a_full_probe_map_is_said_once_and_the_groups_shown_are_watched_first(store, tmp_path):
+    from xhagent.cgroups import Cgroup
+
+    def group(name):
+        path = tmp_path / "tree" / name
+        path.mkdir(parents=True)
+        return name, Cgroup(path)
+
+    tasks = [submit(store, n, "batch") for n in "abc"]
+    for t in tasks:
+        store.transition(t.id, TaskState.STARTING, placement=PLACED)
+        store.transition(t.id, TaskState.RUNNING)
+    tree = [group("subtree"), group("shims"), *(group(f"tasks/{t.id}") for t in tasks)]
+    runq, said = FakeRunq(room=2), []
+    m = AgentMetrics(
+        store,
+        lambda: tree,
+        runq,
+        task_series=1,
+        report=lambda kind, message: said.append((kind, message)),
+    )
+    for _ in range(2):
+        counts = by_label(m, "xhagent_runq_latency_seconds_count", "group")
+        assert set(counts) == {"shims", f"tasks/{tasks[0].id}"}
+        assert "batch" in by_label(m, "xhagent_class_runq_latency_seconds_count", "class")
+    (kind, message), *more = said
+    assert kind == "NotObserved" and more == []
+    assert "2 groups" in message and "the map is full" in message
+    runq.room = 5  # room again: all watched, and a later full map is said again
+    series(m, "xhagent_tasks")
+    assert len(runq.watched()) == 4  # shims and the three leaves
+    runq.room, tree = 0, [*tree, group("tasks/t9999999")]
+    series(m, "xhagent_tasks")
+    assert len(said) == 2
     m.census.close()
