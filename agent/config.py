@@ -21,6 +21,9 @@
     debugEndpoints: "off"       # off | on | heap: /debug/* on the metrics address (off)
     maxStreams: 1024            # following API streams per caller (1024)
     taskSeries: 200             # running tasks with series of their own on /metrics (200)
+    shimServer: /run/xhagent-workloads/shims.sock
+                                # `xhagent-shim --serve-at` to start workloads from
+                                # (default: none: the agent starts its own server)
 
 Every `xhagent run` option that is no path to a file of its own has its field here. Ground
 floor: every package may read it; an option given to `xhagent run` wins over the file.
@@ -60,6 +63,7 @@ FIELDS = (
     "debugEndpoints",
     "maxStreams",
     "taskSeries",
+    "shimServer",
 )
 LOG_FORMATS = ("text", "json")
 DEBUG_ENDPOINTS = ("off", "on", "heap")
@@ -67,7 +71,12 @@ MAX_STREAMS = 1 << 20
 MAX_TASK_SERIES = 100_000
 POOL_FIELDS = ("cpus", "sliceMs")
 MAX_SLICE_MS = 10_000.0
-PATHS = {"stateDir": "state_dir", "socket": "socket", "policiesDir": "policies_dir"}
+PATHS = {
+    "stateDir": "state_dir",
+    "socket": "socket",
+    "policiesDir": "policies_dir",
+    "shimServer": "shim_server",
+}
 MAX_LOG_CAP = 1 << 40
 
 
@@ -99,6 +108,7 @@ class AgentConfig:
     debug_endpoints: str | None = None
     max_streams: int | None = None
     task_series: int | None = None
+    shim_server: Path | None = None
 
 
 @dataclass(frozen=True)

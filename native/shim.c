@@ -951,5 +951,7 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "--serve"))
         return shim_serve(argc, argv);
+    if (argc >= 3 && !strcmp(argv[1], "--serve-at"))
+        return shim_serve_at(argc, argv);
     return shim_main(argc, argv);
 }

@@ -10,4 +10,8 @@ int shim_main(int argc, char **argv);
  * (shim_serve.c); returns once the agent closes its end. */
 int shim_serve(int argc, char **argv);
 
+/* `xhagent-shim --serve-at PATH`: the same, for the agents that connect to a socket it
+ * listens on at PATH (shim_serve.c); returns only on an error. */
+int shim_serve_at(int argc, char **argv);
+
 #endif

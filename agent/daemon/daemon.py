@@ -68,6 +68,7 @@ class Settings:
     metrics_addr: tuple[str, int] | None = None  # None: no metrics endpoint
     debug_endpoints: bool = False  # /debug/ on the metrics port
     pool: PoolConfig | None = None  # the worker pool to host; None: none
+    shim_server: Path | None = None  # `xhagent-shim --serve-at` socket; None: the agent's own
     allocator: str = ""  # what allocator.settle() said the agent runs with
     extra: dict = field(default_factory=dict)
 
@@ -151,7 +152,8 @@ class Daemon:
                 moved = settle(sub.mount, sub.placement)
                 if moved:
                     self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
-            executor = self.executor = Executor(sub, s.state_dir, s.log_cap)
+            executor = self.executor = Executor(sub, s.state_dir, s.log_cap, s.shim_server)
+            executor.on_shim_server = self._shim_server_reached
             missing = executor.prepare()
         from .exec.tracing import TaskTracer
 
@@ -223,6 +225,16 @@ class Daemon:
         self._thread.start()
         self.scheduler.wake()
         self.report("Serving", f"unix:{s.socket} (state {s.state_dir})")
+
+    def _shim_server_reached(self, reached: bool, why: str) -> None:
+        if reached:
+            self.report("ShimServer", why)
+        else:  # each start then spawns a shim of its own, as the agent's child
+            self.report(
+                "ShimServerUnreachable",
+                f"{why}; until it is reached, workloads start as the agent's descendants, "
+                "in its sandbox",
+            )
 
     def _delay_accounting(self) -> None:
         """Before any workload starts: the kernel keeps I/O and memory delays only of tasks

@@ -95,6 +95,15 @@ DEFAULT_TASK_SERIES = 200
     "taskSeries, else 200].",
 )
 @click.option(
+    "--shim-server",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="SOCKET",
+    help="Start workloads from the `xhagent-shim --serve-at SOCKET` already running (the "
+    "packaged xhagent-workloads.service), not from a shim server of the agent's own, so that "
+    "they are none of the agent's descendants [default: agent.yaml's shimServer, else none].",
+)
+@click.option(
     "--pool",
     "pool_cpus",
     default=None,
@@ -131,6 +140,7 @@ def run(
     admin_group,
     max_streams,
     task_series,
+    shim_server,
     pool_cpus,
     pool_slice_ms,
 ) -> None:
@@ -206,6 +216,7 @@ def run(
         debug_endpoints=debug_endpoints != "off",
         pool=pool,
         allocator=memory,
+        shim_server=shim_server or config.shim_server,
     )
     if debug_endpoints == "heap":
         import tracemalloc

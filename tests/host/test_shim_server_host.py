@@ -2,14 +2,22 @@
 before any reply is read each get their own supervisor (whose command line, as ps shows
 it, is a one-shot shim's), a server that ended is replaced,
 what it cannot take goes to a one-shot shim, a malformed request starts nothing, and the
-supervisors outlive the server. (That a served supervisor is a one-shot shim in every
+supervisors outlive the server; and the same server as its unit runs it
+(`--serve-at`), which agents connect to. (That a served supervisor is a one-shot shim in every
 other way, test_shim_host.py's tests show: each runs both ways.)"""
 
 import errno
 import os
 import select
+import shutil
 import socket
+import stat
 import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from test_shim_host import wait_exit
@@ -152,3 +160,134 @@ def test_a_server_that_cannot_start_leaves_each_start_to_a_one_shot_shim(groups,
     assert isinstance(s.process, Spawned) and srv.unserved == 1 and srv.started == 0
     assert wait_exit(tmp_path / "t").exit_code == 0
     s.process.wait(5)
+
+
+@pytest.fixture
+def served_at():
+    """`xhagent-shim --serve-at SOCKET` as its unit runs it: no agent's child, listening (in
+    a directory of /tmp, which another user could reach were it opened)."""
+    run = Path(tempfile.mkdtemp(prefix="xhagent-serve-at-"))
+    sock = run / "shims.sock"
+    proc = subprocess.Popen(
+        [str(shim_mod.shim_path()), "--serve-at", str(sock)], stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 5
+    while not sock.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the server did not listen in 5 s"
+        time.sleep(0.01)
+    yield sock, proc
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(run)
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def test_a_server_at_a_socket_serves_agent_after_agent_and_outlives_each(
+    groups, served_at, tmp_path
+):
+    leaf, shims = groups
+    sock, proc = served_at
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    reached = []
+    first = ShimServer(shims, shim_mod.shim_path(), at=sock)
+    first.on_reach = lambda ok, why: reached.append((ok, why))
+    first.start()
+    assert shims.procs() == [proc.pid]  # moved into the shims' group: its forks belong there
+    a = start_shim(tmp_path / "a", leaf(), shims, ["sleep", "0.5"], ENV, server=first)
+    assert isinstance(a.process, ServedShim) and _ppid(a.shim_pid) == proc.pid
+    with open(f"/proc/{a.shim_pid}/cmdline", "rb") as f:  # it made room for what ps shows
+        assert f.read().split(b"\0")[1:3] == [b"--dir", os.fsencode(tmp_path / "a")]
+    # a second agent is served beside the first, and after it went
+    second = ShimServer(shims, shim_mod.shim_path(), at=sock)
+    b = start_shim(tmp_path / "b", leaf(), shims, ["sleep", "0.5"], ENV, server=second)
+    first.close()
+    c = start_shim(
+        tmp_path / "c", leaf(), shims, ["sh", "-c", "sleep 0.5; exit 4"], ENV, server=second
+    )
+    assert {_ppid(b.shim_pid), _ppid(c.shim_pid)} == {proc.pid}
+    assert [wait_exit(tmp_path / n).exit_code for n in "abc"] == [0, 0, 4]
+    second.close()
+    assert proc.poll() is None  # agents come and go; the server stays
+    assert reached == [(True, f"workloads start from the shim server at {sock} (pid {proc.pid})")]
+    # gone: a start is a one-shot shim's, and that is said once
+    proc.kill()
+    proc.wait()
+    third = ShimServer(shims, shim_mod.shim_path(), at=sock)
+    third.on_reach = lambda ok, why: reached.append((ok, why))
+    for name in ("d", "e"):
+        s = start_shim(tmp_path / name, leaf(), shims, ["true"], ENV, server=third)
+        assert isinstance(s.process, Spawned)
+        assert wait_exit(tmp_path / name).exit_code == 0
+        s.process.wait(5)
+    assert third.unserved == 2
+    assert reached[1:] == [(False, f"the shim server at {sock}: Connection refused")]
+
+
+def test_a_server_at_a_socket_serves_only_its_own_user(groups, served_at):
+    _, shims = groups
+    sock, proc = served_at
+    os.chmod(sock, 0o666)  # (the unit's socket is 0600 in a root-only directory besides)
+    os.chmod(sock.parent, 0o755)
+    probe = (
+        "import os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "s.connect(sys.argv[1])\n"
+        "try:\n"
+        "    s.send(b'\\1\\0\\0\\0x\\0')\n"
+        "    print(repr(s.recv(64)))\n"
+        "except (BrokenPipeError, ConnectionResetError) as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe, str(sock)], capture_output=True, text=True, timeout=10
+    )
+    assert res.returncode == 0, res.stderr
+    # connected, then closed unanswered (before or after the request was sent)
+    assert res.stdout.strip() in ("b''", "BrokenPipeError", "ConnectionResetError"), res.stdout
+    assert proc.poll() is None and shims.procs() == []  # nothing forked
+
+
+def test_a_server_at_a_path_taken_says_so_and_leaves_the_file(tmp_path):
+    taken = tmp_path / "shims.sock"
+    taken.write_text("not mine")
+    res = subprocess.run(
+        [str(shim_mod.shim_path()), "--serve-at", str(taken)],
+        capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert res.stderr == f"xhagent-shim: --serve-at {taken}: bind: Address already in use\n"
+    assert taken.read_text() == "not mine"
+
+
+def test_an_agent_starts_its_workloads_from_the_server_it_is_given(served_at, tmp_path):
+    from test_daemon_host import Agent, task_file
+
+    sock, proc = served_at
+    agent = Agent(tmp_path, f"xhagent-serve-at-{os.getpid()}.slice", extra=("--shim-server", sock))
+    agent.start()
+    try:
+        # the workload's parent is its supervisor, whose parent is the server, not the agent
+        show = ["sh", "-c", "cut -d' ' -f4 /proc/$PPID/stat"]
+        tid = agent.submit(task_file(tmp_path, "served", show))
+        assert agent.wait(tid)["state"] == "Succeeded"
+        assert agent.cli("logs", tid, check=True).stdout == f"{proc.pid}\n"
+        assert Cgroup(agent.subtree_path / "shims").procs() == [proc.pid]
+        proc.kill()
+        proc.wait()
+        tid = agent.submit(task_file(tmp_path, "unserved", show))
+        assert agent.wait(tid)["state"] == "Succeeded"  # from a shim of the agent's own
+        assert agent.cli("logs", tid, check=True).stdout != f"{proc.pid}\n"
+        events = agent.cli("events", "--since", "0", check=True).stdout
+        reached = f"ShimServer: workloads start from the shim server at {sock} (pid {proc.pid})"
+        assert reached in events
+        assert events.count("ShimServerUnreachable: ") == 1, events
+        assert f"the shim server at {sock}: Connection refused; until it is reached" in events
+    finally:
+        agent.stop()
+        agent.remove_subtree()

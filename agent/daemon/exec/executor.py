@@ -33,8 +33,11 @@ SHIMS = "shims"
 
 
 class Executor:
-    def __init__(self, sub: Subtree, state_dir: Path, log_cap: int):
+    def __init__(
+        self, sub: Subtree, state_dir: Path, log_cap: int, shim_server: Path | None = None
+    ):
         self.sub = sub
+        self.shim_server_at = shim_server  # None: the agent starts its own shim server
         self.runs = state_dir / "tasks"
         self.log_cap = log_cap
         self.missing: dict[str, str] = {}
@@ -46,6 +49,9 @@ class Executor:
         # The shims' server (shim_server.py), started by prepare(); a start it cannot take
         # spawns a shim of its own.
         self._shim_server: ShimServer | None = None
+        # With shim_server: told (reached, why) as it turns reachable or not (set before
+        # prepare(), which connects)
+        self.on_shim_server = lambda reached, why: None
 
     # -- setup ----------------------------------------------------------------------------
     def prepare(self) -> dict[str, str]:
@@ -193,7 +199,10 @@ class Executor:
 
     def _shims(self) -> ShimServer:
         if self._shim_server is None:
-            self._shim_server = ShimServer(Cgroup(self._dir(SHIMS)), shim.shim_path())
+            self._shim_server = ShimServer(
+                Cgroup(self._dir(SHIMS)), shim.shim_path(), at=self.shim_server_at
+            )
+            self._shim_server.on_reach = lambda reached, why: self.on_shim_server(reached, why)
         return self._shim_server
 
     def close(self) -> None:

@@ -13,6 +13,12 @@ status. A server that ended is started again at the next request (which is sent 
 more, to the new one); a request it cannot take (a command line over
 REQUEST_MAX, a server that cannot start) raises `Unserved`, and the caller spawns a
 one-shot shim instead. Requests come from the scheduler loop, but any thread may send one.
+
+With `at`, the server is not the agent's child but `xhagent-shim --serve-at AT`, the main
+process of its own unit (the packaged xhagent-workloads.service): the agent connects to it
+instead of starting one, and moves it into the shims' group, where its forks belong. Its
+workloads are then none of the agent's descendants, so the agent's own sandbox binds none
+of them. A server that cannot be reached raises `Unserved` as one that cannot start does.
 """
 
 from __future__ import annotations
@@ -28,13 +34,14 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ...cgroups import Cgroup, Spawned, signal_process
 
 REQUEST_MAX = 60 << 10  # shim_serve.c's: a larger request goes to a one-shot shim
 REPLY = struct.Struct("=ii")  # struct shim_reply: the supervisor's pid (or -1), errno
+PEER = struct.Struct("=iII")  # struct ucred: pid, uid, gid
 # Empty arguments after `--serve`: room in the server's command line that each supervisor
 # fills with its own, so that ps shows which task it serves, as it shows a one-shot shim's.
 TITLE_ROOM = 4096
@@ -142,13 +149,17 @@ def encode(args: Sequence[str], env: Mapping[str, str]) -> bytes:
 
 
 class ShimServer:
-    def __init__(self, group: Cgroup, program: Path | str):
-        self.group, self.program = group, str(program)
+    def __init__(self, group: Cgroup, program: Path | str, at: Path | None = None):
+        self.group, self.program, self.at = group, str(program), at
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._process: Spawned | None = None
         self._awaited: deque[ServedShim] = deque()  # requests sent, their replies not read
-        self.started = 0  # servers started, the first included: a restart is counted here
+        self.started = 0  # servers started (or connected to, with `at`), the first included
+        # With `at`: told (reached, why) each time the server turns reachable or not, once
+        # per change, so that a node whose workloads lost their unit's sandbox hears of it.
+        self.on_reach: Callable[[bool, str], None] = lambda reached, why: None
+        self._reached: bool | None = None
         self.unserved = 0  # requests it could not take (each spawned a one-shot shim)
 
     def request(self, args: Sequence[str], env: Mapping[str, str], ready_w: int) -> ServedShim:
@@ -240,9 +251,13 @@ class ShimServer:
             self._connected()
 
     def _connected(self) -> socket.socket:
-        if self._sock is not None and self._process is not None and self._process.poll() is None:
+        if self._sock is not None and (
+            self.at is not None or (self._process is not None and self._process.poll() is None)
+        ):  # (one at `at` that ended shows as a send that fails)
             return self._sock
         self._failed("the shim server ended before it answered")  # (its replies taken)
+        if self.at is not None:
+            return self._connect(self.at)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -264,6 +279,32 @@ class ShimServer:
         self.started += 1
         return ours
 
+    def _connect(self, at: Path) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(os.fspath(at))
+            pid, uid, _gid = PEER.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER.size)
+            )
+            if uid != os.geteuid():  # (its directory's owner let another user bind there)
+                raise PermissionError(errno.EPERM, f"served by uid {uid}, not the agent's")
+            if pid not in self.group.procs():
+                self.group.add_proc(pid)
+        except OSError as exc:
+            sock.close()
+            why = f"the shim server at {at}: {exc.strerror or exc}"
+            self._reach(False, why)
+            raise Unserved(exc.errno or errno.EIO, why) from None
+        self._sock = sock
+        self.started += 1
+        self._reach(True, f"workloads start from the shim server at {at} (pid {pid})")
+        return sock
+
+    def _reach(self, reached: bool, why: str) -> None:
+        if self._reached is not reached:
+            self._reached = reached
+            self.on_reach(reached, why)
+
     def _drop(self) -> None:
         """Let go of the server: its socket closed, it ends (and is reaped) on its own."""
         if self._sock is not None:
@@ -274,7 +315,8 @@ class ShimServer:
             _reap_later(process)
 
     def close(self) -> None:
-        """The server ends (its supervisors go on); waits a moment for it."""
+        """The server ends (its supervisors go on); waits a moment for it. One at `at` is
+        only disconnected from: it serves the next agent."""
         with self._lock:
             process = self._process
             if self._sock is not None:
