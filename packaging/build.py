@@ -209,6 +209,10 @@ def stage(work: Path, env: Path) -> Path:
     generate_docs(root, venv)
     (root / "usr/bin").mkdir(parents=True)
     (root / "usr/bin/xhagent").symlink_to(f"{PREFIX}/bin/xhagent")
+    # xhagent-workloads.service's ExecStart: a path that does not name the Python version
+    (root / "usr/lib/xhagent").mkdir(parents=True)
+    (shim,) = venv.glob("lib/python*/site-packages/xhagent/daemon/exec/xhagent-shim")
+    (root / "usr/lib/xhagent/xhagent-shim").symlink_to(f"/{shim.relative_to(root)}")
     etc = root / "etc/xhagent"
     (etc / "policies.d").mkdir(parents=True)
     shutil.copyfile(HERE / "agent.yaml", etc / "agent.yaml")

@@ -212,15 +212,12 @@ def test_lintian_reports_no_errors(packages):
 
 # -- the unit --------------------------------------------------------------------------------------
 def verify_root(deb_tree: Path, tmp_path: Path) -> Path:
-    """The packaged files plus this host's units (the targets xhagent.service orders after)
-    and /bin/sleep (coreutils, which every node has: xhagent-workloads.service's holder)."""
+    """The packaged files plus this host's units (the targets xhagent.service orders after)."""
     root = tmp_path / "root"
     shutil.copytree(deb_tree, root, symlinks=True)
     shutil.copytree(
         "/lib/systemd/system", root / "lib/systemd/system", symlinks=True, dirs_exist_ok=True
     )
-    (root / "bin").mkdir(exist_ok=True)
-    shutil.copy2("/bin/sleep", root / "bin/sleep")
     return root
 
 
@@ -240,11 +237,12 @@ def test_systemd_analyze_verify_is_clean(deb_tree, tmp_path):
     unit = root / DEB_UNIT
     unit.write_text(unit.read_text().replace("KillMode=process", "KillMode=procces"))
     (root / "opt/xhagent/bin/xhagent").unlink()
+    (root / "usr/lib/xhagent/xhagent-shim").unlink()
     workloads = root / DEB_WORKLOADS
     workloads.write_text(workloads.read_text().replace("Delegate=cpu", "Delegate=cpux"))
     res = analyze_verify(root)
     assert "kill mode" in res.stderr and "/usr/bin/xhagent" in res.stderr, res.stderr
-    assert "cpux" in res.stderr, res.stderr
+    assert "cpux" in res.stderr and "/usr/lib/xhagent/xhagent-shim" in res.stderr, res.stderr
 
 
 def unit_settings(path: Path) -> dict[str, str]:
@@ -264,6 +262,11 @@ def test_unit_settings(deb_tree):
     # its cgroup stays a leaf that systemd can always start the agent in again (systemd 252).
     exec_start = settings["ExecStart"].split()
     assert exec_start[exec_start.index("--subtree") + 1] == WORKLOADS_SUBTREE
+    # Workloads start from the workloads unit's server, so this unit's sandbox binds none.
+    workloads = unit_settings(deb_tree / DEB_WORKLOADS)
+    server = workloads["ExecStart"].split()
+    at = server[server.index("--serve-at") + 1]
+    assert exec_start[exec_start.index("--shim-server") + 1] == at
     assert "Delegate" not in settings
     assert settings["Wants"] == settings["PartOf"] == "xhagent-workloads.service"
     assert "xhagent-workloads.service" in settings["After"].split()
@@ -282,10 +285,17 @@ def test_unit_settings(deb_tree):
 
 def test_workloads_unit_settings(deb_tree):
     settings = unit_settings(deb_tree / DEB_WORKLOADS)
-    # A holder that keeps the delegated cgroup alive; stopping it never kills a workload,
+    # The shim server keeps the delegated cgroup alive; stopping it never kills a workload,
     # and nothing restarts it (systemd 252 could not place its new process: EBUSY).
     assert settings["Delegate"].split() == ["cpu", "cpuset", "io", "memory", "pids"]
-    assert settings["ExecStart"] == "/bin/sleep infinity"
+    server = settings["ExecStart"].split()
+    assert server[:2] == ["/usr/lib/xhagent/xhagent-shim", "--serve-at"]
+    assert server[2] == "/run/xhagent-workloads/shims.sock"
+    shim = f"/{SITE}/xhagent/daemon/exec/xhagent-shim"  # (a path without the Python version)
+    assert os.readlink(deb_tree / server[0][1:]) == shim and (deb_tree / shim[1:]).is_file()
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
+    assert settings["RuntimeDirectory"] == "xhagent-workloads"
+    assert settings["RuntimeDirectoryMode"] == "0700"
     assert settings["TasksMax"] == "infinity"  # all workloads together: no DefaultTasksMax
     assert settings["KillMode"] == "process"
     assert "Restart" not in settings and "DelegateSubgroup" not in settings
