@@ -9,13 +9,19 @@ EDF-PIC is compared with EDF on the jobs that wait for a held resource.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import click
 
 from ..sched import metrics, workload
 from ..sched.simulator import NodeSpec, Simulation, slots_of
+from ..spec import SpecError
+from . import sched_live
+
+LIVE_WORKLOAD = Path(__file__).resolve().parents[2] / "configs/examples/workload-mixed.yaml"
 
 SEEDS = range(1, 6)
 NODES = [NodeSpec("sim-node", cpus=2)]
@@ -123,8 +129,46 @@ def placement_speed() -> dict:
 
 @click.command("sched")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench_sched(as_json: bool) -> None:
-    """Scheduling quality (EDF vs FIFO, EDF-PIC vs EDF) and placement speed."""
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Instead: run a workload both simulated and on a scratch agent (root), and compare "
+    "deadline misses and waiting times (sched_live.py; JSON).",
+)
+@click.option(
+    "--workload",
+    "workload_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=LIVE_WORKLOAD,
+    show_default=True,
+    help="With --live: the Workload file (xhagent simulate's format).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(1, 3600),
+    default=60.0,
+    show_default=True,
+    help="With --live: how long the workload lasts, its every time stretched to fit.",
+)
+@click.option(
+    "--algorithm",
+    "algorithms",
+    type=click.Choice(sched_live.ALGORITHMS),
+    multiple=True,
+    help="With --live: the node orders to compare (repeatable) [default: all three].",
+)
+@click.option("--seed", type=click.IntRange(0), default=1, show_default=True)
+def bench_sched(as_json, live, workload_path, seconds, algorithms, seed) -> None:
+    """Scheduling quality (EDF vs FIFO, EDF-PIC vs EDF) and placement speed; with --live,
+    the simulator against the live agent."""
+    if live:
+        try:
+            report = sched_live.main(workload_path, seconds, seed, algorithms)
+        except (SpecError, OSError, RuntimeError, ValueError) as exc:
+            click.echo(f"xhagent bench sched --live: {exc}", err=True)
+            sys.exit(2 if isinstance(exc, SpecError) else 1)
+        click.echo(json.dumps(report, indent=2))
+        return
     results = {"schema": 1}
     for name, step in (
         ("edf_vs_fifo", edf_vs_fifo),

@@ -1,0 +1,60 @@
+"""`xhagent bench sched --live` end to end: a light workload simulated and run by a real
+scratch agent (its jobs burning CPU in cgroup leaves), the classes this node cannot run
+named, and a bad workload file refused where it is wrong."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.host
+XHAGENT = Path(sys.executable).with_name("xhagent")
+LIGHT = """\
+kind: Workload
+metadata: {name: light}
+spec:
+  duration: 4s
+  utilisation: 0.3
+  classes:
+    - {name: web, rate: 10, runtime: 50ms, deadline: 400ms, priority: 60}
+    - {name: train, deviceType: gpu, rate: 5, runtime: 100ms}
+"""
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(XHAGENT), "bench", "sched", "--live", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_light_workload_runs_both_ways_and_misses_nothing_either_way(tmp_path):
+    path = tmp_path / "light.yaml"
+    path.write_text(LIGHT)
+    res = bench("--workload", str(path), "--seconds", "8", "--algorithm", "edf")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["stretch"] == 2.0
+    assert out["left_out"] == {"train": "needs a gpu; this node runs cpu jobs only"}
+    edf = out["algorithms"]["edf"]
+    assert edf["sim"]["jobs"] == edf["live"]["jobs"] == out["jobs"] > 0
+    assert set(edf["live"]["classes"]) == {"web"}
+    # at 30% nothing misses a deadline eight runtimes away, either way
+    assert edf["sim"]["deadline_miss_ratio"] == edf["live"]["deadline_miss_ratio"] == 0
+    overheads = edf["live"]["overheads"]
+    assert 0 < overheads["start_p50_ms"] < 1000, overheads
+    assert edf["ratios"]["live_vs_sim_miss_delta"] == 0
+    assert "bench sched --live: edf:" in res.stderr
+
+
+def test_a_bad_workload_is_refused_where_it_is_wrong(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(LIGHT.replace("rate: 10", "rate: lots"))
+    res = bench("--workload", str(path), "--seconds", "8")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"xhagent bench sched --live: {path}:7:"), res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
