@@ -183,6 +183,9 @@ def test_promtool_finds_nothing_to_lint_in_a_scrape(agent, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     try:
+        # The text format: promtool (2.42) parses no other. The OpenMetrics output is parsed
+        # by the real Prometheus's scrapes (it asks for it first) and by the client
+        # library's strict parser (tests/unit/test_metrics.py).
         for _ in range(2):  # the second scrape has the leaf watched: its histograms filled
             with urllib.request.urlopen(agent.metrics_url(), timeout=10) as r:
                 body = r.read()
