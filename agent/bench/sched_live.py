@@ -8,7 +8,7 @@ alike), then run both ways:
   with the job's class (`app` label), priority, deadline, estimated runtime and resources,
   whose command burns the job's runtime of CPU time (so that a frozen task resumes with
   the work it had left, as a preempted job does in the simulator). The agent's policy sets
-  `spec.queueing` to the algorithm and the preemption rule that algorithm implies.
+  `spec.queueing` to the algorithm and `preemption: queueing`, the simulator's rule.
 
 Each side is reduced by the same function (`figures`): the deadline-miss ratio and the
 waiting time (completion minus arrival minus runtime, preemption included) p50/p95,
@@ -35,10 +35,9 @@ from ..sched.simulator import NodeSpec, Simulation
 from ..sched.workload import Workload
 
 ALGORITHMS = ("priority", "edf", "edf-pic")
-# The preemption rule of the agent's policy for each algorithm: the simulator's priority
-# displaces a lower-keyed job, its edf a later-due one.
-PREEMPTION = {"fifo": "never", "priority": "lower-priority", "edf": "deadline-driven"}
-PREEMPTION["edf-pic"] = PREEMPTION["edf"]
+# The agent's preemption rule: its node order's, which displaces a running task ranked
+# strictly after the waiting one, as the simulator's preemptive disciplines do.
+PREEMPTION = "queueing"
 # The targets (host, no cpu controller): live against simulated.
 MISS_DELTA = 0.05  # absolute difference of the deadline-miss ratios, at most
 P95_BAND = 0.25  # each class's waiting p95 within this share of the simulated one
@@ -175,7 +174,7 @@ def policy_doc(algorithm: str) -> str:
             "metadata": {"name": "bench-live"},
             "spec": {
                 "queueing": {"algorithm": algorithm},
-                "preemption": PREEMPTION[algorithm],
+                "preemption": PREEMPTION,
                 "matchRules": [
                     {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}
                 ],  # fmt: skip

@@ -25,7 +25,7 @@ from .units import format_duration, parse_duration_ns
 
 API_VERSION = "xh.scheduling/v1"
 DEFAULT_PRIORITY = 50
-PREEMPTION = ("never", "lower-priority", "deadline-driven")
+PREEMPTION = ("never", "lower-priority", "deadline-driven", "queueing")
 RACK_AFFINITY = ("same", "spread")
 NUMA_AFFINITY = ("none", "preferred", "required")
 # Block device classes of the inventory (`BlockIo.io_class`), weakest first: a class is

@@ -3,7 +3,11 @@
 Pure: it reads a Cluster and the candidates' standing, and answers with the smallest set
 of victims, taken cheapest first, after which the demand fits; or None. A victim is
 strictly lower in priority than the preemptor (`lower-priority`, the default), or, under
-`deadline-driven`, not higher in priority and due later. A task that says
+`deadline-driven`, not higher in priority and due later, or, under `queueing`, ranked
+strictly after it by the node's order (`rank`: its discipline's key, the simulator's rule
+for displacing a running job; a discipline that never preempts, fifo, gives no ranks, so
+no victims). Victims are taken cheapest first: lowest priority, then latest deadline, then
+the most recently started; under `queueing`, the worst ranked first. A task that says
 `preemption: never` is never a victim; one that is frozen (`freeze`) keeps its memory and
 GPUs, so only its CPUs are freed; one that is killed (`kill`) frees everything.
 """
@@ -28,6 +32,7 @@ class Standing:
     deadline_ns: int = NO_DEADLINE
     mode: str = "freeze"  # freeze | kill | never
     started_ns: int = 0
+    rank: tuple | None = None  # the node order's key (`queueing`); None: not ranked
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,13 @@ class Preemption:
     placed: Candidate  # where the preemptor goes once they are out of the way
 
 
-def may_preempt(rule: str, priority: int, deadline_ns: int, victim: Standing) -> bool:
+def may_preempt(
+    rule: str, priority: int, deadline_ns: int, victim: Standing, rank: tuple | None = None
+) -> bool:
     if victim.mode == "never" or rule == "never":
         return False
+    if rule == "queueing":
+        return rank is not None and victim.rank is not None and victim.rank > rank
     if rule == "deadline-driven":
         return victim.priority <= priority and victim.deadline_ns > deadline_ns
     return victim.priority < priority
@@ -53,14 +62,16 @@ def choose_victims(
     rule: str,
     priority: int,
     deadline_ns: int = NO_DEADLINE,
+    rank: tuple | None = None,
 ) -> Preemption | None:
     """The fewest victims, cheapest first (lowest priority, then latest deadline, then the
-    most recently started: the least work lost), that make `demand` fit; None when even
-    all of them would not."""
-    eligible = sorted(
-        (v for v in running if may_preempt(rule, priority, deadline_ns, v)),
-        key=lambda v: (v.priority, -v.deadline_ns, -v.started_ns),
-    )
+    most recently started: the least work lost; under `queueing` the worst ranked first),
+    that make `demand` fit; None when even all of them would not."""
+    eligible = [v for v in running if may_preempt(rule, priority, deadline_ns, v, rank)]
+    if rule == "queueing":
+        eligible.sort(key=lambda v: v.rank, reverse=True)
+    else:
+        eligible.sort(key=lambda v: (v.priority, -v.deadline_ns, -v.started_ns))
     taken: list[Standing] = []
     for victim in eligible:
         taken.append(victim)

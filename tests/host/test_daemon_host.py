@@ -589,6 +589,34 @@ def test_under_edf_pic_a_holder_stands_by_its_waiters_deadline_against_preemptio
         assert int(ended[later]["started_ns"]) >= int(ended[holder]["ended_ns"])
 
 
+@pytest.mark.parametrize("rule, frozen", [("queueing", True), ("deadline-driven", False)])
+def test_under_queueing_preemption_the_nodes_order_picks_the_victim(agent, tmp_path, rule, frozen):
+    """Under edf, a task due in 20 s at priority 10 comes while one due in 60 s at priority
+    90 holds every CPU. `preemption: queueing` follows the node's order, as the simulator
+    does, and freezes the later one; `deadline-driven` spares a higher priority."""
+    policy = tmp_path / "order.yaml"
+    policy.write_text(
+        QUEUEING_POLICY.replace("ALGORITHM", "edf")
+        .replace("  matchRules:", f"  preemption: {rule}\n  matchRules:")
+        .replace("{matchLabels: {app: queued}}", "{}")
+    )
+    agent.cli("apply", "-f", str(policy), check=True)
+    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+    lax = agent.submit(
+        task_file(tmp_path, "lax", ["sleep", "2"], whole + "  priority: 90\n  deadline: 60s\n")
+    )
+    assert agent.wait(lax, ("Running",))["state"] == "Running"
+    urgent = agent.submit(
+        task_file(tmp_path, "urgent", ["true"], whole + "  priority: 10\n  deadline: 20s\n")
+    )
+    ended = {tid: agent.wait(tid, timeout=30) for tid in (lax, urgent)}
+    assert {t["state"] for t in ended.values()} == {"Succeeded"}, ended
+    events = agent.cli("events", "--task", lax, "--since", "0", check=True).stdout
+    assert (f"Running -> Frozen: preempted by {urgent}" in events) == frozen, events
+    first, second = (urgent, lax) if frozen else (lax, urgent)
+    assert int(ended[first]["ended_ns"]) <= int(ended[second]["ended_ns"])
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

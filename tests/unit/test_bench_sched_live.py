@@ -56,11 +56,11 @@ def test_each_job_is_submitted_as_the_task_the_simulator_would_make_of_it():
 
 
 @pytest.mark.parametrize("algorithm", sched_live.ALGORITHMS)
-def test_the_policy_orders_the_node_by_the_algorithm_and_preempts_as_it_does(algorithm):
+def test_the_policy_orders_the_node_by_the_algorithm_and_preempts_by_that_order(algorithm):
     (doc,) = load_text(policy_doc(algorithm), "policy")
     p = parse_policy(doc)
     assert p.queueing.algorithm == algorithm
-    assert p.preemption == ("lower-priority" if algorithm == "priority" else "deadline-driven")
+    assert p.preemption == "queueing"
 
 
 def test_both_sides_reduce_to_the_same_figures_and_their_ratios():

@@ -12,6 +12,7 @@ from xhagent.policy.selector import Selector
 from xhagent.policy.task import parse_task
 from xhagent.sched import queues
 from xhagent.sched.job import from_task
+from xhagent.sched.pic import ResourceTable
 from xhagent.sched.simulator import NodeSpec, Simulation
 from xhagent.spec import load_text
 
@@ -86,3 +87,22 @@ def test_without_a_queueing_policy_the_order_is_priority_then_deadline_then_subm
     }
     order = sorted(tasks, key=lambda tid: ranking.key(tid, tasks[tid], 0))
     assert order == ["t0000003", "t0000001", "t0000002", "t0000004"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.none() | st.integers(1, 20), st.integers(1, 20), st.sampled_from(("edf", "edf-pic")))
+def test_a_holder_is_ranked_as_a_victim_as_the_simulator_keys_it(own_s, waiter_s, algorithm):
+    """Under `preemption: queueing` a running holder's rank is its discipline's key with
+    the deadline its waiter lends it: under edf-pic exactly the simulator's key of that
+    holder (its ResourceTable's effective deadline), under edf its own deadline's key."""
+    policy = SchedulingPolicy("order", RULE, queueing=Queueing(algorithm))
+    ranking = Ranking([policy])
+    holder = task("holder", None, own_s)
+    waiter_ns = waiter_s * 10**9
+    rank = ranking.key("t0000001", holder, 0, waiter_ns if algorithm == "edf-pic" else None)
+    table = ResourceTable()
+    job = replace(from_task(holder, 0, name="t0000001"), holds=frozenset({"bus"}))
+    table.acquire(job)
+    table.acquire(replace(job, name="t0000002", deadline_ns=waiter_ns))  # waits for the bus
+    sim_key = queues.discipline(algorithm, resources=table).key(job)
+    assert rank == sim_key

@@ -130,7 +130,7 @@ LOCATED_ERRORS = [
         "SchedulingPolicy",
         "  matchRules:\n    - selector: {matchLabels: {app: a}}\n  preemption: always\n",
         "p.yaml:7:15: spec.preemption: "
-        "'always' is not one of never, lower-priority, deadline-driven",
+        "'always' is not one of never, lower-priority, deadline-driven, queueing",
     ),
     (
         "SchedulingPolicy",

@@ -1,5 +1,7 @@
 """Victims: the fewest, cheapest first, only those a rule allows, and none when nothing helps."""
 
+from dataclasses import replace
+
 from test_policy_placement import make_node
 
 from xhagent.policy.placement import Demand
@@ -54,3 +56,36 @@ def test_deadline_driven_preempts_later_deadlines_at_equal_priority():
     assert may_preempt("deadline-driven", 50, 100, v)
     assert not may_preempt("deadline-driven", 50, 300, v)
     assert not may_preempt("lower-priority", 50, 100, v)
+
+
+def test_under_queueing_the_nodes_order_decides_whatever_the_priorities():
+    cluster, standings = running(("hi", (0,), 90, "freeze", 1), ("lo", (1,), 10, "freeze", 2))
+    # ranks as an edf discipline gives them: (deadline, arrival, name); "hi" is due last
+    ranked = [
+        replace(standings[0], rank=(300, 1, "hi")),
+        replace(standings[1], rank=(200, 2, "lo")),
+    ]
+    plan = choose_victims(
+        "t",
+        Demand("cpu", cpus=1),
+        cluster,
+        ranked,
+        rule="queueing",
+        priority=10,
+        rank=(100, 3, "t"),
+    )
+    assert [v.allocation.task for v in plan.victims] == ["hi"]  # the worst ranked, priority 90
+    # ranked after both: no victim; unranked (a discipline that never preempts): none
+    none = choose_victims(
+        "t",
+        Demand("cpu", cpus=1),
+        cluster,
+        ranked,
+        rule="queueing",
+        priority=99,
+        rank=(400, 3, "t"),
+    )
+    assert none is None
+    assert not may_preempt("queueing", 99, 0, ranked[0], None)
+    assert not may_preempt("queueing", 99, 0, standings[0], (100, 3, "t"))
+    assert not may_preempt("queueing", 99, 0, replace(ranked[0], mode="never"), (100, 3, "t"))

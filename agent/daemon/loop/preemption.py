@@ -42,6 +42,9 @@ def preempt_for(
     match = choose(policies, task.label_map)
     rule = match.policy.preemption if match.policy else "lower-priority"
     mine = standing_of(task, rec.created_ns, policies)
+    # `queueing`: the node's order decides, as the simulator's preemptive disciplines do
+    ranking = Ranking(policies) if rule == "queueing" else None
+    ranked = ranking is not None and ranking.preemptive
     running = []
     node = lc.cluster.nodes[lc.node.name]
     for other in lc.store.list_tasks([TaskState.RUNNING], limit=1000):
@@ -52,8 +55,9 @@ def preempt_for(
         s = standing_of(other_task, other.created_ns, policies)
         lent = inherited(other.id)
         deadline = s.deadline_ns if lent is None else min(s.deadline_ns, lent)
+        rank = ranking.key(other.id, other_task, other.created_ns, lent) if ranked else None
         running.append(
-            Victim(held, s.priority, deadline, other_task.preemption, other.started_ns or 0)
+            Victim(held, s.priority, deadline, other_task.preemption, other.started_ns or 0, rank)
         )
     plan = choose_victims(
         rec.id,
@@ -63,6 +67,7 @@ def preempt_for(
         rule=rule,
         priority=mine.priority,
         deadline_ns=mine.deadline_ns,
+        rank=ranking.key(rec.id, task, rec.created_ns) if ranked else None,
     )
     if plan is None:
         return None

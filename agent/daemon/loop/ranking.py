@@ -75,12 +75,19 @@ class Ranking:
     def __init__(self, policies: Sequence):
         self.policies = policies
         self.algorithm, self.decided_by = queueing_in_force(policies)
-        self._key = queues.discipline(self.algorithm).key
+        d = queues.discipline(self.algorithm)
+        self._key, self.preemptive = d.key, d.preemptive
         self._chosen: dict = {}  # labels -> their match, under these policies
 
-    def key(self, task_id: str, task: Task, created_ns: int) -> tuple:
+    def key(
+        self, task_id: str, task: Task, created_ns: int, inherited_ns: int | None = None
+    ) -> tuple:
+        """`inherited_ns`: a deadline the task holds for a waiter (edf-pic), where it is
+        earlier than its own, as the simulator's effective deadline is."""
         if len(self._chosen) > MAX_LABEL_SETS:  # labels unique to each task: kept bounded
             self._chosen = {}
         deadline = task.deadline.at(created_ns) if task.deadline else None
+        if inherited_ns is not None:
+            deadline = inherited_ns if deadline is None else min(deadline, inherited_ns)
         s = standing(task.priority, task.label_map, deadline, self.policies, self._chosen)
         return self._key(queued_job(task_id, task, created_ns, s))
