@@ -18,6 +18,8 @@ from typing import Any
 from .. import fields
 from ..node_model import VERSION_RE, Version, parse_version
 from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
+from ..sched import queues
+from ..sched.mlq import Level, MultiLevel
 from ..sched.queues import ALGORITHMS, DEFAULT_NODE_ALGORITHM, NODE_ALGORITHMS
 from ..spec import Cursor, Document
 from .selector import SELECTOR, Selector, parse_selector
@@ -93,9 +95,17 @@ class Migration:
 class Queueing:
     """`spec.queueing`: the discipline (xhagent.sched.queues) that orders the node's
     Pending tasks. One node has one order: of the policies in force that set it, the one
-    with the highest `priority` decides (ties by name), as `queueing_in_force` says."""
+    with the highest `priority` decides (ties by name), as `queueing_in_force` says.
+    `levels`: mlq's, most urgent first, each claiming the tasks whose labels hold its
+    `matchLabels` (one without is the fallback); () for the simulator's default levels."""
 
     algorithm: str = DEFAULT_NODE_ALGORITHM
+    levels: tuple[Level, ...] = ()
+
+    def discipline(self, **state) -> queues.Discipline:
+        if self.algorithm == "mlq" and self.levels:
+            state.setdefault("levels", MultiLevel(self.levels))
+        return queues.discipline(self.algorithm, **state)
 
 
 @dataclass(frozen=True)
@@ -182,8 +192,45 @@ def _algorithm(c: Cursor) -> str:
     raise c.error(f"{c.where}: {name!r} is not one of {', '.join(NODE_ALGORITHMS)}")
 
 
+MAX_LEVELS = 16
+
+
+def _levels(c: Cursor) -> tuple[Level, ...]:
+    items = c.seq()
+    if not items:
+        raise c.error(f"{c.where}: give at least one level")
+    if len(items) > MAX_LEVELS:
+        raise c.error(f"{c.where}: at most {MAX_LEVELS} levels")
+    levels: list[Level] = []
+    for item in items:
+        item.mapping(LEVEL_FIELDS, required=("name",))
+        name = parse_name(item["name"])
+        if any(lvl.name == name for lvl in levels):
+            raise item["name"].error(f"{item['name'].where}: level {name!r} is declared twice")
+        labels = dict(parse_labels(item["matchLabels"]))
+        fallback = next((lvl.name for lvl in levels if not lvl.match_labels), None)
+        if not labels and fallback is not None:
+            raise item.error(
+                f"{item.where}: only one level may leave out matchLabels, and {fallback!r} "
+                "does already (the level of the tasks no other claims)"
+            )
+        levels.append(Level(name, labels))
+    return tuple(levels)
+
+
+LEVEL_FIELDS = ("name", "matchLabels")
 QUEUEING: dict[str, fields.Field] = {
     "algorithm": fields.Field(_algorithm, fields.string(enum=NODE_ALGORITHMS)),
+    "levels": fields.Field(
+        _levels,
+        fields.array(
+            fields.obj(
+                {"name": fields.string(), "matchLabels": fields.map_of(fields.string())},
+                ["name"],
+            ),
+            min_items=1,
+        ),
+    ),
 }
 QUEUEING_REQUIRED = ("algorithm",)
 
@@ -280,7 +327,16 @@ def parse_queueing(cur: Cursor) -> Queueing | None:
     if not cur.fields(QUEUEING, required=QUEUEING_REQUIRED) or not cur["algorithm"].present:
         return None
     algorithm = cur.doc.attempt(lambda: QUEUEING["algorithm"].read(cur["algorithm"]))
-    return None if algorithm is None else Queueing(algorithm)
+    levels: tuple[Level, ...] = ()
+    if cur["levels"].present and algorithm is not None:
+        levels = cur.doc.attempt(lambda: _levels_of(algorithm, cur["levels"]), ())
+    return None if algorithm is None else Queueing(algorithm, levels)
+
+
+def _levels_of(algorithm: str, c: Cursor) -> tuple[Level, ...]:
+    if algorithm != "mlq":
+        raise c.error(f"{c.where}: levels are mlq's; {algorithm} has none")
+    return QUEUEING["levels"].read(c)
 
 
 def parse_migration(cur: Cursor) -> Migration | None:
@@ -432,9 +488,17 @@ def dump_policy(p: SchedulingPolicy) -> dict[str, Any]:
             "priority": p.priority,
             "preemption": p.preemption,
             **({} if p.migration is None else {"migration": dump_migration(p.migration)}),
-            **({} if p.queueing is None else {"queueing": {"algorithm": p.queueing.algorithm}}),
+            **({} if p.queueing is None else {"queueing": dump_queueing(p.queueing)}),
         },
     }
+
+
+def dump_queueing(q: Queueing) -> dict[str, Any]:
+    levels = [
+        {"name": lvl.name, **({"matchLabels": dict(lvl.match_labels)} if lvl.match_labels else {})}
+        for lvl in q.levels
+    ]
+    return {"algorithm": q.algorithm, **({"levels": levels} if levels else {})}
 
 
 def dump_migration(m: Migration) -> dict[str, Any]:
@@ -536,14 +600,20 @@ def tie_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:
     return out
 
 
-def queueing_in_force(policies: Iterable[SchedulingPolicy]) -> tuple[str, str]:
-    """(algorithm, the policy that set it; "" for none): of the policies that set
-    `spec.queueing`, the highest `priority` decides, ties by name; none: the default."""
+def deciding_queueing(policies: Iterable[SchedulingPolicy]) -> tuple[Queueing, str]:
+    """(the node's `spec.queueing`, the policy that set it; "" for none): of the policies
+    that set one, the highest `priority` decides, ties by name; none: the default."""
     setting = [p for p in policies if p.queueing is not None]
     if not setting:
-        return DEFAULT_NODE_ALGORITHM, ""
+        return Queueing(), ""
     best = min(setting, key=lambda p: (-p.priority, p.name))
-    return best.queueing.algorithm, best.name
+    return best.queueing, best.name
+
+
+def queueing_in_force(policies: Iterable[SchedulingPolicy]) -> tuple[str, str]:
+    """(algorithm, the policy that set it; "" for none), as `deciding_queueing`."""
+    queueing, decider = deciding_queueing(policies)
+    return queueing.algorithm, decider
 
 
 def queueing_warnings(policies: Iterable[SchedulingPolicy]) -> list[str]:

@@ -39,7 +39,7 @@ ALGORITHMS = tuple(DESCRIPTIONS)
 # What the agent's loop orders its Pending tasks by (a SchedulingPolicy's
 # `spec.queueing.algorithm`); the others need state that only the simulator keeps so far
 # (vruntimes, levels, GPU memory by process).
-NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic")
+NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "mlq")
 DEFAULT_NODE_ALGORITHM = "priority"
 
 

@@ -13,11 +13,12 @@ import click
 
 from ..node_model import ModelError
 from ..policy.documents import DocumentError, load_items
-from ..policy.policy import SchedulingPolicy, queueing_in_force
+from ..policy.policy import SchedulingPolicy, deciding_queueing, queueing_in_force
 from ..spec import SpecError
 from . import metrics
 from . import nodes as node_model
 from . import workload as workload_model
+from .mlq import MultiLevel
 from .queues import ALGORITHMS, DESCRIPTIONS
 from .simulator import Simulation, SimulationError, slots_of
 from .workload import TooManyJobs
@@ -70,7 +71,11 @@ def simulate(
     policies = load_policies(policy_path, warn) if policy_path else []
     algorithm = _algorithm(algorithm, policies, warn)
     w = workload_model.load_workload(workload_path)
-    if algorithm == "mlq" and w.levels is None:
+    node_order, _ = deciding_queueing(policies)
+    if algorithm == "mlq" and node_order.algorithm == "mlq" and node_order.levels:
+        # the node's levels: the order the policies give the node is what is simulated
+        w.levels = MultiLevel(node_order.levels)
+    elif algorithm == "mlq" and w.levels is None:
         warn(
             f"xhagent simulate: warning: {workload_path} has no queues:, "
             "so mlq uses the default levels "

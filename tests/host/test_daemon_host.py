@@ -617,6 +617,55 @@ def test_under_queueing_preemption_the_nodes_order_picks_the_victim(agent, tmp_p
     assert int(ended[first]["ended_ns"]) <= int(ended[second]["ended_ns"])
 
 
+MLQ_POLICY = """\
+apiVersion: xh.scheduling/v1
+kind: SchedulingPolicy
+metadata: {name: tiers}
+spec:
+  preemption: queueing
+  queueing:
+    algorithm: mlq
+    levels:
+      - {name: hot, matchLabels: {tier: hot}}
+      - {name: normal}
+      - {name: cold, matchLabels: {tier: cold}}
+  matchRules:
+    - selector: {}
+"""
+
+
+@pytest.mark.parametrize("tier, frozen", [("hot", True), ("cold", False)])
+def test_under_mlq_a_hot_task_freezes_a_cold_one_until_it_ends(agent, tmp_path, tier, frozen):
+    """A cold task holds every CPU. Under mlq with `preemption: queueing` a hot arrival
+    freezes it and it resumes once the hot one ended; another cold one waits its turn."""
+    policy = tmp_path / "tiers.yaml"
+    policy.write_text(MLQ_POLICY)
+    agent.cli("apply", "-f", str(policy), check=True)
+    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+
+    def tiered(name: str, level: str, command: list[str]) -> str:
+        path = task_file(tmp_path, name, command, whole)
+        path.write_text(
+            path.read_text().replace(
+                f"{{name: {name}}}", f"{{name: {name}, labels: {{tier: {level}}}}}"
+            )
+        )
+        return agent.submit(path)
+
+    cold = tiered("bulk", "cold", ["sleep", "2"])
+    assert agent.wait(cold, ("Running",))["state"] == "Running"
+    arrival = tiered("arrival", tier, ["true"])
+    ended = {tid: agent.wait(tid, timeout=30) for tid in (cold, arrival)}
+    assert {t["state"] for t in ended.values()} == {"Succeeded"}, ended
+    events = agent.cli("events", "--task", cold, "--since", "0", check=True).stdout
+    assert (f"Running -> Frozen: preempted by {arrival}" in events) == frozen, events
+    assert ("Frozen -> Running: resumed" in events) == frozen, events
+    if frozen:  # the cold one finished after the hot one, which took its CPUs
+        assert int(ended[arrival]["ended_ns"]) <= int(ended[cold]["ended_ns"])
+    else:  # the other cold one started once the first let its CPUs go
+        assert int(ended[arrival]["started_ns"]) >= int(ended[cold]["ended_ns"])
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

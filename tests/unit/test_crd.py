@@ -168,6 +168,9 @@ NOT_IN_SCHEMA = {
     "is larger than 8 EiB": "a size's text of any length matches; its value is the agent's",
     "exceeds the cpu.max quota": "cpu.max.burst against cpu.max is a rule across fields",
     "is not below hotAbove": "migration.idleBelow against hotAbove is a rule across fields",
+    "levels are mlq's": "queueing.levels against its algorithm is a rule across fields",
+    "only one level may leave out matchLabels": "one fallback among a list's items is a rule "
+    "across items",
     "is declared twice": "unique names in a list (uniqueItems is refused in a CRD, and "
     "would compare whole items)",
 }

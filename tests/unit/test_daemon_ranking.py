@@ -12,6 +12,7 @@ from xhagent.policy.selector import Selector
 from xhagent.policy.task import parse_task
 from xhagent.sched import queues
 from xhagent.sched.job import from_task
+from xhagent.sched.mlq import Level, MultiLevel
 from xhagent.sched.pic import ResourceTable
 from xhagent.sched.simulator import NodeSpec, Simulation
 from xhagent.spec import load_text
@@ -106,3 +107,28 @@ def test_a_holder_is_ranked_as_a_victim_as_the_simulator_keys_it(own_s, waiter_s
     table.acquire(replace(job, name="t0000002", deadline_ns=waiter_ns))  # waits for the bus
     sim_key = queues.discipline(algorithm, resources=table).key(job)
     assert rank == sim_key
+
+
+def test_mlq_orders_by_the_policys_levels_as_the_simulator_does():
+    levels = (Level("hot", {"tier": "hot"}), Level("normal"), Level("cold", {"tier": "cold"}))
+    policy = SchedulingPolicy("tiers", RULE, queueing=Queueing("mlq", levels))
+
+    def tiered(name: str, tier: str | None, deadline_s: int | None):
+        text = (
+            "apiVersion: xh.scheduling/v1\nkind: Task\n"
+            f"metadata: {{name: {name}, labels: {{app: q{', tier: ' + tier if tier else ''}}}}}\n"
+            'spec:\n  deviceType: cpu\n  command: ["true"]\n'
+            + (f"  deadline: {deadline_s}s\n" if deadline_s is not None else "")
+        )
+        return parse_task(load_text(text, "t.yaml")[0])
+
+    specs = [("cold", 1), ("hot", 9), (None, 2), ("cold", None), ("hot", 3), (None, None)]
+    tasks = {f"t{i:07d}": tiered(f"w{i}", tier, d) for i, (tier, d) in enumerate(specs)}
+    ranking = Ranking([policy])
+    loop_order = sorted(tasks, key=lambda tid: ranking.key(tid, tasks[tid], 0))
+    jobs = [from_task(t, 0, name=tid) for tid, t in tasks.items()]
+    out = Simulation(jobs, [NodeSpec("n", cpus=1)], "mlq", levels=MultiLevel(levels)).run()
+    sim_order = [r.job.name for r in sorted(out.records, key=lambda r: r.first_start_ns)]
+    assert loop_order == sim_order
+    # hot first (by deadline), then the rest, cold last, whatever their deadlines
+    assert loop_order == ["t0000004", "t0000001", "t0000002", "t0000005", "t0000000", "t0000003"]

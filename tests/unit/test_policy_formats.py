@@ -167,12 +167,36 @@ LOCATED_ERRORS = [
         "SchedulingPolicy",
         "  matchRules:\n    - selector: {}\n  queueing: {algorithm: fair}\n",
         "p.yaml:7:25: spec.queueing.algorithm: 'fair' runs in `xhagent simulate` only; "
-        "the agent orders its tasks by fifo, priority, edf, edf-pic",
+        "the agent orders its tasks by fifo, priority, edf, edf-pic, mlq",
     ),
     (
         "SchedulingPolicy",
         "  matchRules:\n    - selector: {}\n  queueing: {algorithm: lifo}\n",
-        "p.yaml:7:25: spec.queueing.algorithm: 'lifo' is not one of fifo, priority, edf, edf-pic",
+        "p.yaml:7:25: spec.queueing.algorithm: "
+        "'lifo' is not one of fifo, priority, edf, edf-pic, mlq",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: edf, levels: [{name: hot}]}\n",
+        "p.yaml:7:38: spec.queueing.levels: levels are mlq's; edf has none",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n"
+        "  queueing: {algorithm: mlq, levels: [{name: a}, {name: b}]}\n",
+        "p.yaml:7:50: spec.queueing.levels.1: only one level may leave out matchLabels, and "
+        "'a' does already (the level of the tasks no other claims)",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n"
+        "  queueing: {algorithm: mlq, levels: [{name: a}, {name: a, matchLabels: {t: x}}]}\n",
+        "p.yaml:7:57: spec.queueing.levels.1.name: level 'a' is declared twice",
+    ),
+    (
+        "SchedulingPolicy",
+        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: mlq, levels: []}\n",
+        "p.yaml:7:38: spec.queueing.levels: give at least one level",
     ),
     (
         "SchedulingPolicy",
@@ -643,6 +667,7 @@ def test_every_example_validates_by_its_kind(sys_root):
         "migration-policy.yaml": {"SchedulingPolicy"},
         "nodes.yaml": {"node"},
         "queueing-edf.yaml": {"SchedulingPolicy"},
+        "queueing-mlq.yaml": {"SchedulingPolicy"},
         "task-hello.yaml": {"Task"},
         "task-infer.yaml": {"Task"},
         "video-inference-strict.yaml": {"SchedulingPolicy"},

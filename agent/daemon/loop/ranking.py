@@ -4,9 +4,10 @@ Standing: its priority (its own, else its winning policy's, else 50) and its dea
 the policies in force now; preemption compares by it, and `get`/`ps` show it.
 
 Order: the discipline that `spec.queueing` names among the policies in force (default
-`priority`: higher priority first, then the earliest deadline, then submission), applied
-to each task as a `Job`. The discipline is the simulator's own (xhagent.sched.queues), so
-`xhagent simulate` predicts the order the loop starts tasks in: one rule, not two.
+`priority`: higher priority first, then the earliest deadline, then submission; `mlq`: its
+levels by the task's labels, then the deadline), applied to each task as a `Job`. The
+discipline is the simulator's own (xhagent.sched.queues), so `xhagent simulate` predicts
+the order the loop starts tasks in: one rule, not two.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ...policy.policy import choose, queueing_in_force
+from ...policy.policy import choose, deciding_queueing
 from ...policy.preemption import NO_DEADLINE
 from ...policy.task import Task
-from ...sched import queues
 from ...sched.job import Job, from_task
 
 DEFAULT_PRIORITY = 50
@@ -74,8 +74,9 @@ class Ranking:
 
     def __init__(self, policies: Sequence):
         self.policies = policies
-        self.algorithm, self.decided_by = queueing_in_force(policies)
-        d = queues.discipline(self.algorithm)
+        queueing, self.decided_by = deciding_queueing(policies)
+        self.algorithm = queueing.algorithm
+        d = queueing.discipline()
         self._key, self.preemptive = d.key, d.preemptive
         self._chosen: dict = {}  # labels -> their match, under these policies
 
