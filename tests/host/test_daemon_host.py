@@ -555,6 +555,19 @@ def test_a_task_waits_for_a_held_resource_and_under_edf_pic_lends_the_holder_its
     assert "cpu.weight 100 -> 1000" in b["message"], b
 
 
+def order_every_task(agent, tmp_path: Path, algorithm: str, preemption: str) -> str:
+    """A policy for every task: the node's order and its preemption rule. Returns the
+    requests line of a task that needs every CPU."""
+    policy = tmp_path / "order.yaml"
+    policy.write_text(
+        QUEUEING_POLICY.replace("ALGORITHM", algorithm)
+        .replace("  matchRules:", f"  preemption: {preemption}\n  matchRules:")
+        .replace("{matchLabels: {app: queued}}", "{}")
+    )
+    agent.cli("apply", "-f", str(policy), check=True)
+    return f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+
+
 @pytest.mark.parametrize("algorithm, frozen", [("edf", True), ("edf-pic", False)])
 def test_under_edf_pic_a_holder_stands_by_its_waiters_deadline_against_preemption(
     agent, tmp_path, algorithm, frozen
@@ -563,14 +576,7 @@ def test_under_edf_pic_a_holder_stands_by_its_waiters_deadline_against_preemptio
     The holder of `pcie` has no deadline of its own, but an urgent task waits for it:
     under edf it is frozen for a task due in 60 s (and its waiter waits on), under edf-pic
     it stands by the waiter's 30 s and keeps running."""
-    policy = tmp_path / "order.yaml"
-    policy.write_text(
-        QUEUEING_POLICY.replace("ALGORITHM", algorithm)
-        .replace("  matchRules:", "  preemption: deadline-driven\n  matchRules:")
-        .replace("{matchLabels: {app: queued}}", "{}")
-    )
-    agent.cli("apply", "-f", str(policy), check=True)
-    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+    whole = order_every_task(agent, tmp_path, algorithm, "deadline-driven")
     holder = agent.submit(
         task_file(tmp_path, "holder", ["sleep", "3"], whole + "  resources: [pcie]\n")
     )
@@ -594,14 +600,7 @@ def test_under_queueing_preemption_the_nodes_order_picks_the_victim(agent, tmp_p
     """Under edf, a task due in 20 s at priority 10 comes while one due in 60 s at priority
     90 holds every CPU. `preemption: queueing` follows the node's order, as the simulator
     does, and freezes the later one; `deadline-driven` spares a higher priority."""
-    policy = tmp_path / "order.yaml"
-    policy.write_text(
-        QUEUEING_POLICY.replace("ALGORITHM", "edf")
-        .replace("  matchRules:", f"  preemption: {rule}\n  matchRules:")
-        .replace("{matchLabels: {app: queued}}", "{}")
-    )
-    agent.cli("apply", "-f", str(policy), check=True)
-    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+    whole = order_every_task(agent, tmp_path, "edf", rule)
     lax = agent.submit(
         task_file(tmp_path, "lax", ["sleep", "2"], whole + "  priority: 90\n  deadline: 60s\n")
     )

@@ -20,10 +20,11 @@ from xhagent.spec import load_text
 RULE = (Rule(Selector((("app", "q"),))),)
 
 
-def task(name: str, priority: int | None, deadline_s: int | None):
+def task(name: str, priority: int | None, deadline_s: int | None, tier: str | None = None):
+    labels = "app: q" + (f", tier: {tier}" if tier else "")
     text = (
         "apiVersion: xh.scheduling/v1\nkind: Task\n"
-        f"metadata: {{name: {name}, labels: {{app: q}}}}\n"
+        f"metadata: {{name: {name}, labels: {{{labels}}}}}\n"
         'spec:\n  deviceType: cpu\n  command: ["true"]\n'
         + (f"  priority: {priority}\n" if priority is not None else "")
         + (f"  deadline: {deadline_s}s\n" if deadline_s is not None else "")
@@ -113,17 +114,8 @@ def test_mlq_orders_by_the_policys_levels_as_the_simulator_does():
     levels = (Level("hot", {"tier": "hot"}), Level("normal"), Level("cold", {"tier": "cold"}))
     policy = SchedulingPolicy("tiers", RULE, queueing=Queueing("mlq", levels))
 
-    def tiered(name: str, tier: str | None, deadline_s: int | None):
-        text = (
-            "apiVersion: xh.scheduling/v1\nkind: Task\n"
-            f"metadata: {{name: {name}, labels: {{app: q{', tier: ' + tier if tier else ''}}}}}\n"
-            'spec:\n  deviceType: cpu\n  command: ["true"]\n'
-            + (f"  deadline: {deadline_s}s\n" if deadline_s is not None else "")
-        )
-        return parse_task(load_text(text, "t.yaml")[0])
-
     specs = [("cold", 1), ("hot", 9), (None, 2), ("cold", None), ("hot", 3), (None, None)]
-    tasks = {f"t{i:07d}": tiered(f"w{i}", tier, d) for i, (tier, d) in enumerate(specs)}
+    tasks = {f"t{i:07d}": task(f"w{i}", None, d, tier) for i, (tier, d) in enumerate(specs)}
     ranking = Ranking([policy])
     loop_order = sorted(tasks, key=lambda tid: ranking.key(tid, tasks[tid], 0))
     jobs = [from_task(t, 0, name=tid) for tid, t in tasks.items()]
