@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from ..cliparams import FiniteFloat
 from ..sched import metrics, workload
 from ..sched.simulator import NodeSpec, Simulation, slots_of
 from ..spec import SpecError
@@ -145,7 +146,7 @@ def placement_speed() -> dict:
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(1, 3600),
+    type=FiniteFloat(1, 3600, lo_open=False, unit=" s"),
     default=60.0,
     show_default=True,
     help="With --live: how long the workload lasts, its every time stretched to fit.",

@@ -58,3 +58,10 @@ def test_a_bad_workload_is_refused_where_it_is_wrong(tmp_path):
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(f"xhagent bench sched --live: {path}:7:"), res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "-5", "lots"])
+def test_a_bad_length_is_refused_before_anything_starts(seconds):
+    res = bench("--seconds", seconds)
+    assert res.returncode == 2, res.stderr
+    assert "Invalid value for '--seconds'" in res.stderr and "Traceback" not in res.stderr
