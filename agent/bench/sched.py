@@ -167,7 +167,7 @@ def bench_sched(as_json, live, workload_path, seconds, algorithms, seed) -> None
             report = sched_live.main(workload_path, seconds, seed, algorithms)
         except (SpecError, OSError, RuntimeError, ValueError) as exc:
             click.echo(f"xhagent bench sched --live: {exc}", err=True)
-            sys.exit(2 if isinstance(exc, SpecError) else 1)
+            sys.exit(2 if isinstance(exc, (SpecError, workload.TooManyJobs)) else 1)
         click.echo(json.dumps(report, indent=2))
         return
     results = {"schema": 1}

@@ -38,6 +38,9 @@ ALGORITHMS = ("priority", "edf", "edf-pic")
 # The agent's preemption rule: its node order's, which displaces a running task ranked
 # strictly after the waiting one, as the simulator's preemptive disciplines do.
 PREEMPTION = "queueing"
+# Jobs a live run submits at most: each is a process and a record of the scratch agent's;
+# TooManyJobs past it, before anything starts, whatever the workload's rates.
+MAX_JOBS = 20_000
 # The targets (host, no cpu controller): live against simulated.
 MISS_DELTA = 0.05  # absolute difference of the deadline-miss ratios, at most
 P95_BAND = 0.25  # each class's waiting p95 within this share of the simulated one
@@ -87,7 +90,7 @@ def plan(w: Workload, cpus: int, seconds: float, seed: int) -> Plan:
             if j.deadline_ns is None
             else round(j.arrival_ns * k) + round((j.deadline_ns - j.arrival_ns) * k),
         )
-        for j in runnable.generate(seed, {"cpu": cpus})
+        for j in runnable.generate(seed, {"cpu": cpus}, MAX_JOBS)
     ]
     return Plan(sorted(jobs, key=lambda j: (j.arrival_ns, j.name)), k, left_out)
 

@@ -65,3 +65,11 @@ def test_a_bad_length_is_refused_before_anything_starts(seconds):
     res = bench("--seconds", seconds)
     assert res.returncode == 2, res.stderr
     assert "Invalid value for '--seconds'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_workload_of_too_many_jobs_is_refused_before_anything_starts(tmp_path):
+    path = tmp_path / "flood.yaml"
+    path.write_text(LIGHT.replace("  utilisation: 0.3\n", "").replace("rate: 10,", "rate: 100000,"))
+    res = bench("--workload", str(path), "--seconds", "60")
+    assert res.returncode == 2, res.stderr
+    assert "more than 20000 jobs" in res.stderr and "Traceback" not in res.stderr
