@@ -154,9 +154,10 @@ def placement_speed() -> dict:
 @click.option(
     "--algorithm",
     "algorithms",
-    type=click.Choice(sched_live.ALGORITHMS),
+    type=click.Choice(sched_live.CHOICES),
     multiple=True,
-    help="With --live: the node orders to compare (repeatable) [default: all three].",
+    help="With --live: the node orders to compare (repeatable) [default: priority, edf and "
+    "edf-pic].",
 )
 @click.option("--seed", type=click.IntRange(0), default=1, show_default=True)
 def bench_sched(as_json, live, workload_path, seconds, algorithms, seed) -> None:

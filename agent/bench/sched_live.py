@@ -34,7 +34,8 @@ from ..sched.metrics import percentile
 from ..sched.simulator import NodeSpec, Simulation
 from ..sched.workload import Workload
 
-ALGORITHMS = ("priority", "edf", "edf-pic")
+ALGORITHMS = ("priority", "edf", "edf-pic")  # run by default: the targets'
+CHOICES = (*ALGORITHMS, "fair")  # `--algorithm` may name these
 # The agent's preemption rule: its node order's, which displaces a running task ranked
 # strictly after the waiting one, as the simulator's preemptive disciplines do.
 PREEMPTION = "queueing"

@@ -80,8 +80,11 @@ class FairShare:
 
     def migrate(self, job: Job, src: tuple[str, int], dst: tuple[str, int]) -> float:
         """Charge the distance-weighted migration penalty; returns the vruntime added."""
-        penalty = self.penalty(src, dst)
-        self.vruntime[job.name] = self.vruntime.get(job.name, self.min_vruntime) + penalty
+        return self.add(job.name, self.penalty(src, dst))
+
+    def add(self, name: str, penalty: float) -> float:
+        """`penalty` of vruntime charged to `name` outside a run (a move's cost)."""
+        self.vruntime[name] = self.vruntime.get(name, self.min_vruntime) + penalty
         return penalty
 
     def advance(self, queued_vruntimes) -> None:

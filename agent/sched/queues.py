@@ -37,9 +37,9 @@ DESCRIPTIONS = {
 }
 ALGORITHMS = tuple(DESCRIPTIONS)
 # What the agent's loop orders its Pending tasks by (a SchedulingPolicy's
-# `spec.queueing.algorithm`); the others need state that only the simulator keeps so far
-# (vruntimes, levels, GPU memory by process).
-NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "mlq")
+# `spec.queueing.algorithm`); dwps needs GPU memory by process, which the agent does not
+# keep yet.
+NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "fair", "mlq")
 DEFAULT_NODE_ALGORITHM = "priority"
 
 

@@ -665,6 +665,55 @@ def test_under_mlq_a_hot_task_freezes_a_cold_one_until_it_ends(agent, tmp_path, 
         assert int(ended[arrival]["started_ns"]) >= int(ended[cold]["ended_ns"])
 
 
+FAIR_POLICY = """\
+apiVersion: xh.scheduling/v1
+kind: SchedulingPolicy
+metadata: {name: fair}
+spec:
+  preemption: queueing
+  queueing: {algorithm: fair}
+  matchRules:
+    - selector: {}
+"""
+
+
+def test_under_fair_two_burners_share_the_node_by_weight_in_slices(agent, tmp_path):
+    """Two CPU burners each hold every CPU, priorities 60 and 40 (weights 2048 and 512).
+    Under fair with `preemption: queueing` they take turns in 100 ms slices, frozen and
+    thawed, so that the CPU time their leaves' cpu.stat counts goes 4:1, as vruntime
+    weighted by priority gives; every switch is an event, and nothing is left frozen."""
+    policy = tmp_path / "fair.yaml"
+    policy.write_text(FAIR_POLICY)
+    agent.cli("apply", "-f", str(policy), check=True)
+    whole = f"  requests: {{cpus: {len(agent_cpus(agent))}}}\n"
+    burn = ["sh", "-c", "while :; do :; done"]
+    low = agent.submit(task_file(tmp_path, "low", burn, whole + "  priority: 40\n"))
+    assert agent.wait(low, ("Running",))["state"] == "Running"
+    high = agent.submit(task_file(tmp_path, "high", burn, whole + "  priority: 60\n"))
+    time.sleep(4)
+    tasks = Path(discover_hierarchy().unified.path) / agent.subtree / "tasks"
+
+    def used(tid: str) -> int:
+        for line in (tasks / tid / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1])
+        raise AssertionError(f"no usage_usec in {tid}'s cpu.stat")
+
+    share = {tid: used(tid) for tid in (low, high)}
+    for tid in (low, high):
+        assert agent.cli("cancel", tid).returncode == 0
+    ratio = share[high] / share[low]
+    print(f"fair: CPU time high/low {ratio:.2f} ({share})")
+    assert 2.5 < ratio < 6.5, share
+    for tid in (low, high):
+        events = agent.cli("events", "--task", tid, "--since", "0", check=True).stdout
+        sliced = events.count("Running -> Frozen: slice ended at vruntime")
+        resumed = events.count("Frozen -> Running: resumed")
+        assert sliced >= 3 and resumed >= 2, events  # ~7 turns each in 4 s
+        assert agent.task(tid)["state"] == "Cancelled"
+    assert not [d for d in tasks.iterdir() if d.is_dir()]  # no leaf left, frozen or not
+
+
 def test_a_task_killed_by_preemption_keeps_its_restart_budget(agent, tmp_path):
     cpus = len(agent_cpus(agent))
     mark = tmp_path / "first-attempt-ran"

@@ -168,6 +168,10 @@ class FakeExecutor:
         self.leaves_.pop(task_id, None)
         return self.cpu_usec.get(task_id)
 
+    def cpu_usage(self, task_id: str) -> int | None:
+        """A leaf's CPU time so far: here, what the test set (`cpu_usec`)."""
+        return self.cpu_usec.get(task_id, 0) if task_id in self.leaves_ else None
+
     def leaves(self) -> list[str]:
         return sorted(self.leaves_)
 

@@ -258,10 +258,7 @@ class Executor:
         cpu.stat, which the kernel keeps for the processes that left), None where there
         was no leaf or its file could not be read."""
         leaf = self.leaf(task_id)
-        try:
-            used = int(leaf.get(registry.CPU_STAT)["usage_usec"])
-        except (CgroupError, OSError, KeyError, ValueError):
-            used = None
+        used = self.cpu_usage(task_id)
         try:
             leaf.remove(kill_first=True)
         except CgroupError as exc:
@@ -270,6 +267,14 @@ class Executor:
         finally:  # the leaf is empty: its processes' last events are in the ring
             self._end_trace(task_id)
         return used
+
+    def cpu_usage(self, task_id: str) -> int | None:
+        """The CPU time the task's leaf has used (µs, cpu.stat usage_usec, which the kernel
+        keeps without the cpu controller too); None where it cannot be read."""
+        try:
+            return int(self.leaf(task_id).get(registry.CPU_STAT)["usage_usec"])
+        except (CgroupError, OSError, KeyError, ValueError):
+            return None
 
     def _end_trace(self, task_id: str) -> None:
         """The task's recording ends; the tracer's thread finishes the file and tells."""

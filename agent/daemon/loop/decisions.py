@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ...policy.placement import Candidate, Demand, decide_demand
 from ...policy.task import Task
 from ..store import TaskRecord, WaitReason
+from .fairness import Fairness
 from .lifecycle import Lifecycle
 from .preemption import preempt_for
 
@@ -35,10 +36,12 @@ class StepDecisions:
         policies,
         share: Callable[[tuple], tuple] = lambda r: r,
         inherited: Callable[[str], int | None] = lambda task_id: None,
+        fairness: Fairness | None = None,
     ):
         self._lc = lc
         self._policies = policies
         self._inherited = inherited  # a holder's deadline lent by its waiter (edf-pic)
+        self._fairness = fairness  # whose slices are over (fair)
         self._share = share  # equal reasons as one object, from one step to the next
         self._version: int | None = None  # the placement state the answers below hold for
         self._unfit: dict[Ask, tuple[WaitReason, ...]] = {}
@@ -62,7 +65,9 @@ class StepDecisions:
             self._unfit[ask] = reasons
         if ask in self._no_victims:
             return reasons
-        placed = preempt_for(self._lc, rec, task, ask.demand, self._policies, self._inherited)
+        placed = preempt_for(
+            self._lc, rec, task, ask.demand, self._policies, self._inherited, self._fairness
+        )
         if placed is not None:
             return placed
         if cluster.version == self._version and not ask.demand.needs_peers:

@@ -61,6 +61,7 @@ from ...sched.fair import FairShare
 from ..store import TaskRecord, TaskState
 from . import moves
 from .checkpoint import Hook
+from .fairness import Fairness
 from .lifecycle import Lifecycle
 
 log = logging.getLogger("xhagent")
@@ -138,12 +139,21 @@ class NvmlLoad:
 
 
 class MigrationController:
-    def __init__(self, lc: Lifecycle, policies=list, wakeups=None, nvml: NvmlLoad | None = None):
+    def __init__(
+        self,
+        lc: Lifecycle,
+        policies=list,
+        wakeups=None,
+        nvml: NvmlLoad | None = None,
+        fairness: Fairness | None = None,
+    ):
         self.lc = lc
         self.policies = policies  # the SchedulingPolicies in force now
         self.wakeups = wakeups
         self.nvml = nvml or NvmlLoad()
-        self.fair = FairShare()
+        # the node's fair share: its penalties rank the moves, and a move is charged its own
+        self.fairness = fairness
+        self.fair = fairness.share if fairness is not None else FairShare()
         self.last_ns: int | None = None
         self.moved: frozenset[str] = frozenset()  # moved in the last round
         self.left: dict[str, set[str]] = {}  # task id -> devices it moved off
@@ -219,6 +229,8 @@ class MigrationController:
         task whose checkpoint failed."""
         if out.get("moved"):
             self.left.setdefault(task_id, set()).add(out["from"])
+            if self.fairness is not None:
+                self.fairness.moved(task_id, out.get("penalty_ns") or 0.0)
         elif out.get("checkpoint") == "failed":
             self.refused.add(task_id)
 

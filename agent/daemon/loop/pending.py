@@ -44,8 +44,10 @@ class PendingWindow:
         read_spec: Callable[[TaskRecord], Task],
         failed: Callable[[TaskRecord, InvalidTask], None],
         offers: int = 1000,
+        ranking: Callable[[Sequence], Ranking] = Ranking,
     ):
         self._store = store
+        self._make_ranking = ranking  # the order under given policies
         self._read_spec = read_spec  # raises InvalidTask for a document this version cannot read
         self._failed = failed  # what becomes of such a task (it leaves Pending)
         self._entries: dict[str, Entry] = {}
@@ -71,7 +73,7 @@ class PendingWindow:
             self._seen = self._store.pending_moves
         if not _same(policies, self._policies):
             self._policies = policies
-            self._ranking = Ranking(policies)
+            self._ranking = self._make_ranking(policies)
             self._shared = {}
             for entry in self._order:
                 entry.key = self._ranking.key(entry.rec.id, entry.task, entry.rec.created_ns)

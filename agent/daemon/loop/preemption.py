@@ -4,7 +4,9 @@ module stops them and brings frozen ones back.
 A victim is frozen (`cgroup.freeze`, thawed back when it cannot be confirmed or recorded:
 never a group left frozen without a record) or killed and requeued, each under an intent;
 a frozen task keeps its memory and GPUs and gives its CPUs to the preemptor, and resumes,
-highest standing first, once its CPUs are free again.
+highest standing first, once its CPUs are free again. Under `fair` the running tasks are
+victims only once their time slice is over (fairness.py), and a frozen task of less
+vruntime takes its CPUs back from them then.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ...policy.preemption import Standing as Victim
 from ...policy.preemption import choose_victims
 from ...policy.task import Task
 from ..store import TaskRecord, TaskState, WaitReason
+from .fairness import Fairness
 from .lifecycle import Lifecycle, allocation_of
 from .ranking import Ranking, standing_of
 
@@ -32,19 +35,22 @@ def preempt_for(
     demand: Demand,
     policies,
     inherited: Callable[[str], int | None] = lambda task_id: None,
+    fairness: Fairness | None = None,
 ) -> Candidate | None:
     """Freeze or kill the victims the core chooses so that `rec` fits; where it goes, or
     None (nothing to preempt, or a victim could not be stopped: then nothing changed
     for the preemptor, and the victims stopped so far stay stopped until thawed).
     `inherited(id)`: the deadline a running task holds for a waiter under edf-pic (its
     resource's earlier-deadline waiter's), which it stands by as a victim too: a holder
-    frozen for a later deadline would keep the waiter waiting."""
+    frozen for a later deadline would keep the waiter waiting. Under `fair` (time-sliced)
+    with `queueing`, only tasks whose slice is over (`fairness.due`) are victims."""
     match = choose(policies, task.label_map)
     rule = match.policy.preemption if match.policy else "lower-priority"
     mine = standing_of(task, rec.created_ns, policies)
     # `queueing`: the node's order decides, as the simulator's preemptive disciplines do
-    ranking = Ranking(policies) if rule == "queueing" else None
-    ranked = ranking is not None and ranking.preemptive
+    ranking = Ranking(policies, fairness and fairness.share) if rule == "queueing" else None
+    ranked = ranking is not None and (ranking.preemptive or ranking.time_sliced)
+    sliced = ranked and ranking.time_sliced
     running = []
     node = lc.cluster.nodes[lc.node.name]
     for other in lc.store.list_tasks([TaskState.RUNNING], limit=1000):
@@ -52,6 +58,8 @@ def preempt_for(
         other_task = lc.spec(other.id)
         if held is None or other_task is None or not (held.cpus or held.gpus or held.tpus):
             continue  # holds nothing a placement could take (a shared task)
+        if sliced and not (fairness is not None and fairness.due(other.id)):
+            continue  # its slice runs on
         s = standing_of(other_task, other.created_ns, policies)
         lent = inherited(other.id)
         deadline = s.deadline_ns if lent is None else min(s.deadline_ns, lent)
@@ -72,15 +80,21 @@ def preempt_for(
     if plan is None:
         return None
     for victim in plan.victims:
-        if not stop_victim(lc, victim, rec.id):
+        if not stop_victim(lc, victim, rec.id, sliced_by(fairness, victim) if sliced else ""):
             return None
     return decide_demand(rec.id, demand, lc.cluster).placed
 
 
-def stop_victim(lc: Lifecycle, victim: Victim, preemptor: str) -> bool:
+def sliced_by(fairness: Fairness | None, victim: Victim) -> str:
+    """What a victim of the fair order is told: its slice ended, and its vruntime then."""
+    vr = fairness.vruntime_ns(victim.allocation.task) if fairness is not None else None
+    return "slice ended" + (f" at vruntime {vr / 1e6:.1f} ms" if vr is not None else "")
+
+
+def stop_victim(lc: Lifecycle, victim: Victim, preemptor: str, cause: str = "") -> bool:
     task_id = victim.allocation.task
     rec = lc.store.get(task_id)
-    why = f"preempted by {preemptor}"
+    why = (f"{cause}: " if cause else "") + f"preempted by {preemptor}"
     if victim.mode == "freeze":
         intent = lc.store.begin_intent(task_id, "freeze", {"preempted_by": preemptor})
         try:
@@ -110,21 +124,45 @@ def preempted_reason(lc: Lifecycle, preemptor: str) -> WaitReason:
     return WaitReason("Preempted", lc.node.name, f"preempted by {preemptor}")
 
 
-def thaw_frozen(lc: Lifecycle, policies) -> None:
-    """A frozen task resumes once its CPUs are free again, highest standing first."""
-    frozen = lc.store.list_tasks([TaskState.FROZEN], limit=1000)
-    if not frozen:
-        return
-    ranking = Ranking(policies)
-    ordered = sorted(frozen, key=lambda r: ranking.key(r.id, lc.spec(r.id), r.created_ns))
-    for rec in ordered:
+class FrozenTurns:
+    """The frozen tasks of one step in the node's order, each thawed on its turn: once its
+    CPUs are free again. Under `fair` the placement of Pending tasks takes turns with them
+    (`thaw_before` each Pending task's key): a frozen task resumes before the Pending
+    tasks it ranks before, and after the others, so neither kind waits behind a task of
+    more vruntime. With `preemption: queueing` it also takes its CPUs back from the running
+    tasks whose slice is over and that the order ranks after it: those are frozen in turn,
+    as the simulator switches jobs at a slice end."""
+
+    def __init__(self, lc: Lifecycle, policies, fairness: Fairness | None = None):
+        self._lc, self._policies, self._fairness = lc, policies, fairness
+        frozen = lc.store.list_tasks([TaskState.FROZEN], limit=1000)
+        self._ranking = Ranking(policies, fairness and fairness.share)
+        self.interleaved = self._ranking.time_sliced and fairness is not None
+        keyed = [(self._ranking.key(r.id, lc.spec(r.id), r.created_ns), r) for r in frozen]
+        self._turns = sorted(keyed, key=lambda kr: kr[0])
+
+    def thaw_before(self, key: tuple) -> None:
+        """Thaw, on their turns, the frozen tasks ranked before `key`."""
+        while self._turns and self._turns[0][0] < key:
+            self._thaw(self._turns.pop(0)[1])
+
+    def thaw_rest(self) -> None:
+        while self._turns:
+            self._thaw(self._turns.pop(0)[1])
+
+    def _thaw(self, rec: TaskRecord) -> None:
+        lc = self._lc
         whole = allocation_of(replace(rec, state=TaskState.RUNNING))
+        if self.interleaved and not _take_back(
+            lc, rec, whole, self._ranking, self._fairness, self._policies
+        ):
+            return
         lc.cluster.release(rec.id)
         try:
             lc.cluster.commit(whole)
         except ValueError:  # still held by its preemptor or another task
             lc.cluster.commit(allocation_of(rec))
-            continue
+            return
         intent = lc.store.begin_intent(rec.id, "thaw")
         try:
             lc.executor.leaf(rec.id).thaw(timeout=FREEZE_TIMEOUT_S)
@@ -133,7 +171,33 @@ def thaw_frozen(lc: Lifecycle, policies) -> None:
             lc.cluster.commit(allocation_of(rec))
             lc.store.finish_intent(intent, f"failed: {exc}")
             lc.store.add_event("ThawFailed", str(exc), task_id=rec.id)
-            continue
+            return
         with lc.store.atomic():
             lc.store.transition(rec.id, TaskState.RUNNING, expect=TaskState.FROZEN, note="resumed")
             lc.store.finish_intent(intent, "thawed")
+
+
+def _take_back(lc: Lifecycle, rec: TaskRecord, whole, ranking: Ranking, fairness, policies) -> bool:
+    """Free the frozen task's CPUs of the running tasks its order lets it displace: every
+    holder's slice over and each ranked after it. False when one of them may not be, or
+    could not be stopped (nothing else changed then)."""
+    task = lc.spec(rec.id)
+    match = choose(policies, task.label_map)
+    if (match.policy.preemption if match.policy else "") != "queueing":
+        return True  # it waits for its CPUs to be free, as under any other order
+    mine = ranking.key(rec.id, task, rec.created_ns)
+    wanted = set(whole.cpus)
+    victims = []
+    for _, held in lc.cluster.placed():
+        if held.task == rec.id or not wanted.intersection(held.cpus):
+            continue
+        other, other_task = lc.store.get(held.task), lc.spec(held.task)
+        if other is None or other_task is None or other.state != TaskState.RUNNING:
+            return False
+        rank = ranking.key(other.id, other_task, other.created_ns)
+        if other_task.preemption == "never" or not fairness.due(other.id) or not rank > mine:
+            return False
+        s = standing_of(other_task, other.created_ns, policies)
+        victim = Victim(held, s.priority, s.deadline_ns, other_task.preemption, 0, rank)
+        victims.append(victim)
+    return all(stop_victim(lc, v, rec.id, sliced_by(fairness, v)) for v in victims)

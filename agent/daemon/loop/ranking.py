@@ -5,9 +5,9 @@ the policies in force now; preemption compares by it, and `get`/`ps` show it.
 
 Order: the discipline that `spec.queueing` names among the policies in force (default
 `priority`: higher priority first, then the earliest deadline, then submission; `mlq`: its
-levels by the task's labels, then the deadline), applied to each task as a `Job`. The
-discipline is the simulator's own (xhagent.sched.queues), so `xhagent simulate` predicts
-the order the loop starts tasks in: one rule, not two.
+levels by the task's labels, then the deadline; `fair`: the least vruntime), applied to
+each task as a `Job`. The discipline is the simulator's own (xhagent.sched.queues), so
+`xhagent simulate` predicts the order the loop starts tasks in: one rule, not two.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ...policy.policy import choose, deciding_queueing
 from ...policy.preemption import NO_DEADLINE
 from ...policy.task import Task
+from ...sched.fair import FairShare
 from ...sched.job import Job, from_task
 
 DEFAULT_PRIORITY = 50
@@ -70,14 +71,22 @@ def queued_job(task_id: str, task: Task, created_ns: int, s: Standing) -> Job:
 
 
 class Ranking:
-    """The order under `policies`: `key(...)` sorts the most urgent task first."""
+    """The order under `policies`: `key(...)` sorts the most urgent task first.
 
-    def __init__(self, policies: Sequence):
+    Under `fair` the key is the task's vruntime in `fair` (the node's FairShare, kept by
+    fairness.py): a task keyed for the first time joins it at the least vruntime, as a
+    job arriving in the simulator does, so its place in the order is fixed from then on
+    while it waits."""
+
+    def __init__(self, policies: Sequence, fair: FairShare | None = None):
         self.policies = policies
         queueing, self.decided_by = deciding_queueing(policies)
         self.algorithm = queueing.algorithm
-        d = queueing.discipline()
-        self._key, self.preemptive = d.key, d.preemptive
+        self._fair = None
+        if queueing.algorithm == "fair":
+            self._fair = fair if fair is not None else FairShare()
+        d = queueing.discipline(fair=self._fair) if self._fair else queueing.discipline()
+        self._key, self.preemptive, self.time_sliced = d.key, d.preemptive, d.time_sliced
         self._chosen: dict = {}  # labels -> their match, under these policies
 
     def key(
@@ -91,4 +100,7 @@ class Ranking:
         if inherited_ns is not None:
             deadline = inherited_ns if deadline is None else min(deadline, inherited_ns)
         s = standing(task.priority, task.label_map, deadline, self.policies, self._chosen)
-        return self._key(queued_job(task_id, task, created_ns, s))
+        job = queued_job(task_id, task, created_ns, s)
+        if self._fair is not None and task_id not in self._fair.vruntime:
+            self._fair.enqueue(job)
+        return self._key(job)

@@ -50,12 +50,13 @@ from .boosts import Boosts
 from .commits import Commits
 from .decisions import Ask, StepDecisions
 from .diskfull import RETRY_S, DiskFull
+from .fairness import Fairness
 from .faults import Faults
 from .lifecycle import Lifecycle, restarts
 from .migration import MigrationController
 from .pending import Entry, PendingWindow
-from .preemption import thaw_frozen
-from .ranking import Standing, standing
+from .preemption import FrozenTurns
+from .ranking import Ranking, Standing, standing
 from .recovery import recover
 from .resources import blocker, holders
 from .submission import InvalidTask, read_submission
@@ -109,13 +110,20 @@ class Scheduler:
         self.lifecycle = Lifecycle(
             store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
         )
-        self.migration = MigrationController(self.lifecycle, policies, self.wakeups)
+        self.fairness = Fairness(self.lifecycle, self.wakeups)
+        self.migration = MigrationController(
+            self.lifecycle, policies, self.wakeups, fairness=self.fairness
+        )
         self.boosts = Boosts(self.lifecycle)
         self.commits = Commits(store, "submissions")
         # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
         # read when their turn comes.
         self._pending = PendingWindow(
-            store, self.lifecycle.read_spec, self._fail_unreadable, offers=MAX_PENDING_SCAN
+            store,
+            self.lifecycle.read_spec,
+            self._fail_unreadable,
+            offers=MAX_PENDING_SCAN,
+            ranking=lambda policies: Ranking(policies, self.fairness.share),
         )
         self._listeners: list[Callable[[], None]] = []
         self._stopping = False
@@ -364,15 +372,22 @@ class Scheduler:
             self.lifecycle.settle_starts()  # before the exits: a start settled Running is seen
             self.lifecycle.collect_exits(exited)
             policies = self.policies()
-            thaw_frozen(self.lifecycle, policies)
-            window = self._place_pending()
+            self.fairness.begin(policies)
+            frozen = FrozenTurns(self.lifecycle, policies, self.fairness)
+            if not frozen.interleaved:  # the frozen first, then the Pending tasks
+                frozen.thaw_rest()
+            window = self._place_pending(frozen)
+            if self.fairness.active:
+                frozen = self.store.list_tasks([TaskState.FROZEN], limit=1000)
+                waiting = (e.rec.id for e in window if self._pending.get(e.rec.id) is e)
+                self.fairness.end(waiting, (r.id for r in frozen))
             self.boosts.step(queueing_in_force(policies)[0], ((e.rec, e.task) for e in window))
             self.migration.round()
             self.lifecycle.report_deadlines()
             self._changed()
 
     # -- placement --------------------------------------------------------------------------------
-    def _place_pending(self) -> list[Entry]:
+    def _place_pending(self, frozen: FrozenTurns) -> list[Entry]:
         """Start what fits, in the order of standing, and keep every other task of the
         window Pending with its reasons: each demand decided once while the placement state
         stays as it is (decisions.py), the window kept from the last step (pending.py), the
@@ -380,12 +395,13 @@ class Scheduler:
         as it is decided, so that each later decision sees it, and the step's starts are
         made together (lifecycle.start_reserved). A task found waiting in a placement state
         is passed over while that state lasts (`Entry.settled`): a step with nothing freed
-        decides only what is new, however long the backlog."""
+        decides only what is new, however long the backlog. The frozen tasks take their
+        turns among them where the order interleaves them (`fair`), else they had theirs."""
         now = self.clock()
         policies = self.policies()
         cluster = self.lifecycle.cluster
         decisions = StepDecisions(
-            self.lifecycle, policies, self._shared_reasons, self.boosts.inherited
+            self.lifecycle, policies, self._shared_reasons, self.boosts.inherited, self.fairness
         )
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         reserved = []
@@ -393,7 +409,8 @@ class Scheduler:
         window = self._pending.tasks(policies, MAX_PENDING_SCAN)
         try:
             for entry in window:
-                if entry.settled == cluster.version:
+                frozen.thaw_before(entry.key)
+                if entry.settled == cluster.version and not self.fairness.may_displace(entry.key):
                     continue  # its answer in this state is the one the store holds
                 rec, task = entry.rec, entry.task
                 # the rest after the exits queued meanwhile
@@ -427,6 +444,7 @@ class Scheduler:
                     continue
                 reserved.append(self.lifecycle.reserve(rec, task, placed))
                 held.update(dict.fromkeys(task.resources, rec.id))  # taken with its start
+            frozen.thaw_rest()
         except BaseException:
             self.lifecycle.unreserve(reserved)
             raise
