@@ -159,16 +159,24 @@ def placement_speed() -> dict:
     help="With --live: the node orders to compare (repeatable) [default: priority, edf and "
     "edf-pic].",
 )
+@click.option(
+    "--cpus",
+    type=click.IntRange(1),
+    default=None,
+    help="With --live: the CPUs of the node, simulated and given to the scratch agent (the "
+    "first of this process's; the others reserved) [default: all of this process's].",
+)
 @click.option("--seed", type=click.IntRange(0), default=1, show_default=True)
-def bench_sched(as_json, live, workload_path, seconds, algorithms, seed) -> None:
+def bench_sched(as_json, live, workload_path, seconds, algorithms, cpus, seed) -> None:
     """Scheduling quality (EDF vs FIFO, EDF-PIC vs EDF) and placement speed; with --live,
     the simulator against the live agent."""
     if live:
         try:
-            report = sched_live.main(workload_path, seconds, seed, algorithms)
+            report = sched_live.main(workload_path, seconds, seed, algorithms, cpus)
         except (SpecError, OSError, RuntimeError, ValueError) as exc:
             click.echo(f"xhagent bench sched --live: {exc}", err=True)
-            sys.exit(2 if isinstance(exc, (SpecError, workload.TooManyJobs)) else 1)
+            bad = (SpecError, workload.TooManyJobs, sched_live.TooManyCpus)
+            sys.exit(2 if isinstance(exc, bad) else 1)
         click.echo(json.dumps(report, indent=2))
         return
     results = {"schema": 1}

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..cpulist import format_cpulist, parse_cpulist
+from ..policy.classes import CLASS_WEIGHTS
 from ..sched.job import Job
 from ..sched.metrics import percentile
 from ..sched.simulator import NodeSpec, Simulation
@@ -42,6 +44,7 @@ PREEMPTION = "queueing"
 # Jobs a live run submits at most: each is a process and a record of the scratch agent's;
 # TooManyJobs past it, before anything starts, whatever the workload's rates.
 MAX_JOBS = 20_000
+MAX_BOOSTS_SHOWN = 20  # the first boosts' events in the report (all of them counted)
 # The targets (host, no cpu controller): live against simulated.
 MISS_DELTA = 0.05  # absolute difference of the deadline-miss ratios, at most
 P95_BAND = 0.25  # each class's waiting p95 within this share of the simulated one
@@ -50,6 +53,22 @@ P95_BAND = 0.25  # each class's waiting p95 within this share of the simulated o
 # is. Asked between runs of a busy loop (about half a millisecond), not in one: each ask is
 # a system call, and a loop of them alone would spend its time in the kernel.
 BURN = "{{ for (1..20000) {{}} my @t = times; redo if $t[0] + $t[1] < {seconds} }}"
+
+
+class TooManyCpus(ValueError):
+    """`--cpus` asks for more CPUs than this process may use."""
+
+
+def node_cpus(wanted: int | None, online: str | None = None) -> tuple[list[int], list[int]]:
+    """(the CPUs the live node runs on: the first `wanted` of this process's, all of them
+    for None; the node's other CPUs, which the scratch agent keeps as reserved)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if wanted is not None and wanted > len(mine):
+        raise TooManyCpus(f"--cpus {wanted}: this process may use {len(mine)} CPUs ({mine})")
+    used = mine[: wanted or len(mine)]
+    if online is None:
+        online = Path("/sys/devices/system/cpu/online").read_text()
+    return used, [c for c in parse_cpulist(online.strip()) if c not in used]
 
 
 @dataclass(frozen=True)
@@ -149,7 +168,8 @@ def ratios(sim: dict, live: dict) -> dict:
 
 def task_doc(job: Job) -> str:
     """The job as a Task of one CPU; its deadline after its submission, as the job's is
-    after its arrival."""
+    after its arrival. A job whose class is one of the node's task classes runs in it
+    (its cpu.weight and io.weight, which edf-pic lends to a holder)."""
     spec = {
         "deviceType": "cpu",
         "requests": {"cpus": 1},
@@ -161,6 +181,8 @@ def task_doc(job: Job) -> str:
         spec["deadline"] = f"{job.deadline_ns - job.arrival_ns}ns"
     if job.holds:
         spec["resources"] = sorted(job.holds)
+    if job.cls in CLASS_WEIGHTS:
+        spec["class"] = job.cls
     doc = {
         "apiVersion": "xh.scheduling/v1",
         "kind": "Task",
@@ -187,13 +209,22 @@ def policy_doc(algorithm: str) -> str:
     )
 
 
-def live(p: Plan, algorithm: str, progress: Callable[[str], None]) -> tuple[list[Done], dict]:
-    """The plan run by a scratch agent of its own (root: cgroup leaves)."""
+def live(
+    p: Plan, algorithm: str, progress: Callable[[str], None], reserved: list[int] = ()
+) -> tuple[list[Done], dict, list[str]]:
+    """The plan run by a scratch agent of its own (root: cgroup leaves), `reserved` CPUs
+    left out of its node. The jobs, its overheads, and its boosts (the Boosted and
+    BoostEnded events' messages, in order)."""
     from ..daemon.api.v1 import agent_pb2 as pb
     from .local_agent import LocalAgent
 
     base = Path(tempfile.mkdtemp(prefix="xhagent-bench-live-"))
-    agent = LocalAgent(base, f"xhagent-bench-live-{os.getpid()}.slice")
+    extra = ()
+    if reserved:
+        config = base / "agent.yaml"
+        config.write_text(f'reservedCpus: "{format_cpulist(reserved)}"\n')
+        extra = ("--config", str(config))
+    agent = LocalAgent(base, f"xhagent-bench-live-{os.getpid()}.slice", extra=extra)
     (agent.policies / "bench-live.yaml").write_text(policy_doc(algorithm))
     try:
         agent.start()
@@ -207,6 +238,11 @@ def live(p: Plan, algorithm: str, progress: Callable[[str], None]) -> tuple[list
                 if i % 100 == 99:
                     progress(f"{algorithm}: {i + 1} of {len(p.jobs)} jobs submitted")
             tasks = _ended(client, set(sent), timeout=max(60.0, p.jobs[-1].arrival_ns / 1e9))
+            boosts = [
+                f"{e.task_id}: {e.kind}: {e.message}"
+                for e in client.Watch(pb.WatchRequest(since_seq=0))
+                if e.kind in ("Boosted", "BoostEnded")
+            ]
     finally:
         agent.stop()
         agent.remove_subtree()
@@ -219,7 +255,7 @@ def live(p: Plan, algorithm: str, progress: Callable[[str], None]) -> tuple[list
         latency = t.ended_ns - t.created_ns
         missed = job.deadline_ns is not None and latency > job.deadline_ns - job.arrival_ns
         out.append(Done(job.cls, latency - job.runtime_ns, missed))
-    return out, overheads(tasks, sent)
+    return out, overheads(tasks, sent), boosts
 
 
 def overheads(tasks: list, sent: dict[str, Job]) -> dict:
@@ -259,8 +295,16 @@ def _ended(client, ids: set[str], timeout: float) -> list:
         time.sleep(0.5)
 
 
-def run(w: Workload, seconds: float, seed: int, algorithms: Iterable[str], progress) -> dict:
-    cpus = len(os.sched_getaffinity(0))
+def run(
+    w: Workload,
+    seconds: float,
+    seed: int,
+    algorithms: Iterable[str],
+    progress,
+    cpus: int | None = None,
+) -> dict:
+    used, reserved = node_cpus(cpus)
+    cpus = len(used)
     p = plan(w, cpus, seconds, seed)
     if not p.jobs:
         raise ValueError(f"workload {w.name}: no job this node can run ({p.left_out})")
@@ -269,6 +313,7 @@ def run(w: Workload, seconds: float, seed: int, algorithms: Iterable[str], progr
         "workload": w.name,
         "seed": seed,
         "cpus": cpus,
+        "node_cpus": format_cpulist(used),
         "seconds": seconds,
         "stretch": round(p.stretch, 3),
         "jobs": len(p.jobs),
@@ -282,8 +327,8 @@ def run(w: Workload, seconds: float, seed: int, algorithms: Iterable[str], progr
     for algorithm in algorithms:
         sim = figures(simulated(p, cpus, algorithm, w))
         progress(f"{algorithm}: {len(p.jobs)} jobs over {seconds:g} s on a live agent")
-        done, overhead = live(p, algorithm, progress)
-        got = figures(done)
+        done, overhead, boosts = live(p, algorithm, progress, reserved)
+        got = figures(done) | {"boosts": boosts[:MAX_BOOSTS_SHOWN], "boost_events": len(boosts)}
         extra_ns = round((overhead["start_p50_ms"] + overhead["run_over_runtime_p50_ms"]) * 1e6)
         with_overhead = figures(simulated(p, cpus, algorithm, w, max(0, extra_ns)))
         out["algorithms"][algorithm] = {
@@ -298,7 +343,13 @@ def run(w: Workload, seconds: float, seed: int, algorithms: Iterable[str], progr
     return out
 
 
-def main(workload_path: Path, seconds: float, seed: int, algorithms: tuple[str, ...]) -> dict:
+def main(
+    workload_path: Path,
+    seconds: float,
+    seed: int,
+    algorithms: tuple[str, ...],
+    cpus: int | None = None,
+) -> dict:
     import click
 
     from ..sched.workload import load_workload
@@ -308,4 +359,4 @@ def main(workload_path: Path, seconds: float, seed: int, algorithms: tuple[str, 
         sys.exit(1)
     w = load_workload(workload_path)
     return run(w, seconds, seed, algorithms or ALGORITHMS, lambda m: click.echo(
-        f"bench sched --live: {m}", err=True))  # fmt: skip
+        f"bench sched --live: {m}", err=True), cpus)  # fmt: skip

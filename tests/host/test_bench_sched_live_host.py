@@ -73,3 +73,30 @@ def test_a_workload_of_too_many_jobs_is_refused_before_anything_starts(tmp_path)
     res = bench("--workload", str(path), "--seconds", "60")
     assert res.returncode == 2, res.stderr
     assert "more than 20000 jobs" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_inversion_on_one_cpu_misses_under_edf_and_not_under_edf_pic_as_simulated():
+    """configs/examples/workload-inversion.yaml on one CPU of this node (the other
+    reserved): the live agent misses the latency job's deadline under edf and meets every
+    deadline under edf-pic, as the simulator says; the holder's boost is an event, which
+    says what this node cannot enforce (no cpu controller here: tests/kernel has the
+    weights)."""
+    inversion = Path(__file__).parents[2] / "configs" / "examples" / "workload-inversion.yaml"
+    res = bench("--workload", str(inversion), "--cpus", "1", "--seconds", "3")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert (out["cpus"], out["stretch"]) == (1, 75.0)
+    algorithms = out["algorithms"]
+    assert set(algorithms) == {"priority", "edf", "edf-pic"}
+    for side in ("sim", "live"):
+        assert algorithms["edf"][side]["classes"]["latency"]["deadline_miss_ratio"] == 1.0
+        assert algorithms["edf-pic"][side]["deadline_miss_ratio"] == 0.0
+    (boost,) = [b for b in algorithms["edf-pic"]["live"]["boosts"] if ": Boosted: " in b]
+    assert "cpu.weight 100 -> 1000" in boost and "not enforced: cpu:" in boost
+
+
+def test_more_cpus_than_this_process_has_are_refused():
+    res = bench("--cpus", "4096", "--seconds", "8")
+    assert res.returncode == 2
+    assert res.stderr.startswith("xhagent bench sched --live: --cpus 4096: this process may use")
+    assert res.stdout == ""

@@ -2,6 +2,7 @@
 (read back by the agent's own parsers, and by the simulator's job mapping), and the
 figures and ratios both sides are reduced to."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,34 @@ def test_each_job_is_submitted_as_the_task_the_simulator_would_make_of_it():
         )
         assert again.deadline_ns == job.deadline_ns and task.requests.cpus == 1
         assert task.command[:2] == ("perl", "-e")
+
+
+def test_a_job_of_a_node_task_class_runs_in_it_and_others_in_the_default():
+    inversion = load_workload(MIXED.with_name("workload-inversion.yaml"))
+    classes = {}
+    for job in plan(inversion, 1, 3.0, seed=1).jobs:
+        (task,) = parse_submission(task_doc(job), "job")
+        classes[job.name] = (job.cls, task.task_class)
+    assert classes == {
+        "low": ("batch", "batch"),
+        "high": ("latency", "latency"),
+        "medium": ("batch", "batch"),
+    }
+    web = plan(load_workload_text(SMALL), 2, 2.0, seed=3).jobs[0]
+    assert web.cls == "web" and "class" not in json.loads(task_doc(web))["spec"]
+
+
+@pytest.mark.parametrize(
+    "wanted, online, used, reserved",
+    [(1, "0-3", [0], [1, 2, 3]), (None, "0-3", [0, 1], [2, 3]), (2, "0-1", [0, 1], [])],
+)
+def test_the_live_node_takes_the_first_cpus_and_reserves_the_rest(
+    monkeypatch, wanted, online, used, reserved
+):
+    monkeypatch.setattr(sched_live.os, "sched_getaffinity", lambda pid: {1, 0})
+    assert sched_live.node_cpus(wanted, online) == (used, reserved)
+    with pytest.raises(sched_live.TooManyCpus, match="--cpus 3: this process may use 2 CPUs"):
+        sched_live.node_cpus(3, online)
 
 
 @pytest.mark.parametrize("algorithm", sched_live.ALGORITHMS)
