@@ -135,11 +135,13 @@ class FrozenTurns:
 
     def __init__(self, lc: Lifecycle, policies, fairness: Fairness | None = None):
         self._lc, self._policies, self._fairness = lc, policies, fairness
+        self.interleaved = fairness is not None and fairness.active  # the order is fair's
+        self._turns: list[tuple[tuple, TaskRecord]] = []
         frozen = lc.store.list_tasks([TaskState.FROZEN], limit=1000)
-        self._ranking = Ranking(policies, fairness and fairness.share)
-        self.interleaved = self._ranking.time_sliced and fairness is not None
-        keyed = [(self._ranking.key(r.id, lc.spec(r.id), r.created_ns), r) for r in frozen]
-        self._turns = sorted(keyed, key=lambda kr: kr[0])
+        if frozen:  # (most steps: none, and no order to make)
+            self._ranking = Ranking(policies, fairness and fairness.share)
+            keyed = [(self._ranking.key(r.id, lc.spec(r.id), r.created_ns), r) for r in frozen]
+            self._turns = sorted(keyed, key=lambda kr: kr[0])
 
     def thaw_before(self, key: tuple) -> None:
         """Thaw, on their turns, the frozen tasks ranked before `key`."""

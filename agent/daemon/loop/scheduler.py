@@ -8,9 +8,10 @@ changes a task and every step runs under one lock, so there is a single writer; 
 invariants between steps are the lifecycle's.
 
 The loop wakes (wakeups.py) on a submission, a cancel, a policy change, a shim's exit (its
-pidfd) or the time something falls due; a step collects exits, thaws what may resume,
-starts what fits in the node's order (ranking.py: the simulator's discipline that the
-policies' `spec.queueing` names) and keeps the rest Pending with a reason per node (a
+pidfd) or the time something falls due (a slice's end under `fair`: fairness.py); a step
+collects exits, charges the fair share, thaws what may resume, starts what fits in the
+node's order (ranking.py: the simulator's discipline that the policies' `spec.queueing`
+names) and keeps the rest Pending with a reason per node (a
 resource another task holds is one: resources.py), boosts the holders that earlier
 deadlines wait for under edf-pic (boosts.py), runs the migration controller and reports
 missed deadlines. A step that raises is an internal error (faults.py): counted,
@@ -378,9 +379,9 @@ class Scheduler:
                 frozen.thaw_rest()
             window = self._place_pending(frozen)
             if self.fairness.active:
-                frozen = self.store.list_tasks([TaskState.FROZEN], limit=1000)
+                still = self.store.list_tasks([TaskState.FROZEN], limit=1000)
                 waiting = (e.rec.id for e in window if self._pending.get(e.rec.id) is e)
-                self.fairness.end(waiting, (r.id for r in frozen))
+                self.fairness.end(waiting, (r.id for r in still))
             self.boosts.step(queueing_in_force(policies)[0], ((e.rec, e.task) for e in window))
             self.migration.round()
             self.lifecycle.report_deadlines()
