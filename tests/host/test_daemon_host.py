@@ -486,9 +486,9 @@ def test_waiting_tasks_start_in_the_order_of_the_queueing_algorithm(
         agent.cli("apply", "-f", str(policy), check=True)
     cpus = len(agent_cpus(agent))
     whole = f"  requests: {{cpus: {cpus}}}\n"
-    blocker = agent.submit(
-        task_file(tmp_path, "blocker", ["sleep", "1.5"], whole + "  priority: 100\n")
-    )
+    go = tmp_path / "go"  # the blocker holds the CPUs until the three are all waiting
+    hold = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"]
+    blocker = agent.submit(task_file(tmp_path, "blocker", hold, whole + "  priority: 100\n"))
     assert agent.wait(blocker, ("Running",))["state"] == "Running"
     waiting = {
         "lax-high": "  priority: 90\n  deadline: 60s\n",
@@ -500,6 +500,7 @@ def test_waiting_tasks_start_in_the_order_of_the_queueing_algorithm(
         for name, extra in waiting.items()
     }
     assert agent.task(blocker)["state"] == "Running"  # all three came while it held the CPUs
+    go.touch()
     started = {}
     for name, tid in ids.items():
         t = agent.wait(tid, timeout=30)
