@@ -106,6 +106,7 @@ class FakeExecutor:
     dead_shims: set[str] = field(default_factory=set)
     fail_status: bool = False  # status() raises: an internal error of the agent's
     cpu_usec: dict[str, int] = field(default_factory=dict)  # a leaf's CPU time at its removal
+    cpusets: dict[str, tuple] = field(default_factory=dict)  # (cpus, mems) last set on a leaf
 
     def leaf(self, task_id: str) -> FakeLeaf:
         return self.leaves_.get(task_id) or FakeLeaf(self.root / "tasks" / task_id)
@@ -158,6 +159,9 @@ class FakeExecutor:
         if run is not None and run.exit is None:
             run.exit = ShimExit(signal=int(signal.SIGKILL))
             run.process.end()
+
+    def set_cpus(self, task_id: str, cpus, mems) -> None:
+        self.cpusets[task_id] = (list(cpus), list(mems))
 
     def set_frozen(self, task_id: str, frozen: bool, timeout: float = 2.0) -> None:
         if task_id in self.leaves_:
@@ -411,6 +415,57 @@ def test_recovery_completes_a_cancel_and_a_preemption_kill(loop):
     rec = loop.store.get(preempted)
     assert rec.state == TaskState.PENDING and rec.preempted == 1
     assert rec.reasons == (WaitReason("Preempted", "n1", "preempted by t0000009"),)
+
+
+def test_a_frozen_task_resumes_on_other_free_cpus_when_its_own_are_taken(loop):
+    one = "  priority: 10\n  requests: {cpus: 1}\n"
+    a, b = loop.submit(task("a", one), task("b", one))
+    loop.step()
+    (high,) = loop.submit(task("high", "  priority: 90\n  requests: {cpus: 1}\n"))
+    loop.step()
+    (victim,) = [t for t in (a, b) if loop.state(t) == TaskState.FROZEN]
+    other = a if victim == b else b
+    own, free = loop.store.get(victim).placement.cpus, loop.store.get(other).placement.cpus
+    assert loop.store.get(high).placement.cpus == own
+    loop.executor.exit(other, 0)
+    loop.step()
+    rec = loop.store.get(victim)
+    assert rec.state == TaskState.RUNNING and rec.placement.cpus == free != own
+    assert not loop.executor.leaf(victim).frozen
+    assert loop.executor.cpusets[victim] == (list(free), [0])  # pinned before the thaw
+    (cpu,) = free
+    messages = [e.message for e in loop.store.events(0, task_id=victim) if e.kind == "Transition"]
+    assert messages[-1] == f"Frozen -> Running: resumed on CPUs {cpu}: its own are taken"
+    assert {a.task: a.cpus for _, a in loop.scheduler.lifecycle.cluster.placed()} == {
+        high: own,
+        victim: free,
+    }
+    assert loop.store.open_intents() == []
+
+
+def test_a_frozen_task_holding_a_gpu_resumes_only_on_its_own_cpus(tmp_path, clock):
+    made = Loop(tmp_path, node(cpus=2, gpus=2), clock)
+    try:
+        gpu = "  deviceType: gpu\n  requests: {cpus: 1, gpus: 1, gpuMemory: 8GiB}\n"
+        one = "  requests: {cpus: 1}\n"
+        held, other = made.submit(
+            task("g", gpu + "  priority: 10\n").replace("  deviceType: cpu\n", "", 1),
+            task("o", one + "  priority: 50\n"),
+        )
+        made.step()
+        (high,) = made.submit(task("high", one + "  priority: 90\n"))
+        made.step()
+        assert made.state(held) == TaskState.FROZEN  # the lowest priority: the victim
+        made.executor.exit(other, 0)
+        made.step()
+        # a CPU is free, but its work is on its GPU: it waits for its own CPU
+        assert made.state(held) == TaskState.FROZEN
+        made.executor.exit(high, 0)
+        made.step()
+        rec = made.store.get(held)
+        assert rec.state == TaskState.RUNNING and rec.placement.gpu_uuids == ["GPU-0"]
+    finally:
+        made.close()
 
 
 def test_recovery_adopts_what_runs_and_makes_the_freeze_match_the_record(loop):

@@ -18,12 +18,14 @@ from __future__ import annotations
 import errno
 import grp
 import pwd
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...cgroups import Cgroup, CgroupError, registry
 from ...cgroups.spawn import WORKLOAD_OOM_SCORE_ADJ
 from ...cgroups.subtree import Subtree, check_name
+from ...cpulist import format_cpulist
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
 from .shim_server import ShimServer
@@ -244,6 +246,16 @@ class Executor:
             leaf.set(registry.CPU_WEIGHT, cpu_weight)
         if "io" not in self.missing and leaf.has(registry.IO_WEIGHT):
             leaf.set(registry.IO_WEIGHT, {"default": io_weight})
+
+    def set_cpus(self, task_id: str, cpus: Iterable[int], mems: Iterable[int]) -> None:
+        """The leaf's `cpuset.cpus` and `cpuset.mems` now (a frozen task resuming on its
+        placement's CPUs); left alone where the node lacks the cpuset controller."""
+        if "cpuset" in self.missing:
+            return
+        leaf = self.leaf(task_id)
+        leaf.set(registry.CPUSET_CPUS, format_cpulist(sorted(cpus)))
+        if mems := sorted(mems):
+            leaf.set(registry.CPUSET_MEMS, format_cpulist(mems))
 
     def set_frozen(self, task_id: str, frozen: bool, timeout: float = 2.0) -> None:
         """Freeze or thaw the leaf to match the task's record (after a restart)."""

@@ -695,6 +695,11 @@ class Lifecycle:
         return pending
 
     # -- helpers ----------------------------------------------------------------------------------
+    def pin(self, task_id: str, cpus: Iterable[int]) -> None:
+        """The task's leaf on `cpus` (and their NUMA nodes' memory), as its placement says."""
+        cpus = list(cpus)
+        self.executor.set_cpus(task_id, cpus, self._mems_of(cpus))
+
     def _mems_of(self, cpus: Iterable[int]) -> list[int]:
         want = set(cpus)
         return [n.id for n in self.node.numa if want & set(n.cpus)]

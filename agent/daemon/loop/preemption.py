@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from ...cpulist import format_cpulist
 from ...policy.placement import Candidate, Demand, decide_demand
 from ...policy.policy import choose
 from ...policy.preemption import Standing as Victim
 from ...policy.preemption import choose_victims
 from ...policy.task import Task
-from ..store import TaskRecord, TaskState, WaitReason
+from ..store import Placement, TaskRecord, TaskState, WaitReason
 from .fairness import Fairness
 from .lifecycle import Lifecycle, allocation_of
 from .ranking import Ranking, standing_of
@@ -125,17 +126,18 @@ def preempted_reason(lc: Lifecycle, preemptor: str) -> WaitReason:
 
 
 class FrozenTurns:
-    """The frozen tasks of one step in the node's order, each thawed on its turn: once its
-    CPUs are free again. Under `fair` the placement of Pending tasks takes turns with them
-    (`thaw_before` each Pending task's key): a frozen task resumes before the Pending
-    tasks it ranks before, and after the others, so neither kind waits behind a task of
-    more vruntime. With `preemption: queueing` it also takes its CPUs back from the running
-    tasks whose slice is over and that the order ranks after it: those are frozen in turn,
-    as the simulator switches jobs at a slice end."""
+    """The frozen tasks of one step in the node's order, each thawed on its turn, which
+    the placement of Pending tasks interleaves (`thaw_before` each Pending task's key): a
+    frozen task resumes before the Pending tasks it ranks before, and after the others,
+    so no task waits behind one the order ranks after it. It resumes on its own CPUs when
+    they are free, else on any others its demand fits (`_where`); under `fair` with
+    `preemption: queueing` it also takes its own back from the running tasks whose slice
+    is over and that the order ranks after it: those are frozen in turn, as the simulator
+    switches jobs at a slice end."""
 
     def __init__(self, lc: Lifecycle, policies, fairness: Fairness | None = None):
         self._lc, self._policies, self._fairness = lc, policies, fairness
-        self.interleaved = fairness is not None and fairness.active  # the order is fair's
+        self._sliced = fairness is not None and fairness.active  # the order is fair's
         self._turns: list[tuple[tuple, TaskRecord]] = []
         frozen = lc.store.list_tasks([TaskState.FROZEN], limit=1000)
         if frozen:  # (most steps: none, and no order to make)
@@ -154,19 +156,13 @@ class FrozenTurns:
 
     def _thaw(self, rec: TaskRecord) -> None:
         lc = self._lc
-        whole = allocation_of(replace(rec, state=TaskState.RUNNING))
-        if self.interleaved and not _take_back(
-            lc, rec, whole, self._ranking, self._fairness, self._policies
-        ):
-            return
-        lc.cluster.release(rec.id)
+        placement = self._where(rec)
+        if placement is None:
+            return  # it waits: its CPUs are taken, and so are any others it could use
+        intent = lc.store.begin_intent(rec.id, "thaw", {"cpus": list(placement.cpus)})
         try:
-            lc.cluster.commit(whole)
-        except ValueError:  # still held by its preemptor or another task
-            lc.cluster.commit(allocation_of(rec))
-            return
-        intent = lc.store.begin_intent(rec.id, "thaw")
-        try:
+            # its leaf on the CPUs it resumes on, whatever a resume cut short left there
+            lc.pin(rec.id, placement.cpus)
             lc.executor.leaf(rec.id).thaw(timeout=FREEZE_TIMEOUT_S)
         except (OSError, ValueError) as exc:
             lc.cluster.release(rec.id)
@@ -174,19 +170,71 @@ class FrozenTurns:
             lc.store.finish_intent(intent, f"failed: {exc}")
             lc.store.add_event("ThawFailed", str(exc), task_id=rec.id)
             return
+        moved = {}
+        note = "resumed"
+        if placement != rec.placement:
+            moved = {"placement": placement}
+            note = f"resumed on CPUs {format_cpulist(placement.cpus)}: its own are taken"
         with lc.store.atomic():
-            lc.store.transition(rec.id, TaskState.RUNNING, expect=TaskState.FROZEN, note="resumed")
+            lc.store.transition(
+                rec.id, TaskState.RUNNING, expect=TaskState.FROZEN, note=note, **moved
+            )
             lc.store.finish_intent(intent, "thawed")
+
+    def _where(self, rec: TaskRecord) -> Placement | None:
+        """Where the frozen task resumes, held in the placement state: its own CPUs when
+        they are free; else, for a task that holds no GPU or TPU (which stay where its
+        work is), whatever CPUs placement gives its demand now, as the simulator resumes a
+        job on any free slot; else, under fair, its own CPUs taken back from the tasks
+        whose slice is over. None: nowhere yet (it keeps what it holds frozen)."""
+        lc, cluster = self._lc, self._lc.cluster
+        frozen, own = allocation_of(rec), allocation_of(replace(rec, state=TaskState.RUNNING))
+        cluster.release(rec.id)
+        try:
+            cluster.commit(own)
+            return rec.placement
+        except ValueError:  # held by its preemptor or another task
+            pass
+        elsewhere = self._elsewhere(rec)
+        if elsewhere is not None:
+            resumed = replace(rec, state=TaskState.RUNNING, placement=elsewhere)
+            cluster.commit(allocation_of(resumed))
+            return elsewhere
+        cluster.commit(frozen)
+        if not self._sliced or not _take_back(
+            lc, rec, own, self._ranking, self._fairness, self._policies
+        ):
+            return None
+        cluster.release(rec.id)
+        try:
+            cluster.commit(own)
+            return rec.placement
+        except ValueError:  # (a victim of another kind kept a part)
+            cluster.commit(frozen)
+            return None
+
+    def _elsewhere(self, rec: TaskRecord) -> Placement | None:
+        """Other CPUs for a frozen task holding CPUs alone and no device, where its demand
+        fits now; None where it holds a device or nothing fits."""
+        placed = rec.placement
+        task = self._lc.spec(rec.id)
+        if task is None or placed.gpus or placed.tpus or task.requests.cpus is None:
+            return None
+        demand = Demand.of(task, choose(self._policies, task.label_map))
+        got = decide_demand(rec.id, demand, self._lc.cluster).placed
+        if got is None or not got.cpus or got.gpus or got.tpus:
+            return None
+        return replace(placed, node=got.node, cpus=tuple(got.cpus), memory=got.memory)
 
 
 def _take_back(lc: Lifecycle, rec: TaskRecord, whole, ranking: Ranking, fairness, policies) -> bool:
-    """Free the frozen task's CPUs of the running tasks its order lets it displace: every
-    holder's slice over and each ranked after it. False when one of them may not be, or
-    could not be stopped (nothing else changed then)."""
+    """Free the frozen task's CPUs of the running tasks its order lets it displace (with
+    `preemption: queueing`): every holder's slice over and each ranked after it. False
+    when there are none, one of them may not be displaced, or one could not be stopped."""
     task = lc.spec(rec.id)
     match = choose(policies, task.label_map)
     if (match.policy.preemption if match.policy else "") != "queueing":
-        return True  # it waits for its CPUs to be free, as under any other order
+        return False  # it waits for its CPUs to be free, as under any other order
     mine = ranking.key(rec.id, task, rec.created_ns)
     wanted = set(whole.cpus)
     victims = []
@@ -202,4 +250,5 @@ def _take_back(lc: Lifecycle, rec: TaskRecord, whole, ranking: Ranking, fairness
         s = standing_of(other_task, other.created_ns, policies)
         victim = Victim(held, s.priority, s.deadline_ns, other_task.preemption, 0, rank)
         victims.append(victim)
-    return all(stop_victim(lc, v, rec.id, sliced_by(fairness, v)) for v in victims)
+    stopped = all(stop_victim(lc, v, rec.id, sliced_by(fairness, v)) for v in victims)
+    return bool(victims) and stopped

@@ -374,10 +374,7 @@ class Scheduler:
             self.lifecycle.collect_exits(exited)
             policies = self.policies()
             self.fairness.begin(policies)
-            frozen = FrozenTurns(self.lifecycle, policies, self.fairness)
-            if not frozen.interleaved:  # the frozen first, then the Pending tasks
-                frozen.thaw_rest()
-            window = self._place_pending(frozen)
+            window = self._place_pending(FrozenTurns(self.lifecycle, policies, self.fairness))
             if self.fairness.active:
                 still = self.store.list_tasks([TaskState.FROZEN], limit=1000)
                 waiting = (e.rec.id for e in window if self._pending.get(e.rec.id) is e)
@@ -397,7 +394,7 @@ class Scheduler:
         made together (lifecycle.start_reserved). A task found waiting in a placement state
         is passed over while that state lasts (`Entry.settled`): a step with nothing freed
         decides only what is new, however long the backlog. The frozen tasks take their
-        turns among them where the order interleaves them (`fair`), else they had theirs."""
+        turns among them, each before the first task it ranks before."""
         now = self.clock()
         policies = self.policies()
         cluster = self.lifecycle.cluster
