@@ -12,10 +12,11 @@ Slices: a task holding CPUs of its own gets a TWFS slice when it starts or resum
 (`twfs_slice_ns` at the node's load then: 100 ms at full load, shorter below, at least
 NODE_MIN_SLICE_NS). Until it ends the task is no victim of the order; once over, a waiting
 task of less vruntime takes its place (preemption.py: with `preemption: queueing`,
-Pending tasks through placement, Frozen ones on their own CPUs), else it runs another
-slice. The loop wakes when a waiting task may first take a running one's place (that
-one's slice over and its vruntime grown past the waiter's): a queue with nobody to switch
-to costs no wake-ups. Tasks that share CPUs hold no slot to give up and are not sliced.
+Pending tasks through placement, Frozen ones taking back their own CPUs when no others are
+free), else it runs another slice. The loop wakes when a waiting task may first take a
+running one's place (that one's slice over and its vruntime grown past the waiter's): a
+queue with nobody to switch to costs no wake-ups. Tasks that share CPUs hold no slot to
+give up and are not sliced.
 """
 
 from __future__ import annotations
