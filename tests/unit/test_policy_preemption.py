@@ -65,27 +65,17 @@ def test_under_queueing_the_nodes_order_decides_whatever_the_priorities():
         replace(standings[0], rank=(300, 1, "hi")),
         replace(standings[1], rank=(200, 2, "lo")),
     ]
-    plan = choose_victims(
-        "t",
-        Demand("cpu", cpus=1),
-        cluster,
-        ranked,
-        rule="queueing",
-        priority=10,
-        rank=(100, 3, "t"),
-    )
-    assert [v.allocation.task for v in plan.victims] == ["hi"]  # the worst ranked, priority 90
+
+    def plan(priority: int, rank: tuple):
+        one = Demand("cpu", cpus=1)
+        return choose_victims(
+            "t", one, cluster, ranked, rule="queueing", priority=priority, rank=rank
+        )
+
+    got = plan(10, (100, 3, "t"))
+    assert [v.allocation.task for v in got.victims] == ["hi"]  # the worst ranked, priority 90
     # ranked after both: no victim; unranked (a discipline that never preempts): none
-    none = choose_victims(
-        "t",
-        Demand("cpu", cpus=1),
-        cluster,
-        ranked,
-        rule="queueing",
-        priority=99,
-        rank=(400, 3, "t"),
-    )
-    assert none is None
+    assert plan(99, (400, 3, "t")) is None
     assert not may_preempt("queueing", 99, 0, ranked[0], None)
     assert not may_preempt("queueing", 99, 0, standings[0], (100, 3, "t"))
     assert not may_preempt("queueing", 99, 0, replace(ranked[0], mode="never"), (100, 3, "t"))
