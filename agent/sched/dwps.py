@@ -26,7 +26,7 @@ to the lowest GPU affinity, then the smallest allocation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 THRESHOLD_START, THRESHOLD_STEP, THRESHOLD_FLOOR = 65, 2, 55  # hundredths
 
@@ -139,3 +139,29 @@ class Dwps:
 
     def compaction(self, succeeded: bool) -> None:
         self.threshold.compaction(succeeded)
+
+    def compact(
+        self, gpu: GpuMemory, need: int, movable: Callable[[str], bool]
+    ) -> Compaction | None:
+        """One DWPS round for a request of `need` bytes that no free block of `gpu` holds,
+        where only the owners `movable` allows may be evicted: None when the fragmentation
+        is not above the threshold (nothing tried, nothing counted); else the allocation to
+        evict, the best fit, or none (a failed compaction), and the threshold adapts. The
+        simulator and the agent both decide through here."""
+        view = GpuMemory(
+            gpu.total,
+            [replace(a, preemptible=a.preemptible and movable(a.owner)) for a in gpu.allocations],
+        )
+        fragmentation, threshold = self.metric(view), self.threshold.value
+        if fragmentation <= threshold:
+            return None
+        victims = self.decide(view, need)
+        self.compaction(bool(victims))
+        return Compaction(victims[0] if victims else None, fragmentation, threshold)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    victim: Allocation | None  # None: no single eviction makes room (a failed compaction)
+    fragmentation: float  # the metric when it was decided
+    threshold: float  # the threshold it was over (before this round adapted it)

@@ -16,6 +16,7 @@ allocation: `fragmentation` when the free bytes would suffice if they were conti
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 
 from .dwps import Allocation, GpuMemory
 
@@ -64,6 +65,26 @@ class GpuDevice:
                 self.by_owner[owner] = a
                 return a
         return None
+
+    def resize(self, owner: str, size: int) -> bool:
+        """`owner`'s allocation grown (or shrunk) to `size`: in place where the bytes after
+        it are free, else moved to the first block that holds it whole, as a reallocation
+        would be; False, and left as it was, where no block does."""
+        old = self.by_owner[owner]
+        if size <= 0:
+            raise ValueError(f"allocation for {owner}: size must be positive, got {size}")
+        allocations = self.memory.allocations
+        i = allocations.index(old)
+        limit = allocations[i + 1].start if i + 1 < len(allocations) else self.total
+        if old.start + size <= limit:
+            allocations[i] = self.by_owner[owner] = replace(old, size=size)
+            return True
+        self.release(owner)
+        if self.allocate(owner, size) is None:
+            allocations.insert(i, old)
+            self.by_owner[owner] = old
+            return False
+        return True
 
     def release(self, owner: str) -> Allocation:
         a = self.by_owner.pop(owner)

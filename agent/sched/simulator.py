@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from ..policy.policy import Migration, SchedulingPolicy
 from . import queues
-from .dwps import Dwps, GpuMemory
+from .dwps import Dwps
 from .fair import FairShare, twfs_slice_ns
 from .gpumem import CAPACITY, FITS, FRAGMENTATION, GpuDevice
 from .job import Job
@@ -381,26 +381,20 @@ class Simulation:
         worse than `job` (only those are preemptible here); adapt the threshold."""
         key = self.discipline.key(job)
         memory = self.gpus[slot.gpu].memory
-        view = GpuMemory(
-            memory.total,
-            [
-                replace(a, preemptible=key < self.discipline.key(self.by_name[a.owner]))
-                for a in memory.allocations
-            ],
+        before = self.dwps.threshold.value
+        done = self.dwps.compact(
+            memory, job.gpu_memory, lambda owner: key < self.discipline.key(self.by_name[owner])
         )
-        if self.dwps.metric(view) <= self.dwps.threshold.value:
+        if done is None:
             return False
-        victims = self.dwps.decide(view, job.gpu_memory)
-        if victims:
-            self._preempt(self.by_name[victims[0].owner])
+        if done.victim is not None:
+            self._preempt(self.by_name[done.victim.owner])
             self.out.compactions += 1
         else:
             self.out.failed_compactions += 1
-        before = self.dwps.threshold.value
-        self.dwps.compaction(bool(victims))
         if self.dwps.threshold.value != before:
             self.out.threshold_path.append((self.now, self.dwps.threshold.value))
-        return bool(victims)
+        return done.victim is not None
 
     def _rekey_holders(self) -> None:
         # Holders' keys move with the deadlines lent to them (edf-pic), queued or running.

@@ -76,3 +76,19 @@ def test_decide_preempts_only_above_the_threshold_and_when_the_request_does_not_
     )  # holes 3,3,3,2 -> 1-3/11
     # evicting a leaves 13 MiB (fit .92), d 24 (.5), b and c 36 (.33; equal affinity, by name)
     assert [a.owner for a in strict.decide(dusty, 12 * MiB)] == ["a", "d", "b", "c"]
+
+
+def test_compact_evicts_the_best_fit_among_the_movable_and_adapts_the_threshold():
+    # holes of 10 at 10, 30 and 50 MiB: 30 free, largest 10 -> F = 2/3 over 0.65
+    scattered = gpu(("a", 0, 10), ("b", 20, 10), ("c", 40, 10), ("d", 60, 40))
+    d = Dwps()
+    # leaving, a opens 20 (fit 1.0), b and c 30 (0.67), d 50 (0.4)
+    done = d.compact(scattered, 20 * MiB, lambda owner: True)
+    assert done.victim.owner == "a" and done.fragmentation == pytest.approx(2 / 3)
+    assert done.threshold == 0.65 and d.threshold.value == 0.65
+    assert d.compact(scattered, 20 * MiB, lambda owner: owner != "a").victim.owner == "b"
+    assert d.compact(scattered, 20 * MiB, lambda owner: owner == "d").victim.owner == "d"
+    done = d.compact(scattered, 20 * MiB, lambda owner: False)
+    assert done.victim is None and d.threshold.value == 0.63  # a failed compaction
+    assert d.compact(gpu(("a", 0, 10)), 20 * MiB, lambda owner: True) is None  # one hole: F 0
+    assert d.threshold.value == 0.63  # nothing tried, nothing counted

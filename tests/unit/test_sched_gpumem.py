@@ -62,8 +62,18 @@ def test_failures_are_told_apart_by_cause():
     assert d.verdict(3) == FITS
 
 
+def test_a_resize_grows_in_place_else_moves_to_the_first_block_else_stays():
+    d = layout(12, ("a", 2), ("b", 2), ("c", 2), ("-b", 0))
+    assert d.resize("a", 4) and (d.by_owner["a"].start, d.by_owner["a"].size) == (0, 4)
+    assert d.resize("a", 5) and (d.by_owner["a"].start, d.by_owner["a"].size) == (6, 5)
+    before = list(d.memory.allocations)
+    assert not d.resize("c", 9)  # no block holds 9, its own included
+    assert d.memory.allocations == before and d.by_owner["c"].size == 2
+
+
+ALLOCATE, RELEASE, RESIZE = range(3)
 ops = st.lists(
-    st.tuples(st.booleans(), st.integers(0, 9), st.integers(1, 40)), min_size=1, max_size=60
+    st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 40)), min_size=1, max_size=60
 )
 
 
@@ -71,14 +81,20 @@ ops = st.lists(
 @given(ops)
 def test_invariants_blocks_never_overlap_free_plus_used_is_size_free_merges(steps):
     d = GpuDevice(100)
-    for allocate, who, size in steps:
+    for op, who, size in steps:
         owner = f"o{who}"
-        if allocate and owner not in d.by_owner:
+        if op == ALLOCATE and owner not in d.by_owner:
             verdict = d.verdict(size)
             placed = d.allocate(owner, size)
             assert (placed is not None) == (verdict == FITS)
-        elif not allocate and owner in d.by_owner:
+        elif op == RELEASE and owner in d.by_owner:
             d.release(owner)
+        elif op == RESIZE and owner in d.by_owner:
+            before = list(d.memory.allocations)
+            if d.resize(owner, size):
+                assert d.by_owner[owner].size == size and d.by_owner[owner] in d.memory.allocations
+            else:
+                assert d.memory.allocations == before
         allocs = d.memory.allocations
         assert all(a.end <= b.start for a, b in pairwise(allocs))  # sorted, no overlap
         blocks = d.memory.free_blocks()
