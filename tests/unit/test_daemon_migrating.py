@@ -2,16 +2,11 @@
 room check, whether a placement can be committed without taking what another task holds,
 and NVML's refusal where no NVIDIA driver is bound."""
 
-import sys
 import types
 
-from xhagent.daemon.loop.migration import (
-    MigrationController,
-    NvmlLoad,
-    booked_loads,
-    has_room,
-)
+from xhagent.daemon.loop.migration import MigrationController, booked_loads, has_room
 from xhagent.daemon.loop.moves import fits
+from xhagent.daemon.loop.nvml import Nvml
 from xhagent.node_model import Accelerator, Bytes, Gpu, Node, Version
 from xhagent.policy.placement import Candidate
 from xhagent.policy.state import Allocation, Cluster, GpuShare
@@ -69,44 +64,20 @@ def test_a_placement_fits_only_where_nothing_it_takes_is_held():
 
 
 def test_nvml_is_not_loaded_without_the_driver_and_says_why(tmp_path):
-    nvml = NvmlLoad(sys_root=tmp_path)
+    nvml = Nvml(sys_root=tmp_path)
     gpus = cluster().nodes["n"].node.gpus
-    assert nvml.sample(gpus) == {}
+    assert nvml.utilisation(gpus) == {}
     assert nvml.error == f"no NVIDIA driver: {tmp_path}/bus/pci/drivers/nvidia absent"
-    assert nvml.sample(()) == {} and nvml._nvml is None
+    assert nvml.utilisation(()) == {} and nvml._nvml is None
 
 
-class FakeNvml:
-    """pynvml as far as the controller uses it: GPU-0 is 90% busy, GPU-1 unknown to it."""
-
-    class NVMLError(Exception):
-        pass
-
-    inits = 0
-
-    @classmethod
-    def nvmlInit(cls):
-        cls.inits += 1
-
-    @classmethod
-    def nvmlDeviceGetHandleByUUID(cls, uuid):
-        if uuid != "GPU-0":
-            raise cls.NVMLError("NVMLError_NotFound")
-        return uuid
-
-    @staticmethod
-    def nvmlDeviceGetUtilizationRates(handle):
-        return types.SimpleNamespace(gpu=90, memory=10)
-
-
-def test_nvml_utilisation_where_it_sees_the_gpu_booked_share_elsewhere(tmp_path, monkeypatch):
-    (tmp_path / "bus/pci/drivers/nvidia").mkdir(parents=True)
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
+def test_nvml_utilisation_where_it_sees_the_gpu_booked_share_elsewhere(standin_nvml):
+    stand_in, nvml = standin_nvml
     c = cluster()
     c.commit(Allocation("a", "n", (), 0, (GpuShare(1, 4 * GIB, False),)))
     st = c.nodes["n"]
     agent = types.SimpleNamespace(cluster=c, node=st.node)
-    ctl = MigrationController(agent, nvml=NvmlLoad(sys_root=tmp_path))
+    ctl = MigrationController(agent, nvml=nvml)
     devices, sources = ctl.devices()
     loads = {d.id: d.load for d in devices}
     assert loads == {"n/gpu0": 0.9, "n/gpu1": 0.25, "n/gpu2": 0.0, "n/tpu0": 0.0, "n/tpu1": 0.0}
@@ -114,4 +85,4 @@ def test_nvml_utilisation_where_it_sees_the_gpu_booked_share_elsewhere(tmp_path,
     assert sources["n/gpu1"] == ("booked", "NVML does not see GPU 1 by its UUID")
     assert sources["n/tpu0"] == ("booked", "")
     ctl.devices()
-    assert FakeNvml.inits == 1  # initialised once, not every round
+    assert stand_in.inits == 1  # initialised once, not every round

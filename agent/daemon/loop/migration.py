@@ -52,7 +52,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from ...policy.policy import Migration, choose
 from ...policy.state import NodeResources
@@ -63,6 +62,7 @@ from . import moves
 from .checkpoint import Hook
 from .fairness import Fairness
 from .lifecycle import Lifecycle
+from .nvml import Nvml
 
 log = logging.getLogger("xhagent")
 
@@ -92,49 +92,6 @@ def has_room(st: NodeResources, kind: str, index: int) -> bool:
     return not st.tpu(index).holders
 
 
-class NvmlLoad:
-    """GPU utilisation through NVML: tried once, and never again once it failed (`error`)."""
-
-    def __init__(self, sys_root: Path = Path("/sys")):
-        self.sys_root = sys_root
-        self.error: str | None = None
-        self._nvml = None
-
-    def sample(self, gpus) -> dict[int, float]:
-        """Model GPU index -> utilisation (0..1) of those NVML sees by UUID."""
-        if not gpus or self.error is not None:
-            return {}
-        if self._nvml is None:
-            self._nvml = self._init()
-            if self._nvml is None:
-                return {}
-        nvml, out = self._nvml, {}
-        for g in gpus:
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(g.uuid)
-                out[g.index] = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100
-            except Exception as exc:  # NVMLError_*: that GPU's load is the booked one
-                log.debug("NVML utilisation of GPU %s: %s", g.uuid, exc)
-        if not out:
-            self.error = self.error or "NVML sees none of the node's GPUs"
-        return out
-
-    def _init(self):
-        # as the inventory: without the driver bound, NVML sees nothing (and pynvml costs
-        # resident memory for nothing)
-        if not (self.sys_root / "bus/pci/drivers/nvidia").is_dir():
-            self.error = f"no NVIDIA driver: {self.sys_root}/bus/pci/drivers/nvidia absent"
-            return None
-        try:
-            import pynvml as nvml
-
-            nvml.nvmlInit()
-        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, ...
-            self.error = f"NVML: {type(exc).__name__}: {exc}"
-            return None
-        return nvml
-
-
 # -- the controller -----------------------------------------------------------------------------
 
 
@@ -144,13 +101,13 @@ class MigrationController:
         lc: Lifecycle,
         policies=list,
         wakeups=None,
-        nvml: NvmlLoad | None = None,
+        nvml: Nvml | None = None,
         fairness: Fairness | None = None,
     ):
         self.lc = lc
         self.policies = policies  # the SchedulingPolicies in force now
         self.wakeups = wakeups
-        self.nvml = nvml or NvmlLoad()
+        self.nvml = nvml or Nvml()
         # the node's fair share: its penalties rank the moves, and a move is charged its own
         self.fairness = fairness
         self.fair = fairness.share if fairness is not None else FairShare()
@@ -266,7 +223,7 @@ class MigrationController:
         lc = self.lc
         st = lc.cluster.nodes[lc.node.name]
         booked = booked_loads(st)
-        measured = self.nvml.sample(lc.node.gpus) if st.gpus else {}
+        measured = self.nvml.utilisation(lc.node.gpus) if st.gpus else {}
         note = "" if measured else (self.nvml.error or "")
         devices, sources = [], {}
         for g in st.gpus:
@@ -325,7 +282,6 @@ __all__ = [
     "MIGRATING",
     "NVML",
     "MigrationController",
-    "NvmlLoad",
     "booked_loads",
     "has_room",
 ]
