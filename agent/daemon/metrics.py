@@ -135,6 +135,13 @@ class AgentMetrics:
             ["class", "action"],
             **reg,
         )
+        self.compactions = Counter(
+            "xhagent_gpu_compactions",
+            "Tasks evicted from a GPU's memory for a request its fragmentation kept out (dwps), "
+            "by the class of the request.",
+            ["class"],
+            **reg,
+        )
         self.decisions = Counter(
             "xhagent_placement_decisions",
             "Placement decisions that changed a task: placed, or kept Pending with new reasons.",
@@ -228,6 +235,8 @@ class AgentMetrics:
             elif event.kind in BOOST_ACTIONS:
                 cls = self._class.get(event.task_id, DEFAULT_CLASS)
                 self.boosts.labels(cls, BOOST_ACTIONS[event.kind]).inc()
+            elif event.kind == "GpuCompacted":  # loop/gpumemory.py's
+                self.compactions.labels(self._class.get(event.task_id, DEFAULT_CLASS)).inc()
             elif event.kind == "OutputDropped":
                 cls = self._class.get(event.task_id, DEFAULT_CLASS)
                 self.output_dropped.labels(cls).inc(event.detail["bytes"])

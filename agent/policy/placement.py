@@ -31,6 +31,8 @@ from .task import Task
 
 DEFAULT_CPUS = 1
 WEIGHTS = {"numa": 0.3, "l3": 0.2, "nvlink": 0.2, "fit": 0.3}
+# enough free bytes on a GPU whose memory is laid out (dwps), none of its blocks enough
+FRAGMENTED = "GpuMemoryFragmented"
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def evaluate(d: Demand, st: NodeResources, peers: Peers | None = None) -> Candid
         return Reason("ZoneMismatch", n, f"{n} {where}, task needs zone {d.zone}")
     gpus: list[GpuState] = []
     if d.gpus:
-        suitable = _suitable_gpus(d, st)
+        suitable = suitable_gpus(d, st)
         if isinstance(suitable, Reason):
             return suitable
         gpus = [g for g in suitable if _fits(d, g)]
@@ -222,7 +224,7 @@ def _tpu_reason(d: Demand, st: NodeResources, free: list[TpuState]) -> Reason:
     )
 
 
-def _suitable_gpus(d: Demand, st: NodeResources) -> list[GpuState] | Reason:
+def suitable_gpus(d: Demand, st: NodeResources) -> list[GpuState] | Reason:
     n = st.name
     if not st.gpus:
         return Reason("InsufficientGPUHardware", n, f"{n} has no GPU")
@@ -253,7 +255,8 @@ def _suitable_gpus(d: Demand, st: NodeResources) -> list[GpuState] | Reason:
 def _fits(d: Demand, g: GpuState) -> bool:
     if d.gpu_memory is None:
         return g.holders == 0
-    return not g.whole and g.free >= d.gpu_memory
+    block = g.free if g.largest_block is None else g.largest_block
+    return not g.whole and min(g.free, block) >= d.gpu_memory
 
 
 def _gpu_memory_reason(
@@ -267,6 +270,16 @@ def _gpu_memory_reason(
             f"{n} has {len(fitting)} unallocated GPUs, task needs {d.gpus} whole",
         )
     short = max((g for g in suitable if g not in fitting), key=lambda g: (g.free, -g.index))
+    scattered = [g for g in suitable if g not in fitting and not g.whole]
+    scattered = [g for g in scattered if g.free >= d.gpu_memory and g.largest_block is not None]
+    if scattered and len(fitting) + len(scattered) >= d.gpus:
+        g = max(scattered, key=lambda g: (g.largest_block, -g.index))
+        return Reason(
+            FRAGMENTED,
+            n,
+            f"{n} GPU {g.index} has {human(g.free)} free, its largest free block "
+            f"{human(g.largest_block)}, task needs {human(d.gpu_memory)} in one block",
+        )
     if d.gpus == 1:
         return Reason(
             "InsufficientGPUMemory",

@@ -20,7 +20,7 @@ from ..node_model import VERSION_RE, Version, parse_version
 from ..quantity import MAX_SIZE, SIZE_PATTERN, GiB, format_size, parse_size
 from ..sched import queues
 from ..sched.mlq import Level, MultiLevel
-from ..sched.queues import ALGORITHMS, DEFAULT_NODE_ALGORITHM, NODE_ALGORITHMS
+from ..sched.queues import DEFAULT_NODE_ALGORITHM, NODE_ALGORITHMS
 from ..spec import Cursor, Document
 from .selector import SELECTOR, Selector, parse_selector
 from .units import format_duration, parse_duration_ns
@@ -184,11 +184,6 @@ def _algorithm(c: Cursor) -> str:
     name = c.str()
     if name in NODE_ALGORITHMS:
         return name
-    if name in ALGORITHMS:
-        raise c.error(
-            f"{c.where}: {name!r} runs in `xhagent simulate` only; the agent orders its "
-            f"tasks by {', '.join(NODE_ALGORITHMS)}"
-        )
     raise c.error(f"{c.where}: {name!r} is not one of {', '.join(NODE_ALGORITHMS)}")
 
 

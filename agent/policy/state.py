@@ -54,6 +54,10 @@ class GpuState:
     reserved: int = 0
     holders: int = 0
     whole: bool = False
+    # The largest free block of its memory where the node lays that out (the agent under
+    # dwps: daemon/loop/gpumemory.py), so a share fits only in one block; None: not laid
+    # out, any free bytes serve.
+    largest_block: int | None = None
 
     @property
     def free(self) -> int:
@@ -165,6 +169,11 @@ class Cluster:
         a = self.nodes[self.where.pop(task)].release(task)
         self.version += 1
         return a
+
+    def touch(self) -> None:
+        """Something placement reads changed without a commit or a release (a GPU's
+        `largest_block`): decisions made on the state before are stale."""
+        self.version += 1
 
     def placed(self) -> Iterable[tuple[NodeResources, Allocation]]:
         for st in self.nodes.values():

@@ -6,7 +6,7 @@
     edf-pic   edf on the deadline inherited through resource waits (pic.py)
     fair      least vruntime first (fair.py); switches only when a slice ends
     mlq       level (mlq.py), then deadline; preemptive across levels
-    dwps      edf, plus GPU-memory-fragmentation preemption in the simulator (dwps.py)
+    dwps      edf, plus GPU-memory-fragmentation preemption (dwps.py)
 
 Keys can change while a job waits (a holder is boosted, a vruntime moves): `update`
 re-files the job; stale heap entries are skipped when they surface.
@@ -37,9 +37,8 @@ DESCRIPTIONS = {
 }
 ALGORITHMS = tuple(DESCRIPTIONS)
 # What the agent's loop orders its Pending tasks by (a SchedulingPolicy's
-# `spec.queueing.algorithm`); dwps needs GPU memory by process, which the agent does not
-# keep yet.
-NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "fair", "mlq")
+# `spec.queueing.algorithm`).
+NODE_ALGORITHMS = ("fifo", "priority", "edf", "edf-pic", "fair", "mlq", "dwps")
 DEFAULT_NODE_ALGORITHM = "priority"
 
 

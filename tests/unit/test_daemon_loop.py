@@ -107,6 +107,7 @@ class FakeExecutor:
     fail_status: bool = False  # status() raises: an internal error of the agent's
     cpu_usec: dict[str, int] = field(default_factory=dict)  # a leaf's CPU time at its removal
     cpusets: dict[str, tuple] = field(default_factory=dict)  # (cpus, mems) last set on a leaf
+    pids: dict[int, str] = field(default_factory=dict)  # a process's task, as its cgroup says
 
     def leaf(self, task_id: str) -> FakeLeaf:
         return self.leaves_.get(task_id) or FakeLeaf(self.root / "tasks" / task_id)
@@ -178,6 +179,9 @@ class FakeExecutor:
 
     def leaves(self) -> list[str]:
         return sorted(self.leaves_)
+
+    def task_of_pid(self, pid: int) -> str | None:
+        return self.pids.get(pid)
 
     # -- what the test does to workloads ------------------------------------------------------
     def exit(self, task_id: str, code: int) -> None:

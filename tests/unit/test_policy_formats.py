@@ -165,15 +165,9 @@ LOCATED_ERRORS = [
     ),
     (
         "SchedulingPolicy",
-        "  matchRules:\n    - selector: {}\n  queueing: {algorithm: dwps}\n",
-        "p.yaml:7:25: spec.queueing.algorithm: 'dwps' runs in `xhagent simulate` only; "
-        "the agent orders its tasks by fifo, priority, edf, edf-pic, fair, mlq",
-    ),
-    (
-        "SchedulingPolicy",
         "  matchRules:\n    - selector: {}\n  queueing: {algorithm: lifo}\n",
         "p.yaml:7:25: spec.queueing.algorithm: "
-        "'lifo' is not one of fifo, priority, edf, edf-pic, fair, mlq",
+        "'lifo' is not one of fifo, priority, edf, edf-pic, fair, mlq, dwps",
     ),
     (
         "SchedulingPolicy",
@@ -667,6 +661,7 @@ def test_every_example_validates_by_its_kind(sys_root):
         "migration-policy.yaml": {"SchedulingPolicy"},
         "nodes.yaml": {"node"},
         "queueing-edf.yaml": {"SchedulingPolicy"},
+        "queueing-dwps.yaml": {"SchedulingPolicy"},
         "queueing-fair.yaml": {"SchedulingPolicy"},
         "queueing-mlq.yaml": {"SchedulingPolicy"},
         "task-hello.yaml": {"Task"},

@@ -26,6 +26,7 @@ from ...cgroups import Cgroup, CgroupError, registry
 from ...cgroups.spawn import WORKLOAD_OOM_SCORE_ADJ
 from ...cgroups.subtree import Subtree, check_name
 from ...cpulist import format_cpulist
+from ...trace.ustacks import cgroup_of
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
 from .shim_server import ShimServer
@@ -307,6 +308,19 @@ class Executor:
             )
 
         self.tracer.end_later(task_id, then)
+
+    def task_of_pid(self, pid: int, proc: str = "/proc") -> str | None:
+        """The task whose leaf holds process `pid` now (by its /proc/PID/cgroup), or None:
+        gone, or not in a task's leaf."""
+        try:
+            with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+                path = cgroup_of(f.read())
+        except OSError:
+            return None
+        prefix = "/" + "/".join(p for p in (self.sub.rel, TASKS) if p) + "/"
+        if path is None or not path.startswith(prefix):
+            return None
+        return path[len(prefix) :].split("/")[0] or None
 
     def leaves(self) -> list[str]:
         """Task ids that have a leaf now."""

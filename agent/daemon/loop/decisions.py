@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...policy.placement import Candidate, Demand, decide_demand
+from ...policy.placement import FRAGMENTED, Candidate, Demand, decide_demand
 from ...policy.task import Task
 from ..store import TaskRecord, WaitReason
 from .fairness import Fairness
+from .gpumemory import GpuMemoryModel
 from .lifecycle import Lifecycle
 from .preemption import preempt_for
 
@@ -37,8 +38,10 @@ class StepDecisions:
         share: Callable[[tuple], tuple] = lambda r: r,
         inherited: Callable[[str], int | None] = lambda task_id: None,
         fairness: Fairness | None = None,
+        gpu_memory: GpuMemoryModel | None = None,
     ):
         self._lc = lc
+        self._gpu_memory = gpu_memory  # the GPUs' lines under dwps
         self._policies = policies
         self._inherited = inherited  # a holder's deadline lent by its waiter (edf-pic)
         self._fairness = fairness  # whose slices are over (fair)
@@ -50,6 +53,8 @@ class StepDecisions:
     def place(self, ask: Ask, rec: TaskRecord, task: Task) -> Candidate | tuple[WaitReason, ...]:
         """Where `rec` goes now (its victims already stopped), or why it waits."""
         cluster = self._lc.cluster
+        if self._gpu_memory is not None:
+            self._gpu_memory.sync()  # the lines as the state holds them, before it is read
         if cluster.version != self._version:
             self._unfit.clear()
             self._no_victims.clear()
@@ -65,6 +70,16 @@ class StepDecisions:
             self._unfit[ask] = reasons
         if ask in self._no_victims:
             return reasons
+        gpus = self._gpu_memory
+        if (
+            gpus is not None
+            and any(r.kind == FRAGMENTED for r in reasons)
+            and gpus.compact(rec, task, ask.demand, self._policies)
+        ):
+            gpus.sync()
+            placed = decide_demand(rec.id, ask.demand, cluster).placed
+            if placed is not None:
+                return placed
         placed = preempt_for(
             self._lc, rec, task, ask.demand, self._policies, self._inherited, self._fairness
         )

@@ -53,8 +53,10 @@ from .decisions import Ask, StepDecisions
 from .diskfull import RETRY_S, DiskFull
 from .fairness import Fairness
 from .faults import Faults
+from .gpumemory import GpuMemoryModel
 from .lifecycle import Lifecycle, restarts
 from .migration import MigrationController
+from .nvml import Nvml
 from .pending import Entry, PendingWindow
 from .preemption import FrozenTurns
 from .ranking import Ranking, Standing, standing
@@ -112,9 +114,11 @@ class Scheduler:
             store, executor, node, parse_tasks, classes, clock, self.wakeups, self.disk
         )
         self.fairness = Fairness(self.lifecycle, self.wakeups)
+        nvml = Nvml()  # one for the node: the controller's loads, the memory model's uses
         self.migration = MigrationController(
-            self.lifecycle, policies, self.wakeups, fairness=self.fairness
+            self.lifecycle, policies, self.wakeups, nvml=nvml, fairness=self.fairness
         )
+        self.gpu_memory = GpuMemoryModel(self.lifecycle, nvml, executor.task_of_pid)
         self.boosts = Boosts(self.lifecycle)
         self.commits = Commits(store, "submissions")
         # The oldest Pending tasks, parsed and in order, kept between steps; the rest are
@@ -374,6 +378,7 @@ class Scheduler:
             self.lifecycle.collect_exits(exited)
             policies = self.policies()
             self.fairness.begin(policies)
+            self.gpu_memory.begin(queueing_in_force(policies)[0])
             window = self._place_pending(FrozenTurns(self.lifecycle, policies, self.fairness))
             if self.fairness.active:
                 still = self.store.list_tasks([TaskState.FROZEN], limit=1000)
@@ -381,6 +386,7 @@ class Scheduler:
                 self.fairness.end(waiting, (r.id for r in still))
             self.boosts.step(queueing_in_force(policies)[0], ((e.rec, e.task) for e in window))
             self.migration.round()
+            self.gpu_memory.sync()  # what started this step takes its place before any end
             self.lifecycle.report_deadlines()
             self._changed()
 
@@ -399,7 +405,12 @@ class Scheduler:
         policies = self.policies()
         cluster = self.lifecycle.cluster
         decisions = StepDecisions(
-            self.lifecycle, policies, self._shared_reasons, self.boosts.inherited, self.fairness
+            self.lifecycle,
+            policies,
+            self._shared_reasons,
+            self.boosts.inherited,
+            self.fairness,
+            self.gpu_memory,
         )
         writes: list[tuple[Entry, tuple[WaitReason, ...]]] = []
         reserved = []
