@@ -120,10 +120,20 @@ def burst_met(case: dict, ratios: dict) -> dict[str, bool]:
     clients = case["clients"]
     met["burst_submit_per_s"] = clients["submit_tasks_per_s"] >= TARGETS["burst_submit_per_s"]
     met["burst_submit_p99_us"] = clients["submit_p99_us"] < TARGETS["burst_submit_p99_us"]
-    # not a target of the agent's: false says the Submit target lies past what a call that
-    # does nothing reaches here, from the same clients in the same run
+    # Not targets of the agent's: false says the target lies past what the node does in the
+    # same run without the agent's own work: a call that does nothing, from the same
+    # clients; a task with all the agent promises one (the contract floor), in its pace and
+    # in how soon its end can be seen at all.
     floor = case["call_floor"]["grpc_alone"]["per_s"]
     met["burst_submit_target_within_call_floor"] = floor >= TARGETS["burst_submit_per_s"]
+    contract = case["contract_floor"]
+    met["burst_spawn_target_within_contract_floor"] = (
+        contract["per_s"] / case["spawn_floor"]["per_s"] >= TARGETS["burst_vs_spawn_floor"]
+    )
+    seen = contract.get("seen_run_p99_us")
+    met["burst_run_target_within_contract_floor"] = (
+        seen is not None and seen < TARGETS["burst_run_p99_us"]
+    )
     return met
 
 

@@ -47,6 +47,9 @@ def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
         poller = select.poll()
         started = ended = failed = 0
         runs_us: list[float] = []  # started_ns -> ended_ns of the records, as the agent's
+        # started_ns -> when its supervisor's pidfd said it ended: the earliest any agent
+        # can see an end, the `exit` record's fsyncs included
+        seen_us: list[float] = []
         t0 = time.perf_counter()
         while ended < n:
             launches = []
@@ -62,6 +65,7 @@ def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
                 live[key] = (launch.task_id, process)
                 started += 1
             done = [k for k in live if k < 0] or [fd for fd, _ in poller.poll()]
+            seen_ns = time.time_ns()
             for key in done:
                 if key >= 0:
                     poller.unregister(key)
@@ -73,6 +77,8 @@ def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
                 failed += end is None or end.exit_code != 0
                 if end is not None and end.ended_ns and status.started is not None:
                     runs_us.append((end.ended_ns - status.started.started_ns) / 1000)
+                    if key >= 0:
+                        seen_us.append((seen_ns - status.started.started_ns) / 1000)
                 executor.remove_leaf(task_id)
                 ended += 1
         seconds = time.perf_counter() - t0
@@ -86,5 +92,6 @@ def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
         "seconds": round(seconds, 3),
         "per_s": round(n / seconds, 1),
         **spread_us("run", runs_us),
+        **spread_us("seen_run", seen_us),
         "failed": failed,
     }

@@ -74,6 +74,15 @@ def test_the_contract_floor_runs_tasks_as_the_agent_does_and_leaves_nothing(repo
     assert floor["tasks"] == N and floor["failed"] == 0 and floor["concurrency"] == width
     assert floor["per_s"] == pytest.approx(N / floor["seconds"], rel=0.01)
     assert 0 <= floor["run_p50_us"] <= floor["run_p99_us"] <= floor["seconds"] * 1e6
+    # an end is seen after the workload's end, once its record is on the disk
+    assert floor["run_p50_us"] < floor["seen_run_p50_us"] <= floor["seen_run_p99_us"]
+    met = out["targets_met"]
+    assert met["burst_run_target_within_contract_floor"] == (
+        floor["seen_run_p99_us"] < out["targets"]["burst_run_p99_us"]
+    )
+    assert met["burst_spawn_target_within_contract_floor"] == (
+        floor["per_s"] / case["spawn_floor"]["per_s"] >= out["targets"]["burst_vs_spawn_floor"]
+    )
     ratios = out["ratios"]["burst_vs_contract_floor"]
     for part in PARTS:
         assert ratios[part] == round(case[part]["tasks_per_s"] / floor["per_s"], 4)

@@ -80,7 +80,7 @@ def case(
         },
         "multidoc": {**part, "tasks_per_s": multidoc_tps},
         "spawn_floor": {"per_s": 2000.0},
-        "contract_floor": {"per_s": 300.0},
+        "contract_floor": {"per_s": 300.0, "seen_run_p99_us": 7_000.0},
         "call_floor": {"grpc_alone": {"per_s": calls}, "agent_health": {"per_s": 1500.0}},
         "systemd_run": systemd or {"measured": False, "reason": "systemd is not PID 1"},
     }
@@ -107,6 +107,10 @@ def test_ratios_over_the_floor_and_none_without_systemd_run():
         "burst_submit_p99_us": False,
         # a no-op call from the same clients ran at 2,500/s: the target is past it
         "burst_submit_target_within_call_floor": False,
+        # tasks with none of the agent's work ran at 300/s, 0.15 of the spawn floor, and
+        # their ends could be seen 7 ms after their starts at the 99th percentile
+        "burst_spawn_target_within_contract_floor": False,
+        "burst_run_target_within_contract_floor": False,
     }
 
 
@@ -120,16 +124,21 @@ def test_targets_at_their_bounds():
     )  # fmt: skip
     good["clients"]["submit_tasks_per_s"] = TARGETS["burst_submit_per_s"]
     good["clients"]["submit_p99_us"] = TARGETS["burst_submit_p99_us"] - 1
+    good["contract_floor"] = {"per_s": half, "seen_run_p99_us": TARGETS["burst_run_p99_us"] - 1}
     ratios = burst_ratios(good)
     assert ratios["burst_vs_systemd_run"] == {"clients": 10.0, "multidoc": 10.0}
     met = burst_met(good, ratios)
-    assert all(met.values()) and len(met) == 11, met
+    assert all(met.values()) and len(met) == 13, met
     bad = case(half - 1, half, {"measured": True, "per_s": 250.0}, failed=1)
     bad["clients"]["submit_p99_us"] = TARGETS["burst_submit_p99_us"]  # < is the bound
     met = burst_met(bad, burst_ratios(bad))
     assert not met["burst_clients_vs_spawn_floor"] and met["burst_multidoc_vs_spawn_floor"]
     assert not met["burst_clients_vs_systemd_run"]  # 999 / 250 < 5
     assert not met["burst_submit_p99_us"] and not met["burst_clients_all_succeeded"]
+    bad["contract_floor"] = {"per_s": half - 1, "seen_run_p99_us": TARGETS["burst_run_p99_us"]}
+    met = burst_met(bad, burst_ratios(bad))
+    assert not met["burst_spawn_target_within_contract_floor"]
+    assert not met["burst_run_target_within_contract_floor"]
     nothing_started = case(run_p99=None)
     assert not burst_met(nothing_started, burst_ratios(nothing_started))["burst_clients_run_p99_us"]
 
