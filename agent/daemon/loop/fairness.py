@@ -90,6 +90,12 @@ class Fairness:
         end = self._slice_end.get(task_id)
         return self.active and end is not None and end <= self._lc.clock()
 
+    @property
+    def displacing(self) -> bool:
+        """Whether a slice is over this step: a waiting task may then take a place it could
+        not before (`may_displace`)."""
+        return self._over_at is not None
+
     def may_displace(self, key: tuple) -> bool:
         """Whether a waiting task of order `key` (fair's: its vruntime first) is ranked
         before a task whose slice is over: only such a one may take a place this step

@@ -145,6 +145,11 @@ class FrozenTurns:
             keyed = [(self._ranking.key(r.id, lc.spec(r.id), r.created_ns), r) for r in frozen]
             self._turns = sorted(keyed, key=lambda kr: kr[0])
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a frozen task is still to take its turn this step."""
+        return bool(self._turns)
+
     def thaw_before(self, key: tuple) -> None:
         """Thaw, on their turns, the frozen tasks ranked before `key`."""
         while self._turns and self._turns[0][0] < key:

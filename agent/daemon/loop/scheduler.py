@@ -416,8 +416,16 @@ class Scheduler:
         reserved = []
         held = holders((tid, t.resources) for tid, t in self.lifecycle.holding())
         window = self._pending.tasks(policies, MAX_PENDING_SCAN)
+        # The entries settled in this state, passed over below one by one, are left out at
+        # once where nothing would take a turn among them: no frozen task to thaw in order,
+        # no slice over (fair). A start in this step only takes room, so one of them found
+        # no place in it either; the next step looks again. A step per submission then
+        # costs the new entries, not the whole window.
+        look = window
+        if not frozen.waiting and not self.fairness.displacing:
+            look = [e for e in window if e.settled != cluster.version]
         try:
-            for entry in window:
+            for entry in look:
                 frozen.thaw_before(entry.key)
                 if entry.settled == cluster.version and not self.fairness.may_displace(entry.key):
                     continue  # its answer in this state is the one the store holds
