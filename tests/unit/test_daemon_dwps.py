@@ -158,3 +158,16 @@ def test_the_node_decides_through_the_simulators_dwps(loop, monkeypatch):
     (urgent,) = loop.submit(gpu_task("urgent", "4GiB", "1m"))
     loop.step()
     assert calls == [(4 * GIB, ids["f"])]
+
+
+def test_a_policy_change_away_from_dwps_drops_the_lines_and_their_blocks(loop):
+    ids = scattered(loop, "dwps")
+    gpu = loop.scheduler.lifecycle.cluster.nodes["n1"].gpu(0)
+    assert gpu.largest_block == 2 * GIB and loop.scheduler.gpu_memory.lines
+    loop.policies = [queueing("edf")]
+    loop.step()
+    assert gpu.largest_block is None and loop.scheduler.gpu_memory.lines == {}
+    (wide,) = loop.submit(gpu_task("wide", "4GiB", "1m"))  # 6 GiB free: it fits by bytes
+    loop.step()
+    assert loop.state(wide) == TaskState.RUNNING
+    assert all(loop.state(ids[n]) == TaskState.RUNNING for n in "bdfgh")
