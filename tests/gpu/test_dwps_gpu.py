@@ -26,7 +26,7 @@ dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
 assert cuda.cuInit(0) == 0
 assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
 assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 3 << 30) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(3 << 30)) == 0
 pathlib.Path(sys.argv[1]).touch()
 time.sleep(600)
 """
