@@ -98,8 +98,14 @@ def main() -> None:
 
 
 @click.group(cls=LazyGroup, lazy=BENCHMARKS)
-def bench() -> None:
+@click.pass_context
+def bench(ctx: click.Context) -> None:
     """Benchmarks: JSON out, the baseline measured in the same run, results as ratios."""
+    from .signals import terminate_on_signals
+
+    # a stop runs the benchmark's cleanup: its scratch agent stopped, its groups and files
+    # removed (SIGTERM and SIGHUP would otherwise end this process past every `finally`)
+    ctx.with_resource(terminate_on_signals())
 
 
 def _doctor_items(incomplete: str) -> list[str]:
