@@ -171,3 +171,13 @@ def test_a_policy_change_away_from_dwps_drops_the_lines_and_their_blocks(loop):
     loop.step()
     assert loop.state(wide) == TaskState.RUNNING
     assert all(loop.state(ids[n]) == TaskState.RUNNING for n in "bdfgh")
+
+
+def test_after_a_restart_the_lines_are_laid_out_again_from_what_runs(loop):
+    ids = scattered(loop, "dwps")
+    loop.restart()  # kill -9 and a new agent on the same state: the lines were its memory
+    loop.step()
+    held = [ids[n] for n in "bdfgh"]
+    assert all(loop.state(i) == TaskState.RUNNING for i in held)
+    # first fit in the order recovery holds them: packed, the holes of the old agent gone
+    assert sorted(line(loop), key=lambda a: a[1]) == [(i, 2 * k, 2) for k, i in enumerate(held)]
