@@ -22,10 +22,10 @@ GIB = 1 << 30
 NAMES = "abcdefgh"
 
 
-def queueing(algorithm: str) -> object:
+def queueing(algorithm: str, preemption: str = "queueing") -> object:
     text = (
         "apiVersion: xh.scheduling/v1\nkind: SchedulingPolicy\nmetadata: {name: q}\n"
-        f"spec:\n  preemption: queueing\n  queueing: {{algorithm: {algorithm}}}\n"
+        f"spec:\n  preemption: {preemption}\n  queueing: {{algorithm: {algorithm}}}\n"
         "  matchRules:\n    - selector: {matchLabels: {app: x}}\n"
     )
     return parse_source(text, "q.yaml")[0].value
@@ -181,3 +181,14 @@ def test_after_a_restart_the_lines_are_laid_out_again_from_what_runs(loop):
     assert all(loop.state(i) == TaskState.RUNNING for i in held)
     # first fit in the order recovery holds them: packed, the holes of the old agent gone
     assert sorted(line(loop), key=lambda a: a[1]) == [(i, 2 * k, 2) for k, i in enumerate(held)]
+
+
+def test_a_request_whose_policy_says_never_evicts_nothing(loop):
+    ids = scattered(loop, "dwps")
+    loop.policies = [queueing("dwps", preemption="never")]
+    (urgent,) = loop.submit(gpu_task("urgent", "4GiB", "1m"))
+    loop.step()
+    assert loop.state(urgent) == TaskState.PENDING
+    assert loop.store.get(urgent).reasons[0].kind == "GpuMemoryFragmented"
+    assert all(loop.state(ids[n]) == TaskState.RUNNING for n in "bdfgh")
+    assert loop.events("GpuCompacted") == []
