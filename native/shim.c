@@ -2,7 +2,7 @@
  *
  *   xhagent-shim --dir TASKDIR --cgroup CGROUPDIR [--log-cap BYTES] [--keep-free BYTES]
  *                [--cwd DIR] [--uid N --gid N] [--oom-score-adj N] [--method clone3|fork]
- *                -- PROG [ARGS...]
+ *                [--spare SPAREDIR] -- PROG [ARGS...]
  *
  * The agent starts it as a new session in a leaf of its own; it starts PROG inside CGROUPDIR
  * (xh_spawn, spawn_glue.c), copies its stdout and stderr into TASKDIR (each file made at
@@ -30,7 +30,9 @@
  * its length), so a workload that fills the disk cannot cost its own exit status. A shim that cannot secure that space (or write a
  * record at all) starts nothing and writes its error record on its stdout instead: the
  * agent's pipe until `started` is written. TASKDIR and its parent are made when missing
- * (0750): by the shim, beside the agent, and not by the agent's scheduler loop. start_time
+ * (0750): by the shim, beside the agent, and not by the agent's scheduler loop; or, with
+ * --spare, the parent is SPAREDIR renamed, with TASKDIR and both reservations in it already
+ * (a spare run directory, shim_spares.c): a start then allocates no inode. start_time
  * fields are field 22 of /proc/PID/stat (clock ticks since boot): with the pid they name one
  * process, never a reuse.
  *
@@ -72,7 +74,6 @@
 /* No --oom-score-adj: the workload keeps the shim's (which is the agent's). */
 #define OOM_AS_IS (-(1LL << 32))
 /* The most a record holds (struct json's buffer, a line of JSON): what is reserved for each. */
-#define RECORD_SIZE 8192
 /* After the workload ends, how long a process that still holds its stdout or stderr (a
  * background grandchild) may delay the exit record: its later output is not worth an agent
  * that cannot learn the status. */
@@ -201,14 +202,24 @@ static const char *const record_names[2] = {"started", "exit"};
 /* NAME.tmp with RECORD_SIZE bytes written: the space of its record is the file's from now on,
  * whatever fills the disk later. No fsync: the write itself takes the space (allocated, or
  * reserved by delayed allocation, as on ext4, xfs and tmpfs), and overwriting it in place
- * needs none; an fsync here would cost every start two disk flushes. 0, or -1, errno set. */
+ * needs none; an fsync here would cost every start two disk flushes. One already there with
+ * RECORD_SIZE bytes (a spare run directory's, made beforehand) is taken as it is: no inode
+ * and no block is allocated on the start's path. 0, or -1, errno set. */
 static int reserve_record(int which)
 {
     static char padding[RECORD_SIZE];
     char tmp[64];
     snprintf(tmp, sizeof tmp, "%s.tmp", record_names[which]);
+    int fd = openat(task_fd, tmp, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == RECORD_SIZE) {
+        reserved_fd[which] = fd;
+        return 0;
+    }
+    if (fd >= 0)
+        close(fd);
     memset(padding, ' ', sizeof padding);
-    int fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+    fd = openat(task_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (fd < 0)
         return -1;
     if (write_all(fd, padding, sizeof padding) < 0) {
@@ -317,18 +328,25 @@ static void die(const char *stage, int err, const char *fmt, ...)
     exit(1);
 }
 
-/* `dir` and its parent, each made when missing */
-static int make_dir(const char *dir)
+/* `dir` and its parent, each made when missing; with `spare` (a spare run directory, whose
+ * SPARE_ATTEMPT holds the reserved records) the parent is that directory renamed, where the
+ * parent is missing and `dir` is its SPARE_ATTEMPT: made beforehand, it costs the start no
+ * inode. A spare that cannot be taken (gone, or the parent there already) is left alone. */
+static int make_dir(const char *dir, const char *spare)
 {
     char parent[PATH_MAX];
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/')
         n--;
+    size_t end = n;
     while (n > 0 && dir[n - 1] != '/')
         n--;
     if (n > 1 && n < sizeof parent) {
         memcpy(parent, dir, n - 1);
         parent[n - 1] = '\0';
+        int first = end - n == strlen(SPARE_ATTEMPT) && !strncmp(dir + n, SPARE_ATTEMPT, end - n);
+        if (spare && first && renameat2(AT_FDCWD, spare, AT_FDCWD, parent, RENAME_NOREPLACE) == 0)
+            return 0;
         if (mkdir(parent, 0750) < 0 && errno != EEXIST)
             return -1;
     }
@@ -342,7 +360,7 @@ static void usage(const char *why)
             "xhagent-shim: %s\nusage: xhagent-shim --dir TASKDIR --cgroup CGROUPDIR "
             "[--log-cap BYTES] [--keep-free BYTES] [--cwd DIR] [--uid N --gid N] "
             "[--oom-score-adj N] "
-            "[--method clone3|fork] "
+            "[--method clone3|fork] [--spare SPAREDIR] "
             "-- PROG [ARGS...]\n",
             why);
     exit(2);
@@ -718,7 +736,7 @@ static const char **candidates(const char *prog)
 
 int shim_main(int argc, char **argv)
 {
-    const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL;
+    const char *dir = NULL, *cgroup = NULL, *cwd = NULL, *method = NULL, *spare = NULL;
     unsigned long long cap = DEFAULT_LOG_CAP, keep_free = 0;
     long long uid = -1, gid = -1, oom_score_adj = OOM_AS_IS;
     int i;
@@ -736,6 +754,8 @@ int shim_main(int argc, char **argv)
             cgroup = v;
         else if (!strcmp(a, "--cwd"))
             cwd = v;
+        else if (!strcmp(a, "--spare"))
+            spare = v;
         else if (!strcmp(a, "--log-cap"))
             cap = number(a, v, ~0ULL);
         else if (!strcmp(a, "--keep-free"))
@@ -762,7 +782,7 @@ int shim_main(int argc, char **argv)
         usage("--method is clone3 or fork");
     char **cmd = argv + i + 1;
 
-    if (make_dir(dir) < 0)
+    if (make_dir(dir, spare) < 0)
         die("record", errno, "mkdir %s: %s", dir, strerror(errno));
     task_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (task_fd < 0)
@@ -953,5 +973,7 @@ int main(int argc, char **argv)
         return shim_serve(argc, argv);
     if (argc >= 3 && !strcmp(argv[1], "--serve-at"))
         return shim_serve_at(argc, argv);
+    if (argc >= 3 && !strcmp(argv[1], "--make-spares"))
+        return shim_make_spares(argc, argv);
     return shim_main(argc, argv);
 }

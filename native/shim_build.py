@@ -18,6 +18,7 @@ SHIM = HERE.parent / "agent" / "daemon" / "exec" / "xhagent-shim"
 SHIM_SOURCES = [
     HERE / "shim.c",
     HERE / "shim_serve.c",
+    HERE / "shim_spares.c",
     HERE / "shim.h",
     HERE / "spawn_glue.c",
     HERE / "spawn_glue.h",
