@@ -21,6 +21,8 @@
     debugEndpoints: "off"       # off | on | heap: /debug/* on the metrics address (off)
     maxStreams: 1024            # following API streams per caller (1024)
     taskSeries: 200             # running tasks with series of their own on /metrics (200)
+    spareRunDirs: 1024          # run directories made ahead, while idle, for the first
+                                # starts of a burst (1024: 16 MiB of the state disk; 0: none)
     shimServer: /run/xhagent-workloads/shims.sock
                                 # `xhagent-shim --serve-at` to start workloads from
                                 # (default: none: the agent starts its own server)
@@ -63,12 +65,14 @@ FIELDS = (
     "debugEndpoints",
     "maxStreams",
     "taskSeries",
+    "spareRunDirs",
     "shimServer",
 )
 LOG_FORMATS = ("text", "json")
 DEBUG_ENDPOINTS = ("off", "on", "heap")
 MAX_STREAMS = 1 << 20
 MAX_TASK_SERIES = 100_000
+MAX_SPARE_RUN_DIRS = 1 << 20  # the most the shim's maker makes (shim_spares.c)
 POOL_FIELDS = ("cpus", "sliceMs")
 MAX_SLICE_MS = 10_000.0
 PATHS = {
@@ -108,6 +112,7 @@ class AgentConfig:
     debug_endpoints: str | None = None
     max_streams: int | None = None
     task_series: int | None = None
+    spare_run_dirs: int | None = None
     shim_server: Path | None = None
 
 
@@ -214,6 +219,9 @@ def _config(docs, source: str) -> AgentConfig:
     with doc.collecting():
         if root["taskSeries"].present:
             values["task_series"] = root["taskSeries"].int(0, MAX_TASK_SERIES)
+    with doc.collecting():
+        if root["spareRunDirs"].present:
+            values["spare_run_dirs"] = root["spareRunDirs"].int(0, MAX_SPARE_RUN_DIRS)
     try:
         doc.errors.raise_if_any()
     except SpecError as exc:

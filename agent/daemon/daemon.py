@@ -39,6 +39,7 @@ from .api import transport
 from .api.access import Directory
 from .api.service import AgentService
 from .exec.executor import Executor
+from .exec.spares import DEFAULT_SPARES
 from .loop.faults import Faults
 from .loop.scheduler import Scheduler
 from .loop.submission import parse_submission
@@ -69,6 +70,7 @@ class Settings:
     debug_endpoints: bool = False  # /debug/ on the metrics port
     pool: PoolConfig | None = None  # the worker pool to host; None: none
     shim_server: Path | None = None  # `xhagent-shim --serve-at` socket; None: the agent's own
+    spare_run_dirs: int = DEFAULT_SPARES  # run directories made ahead (exec/spares.py)
     allocator: str = ""  # what allocator.settle() said the agent runs with
     extra: dict = field(default_factory=dict)
 
@@ -152,7 +154,9 @@ class Daemon:
                 moved = settle(sub.mount, sub.placement)
                 if moved:
                     self.report("Settled", f"moved pids {moved} into {sub.path / sub.agent_leaf}")
-            executor = self.executor = Executor(sub, s.state_dir, s.log_cap, s.shim_server)
+            executor = self.executor = Executor(
+                sub, s.state_dir, s.log_cap, s.shim_server, s.spare_run_dirs
+            )
             executor.on_shim_server = self._shim_server_reached
             missing = executor.prepare()
         from .exec.tracing import TaskTracer
@@ -282,6 +286,7 @@ class Daemon:
             self.scheduler.disk,
             task_series=self.settings.task_series,
             report=self.report,
+            spares=self.executor.spares,
         )
         if self.pool is not None:
             from ..runtime.metrics import PoolCollector

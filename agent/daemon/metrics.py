@@ -48,6 +48,7 @@ from ..cgroups import Cgroup, CgroupError, registry
 from ..cgroups.stats import StatsSampler
 from .class_cpu import ClassCpu
 from .class_runq import ClassRunq
+from .exec.spares import SpareRunDirs
 from .loop.diskfull import DiskFull
 from .loop.faults import Faults
 from .store import TERMINAL, Event, Store, StoreError, TaskRecord, TaskState
@@ -81,6 +82,7 @@ class AgentMetrics:
         disk: DiskFull | None = None,
         task_series: int = 200,
         report: Callable[[str, str], None] | None = None,
+        spares: SpareRunDirs | None = None,
     ):
         # `*_created` series double the exposition and Prometheus ignores them (process-wide;
         # the agent is the only registry in its process)
@@ -211,6 +213,8 @@ class AgentMetrics:
             self.registry.register(_InternalErrors(faults))
         if disk is not None:
             self.registry.register(_StateDisk(disk))
+        if spares is not None:
+            self.registry.register(_Spares(spares))
 
     def call_started(self, service: str, method: str, kind: str) -> None:
         self.calls_started.labels(service, method, kind).inc()
@@ -311,6 +315,25 @@ class _StateDisk:
         for operation, n in sorted(self.disk.totals().items()):
             fam.add_metric([operation], n)
         yield fam
+
+
+class _Spares:
+    """The spare run directories (exec/spares.py): how many are ready, how many were taken."""
+
+    def __init__(self, spares: SpareRunDirs):
+        self.spares = spares
+
+    def collect(self):
+        yield GaugeMetricFamily(
+            "xhagent_spare_run_dirs",
+            "Run directories made ahead and ready for a start (of spareRunDirs kept).",
+            value=self.spares.ready(),
+        )
+        yield CounterMetricFamily(
+            "xhagent_spare_run_dirs_taken",
+            "Starts that took a run directory made ahead instead of making their own.",
+            value=self.spares.taken,
+        )
 
 
 class _Census:

@@ -54,6 +54,16 @@ def group():
         cg.remove()
 
 
+@pytest.fixture
+def leaves(group):
+    """(task leaf, shim leaf) under the scratch group; emptied and removed afterwards. Fresh
+    leaves each time: a leaf once cgroup.kill'd SIGKILLs every later clone3 child on 6.18."""
+    task, shim = Cgroup(group.path / "task").create(), Cgroup(group.path / "shim").create()
+    yield task, shim
+    for leaf in (task, shim):
+        leaf.remove(kill_first=True)
+
+
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 

@@ -11,7 +11,6 @@ import time
 import pytest
 from disks import small_tmpfs, use_up_blocks
 
-from xhagent.cgroups import Cgroup
 from xhagent.daemon.exec.shim import RECORD_SIZE, ShimError, read_status, start_shim
 
 pytestmark = pytest.mark.host
@@ -23,14 +22,6 @@ def small(tmp_path):
     """A 1 MiB tmpfs, unmounted afterwards."""
     with small_tmpfs(tmp_path / "small", "size=1m") as mnt:
         yield mnt
-
-
-@pytest.fixture
-def leaves(group):
-    task, shim = Cgroup(group.path / "task").create(), Cgroup(group.path / "shim").create()
-    yield task, shim
-    for leaf in (task, shim):
-        leaf.remove(kill_first=True)
 
 
 def test_the_exit_record_is_reserved_before_the_workload_and_survives_a_full_disk(small, leaves):

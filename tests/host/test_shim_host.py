@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from xhagent.cgroups import Cgroup
 from xhagent.cgroups.mounts import discover_hierarchy
 from xhagent.daemon.api.output_files import MARK
 from xhagent.daemon.exec import shim as shim_mod
@@ -22,16 +21,6 @@ from xhagent.daemon.exec.shim_server import ServedShim, ShimServer
 pytestmark = pytest.mark.host
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
 LONG = ["sleep", "30"]
-
-
-@pytest.fixture
-def leaves(group):
-    """(task leaf, shim leaf) under the scratch group; emptied and removed afterwards. Fresh
-    leaves each time: a leaf once cgroup.kill'd SIGKILLs every later clone3 child on 6.18."""
-    task, shim = Cgroup(group.path / "task").create(), Cgroup(group.path / "shim").create()
-    yield task, shim
-    for leaf in (task, shim):
-        leaf.remove(kill_first=True)
 
 
 @pytest.fixture(params=["one-shot", "served"])

@@ -134,11 +134,11 @@ def test_admin_group_is_a_group_name_or_empty():
 def test_every_run_option_has_its_field_read_and_checked_with_positions():
     cfg = parse_config(
         "metricsAddr: '[::1]:0'\nlogFormat: json\ndebugEndpoints: on\nmaxStreams: 8\n"
-        "taskSeries: 0\n",
+        "taskSeries: 0\nspareRunDirs: 0\n",
         "agent.yaml",
     )
     assert (cfg.metrics_addr, cfg.log_format, cfg.debug_endpoints) == ("[::1]:0", "json", "on")
-    assert (cfg.max_streams, cfg.task_series) == (8, 0)
+    assert (cfg.max_streams, cfg.task_series, cfg.spare_run_dirs) == (8, 0, 0)
     bare = parse_config("metricsAddr: off\ndebugEndpoints: off\n", "agent.yaml")
     assert (bare.metrics_addr, bare.debug_endpoints) == ("off", "off")  # YAML's false
     unset = parse_config("nodeName: n1\n", "agent.yaml")
@@ -146,7 +146,7 @@ def test_every_run_option_has_its_field_read_and_checked_with_positions():
     with pytest.raises(ConfigError) as info:
         parse_config(
             "metricsAddr: 9464\nlogFormat: xml\ndebugEndpoints: heaps\nmaxStreams: 0\n"
-            "taskSeries: -1\n",
+            "taskSeries: -1\nspareRunDirs: many\n",
             "agent.yaml",
         )
     assert str(info.value).splitlines() == [
@@ -156,4 +156,5 @@ def test_every_run_option_has_its_field_read_and_checked_with_positions():
         "(did you mean 'heap'?)",
         "agent.yaml:4:13: maxStreams: 0 is out of range 1..1048576",
         "agent.yaml:5:13: taskSeries: -1 is out of range 0..100000",
+        "agent.yaml:6:15: spareRunDirs: expected an integer, got a string",
     ]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from xhagent.daemon.exec.shim import ShimExit, ShimStarted, ShimStatus
+from xhagent.daemon.exec.spares import SpareRunDirs
 from xhagent.daemon.loop.faults import Faults
 from xhagent.daemon.loop.scheduler import Scheduler
 from xhagent.daemon.loop.submission import parse_submission
@@ -108,6 +109,9 @@ class FakeExecutor:
     cpu_usec: dict[str, int] = field(default_factory=dict)  # a leaf's CPU time at its removal
     cpusets: dict[str, tuple] = field(default_factory=dict)  # (cpus, mems) last set on a leaf
     pids: dict[int, str] = field(default_factory=dict)  # a process's task, as its cgroup says
+
+    def __post_init__(self):
+        self.spares = SpareRunDirs(self.root, 0, Path("/nonexistent"))  # (none made)
 
     def leaf(self, task_id: str) -> FakeLeaf:
         return self.leaves_.get(task_id) or FakeLeaf(self.root / "tasks" / task_id)

@@ -8,6 +8,8 @@ outside it):
                            leaves its shim alive to record the status)
     <state>/tasks/<id>/<attempt>/   the shim's records (`started`, `exit`) and the
                                     attempt's output (`stdout`, `stderr`)
+    <state>/spare/                  run directories made beforehand (spares.py): a first
+                                    attempt's shim renames one to <state>/tasks/<id>
 
 At `prepare()` the controllers the node has are enabled for the task leaves; the ones it
 lacks are reported with the reason (`missing`), for the tasks' `unenforced` lists.
@@ -30,6 +32,7 @@ from ...trace.ustacks import cgroup_of
 from . import shim
 from .leaf import CONTROLLERS, LeafPlan
 from .shim_server import ShimServer
+from .spares import DEFAULT_SPARES, SpareRunDirs
 
 TASKS = "tasks"
 SHIMS = "shims"
@@ -37,12 +40,18 @@ SHIMS = "shims"
 
 class Executor:
     def __init__(
-        self, sub: Subtree, state_dir: Path, log_cap: int, shim_server: Path | None = None
+        self,
+        sub: Subtree,
+        state_dir: Path,
+        log_cap: int,
+        shim_server: Path | None = None,
+        spares: int = DEFAULT_SPARES,
     ):
         self.sub = sub
         self.shim_server_at = shim_server  # None: the agent starts its own shim server
         self.runs = state_dir / "tasks"
         self.log_cap = log_cap
+        self.spares = SpareRunDirs(state_dir, spares, shim.SHIM)
         self.missing: dict[str, str] = {}
         # scheduler traces of tasks with `trace: true` (tracing.TaskTracer), and where what
         # became of one is told: on_trace(task_id, event kind, message, detail)
@@ -194,6 +203,7 @@ class Executor:
                 keep_free=shim.AGENT_RESERVE,
                 server=self._shims(),
                 oom_score_adj=WORKLOAD_OOM_SCORE_ADJ,
+                spare=self.spares.take() if made_by_shim and attempt == 1 else None,
             )
         except BaseException:
             self.remove_leaf(task_id)
@@ -213,6 +223,7 @@ class Executor:
         if self._shim_server is not None:
             self._shim_server.close()
             self._shim_server = None
+        self.spares.close()
 
     def status(self, task_id: str, attempt: int) -> shim.ShimStatus:
         return shim.read_status(self.run_dir(task_id, attempt))

@@ -155,6 +155,7 @@ def start_shim(
     method: str | None = None,
     server: ShimServer | None = None,
     oom_score_adj: int | None = None,
+    spare: Path | None = None,
 ) -> ShimStarted:
     """Start `argv` (no shell; PATH looked up in `env`) in `task_group` under a new shim in
     `shim_group`, and wait up to `timeout` for the shim's `started` record.
@@ -176,7 +177,7 @@ def start_shim(
     """
     return launch_shim(
         task_dir, task_group, shim_group, argv, env, cwd, uid, gid, log_cap, keep_free, method,
-        server, oom_score_adj,
+        server, oom_score_adj, spare,
     ).wait(timeout)  # fmt: skip
 
 
@@ -212,12 +213,15 @@ def launch_shim(
     method: str | None = None,
     server: ShimServer | None = None,
     oom_score_adj: int | None = None,
+    spare: Path | None = None,
 ) -> Launched:
     """Spawn the shim of `start_shim` without waiting for its `started` record; the caller
     must call the result's `wait` (which closes its pipe and raises what start_shim does).
     With `server`, the shim is the server's fork (shim_server.py), not the caller's child,
     unless the server cannot take it: then it is spawned as without. `oom_score_adj`: the
-    workload's (None: the shim's, which is the caller's)."""
+    workload's (None: the shim's, which is the caller's). `spare`: a spare run directory
+    (spares.py) the shim renames to `task_dir`'s parent instead of making both, where that
+    parent is missing and `task_dir` is its first attempt's."""
     task_dir = Path(task_dir)
     for name in (STARTED, EXIT):
         if os.path.lexists(task_dir / name):  # (False too where task_dir is no directory)
@@ -234,6 +238,8 @@ def launch_shim(
         cmd += ["--method", method]
     if oom_score_adj is not None:
         cmd += ["--oom-score-adj", str(int(oom_score_adj))]
+    if spare is not None:
+        cmd += ["--spare", str(spare)]
     # The shim's stdout is a pipe it closes once its `started` record is written (or when it
     # exits): the wait below wakes on that instead of polling the directory. A shim that
     # could not write its records there (no space) writes its error record on the pipe.

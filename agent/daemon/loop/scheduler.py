@@ -388,6 +388,10 @@ class Scheduler:
             self.migration.round()
             self.gpu_memory.sync()  # what started this step takes its place before any end
             self.lifecycle.report_deadlines()
+            # run directories made ahead once the starts are over (their maker beside them
+            # would slow them down)
+            if (spares_due := self.executor.spares.tick()) is not None:
+                self.wakeups.at(self.clock() + int(spares_due * 1e9) + 1)
             self._changed()
 
     # -- placement --------------------------------------------------------------------------------
