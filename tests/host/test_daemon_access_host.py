@@ -15,6 +15,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -200,8 +201,9 @@ def test_users_see_and_cancel_only_their_own_tasks(agent, python, people):
 def test_an_unreadable_row_is_told_to_its_owner_and_to_others_is_no_task(agent, python, people):
     ann, bob = people["ann"], people["bob"]
     anns = _wait_id(agent, python, ann, _task(agent.base, "anns", ["true"]))
-    with sqlite3.connect(agent.state / "state.db") as db:  # bits lost on disk
+    with closing(sqlite3.connect(agent.state / "state.db")) as db:  # bits lost on disk
         db.execute("UPDATE tasks SET spec = '{not json' WHERE id = ?", (anns,))
+        db.commit()
     unreadable = f"task {anns}: its stored row is unreadable: column spec: not JSON"
     for who in (ann, None):  # its owner, and root
         res = agent.as_user(python, who, "get", anns)
