@@ -43,6 +43,7 @@ from pathlib import Path
 import click
 
 from ..cliparams import FiniteFloat
+from ..daemon.exec.spares import SPARE
 from .burst import TARGETS as BURST_TARGETS
 from .burst import burst_case, burst_met, burst_ratios
 from .submits import percentile, submit_from_clients, task_doc, wait_states
@@ -197,13 +198,25 @@ def _load_case(agent, running: int, seconds: float) -> dict:
 
 def state_bytes(state: Path) -> dict[str, int]:
     """What the state dir holds: the database (its file, WAL and index), and everything,
-    the tasks' run dirs too, as disk blocks (`du`)."""
+    the tasks' run dirs too, as disk blocks (`du`); the spare run directories (`spare`: a
+    pool of a fixed size, made up while the agent is idle, so never a task's share) apart."""
     db = sum(p.stat().st_size for p in state.glob("state.db*"))
+    return {"db": db, "dir": _blocks(state, skip=SPARE), "spare": _blocks(state / SPARE)}
+
+
+def _blocks(top: Path, skip: str | None = None) -> int:
+    """Bytes of disk blocks below `top` but its entry `skip`; what goes meanwhile (a spare
+    renamed as it is made or taken) is not counted."""
     blocks = 0
-    for root, dirs, files in os.walk(state):
+    for root, dirs, files in os.walk(top):
+        if skip is not None and root == str(top) and skip in dirs:
+            dirs.remove(skip)
         for name in dirs + files:
-            blocks += os.lstat(os.path.join(root, name)).st_blocks
-    return {"db": db, "dir": blocks * 512}
+            try:
+                blocks += os.lstat(os.path.join(root, name)).st_blocks
+            except FileNotFoundError:
+                pass
+    return blocks * 512
 
 
 def census(client) -> dict[str, int]:

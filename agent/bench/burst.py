@@ -36,6 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..daemon.exec.spares import DEFAULT_SPARES
 from .call_floor import call_floor
 from .contract_floor import contract_floor
 from .submits import spread_us, submit_from_clients, task_doc
@@ -49,6 +50,7 @@ TARGETS = {
 }
 PARTS = ("clients", "multidoc")
 POLL_S = 0.05  # how often List is asked whether tasks are still live
+SPARES_S = 60.0  # the most a part waits for the agent's spare run directories
 # The floor takes a second or two where the parts take a minute: on a shared machine one
 # short round can land on a busy moment, so it runs this many rounds and counts the median.
 FLOOR_ROUNDS = 3
@@ -230,6 +232,36 @@ def _ended(client, ids: list[str], timeout: float) -> list:
     return found
 
 
+def agent_metric(agent, name: str) -> float | None:
+    """One sample of the scratch agent's /metrics: `name`'s value (None: not there)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(agent.metrics_url(), timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    return None
+
+
+def spares_ready(agent, want: int, timeout: float) -> int:
+    """The agent's spare run directories ready, waited for (at most `timeout` seconds)
+    until `want` are: a burst arrives at an idle node, whose pool is made up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = int(agent_metric(agent, "xhagent_spare_run_dirs") or 0)
+        if ready >= want or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.2)
+
+
+def _taken(agent) -> int:
+    return int(agent_metric(agent, "xhagent_spare_run_dirs_taken_total") or 0)
+
+
 def _clients_part(agent, n: int, clients: int) -> dict:
     sent = submit_from_clients(agent, n, clients, "b")
     with agent.client() as c:
@@ -255,20 +287,28 @@ def _multidoc_part(agent, n: int) -> dict:
 def burst_case(agent, n: int, clients: int, progress) -> dict:
     """The parts one after the other (each starts when every task before it has ended),
     then the floors and systemd-run with the agent idle."""
-    progress(f"burst: {n} tasks of true from {clients} clients, one Submit each")
-    case: dict = {"tasks": n, "clients": _clients_part(agent, n, clients)}
-    progress(f"burst: {n} tasks of true as one Submit of {n} documents")
-    case["multidoc"] = _multidoc_part(agent, n)
+    case: dict = {"tasks": n}
+    parts = {
+        "clients": (f"from {clients} clients, one Submit each", _clients_part, (n, clients)),
+        "multidoc": (f"as one Submit of {n} documents", _multidoc_part, (n,)),
+    }
+    for part, (how, run, args) in parts.items():
+        progress(f"burst: the agent's spare run directories made up (at most {SPARES_S:g} s)")
+        ready, taken = spares_ready(agent, DEFAULT_SPARES, SPARES_S), _taken(agent)
+        progress(f"burst: {n} tasks of true {how}")
+        case[part] = run(agent, *args)
+        case[part]["spare_run_dirs"] = {"ready": ready, "taken": _taken(agent) - taken}
     true = shutil.which("true")
     if true is None:
         raise RuntimeError("true: not found")
     width = len(os.sched_getaffinity(0))
     progress(f"burst: the floor, {n} true by posix_spawn, {width} at a time, {FLOOR_ROUNDS} times")
     case["spawn_floor"] = median_round([spawn_pool([true], n, width) for _ in range(FLOOR_ROUNDS)])
+    floor_at = agent.base / "contract-floor", f"xhagent-bench-floor-{os.getpid()}.slice"
+    progress(f"burst: the contract floor without spare run directories, {width} at a time")
+    case["contract_floor_without_spares"] = contract_floor(n, width, *floor_at, spares=0)
     progress(f"burst: the contract floor, {n} tasks of true without the agent, {width} at a time")
-    case["contract_floor"] = contract_floor(
-        n, width, agent.base / "contract-floor", f"xhagent-bench-floor-{os.getpid()}.slice"
-    )
+    case["contract_floor"] = contract_floor(n, width, *floor_at)
     progress(
         f"burst: the call floor, {n} no-op calls from {clients} clients to grpcio alone "
         "and to the agent's Health"

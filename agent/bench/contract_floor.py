@@ -3,7 +3,8 @@
 The same N tasks of `true`, each with everything the agent promises a task on this node and
 nothing else: a fresh leaf in a scratch subtree with its class's weights, a supervisor from
 the agent's shim server (the executor's own code: `Executor.launch`), its `started` and
-fsynced `exit` records and its output files in a state dir on the agent's state disk, its
+fsynced `exit` records and its output files in a state dir on the agent's state disk (its
+run directory one of the spares made ahead, as the agent's are, while there are any), its
 end seen on the supervisor's pidfd, its record read and its leaf removed; `width` at once,
 each free slot filled as soon as an end is seen, the starts of a round sent together. No
 store, no scheduler loop, no API: the agent's tasks/s over this is the share of the node's
@@ -22,27 +23,34 @@ from ..cgroups.subtree import Subtree
 from ..daemon.exec import shim
 from ..daemon.exec.executor import Executor
 from ..daemon.exec.leaf import plan_leaf
+from ..daemon.exec.spares import DEFAULT_SPARES
 from .local_agent import remove_groups
 from .submits import spread_us
 
 BATCH_WEIGHTS = (100, 100)  # cpu.weight, io.weight of the class the burst's tasks get
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
+SPARES_FILL_S = 60.0  # the most the spare run directories are waited for
 
 
-def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
+def contract_floor(
+    n: int, width: int, state_dir: Path, subtree: str, spares: int = DEFAULT_SPARES
+) -> dict:
     """N `true` tasks `width` at a time in `subtree` (made, and removed after), their records
-    under `state_dir` (made, and removed after). Tasks/s over the whole; `failed`: those
-    whose record holds no exit 0."""
+    under `state_dir` (made, and removed after), with a pool of `spares` run directories
+    made before they start (0: none). Tasks/s over the whole; `failed`: those whose record
+    holds no exit 0."""
     if n < 1 or width < 1:
         raise ValueError(f"tasks and width must be >= 1, not {n} and {width}")
     mount = discover_hierarchy().unified
     if mount is None:
         raise RuntimeError("contract floor: this host has no cgroup2 mount")
-    executor = Executor(Subtree(Path(mount.path), subtree), state_dir, shim.DEFAULT_LOG_CAP)
+    sub = Subtree(Path(mount.path), subtree)
+    executor = Executor(sub, state_dir, shim.DEFAULT_LOG_CAP, spares=spares)
     try:
         plan = plan_leaf(
             cpus=(), mems=(), memory=None, weights=BATCH_WEIGHTS, missing=executor.prepare()
         )
+        spares = executor.spares.fill(SPARES_FILL_S)  # as the agent's, idle before a burst
         live: dict[int, tuple] = {}  # pidfd (or -1 - i for one already ended) -> (id, shim)
         poller = select.poll()
         started = ended = failed = 0
@@ -94,4 +102,5 @@ def contract_floor(n: int, width: int, state_dir: Path, subtree: str) -> dict:
         **spread_us("run", runs_us),
         **spread_us("seen_run", seen_us),
         "failed": failed,
+        "spare_run_dirs": {"ready": spares, "taken": executor.spares.taken},
     }

@@ -11,6 +11,7 @@ import pytest
 
 from xhagent.bench.burst import PARTS
 from xhagent.cgroups.mounts import discover_hierarchy
+from xhagent.daemon.exec.spares import DEFAULT_SPARES
 
 pytestmark = pytest.mark.host
 
@@ -44,6 +45,15 @@ def test_every_task_of_both_parts_succeeded_and_the_figures_hold_together(report
         assert got["queue_wait_p99_us"] <= span_us and got["run_p99_us"] <= span_us
     assert "burst: 40 tasks of true from 4 clients" in stderr
     assert "burst: 40 tasks of true as one Submit of 40 documents" in stderr
+
+
+def test_each_part_finds_the_agents_spare_run_directories_made_up_and_takes_them(report):
+    out, _ = report
+    for part in PARTS:  # the second part's were made again after the first took theirs
+        assert out["cases"]["burst"][part]["spare_run_dirs"] == {
+            "ready": DEFAULT_SPARES,
+            "taken": N,
+        }
 
 
 def test_the_floor_is_measured_in_the_same_run_and_the_ratios_follow_from_it(report):
@@ -87,6 +97,11 @@ def test_the_contract_floor_runs_tasks_as_the_agent_does_and_leaves_nothing(repo
     for part in PARTS:
         assert ratios[part] == round(case[part]["tasks_per_s"] / floor["per_s"], 4)
     assert f"burst: the contract floor, {N} tasks of true without the agent" in stderr
+    # its run directories made ahead, as the agent's; and the same without them
+    assert floor["spare_run_dirs"] == {"ready": DEFAULT_SPARES, "taken": N}
+    bare = case["contract_floor_without_spares"]
+    assert bare["tasks"] == N and bare["failed"] == 0
+    assert bare["spare_run_dirs"] == {"ready": 0, "taken": 0}
     root = Path(discover_hierarchy().unified.path)
     assert not list(root.glob("xhagent-bench-floor-*"))  # its scratch subtree removed
 
