@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from test_daemon_loop import Clock, Loop, node, task
 
-from xhagent.daemon.store import Conflict, TaskState
+from xhagent.daemon.store import Conflict, StoreError, TaskState
 from xhagent.policy.placement import Candidate
 
 
@@ -155,19 +155,24 @@ def test_a_batch_whose_intents_cannot_be_committed_starts_none_and_holds_nothing
     assert list(lc.cluster.placed()) == [] and loop.executor.runs == {}
 
 
-def test_an_end_during_a_batch_is_committed_when_the_batch_is_done(loop):
-    ids = loop.submit(task("a"), task("b"))
-    lc = loop.scheduler.lifecycle
-    items = [(rec, lc.read_spec(rec), candidate()) for rec in map(loop.store.get, ids)]
+def end_the_first_as_the_second_spawns(loop, ids: list[str]) -> None:
     launch = loop.executor.launch
 
-    def launched(task_id, *args, **kw):  # the first workload ends as the second is spawned
+    def launched(task_id, *args, **kw):
         got = launch(task_id, *args, **kw)
         if task_id == ids[1]:
             loop.executor.exit(ids[0], 0)
         return got
 
     loop.executor.launch = launched
+
+
+def test_an_end_during_a_batch_is_committed_when_the_batch_is_done(loop):
+    ids = loop.submit(task("a"), task("b"))
+    lc = loop.scheduler.lifecycle
+    items = [(rec, lc.read_spec(rec), candidate()) for rec in map(loop.store.get, ids)]
+    end_the_first_as_the_second_spawns(loop, ids)
+    seen = commits(loop)
     recs = lc.start_many(items)
     assert [r.state for r in recs] == [TaskState.RUNNING] * 2  # as the starts left them
     assert loop.state(ids[0]) == TaskState.SUCCEEDED  # its end already committed
@@ -175,6 +180,33 @@ def test_an_end_during_a_batch_is_committed_when_the_batch_is_done(loop):
     assert transition_seq(loop, ids[0], TaskState.RUNNING) < transition_seq(
         loop, ids[0], TaskState.SUCCEEDED
     )
+    # two commits for the batch: the intents; then the outcomes with the end seen meanwhile
+    assert [sorted(e.message for e, _ in written) for written in seen] == [
+        ["Pending -> Starting"] * 2,
+        ["Running -> Succeeded", "Starting -> Running", "Starting -> Running"],
+    ]
+
+
+def test_outcomes_whose_commit_failed_with_an_end_are_committed_by_a_later_step(loop, monkeypatch):
+    ids = loop.submit(task("a"), task("b"))
+    lc = loop.scheduler.lifecycle
+    items = [(rec, lc.read_spec(rec), candidate()) for rec in map(loop.store.get, ids)]
+    end_the_first_as_the_second_spawns(loop, ids)
+    transition = loop.store.transition
+
+    def refused(task_id, to, **kw):  # the end's write fails: the whole commit with it
+        if to is TaskState.SUCCEEDED:
+            raise StoreError("database or disk is full")
+        return transition(task_id, to, **kw)
+
+    monkeypatch.setattr(loop.store, "transition", refused)
+    with pytest.raises(StoreError):
+        lc.start_many(items)
+    assert [loop.state(t) for t in ids] == [TaskState.STARTING] * 2  # nothing of it stands
+    monkeypatch.setattr(loop.store, "transition", transition)
+    loop.scheduler.step()  # a failed step's next one looks at everything
+    assert [loop.state(t) for t in ids] == [TaskState.SUCCEEDED, TaskState.RUNNING]
+    assert loop.store.open_intents() == []
 
 
 def test_ends_seen_together_are_committed_in_one_transaction(loop):

@@ -241,6 +241,33 @@ def test_atomic_rolls_back_everything_inside(store):
     assert store.get(t.id) == t and store.open_intents() == [] and store.last_event_seq() == seq
 
 
+def test_after_commit_runs_once_the_outermost_transaction_commits_and_never_on_rollback(store):
+    t = submit(store)
+    seen: list[str] = []
+    store.after_commit(lambda: seen.append("no transaction: at once"))
+    assert seen == ["no transaction: at once"]
+    with store.atomic():
+        with store.atomic():  # a part of a larger one: after the larger one's commit
+            store.add_event("Note", "inner", task_id=t.id)
+            store.after_commit(lambda: seen.append(f"inner, committed: {store.last_event_seq()}"))
+        assert seen == ["no transaction: at once"]
+        store.add_event("Note", "outer", task_id=t.id)
+        store.after_commit(lambda: seen.append("outer"))
+    assert seen[1:] == [f"inner, committed: {store.last_event_seq()}", "outer"]
+    with pytest.raises(RuntimeError), store.atomic():
+        store.after_commit(lambda: seen.append("rolled back"))
+        raise RuntimeError("before the commit")
+    with store.atomic():  # nothing of the rolled-back one is left to run later
+        store.add_event("Note", "again", task_id=t.id)
+    assert seen[-1] == "outer" and len(seen) == 3
+    works = [  # one work undone to its savepoint: its own callback goes with it
+        lambda: store.after_commit(lambda: seen.append("kept")),
+        lambda: (store.after_commit(lambda: seen.append("undone")), 1 / 0),
+    ]
+    out = store.commit_each(works)
+    assert isinstance(out[1], ZeroDivisionError) and seen[-1] == "kept" and len(seen) == 4
+
+
 def test_an_error_inside_atomic_ends_the_whole_update(store, monkeypatch):
     from xhagent.daemon.store import TaskRecord
 

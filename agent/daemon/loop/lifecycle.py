@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ...node_model import Node
@@ -348,13 +348,14 @@ class Lifecycle:
         committed in one transaction, before any of their processes exists; then every leaf
         made and shim spawned, and only then their `started` records awaited, so that the
         shims start side by side; then every outcome in one transaction. The ends the
-        shims' pidfds show are committed before and after: a step starting many tasks
-        records each end when it sees one, not once all its starts are done. The records as
-        their starts left them (Running, Failed), in order: an end committed right after is
-        not in them."""
+        shims' pidfds show are committed with the intents and with the outcomes: a step
+        starting many tasks records each end when it sees one, not once all its starts are
+        done, and a start costs two commits. The records as their starts left them
+        (Running, Failed), in order: an end committed with them is not in them."""
         try:
-            self.collect_noticed()
-            self._begin_starts(reserved)
+            with self.store.atomic():
+                self.collect_noticed()
+                self._begin_starts(reserved)
         except BaseException:
             self.unreserve(reserved)
             raise
@@ -372,9 +373,10 @@ class Lifecycle:
         finally:  # a spawned shim is awaited and supervised whatever failed after it
             for b in begun:
                 self._await(b)
-        settled = self._settle_many([b.rec.id for b in begun])
-        out = [settled.get(b.rec.id) or self.store.get(b.rec.id) or b.rec for b in begun]
-        self.collect_noticed()
+        with self.store.atomic():
+            settled = self._settle_many([b.rec.id for b in begun])
+            out = [settled.get(b.rec.id) or self.store.get(b.rec.id) or b.rec for b in begun]
+            self.collect_noticed(settling=settled.keys())
         return out
 
     def _begin_starts(self, begun: Sequence[Reserved]) -> None:
@@ -390,8 +392,7 @@ class Lifecycle:
                     placement=b.placement,
                     cgroup=str(self.executor.leaf(b.rec.id).path),
                 )
-        for b in begun:
-            self._specs[b.rec.id] = b.task
+            self.store.after_commit(lambda: self._specs.update((b.rec.id, b.task) for b in begun))
 
     def _launch(self, b: Reserved) -> None:
         """Its leaf made and its shim spawned; a failure of the workload's own is its outcome."""
@@ -449,6 +450,15 @@ class Lifecycle:
         todo = [(t, self._unsettled[t]) for t in task_ids if t in self._unsettled]
         out: dict[str, TaskRecord] = {}
         gone = []
+
+        def settled() -> None:  # kept until the outcomes are committed, by a later step if need be
+            for task_id, o in todo:
+                del self._unsettled[task_id]
+                if o.state is TaskState.FAILED and task_id not in gone:
+                    self.forget(task_id)
+                elif o.state is TaskState.PENDING:  # waits again: no spec kept, its deadline is
+                    self._specs.pop(task_id, None)
+
         with self.store.atomic():
             for task_id, o in todo:
                 try:
@@ -459,12 +469,7 @@ class Lifecycle:
                     gone.append(task_id)
                     continue
                 self.store.finish_intent(o.intent, o.word)
-        for task_id, o in todo:
-            del self._unsettled[task_id]
-            if o.state is TaskState.FAILED and task_id not in gone:
-                self.forget(task_id)
-            elif o.state is TaskState.PENDING:  # waits again: no spec kept, its deadline is
-                self._specs.pop(task_id, None)
+            self.store.after_commit(settled)
         return out
 
     # -- supervision ------------------------------------------------------------------------------
@@ -495,16 +500,18 @@ class Lifecycle:
         self._ended.add(task_id)
         self._wakeups.at(self.clock())
 
-    def collect_noticed(self) -> None:
+    def collect_noticed(self, settling: Collection[str] = ()) -> None:
         """Record the ends of the tasks whose shims' pidfds are readable now, and of those
         whose shims ended before they could be watched, without waiting and without a full
         look; an end whose start is not settled yet (a full disk) is left to the step that
-        settles it. Called within a step: the loop is woken for another, which places what
-        the ends freed and sees a task they queued again (BackOff), as a step does after
-        the exits it collects first."""
+        settles it (`settling`: starts whose outcome the transaction open now holds). Called
+        within a step: the loop is woken for another, which places what the ends freed and
+        sees a task they queued again (BackOff), as a step does after the exits it collects
+        first."""
+        unsettled = self._unsettled.keys() - set(settling)
         ended = self.take_ended()
-        self._ended = {t for t in ended if t in self._unsettled}
-        exited = (ended | self._wakeups.exited_now()) - self._unsettled.keys()
+        self._ended = {t for t in ended if t in unsettled}
+        exited = (ended | self._wakeups.exited_now()) - unsettled
         if exited:
             self.collect_exits(exited)
             self._wakeups.wake()

@@ -128,6 +128,7 @@ class Store:
         # None)] after each commit, in commit order, by the committing thread.
         self.on_commit: Callable[[list[tuple[Event, TaskRecord | None]]], None] | None = None
         self._written: list[tuple[Event, TaskRecord | None]] = []
+        self._after: list[Callable[[], None]] = []  # after_commit's, for the open transaction
         self._reported: set[str] = set()  # corrupt rows already logged (bounded)
         self.commits = 0  # transactions committed since open (each one fsync of the WAL)
         self._pending_moves = 0
@@ -209,6 +210,16 @@ class Store:
         with self._tx("update"):
             yield
 
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """`fn()` once the transaction open now is committed (at once where none is open),
+        never when it is rolled back: what a caller keeps in memory of its writes follows
+        the commit, also when its atomic() was one part of a larger one."""
+        with self._mutex:
+            if not self._depth:
+                fn()
+                return
+            self._after.append(fn)
+
     @contextmanager
     def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
         with self._mutex:
@@ -230,7 +241,7 @@ class Store:
                     self._depth -= 1
                 return
             self._depth, self._doomed = 1, False
-            self._written = []
+            self._written, self._after = [], []
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 yield conn
@@ -239,6 +250,9 @@ class Store:
                 conn.execute("COMMIT")
                 self.commits += 1
                 self._tell(self._written)
+                after, self._after = self._after, []
+                for fn in after:
+                    fn()
             except BaseException as exc:
                 if conn.in_transaction:
                     try:
@@ -249,7 +263,7 @@ class Store:
                     raise store_error(exc, self.path, self.state_dir, what) from None
                 raise
             finally:
-                self._depth, self._doomed, self._written = 0, False, []
+                self._depth, self._doomed, self._written, self._after = 0, False, [], []
 
     def commit_each(
         self, works: Sequence[Callable[[], T]], what: str = "updating"
@@ -287,7 +301,7 @@ class Store:
     def _apart(self, c: sqlite3.Connection, work: Callable[[], T], what: str) -> T | Exception:
         """`work()` inside a savepoint; what it raised, undone, is its result. Leaves
         `_doomed` set when the transaction itself could not be kept."""
-        mark = len(self._written)
+        mark, after = len(self._written), len(self._after)
         c.execute("SAVEPOINT apart")
         try:
             value = work()
@@ -299,6 +313,7 @@ class Store:
                     c.execute("ROLLBACK TO apart")
                     c.execute("RELEASE apart")
                     del self._written[mark:]  # undone: no on_commit observer hears of it
+                    del self._after[after:]
                     self._doomed = False
                 else:
                     self._doomed = True
